@@ -1,0 +1,85 @@
+// libFuzzer target for the GGUF reader: parse, query metadata, read every tensor of a
+// readable type, read the vocabulary (and build a tokenizer from it), load the model.
+// Only depthkv::Error may come out.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+
+namespace {
+
+void check(bool ok) {
+  if (!ok) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace depthkv::llama;
+  std::optional<GgufFile> parsed;
+  try {
+    parsed.emplace(GgufFile::from_memory(data, size, "fuzz"));
+  } catch (const depthkv::Error&) {
+    return 0;
+  }
+  const GgufFile& f = *parsed;
+  check(f.version() == 2 || f.version() == 3);
+  check(f.alignment() > 0 && (f.alignment() & (f.alignment() - 1)) == 0);
+  for (const auto& kv : f.metadata()) {
+    check(f.find(kv.first) == &kv.second);
+    try {
+      (void)f.get_int(kv.first);
+    } catch (const depthkv::Error&) {
+    }
+    try {
+      (void)f.get_float(kv.first);
+    } catch (const depthkv::Error&) {
+    }
+    try {
+      (void)f.get_string_array(kv.first);
+    } catch (const depthkv::Error&) {
+    }
+  }
+  for (const auto& t : f.tensors()) {
+    check(f.find_tensor(t.name) == &t);
+    GgmlTypeInfo info{};
+    if (ggml_type_info(t.type, info)) {
+      check(f.data_offset() + t.offset + t.n_bytes <= f.file_size());
+    }
+    if (ggml_type_readable(t.type) && t.n_elements <= (1u << 22)) {
+      const std::vector<float> v = f.read_tensor(t);
+      check(v.size() == t.n_elements);
+    }
+  }
+  try {
+    const Vocabulary v = read_vocabulary(f);
+    check(!v.tokens.empty());
+    try {
+      const Tokenizer tok(v);
+      const std::vector<int> ids = tok.encode("Once upon a time, \xE2\x82\xAC <0x41>", true, true);
+      for (std::size_t i = 1; i < ids.size(); ++i) (void)tok.decode(ids[i - 1], ids[i]);
+      for (int i = 0; i < tok.vocab_size() && i < 4096; ++i) (void)Tokenizer::safe_piece(tok.decode(1, i));
+    } catch (const depthkv::Error&) {
+    }
+  } catch (const depthkv::Error&) {
+  }
+  try {
+    const LlamaModel m = load_gguf(f);
+    const auto& c = m.config;
+    check(m.layers.size() == static_cast<std::size_t>(c.n_layers));
+    check(m.token_embedding.rows() == c.vocab_size && m.token_embedding.cols() == c.dim);
+    check(m.classifier.rows() == c.vocab_size && m.classifier.cols() == c.dim);
+    check(m.layers[0].wq.rows() == static_cast<Eigen::Index>(c.n_heads) * c.head_dim);
+    check(m.layers[0].wk.rows() == static_cast<Eigen::Index>(c.n_kv_heads) * c.head_dim);
+    check(c.n_heads % c.n_kv_heads == 0 && c.head_dim % 2 == 0);
+    check(m.token_embedding.allFinite() && m.classifier.allFinite() && m.final_norm.allFinite());
+  } catch (const depthkv::Error&) {
+  }
+  return 0;
+}

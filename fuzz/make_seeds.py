@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Writes small valid seed inputs for the depthkv fuzz targets (standard library only).
+
+usage: make_seeds.py OUT_DIR [DATA_DIR]
+Creates OUT_DIR/llama2c, OUT_DIR/gguf, OUT_DIR/tokenizer. DATA_DIR (the shared/ folder,
+optional) adds the real tok512.bin as a tokenizer seed.
+"""
+import os
+import struct
+import sys
+
+
+def f32s(n, k=0):
+    return b"".join(struct.pack("<f", ((i + k) % 17) * 0.125 - 1.0) for i in range(n))
+
+
+def llama2c(dim, hidden, layers, heads, kv, vocab, seq):
+    hs = dim // heads
+    n = (abs(vocab) * dim + layers * dim + 2 * layers * dim * dim + 2 * layers * kv * hs * dim
+         + layers * dim + 3 * layers * hidden * dim + dim + seq * hs + (abs(vocab) * dim if vocab < 0 else 0))
+    return struct.pack("<7i", dim, hidden, layers, heads, kv, vocab, seq) + f32s(n)
+
+
+def gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf(arch="llama", dim=8, hidden=8, layers=1, heads=2, kv=1, vocab=6, bias=False, tied=False, qtype=0):
+    kvs = []
+
+    def kv_u32(k, v):
+        kvs.append(gstr(k) + struct.pack("<II", 4, v))
+
+    def kv_f32(k, v):
+        kvs.append(gstr(k) + struct.pack("<If", 6, v))
+
+    kvs.append(gstr("general.architecture") + struct.pack("<I", 8) + gstr(arch))
+    p = arch + "."
+    kv_u32(p + "embedding_length", dim)
+    kv_u32(p + "feed_forward_length", hidden)
+    kv_u32(p + "block_count", layers)
+    kv_u32(p + "attention.head_count", heads)
+    kv_u32(p + "attention.head_count_kv", kv)
+    kv_u32(p + "context_length", 16)
+    kv_f32(p + "rope.freq_base", 10000.0)
+    kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-5)
+    toks = ["<unk>", "<s>", "</s>", "\u2581", "\u2581a", "a"][:vocab]
+    kvs.append(gstr("tokenizer.ggml.model") + struct.pack("<I", 8) + gstr("llama"))
+    kvs.append(gstr("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(toks)) + b"".join(gstr(t) for t in toks))
+    kvs.append(gstr("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, len(toks))
+               + b"".join(struct.pack("<f", -i) for i in range(len(toks))))
+    kv_u32("tokenizer.ggml.bos_token_id", 1)
+    kv_u32("tokenizer.ggml.eos_token_id", 2)
+    hd = dim // heads
+    tensors = [("token_embd.weight", [dim, vocab])]
+    for l in range(layers):
+        b = "blk.%d." % l
+        tensors += [(b + "attn_norm.weight", [dim]), (b + "attn_q.weight", [dim, heads * hd]),
+                    (b + "attn_k.weight", [dim, kv * hd]), (b + "attn_v.weight", [dim, kv * hd]),
+                    (b + "attn_output.weight", [heads * hd, dim])]
+        if bias:
+            tensors += [(b + "attn_q.bias", [heads * hd]), (b + "attn_k.bias", [kv * hd]), (b + "attn_v.bias", [kv * hd])]
+        tensors += [(b + "ffn_norm.weight", [dim]), (b + "ffn_gate.weight", [dim, hidden]),
+                    (b + "ffn_down.weight", [hidden, dim]), (b + "ffn_up.weight", [dim, hidden])]
+    tensors.append(("output_norm.weight", [dim]))
+    if not tied:
+        tensors.append(("output.weight", [dim, vocab]))
+    infos, blobs, off = b"", [], 0
+    for i, (name, dims) in enumerate(tensors):
+        n = 1
+        for d in dims:
+            n *= d
+        t = qtype if (len(dims) == 2 and i % 2 == 0) else 0
+        if t == 1:
+            data = b"".join(struct.pack("<H", 0x3C00 + (j % 7)) for j in range(n))
+        elif t == 30:
+            data = b"".join(struct.pack("<H", 0x3F80 + (j % 7)) for j in range(n))
+        else:
+            t, data = 0, f32s(n, i)
+        infos += gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        infos += struct.pack("<IQ", t, off)
+        blobs.append((off, data))
+        off = (off + len(data) + 31) // 32 * 32
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + infos
+    head += b"\0" * ((32 - len(head) % 32) % 32)
+    body = bytearray()
+    for o, d in blobs:
+        body += b"\0" * (o - len(body)) + d
+    return head + bytes(body)
+
+
+def tokfile(pieces):
+    out = struct.pack("<i", max(len(p) for p in pieces))
+    for i, p in enumerate(pieces):
+        out += struct.pack("<fi", -float(i), len(p)) + p
+    return out
+
+
+def main():
+    out = sys.argv[1]
+    data = sys.argv[2] if len(sys.argv) > 2 else None
+    for d in ("llama2c", "gguf", "tokenizer"):
+        os.makedirs(os.path.join(out, d), exist_ok=True)
+
+    def w(d, name, b):
+        with open(os.path.join(out, d, name), "wb") as f:
+            f.write(b)
+
+    w("llama2c", "raw_shared", b"\0" + llama2c(4, 4, 1, 2, 1, 3, 2))
+    w("llama2c", "raw_unshared", b"\0" + llama2c(8, 6, 2, 4, 2, -5, 3))
+    w("llama2c", "sized", b"\1" + llama2c(8, 6, 2, 4, 2, 5, 3)[:64])
+    w("gguf", "llama_f32", gguf())
+    w("gguf", "llama_f16", gguf(qtype=1))
+    w("gguf", "llama_bf16_tied", gguf(qtype=30, tied=True))
+    w("gguf", "qwen2", gguf(arch="qwen2", bias=True, tied=True))
+    w("tokenizer", "text", b"\0Once upon a time, there was a little girl named Lily. \xe2\x82\xac\xf0\x9f\x98\x80 \x80")
+    w("tokenizer", "tokfile", b"\1" + tokfile([b"<unk>", b"\n<s>\n", b"\n</s>\n", b" ", b"a", b" a", b"<0x41>"]))
+    w("tokenizer", "vocab", b"\2" + b"\xff".join([b"<unk>", b"<s>", b"</s>", b"\xe2\x96\x81", b"a", b"\xe2\x96\x81a", b"<0x62>"])
+      + b"\xfe" + b"a b a")
+    w("tokenizer", "ids", b"\3" + b"1, 403 407\n261 378")
+    if data:
+        p = os.path.join(data, "models", "stories260K", "tok512.bin")
+        if os.path.exists(p):
+            with open(p, "rb") as f:
+                w("tokenizer", "tok512", b"\1" + f.read())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,606 @@
+#pragma once
+/// @file budget_allocator.hpp
+/// @brief `BudgetAllocator`: a global KV budget (tokens, or a keep ratio of the current length)
+/// -> integer per-layer keep counts that sum exactly to it, with per-layer floors and caps, by one
+/// of several policies (uniform, PyramidKV, the DepthKV paper's proportional rule, middle-layer
+/// protection, curve-optimal, and the paper's InfoNCE-guided MGA / MLMA-k / MLP).
+///
+/// ## Common steps (every policy)
+/// 1. The budget B: `total_tokens`, or `llround(keep_ratio * sum(lengths))`.
+/// 2. Bounds per layer: floor F_l (default 0; a floor above the layer's length is lowered to the
+///    length: a layer cannot keep more than it holds) and cap C_l (default the length; a cap may
+///    not exceed the length). Infeasible requests throw `Error`: sum F > B, B > sum C, F_l > C_l.
+/// 3. The policy computes real per-layer targets t_l.
+/// 4. ONE rounding routine (`detail::round_to_budget`) turns targets into integers: a
+///    water-filling clamp x_l = clamp(t_l + lambda, F_l, C_l) with the common shift lambda that
+///    makes sum x = B (lambda = 0 when the targets already fit), then largest-remainder rounding
+///    (the leftover tokens go to the largest fractional parts; equal parts: lower layer first).
+///    The result sums exactly to B and respects every floor and cap; it is deterministic.
+///
+/// ## Policies
+/// - `uniform`: t_l = the common water level, i.e. every layer B/L, clamped to its bounds.
+/// - `pyramid` (PyramidKV, Cai et al. 2024, as implemented in KVCache-Factory's
+///   `PyramidKVCluster`): with B' = B/L the per-layer average budget, w = `window`, beta = `beta`
+///   (20): min = (B'-w)/beta, max = 2(B'-w) - min; if max >= q - w (q = the smallest cap, i.e.
+///   KVCache-Factory's `q_len`) then max = q - w, min = 2(B'-w) - max. Layer l gets
+///   max - (max-min) l/(L-1) + w: linear from layer 0 (max) to the last layer (min), plus the
+///   window. KVCache-Factory uses integer division here; depthkv keeps the real values and rounds
+///   once (step 4), so the sum is exact. B' <= w or L == 1: uniform.
+/// - `proportional` (the DepthKV paper, arXiv 2604.24647): layer l's pruning ratio
+///   p_l = alpha * s_l, proportional to its robustness score s_l (`robustness` when given, else
+///   s_l = 1 / (sens_l + `sensitivity_eps`), sens_l = the profiled loss of layer l at the global
+///   keep ratio B / sum(lengths), read off the measured curve by `SensitivityProfile::loss_at`).
+///   Each layer's pruning ratio is capped at `max_prune_ratio` (0.7: the layer keeps at least
+///   K_l = ceil((1 - 0.7) * length) tokens, a whole number, so saturated layers are stable under
+///   rounding); alpha is solved so that the pruned tokens sum exactly to sum(lengths) - B, which
+///   is the paper's "redistribute the excess over the unsaturated layers (in proportion to their
+///   scores) until the mean is exact". Layer 0 is never pruned (`protect_layer0`, default on).
+///   The mean pruning ratio is token-weighted (exactly the paper's mean when all layers hold the
+///   same number of tokens).
+///   When the global pruning ratio is too high for the cap (the paper only ran 60%), the cap is
+///   lifted just enough: every unprotected layer sits at its lowered cap floor, which moves
+///   linearly from K_l (at budget sum K) down to the hard floor F_l (at budget sum F); for equal
+///   floors and equal lengths this is the smallest common cap that fits. `AllocationInfo::prune_cap` reports the
+///   largest real pruning ratio used. When even pruning every other layer to its floor cannot
+///   keep layer 0 full, layer 0 keeps everything above the other layers' floors
+///   (`AllocationInfo::protected_reduced`).
+/// - `middle`: the `n_middle` middle layers (first index (L - n_middle) / 2) kept full, the rest
+///   uniform. When the budget cannot keep them full they share all of the budget above the other
+///   layers' floors (water-filled) and the others stay at their floors.
+/// - `optimal` (depthkv): minimise sum_l f_l(b_l) subject to sum b_l = B and the bounds, where
+///   f_l(b) = h_l(b / length_l) and h_l is the lower convex hull of layer l's measured curve:
+///   the probed points, the point (1.0, 0), and below the smallest probed ratio the extension
+///   of the first segment's slope down to ratio 0 (see `SensitivityProfile::loss_at`). The
+///   integer problem is separable convex, so greedy marginal gains are exact: starting from the
+///   floors, tokens go to the layer with the largest loss decrease per token (ties: the lower
+///   layer), taken a whole hull segment at a time. The allocation at B+1 extends the one at B,
+///   so budgets never decrease as B grows.
+/// - `mga` (the paper's metric-guided allocation): `proportional` with s_l = `infonce[l]` (lower
+///   InfoNCE = more critical layer = less pruning), the same cap, layer 0 unpruned.
+/// - `mlma2`, `mlma4`, `mlma6` (the paper's MLMA-k): the k middle layers kept full, the rest split
+///   as `mga` (layer 0 also unpruned when `protect_layer0`).
+/// - `mlp`: the two middle layers kept full, the rest uniform (`middle` with n_middle = 2).
+///
+/// ## The safeguard floor (`min_tokens`, proportional/optimal/mga/mlma*)
+/// Curve-optimal budgets can starve a layer, and a starved layer can collapse on text unlike the
+/// calibration text. `min_tokens` raises every layer's floor to min(min_tokens, cap) (e.g. sinks +
+/// the scorer's window + a margin). The default (0, off) is to be chosen by the measurement of
+/// issue 4. A safeguard never makes a request infeasible: when the budget cannot give every
+/// layer its safeguard floor, the result is the `uniform` allocation (the safeguard takes the
+/// whole budget) and `AllocationInfo::safeguard_fallback` is set.
+///
+/// @code
+/// depthkv::BudgetRequest req;
+/// req.lengths = std::vector<int>(n_layers, 384);   // tokens each layer holds now
+/// req.keep_ratio = 0.2;                            // or req.total_tokens = ...
+/// req.floors = std::vector<int>(n_layers, n_sink + n_recent);
+/// depthkv::BudgetAllocator alloc;
+/// std::vector<int> keep = alloc.allocate(depthkv::AllocationPolicy::kOptimal, req, &profile);
+/// // sum(keep) == llround(0.2 * 384 * n_layers); evict(cache, scores, keep, protection);
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "depthkv/detail/allocator_math.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/sensitivity_profile.hpp"
+
+namespace depthkv {
+
+/// How the global budget is split across layers (see the file comment for each formula).
+enum class AllocationPolicy {
+  kUniform,       ///< "uniform"
+  kPyramid,       ///< "pyramid" (PyramidKV)
+  kProportional,  ///< "proportional" (DepthKV paper, robustness from the profile or user scores)
+  kMiddle,        ///< "middle" (n_middle middle layers full, rest uniform)
+  kOptimal,       ///< "optimal" (minimum predicted loss on the convexified curves)
+  kMGA,           ///< "mga" (proportional with InfoNCE scores)
+  kMLMA2,         ///< "mlma2" (2 middle layers full, rest by InfoNCE)
+  kMLMA4,         ///< "mlma4"
+  kMLMA6,         ///< "mlma6"
+  kMLP,           ///< "mlp" (2 middle layers full, rest uniform)
+};
+
+/// @return the policy's name: "uniform", "pyramid", "proportional", "middle", "optimal", "mga",
+///         "mlma2", "mlma4", "mlma6", "mlp"
+inline std::string to_string(AllocationPolicy p) {
+  switch (p) {
+    case AllocationPolicy::kUniform: return "uniform";
+    case AllocationPolicy::kPyramid: return "pyramid";
+    case AllocationPolicy::kProportional: return "proportional";
+    case AllocationPolicy::kMiddle: return "middle";
+    case AllocationPolicy::kOptimal: return "optimal";
+    case AllocationPolicy::kMGA: return "mga";
+    case AllocationPolicy::kMLMA2: return "mlma2";
+    case AllocationPolicy::kMLMA4: return "mlma4";
+    case AllocationPolicy::kMLMA6: return "mlma6";
+    case AllocationPolicy::kMLP: return "mlp";
+  }
+  return "unknown";
+}
+
+/// @return every policy, in enum order
+inline std::vector<AllocationPolicy> all_allocation_policies() {
+  return {AllocationPolicy::kUniform, AllocationPolicy::kPyramid, AllocationPolicy::kProportional,
+          AllocationPolicy::kMiddle,  AllocationPolicy::kOptimal, AllocationPolicy::kMGA,
+          AllocationPolicy::kMLMA2,   AllocationPolicy::kMLMA4,   AllocationPolicy::kMLMA6,
+          AllocationPolicy::kMLP};
+}
+
+/// @param name one of the names `to_string(AllocationPolicy)` returns
+/// @return the policy
+/// @throws Error on an unknown name (the message lists the valid ones)
+inline AllocationPolicy parse_allocation_policy(const std::string& name) {
+  for (AllocationPolicy p : all_allocation_policies()) {
+    if (to_string(p) == name) return p;
+  }
+  DEPTHKV_FAIL("unknown allocation policy '"
+               << name << "' (expected uniform, pyramid, proportional, middle, optimal, mga, mlma2, mlma4, mlma6, mlp)");
+}
+
+/// @return true when `policy` reads a `SensitivityProfile` (optimal; proportional without
+///         user robustness scores)
+inline bool policy_needs_profile(AllocationPolicy policy, bool has_robustness = false) {
+  return policy == AllocationPolicy::kOptimal || (policy == AllocationPolicy::kProportional && !has_robustness);
+}
+
+/// @return true when `policy` reads `BudgetRequest::infonce` (mga, mlma2, mlma4, mlma6)
+inline bool policy_needs_infonce(AllocationPolicy policy) {
+  return policy == AllocationPolicy::kMGA || policy == AllocationPolicy::kMLMA2 ||
+         policy == AllocationPolicy::kMLMA4 || policy == AllocationPolicy::kMLMA6;
+}
+
+/// A budget request: the layers' current lengths, the global budget (exactly one of
+/// `total_tokens` and `keep_ratio`), optional bounds, and the policies' parameters.
+struct BudgetRequest {
+  std::vector<int> lengths;      ///< tokens each layer holds now (>= 0); caps default to these
+  long long total_tokens = -1;   ///< global budget in tokens (-1: use keep_ratio)
+  double keep_ratio = -1.0;      ///< or: global keep ratio in [0, 1] of sum(lengths) (-1: unset)
+  std::vector<int> floors;       ///< per-layer minimum (empty: 0), e.g. sinks + recent window
+  std::vector<int> caps;         ///< per-layer maximum (empty: the length), <= length
+  int min_tokens = 0;            ///< safeguard floor (proportional, optimal, mga, mlma*); 0 = off
+  int window = 32;               ///< pyramid: the window w kept in every layer
+  double beta = 20.0;            ///< pyramid: min = (B' - w) / beta
+  int n_middle = 2;              ///< middle: layers kept full
+  double max_prune_ratio = 0.7;  ///< proportional/mga/mlma*: per-layer pruning-ratio cap
+  bool protect_layer0 = true;    ///< proportional/mga/mlma*: layer 0 never pruned
+  std::vector<double> robustness;   ///< proportional: user robustness scores (>= 0), one per layer
+  double sensitivity_eps = 1e-6;    ///< proportional: s_l = 1 / (sens_l + eps)
+  std::vector<double> infonce;      ///< mga/mlma*: per-layer InfoNCE loss (>= 0)
+};
+
+/// What an allocation did besides the budgets (for reports).
+struct AllocationInfo {
+  long long total = 0;               ///< the resolved global budget B
+  std::vector<int> floors;           ///< effective floors (hard floors raised by the safeguard)
+  std::vector<int> caps;             ///< effective caps
+  double prune_cap = std::numeric_limits<double>::quiet_NaN();  ///< proportional family: cap used (after lifting)
+  bool safeguard_fallback = false;   ///< min_tokens could not be met for every layer: uniform used
+  bool protected_reduced = false;    ///< protected layers (layer 0 / middle) could not be kept full
+  std::vector<double> scores;        ///< proportional family: the robustness scores used
+};
+
+namespace detail {
+
+struct AllocContext {
+  int n = 0;
+  std::vector<int> len, floors, caps;
+  long long total = 0;
+  long long sum_len = 0;
+};
+
+inline long long sum_of(const std::vector<int>& v) {
+  long long s = 0;
+  for (int x : v) s += x;
+  return s;
+}
+
+inline AllocContext prepare_request(const BudgetRequest& req) {
+  AllocContext c;
+  c.n = static_cast<int>(req.lengths.size());
+  c.len = req.lengths;
+  for (int l = 0; l < c.n; ++l) {
+    DEPTHKV_CHECK(c.len[static_cast<std::size_t>(l)] >= 0, "layer " << l << ": negative length " << c.len[static_cast<std::size_t>(l)]);
+  }
+  c.sum_len = sum_of(c.len);
+  const bool has_total = req.total_tokens != -1;
+  const bool has_ratio = !(req.keep_ratio == -1.0);
+  DEPTHKV_CHECK(has_total != has_ratio, (has_total ? "both total_tokens and keep_ratio are set; set exactly one"
+                                                   : "neither total_tokens nor keep_ratio is set; set exactly one"));
+  if (has_total) {
+    DEPTHKV_CHECK(req.total_tokens >= 0, "total_tokens " << req.total_tokens << " is negative");
+    c.total = req.total_tokens;
+  } else {
+    DEPTHKV_CHECK(std::isfinite(req.keep_ratio) && req.keep_ratio >= 0.0 && req.keep_ratio <= 1.0,
+                  "keep_ratio " << req.keep_ratio << " is outside [0, 1]");
+    c.total = std::llround(req.keep_ratio * static_cast<double>(c.sum_len));
+  }
+  if (req.caps.empty()) {
+    c.caps = c.len;
+  } else {
+    DEPTHKV_CHECK(req.caps.size() == c.len.size(),
+                  "caps has " << req.caps.size() << " entries for " << c.n << " layers");
+    c.caps = req.caps;
+    for (int l = 0; l < c.n; ++l) {
+      const auto i = static_cast<std::size_t>(l);
+      DEPTHKV_CHECK(c.caps[i] >= 0 && c.caps[i] <= c.len[i],
+                    "layer " << l << ": cap " << c.caps[i] << " outside [0, length " << c.len[i] << "]");
+    }
+  }
+  if (req.floors.empty()) {
+    c.floors.assign(c.len.size(), 0);
+  } else {
+    DEPTHKV_CHECK(req.floors.size() == c.len.size(),
+                  "floors has " << req.floors.size() << " entries for " << c.n << " layers");
+    c.floors = req.floors;
+    for (int l = 0; l < c.n; ++l) {
+      const auto i = static_cast<std::size_t>(l);
+      DEPTHKV_CHECK(c.floors[i] >= 0, "layer " << l << ": negative floor " << c.floors[i]);
+      c.floors[i] = std::min(c.floors[i], c.len[i]);
+      DEPTHKV_CHECK(c.floors[i] <= c.caps[i],
+                    "layer " << l << ": floor " << c.floors[i] << " above cap " << c.caps[i]);
+    }
+  }
+  const long long sf = sum_of(c.floors), sc = sum_of(c.caps);
+  DEPTHKV_CHECK(sf <= c.total, "infeasible: the floors sum to " << sf << " tokens, above the budget of "
+                                                                << c.total << " tokens");
+  DEPTHKV_CHECK(c.total <= sc, "infeasible: the budget of " << c.total << " tokens exceeds the sum of the caps ("
+                                                           << sc << " tokens)");
+  DEPTHKV_CHECK(req.min_tokens >= 0, "min_tokens " << req.min_tokens << " is negative");
+  return c;
+}
+
+/// Real targets of a uniform split of `budget` over the layers in `idx` (common water level).
+inline void uniform_targets(const std::vector<int>& idx, const std::vector<int>& floors, const std::vector<int>& caps,
+                            double budget, std::vector<double>& t) {
+  if (idx.empty()) return;
+  std::vector<double> a(idx.size(), 0.0), d(idx.size(), 1.0), lo(idx.size()), hi(idx.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) {
+    lo[i] = floors[static_cast<std::size_t>(idx[i])];
+    hi[i] = caps[static_cast<std::size_t>(idx[i])];
+  }
+  const std::vector<double> x = water_fill(a, d, lo, hi, budget);
+  for (std::size_t i = 0; i < idx.size(); ++i) t[static_cast<std::size_t>(idx[i])] = x[i];
+}
+
+inline std::vector<int> allocate_uniform(const AllocContext& c, const std::vector<int>& floors) {
+  std::vector<int> all(static_cast<std::size_t>(c.n));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<double> t(static_cast<std::size_t>(c.n), 0.0);
+  uniform_targets(all, floors, c.caps, static_cast<double>(c.total), t);
+  return round_to_budget(t, floors, c.caps, c.total);
+}
+
+inline std::vector<int> allocate_pyramid(const AllocContext& c, int window, double beta) {
+  DEPTHKV_CHECK(window >= 0, "pyramid: negative window " << window);
+  DEPTHKV_CHECK(std::isfinite(beta) && beta > 0.0, "pyramid: beta " << beta << " must be > 0");
+  const int L = c.n;
+  const double avg = L > 0 ? static_cast<double>(c.total) / L : 0.0;
+  const double w = window;
+  const double base = avg - w;
+  if (L <= 1 || base <= 0.0) return allocate_uniform(c, c.floors);
+  double mn = base / beta;
+  double mx = 2.0 * base - mn;
+  const double q = *std::min_element(c.caps.begin(), c.caps.end());
+  if (mx >= q - w && q - w >= base) {  // KVCache-Factory: max_num >= q_len - window_size
+    mx = q - w;
+    mn = 2.0 * base - mx;
+  }
+  std::vector<double> t(static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l) t[static_cast<std::size_t>(l)] = mx - (mx - mn) * l / (L - 1) + w;
+  return round_to_budget(t, c.floors, c.caps, c.total);
+}
+
+/// Layer indices of the k middle layers of L: [(L - k) / 2, (L - k) / 2 + k).
+inline std::vector<int> middle_layers(int L, int k, const char* policy) {
+  DEPTHKV_CHECK(k >= 0, policy << ": negative number of middle layers " << k);
+  DEPTHKV_CHECK(k <= L, policy << ": " << k << " middle layers requested but the model has only " << L << " layers");
+  std::vector<int> m;
+  for (int i = 0; i < k; ++i) m.push_back((L - k) / 2 + i);
+  return m;
+}
+
+/// Shared staging of the policies with protected (kept-full) layers. `rest` fills the real
+/// targets of the unprotected layers given their budget; it is called only when the protected
+/// layers can be kept at their caps.
+template <class Rest>
+std::vector<int> allocate_with_protected(const AllocContext& c, const std::vector<int>& floors,
+                                         const std::vector<bool>& prot, AllocationInfo* info, Rest rest) {
+  std::vector<int> p_idx, o_idx;
+  long long floors_o = 0, caps_p = 0;
+  for (int l = 0; l < c.n; ++l) {
+    const auto i = static_cast<std::size_t>(l);
+    if (prot[i]) {
+      p_idx.push_back(l);
+      caps_p += c.caps[i];
+    } else {
+      o_idx.push_back(l);
+      floors_o += floors[i];
+    }
+  }
+  std::vector<double> t(static_cast<std::size_t>(c.n), 0.0);
+  const long long avail = c.total - floors_o;
+  if (avail < caps_p) {
+    // The protected layers cannot all be full: they share everything above the others' floors.
+    if (info) info->protected_reduced = true;
+    for (int l : o_idx) t[static_cast<std::size_t>(l)] = floors[static_cast<std::size_t>(l)];
+    uniform_targets(p_idx, floors, c.caps, static_cast<double>(avail), t);
+  } else {
+    for (int l : p_idx) t[static_cast<std::size_t>(l)] = c.caps[static_cast<std::size_t>(l)];
+    rest(o_idx, static_cast<double>(c.total - caps_p), t);
+  }
+  return round_to_budget(t, floors, c.caps, c.total);
+}
+
+/// Floors raised by the safeguard: max(F_l, min(min_tokens, C_l)).
+inline std::vector<int> safeguard_floors(const AllocContext& c, int min_tokens) {
+  std::vector<int> e = c.floors;
+  for (std::size_t l = 0; l < e.size(); ++l) e[l] = std::max(e[l], std::min(min_tokens, c.caps[l]));
+  return e;
+}
+
+/// The proportional rule on the unprotected layers `idx` with budget `budget` (see the file
+/// comment): keep_l = clamp(len_l - alpha s_l len_l, K_l, C_l), K_l the pruning-cap floor.
+inline void proportional_targets(const AllocContext& c, const std::vector<int>& floors, const std::vector<double>& s,
+                                 double max_prune, const std::vector<int>& idx, double budget, std::vector<double>& t,
+                                 AllocationInfo* info, const char* policy) {
+  if (idx.empty()) return;
+  // Cap floors in whole tokens: K_l = max(F_l, min(C_l, ceil((1 - cap) len_l))).
+  std::vector<double> kc(idx.size()), fl(idx.size());
+  double sum_kc = 0.0, sum_fl = 0.0;
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    const auto i = static_cast<std::size_t>(idx[j]);
+    const double m = std::max(0.0, std::ceil((1.0 - max_prune) * c.len[i] - 1e-9));
+    kc[j] = std::max<double>(floors[i], std::min<double>(c.caps[i], m));
+    fl[j] = floors[i];
+    sum_kc += kc[j];
+    sum_fl += fl[j];
+  }
+  if (sum_kc > budget) {
+    // Lifted cap: every layer is at its (lowered) cap floor; the floors move together and
+    // linearly from the cap floors K (at budget sum K) down to the hard floors (at sum F), so
+    // the shares stay continuous and non-decreasing in the budget.
+    const double theta = sum_kc > sum_fl ? (budget - sum_fl) / (sum_kc - sum_fl) : 1.0;
+    double worst = max_prune;
+    for (std::size_t j = 0; j < idx.size(); ++j) {
+      const auto i = static_cast<std::size_t>(idx[j]);
+      const double x = fl[j] + theta * (kc[j] - fl[j]);
+      t[i] = x;
+      if (c.len[i] > 0 && x < c.caps[i]) worst = std::max(worst, 1.0 - x / c.len[i]);
+    }
+    if (info) info->prune_cap = worst;
+    return;
+  }
+  if (info) info->prune_cap = max_prune;
+  std::vector<double> a, d, lo, hi;
+  bool any_prunable_weight = false;
+  double sum_caps = 0.0;
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    const auto i = static_cast<std::size_t>(idx[j]);
+    a.push_back(c.len[i]);
+    d.push_back(s[i] * c.len[i]);
+    lo.push_back(kc[j]);
+    hi.push_back(c.caps[i]);
+    sum_caps += c.caps[i];
+    if (d.back() > 0.0 && lo.back() < hi.back()) any_prunable_weight = true;
+  }
+  DEPTHKV_CHECK(budget >= sum_caps || any_prunable_weight,
+                policy << ": every prunable layer has robustness score 0, nothing can be pruned proportionally");
+  const std::vector<double> x = water_fill(a, d, lo, hi, budget);
+  for (std::size_t j = 0; j < idx.size(); ++j) t[static_cast<std::size_t>(idx[j])] = x[j];
+}
+
+inline std::vector<double> checked_scores(const std::vector<double>& v, int n, const char* what, const char* policy) {
+  DEPTHKV_CHECK(static_cast<int>(v.size()) == n,
+                policy << ": " << what << " has " << v.size() << " entries for " << n << " layers");
+  for (std::size_t l = 0; l < v.size(); ++l) {
+    DEPTHKV_CHECK(std::isfinite(v[l]) && v[l] >= 0.0,
+                  policy << ": " << what << " of layer " << l << " is NaN, infinite or negative (" << v[l] << ")");
+  }
+  return v;
+}
+
+inline void check_profile(const SensitivityProfile* profile, int n, const char* policy) {
+  DEPTHKV_CHECK(profile != nullptr, "policy '" << policy << "' needs a SensitivityProfile, none was given");
+  profile->validate();
+  DEPTHKV_CHECK(profile->n_layers() == n, "policy '" << policy << "': the profile has " << profile->n_layers()
+                                                      << " layers, the request " << n);
+}
+
+inline std::vector<int> allocate_optimal(const AllocContext& c, const std::vector<int>& floors,
+                                         const SensitivityProfile& p) {
+  struct Cursor {
+    LossCurve hull;
+    std::size_t seg = 0;
+  };
+  std::vector<Cursor> cur(static_cast<std::size_t>(c.n));
+  std::vector<int> b = floors;
+  for (int l = 0; l < c.n; ++l) cur[static_cast<std::size_t>(l)].hull = lower_hull(raw_curve(p, l));
+  // Next run of equal marginal gains of layer l: (gain per token, number of tokens).
+  auto next_run = [&](int l) -> std::pair<double, long long> {
+    const auto i = static_cast<std::size_t>(l);
+    const int cap = c.caps[i];
+    if (b[i] >= cap) return {0.0, 0};
+    const double len = c.len[i];
+    Cursor& cu = cur[i];
+    const auto& hx = cu.hull.x;
+    const auto& hy = cu.hull.y;
+    while (cu.seg + 2 < hx.size() && hx[cu.seg + 1] * len <= b[i]) ++cu.seg;
+    const double v = hx[cu.seg + 1] * len;  // token position where this hull segment ends
+    if (static_cast<double>(b[i]) + 1.0 <= v) {
+      const long long end = std::min<long long>(cap, static_cast<long long>(std::floor(v)));
+      const double gain = (hy[cu.seg] - hy[cu.seg + 1]) / ((hx[cu.seg + 1] - hx[cu.seg]) * len);
+      return {gain, end - b[i]};
+    }
+    return {cu.hull.eval(b[i] / len) - cu.hull.eval((b[i] + 1) / len), 1};
+  };
+  struct Item {
+    double gain;
+    int layer;
+    long long count;
+  };
+  auto worse = [](const Item& x, const Item& y) {  // priority: larger gain, then lower layer
+    return x.gain < y.gain || (x.gain == y.gain && x.layer > y.layer);
+  };
+  std::priority_queue<Item, std::vector<Item>, decltype(worse)> heap(worse);
+  for (int l = 0; l < c.n; ++l) {
+    const auto r = next_run(l);
+    if (r.second > 0) heap.push({r.first, l, r.second});
+  }
+  long long remaining = c.total - sum_of(b);
+  while (remaining > 0) {
+    assert(!heap.empty());
+    const Item it = heap.top();
+    heap.pop();
+    const long long take = std::min(it.count, remaining);
+    b[static_cast<std::size_t>(it.layer)] += static_cast<int>(take);
+    remaining -= take;
+    if (remaining == 0) break;
+    const auto r = next_run(it.layer);
+    if (r.second > 0) heap.push({r.first, it.layer, r.second});
+  }
+  std::vector<double> t(b.begin(), b.end());
+  return round_to_budget(t, floors, c.caps, c.total);
+}
+
+}  // namespace detail
+
+/// Splits a global KV budget across layers. Stateless; all inputs are in the request (and the
+/// profile for the curve-based policies). See the file comment for the policies' formulas.
+///
+/// @code
+/// depthkv::BudgetRequest req;
+/// req.lengths = {512, 512, 512, 512};
+/// req.total_tokens = 1024;
+/// auto keep = depthkv::BudgetAllocator().allocate(depthkv::AllocationPolicy::kPyramid, req);
+/// @endcode
+class BudgetAllocator {
+ public:
+  /// @param policy the split rule
+  /// @param req lengths, budget, bounds and policy parameters
+  /// @param profile the loss curves (needed by optimal, and by proportional without
+  ///        `req.robustness`; ignored otherwise); its layer count must equal `req.lengths.size()`
+  /// @param info optional: filled with what the allocation did (effective floors, lifted cap, ...)
+  /// @return per-layer keep counts: sum == the budget, floors <= keep <= caps
+  /// @throws Error on an infeasible or malformed request (floors above the budget, budget above
+  ///         the sum of caps, a cap above the length, a floor above a cap, both or neither of
+  ///         total_tokens/keep_ratio, a missing or invalid profile, a profile/lengths layer-count
+  ///         mismatch, missing/NaN/negative robustness or InfoNCE scores, more middle layers than
+  ///         layers, a bad pyramid window/beta or pruning cap)
+  std::vector<int> allocate(AllocationPolicy policy, const BudgetRequest& req,
+                            const SensitivityProfile* profile = nullptr, AllocationInfo* info = nullptr) const {
+    const detail::AllocContext c = detail::prepare_request(req);
+    if (info) {
+      *info = AllocationInfo{};
+      info->total = c.total;
+      info->floors = c.floors;
+      info->caps = c.caps;
+    }
+    const std::string name = to_string(policy);
+    switch (policy) {
+      case AllocationPolicy::kUniform: return detail::allocate_uniform(c, c.floors);
+      case AllocationPolicy::kPyramid: return detail::allocate_pyramid(c, req.window, req.beta);
+      case AllocationPolicy::kMiddle:
+      case AllocationPolicy::kMLP: {
+        const int k = policy == AllocationPolicy::kMLP ? 2 : req.n_middle;
+        std::vector<bool> prot(static_cast<std::size_t>(c.n), false);
+        for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
+        return detail::allocate_with_protected(
+            c, c.floors, prot, info, [&](const std::vector<int>& idx, double budget, std::vector<double>& t) {
+              detail::uniform_targets(idx, c.floors, c.caps, budget, t);
+            });
+      }
+      case AllocationPolicy::kOptimal: {
+        detail::check_profile(profile, c.n, name.c_str());
+        const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens);
+        if (info) info->floors = e;
+        if (detail::sum_of(e) > c.total) return fallback(c, info);
+        return detail::allocate_optimal(c, e, *profile);
+      }
+      case AllocationPolicy::kProportional:
+      case AllocationPolicy::kMGA:
+      case AllocationPolicy::kMLMA2:
+      case AllocationPolicy::kMLMA4:
+      case AllocationPolicy::kMLMA6: {
+        DEPTHKV_CHECK(std::isfinite(req.max_prune_ratio) && req.max_prune_ratio >= 0.0 && req.max_prune_ratio <= 1.0,
+                      name << ": max_prune_ratio " << req.max_prune_ratio << " is outside [0, 1]");
+        std::vector<double> s;
+        if (policy == AllocationPolicy::kProportional) {
+          if (!req.robustness.empty()) {
+            s = detail::checked_scores(req.robustness, c.n, "robustness", name.c_str());
+          } else {
+            detail::check_profile(profile, c.n, name.c_str());
+            DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
+                          name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
+            const double r = c.sum_len > 0 ? static_cast<double>(c.total) / static_cast<double>(c.sum_len) : 1.0;
+            for (int l = 0; l < c.n; ++l) s.push_back(1.0 / (profile->loss_at(l, r) + req.sensitivity_eps));
+          }
+        } else {
+          s = detail::checked_scores(req.infonce, c.n, "infonce", name.c_str());
+        }
+        if (info) info->scores = s;
+        std::vector<bool> prot(static_cast<std::size_t>(c.n), false);
+        if (req.protect_layer0 && c.n > 0) prot[0] = true;
+        const int k = policy == AllocationPolicy::kMLMA2 ? 2
+                      : policy == AllocationPolicy::kMLMA4 ? 4
+                      : policy == AllocationPolicy::kMLMA6 ? 6 : 0;
+        for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
+        const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens);
+        if (info) info->floors = e;
+        if (detail::sum_of(e) > c.total) return fallback(c, info);
+        return detail::allocate_with_protected(
+            c, e, prot, info, [&](const std::vector<int>& idx, double budget, std::vector<double>& t) {
+              detail::proportional_targets(c, e, s, req.max_prune_ratio, idx, budget, t, info, name.c_str());
+            });
+      }
+    }
+    DEPTHKV_FAIL("unknown allocation policy " << static_cast<int>(policy));
+    return {};
+  }
+
+ private:
+  static std::vector<int> fallback(const detail::AllocContext& c, AllocationInfo* info) {
+    if (info) {
+      info->safeguard_fallback = true;
+      info->floors = c.floors;
+    }
+    return detail::allocate_uniform(c, c.floors);
+  }
+};
+
+/// Predicted total loss sum_l f_l(budgets_l / lengths_l) of a budget vector under a profile
+/// (the additive model the optimal policy minimises).
+/// @param profile the loss curves (validated)
+/// @param budgets per-layer keep counts, 0 <= budgets_l <= lengths_l
+/// @param lengths per-layer lengths the budgets are taken from (a layer of length 0 adds 0)
+/// @param convexified true: the lower convex hull of each curve (what `optimal` minimises);
+///        false: the measured piecewise-linear curve
+/// @return the predicted total loss
+/// @throws Error on a size mismatch, a budget outside [0, length] or an invalid profile
+inline double predicted_loss(const SensitivityProfile& profile, const std::vector<int>& budgets,
+                             const std::vector<int>& lengths, bool convexified = true) {
+  profile.validate();
+  DEPTHKV_CHECK(budgets.size() == lengths.size() && static_cast<int>(lengths.size()) == profile.n_layers(),
+                "sizes differ: " << budgets.size() << " budgets, " << lengths.size() << " lengths, "
+                                 << profile.n_layers() << " profile layers");
+  double total = 0.0;
+  for (int l = 0; l < profile.n_layers(); ++l) {
+    const auto i = static_cast<std::size_t>(l);
+    DEPTHKV_CHECK(budgets[i] >= 0 && budgets[i] <= lengths[i],
+                  "layer " << l << ": budget " << budgets[i] << " outside [0, " << lengths[i] << "]");
+    if (lengths[i] == 0) continue;
+    detail::LossCurve curve = detail::raw_curve(profile, l);
+    if (convexified) curve = detail::lower_hull(curve);
+    total += curve.eval(static_cast<double>(budgets[i]) / lengths[i]);
+  }
+  return total;
+}
+
+}  // namespace depthkv

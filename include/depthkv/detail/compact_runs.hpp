@@ -1,0 +1,45 @@
+#pragma once
+/// @file detail/compact_runs.hpp
+/// @brief In-place compaction of one head's tokens with one `memmove` per run of consecutive kept
+/// slots (instead of one per token), for any trivially copyable element type (float, Eigen::half,
+/// Eigen::bfloat16, positions).
+///
+/// Token t of the head occupies elements `[t * token_stride, t * token_stride + head_dim)` of
+/// `base`. After the call, token i holds what token kept[i] held (kept strictly ascending, so
+/// kept[i] >= i and the moves only go towards the front). When tokens are dense
+/// (`token_stride == head_dim`) a run of r consecutive kept tokens is one memmove of
+/// `r * head_dim` elements; with padding between tokens each token is moved alone, so the padding
+/// (which may belong to the engine, e.g. interleaved K/V) is never written. A leading run already
+/// in place (kept[i] == i) is skipped.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace depthkv {
+namespace detail {
+
+/// Moves token kept[i] to token i for i in [0, n_kept), one memmove per run of consecutive slots
+/// when the tokens are dense. `kept` must be strictly ascending and inside the head (not checked).
+template <typename T>
+void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std::int32_t* kept, int n_kept) {
+  static_assert(std::is_trivially_copyable<T>::value, "compact_runs moves bytes");
+  const std::size_t tok = sizeof(T) * static_cast<std::size_t>(head_dim);
+  int i = 0;
+  while (i < n_kept && kept[i] == i) ++i;  // already in place
+  if (token_stride != head_dim) {
+    for (; i < n_kept; ++i) std::memmove(base + i * token_stride, base + kept[i] * token_stride, tok);
+    return;
+  }
+  while (i < n_kept) {
+    int j = i + 1;
+    while (j < n_kept && kept[j] == kept[j - 1] + 1) ++j;  // run [i, j) of consecutive source slots
+    std::memmove(base + static_cast<std::ptrdiff_t>(i) * head_dim, base + static_cast<std::ptrdiff_t>(kept[i]) * head_dim,
+                 tok * static_cast<std::size_t>(j - i));
+    i = j;
+  }
+}
+
+}  // namespace detail
+}  // namespace depthkv

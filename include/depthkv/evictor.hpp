@@ -1,0 +1,303 @@
+#pragma once
+/// @file evictor.hpp
+/// @brief Physical eviction: per (layer, KV head) top-k selection with a deterministic tie rule,
+/// then in-place compaction that keeps the survivors in their original order.
+///
+/// ## Selection rule (one rule for the CPU and CUDA paths, detail/select_common.hpp)
+/// In a row of n tokens the protected slots (the first `n_sink` and the last `n_recent`,
+/// `Protection`) are always kept and count inside the budget k. The remaining k - protected
+/// tokens are the best of the unprotected ones by (score descending, position ascending):
+/// **equal scores: the earlier position stays** (-0.0 and +0.0 are equal; +inf and -inf are
+/// ordinary scores; NaN is rejected). Should two tokens of a row share a position (impossible
+/// for a Layer, whose positions ascend), the lower slot stays. k >= n keeps every token. The kept
+/// slots are returned in ascending slot order (= position order).
+///
+/// ## Cost
+/// Selection is O(n) per row: a histogram (radix) select on order-preserving integer keys for
+/// rows of at least `detail::kRadixSelectMinLength` unprotected tokens, `std::nth_element` below
+/// (detail/radix_select.hpp); no full sort. Compaction moves each kept token once (Layer::compact).
+///
+/// ## Atomicity
+/// `evict_layer` and `evict` validate every layer and head (shapes, NaN scores, keep ranges)
+/// before any memory is touched: when they throw, the cache is unchanged.
+///
+/// ## Threads
+/// The trailing `n_threads` argument (default 1: the calling thread only) spreads the
+/// (layer, KV head) rows over up to `n_threads` std::threads for the call (0 = hardware
+/// concurrency); results are identical for every thread count. The library keeps no threads
+/// between calls. With n_threads != 1, `Layer::compact` on different heads of a layer must be
+/// safe to run concurrently (true for HostLayer and LayerView) and `shrink_to_fit` on different
+/// layers likewise.
+///
+/// @code
+/// depthkv::TokenScorer scorer({depthkv::ScorerKind::kH2O}, n_heads, n_kv_heads);   // per layer
+/// // ... observe attention rows, then:
+/// std::vector<depthkv::LayerScores> scores = ...;               // scorer[l].scores(cache.layer(l))
+/// std::vector<int> keep = allocator.allocate(...);              // tokens per layer
+/// auto ev = depthkv::evict(cache, scores, keep, {/*n_sink=*/4, /*n_recent=*/32});
+/// // ev[l].kept_slots[h]: surviving old slots; ev[l].kept_positions[h]: their positions
+/// @endcode
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <type_traits>
+#include <vector>
+
+#include "depthkv/detail/parallel_for.hpp"
+#include "depthkv/detail/radix_select.hpp"
+#include "depthkv/detail/select_common.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/kv_cache.hpp"
+#include "depthkv/token_scorer.hpp"
+
+namespace depthkv {
+
+/// Result of evicting one layer: for each KV head h, the old slots that survived (ascending; they
+/// are now slots 0..size-1) and their original sequence positions.
+struct LayerEviction {
+  std::vector<std::vector<std::int32_t>> kept_slots;      ///< [head][i]
+  std::vector<std::vector<std::int32_t>> kept_positions;  ///< [head][i]
+};
+
+namespace detail {
+
+/// Index of the first NaN in scores[0..n), or -1 (bit test: safe under -ffast-math).
+inline int first_nan(const float* s, int n) {
+  bool bad = false;
+  for (int i = 0; i < n; ++i) bad |= (float_bits(s[i]) & 0x7FFFFFFFu) > 0x7F800000u;
+  if (!bad) return -1;
+  for (int i = 0; i < n; ++i)
+    if ((float_bits(s[i]) & 0x7FFFFFFFu) > 0x7F800000u) return i;
+  return -1;
+}
+
+/// Index of the first NaN of 16-bit float bit patterns whose infinity pattern is `inf_bits`
+/// (0x7C00 IEEE half, 0x7F80 bfloat16), or -1.
+inline int first_nan16(const std::uint16_t* s, int n, std::uint16_t inf_bits) {
+  for (int i = 0; i < n; ++i)
+    if ((s[i] & 0x7FFFu) > inf_bits) return i;
+  return -1;
+}
+
+/// Checks the arguments of one row other than the scores.
+inline void check_row_args(int n, int k, Protection prot) {
+  DEPTHKV_CHECK(n >= 0, "row length must be >= 0, got " << n);
+  DEPTHKV_CHECK(k >= 0, "keep count must be >= 0, got " << k);
+  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
+                "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
+  const int p = protected_count(n, prot.n_sink, prot.n_recent);
+  DEPTHKV_CHECK(k >= n || k >= p, "keep " << k << " < " << p << " protected tokens (of " << n << ")");
+}
+
+/// Selection of a validated row into `out` (cleared): protected sinks, the best of the middle,
+/// protected recent tokens; ascending.
+template <class Keys>
+void select_row(const Keys& keys, const std::int32_t* positions, int n, int k, Protection prot, SelectWorkspace& ws,
+                std::vector<std::int32_t>& out) {
+  out.clear();
+  if (k >= n) {
+    out.resize(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i;
+    return;
+  }
+  out.reserve(static_cast<std::size_t>(k));
+  const int lo = std::min(prot.n_sink, n);
+  const int hi = std::max(lo, n - std::min(prot.n_recent, n));
+  for (int i = 0; i < lo; ++i) out.push_back(i);
+  select_best(keys, positions, lo, hi, k - lo - (n - hi), ws, out);
+  for (int i = hi; i < n; ++i) out.push_back(i);
+}
+
+template <class T16>
+std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* positions, int n, int k, Protection prot,
+                                        std::uint16_t inf_bits) {
+  static_assert(sizeof(T16) == 2, "16-bit scores");
+  check_row_args(n, k, prot);
+  DEPTHKV_CHECK(n == 0 || scores != nullptr, "null scores");
+  std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
+  if (n > 0) std::memcpy(bits.data(), scores, sizeof(std::uint16_t) * static_cast<std::size_t>(n));
+  const int bad = first_nan16(bits.data(), n, inf_bits);
+  DEPTHKV_CHECK(bad < 0, "NaN score at slot " << bad);
+  SelectWorkspace ws;
+  std::vector<std::int32_t> out;
+  select_row(Bits16Keys{bits.data()}, positions, n, k, prot, ws, out);
+  return out;
+}
+
+}  // namespace detail
+
+/// Kept slots (ascending) of one row: protected slots always, then the best by (score desc,
+/// position asc) until k. k >= n keeps all. See the file comment for the tie rule.
+/// @param scores n scores (no NaN; +/-inf allowed)
+/// @param positions n original positions (ties: the earlier position stays); nullptr means the
+///   slot order (positions 0..n-1)
+/// @param k tokens to keep, protected ones included
+/// @throws Error on NaN scores, n < 0, k < 0, negative protection, or k < the protected count
+inline std::vector<std::int32_t> select_keep(const float* scores, const std::int32_t* positions, int n, int k,
+                                             Protection prot) {
+  detail::check_row_args(n, k, prot);
+  DEPTHKV_CHECK(n == 0 || scores != nullptr, "null scores");
+  const int bad = detail::first_nan(scores, n);
+  DEPTHKV_CHECK(bad < 0, "NaN score at slot " << bad);
+  detail::SelectWorkspace ws;
+  std::vector<std::int32_t> out;
+  detail::select_row(detail::FloatKeys{scores}, positions, n, k, prot, ws, out);
+  return out;
+}
+
+/// `select_keep` on 16-bit scores (`Eigen::half` or `Eigen::bfloat16`): the same rule, with one
+/// histogram pass over the row (16-bit keys). A template, so `select_keep(nullptr, ...)` still
+/// means the float overload.
+template <class T16, std::enable_if_t<std::is_same<T16, Eigen::half>::value ||
+                                          std::is_same<T16, Eigen::bfloat16>::value,
+                                      int> = 0>
+std::vector<std::int32_t> select_keep(const T16* scores, const std::int32_t* positions, int n, int k,
+                                      Protection prot) {
+  return detail::select_keep16(scores, positions, n, k, prot,
+                               std::is_same<T16, Eigen::half>::value ? std::uint16_t{0x7C00u} : std::uint16_t{0x7F80u});
+}
+
+namespace detail {
+
+/// Evicts `layers[l]` to `keep[l][h]` tokens per head; `label_layers` adds "layer l" to messages.
+template <class Layer>
+std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers, const std::vector<const LayerScores*>& scores,
+                                        const std::vector<std::vector<int>>& keep, Protection prot, bool shrink,
+                                        int n_threads, bool label_layers) {
+  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
+                "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
+  const int n_layers = static_cast<int>(layers.size());
+  // 1. shapes and keep ranges, every layer and head, before anything else
+  std::vector<int> row0(static_cast<std::size_t>(n_layers) + 1, 0);
+  for (int l = 0; l < n_layers; ++l) {
+    const Layer& L = *layers[static_cast<std::size_t>(l)];
+    const LayerScores& S = *scores[static_cast<std::size_t>(l)];
+    const std::vector<int>& K = keep[static_cast<std::size_t>(l)];
+    const int nh = L.n_kv_heads();
+    auto where = [&](int h) {  // "layer l head h: ", "head h: ", "layer l: " or ""
+      std::ostringstream os;
+      if (label_layers) os << "layer " << l << (h >= 0 ? " " : ": ");
+      if (h >= 0) os << "head " << h << ": ";
+      return os.str();
+    };
+    DEPTHKV_CHECK(static_cast<int>(S.size()) == nh, where(-1) << "scores have " << S.size() << " heads, layer " << nh);
+    DEPTHKV_CHECK(static_cast<int>(K.size()) == nh, where(-1) << "keep has " << K.size() << " heads, layer " << nh);
+    for (int h = 0; h < nh; ++h) {
+      const int n = L.size(h);
+      const int k = K[static_cast<std::size_t>(h)];
+      DEPTHKV_CHECK(static_cast<int>(S[static_cast<std::size_t>(h)].size()) == n,
+                    where(h) << S[static_cast<std::size_t>(h)].size() << " scores for " << n << " tokens");
+      DEPTHKV_CHECK(k >= 0, where(h) << "keep count must be >= 0, got " << k);
+      const int p = protected_count(n, prot.n_sink, prot.n_recent);
+      DEPTHKV_CHECK(k >= n || k >= p, where(h) << "keep " << k << " < " << p << " protected tokens (of " << n << ")");
+    }
+    row0[static_cast<std::size_t>(l) + 1] = row0[static_cast<std::size_t>(l)] + nh;
+  }
+  const int n_rows = row0.back();
+  std::vector<LayerEviction> result(static_cast<std::size_t>(n_layers));
+  for (int l = 0; l < n_layers; ++l) {
+    const std::size_t nh = static_cast<std::size_t>(layers[static_cast<std::size_t>(l)]->n_kv_heads());
+    result[static_cast<std::size_t>(l)].kept_slots.resize(nh);
+    result[static_cast<std::size_t>(l)].kept_positions.resize(nh);
+  }
+  auto row_of = [&](int r, int& l, int& h) {
+    l = static_cast<int>(std::upper_bound(row0.begin(), row0.end(), r) - row0.begin()) - 1;
+    h = r - row0[static_cast<std::size_t>(l)];
+  };
+  const int workers = resolve_threads(n_threads, n_rows);
+  std::vector<SelectWorkspace> ws(static_cast<std::size_t>(workers));
+
+  // 2. NaN checks and selection (reads only): an error here leaves everything unchanged
+  parallel_for(n_rows, workers, [&](int worker, int r) {
+    int l, h;
+    row_of(r, l, h);
+    const Layer& L = *layers[static_cast<std::size_t>(l)];
+    const std::vector<float>& s = (*scores[static_cast<std::size_t>(l)])[static_cast<std::size_t>(h)];
+    const int n = L.size(h);
+    const int bad = first_nan(s.data(), n);
+    if (bad >= 0) {
+      if (label_layers) DEPTHKV_FAIL("layer " << l << " head " << h << ": NaN score at slot " << bad);
+      DEPTHKV_FAIL("head " << h << ": NaN score at slot " << bad);
+    }
+    LayerEviction& E = result[static_cast<std::size_t>(l)];
+    std::vector<std::int32_t>& kept = E.kept_slots[static_cast<std::size_t>(h)];
+    const std::int32_t* pos = L.positions(h);
+    select_row(FloatKeys{s.data()}, pos, n, keep[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)], prot,
+               ws[static_cast<std::size_t>(worker)], kept);
+    std::vector<std::int32_t>& kp = E.kept_positions[static_cast<std::size_t>(h)];
+    kp.resize(kept.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) kp[i] = pos[kept[i]];
+  });
+
+  // 3. compaction, then 4. release of unused capacity
+  parallel_for(n_rows, workers, [&](int, int r) {
+    int l, h;
+    row_of(r, l, h);
+    const std::vector<std::int32_t>& kept = result[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
+    Layer& L = *layers[static_cast<std::size_t>(l)];
+    if (static_cast<int>(kept.size()) != L.size(h)) L.compact(h, kept.data(), static_cast<int>(kept.size()));
+  });
+  if (shrink)
+    parallel_for(n_layers, resolve_threads(n_threads, n_layers),
+                 [&](int, int l) { layers[static_cast<std::size_t>(l)]->shrink_to_fit(); });
+  return result;
+}
+
+}  // namespace detail
+
+/// Evicts one layer: head h keeps `keep_per_head[h]` tokens (protected ones included; more than
+/// it holds keeps all), compacted in place in position order.
+/// @param scores scores[h][slot], row h of length layer.size(h) (e.g. TokenScorer::scores)
+/// @param shrink release the freed capacity (HostLayer reallocates; LayerView: no-op)
+/// @param n_threads threads for this call (1: calling thread; 0: hardware concurrency)
+/// @return kept old slots and their positions, per head
+/// @throws Error on shape mismatch, NaN scores, negative keep or keep below the protected count;
+///   the layer is unchanged then
+template <class Layer>
+LayerEviction evict_layer(Layer& layer, const LayerScores& scores, const std::vector<int>& keep_per_head,
+                          Protection prot, bool shrink = true, int n_threads = 1) {
+  std::vector<LayerEviction> r =
+      detail::evict_layers<Layer>({&layer}, {&scores}, {keep_per_head}, prot, shrink, n_threads, false);
+  return std::move(r.front());
+}
+
+/// Evicts every layer: every head of layer l keeps `keep_per_layer[l]` tokens. All layers are
+/// validated before any is touched.
+/// @throws Error as evict_layer, or when the layer counts differ; the cache is unchanged then
+template <class Layer>
+std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerScores>& scores,
+                                 const std::vector<int>& keep_per_layer, Protection prot, bool shrink = true,
+                                 int n_threads = 1) {
+  DEPTHKV_CHECK(static_cast<int>(keep_per_layer.size()) == cache.n_layers(),
+                "keep has " << keep_per_layer.size() << " layers, cache " << cache.n_layers());
+  std::vector<std::vector<int>> keep(keep_per_layer.size());
+  for (int l = 0; l < cache.n_layers(); ++l)
+    keep[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cache.layer(l).n_kv_heads()),
+                                             keep_per_layer[static_cast<std::size_t>(l)]);
+  return evict(cache, scores, keep, prot, shrink, n_threads);
+}
+
+/// Evicts every layer with per-head budgets: head h of layer l keeps `keep_per_head[l][h]` tokens.
+/// All layers and heads are validated before any is touched.
+/// @throws Error as evict_layer, or when the layer counts differ; the cache is unchanged then
+template <class Layer>
+std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerScores>& scores,
+                                 const std::vector<std::vector<int>>& keep_per_head, Protection prot,
+                                 bool shrink = true, int n_threads = 1) {
+  DEPTHKV_CHECK(static_cast<int>(scores.size()) == cache.n_layers(),
+                "scores have " << scores.size() << " layers, cache " << cache.n_layers());
+  DEPTHKV_CHECK(static_cast<int>(keep_per_head.size()) == cache.n_layers(),
+                "keep has " << keep_per_head.size() << " layers, cache " << cache.n_layers());
+  std::vector<Layer*> layers;
+  std::vector<const LayerScores*> s;
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    layers.push_back(&cache.layer(l));
+    s.push_back(&scores[static_cast<std::size_t>(l)]);
+  }
+  return detail::evict_layers(layers, s, keep_per_head, prot, shrink, n_threads, true);
+}
+
+}  // namespace depthkv

@@ -1,0 +1,514 @@
+#pragma once
+/// @file llama/engine.hpp
+/// @brief `LlamaEngine`: the reference Llama forward pass (Eigen) over a depthkv `KVCache`:
+/// RMSNorm, RoPE, grouped-query attention against per-layer, per-KV-head caches that may hold
+/// different numbers of tokens, SwiGLU; batched and chunked prefill with attention-probability
+/// capture (for the token scorers) and a hook after each chunk (for scoring and eviction), decode,
+/// teacher forcing, and hidden-state capture.
+///
+/// ## Conventions
+/// - Every forward call processes `n` tokens at consecutive sequence positions
+///   `pos0, pos0 + 1, ...`; the caller owns the position counter (after an eviction the cache no
+///   longer tells the sequence length). RoPE uses each token's original position: cached keys are
+///   stored rotated with theirs, new tokens rotate with their true position.
+/// - Each layer's K/V of the new tokens are appended to the cache before attention; query `i` of
+///   the call (position `pos0 + i`) attends, in KV head `h`, to the slots
+///   `[0, size_before(h) + i]` (everything held before the call plus the causal part of the call).
+/// - Attention probabilities handed to the observer cover the slots of the KV head *after* the
+///   append, in slot order; masked (future) entries are 0.
+/// - Matrices are row-major: activations `[tokens x dim]`, logits `[tokens x vocab]`.
+///
+/// @code
+/// depthkv::llama::LlamaModel model = depthkv::llama::load_llama2c("stories260K.bin");
+/// depthkv::llama::LlamaEngine engine(model);
+/// auto cache = engine.make_cache();
+/// depthkv::llama::RowMatrix logits = engine.prefill(prompt, cache);    // [prompt.size() x vocab]
+/// Eigen::VectorXf next = engine.decode(token, /*pos=*/static_cast<int>(prompt.size()), cache);
+/// @endcode
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "depthkv/error.hpp"
+#include "depthkv/kv_cache.hpp"
+#include "depthkv/llama/model.hpp"
+
+namespace depthkv {
+namespace llama {
+
+/// The host KV cache the engine fills by default: per layer `[n_kv_heads][capacity][head_dim]` floats.
+using HostCache = KVCache<HostLayer<float>>;
+
+/// Points of a layer at which hidden states can be captured (rows = the tokens of the call).
+enum class CapturePoint {
+  kLayerInput,     ///< residual stream entering the layer `[T x dim]`
+  kAttnInput,      ///< RMS-normed layer input (what the Q/K/V projections read), pre-attention
+  kAttnOutput,     ///< attention output projection (`wo`) before the residual add
+  kAttnResidual,   ///< residual stream after the attention add (input of the MLP block)
+  kMlpOutput,      ///< MLP down projection before the residual add
+  kLayerOutput,    ///< residual stream after the MLP add (= next layer's input), post-MLP
+};
+
+/// Called with `(layer, point, pos0, rows)`: `rows` is `[T x dim]`, row `i` belongs to sequence
+/// position `pos0 + i`. Only valid during the call (copy what you keep).
+using ActivationHook = std::function<void(int layer, CapturePoint point, std::int32_t pos0, const RowMatrix& rows)>;
+
+/// Called with `(layer, q_head, q_pos0, n_queries, probs, ld, n)`: attention probabilities of
+/// query head `q_head` for `n_queries` consecutive positions starting at `q_pos0`, row-major with
+/// leading dimension `ld`, each row covering the `n` slots its KV head holds (after the append);
+/// masked entries are 0. This is exactly `TokenScorer::observe_block`'s argument list after the
+/// layer index.
+using AttentionObserver =
+    std::function<void(int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n)>;
+
+/// Wall-clock seconds spent in the parts of the forward pass (accumulated over calls).
+struct EngineStats {
+  double matmul_s = 0;     ///< Q/K/V/O projections, MLP and classifier GEMMs
+  double attention_s = 0;  ///< scores, softmax, observer calls, weighted sum of values
+  double other_s = 0;      ///< embedding, norms, RoPE, cache appends, hooks
+  long long tokens = 0;    ///< tokens processed
+  double total() const { return matmul_s + attention_s + other_s; }
+  void reset() { *this = EngineStats{}; }
+};
+
+/// Options of one forward call (prefill, teacher forcing, decode).
+struct ForwardOptions {
+  /// Tokens per chunk: the call is processed in chunks of at most this many tokens, each chunk
+  /// through all layers before the next starts (>= 1; the DepthKV paper uses 1024).
+  int chunk_size = 1024;
+  /// Return the logits of every token (true) or only of the last one (false: a 1-row matrix).
+  bool all_logits = true;
+  /// Receives the attention probabilities of every layer and query head (optional).
+  AttentionObserver observer;
+  /// Called after each chunk with the number of tokens of this call processed so far and the
+  /// next sequence position, e.g. to score and evict (optional). The cache may be modified.
+  std::function<void(int tokens_done, std::int32_t next_pos)> after_chunk;
+  /// Receives hidden states (optional); `capture_points` selects which (bit i = CapturePoint i).
+  ActivationHook capture;
+  unsigned capture_points = ~0u;
+  /// Accumulates timings (optional).
+  EngineStats* stats = nullptr;
+};
+
+/// Bit of `point` for `ForwardOptions::capture_points`.
+inline unsigned capture_bit(CapturePoint point) { return 1u << static_cast<unsigned>(point); }
+
+/// The reference Llama forward pass over a depthkv KV cache. Holds a reference to the model
+/// (which must outlive it) and no mutable state: one engine can serve several caches, and
+/// const calls on different caches may run concurrently.
+///
+/// @code
+/// LlamaEngine engine(model);
+/// HostCache cache = engine.make_cache();
+/// ForwardOptions opt;
+/// opt.observer = [&](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+///   scorers[l].observe_block(q, p0, nq, pr, ld, n);
+/// };
+/// RowMatrix logits = engine.prefill(context, cache, opt);
+/// // ... score, allocate, evict ...
+/// RowMatrix cont_logits = engine.teacher_force(continuation, static_cast<int>(context.size()), cache);
+/// @endcode
+class LlamaEngine {
+ public:
+  /// @param model weights (not copied; must outlive the engine)
+  /// @throws Error when the weight shapes do not match the configuration
+  explicit LlamaEngine(const LlamaModel& model) : model_(model) { validate(model); }
+
+  const LlamaModel& model() const { return model_; }
+  const LlamaConfig& config() const { return model_.config; }
+
+  /// An empty cache with one `HostLayer<float>` per layer.
+  /// @param capacity initial slots per head (grown on demand)
+  HostCache make_cache(int capacity = 0) const {
+    HostCache cache;
+    for (int l = 0; l < config().n_layers; ++l)
+      cache.add_layer(HostLayer<float>(config().n_kv_heads, config().head_dim, capacity));
+    return cache;
+  }
+
+  /// Runs `n` tokens at positions `pos0..pos0+n-1` through the model, appending their keys and
+  /// values to `cache`, in chunks of `opt.chunk_size`.
+  /// @param tokens token ids in `[0, vocab_size)`
+  /// @param n number of tokens (>= 1)
+  /// @param pos0 sequence position of `tokens[0]` (must exceed every position held)
+  /// @param cache one layer per model layer with the model's KV-head count and head size
+  /// @return logits `[n x vocab]`, or `[1 x vocab]` of the last token when `!opt.all_logits`
+  /// @throws Error on bad token ids, positions, options or a cache of the wrong shape
+  template <class Layer>
+  RowMatrix forward(const int* tokens, int n, std::int32_t pos0, KVCache<Layer>& cache,
+                    const ForwardOptions& opt = ForwardOptions()) const {
+    DEPTHKV_CHECK(n >= 1, "need at least one token, got " << n);
+    DEPTHKV_CHECK(pos0 >= 0, "pos0 must be >= 0, got " << pos0);
+    DEPTHKV_CHECK(opt.chunk_size >= 1, "chunk_size must be >= 1, got " << opt.chunk_size);
+    check_cache(cache);
+    const int vocab = config().vocab_size;
+    RowMatrix out(opt.all_logits ? n : 1, vocab);
+    for (int c0 = 0; c0 < n; c0 += opt.chunk_size) {
+      const int t = std::min(opt.chunk_size, n - c0);
+      const std::int32_t p0 = pos0 + c0;
+      RowMatrix x = embed(tokens + c0, t, opt.stats);
+      for (int l = 0; l < config().n_layers; ++l) forward_layer(l, x, p0, cache.layer(l), opt);
+      if (opt.all_logits) {
+        out.middleRows(c0, t) = logits(x, opt.stats);
+      } else if (c0 + t == n) {
+        RowMatrix last = x.bottomRows(1);
+        out = logits(last, opt.stats);
+      }
+      if (opt.stats) opt.stats->tokens += t;
+      if (opt.after_chunk) opt.after_chunk(c0 + t, p0 + t);
+    }
+    return out;
+  }
+
+  /// `forward` over a vector of tokens.
+  template <class Layer>
+  RowMatrix forward(const std::vector<int>& tokens, std::int32_t pos0, KVCache<Layer>& cache,
+                    const ForwardOptions& opt = ForwardOptions()) const {
+    DEPTHKV_CHECK(!tokens.empty(), "no tokens");
+    return forward(tokens.data(), static_cast<int>(tokens.size()), pos0, cache, opt);
+  }
+
+  /// Prefill: the prompt at positions `0..n-1` into an empty (or continued) cache, as batched
+  /// matrix products in chunks, with optional attention observation and per-chunk hook.
+  /// @return logits `[n x vocab]` (or of the last token only, see `ForwardOptions::all_logits`)
+  /// @throws Error as `forward`
+  template <class Layer>
+  RowMatrix prefill(const std::vector<int>& prompt, KVCache<Layer>& cache,
+                    const ForwardOptions& opt = ForwardOptions(), std::int32_t pos0 = 0) const {
+    return forward(prompt, pos0, cache, opt);
+  }
+
+  /// One decode step: `token` at position `pos`, appended to the cache.
+  /// @return the next-token logits `[vocab]`
+  /// @throws Error as `forward`
+  template <class Layer>
+  Eigen::VectorXf decode(int token, std::int32_t pos, KVCache<Layer>& cache, EngineStats* stats = nullptr) const {
+    ForwardOptions opt;
+    opt.stats = stats;
+    RowMatrix l = forward(&token, 1, pos, cache, opt);
+    return l.row(0).transpose();
+  }
+
+  /// Teacher forcing: runs `tokens` (e.g. a continuation) at positions `pos0, pos0+1, ...` over
+  /// the (possibly pruned) cache, appending them, and returns the logits of every position
+  /// (row i predicts the token after `tokens[i]`).
+  /// @throws Error as `forward`
+  template <class Layer>
+  RowMatrix teacher_force(const std::vector<int>& tokens, std::int32_t pos0, KVCache<Layer>& cache,
+                          ForwardOptions opt = ForwardOptions()) const {
+    opt.all_logits = true;
+    return forward(tokens, pos0, cache, opt);
+  }
+
+  // ---- building blocks (used by the evaluation helpers; usable for custom pipelines) ----
+
+  /// Embedding rows of `n` tokens `[n x dim]`.
+  /// @throws Error on a token id outside `[0, vocab_size)`
+  RowMatrix embed(const int* tokens, int n, EngineStats* stats = nullptr) const {
+    const auto t0 = now();
+    RowMatrix x(n, config().dim);
+    for (int i = 0; i < n; ++i) {
+      DEPTHKV_CHECK(tokens[i] >= 0 && tokens[i] < config().vocab_size,
+                    "token " << tokens[i] << " at index " << i << " outside [0, " << config().vocab_size << ")");
+      x.row(i) = model_.token_embedding.row(tokens[i]);
+    }
+    if (stats) stats->other_s += seconds_since(t0);
+    return x;
+  }
+
+  /// Final RMSNorm and classifier of residual-stream rows `x` `[T x dim]`.
+  /// @return logits `[T x vocab]`
+  RowMatrix logits(const RowMatrix& x, EngineStats* stats = nullptr) const {
+    auto t0 = now();
+    RowMatrix xn = rmsnorm(x, model_.final_norm);
+    if (stats) stats->other_s += seconds_since(t0);
+    t0 = now();
+    RowMatrix out(x.rows(), config().vocab_size);
+    linear(model_.classifier, xn, out);
+    if (stats) stats->matmul_s += seconds_since(t0);
+    return out;
+  }
+
+  /// Runs layer `l` on residual-stream rows `x` `[T x dim]` (in place) for positions
+  /// `pos0..pos0+T-1`, appending their K/V to `kv` (that layer's storage) and attending to all
+  /// slots it holds. `opt.observer`, `opt.capture` and `opt.stats` are used; the chunking and
+  /// the hook are not (the caller chunks).
+  /// @throws Error on a layer storage of the wrong shape or non-increasing positions
+  template <class Layer>
+  void forward_layer(int l, RowMatrix& x, std::int32_t pos0, Layer& kv, const ForwardOptions& opt = ForwardOptions()) const {
+    static_assert(std::is_same<typename Layer::Scalar, float>::value, "LlamaEngine needs float KV storage");
+    const LlamaConfig& c = config();
+    DEPTHKV_CHECK(l >= 0 && l < c.n_layers, "layer " << l << " outside [0, " << c.n_layers << ")");
+    DEPTHKV_CHECK(x.cols() == c.dim, "activations have " << x.cols() << " columns, model dim is " << c.dim);
+    DEPTHKV_CHECK(kv.n_kv_heads() == c.n_kv_heads && kv.head_dim() == c.head_dim,
+                  "layer " << l << " storage is [" << kv.n_kv_heads() << " heads][" << kv.head_dim()
+                           << "], model needs [" << c.n_kv_heads << "][" << c.head_dim << "]");
+    const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
+    const int T = static_cast<int>(x.rows());
+    const int hd = c.head_dim;
+    const int q_dim = c.n_heads * hd;
+    const int kv_dim = c.n_kv_heads * hd;
+    EngineStats* st = opt.stats;
+    auto cap = [&](CapturePoint p, const RowMatrix& m) {
+      if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0, m);
+    };
+
+    auto t0 = now();
+    cap(CapturePoint::kLayerInput, x);
+    RowMatrix xn = rmsnorm(x, w.attn_norm);
+    cap(CapturePoint::kAttnInput, xn);
+    if (st) st->other_s += seconds_since(t0);
+
+    t0 = now();
+    RowMatrix q(T, q_dim), k(T, kv_dim), v(T, kv_dim);
+    linear(w.wq, xn, q);
+    linear(w.wk, xn, k);
+    linear(w.wv, xn, v);
+    if (st) st->matmul_s += seconds_since(t0);
+
+    t0 = now();
+    if (w.bq.size()) q.rowwise() += w.bq.transpose();
+    if (w.bk.size()) k.rowwise() += w.bk.transpose();
+    if (w.bv.size()) v.rowwise() += w.bv.transpose();
+    apply_rope(q, c.n_heads, pos0);
+    apply_rope(k, c.n_kv_heads, pos0);
+    std::vector<int> size_before(static_cast<std::size_t>(c.n_kv_heads));
+    for (int h = 0; h < c.n_kv_heads; ++h) size_before[static_cast<std::size_t>(h)] = kv.size(h);
+    for (int i = 0; i < T; ++i) kv.append(k.row(i).data(), v.row(i).data(), pos0 + i);
+    if (st) st->other_s += seconds_since(t0);
+
+    t0 = now();
+    RowMatrix att(T, q_dim);
+    attention(l, q, kv, size_before, pos0, att, opt);
+    if (st) st->attention_s += seconds_since(t0);
+
+    t0 = now();
+    RowMatrix o(T, c.dim);
+    linear(w.wo, att, o);
+    if (st) st->matmul_s += seconds_since(t0);
+
+    t0 = now();
+    cap(CapturePoint::kAttnOutput, o);
+    x += o;
+    cap(CapturePoint::kAttnResidual, x);
+    xn = rmsnorm(x, w.ffn_norm);
+    if (st) st->other_s += seconds_since(t0);
+
+    t0 = now();
+    RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
+    linear(w.w1, xn, h1);
+    linear(w.w3, xn, h3);
+    for (Eigen::Index i = 0; i < h1.size(); ++i) {
+      float g = h1.data()[i];
+      g *= 1.0f / (1.0f + std::exp(-g));
+      h1.data()[i] = g * h3.data()[i];
+    }
+    linear(w.w2, h1, o);
+    if (st) st->matmul_s += seconds_since(t0);
+
+    t0 = now();
+    cap(CapturePoint::kMlpOutput, o);
+    x += o;
+    cap(CapturePoint::kLayerOutput, x);
+    if (st) st->other_s += seconds_since(t0);
+  }
+
+  /// RMSNorm of each row: `w * x / sqrt(mean(x^2) + eps)` (as llama2.c computes it).
+  RowMatrix rmsnorm(const RowMatrix& x, const Eigen::VectorXf& weight) const {
+    RowMatrix out(x.rows(), x.cols());
+    const float eps = config().rms_eps;
+    for (Eigen::Index i = 0; i < x.rows(); ++i) {
+      float ss = x.row(i).squaredNorm();
+      ss /= static_cast<float>(x.cols());
+      ss += eps;
+      ss = 1.0f / std::sqrt(ss);
+      out.row(i) = weight.transpose().cwiseProduct(ss * x.row(i));
+    }
+    return out;
+  }
+
+  /// Rotates the `n_heads` head segments of each row of `m` `[T x n_heads*head_dim]` by RoPE
+  /// for positions `pos0 + row`: llama2.c pairing (2i, 2i+1) or NeoX halves (i, i + head_dim/2)
+  /// when `config().rope_neox`; frequency `theta^(-2i/head_dim)`, divided by
+  /// `rope_freq_factors[i]` when the model has them.
+  void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0) const {
+    const LlamaConfig& c = config();
+    const int hd = c.head_dim;
+    const int half = hd / 2;
+    std::vector<float> freq(static_cast<std::size_t>(half));
+    for (int i = 0; i < half; ++i) {
+      float f = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+      if (model_.rope_freq_factors.size()) f /= model_.rope_freq_factors[i];
+      freq[static_cast<std::size_t>(i)] = f;
+    }
+    std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
+    for (Eigen::Index r = 0; r < m.rows(); ++r) {
+      const float pos = static_cast<float>(pos0 + static_cast<std::int32_t>(r));
+      for (int i = 0; i < half; ++i) {
+        const float val = pos * freq[static_cast<std::size_t>(i)];
+        cs[static_cast<std::size_t>(i)] = std::cos(val);
+        sn[static_cast<std::size_t>(i)] = std::sin(val);
+      }
+      float* row = m.row(r).data();
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = row + static_cast<std::ptrdiff_t>(h) * hd;
+        for (int i = 0; i < half; ++i) {
+          const int a = c.rope_neox ? i : 2 * i;
+          const int b = c.rope_neox ? i + half : 2 * i + 1;
+          const float v0 = v[a], v1 = v[b];
+          const float fc = cs[static_cast<std::size_t>(i)], fs = sn[static_cast<std::size_t>(i)];
+          v[a] = v0 * fc - v1 * fs;
+          v[b] = v0 * fs + v1 * fc;
+        }
+      }
+    }
+  }
+
+  /// Checks that `cache` has the model's layer count, KV-head count and head size.
+  /// @throws Error otherwise
+  template <class Layer>
+  void check_cache(const KVCache<Layer>& cache) const {
+    DEPTHKV_CHECK(cache.n_layers() == config().n_layers,
+                  "cache has " << cache.n_layers() << " layers, model has " << config().n_layers);
+    for (int l = 0; l < cache.n_layers(); ++l) {
+      const Layer& L = cache.layer(l);
+      DEPTHKV_CHECK(L.n_kv_heads() == config().n_kv_heads && L.head_dim() == config().head_dim,
+                    "cache layer " << l << " is [" << L.n_kv_heads() << " heads][" << L.head_dim()
+                                   << "], model needs [" << config().n_kv_heads << "][" << config().head_dim << "]");
+    }
+  }
+
+  /// Model weights' validation (shapes against the configuration).
+  /// @throws Error naming the first inconsistent tensor
+  static void validate(const LlamaModel& m) {
+    const LlamaConfig& c = m.config;
+    DEPTHKV_CHECK(c.dim > 0 && c.hidden_dim > 0 && c.n_layers > 0 && c.n_heads > 0 && c.n_kv_heads > 0 &&
+                      c.vocab_size > 0 && c.head_dim > 0,
+                  "non-positive dimension in the model configuration");
+    DEPTHKV_CHECK(c.n_heads % c.n_kv_heads == 0,
+                  "n_heads " << c.n_heads << " is not a multiple of n_kv_heads " << c.n_kv_heads);
+    DEPTHKV_CHECK(c.head_dim % 2 == 0, "head_dim " << c.head_dim << " is odd (RoPE needs pairs)");
+    DEPTHKV_CHECK(c.rope_theta > 0 && c.rms_eps >= 0, "bad rope_theta " << c.rope_theta << " or rms_eps " << c.rms_eps);
+    auto shape = [](const char* what, int l, const RowMatrix& w, Eigen::Index r, Eigen::Index cols) {
+      DEPTHKV_CHECK(w.rows() == r && w.cols() == cols, what << " of layer " << l << " is [" << w.rows() << " x "
+                                                          << w.cols() << "], expected [" << r << " x " << cols << "]");
+    };
+    auto vec = [](const char* what, int l, const Eigen::VectorXf& v, Eigen::Index n, bool optional) {
+      DEPTHKV_CHECK(v.size() == n || (optional && v.size() == 0),
+                    what << " of layer " << l << " has " << v.size() << " entries, expected " << n);
+    };
+    const Eigen::Index qd = static_cast<Eigen::Index>(c.n_heads) * c.head_dim;
+    const Eigen::Index kd = static_cast<Eigen::Index>(c.n_kv_heads) * c.head_dim;
+    DEPTHKV_CHECK(static_cast<int>(m.layers.size()) == c.n_layers,
+                  m.layers.size() << " layer weight sets for " << c.n_layers << " layers");
+    shape("token_embedding", -1, m.token_embedding, c.vocab_size, c.dim);
+    shape("classifier", -1, m.classifier, c.vocab_size, c.dim);
+    vec("final_norm", -1, m.final_norm, c.dim, false);
+    vec("rope_freq_factors", -1, m.rope_freq_factors, c.head_dim / 2, true);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+      vec("attn_norm", l, w.attn_norm, c.dim, false);
+      vec("ffn_norm", l, w.ffn_norm, c.dim, false);
+      shape("wq", l, w.wq, qd, c.dim);
+      shape("wk", l, w.wk, kd, c.dim);
+      shape("wv", l, w.wv, kd, c.dim);
+      shape("wo", l, w.wo, c.dim, qd);
+      shape("w1", l, w.w1, c.hidden_dim, c.dim);
+      shape("w3", l, w.w3, c.hidden_dim, c.dim);
+      shape("w2", l, w.w2, c.dim, c.hidden_dim);
+      vec("bq", l, w.bq, qd, true);
+      vec("bk", l, w.bk, kd, true);
+      vec("bv", l, w.bv, kd, true);
+    }
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static Clock::time_point now() { return Clock::now(); }
+  static double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row.
+  static void linear(const RowMatrix& W, const RowMatrix& x, RowMatrix& y) {
+    if (x.rows() == 1) {
+      y.row(0).transpose().noalias() = W * x.row(0).transpose();
+    } else {
+      y.noalias() = x * W.transpose();
+    }
+  }
+
+  /// Grouped-query attention of the T new queries `q` `[T x n_heads*hd]` (already rotated)
+  /// against everything layer `kv` holds (the new keys already appended).
+  template <class Layer>
+  void attention(int l, const RowMatrix& q, const Layer& kv, const std::vector<int>& size_before, std::int32_t pos0,
+                 RowMatrix& att, const ForwardOptions& opt) const {
+    using ConstMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+    const LlamaConfig& c = config();
+    const int T = static_cast<int>(q.rows());
+    const int hd = c.head_dim;
+    const int group = c.n_heads / c.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    RowMatrix s;
+    for (int qh = 0; qh < c.n_heads; ++qh) {
+      const int h = qh / group;
+      const int n = kv.size(h);
+      const int n_old = size_before[static_cast<std::size_t>(h)];
+      ConstMap K(kv.key(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
+      ConstMap V(kv.value(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
+      auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
+      auto out = att.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
+      if (T == 1) {
+        Eigen::VectorXf sc(n);
+        sc.noalias() = K * Q.row(0).transpose();
+        sc *= scale;
+        softmax_prefix(sc.data(), n);
+        if (opt.observer) opt.observer(l, qh, pos0, 1, sc.data(), n, n);
+        out.row(0).transpose().noalias() = V.transpose() * sc;
+        continue;
+      }
+      // Causal tiles of kTileRows queries: rows [r0, r1) need only the slots [0, n_old + r1).
+      s.resize(T, n);
+      for (int r0 = 0; r0 < T; r0 += kTileRows) {
+        const int rows = std::min(kTileRows, T - r0);
+        const int m = n_old + r0 + rows;
+        auto S = s.block(r0, 0, rows, m);
+        S.noalias() = Q.middleRows(r0, rows) * K.topRows(m).transpose();
+        for (int i = 0; i < rows; ++i) {
+          float* row = s.row(r0 + i).data();
+          const int visible = n_old + r0 + i + 1;
+          Eigen::Map<Eigen::ArrayXf>(row, visible) *= scale;
+          softmax_prefix(row, visible);
+          std::fill(row + visible, row + m, 0.0f);
+        }
+        if (opt.observer && m < n) s.block(r0, m, rows, n - m).setZero();
+        out.middleRows(r0, rows).noalias() = S * V.topRows(m);
+      }
+      if (opt.observer) opt.observer(l, qh, pos0, T, s.data(), n, n);
+    }
+  }
+
+  /// Query rows per causal attention tile in prefill.
+  static constexpr int kTileRows = 64;
+
+  /// In-place softmax of x[0..n) (max-subtracted, as llama2.c; SIMD exp and sums).
+  static void softmax_prefix(float* x, int n) {
+    Eigen::Map<Eigen::ArrayXf> a(x, n);
+    const float mx = a.maxCoeff();
+    a = (a - mx).exp();  // Eigen's vectorised exp
+    a /= a.sum();
+  }
+
+  const LlamaModel& model_;
+};
+
+}  // namespace llama
+}  // namespace depthkv

@@ -1,0 +1,534 @@
+#pragma once
+/// @file llama/eval.hpp
+/// @brief The decode-loop integration of depthkv in the reference engine (prefill with token
+/// scorers -> scores -> `BudgetAllocator` per-layer budgets -> eviction -> decode or teacher
+/// forcing), the quality metrics of a pruned cache against the full cache (mean KL, NLL increase,
+/// top-1 agreement, KV bytes), and `PruningEvaluator`, which evaluates budget plans on a set of
+/// windows reusing the full run's activations (what the `SensitivityProfiler` calls).
+///
+/// ## Evaluation protocol
+/// A window is a context and a continuation. The full run prefills the context (observing its
+/// attention with the scorers) and teacher-forces the continuation on the full cache. A pruned
+/// run evicts each layer of the context cache to its budget once, after the whole context is
+/// prefilled (prefill chunking only splits the computation), then teacher-forces the
+/// continuation on the pruned cache (continuation tokens are appended, never evicted; positions
+/// keep their original values). Metrics are taken over the `Tc` continuation positions, i.e. the
+/// distributions computed while feeding continuation token i, all of which read the pruned
+/// cache: KL(full || pruned) and top-1 agreement over all `Tc` rows, and the NLL of the true next
+/// token over the `Tc - 1` rows that have one inside the window.
+///
+/// ## Activation reuse
+/// When the first pruned layer of a plan is `l`, layers `< l` see exactly the full run's caches
+/// and inputs, so their continuation activations equal the full run's. The evaluator stores, per
+/// window, the full context cache of every layer, the continuation's residual-stream input of
+/// every layer (and the final residual), the full run's log-probabilities and every layer's
+/// token scores, and runs a plan from layer `l` on: layer `l` (and any later pruned layer) on a
+/// pruned copy of its context cache, the other layers on copies of their full caches. The context
+/// is never recomputed. Profiling "only layer l at ratio r" thus costs `(L - l) / L` of a
+/// continuation-only forward pass instead of a full context + continuation pass.
+///
+/// @code
+/// using namespace depthkv;
+/// llama::LlamaEngine engine(model);
+/// auto cache = engine.make_cache();
+/// auto scorers = llama::make_scorers(model.config, ScorerConfig{});            // H2O
+/// llama::ForwardOptions opt;
+/// opt.observer = llama::observe_into(scorers);
+/// engine.prefill(context, cache, opt);
+/// llama::PruneRequest req;                                                     // uniform, keep 30%
+/// req.policy = AllocationPolicy::kUniform;
+/// req.budget.keep_ratio = 0.3;
+/// llama::PruneReport rep = llama::score_and_evict(cache, scorers, req);       // rep.budgets per layer
+/// RowMatrix logits = engine.teacher_force(continuation, static_cast<int>(context.size()), cache);
+/// @endcode
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "depthkv/budget_allocator.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/evictor.hpp"
+#include "depthkv/kv_cache.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/token_scorer.hpp"
+
+namespace depthkv {
+namespace llama {
+
+// ---- the decode-loop integration --------------------------------------------------------------
+
+/// One `TokenScorer` per layer of the model.
+/// @throws Error on an invalid scorer configuration
+inline std::vector<TokenScorer> make_scorers(const LlamaConfig& config, const ScorerConfig& scorer) {
+  std::vector<TokenScorer> s;
+  s.reserve(static_cast<std::size_t>(config.n_layers));
+  for (int l = 0; l < config.n_layers; ++l) s.emplace_back(scorer, config.n_heads, config.n_kv_heads);
+  return s;
+}
+
+/// An observer for `ForwardOptions::observer` that feeds `scorers[layer].observe_block` (the
+/// vector must outlive the forward call and hold one scorer per layer).
+inline AttentionObserver observe_into(std::vector<TokenScorer>& scorers) {
+  return [&scorers](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
+    scorers[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
+  };
+}
+
+/// An observer feeding several scorer sets at once (`sets[k][layer]`), e.g. H2O and SnapKV from
+/// one prefill.
+inline AttentionObserver observe_into(std::vector<std::vector<TokenScorer>>& sets) {
+  return [&sets](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
+    for (auto& s : sets) s[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
+  };
+}
+
+/// Scores of every layer of `cache` (`scorers[l].scores(cache.layer(l))`).
+/// @throws Error when the counts or shapes disagree
+template <class Layer>
+std::vector<LayerScores> layer_scores(const std::vector<TokenScorer>& scorers, const KVCache<Layer>& cache) {
+  DEPTHKV_CHECK(static_cast<int>(scorers.size()) == cache.n_layers(),
+                scorers.size() << " scorers for " << cache.n_layers() << " layers");
+  std::vector<LayerScores> s;
+  s.reserve(scorers.size());
+  for (int l = 0; l < cache.n_layers(); ++l) s.push_back(scorers[static_cast<std::size_t>(l)].scores(cache.layer(l)));
+  return s;
+}
+
+/// Tokens kept of a row of `n` at keep ratio `ratio`: `round(ratio * n)`, at least the protected
+/// count (sinks + recent window, capped at n), at most n; ratio >= 1 keeps all.
+/// @throws Error on a negative or NaN ratio
+inline int keep_tokens(double ratio, int n, Protection prot) {
+  DEPTHKV_CHECK(ratio >= 0.0, "keep ratio must be >= 0, got " << ratio);
+  if (ratio >= 1.0) return n;
+  const int prot_n = std::min(n, prot.n_sink + prot.n_recent);
+  const long long k = std::llround(ratio * static_cast<double>(n));
+  return static_cast<int>(std::max<long long>(prot_n, std::min<long long>(k, n)));
+}
+
+/// What `score_and_evict` does: the allocation policy, the global budget (`budget.keep_ratio`
+/// or `budget.total_tokens`, plus the policy parameters; `budget.lengths` is filled from the
+/// cache), the profile for the curve-based policies, and the protected tokens.
+struct PruneRequest {
+  AllocationPolicy policy = AllocationPolicy::kUniform;
+  BudgetRequest budget;
+  const SensitivityProfile* profile = nullptr;
+  Protection protection;
+  /// When `budget.floors` is empty, use `min(length, n_sink + n_recent)` per layer as floors
+  /// (eviction cannot go below the protected count).
+  bool floors_from_protection = true;
+};
+
+/// What `score_and_evict` did.
+struct PruneReport {
+  std::vector<int> lengths;     ///< tokens per layer before (largest head)
+  std::vector<int> budgets;     ///< tokens kept per layer (every head)
+  std::size_t bytes_before = 0; ///< KV bytes held before
+  std::size_t bytes_after = 0;  ///< and after
+  std::vector<LayerEviction> evictions;
+};
+
+/// Scores every layer, splits the budget across layers with `BudgetAllocator`, evicts, and
+/// compacts the scorers (so that a chunked prefill can continue observing).
+/// @param cache the cache after (part of) the prefill
+/// @param scorers one per layer, fed during the prefill
+/// @param req policy, budget, profile and protection
+/// @return the per-layer budgets and the bytes held before and after
+/// @throws Error from the allocator (infeasible budget, missing profile, ...) or the evictor;
+///   the cache is unchanged then
+template <class Layer>
+PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const PruneRequest& req) {
+  PruneReport rep;
+  rep.lengths = cache.lengths();
+  rep.bytes_before = cache.bytes();
+  BudgetRequest br = req.budget;
+  br.lengths = rep.lengths;
+  if (br.floors.empty() && req.floors_from_protection) {
+    br.floors.resize(rep.lengths.size());
+    for (std::size_t l = 0; l < rep.lengths.size(); ++l)
+      br.floors[l] = std::min(rep.lengths[l], req.protection.n_sink + req.protection.n_recent);
+  }
+  rep.budgets = BudgetAllocator().allocate(req.policy, br, req.profile);
+  const std::vector<LayerScores> scores = layer_scores(scorers, cache);
+  rep.evictions = evict(cache, scores, rep.budgets, req.protection);
+  for (int l = 0; l < cache.n_layers(); ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+      const auto& kept = rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
+      scorers[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
+    }
+  rep.bytes_after = cache.bytes();
+  return rep;
+}
+
+// ---- metrics ----------------------------------------------------------------------------------
+
+/// Per-sample losses of a pruned run against the full run (what the SensitivityProfiler
+/// aggregates).
+struct SampleLoss {
+  double kl = 0;             ///< mean KL(full || pruned) over the positions
+  double dnll = 0;           ///< mean NLL of the true tokens, pruned minus full (may be < 0)
+  double top1_disagree = 0;  ///< fraction of positions whose argmax differs from the full run's
+};
+
+/// Losses plus the raw NLLs of one window.
+struct ContinuationMetrics {
+  SampleLoss loss;
+  double nll_full = 0;    ///< mean NLL of the true tokens, full cache
+  double nll_pruned = 0;  ///< and pruned
+  int n_positions = 0;    ///< rows compared (KL, top-1)
+  int n_targets = 0;      ///< rows with a true next token (NLL)
+};
+
+/// Log-softmax of each row, in double.
+inline Eigen::MatrixXd log_softmax_rows(const RowMatrix& logits) {
+  Eigen::MatrixXd out(logits.rows(), logits.cols());
+  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
+    const Eigen::RowVectorXd r = logits.row(i).cast<double>();
+    const double mx = r.maxCoeff();
+    const double lse = mx + std::log((r.array() - mx).exp().sum());
+    out.row(i) = r.array() - lse;
+  }
+  return out;
+}
+
+/// Compares the continuation logits of a pruned run with those of the full run.
+/// @param full, pruned logits `[Tc x vocab]` (same shape)
+/// @param targets true next token of each row, or -1 where there is none (size Tc)
+/// @return mean KL(full || pruned) and top-1 disagreement over all rows, NLLs over the rows with a target
+/// @throws Error on mismatched shapes or a target outside the vocabulary
+inline ContinuationMetrics compare_logits(const RowMatrix& full, const RowMatrix& pruned, const std::vector<int>& targets) {
+  DEPTHKV_CHECK(full.rows() == pruned.rows() && full.cols() == pruned.cols() && full.rows() >= 1,
+                "logits shapes differ: [" << full.rows() << " x " << full.cols() << "] vs [" << pruned.rows() << " x "
+                                          << pruned.cols() << "]");
+  DEPTHKV_CHECK(static_cast<Eigen::Index>(targets.size()) == full.rows(),
+                targets.size() << " targets for " << full.rows() << " rows");
+  const Eigen::MatrixXd lf = log_softmax_rows(full), lp = log_softmax_rows(pruned);
+  ContinuationMetrics m;
+  m.n_positions = static_cast<int>(full.rows());
+  double kl = 0, dis = 0, nf = 0, np = 0;
+  for (Eigen::Index i = 0; i < full.rows(); ++i) {
+    kl += (lf.row(i).array().exp() * (lf.row(i) - lp.row(i)).array()).sum();
+    Eigen::Index af = 0, ap = 0;
+    full.row(i).maxCoeff(&af);
+    pruned.row(i).maxCoeff(&ap);
+    dis += af != ap ? 1.0 : 0.0;
+    const int t = targets[static_cast<std::size_t>(i)];
+    if (t >= 0) {
+      DEPTHKV_CHECK(t < full.cols(), "target " << t << " outside the vocabulary of " << full.cols());
+      nf -= lf(i, t);
+      np -= lp(i, t);
+      ++m.n_targets;
+    }
+  }
+  m.loss.kl = kl / m.n_positions;
+  m.loss.top1_disagree = dis / m.n_positions;
+  if (m.n_targets > 0) {
+    m.nll_full = nf / m.n_targets;
+    m.nll_pruned = np / m.n_targets;
+    m.loss.dnll = m.nll_pruned - m.nll_full;
+  }
+  return m;
+}
+
+/// The targets of a teacher-forced continuation: row i predicts `continuation[i + 1]`; the last
+/// row has none (-1).
+inline std::vector<int> continuation_targets(const std::vector<int>& continuation) {
+  std::vector<int> t(continuation.size(), -1);
+  for (std::size_t i = 0; i + 1 < continuation.size(); ++i) t[i] = continuation[i + 1];
+  return t;
+}
+
+// ---- the evaluator with activation reuse --------------------------------------------------------
+
+/// A context and the continuation teacher-forced after it (positions continue from the context).
+struct EvalWindow {
+  std::vector<int> context;       ///< >= 1 token
+  std::vector<int> continuation;  ///< >= 1 token
+};
+
+/// Settings of a `PruningEvaluator`.
+struct EvalConfig {
+  /// Scorers observed during the full run (one profile / evaluation per entry; index = `scorer`
+  /// argument of the evaluation calls).
+  std::vector<ScorerConfig> scorers = {ScorerConfig{}};
+  Protection protection;  ///< tokens every head keeps (inside the budget)
+  int chunk_size = 1024;  ///< prefill chunk (computation only; eviction happens once after the context)
+  int n_threads = 0;      ///< windows evaluated in parallel: 0 = OpenMP's default, 1 = serial
+  bool reuse = true;      ///< reuse the full run's activations (false: recompute everything, for checks)
+};
+
+/// Result of one window under one plan.
+struct WindowResult {
+  ContinuationMetrics metrics;
+  std::vector<int> budgets;      ///< tokens kept per layer (context part)
+  std::size_t bytes_kept = 0;    ///< KV bytes of the context after eviction (all layers)
+  std::size_t bytes_full = 0;    ///< KV bytes of the full context
+};
+
+/// Evaluates per-layer budget plans on a fixed set of windows against the full cache. The full
+/// run of every window is computed once, in the constructor; each plan then runs only the
+/// continuation from its first pruned layer on (see the file comment). Const calls are
+/// thread-safe. Memory per window: the full context cache, `(L + 1) * Tc * dim` floats of stored
+/// activations, `Tc * vocab` doubles of log-probabilities, and the context's scores per scorer.
+///
+/// @code
+/// llama::PruningEvaluator ev(engine, windows, cfg);                  // runs the full passes
+/// std::vector<double> plan(n_layers, 1.0);
+/// plan[3] = 0.2;                                                    // only layer 3 keeps 20%
+/// std::vector<llama::SampleLoss> per_window = ev.plan_losses(plan, /*scorer=*/0);
+/// auto fn = ev.plan_function(0);   // std::function<std::vector<SampleLoss>(const std::vector<double>&)>
+/// @endcode
+class PruningEvaluator {
+ public:
+  /// Runs the full (unpruned) passes of every window.
+  /// @param engine the engine (must outlive the evaluator)
+  /// @param windows the samples (each context and continuation non-empty)
+  /// @param cfg scorers, protection, chunking, threads
+  /// @throws Error on empty windows, invalid tokens or scorer configurations
+  PruningEvaluator(const LlamaEngine& engine, std::vector<EvalWindow> windows, EvalConfig cfg = EvalConfig())
+      : engine_(engine), windows_(std::move(windows)), cfg_(std::move(cfg)) {
+    DEPTHKV_CHECK(!cfg_.scorers.empty(), "no scorer configured");
+    DEPTHKV_CHECK(cfg_.chunk_size >= 1, "chunk_size must be >= 1, got " << cfg_.chunk_size);
+    for (std::size_t w = 0; w < windows_.size(); ++w)
+      DEPTHKV_CHECK(!windows_[w].context.empty() && !windows_[w].continuation.empty(),
+                    "window " << w << " has an empty context or continuation");
+    for (const ScorerConfig& s : cfg_.scorers) TokenScorer(s, engine.config().n_heads, engine.config().n_kv_heads);
+    refs_.resize(windows_.size());
+    parallel_windows([&](int w) { refs_[static_cast<std::size_t>(w)] = full_run(windows_[static_cast<std::size_t>(w)]); });
+  }
+
+  int n_windows() const { return static_cast<int>(windows_.size()); }
+  int n_layers() const { return engine_.config().n_layers; }
+  int n_scorers() const { return static_cast<int>(cfg_.scorers.size()); }
+  const EvalConfig& config() const { return cfg_; }
+  const std::vector<EvalWindow>& windows() const { return windows_; }
+  /// Full-cache logits of window w's continuation `[Tc x vocab]`.
+  const RowMatrix& full_logits(int w) const { return ref(w).logits; }
+  /// Full-cache mean NLL of window w's continuation targets.
+  double nll_full(int w) const { return ref(w).nll; }
+  /// Layer-token products run by plan evaluations so far (a cost measure: a full
+  /// context+continuation pass of window w costs `L * (|context| + Tc)`).
+  long long layer_tokens_run() const { return layer_tokens_.load(); }
+
+  /// Evaluates a keep-ratio plan: layer l keeps `keep_tokens(plan[l], length, protection)`
+  /// tokens of each window's context in every head (1.0 = full).
+  /// @param plan one ratio per layer, in [0, 1]
+  /// @param scorer index into `config().scorers`
+  /// @return one result per window
+  /// @throws Error on a plan of the wrong size or ratio, or a bad scorer index
+  std::vector<WindowResult> evaluate_plan(const std::vector<double>& plan, int scorer = 0) const {
+    DEPTHKV_CHECK(static_cast<int>(plan.size()) == n_layers(), "plan has " << plan.size() << " ratios for " << n_layers() << " layers");
+    for (double r : plan) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
+    return run_all(scorer, [&](int w) {
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      std::vector<int> k(plan.size());
+      for (std::size_t l = 0; l < plan.size(); ++l) k[l] = keep_tokens(plan[l], n, cfg_.protection);
+      return k;
+    });
+  }
+
+  /// Evaluates per-layer token budgets (every head of layer l keeps `keep_per_layer[l]` of the
+  /// context tokens; more than the context keeps all).
+  /// @throws Error on the wrong layer count, a negative budget, one below the protected count,
+  ///   or a bad scorer index
+  std::vector<WindowResult> evaluate_budgets(const std::vector<int>& keep_per_layer, int scorer = 0) const {
+    DEPTHKV_CHECK(static_cast<int>(keep_per_layer.size()) == n_layers(),
+                  "budgets for " << keep_per_layer.size() << " layers, model has " << n_layers());
+    return run_all(scorer, [&](int w) {
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      std::vector<int> k(keep_per_layer.size());
+      for (std::size_t l = 0; l < k.size(); ++l) {
+        DEPTHKV_CHECK(keep_per_layer[l] >= 0, "negative budget " << keep_per_layer[l] << " for layer " << l);
+        k[l] = std::min(keep_per_layer[l], n);
+      }
+      return k;
+    });
+  }
+
+  /// `evaluate_plan` reduced to the per-window losses.
+  std::vector<SampleLoss> plan_losses(const std::vector<double>& plan, int scorer = 0) const {
+    std::vector<SampleLoss> out;
+    for (const WindowResult& r : evaluate_plan(plan, scorer)) out.push_back(r.metrics.loss);
+    return out;
+  }
+
+  /// The function to hand to the SensitivityProfiler: plan (per-layer keep ratios, 1.0 = full)
+  /// -> per-window losses. It references this evaluator (which must outlive it).
+  std::function<std::vector<SampleLoss>(const std::vector<double>&)> plan_function(int scorer = 0) const {
+    check_scorer(scorer);
+    return [this, scorer](const std::vector<double>& plan) { return plan_losses(plan, scorer); };
+  }
+
+ private:
+  struct Reference {
+    HostCache cache;                         // full context cache
+    std::vector<RowMatrix> inputs;           // [L + 1] continuation residual input of layer l (L: final)
+    RowMatrix logits;                        // full continuation logits
+    std::vector<std::vector<LayerScores>> scores;  // [scorer][layer]
+    std::vector<int> targets;
+    double nll = 0;
+  };
+
+  const Reference& ref(int w) const {
+    DEPTHKV_CHECK(w >= 0 && w < n_windows(), "window " << w << " outside [0, " << n_windows() << ")");
+    return refs_[static_cast<std::size_t>(w)];
+  }
+  void check_scorer(int scorer) const {
+    DEPTHKV_CHECK(scorer >= 0 && scorer < n_scorers(), "scorer " << scorer << " outside [0, " << n_scorers() << ")");
+  }
+
+  template <class F>
+  void parallel_windows(F&& f) const {
+    const int n = n_windows();
+    std::exception_ptr err;
+#ifdef _OPENMP
+    const int threads = cfg_.n_threads > 0 ? cfg_.n_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n > 1)
+#endif
+    for (int w = 0; w < n; ++w) {
+      try {
+        f(w);
+      } catch (...) {
+#ifdef _OPENMP
+#pragma omp critical(depthkv_eval_error)
+#endif
+        if (!err) err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
+  Reference full_run(const EvalWindow& win) const {
+    const LlamaConfig& c = engine_.config();
+    Reference r;
+    r.cache = engine_.make_cache();
+    std::vector<std::vector<TokenScorer>> sets;
+    for (const ScorerConfig& s : cfg_.scorers) sets.push_back(make_scorers(c, s));
+    ForwardOptions opt;
+    opt.chunk_size = cfg_.chunk_size;
+    opt.all_logits = false;
+    opt.observer = observe_into(sets);
+    engine_.prefill(win.context, r.cache, opt);
+    for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache));
+    // Continuation on a copy (the stored cache stays context-only), capturing layer inputs.
+    HostCache work = r.cache;
+    const int tc = static_cast<int>(win.continuation.size());
+    r.inputs.assign(static_cast<std::size_t>(c.n_layers) + 1, RowMatrix(tc, c.dim));
+    const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
+    ForwardOptions fo;
+    fo.chunk_size = cfg_.chunk_size;
+    fo.capture_points = capture_bit(CapturePoint::kLayerInput) | capture_bit(CapturePoint::kLayerOutput);
+    fo.capture = [&](int l, CapturePoint p, std::int32_t p0, const RowMatrix& rows) {
+      const int idx = p == CapturePoint::kLayerInput ? l : l + 1;
+      if (p == CapturePoint::kLayerOutput && l + 1 < c.n_layers) return;  // = next layer's input
+      r.inputs[static_cast<std::size_t>(idx)].middleRows(p0 - pos0, rows.rows()) = rows;
+    };
+    r.logits = engine_.teacher_force(win.continuation, pos0, work, fo);
+    r.targets = continuation_targets(win.continuation);
+    r.nll = compare_logits(r.logits, r.logits, r.targets).nll_full;
+    return r;
+  }
+
+  template <class KeepFn>
+  std::vector<WindowResult> run_all(int scorer, KeepFn&& keep_of) const {
+    check_scorer(scorer);
+    std::vector<WindowResult> out(windows_.size());
+    std::vector<std::vector<int>> keeps(windows_.size());
+    for (int w = 0; w < n_windows(); ++w) keeps[static_cast<std::size_t>(w)] = keep_of(w);  // validates (serial)
+    parallel_windows([&](int w) {
+      out[static_cast<std::size_t>(w)] =
+          cfg_.reuse ? run_reuse(w, scorer, keeps[static_cast<std::size_t>(w)]) : run_naive(w, scorer, keeps[static_cast<std::size_t>(w)]);
+    });
+    return out;
+  }
+
+  std::size_t layer_bytes(int tokens) const {
+    return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().n_kv_heads) *
+           static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
+  }
+
+  WindowResult run_reuse(int w, int scorer, const std::vector<int>& keep) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const Reference& r = refs_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    WindowResult res;
+    res.budgets = keep;
+    int first = c.n_layers;
+    for (int l = 0; l < c.n_layers; ++l) {
+      res.bytes_full += layer_bytes(n_ctx);
+      res.bytes_kept += layer_bytes(keep[static_cast<std::size_t>(l)]);
+      if (keep[static_cast<std::size_t>(l)] < n_ctx && first == c.n_layers) first = l;
+    }
+    RowMatrix x = r.inputs[static_cast<std::size_t>(first)];
+    ForwardOptions fo;
+    const int tc = static_cast<int>(x.rows());
+    for (int l = first; l < c.n_layers; ++l) {
+      HostLayer<float> kv = r.cache.layer(l);
+      const int k = keep[static_cast<std::size_t>(l)];
+      if (k < n_ctx)
+        evict_layer(kv, r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)],
+                    std::vector<int>(static_cast<std::size_t>(c.n_kv_heads), k), cfg_.protection);
+      // the continuation in chunks, as the full run processed it
+      for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {
+        const int t = std::min(cfg_.chunk_size, tc - c0);
+        RowMatrix xc = x.middleRows(c0, t);
+        engine_.forward_layer(l, xc, n_ctx + c0, kv, fo);
+        x.middleRows(c0, t) = xc;
+      }
+    }
+    layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
+    const RowMatrix logits = engine_.logits(x);
+    res.metrics = compare_logits(r.logits, logits, r.targets);
+    return res;
+  }
+
+  WindowResult run_naive(int w, int scorer, const std::vector<int>& keep) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    ForwardOptions opt;
+    opt.chunk_size = cfg_.chunk_size;
+    opt.all_logits = false;
+    // full run from scratch
+    HostCache full = engine_.make_cache();
+    engine_.prefill(win.context, full, opt);
+    const RowMatrix lf = engine_.teacher_force(win.continuation, n_ctx, full, opt);
+    // pruned run from scratch
+    HostCache cache = engine_.make_cache();
+    std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
+    ForwardOptions po = opt;
+    po.observer = observe_into(sc);
+    engine_.prefill(win.context, cache, po);
+    WindowResult res;
+    res.budgets = keep;
+    res.bytes_full = cache.bytes();
+    evict(cache, layer_scores(sc, cache), keep, cfg_.protection);
+    res.bytes_kept = cache.bytes();
+    const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
+    layer_tokens_ += static_cast<long long>(c.n_layers) * (2 * n_ctx + 2 * static_cast<long long>(win.continuation.size()));
+    res.metrics = compare_logits(lf, lp, continuation_targets(win.continuation));
+    return res;
+  }
+
+  const LlamaEngine& engine_;
+  std::vector<EvalWindow> windows_;
+  EvalConfig cfg_;
+  std::vector<Reference> refs_;
+  mutable std::atomic<long long> layer_tokens_{0};
+};
+
+}  // namespace llama
+}  // namespace depthkv

@@ -1,0 +1,898 @@
+#pragma once
+/// @file llama/gguf.hpp
+/// @brief GGUF (v2 and v3) reader: metadata, tensor table, F32/F16/BF16/Q8_0 tensors as float,
+/// Llama-family models (`llama`, `qwen2`) and their tokenizer vocabulary.
+///
+/// File layout (little-endian): magic "GGUF", uint32 version, uint64 tensor count, uint64
+/// metadata count; metadata key/value pairs (key: uint64 length + bytes; uint32 value type;
+/// value, strings as uint64 length + bytes, arrays as uint32 element type + uint64 count +
+/// elements); tensor infos (name string, uint32 n_dims, uint64 ne[n_dims] fastest dimension
+/// first, uint32 ggml type, uint64 offset into the data section); padding to
+/// `general.alignment` (default 32); the data section.
+///
+/// `GgufFile` parses the whole header and validates every length, count, shape and offset
+/// against the file size before anything is used: a truncated or corrupt file is a
+/// `depthkv::Error`, never an out-of-bounds read. Tensor data of type F32, F16, BF16 and Q8_0
+/// (blocks of 32 values: fp16 scale + 32 int8) is read as float; other types are listed
+/// (their names and sizes are known, so their extents are validated too) but reading them
+/// throws an Error naming the type.
+///
+/// `load_gguf` builds a `LlamaModel` from a file of architecture `llama` (adjacent RoPE pairs)
+/// or `qwen2` (q/k/v biases, NeoX RoPE), with hyper-parameters from the `<arch>.*` keys; a GGUF
+/// dimension list [ne0, ne1] is the row-major matrix [ne1][ne0] (`[out][in]`). Any other
+/// architecture, an unsupported tensor type, a missing or misshapen tensor, or a tensor the
+/// engine would not use is an Error naming it.
+///
+/// @code
+/// depthkv::llama::GgufFile f = depthkv::llama::GgufFile::open("stories260K.gguf");
+/// std::string arch = f.get_string("general.architecture");        // "llama"
+/// depthkv::llama::LlamaModel m = depthkv::llama::load_gguf(f);
+/// depthkv::llama::Vocabulary v = depthkv::llama::read_vocabulary(f);  // kind "llama", 512 tokens
+/// @endcode
+
+#include <cassert>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "depthkv/error.hpp"
+#include "depthkv/llama/detail/mapped_file.hpp"
+#include "depthkv/llama/model.hpp"
+
+namespace depthkv {
+namespace llama {
+
+/// The tokenizer vocabulary stored in a GGUF file (`tokenizer.ggml.*` keys).
+struct Vocabulary {
+  std::string model;                     ///< `tokenizer.ggml.model`: "llama" (SentencePiece), "gpt2" (byte-level BPE), ...
+  std::string pre;                       ///< `tokenizer.ggml.pre` (pre-tokenizer name; empty when absent)
+  std::vector<std::string> tokens;       ///< `tokenizer.ggml.tokens`: piece of each id
+  std::vector<float> scores;             ///< `tokenizer.ggml.scores` (empty when absent)
+  std::vector<std::int32_t> token_types; ///< `tokenizer.ggml.token_type` (empty when absent; 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)
+  int bos_id = -1;                       ///< `tokenizer.ggml.bos_token_id`, -1 when absent
+  int eos_id = -1;                       ///< `tokenizer.ggml.eos_token_id`, -1 when absent
+  int unk_id = -1;                       ///< `tokenizer.ggml.unknown_token_id`, -1 when absent
+  bool add_bos = true;                   ///< `tokenizer.ggml.add_bos_token` (default true)
+  bool add_space_prefix = true;          ///< `tokenizer.ggml.add_space_prefix` (default true)
+
+  /// @return number of tokens
+  int size() const { return static_cast<int>(tokens.size()); }
+};
+
+/// GGUF metadata value types (the numbers stored in the file).
+enum class GgufType : std::uint32_t {
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
+};
+
+/// @param t a metadata value type
+/// @return its GGUF name ("uint32", "string", ...), or "unknown"
+inline const char* to_string(GgufType t) {
+  static const char* names[] = {"uint8", "int8",  "uint16", "int16",  "uint32", "int32",  "float32",
+                                "bool",  "string", "array", "uint64", "int64",  "float64"};
+  const auto i = static_cast<std::uint32_t>(t);
+  return i < 13 ? names[i] : "unknown";
+}
+
+/// ggml tensor types depthkv can read as float (the others are recognised by name only).
+enum class GgmlType : std::uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
+
+/// Block layout of a ggml tensor type.
+struct GgmlTypeInfo {
+  const char* name;          ///< e.g. "Q4_K"
+  std::uint32_t block_size;  ///< elements per block (1 for plain types)
+  std::uint32_t type_size;   ///< bytes per block
+};
+
+/// @param type a ggml type number as stored in GGUF tensor infos
+/// @param out its layout when known
+/// @return true when the type is known (its size can be computed)
+inline bool ggml_type_info(std::uint32_t type, GgmlTypeInfo& out) {
+  struct Entry {
+    std::uint32_t id;
+    GgmlTypeInfo info;
+  };
+  static const Entry table[] = {
+      {0, {"F32", 1, 4}},         {1, {"F16", 1, 2}},        {2, {"Q4_0", 32, 18}},     {3, {"Q4_1", 32, 20}},
+      {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},     {8, {"Q8_0", 32, 34}},     {9, {"Q8_1", 32, 36}},
+      {10, {"Q2_K", 256, 84}},    {11, {"Q3_K", 256, 110}},  {12, {"Q4_K", 256, 144}},  {13, {"Q5_K", 256, 176}},
+      {14, {"Q6_K", 256, 210}},   {15, {"Q8_K", 256, 292}},  {16, {"IQ2_XXS", 256, 66}}, {17, {"IQ2_XS", 256, 74}},
+      {18, {"IQ3_XXS", 256, 98}}, {19, {"IQ1_S", 256, 50}},  {20, {"IQ4_NL", 32, 18}},  {21, {"IQ3_S", 256, 110}},
+      {22, {"IQ2_S", 256, 82}},   {23, {"IQ4_XS", 256, 136}}, {24, {"I8", 1, 1}},        {25, {"I16", 1, 2}},
+      {26, {"I32", 1, 4}},        {27, {"I64", 1, 8}},       {28, {"F64", 1, 8}},       {29, {"IQ1_M", 256, 56}},
+      {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},  {35, {"TQ2_0", 256, 66}},  {39, {"MXFP4", 32, 17}},
+  };
+  for (const Entry& e : table) {
+    if (e.id == type) {
+      out = e.info;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// @param type a ggml type number
+/// @return its name ("Q4_K"), or "type N" when unknown
+inline std::string ggml_type_name(std::uint32_t type) {
+  GgmlTypeInfo info{};
+  return ggml_type_info(type, info) ? std::string(info.name) : "type " + std::to_string(type);
+}
+
+/// @param type a ggml type number
+/// @return true for the types `GgufFile::read_tensor` converts to float (F32, F16, BF16, Q8_0)
+inline bool ggml_type_readable(std::uint32_t type) { return type == 0 || type == 1 || type == 8 || type == 30; }
+
+/// IEEE half (binary16) bits to float, exact (subnormals, infinities and NaNs included).
+/// @param h the half's bits
+/// @return its value
+inline float fp16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu;
+  const std::uint32_t mant = h & 0x3FFu;
+  std::uint32_t bits;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal, exact
+    return sign ? -v : v;
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// bfloat16 bits to float (exact).
+/// @param b the bfloat16's bits
+/// @return its value
+inline float bf16_to_float(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// One metadata value: a scalar, a string, or an array of values (possibly nested).
+struct GgufValue {
+  GgufType type = GgufType::kUint8;        ///< its type
+  GgufType array_type = GgufType::kUint8;  ///< element type when `type == kArray`
+  std::uint64_t u = 0;                     ///< value of unsigned integer types and bool
+  std::int64_t i = 0;                      ///< value of signed integer types
+  double f = 0;                            ///< value of float32 / float64
+  std::string s;                           ///< value of a string
+  std::vector<GgufValue> array;            ///< elements of an array
+
+  /// @return true for the eight integer types
+  bool is_integer() const {
+    switch (type) {
+      case GgufType::kUint8: case GgufType::kUint16: case GgufType::kUint32: case GgufType::kUint64:
+      case GgufType::kInt8: case GgufType::kInt16: case GgufType::kInt32: case GgufType::kInt64:
+        return true;
+      default:
+        return false;
+    }
+  }
+  /// @return true for float32 / float64
+  bool is_float() const { return type == GgufType::kFloat32 || type == GgufType::kFloat64; }
+  /// @return true for the unsigned integer types
+  bool is_unsigned() const {
+    return type == GgufType::kUint8 || type == GgufType::kUint16 || type == GgufType::kUint32 ||
+           type == GgufType::kUint64;
+  }
+};
+
+/// One entry of the tensor table.
+struct GgufTensorInfo {
+  std::string name;                 ///< e.g. "blk.0.attn_q.weight"
+  std::vector<std::uint64_t> dims;  ///< ne[0] (fastest, columns) first
+  std::uint32_t type = 0;           ///< ggml type number
+  std::uint64_t offset = 0;         ///< offset of the data from the start of the data section
+  std::uint64_t n_elements = 0;     ///< product of dims
+  std::uint64_t n_bytes = 0;        ///< size of the data (0 when the type is unknown)
+};
+
+/// A parsed GGUF file: version, metadata, tensor table and access to the tensor data.
+/// Cheap to copy (the bytes are shared). Usage:
+/// @code
+/// auto f = depthkv::llama::GgufFile::open("model.gguf");
+/// for (const auto& t : f.tensors()) std::cout << t.name << " " << ggml_type_name(t.type) << "\n";
+/// std::vector<float> w = f.read_tensor(*f.find_tensor("token_embd.weight"));
+/// @endcode
+class GgufFile {
+ public:
+  /// Limits that keep parsing bounded on hostile input.
+  static constexpr std::uint64_t kMaxKeyLength = 65535;
+  static constexpr std::uint64_t kMaxTensorNameLength = 64;
+  static constexpr std::uint32_t kMaxDims = 4;
+  static constexpr int kMaxArrayNesting = 8;
+
+  /// Maps and parses `path`.
+  /// @param path a GGUF file
+  /// @return the parsed file (the mapping lives as long as any copy of it)
+  /// @throws Error when the file cannot be read or is not a valid GGUF v2/v3 file
+  static GgufFile open(const std::string& path) {
+    auto mapped = std::make_shared<detail::MappedFile>(path);
+    GgufFile f;
+    f.data_ = mapped->data();
+    f.size_ = mapped->size();
+    f.keep_alive_ = mapped;
+    f.source_ = path;
+    f.parse();
+    return f;
+  }
+
+  /// Parses a copy of `size` bytes at `data`.
+  /// @param data the file's bytes (may be nullptr when size == 0)
+  /// @param size their number
+  /// @param source name for error messages
+  /// @return the parsed file
+  /// @throws Error when the bytes are not a valid GGUF v2/v3 file
+  static GgufFile from_memory(const std::uint8_t* data, std::size_t size, const std::string& source = "<memory>") {
+    auto copy = std::make_shared<std::vector<std::uint8_t>>(data, data + size);
+    GgufFile f;
+    f.data_ = copy->data();
+    f.size_ = copy->size();
+    f.keep_alive_ = copy;
+    f.source_ = source;
+    f.parse();
+    return f;
+  }
+
+  /// @return the format version (2 or 3)
+  std::uint32_t version() const { return version_; }
+  /// @return the data alignment (`general.alignment`, default 32)
+  std::uint64_t alignment() const { return alignment_; }
+  /// @return offset of the data section from the start of the file
+  std::uint64_t data_offset() const { return data_offset_; }
+  /// @return size of the file in bytes
+  std::size_t file_size() const { return size_; }
+  /// @return path or name the file was read from
+  const std::string& source() const { return source_; }
+  /// @return FNV-1a 64 of the first min(size, 1 MiB) bytes
+  std::uint64_t header_hash() const { return detail::model_header_hash(data_, size_); }
+
+  /// @return all metadata pairs in file order
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return metadata_; }
+  /// @return the tensor table in file order
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+
+  /// @param key a metadata key
+  /// @return its value, or nullptr when absent
+  const GgufValue* find(const std::string& key) const {
+    const auto it = key_index_.find(key);
+    return it == key_index_.end() ? nullptr : &metadata_[it->second].second;
+  }
+  /// @param name a tensor name
+  /// @return its info, or nullptr when absent
+  const GgufTensorInfo* find_tensor(const std::string& name) const {
+    const auto it = tensor_index_.find(name);
+    return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+  }
+
+  /// @param key a metadata key holding a string
+  /// @return the string
+  /// @throws Error when absent or not a string
+  std::string get_string(const std::string& key) const { return as_string(require(key), key); }
+  /// @param key a metadata key
+  /// @param fallback value when absent
+  /// @return the string or `fallback`
+  /// @throws Error when present but not a string
+  std::string get_string(const std::string& key, const std::string& fallback) const {
+    const GgufValue* v = find(key);
+    return v ? as_string(*v, key) : fallback;
+  }
+  /// @param key a metadata key holding an integer (any of the 8 integer types)
+  /// @return its value
+  /// @throws Error when absent, not an integer, or above INT64_MAX
+  std::int64_t get_int(const std::string& key) const { return as_int(require(key), key); }
+  /// @param key a metadata key
+  /// @param fallback value when absent
+  /// @return the integer or `fallback`
+  /// @throws Error when present but not an integer
+  std::int64_t get_int(const std::string& key, std::int64_t fallback) const {
+    const GgufValue* v = find(key);
+    return v ? as_int(*v, key) : fallback;
+  }
+  /// @param key a metadata key holding a float32/float64 (integers are accepted too)
+  /// @return its value
+  /// @throws Error when absent or not a number
+  double get_float(const std::string& key) const { return as_float(require(key), key); }
+  /// @param key a metadata key
+  /// @param fallback value when absent
+  /// @return the number or `fallback`
+  /// @throws Error when present but not a number
+  double get_float(const std::string& key, double fallback) const {
+    const GgufValue* v = find(key);
+    return v ? as_float(*v, key) : fallback;
+  }
+  /// @param key a metadata key
+  /// @param fallback value when absent
+  /// @return the bool or `fallback`
+  /// @throws Error when present but not a bool
+  bool get_bool(const std::string& key, bool fallback) const {
+    const GgufValue* v = find(key);
+    if (!v) return fallback;
+    DEPTHKV_CHECK(v->type == GgufType::kBool, source_ << ": metadata '" << key << "' is " << to_string(v->type)
+                                                      << ", expected bool");
+    return v->u != 0;
+  }
+  /// @param key a metadata key holding an array of strings
+  /// @return the strings
+  /// @throws Error when absent or not an array of strings
+  std::vector<std::string> get_string_array(const std::string& key) const {
+    const GgufValue& v = require_array(key, "string");
+    std::vector<std::string> out;
+    out.reserve(v.array.size());
+    for (const GgufValue& e : v.array) out.push_back(as_string(e, key));
+    return out;
+  }
+  /// @param key a metadata key holding an array of numbers
+  /// @return the values as float
+  /// @throws Error when absent or not an array of numbers
+  std::vector<float> get_float_array(const std::string& key) const {
+    const GgufValue& v = require_array(key, "number");
+    std::vector<float> out;
+    out.reserve(v.array.size());
+    for (const GgufValue& e : v.array) out.push_back(static_cast<float>(as_float(e, key)));
+    return out;
+  }
+  /// @param key a metadata key holding an array of integers
+  /// @return the values
+  /// @throws Error when absent or not an array of integers
+  std::vector<std::int64_t> get_int_array(const std::string& key) const {
+    const GgufValue& v = require_array(key, "integer");
+    std::vector<std::int64_t> out;
+    out.reserve(v.array.size());
+    for (const GgufValue& e : v.array) out.push_back(as_int(e, key));
+    return out;
+  }
+
+  /// @param t a tensor of this file
+  /// @return pointer to its raw data (validated to lie inside the file when its type is known)
+  /// @throws Error when the tensor's type is unknown (its extent cannot be checked)
+  const std::uint8_t* tensor_data(const GgufTensorInfo& t) const {
+    GgmlTypeInfo info{};
+    DEPTHKV_CHECK(ggml_type_info(t.type, info),
+                  source_ << ": tensor '" << t.name << "' has unknown ggml type " << t.type);
+    return data_ + data_offset_ + t.offset;
+  }
+
+  /// Converts a tensor of type F32, F16, BF16 or Q8_0 to float into `out` (n_elements values,
+  /// in storage order: ne[0] fastest).
+  /// @param t a tensor of this file
+  /// @param out destination of `t.n_elements` floats
+  /// @throws Error when the type is not one of the four
+  void read_tensor_into(const GgufTensorInfo& t, float* out) const {
+    DEPTHKV_CHECK(ggml_type_readable(t.type),
+                  source_ << ": tensor '" << t.name << "' has type " << ggml_type_name(t.type)
+                          << ", which depthkv does not read (supported: F32, F16, BF16, Q8_0)");
+    const std::uint8_t* p = tensor_data(t);
+    const std::uint64_t n = t.n_elements;
+    switch (t.type) {
+      case 0:
+        if (n > 0) std::memcpy(out, p, n * sizeof(float));
+        break;
+      case 1:
+        for (std::uint64_t i = 0; i < n; ++i) {
+          std::uint16_t h;
+          std::memcpy(&h, p + 2 * i, 2);
+          out[i] = fp16_to_float(h);
+        }
+        break;
+      case 30:
+        for (std::uint64_t i = 0; i < n; ++i) {
+          std::uint16_t h;
+          std::memcpy(&h, p + 2 * i, 2);
+          out[i] = bf16_to_float(h);
+        }
+        break;
+      case 8:
+        for (std::uint64_t b = 0; b < n / 32; ++b) {
+          const std::uint8_t* blk = p + 34 * b;
+          std::uint16_t dh;
+          std::memcpy(&dh, blk, 2);
+          const float d = fp16_to_float(dh);
+          for (int j = 0; j < 32; ++j) out[32 * b + j] = static_cast<float>(static_cast<std::int8_t>(blk[2 + j])) * d;
+        }
+        break;
+      default:
+        assert(false);
+    }
+  }
+
+  /// Converts a tensor to float (see `read_tensor_into`).
+  /// @param t a tensor of this file
+  /// @return its `n_elements` values
+  /// @throws Error when the type is not F32, F16, BF16 or Q8_0
+  std::vector<float> read_tensor(const GgufTensorInfo& t) const {
+    DEPTHKV_CHECK(ggml_type_readable(t.type),
+                  source_ << ": tensor '" << t.name << "' has type " << ggml_type_name(t.type)
+                          << ", which depthkv does not read (supported: F32, F16, BF16, Q8_0)");
+    std::vector<float> out(static_cast<std::size_t>(t.n_elements));
+    read_tensor_into(t, out.data());
+    return out;
+  }
+
+ private:
+  GgufFile() = default;
+
+  const GgufValue& require(const std::string& key) const {
+    const GgufValue* v = find(key);
+    DEPTHKV_CHECK(v != nullptr, source_ << ": metadata key '" << key << "' is missing");
+    return *v;
+  }
+  const GgufValue& require_array(const std::string& key, const char* what) const {
+    const GgufValue& v = require(key);
+    DEPTHKV_CHECK(v.type == GgufType::kArray,
+                  source_ << ": metadata '" << key << "' is " << to_string(v.type) << ", expected an array of " << what);
+    return v;
+  }
+  std::string as_string(const GgufValue& v, const std::string& key) const {
+    DEPTHKV_CHECK(v.type == GgufType::kString,
+                  source_ << ": metadata '" << key << "' is " << to_string(v.type) << ", expected string");
+    return v.s;
+  }
+  std::int64_t as_int(const GgufValue& v, const std::string& key) const {
+    DEPTHKV_CHECK(v.is_integer(), source_ << ": metadata '" << key << "' is " << to_string(v.type) << ", expected an integer");
+    if (v.is_unsigned()) {
+      DEPTHKV_CHECK(v.u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                    source_ << ": metadata '" << key << "' = " << v.u << " is too large");
+      return static_cast<std::int64_t>(v.u);
+    }
+    return v.i;
+  }
+  double as_float(const GgufValue& v, const std::string& key) const {
+    if (v.is_float()) return v.f;
+    if (v.is_integer()) return v.is_unsigned() ? static_cast<double>(v.u) : static_cast<double>(v.i);
+    DEPTHKV_FAIL(source_ << ": metadata '" << key << "' is " << to_string(v.type) << ", expected a number");
+  }
+
+  std::string read_string(detail::ByteReader& in, std::uint64_t max_len, const char* what) const {
+    const std::uint64_t len = in.read<std::uint64_t>(what);
+    DEPTHKV_CHECK(len <= max_len, source_ << ": " << what << " at offset " << in.offset() - 8 << " has length " << len
+                                          << " (at most " << max_len << " allowed)");
+    DEPTHKV_CHECK(len <= in.remaining(), source_ << ": " << what << " at offset " << in.offset() - 8 << " has length "
+                                                 << len << " but only " << in.remaining() << " bytes remain");
+    const std::uint8_t* p = in.take(len, what);
+    return std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(len));
+  }
+
+  // Smallest encoded size of a value of type t (for bounding array counts before allocating).
+  static std::uint64_t min_value_size(GgufType t) {
+    switch (t) {
+      case GgufType::kUint8: case GgufType::kInt8: case GgufType::kBool: return 1;
+      case GgufType::kUint16: case GgufType::kInt16: return 2;
+      case GgufType::kUint32: case GgufType::kInt32: case GgufType::kFloat32: return 4;
+      case GgufType::kUint64: case GgufType::kInt64: case GgufType::kFloat64: case GgufType::kString: return 8;
+      case GgufType::kArray: return 12;
+    }
+    return 1;
+  }
+
+  GgufValue read_value(detail::ByteReader& in, GgufType type, const std::string& key, int depth) const {
+    GgufValue v;
+    v.type = type;
+    switch (type) {
+      case GgufType::kUint8: v.u = in.read<std::uint8_t>("a uint8 value"); break;
+      case GgufType::kInt8: v.i = in.read<std::int8_t>("an int8 value"); break;
+      case GgufType::kUint16: v.u = in.read<std::uint16_t>("a uint16 value"); break;
+      case GgufType::kInt16: v.i = in.read<std::int16_t>("an int16 value"); break;
+      case GgufType::kUint32: v.u = in.read<std::uint32_t>("a uint32 value"); break;
+      case GgufType::kInt32: v.i = in.read<std::int32_t>("an int32 value"); break;
+      case GgufType::kUint64: v.u = in.read<std::uint64_t>("a uint64 value"); break;
+      case GgufType::kInt64: v.i = in.read<std::int64_t>("an int64 value"); break;
+      case GgufType::kFloat32: v.f = in.read<float>("a float32 value"); break;
+      case GgufType::kFloat64: v.f = in.read<double>("a float64 value"); break;
+      case GgufType::kBool: {
+        const std::uint8_t b = in.read<std::uint8_t>("a bool value");
+        DEPTHKV_CHECK(b <= 1, source_ << ": metadata '" << key << "': bool at offset " << in.offset() - 1
+                                      << " has value " << static_cast<int>(b) << " (must be 0 or 1)");
+        v.u = b;
+        break;
+      }
+      case GgufType::kString: v.s = read_string(in, std::numeric_limits<std::uint64_t>::max(), "a string value"); break;
+      case GgufType::kArray: {
+        DEPTHKV_CHECK(depth < kMaxArrayNesting,
+                      source_ << ": metadata '" << key << "': arrays nested deeper than " << kMaxArrayNesting);
+        const std::uint32_t et = in.read<std::uint32_t>("an array element type");
+        DEPTHKV_CHECK(et <= 12, source_ << ": metadata '" << key << "': array element type " << et << " at offset "
+                                        << in.offset() - 4 << " is not a GGUF value type");
+        v.array_type = static_cast<GgufType>(et);
+        const std::uint64_t count = in.read<std::uint64_t>("an array length");
+        const std::uint64_t min_size = min_value_size(v.array_type);
+        DEPTHKV_CHECK(count <= in.remaining() / min_size,
+                      source_ << ": metadata '" << key << "': array of " << count << " " << to_string(v.array_type)
+                              << " values cannot fit in the " << in.remaining() << " bytes left");
+        v.array.reserve(static_cast<std::size_t>(count));
+        for (std::uint64_t k = 0; k < count; ++k) v.array.push_back(read_value(in, v.array_type, key, depth + 1));
+        break;
+      }
+    }
+    return v;
+  }
+
+  void parse() {
+    DEPTHKV_CHECK(detail::host_is_little_endian(), "GGUF files can only be read on little-endian hosts");
+    detail::ByteReader in(data_, size_, source_);
+    in.require(4, "the GGUF magic");
+    DEPTHKV_CHECK(std::memcmp(data_, "GGUF", 4) == 0, source_ << ": not a GGUF file (bad magic)");
+    in.skip(4);
+    version_ = in.read<std::uint32_t>("the GGUF version");
+    DEPTHKV_CHECK(version_ != 1, source_ << ": GGUF version 1 is not supported (only 2 and 3)");
+    DEPTHKV_CHECK(version_ == 2 || version_ == 3,
+                  source_ << ": unsupported GGUF version " << version_
+                          << (version_ > 0xFFFF ? " (a big-endian file?)" : " (only 2 and 3)"));
+    const std::uint64_t n_tensors = in.read<std::uint64_t>("the tensor count");
+    const std::uint64_t n_kv = in.read<std::uint64_t>("the metadata count");
+    // Each pair needs at least 8 (key length) + 1 (key) + 4 (type) + 1 (value) bytes; each
+    // tensor info at least 8 + 1 + 4 + 4 + 8.
+    DEPTHKV_CHECK(n_kv <= in.remaining() / 14,
+                  source_ << ": metadata count " << n_kv << " cannot fit in a file of " << size_ << " bytes");
+    DEPTHKV_CHECK(n_tensors <= in.remaining() / 25,
+                  source_ << ": tensor count " << n_tensors << " cannot fit in a file of " << size_ << " bytes");
+
+    metadata_.reserve(static_cast<std::size_t>(n_kv));
+    for (std::uint64_t k = 0; k < n_kv; ++k) {
+      std::string key = read_string(in, kMaxKeyLength, "a metadata key");
+      DEPTHKV_CHECK(!key.empty(), source_ << ": metadata pair " << k << " has an empty key");
+      const std::uint32_t t = in.read<std::uint32_t>("a metadata value type");
+      DEPTHKV_CHECK(t <= 12, source_ << ": metadata '" << key << "' has value type " << t
+                                     << ", which is not a GGUF value type");
+      GgufValue v = read_value(in, static_cast<GgufType>(t), key, 0);
+      DEPTHKV_CHECK(key_index_.emplace(key, metadata_.size()).second,
+                    source_ << ": duplicate metadata key '" << key << "'");
+      metadata_.emplace_back(std::move(key), std::move(v));
+    }
+
+    alignment_ = 32;
+    if (const GgufValue* a = find("general.alignment")) {
+      DEPTHKV_CHECK(a->is_integer() && a->is_unsigned(), source_ << ": general.alignment is " << to_string(a->type)
+                                                                 << ", expected an unsigned integer");
+      DEPTHKV_CHECK(a->u > 0 && a->u <= (1u << 30) && (a->u & (a->u - 1)) == 0,
+                    source_ << ": general.alignment " << a->u << " is not a power of two in [1, 2^30]");
+      alignment_ = a->u;
+    }
+
+    tensors_.reserve(static_cast<std::size_t>(n_tensors));
+    for (std::uint64_t k = 0; k < n_tensors; ++k) {
+      GgufTensorInfo t;
+      t.name = read_string(in, kMaxTensorNameLength, "a tensor name");
+      DEPTHKV_CHECK(!t.name.empty(), source_ << ": tensor " << k << " has an empty name");
+      const std::uint32_t n_dims = in.read<std::uint32_t>("a tensor dimension count");
+      DEPTHKV_CHECK(n_dims >= 1 && n_dims <= kMaxDims, source_ << ": tensor '" << t.name << "' has " << n_dims
+                                                               << " dimensions (1 to " << kMaxDims << " allowed)");
+      t.n_elements = 1;
+      for (std::uint32_t d = 0; d < n_dims; ++d) {
+        const std::uint64_t ne = in.read<std::uint64_t>("a tensor dimension");
+        DEPTHKV_CHECK(ne >= 1, source_ << ": tensor '" << t.name << "' has dimension " << d << " = 0");
+        DEPTHKV_CHECK(detail::checked_mul(t.n_elements, ne, t.n_elements) &&
+                          t.n_elements <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                      source_ << ": tensor '" << t.name << "' has too many elements");
+        t.dims.push_back(ne);
+      }
+      t.type = in.read<std::uint32_t>("a tensor type");
+      t.offset = in.read<std::uint64_t>("a tensor offset");
+      GgmlTypeInfo info{};
+      if (ggml_type_info(t.type, info)) {
+        DEPTHKV_CHECK(t.dims[0] % info.block_size == 0,
+                      source_ << ": tensor '" << t.name << "' of type " << info.name << " has ne[0] = " << t.dims[0]
+                              << ", not a multiple of its block size " << info.block_size);
+        DEPTHKV_CHECK(detail::checked_mul(t.n_elements / info.block_size, info.type_size, t.n_bytes),
+                      source_ << ": tensor '" << t.name << "' is too large");
+      }
+      DEPTHKV_CHECK(t.offset % alignment_ == 0, source_ << ": tensor '" << t.name << "' has offset " << t.offset
+                                                        << ", not a multiple of the alignment " << alignment_);
+      DEPTHKV_CHECK(tensor_index_.emplace(t.name, tensors_.size()).second,
+                    source_ << ": duplicate tensor name '" << t.name << "'");
+      tensors_.push_back(std::move(t));
+    }
+
+    // Data section: the end of the tensor infos, rounded up to the alignment.
+    const std::uint64_t end = in.offset();
+    const std::uint64_t pad = (alignment_ - end % alignment_) % alignment_;
+    data_offset_ = end + pad;
+    if (tensors_.empty()) return;
+    DEPTHKV_CHECK(data_offset_ <= size_, source_ << ": the data section would start at " << data_offset_
+                                                 << ", past the end of the file (" << size_ << " bytes)");
+    const std::uint64_t data_size = size_ - data_offset_;
+    for (const GgufTensorInfo& t : tensors_) {
+      std::uint64_t stop = 0;
+      DEPTHKV_CHECK(t.offset <= data_size && detail::checked_add(t.offset, t.n_bytes, stop) && stop <= data_size,
+                    source_ << ": tensor '" << t.name << "' (" << ggml_type_name(t.type) << ", " << t.n_bytes
+                            << " bytes at data offset " << t.offset << ") extends past the end of the file (data section of "
+                            << data_size << " bytes)");
+    }
+  }
+
+  std::shared_ptr<const void> keep_alive_;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::string source_;
+  std::uint32_t version_ = 0;
+  std::uint64_t alignment_ = 32;
+  std::uint64_t data_offset_ = 0;
+  std::vector<std::pair<std::string, GgufValue>> metadata_;
+  std::unordered_map<std::string, std::size_t> key_index_;
+  std::vector<GgufTensorInfo> tensors_;
+  std::unordered_map<std::string, std::size_t> tensor_index_;
+};
+
+/// Reads the tokenizer vocabulary (`tokenizer.ggml.*`).
+/// @param f a parsed GGUF file
+/// @return the vocabulary; ids equal to 0xFFFFFFFF (or negative) mean "absent" (-1)
+/// @throws Error when the file has no `tokenizer.ggml.model` / `tokenizer.ggml.tokens`, when
+///   scores or token types do not have one entry per token, or when an id is out of range
+inline Vocabulary read_vocabulary(const GgufFile& f) {
+  Vocabulary v;
+  const std::string& src = f.source();
+  DEPTHKV_CHECK(f.find("tokenizer.ggml.model") != nullptr, src << ": the file holds no tokenizer (tokenizer.ggml.model is missing)");
+  v.model = f.get_string("tokenizer.ggml.model");
+  v.pre = f.get_string("tokenizer.ggml.pre", "");
+  v.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  DEPTHKV_CHECK(!v.tokens.empty(), src << ": tokenizer.ggml.tokens is empty");
+  DEPTHKV_CHECK(v.tokens.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()), src << ": too many tokens");
+  const std::size_t n = v.tokens.size();
+  if (f.find("tokenizer.ggml.scores")) {
+    v.scores = f.get_float_array("tokenizer.ggml.scores");
+    DEPTHKV_CHECK(v.scores.size() == n, src << ": tokenizer.ggml.scores has " << v.scores.size() << " entries for " << n << " tokens");
+  }
+  if (f.find("tokenizer.ggml.token_type")) {
+    const std::vector<std::int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
+    DEPTHKV_CHECK(types.size() == n, src << ": tokenizer.ggml.token_type has " << types.size() << " entries for " << n << " tokens");
+    v.token_types.reserve(n);
+    for (std::int64_t t : types) {
+      DEPTHKV_CHECK(t >= std::numeric_limits<std::int32_t>::min() && t <= std::numeric_limits<std::int32_t>::max(),
+                    src << ": token type " << t << " is out of range");
+      v.token_types.push_back(static_cast<std::int32_t>(t));
+    }
+  }
+  auto id = [&](const char* key) {
+    const GgufValue* val = f.find(key);
+    if (!val) return -1;
+    const std::int64_t x = val->is_integer() && val->is_unsigned() && val->u == 0xFFFFFFFFull ? -1 : f.get_int(key);
+    if (x < 0) return -1;
+    DEPTHKV_CHECK(static_cast<std::uint64_t>(x) < n, src << ": " << key << " = " << x << " is out of range for " << n << " tokens");
+    return static_cast<int>(x);
+  };
+  v.bos_id = id("tokenizer.ggml.bos_token_id");
+  v.eos_id = id("tokenizer.ggml.eos_token_id");
+  v.unk_id = id("tokenizer.ggml.unknown_token_id");
+  v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", true);
+  v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", true);
+  return v;
+}
+
+/// Reads the tokenizer vocabulary of a GGUF file.
+/// @param path a GGUF file
+/// @return its vocabulary (see `read_vocabulary`)
+/// @throws Error when the file is invalid or has no tokenizer
+inline Vocabulary load_gguf_vocabulary(const std::string& path) { return read_vocabulary(GgufFile::open(path)); }
+
+namespace detail {
+
+// Loads the tensor `name` as a [rows][cols] row-major matrix (GGUF dims [cols, rows]) or a
+// vector (rows == 0: dims [cols]); trailing dimensions of 1 are allowed. Non-finite values are
+// rejected.
+inline void gguf_load(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols,
+                      float* (*resize)(void*, std::int64_t, std::int64_t), void* dst,
+                      std::set<std::string>& used) {
+  const GgufTensorInfo* t = f.find_tensor(name);
+  DEPTHKV_CHECK(t != nullptr, f.source() << ": tensor '" << name << "' is missing");
+  std::vector<std::uint64_t> want = {static_cast<std::uint64_t>(cols)};
+  if (rows > 0) want.push_back(static_cast<std::uint64_t>(rows));
+  bool ok = t->dims.size() >= want.size();
+  for (std::size_t d = 0; ok && d < t->dims.size(); ++d) ok = t->dims[d] == (d < want.size() ? want[d] : 1);
+  if (!ok) {
+    std::ostringstream got, exp;
+    for (std::size_t d = 0; d < t->dims.size(); ++d) got << (d ? ", " : "") << t->dims[d];
+    for (std::size_t d = 0; d < want.size(); ++d) exp << (d ? ", " : "") << want[d];
+    DEPTHKV_FAIL(f.source() << ": tensor '" << name << "' has shape [" << got.str() << "], expected [" << exp.str()
+                            << "] (GGUF order, ne[0] first)");
+  }
+  float* out = resize(dst, rows > 0 ? rows : cols, rows > 0 ? cols : 1);
+  f.read_tensor_into(*t, out);
+  for (std::uint64_t i = 0; i < t->n_elements; ++i) {
+    DEPTHKV_CHECK(std::isfinite(out[i]), f.source() << ": tensor '" << name << "' has a non-finite value at element " << i);
+  }
+  used.insert(name);
+}
+
+inline void gguf_matrix(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols,
+                        RowMatrix& m, std::set<std::string>& used) {
+  gguf_load(f, name, rows, cols,
+            [](void* p, std::int64_t r, std::int64_t c) {
+              auto* mm = static_cast<RowMatrix*>(p);
+              mm->resize(r, c);
+              return mm->data();
+            },
+            &m, used);
+}
+
+inline void gguf_vector(const GgufFile& f, const std::string& name, std::int64_t n, Eigen::VectorXf& v,
+                        std::set<std::string>& used) {
+  gguf_load(f, name, 0, n,
+            [](void* p, std::int64_t r, std::int64_t) {
+              auto* vv = static_cast<Eigen::VectorXf*>(p);
+              vv->resize(r);
+              return vv->data();
+            },
+            &v, used);
+}
+
+inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t lo, std::int64_t hi) {
+  const GgufValue* v = f.find(key);
+  DEPTHKV_CHECK(v != nullptr, f.source() << ": metadata key '" << key << "' is missing");
+  DEPTHKV_CHECK(v->type != GgufType::kArray,
+                f.source() << ": metadata '" << key << "' is an array (per-layer values are not supported)");
+  const std::int64_t x = f.get_int(key);
+  DEPTHKV_CHECK(x >= lo && x <= hi, f.source() << ": metadata '" << key << "' = " << x << " is out of range [" << lo
+                                               << ", " << hi << "]");
+  return static_cast<int>(x);
+}
+
+}  // namespace detail
+
+/// Builds a Llama-family model from a parsed GGUF file.
+///
+/// Architectures: `llama` (adjacent RoPE pairs, optional q/k/v biases) and `qwen2` (q/k/v
+/// biases, NeoX RoPE: `config.rope_neox = true`). Hyper-parameters: `<arch>.embedding_length`
+/// (dim), `feed_forward_length`, `block_count`, `attention.head_count`,
+/// `attention.head_count_kv` (default: head_count), `attention.key_length` (head_dim, default
+/// dim / head_count; `attention.value_length` and `rope.dimension_count` must equal it),
+/// `rope.freq_base` (default 10000), `attention.layer_norm_rms_epsilon` (default 1e-5),
+/// `context_length` (seq_len, as the file states it). Tensors: token_embd, blk.N.{attn_norm,
+/// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up}.weight,
+/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Types F32, F16,
+/// BF16, Q8_0 are converted to float32.
+/// @param f a parsed GGUF file
+/// @return the model (`source_path`, `file_size`, `header_hash` describe the file)
+/// @throws Error for another architecture, mixture-of-experts or RoPE-scaled models, missing
+///   or out-of-range hyper-parameters, missing, misshapen, unsupported-type or unexpected
+///   tensors, and non-finite weights
+inline LlamaModel load_gguf(const GgufFile& f) {
+  const std::string& src = f.source();
+  const std::string arch = f.get_string("general.architecture");
+  DEPTHKV_CHECK(arch == "llama" || arch == "qwen2",
+                src << ": unsupported architecture '" << arch << "' (depthkv's engine supports llama and qwen2)");
+  const std::string p = arch + ".";
+  LlamaModel m;
+  LlamaConfig& c = m.config;
+  c.architecture = arch;
+  c.rope_neox = arch == "qwen2";
+  DEPTHKV_CHECK(f.get_int(p + "expert_count", 0) == 0,
+                src << ": mixture-of-experts models (" << p << "expert_count > 0) are not supported");
+  c.dim = detail::gguf_hparam(f, p + "embedding_length", 1, 1 << 16);
+  c.hidden_dim = detail::gguf_hparam(f, p + "feed_forward_length", 1, 1 << 20);
+  c.n_layers = detail::gguf_hparam(f, p + "block_count", 1, 1 << 10);
+  c.n_heads = detail::gguf_hparam(f, p + "attention.head_count", 1, 1 << 10);
+  c.n_kv_heads = f.find(p + "attention.head_count_kv")
+                     ? detail::gguf_hparam(f, p + "attention.head_count_kv", 1, c.n_heads)
+                     : c.n_heads;
+  DEPTHKV_CHECK(c.n_heads % c.n_kv_heads == 0, src << ": head_count " << c.n_heads
+                                                   << " is not a multiple of head_count_kv " << c.n_kv_heads);
+  if (f.find(p + "attention.key_length")) {
+    c.head_dim = detail::gguf_hparam(f, p + "attention.key_length", 1, 1 << 12);
+  } else {
+    DEPTHKV_CHECK(c.dim % c.n_heads == 0, src << ": embedding_length " << c.dim << " is not divisible by head_count "
+                                              << c.n_heads << " and attention.key_length is absent");
+    c.head_dim = c.dim / c.n_heads;
+  }
+  DEPTHKV_CHECK(c.head_dim % 2 == 0, src << ": head dimension " << c.head_dim << " must be even (RoPE pairs)");
+  if (f.find(p + "attention.value_length")) {
+    const int vl = detail::gguf_hparam(f, p + "attention.value_length", 1, 1 << 12);
+    DEPTHKV_CHECK(vl == c.head_dim, src << ": attention.value_length " << vl << " differs from key_length " << c.head_dim
+                                        << " (not supported)");
+  }
+  if (f.find(p + "rope.dimension_count")) {
+    const int rd = detail::gguf_hparam(f, p + "rope.dimension_count", 1, 1 << 12);
+    DEPTHKV_CHECK(rd == c.head_dim, src << ": rope.dimension_count " << rd << " differs from the head dimension "
+                                        << c.head_dim << " (partial RoPE is not supported)");
+  }
+  const std::string scaling = f.get_string(p + "rope.scaling.type", "none");
+  const double scale_factor = f.get_float(p + "rope.scaling.factor", 1.0);
+  DEPTHKV_CHECK(scaling == "none" || scale_factor == 1.0,
+                src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor << ") is not supported");
+  const double theta = f.get_float(p + "rope.freq_base", 10000.0);
+  DEPTHKV_CHECK(std::isfinite(theta) && theta > 1.0 && theta < 1e12, src << ": rope.freq_base " << theta << " is out of range");
+  c.rope_theta = static_cast<float>(theta);
+  const double eps = f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5);
+  DEPTHKV_CHECK(std::isfinite(eps) && eps > 0 && eps < 1, src << ": attention.layer_norm_rms_epsilon " << eps << " is out of range");
+  c.rms_eps = static_cast<float>(eps);
+  c.seq_len = detail::gguf_hparam(f, p + "context_length", 1, 1 << 24);
+
+  std::set<std::string> used;
+  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
+  DEPTHKV_CHECK(emb != nullptr, src << ": tensor 'token_embd.weight' is missing");
+  DEPTHKV_CHECK(emb->dims.size() >= 2 && emb->dims[1] >= 1 && emb->dims[1] <= (1u << 24),
+                src << ": tensor 'token_embd.weight' does not have a vocabulary dimension in [1, 2^24]");
+  c.vocab_size = static_cast<int>(emb->dims[1]);
+  const std::int64_t q_dim = static_cast<std::int64_t>(c.n_heads) * c.head_dim;
+  const std::int64_t kv_dim = static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim;
+
+  detail::gguf_matrix(f, "token_embd.weight", c.vocab_size, c.dim, m.token_embedding, used);
+  m.layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+    detail::gguf_vector(f, b + "attn_norm.weight", c.dim, w.attn_norm, used);
+    detail::gguf_matrix(f, b + "attn_q.weight", q_dim, c.dim, w.wq, used);
+    detail::gguf_matrix(f, b + "attn_k.weight", kv_dim, c.dim, w.wk, used);
+    detail::gguf_matrix(f, b + "attn_v.weight", kv_dim, c.dim, w.wv, used);
+    detail::gguf_matrix(f, b + "attn_output.weight", c.dim, q_dim, w.wo, used);
+    const bool has_bias = f.find_tensor(b + "attn_q.bias") || f.find_tensor(b + "attn_k.bias") || f.find_tensor(b + "attn_v.bias");
+    if (has_bias || arch == "qwen2") {
+      detail::gguf_vector(f, b + "attn_q.bias", q_dim, w.bq, used);
+      detail::gguf_vector(f, b + "attn_k.bias", kv_dim, w.bk, used);
+      detail::gguf_vector(f, b + "attn_v.bias", kv_dim, w.bv, used);
+    }
+    detail::gguf_vector(f, b + "ffn_norm.weight", c.dim, w.ffn_norm, used);
+    detail::gguf_matrix(f, b + "ffn_gate.weight", c.hidden_dim, c.dim, w.w1, used);
+    detail::gguf_matrix(f, b + "ffn_down.weight", c.dim, c.hidden_dim, w.w2, used);
+    detail::gguf_matrix(f, b + "ffn_up.weight", c.hidden_dim, c.dim, w.w3, used);
+    used.insert(b + "attn_rot_embd.weight");  // legacy RoPE tables of old conversions: recomputed, ignored
+  }
+  detail::gguf_vector(f, "output_norm.weight", c.dim, m.final_norm, used);
+  if (f.find_tensor("output.weight")) {
+    detail::gguf_matrix(f, "output.weight", c.vocab_size, c.dim, m.classifier, used);
+  } else {
+    m.classifier = m.token_embedding;
+  }
+  if (f.find_tensor("rope_freqs.weight")) {
+    detail::gguf_vector(f, "rope_freqs.weight", c.head_dim / 2, m.rope_freq_factors, used);
+    for (Eigen::Index i = 0; i < m.rope_freq_factors.size(); ++i) {
+      DEPTHKV_CHECK(m.rope_freq_factors(i) > 0, src << ": rope_freqs.weight[" << i << "] = " << m.rope_freq_factors(i)
+                                                    << " must be positive");
+    }
+  }
+  for (const GgufTensorInfo& t : f.tensors()) {
+    DEPTHKV_CHECK(used.count(t.name) != 0, src << ": unexpected tensor '" << t.name << "' for architecture '" << arch
+                                               << "' (" << c.n_layers << " blocks): the engine would ignore it, "
+                                               << "so the model is not supported");
+  }
+
+  m.source_path = src;
+  m.file_size = f.file_size();
+  m.header_hash = f.header_hash();
+  return m;
+}
+
+/// Loads a Llama-family GGUF model file (see `load_gguf(const GgufFile&)`).
+/// @param path a GGUF file
+/// @return the model
+/// @throws Error when the file cannot be read, is invalid, or holds an unsupported model
+inline LlamaModel load_gguf(const std::string& path) { return load_gguf(GgufFile::open(path)); }
+
+/// Loads a Llama-family GGUF model from memory (the bytes are copied).
+/// @param data the file's bytes
+/// @param size their number
+/// @param source name for `source_path` and error messages
+/// @return the model
+/// @throws Error as `load_gguf(const GgufFile&)`
+inline LlamaModel load_gguf_from_memory(const std::uint8_t* data, std::size_t size,
+                                        const std::string& source = "<memory>") {
+  return load_gguf(GgufFile::from_memory(data, size, source));
+}
+
+}  // namespace llama
+}  // namespace depthkv

@@ -1,0 +1,427 @@
+#pragma once
+/// @file profile_io.hpp
+/// @brief Profile files: the measured loss curves of a model (one set per token scorer), its
+/// identity and the calibration description, as versioned JSON (nlohmann/json). Optional: not in
+/// the umbrella header, because the core headers depend on Eigen only.
+///
+/// ## Schema (version 1)
+/// @code{.json}
+/// {
+///   "format": "depthkv-profile", "version": 1,
+///   "model": {"file": "stories260K.bin", "size": 1185376, "header_hash": "fnv1a64:0123456789abcdef",
+///             "header_bytes": 65536},
+///   "n_layers": 5,
+///   "keep_ratios": [0.05, 0.1, 0.2, 0.3, 0.5, 0.75],
+///   "metric": "kl",                                   // the matrix allocate/eval use by default
+///   "calibration": {"text_file": "tinystories_valid.txt", "context": 384, "continuation": 128,
+///                   "skip": 0, "samples": 24, "window_begin": 0, "window_end": 24, "description": ""},
+///   "scorers": {
+///     "h2o": {"n_samples": 24,
+///             "kl":   {"mean": [[...n_ratios...], ...n_layers...], "stderr": [[...]]},
+///             "dnll": {"mean": [[...]], "stderr": [[...]]},
+///             "top1": {"mean": [[...]], "stderr": [[...]]},
+///             "done": [[1, 1, ...], ...]}             // only in partial (resumable) files
+///   },
+///   "layer_metrics": {"infonce/post_attn": {"mean": [...], "ci_low": [...], "ci_high": [...]}}  // optional
+/// }
+/// @endcode
+/// Every problem on load (invalid JSON, another format or version, a missing key, a wrong type or
+/// shape, a NaN/null or negative loss, unsorted ratios, another model) throws `depthkv::Error`
+/// naming the file and the key.
+///
+/// @code
+/// depthkv::ProfileFile f;
+/// f.model = depthkv::model_identity("stories260K.bin");
+/// f.n_layers = 5; f.keep_ratios = prof.state().keep_ratios();
+/// f.scorers["h2o"] = prof.state();
+/// depthkv::save_profile(f, "profile.json");
+/// depthkv::ProfileFile g = depthkv::load_profile("profile.json", "stories260K.bin");  // checks identity
+/// depthkv::SensitivityProfile p = g.profile("h2o");                                  // file's metric
+/// @endcode
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "depthkv/error.hpp"
+#include "depthkv/sensitivity_profile.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
+
+namespace depthkv {
+
+/// Which model a profile was measured on.
+struct ModelIdentity {
+  std::string file_name;           ///< base name of the model file (informative; not compared)
+  std::uint64_t size = 0;          ///< file size in bytes
+  std::string header_hash;         ///< "fnv1a64:" + 16 hex digits of FNV-1a 64 over the first header_bytes
+  std::uint64_t header_bytes = 0;  ///< bytes hashed (min(file size, the requested count))
+};
+
+/// Computes a model file's identity.
+/// @param path the model file
+/// @param header_bytes how many leading bytes to hash (default 64 KiB: header and first weights)
+/// @return name, size and header hash
+/// @throws Error when the file cannot be read
+inline ModelIdentity model_identity(const std::string& path, std::uint64_t header_bytes = 65536) {
+  std::ifstream in(path, std::ios::binary);
+  DEPTHKV_CHECK(in.good(), "cannot open model file '" << path << "'");
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0, std::ios::beg);
+  ModelIdentity id;
+  const std::size_t slash = path.find_last_of("/\\");
+  id.file_name = slash == std::string::npos ? path : path.substr(slash + 1);
+  id.size = size;
+  id.header_bytes = std::min(size, header_bytes);
+  std::vector<char> buf(static_cast<std::size_t>(id.header_bytes));
+  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  DEPTHKV_CHECK(static_cast<std::uint64_t>(in.gcount()) == id.header_bytes, "cannot read model file '" << path << "'");
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
+  for (char c : buf) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ULL;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  id.header_hash = std::string("fnv1a64:") + hex;
+  return id;
+}
+
+/// How the calibration samples were drawn (so that evaluation can refuse overlapping windows).
+struct CalibrationInfo {
+  std::string text_file;      ///< calibration text file (as given on the command line)
+  int context = 0;            ///< context tokens per window (prefilled, then pruned)
+  int continuation = 0;       ///< continuation tokens per window (scored)
+  long long skip = 0;         ///< windows skipped before the first calibration window (the CLI's --skip)
+  int samples = 0;            ///< number of calibration windows
+  long long window_begin = 0; ///< first window index used (windows of context + continuation tokens)
+  long long window_end = 0;   ///< one past the last window index used
+  std::string description;    ///< free text
+};
+
+/// Per-layer values of a representation metric (issue 7: InfoNCE per stage) with a confidence interval.
+struct LayerMetric {
+  std::vector<double> mean, ci_low, ci_high;  ///< one entry per layer (ci_* may be empty)
+};
+
+/// A whole profile file (see the schema in the file comment).
+///
+/// @code
+/// depthkv::ProfileFile f = depthkv::load_profile("profile.json");
+/// if (!f.has_scorer("snapkv")) { /* refuse */ }
+/// auto p = f.profile("snapkv", depthkv::LossMetric::kKL);
+/// @endcode
+struct ProfileFile {
+  static constexpr int kVersion = 1;  ///< the schema version this depthkv writes and reads
+
+  ModelIdentity model;
+  int n_layers = 0;
+  std::vector<double> keep_ratios;
+  std::string metric = "kl";                        ///< default metric: "kl", "dnll" or "top1"
+  CalibrationInfo calibration;
+  std::map<std::string, ProfilerState> scorers;     ///< scorer name ("h2o", "snapkv", ...) -> measurements
+  std::map<std::string, LayerMetric> layer_metrics; ///< e.g. "infonce/post_attn" -> per-layer values
+
+  /// @return whether the file holds measurements for `scorer`
+  bool has_scorer(const std::string& scorer) const { return scorers.count(scorer) != 0; }
+
+  /// @return the allocator-ready profile of `scorer` for `metric`
+  /// @throws Error when the scorer is missing (the message lists the ones present) or incomplete
+  SensitivityProfile profile(const std::string& scorer, LossMetric metric) const {
+    const auto it = scorers.find(scorer);
+    if (it == scorers.end()) {
+      std::string have;
+      for (const auto& kv : scorers) have += (have.empty() ? "" : ", ") + kv.first;
+      DEPTHKV_FAIL("the profile has no measurements for scorer '" << scorer << "' (it has: "
+                                                                   << (have.empty() ? "none" : have) << ")");
+    }
+    DEPTHKV_CHECK(it->second.complete(), "the profile of scorer '" << scorer << "' is incomplete ("
+                                                                   << it->second.n_done() << " of "
+                                                                   << it->second.done.size() << " runs)");
+    return it->second.metrics.profile(metric);
+  }
+  /// @return the profile of `scorer` for the file's default metric
+  SensitivityProfile profile(const std::string& scorer) const { return profile(scorer, parse_loss_metric(metric)); }
+
+  /// Checks consistency: layer count and ratios shared by every scorer, valid matrices, a known
+  /// metric, layer metrics of n_layers entries.
+  /// @throws Error naming what is wrong
+  void validate() const {
+    DEPTHKV_CHECK(n_layers >= 1, "n_layers " << n_layers << " must be >= 1");
+    parse_loss_metric(metric);
+    for (const auto& kv : scorers) {
+      try {
+        kv.second.validate();
+      } catch (const Error& e) {
+        DEPTHKV_FAIL("scorer '" << kv.first << "': " << detail::error_text(e));
+      }
+      DEPTHKV_CHECK(kv.second.n_layers() == n_layers,
+                    "scorer '" << kv.first << "' has " << kv.second.n_layers() << " layers, the file " << n_layers);
+      DEPTHKV_CHECK(kv.second.keep_ratios() == keep_ratios, "scorer '" << kv.first << "' has other keep ratios");
+    }
+    for (const auto& kv : layer_metrics) {
+      const auto n = static_cast<std::size_t>(n_layers);
+      DEPTHKV_CHECK(kv.second.mean.size() == n && (kv.second.ci_low.empty() || kv.second.ci_low.size() == n) &&
+                        (kv.second.ci_high.empty() || kv.second.ci_high.size() == n),
+                    "layer metric '" << kv.first << "' does not have " << n_layers << " entries");
+      for (double v : kv.second.mean) DEPTHKV_CHECK(std::isfinite(v), "layer metric '" << kv.first << "' has a NaN");
+    }
+  }
+};
+
+namespace detail {
+
+inline nlohmann::json matrix_to_json(const Eigen::MatrixXd& m) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (Eigen::Index r = 0; r < m.rows(); ++r) {
+    nlohmann::json row = nlohmann::json::array();
+    for (Eigen::Index c = 0; c < m.cols(); ++c) row.push_back(m(r, c));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+/// Reads j[key] (with a readable error when missing or of the wrong type).
+inline const nlohmann::json& json_at(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  DEPTHKV_CHECK(j.is_object(), "'" << where << "' is not an object");
+  const auto it = j.find(key);
+  DEPTHKV_CHECK(it != j.end(), "missing key '" << where << (where.empty() ? "" : ".") << key << "'");
+  return *it;
+}
+
+inline double json_number(const nlohmann::json& j, const std::string& where) {
+  DEPTHKV_CHECK(j.is_number(), "'" << where << "' is not a number (" << j.dump() << ")");
+  const double v = j.get<double>();
+  DEPTHKV_CHECK(std::isfinite(v), "'" << where << "' is not finite");
+  return v;
+}
+
+inline long long json_integer(const nlohmann::json& j, const std::string& where) {
+  DEPTHKV_CHECK(j.is_number_integer(), "'" << where << "' is not an integer (" << j.dump() << ")");
+  return j.get<long long>();
+}
+
+inline std::string json_string(const nlohmann::json& j, const std::string& where) {
+  DEPTHKV_CHECK(j.is_string(), "'" << where << "' is not a string (" << j.dump() << ")");
+  return j.get<std::string>();
+}
+
+inline std::vector<double> json_vector(const nlohmann::json& j, const std::string& where) {
+  DEPTHKV_CHECK(j.is_array(), "'" << where << "' is not an array");
+  std::vector<double> v;
+  for (std::size_t i = 0; i < j.size(); ++i) v.push_back(json_number(j[i], where + "[" + std::to_string(i) + "]"));
+  return v;
+}
+
+inline Eigen::MatrixXd json_matrix(const nlohmann::json& j, const std::string& where, int rows, int cols) {
+  DEPTHKV_CHECK(j.is_array() && static_cast<int>(j.size()) == rows,
+                "'" << where << "' must be an array of " << rows << " rows (wrong shape)");
+  Eigen::MatrixXd m(rows, cols);
+  for (int r = 0; r < rows; ++r) {
+    const std::string w = where + "[" + std::to_string(r) + "]";
+    const std::vector<double> row = json_vector(j[static_cast<std::size_t>(r)], w);
+    DEPTHKV_CHECK(static_cast<int>(row.size()) == cols, "'" << w << "' has " << row.size() << " entries, expected "
+                                                            << cols << " (wrong shape)");
+    for (int c = 0; c < cols; ++c) m(r, c) = row[static_cast<std::size_t>(c)];
+  }
+  return m;
+}
+
+}  // namespace detail
+
+/// @param f the profile file
+/// @return its JSON document (schema version `ProfileFile::kVersion`)
+/// @throws Error when `f` is inconsistent (`ProfileFile::validate`)
+inline nlohmann::json profile_to_json(const ProfileFile& f) {
+  f.validate();
+  nlohmann::json j;
+  j["format"] = "depthkv-profile";
+  j["version"] = ProfileFile::kVersion;
+  j["model"] = {{"file", f.model.file_name},
+                {"size", f.model.size},
+                {"header_hash", f.model.header_hash},
+                {"header_bytes", f.model.header_bytes}};
+  j["n_layers"] = f.n_layers;
+  j["keep_ratios"] = f.keep_ratios;
+  j["metric"] = f.metric;
+  const CalibrationInfo& c = f.calibration;
+  j["calibration"] = {{"text_file", c.text_file}, {"context", c.context},     {"continuation", c.continuation},
+                      {"skip", c.skip},           {"samples", c.samples},     {"window_begin", c.window_begin},
+                      {"window_end", c.window_end}, {"description", c.description}};
+  j["scorers"] = nlohmann::json::object();
+  for (const auto& kv : f.scorers) {
+    const ProfilerState& s = kv.second;
+    nlohmann::json e;
+    e["n_samples"] = s.metrics.n_samples;
+    auto put = [&](const char* name, const SensitivityProfile& p) {
+      e[name] = {{"mean", detail::matrix_to_json(p.loss)}, {"stderr", detail::matrix_to_json(p.stderr_)}};
+    };
+    put("kl", s.metrics.kl);
+    put("dnll", s.metrics.dnll);
+    put("top1", s.metrics.top1);
+    if (!s.complete()) {
+      nlohmann::json done = nlohmann::json::array();
+      for (int l = 0; l < s.n_layers(); ++l) {
+        nlohmann::json row = nlohmann::json::array();
+        for (std::size_t k = 0; k < s.keep_ratios().size(); ++k) row.push_back(s.is_done(l, static_cast<int>(k)) ? 1 : 0);
+        done.push_back(row);
+      }
+      e["done"] = done;
+    }
+    j["scorers"][kv.first] = e;
+  }
+  if (!f.layer_metrics.empty()) {
+    j["layer_metrics"] = nlohmann::json::object();
+    for (const auto& kv : f.layer_metrics) {
+      j["layer_metrics"][kv.first] = {{"mean", kv.second.mean}, {"ci_low", kv.second.ci_low}, {"ci_high", kv.second.ci_high}};
+    }
+  }
+  return j;
+}
+
+/// @param j a JSON document
+/// @return the profile file it holds
+/// @throws Error on another format or version, a missing key, a wrong type or shape, NaN/null
+///         values, negative losses, unsorted ratios (the message names the key)
+inline ProfileFile profile_from_json(const nlohmann::json& j) {
+  using namespace detail;
+  DEPTHKV_CHECK(j.is_object(), "not a JSON object");
+  DEPTHKV_CHECK(json_string(json_at(j, "format", ""), "format") == "depthkv-profile",
+                "'format' is not \"depthkv-profile\"");
+  const long long version = json_integer(json_at(j, "version", ""), "version");
+  DEPTHKV_CHECK(version == ProfileFile::kVersion,
+                "unsupported profile version " << version << " (this depthkv reads version " << ProfileFile::kVersion << ")");
+  ProfileFile f;
+  const auto& m = json_at(j, "model", "");
+  f.model.file_name = json_string(json_at(m, "file", "model"), "model.file");
+  f.model.size = static_cast<std::uint64_t>(json_integer(json_at(m, "size", "model"), "model.size"));
+  f.model.header_hash = json_string(json_at(m, "header_hash", "model"), "model.header_hash");
+  f.model.header_bytes = static_cast<std::uint64_t>(json_integer(json_at(m, "header_bytes", "model"), "model.header_bytes"));
+  f.n_layers = static_cast<int>(json_integer(json_at(j, "n_layers", ""), "n_layers"));
+  DEPTHKV_CHECK(f.n_layers >= 1, "'n_layers' " << f.n_layers << " must be >= 1");
+  f.keep_ratios = json_vector(json_at(j, "keep_ratios", ""), "keep_ratios");
+  f.metric = json_string(json_at(j, "metric", ""), "metric");
+  const auto& c = json_at(j, "calibration", "");
+  f.calibration.text_file = json_string(json_at(c, "text_file", "calibration"), "calibration.text_file");
+  f.calibration.context = static_cast<int>(json_integer(json_at(c, "context", "calibration"), "calibration.context"));
+  f.calibration.continuation =
+      static_cast<int>(json_integer(json_at(c, "continuation", "calibration"), "calibration.continuation"));
+  f.calibration.skip = json_integer(json_at(c, "skip", "calibration"), "calibration.skip");
+  f.calibration.samples = static_cast<int>(json_integer(json_at(c, "samples", "calibration"), "calibration.samples"));
+  f.calibration.window_begin = json_integer(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
+  f.calibration.window_end = json_integer(json_at(c, "window_end", "calibration"), "calibration.window_end");
+  f.calibration.description = json_string(json_at(c, "description", "calibration"), "calibration.description");
+  const auto& sc = json_at(j, "scorers", "");
+  DEPTHKV_CHECK(sc.is_object(), "'scorers' is not an object");
+  const int R = static_cast<int>(f.keep_ratios.size());
+  for (auto it = sc.begin(); it != sc.end(); ++it) {
+    const std::string w = "scorers." + it.key();
+    ProfilerState s;
+    s.metrics.n_samples = static_cast<int>(json_integer(json_at(*it, "n_samples", w), w + ".n_samples"));
+    auto get = [&](const char* name, SensitivityProfile& p) {
+      const auto& e = json_at(*it, name, w);
+      const std::string we = w + "." + name;
+      p.keep_ratios = f.keep_ratios;
+      p.loss = json_matrix(json_at(e, "mean", we), we + ".mean", f.n_layers, R);
+      p.stderr_ = json_matrix(json_at(e, "stderr", we), we + ".stderr", f.n_layers, R);
+    };
+    get("kl", s.metrics.kl);
+    get("dnll", s.metrics.dnll);
+    get("top1", s.metrics.top1);
+    s.done.assign(static_cast<std::size_t>(f.n_layers) * static_cast<std::size_t>(R), 1);
+    if (it->contains("done")) {
+      const Eigen::MatrixXd d = json_matrix((*it)["done"], w + ".done", f.n_layers, R);
+      for (int l = 0; l < f.n_layers; ++l) {
+        for (int k = 0; k < R; ++k) {
+          DEPTHKV_CHECK(d(l, k) == 0.0 || d(l, k) == 1.0, "'" << w << ".done' holds " << d(l, k) << " (0 or 1 expected)");
+          s.done[static_cast<std::size_t>(l) * static_cast<std::size_t>(R) + static_cast<std::size_t>(k)] =
+              d(l, k) == 1.0 ? 1 : 0;
+        }
+      }
+    }
+    f.scorers[it.key()] = s;
+  }
+  if (j.contains("layer_metrics")) {
+    const auto& lm = j["layer_metrics"];
+    DEPTHKV_CHECK(lm.is_object(), "'layer_metrics' is not an object");
+    for (auto it = lm.begin(); it != lm.end(); ++it) {
+      const std::string w = "layer_metrics." + it.key();
+      LayerMetric v;
+      v.mean = json_vector(json_at(*it, "mean", w), w + ".mean");
+      if (it->contains("ci_low")) v.ci_low = json_vector((*it)["ci_low"], w + ".ci_low");
+      if (it->contains("ci_high")) v.ci_high = json_vector((*it)["ci_high"], w + ".ci_high");
+      f.layer_metrics[it.key()] = v;
+    }
+  }
+  f.validate();
+  return f;
+}
+
+/// Writes a profile file (pretty-printed JSON).
+/// @param f the profile
+/// @param path output path
+/// @throws Error when `f` is inconsistent or the file cannot be written
+inline void save_profile(const ProfileFile& f, const std::string& path) {
+  const nlohmann::json j = profile_to_json(f);
+  std::ofstream out(path);
+  DEPTHKV_CHECK(out.good(), "cannot write profile file '" << path << "'");
+  out << j.dump(2) << "\n";
+  out.flush();
+  DEPTHKV_CHECK(out.good(), "error writing profile file '" << path << "'");
+}
+
+/// Reads a profile file.
+/// @param path the file
+/// @return the profile
+/// @throws Error naming the file and what is wrong (unreadable, invalid JSON, schema errors)
+inline ProfileFile load_profile(const std::string& path) {
+  std::ifstream in(path);
+  DEPTHKV_CHECK(in.good(), "cannot open profile file '" << path << "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    DEPTHKV_FAIL("profile file '" << path << "' is not valid JSON: " << e.what());
+  }
+  try {
+    return profile_from_json(j);
+  } catch (const Error& e) {
+    DEPTHKV_FAIL("profile file '" << path << "': " << detail::error_text(e));
+  }
+  return {};
+}
+
+/// Checks that a profile was measured on the model with identity `id` (size and header hash;
+/// the file name may differ).
+/// @throws Error saying which model the profile belongs to
+inline void check_model(const ProfileFile& f, const ModelIdentity& id) {
+  DEPTHKV_CHECK(f.model.size == id.size && f.model.header_hash == id.header_hash && f.model.header_bytes == id.header_bytes,
+                "the profile was measured on another model: profile '" << f.model.file_name << "' (" << f.model.size
+                                                                       << " bytes, " << f.model.header_hash
+                                                                       << "), model '" << id.file_name << "' ("
+                                                                       << id.size << " bytes, " << id.header_hash << ")");
+}
+
+/// Reads a profile file and checks it belongs to the model file `model_path` (hashing as many
+/// header bytes as the profile did).
+/// @throws Error as `load_profile`, or when the model differs
+inline ProfileFile load_profile(const std::string& path, const std::string& model_path) {
+  ProfileFile f = load_profile(path);
+  try {
+    check_model(f, model_identity(model_path, f.model.header_bytes));
+  } catch (const Error& e) {
+    DEPTHKV_FAIL("profile file '" << path << "': " << detail::error_text(e));
+  }
+  return f;
+}
+
+}  // namespace depthkv

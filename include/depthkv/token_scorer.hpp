@@ -1,0 +1,365 @@
+#pragma once
+/// @file token_scorer.hpp
+/// @brief `TokenScorer`: per-layer token-importance accumulators fed with attention
+/// probabilities (GQA-aware), and the `Protection` of sink and recent tokens.
+///
+/// ## Scorer kinds (s_j is the score of slot j of one KV head; a_ij the attention probability of
+/// query i on slot j; the sums over i run over every observed query position and over every query
+/// head of the KV head's group)
+/// - `kH2O` ("h2o"), H2O (Zhang et al. 2023, arXiv 2306.14048) as used by DepthKV
+///   (arXiv 2604.24647): cumulative attention  s_j = sum_i a_ij.
+/// - `kH2OValueL1` ("h2o-v1"), value-aware H2O (DepthKV):  s_j = ||V_j||_1 * sum_i a_ij.
+/// - `kH2OValueL2` ("h2o-v2"), value-aware H2O (DepthKV):  s_j = ||V_j||_2 * sum_i a_ij.
+/// - `kSnapKV` ("snapkv"), SnapKV (Li et al. 2024, arXiv 2404.14469): the attention of the last
+///   `window` observed query positions, u_j = sum_{i in window} a_ij, then 1-D pooling along the
+///   slots with an odd `kernel` and `padding = kernel / 2`, same-size output, as SnapKV's
+///   `F.max_pool1d` / `F.avg_pool1d` (PyTorch defaults):
+///   max: s_j = max_{|t - j| <= kernel/2, 0 <= t < n} u_t (the window is clipped at the edges);
+///   avg: s_j = (sum_{|t - j| <= kernel/2, 0 <= t < n} u_t) / kernel (`count_include_pad=True`:
+///   zero padding, so edge windows still divide by `kernel`); none: s_j = u_j.
+/// - `kTOVA` ("tova"), TOVA (Oren et al. 2024, arXiv 2401.06104): the attention of the last
+///   observed query position only, s_j = a_{last,j} (summed over the group's query heads).
+/// - `kKeyNorm` ("knorm"), key-norm (Devoto et al. 2024, arXiv 2406.11430): s_j = -||K_j||_2
+///   (a low key norm means an important token); needs no observations.
+///
+/// ## GQA
+/// With `n_heads` query heads and `n_kv_heads` KV heads, query head q belongs to KV head
+/// `q / (n_heads / n_kv_heads)`. Every accumulator lives per KV head: the rows of the group's query
+/// heads are summed into it as they arrive (nothing is stored per query head).
+///
+/// ## Memory
+/// H2O kinds keep one float per slot and KV head. SnapKV keeps, per KV head, only the rows of the
+/// last `window` distinct query positions observed (a sorted ring; each row is the sum over the
+/// group); TOVA keeps one such row. Key-norm keeps nothing.
+///
+/// ## Slots that were never attended
+/// A layer may hold more slots than the observed rows covered (e.g. tokens appended after the last
+/// observation); those slots have no attention mass, so their attention-based score is 0.
+/// A layer holding fewer slots than observed is an error (the scorer was not compacted after an
+/// eviction).
+///
+/// @code
+/// depthkv::TokenScorer scorer({depthkv::ScorerKind::kSnapKV, /*window=*/32, /*kernel=*/7,
+///                              depthkv::Pooling::kMax}, n_heads, n_kv_heads);
+/// for (int q = 0; q < n_heads; ++q)   // probs: [n_queries][ld], row i for position pos0 + i
+///   scorer.observe_block(q, pos0, n_queries, probs[q], ld, layer.size(q / group));
+/// depthkv::LayerScores s = scorer.scores(layer);            // s[kv_head][slot]
+/// // ... evict with depthkv::evict_layer(layer, s, keep, prot), then for every KV head h:
+/// scorer.compact(h, ev.kept_slots[h].data(), static_cast<int>(ev.kept_slots[h].size()));
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "depthkv/error.hpp"
+#include "depthkv/kv_cache.hpp"
+
+namespace depthkv {
+
+/// Which token-importance score a `TokenScorer` computes (formulas in the file comment).
+enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm };
+
+/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm".
+inline std::string to_string(ScorerKind kind) {
+  switch (kind) {
+    case ScorerKind::kH2O: return "h2o";
+    case ScorerKind::kH2OValueL1: return "h2o-v1";
+    case ScorerKind::kH2OValueL2: return "h2o-v2";
+    case ScorerKind::kSnapKV: return "snapkv";
+    case ScorerKind::kTOVA: return "tova";
+    case ScorerKind::kKeyNorm: return "knorm";
+  }
+  return "unknown";
+}
+
+/// Inverse of `to_string(ScorerKind)`.
+/// @throws Error on an unknown name
+inline ScorerKind parse_scorer_kind(const std::string& name) {
+  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2, ScorerKind::kSnapKV,
+                       ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+    if (to_string(k) == name) return k;
+  DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova or knorm)");
+}
+
+/// Pooling of SnapKV scores along the slots.
+enum class Pooling { kNone, kMax, kAvg };
+
+/// Configuration of a `TokenScorer`.
+struct ScorerConfig {
+  ScorerKind kind = ScorerKind::kH2O;
+  /// SnapKV observation window: the last `window` query positions (>= 1; checked for every kind).
+  int window = 32;
+  /// SnapKV pooling kernel (odd, >= 1; checked for every kind).
+  int kernel = 7;
+  /// SnapKV pooling (ignored by the other kinds).
+  Pooling pooling = Pooling::kMax;
+};
+
+/// Tokens that eviction always keeps: the first `n_sink` slots (attention sinks) and the last
+/// `n_recent` slots of each KV head. They count inside the keep budget.
+struct Protection {
+  int n_sink = 0;
+  int n_recent = 0;
+};
+
+/// Scores of one layer: scores[h][slot], one row per KV head, row length == layer.size(h).
+using LayerScores = std::vector<std::vector<float>>;
+
+/// Token-importance accumulator of one layer (see the file comment for the kinds, GQA and memory).
+///
+/// @code
+/// depthkv::TokenScorer scorer({}, /*n_heads=*/32, /*n_kv_heads=*/8);   // H2O
+/// scorer.observe(/*q_head=*/5, /*q_pos=*/100, probs, /*n=*/101);     // one attention row
+/// depthkv::LayerScores s = scorer.scores(layer);
+/// @endcode
+class TokenScorer {
+ public:
+  /// @param cfg kind and SnapKV parameters
+  /// @param n_heads query heads (>= 1, a multiple of n_kv_heads)
+  /// @param n_kv_heads KV heads (>= 1)
+  /// @throws Error on bad head counts, window < 1, or an even or non-positive kernel
+  TokenScorer(ScorerConfig cfg, int n_heads, int n_kv_heads)
+      : cfg_(cfg), n_heads_(n_heads), n_kv_heads_(n_kv_heads) {
+    DEPTHKV_CHECK(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0,
+                  "n_heads " << n_heads << " must be a positive multiple of n_kv_heads " << n_kv_heads);
+    DEPTHKV_CHECK(cfg.window >= 1, "window must be >= 1, got " << cfg.window);
+    DEPTHKV_CHECK(cfg.kernel >= 1 && cfg.kernel % 2 == 1, "kernel must be odd and >= 1, got " << cfg.kernel);
+    group_ = n_heads / n_kv_heads;
+    reset();
+  }
+
+  const ScorerConfig& config() const { return cfg_; }
+  int n_heads() const { return n_heads_; }
+  int n_kv_heads() const { return n_kv_heads_; }
+  /// Slots of KV head `kv_head` covered by the observed rows (0 for key-norm).
+  int observed_size(int kv_head) const {
+    check_kv_head(kv_head);
+    return n_obs_[static_cast<std::size_t>(kv_head)];
+  }
+
+  /// Forgets every observation.
+  void reset() {
+    const std::size_t nkv = static_cast<std::size_t>(n_kv_heads_);
+    acc_.assign(nkv, {});
+    ring_.assign(nkv, {});
+    n_obs_.assign(nkv, 0);
+    last_pos_.assign(static_cast<std::size_t>(n_heads_), -1);
+  }
+
+  /// One attention-probability row of query head `q_head` at sequence position `q_pos` over the
+  /// first `n` slots of its KV head (slot order; masked entries are 0). Rows of one query head
+  /// arrive with non-decreasing q_pos. `n` may grow from call to call (appended tokens).
+  /// @param probs `n` probabilities (finite, >= 0)
+  /// @throws Error on a bad head, a negative or decreasing position, n < 0, or a NaN, infinite or
+  ///   negative probability; the scorer is unchanged then
+  void observe(int q_head, std::int32_t q_pos, const float* probs, int n) {
+    observe_block(q_head, q_pos, 1, probs, n, n);
+  }
+
+  /// A block of `n_queries` rows (row-major, leading dimension `ld`) for consecutive positions
+  /// q_pos0, q_pos0+1, ...; each row covers `n` slots. All rows are validated before any is added.
+  /// @throws Error as `observe`, and when ld < n or n_queries < 0
+  void observe_block(int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
+    DEPTHKV_CHECK(q_head >= 0 && q_head < n_heads_, "query head " << q_head << " outside [0, " << n_heads_ << ")");
+    DEPTHKV_CHECK(n_queries >= 0, "n_queries must be >= 0, got " << n_queries);
+    DEPTHKV_CHECK(n >= 0, "n must be >= 0, got " << n);
+    DEPTHKV_CHECK(ld >= n, "leading dimension " << ld << " < n " << n);
+    DEPTHKV_CHECK(q_pos0 >= 0, "query position must be >= 0, got " << q_pos0);
+    const std::int32_t last = last_pos_[static_cast<std::size_t>(q_head)];
+    DEPTHKV_CHECK(q_pos0 >= last, "query head " << q_head << ": position " << q_pos0
+                                                << " precedes the last observed position " << last);
+    DEPTHKV_CHECK(static_cast<std::int64_t>(q_pos0) + n_queries - 1 <= INT32_MAX, "query positions overflow");
+    if (n_queries == 0) return;
+    DEPTHKV_CHECK(n == 0 || probs != nullptr, "null probabilities");
+    for (int r = 0; r < n_queries; ++r) {
+      const float* row = probs + static_cast<std::ptrdiff_t>(r) * ld;
+      bool ok = true;
+      for (int j = 0; j < n; ++j) ok &= (row[j] >= 0.0f && row[j] <= std::numeric_limits<float>::max());  // false for NaN, inf
+      if (!ok) {
+        for (int j = 0; j < n; ++j)
+          DEPTHKV_CHECK(row[j] >= 0.0f && std::isfinite(row[j]),
+                        "query head " << q_head << " position " << q_pos0 + r << " slot " << j
+                                      << ": probability " << row[j] << " is not finite and >= 0");
+      }
+    }
+    last_pos_[static_cast<std::size_t>(q_head)] = q_pos0 + n_queries - 1;
+    if (cfg_.kind == ScorerKind::kKeyNorm) return;
+    const std::size_t kv = static_cast<std::size_t>(q_head / group_);
+    n_obs_[kv] = std::max(n_obs_[kv], n);
+    if (uses_ring()) {
+      // Earlier rows of the block can never be among the last ring_capacity() positions.
+      const int first = std::max(0, n_queries - ring_capacity());
+      for (int r = first; r < n_queries; ++r)
+        ring_add(kv, q_pos0 + r, probs + static_cast<std::ptrdiff_t>(r) * ld, n);
+    } else {
+      std::vector<float>& a = acc_[kv];
+      if (static_cast<int>(a.size()) < n) a.resize(static_cast<std::size_t>(n), 0.0f);
+      float* ad = a.data();
+      for (int r = 0; r < n_queries; ++r) {
+        const float* row = probs + static_cast<std::ptrdiff_t>(r) * ld;
+        for (int j = 0; j < n; ++j) ad[j] += row[j];
+      }
+    }
+  }
+
+  /// Scores per KV head for the tokens the layer holds now (value-aware and key-norm scorers
+  /// read the layer's V / K).
+  /// @return scores[h][slot], row h of length layer.size(h)
+  /// @throws Error when the layer's KV head count differs from the scorer's, or a head holds fewer
+  ///   slots than were observed
+  template <class Layer>
+  LayerScores scores(const Layer& layer) const {
+    DEPTHKV_CHECK(layer.n_kv_heads() == n_kv_heads_,
+                  "layer has " << layer.n_kv_heads() << " KV heads, scorer " << n_kv_heads_);
+    for (int h = 0; h < n_kv_heads_; ++h)
+      DEPTHKV_CHECK(layer.size(h) >= n_obs_[static_cast<std::size_t>(h)],
+                    "KV head " << h << ": layer holds " << layer.size(h) << " tokens but "
+                               << n_obs_[static_cast<std::size_t>(h)]
+                               << " slots were observed (compact the scorer after evicting)");
+    LayerScores out(static_cast<std::size_t>(n_kv_heads_));
+    const int hd = layer.head_dim();
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      const int n = layer.size(h);
+      std::vector<float>& s = out[static_cast<std::size_t>(h)];
+      s.assign(static_cast<std::size_t>(n), 0.0f);
+      switch (cfg_.kind) {
+        case ScorerKind::kH2O:
+        case ScorerKind::kH2OValueL1:
+        case ScorerKind::kH2OValueL2: {
+          const std::vector<float>& a = acc_[static_cast<std::size_t>(h)];
+          std::copy(a.begin(), a.end(), s.begin());
+          if (cfg_.kind == ScorerKind::kH2O) break;
+          const bool l1 = cfg_.kind == ScorerKind::kH2OValueL1;
+          for (int j = 0; j < n; ++j) {
+            const auto* v = layer.value(h, j);
+            float norm = 0.0f;
+            for (int d = 0; d < hd; ++d) {
+              const float x = detail::to_float(v[d]);
+              norm += l1 ? std::fabs(x) : x * x;
+            }
+            s[static_cast<std::size_t>(j)] *= l1 ? norm : std::sqrt(norm);
+          }
+          break;
+        }
+        case ScorerKind::kSnapKV:
+        case ScorerKind::kTOVA: {
+          for (const Row& row : ring_[static_cast<std::size_t>(h)])
+            for (std::size_t j = 0; j < row.v.size(); ++j) s[j] += row.v[j];
+          if (cfg_.kind == ScorerKind::kSnapKV) pool(s);
+          break;
+        }
+        case ScorerKind::kKeyNorm: {
+          for (int j = 0; j < n; ++j) {
+            const auto* k = layer.key(h, j);
+            float sq = 0.0f;
+            for (int d = 0; d < hd; ++d) {
+              const float x = detail::to_float(k[d]);
+              sq += x * x;
+            }
+            s[static_cast<std::size_t>(j)] = -std::sqrt(sq);
+          }
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+  /// Keeps the accumulated state of the kept slots only, in order (slot i <- kept_slots[i]), after
+  /// an eviction of KV head `kv_head`; later observations (chunked prefill) accumulate on the
+  /// survivors. Kept slots past the observed ones carry no state (score 0).
+  /// @param kept_slots strictly ascending slots, >= 0 (e.g. `LayerEviction::kept_slots[h]`)
+  /// @throws Error on a bad head or unsorted / negative slots; the scorer is unchanged then
+  void compact(int kv_head, const std::int32_t* kept_slots, int n_kept) {
+    check_kv_head(kv_head);
+    DEPTHKV_CHECK(n_kept >= 0, "n_kept must be >= 0, got " << n_kept);
+    DEPTHKV_CHECK(n_kept == 0 || kept_slots != nullptr, "null kept slots");
+    for (int i = 0; i < n_kept; ++i)
+      DEPTHKV_CHECK(kept_slots[i] >= 0 && (i == 0 || kept_slots[i] > kept_slots[i - 1]),
+                    "KV head " << kv_head << ": kept slots not strictly ascending and >= 0 at index " << i);
+    const std::size_t kv = static_cast<std::size_t>(kv_head);
+    auto keep = [&](std::vector<float>& v) {
+      const int old = static_cast<int>(v.size());
+      int i = 0;
+      for (; i < n_kept && kept_slots[i] < old; ++i) v[static_cast<std::size_t>(i)] = v[static_cast<std::size_t>(kept_slots[i])];
+      v.resize(static_cast<std::size_t>(i));
+    };
+    keep(acc_[kv]);
+    for (Row& row : ring_[kv]) keep(row.v);
+    int i = 0;
+    while (i < n_kept && kept_slots[i] < n_obs_[kv]) ++i;
+    n_obs_[kv] = i;
+  }
+
+ private:
+  struct Row {
+    std::int32_t pos;
+    std::vector<float> v;  // summed over the group's query heads
+  };
+
+  bool uses_ring() const { return cfg_.kind == ScorerKind::kSnapKV || cfg_.kind == ScorerKind::kTOVA; }
+  int ring_capacity() const { return cfg_.kind == ScorerKind::kTOVA ? 1 : cfg_.window; }
+  void check_kv_head(int h) const {
+    DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "KV head " << h << " outside [0, " << n_kv_heads_ << ")");
+  }
+
+  // Adds a row at position `pos` to KV head kv's ring of the last ring_capacity() distinct positions.
+  void ring_add(std::size_t kv, std::int32_t pos, const float* row, int n) {
+    std::vector<Row>& R = ring_[kv];
+    auto by_pos = [](const Row& r, std::int32_t p) { return r.pos < p; };
+    auto it = std::lower_bound(R.begin(), R.end(), pos, by_pos);
+    if (it == R.end() || it->pos != pos) {
+      std::vector<float> buf;
+      if (static_cast<int>(R.size()) == ring_capacity()) {
+        if (pos < R.front().pos) return;  // older than every position kept: never in the window
+        buf = std::move(R.front().v);
+        R.erase(R.begin());
+        it = std::lower_bound(R.begin(), R.end(), pos, by_pos);
+      }
+      buf.clear();
+      it = R.insert(it, Row{pos, std::move(buf)});
+    }
+    std::vector<float>& v = it->v;
+    if (static_cast<int>(v.size()) < n) v.resize(static_cast<std::size_t>(n), 0.0f);
+    for (int j = 0; j < n; ++j) v[static_cast<std::size_t>(j)] += row[j];
+  }
+
+  // SnapKV pooling along the slots, same-size output, padding kernel / 2.
+  void pool(std::vector<float>& s) const {
+    if (cfg_.pooling == Pooling::kNone || cfg_.kernel == 1 || s.empty()) {
+      return;
+    }
+    const int n = static_cast<int>(s.size());
+    const int r = cfg_.kernel / 2;
+    std::vector<float> u(s);
+    for (int j = 0; j < n; ++j) {
+      const int lo = std::max(0, j - r), hi = std::min(n - 1, j + r);
+      if (cfg_.pooling == Pooling::kMax) {
+        float m = u[static_cast<std::size_t>(lo)];
+        for (int t = lo + 1; t <= hi; ++t) m = std::max(m, u[static_cast<std::size_t>(t)]);
+        s[static_cast<std::size_t>(j)] = m;
+      } else {
+        float sum = 0.0f;
+        for (int t = lo; t <= hi; ++t) sum += u[static_cast<std::size_t>(t)];
+        s[static_cast<std::size_t>(j)] = sum / static_cast<float>(cfg_.kernel);
+      }
+    }
+  }
+
+  ScorerConfig cfg_;
+  int n_heads_ = 0;
+  int n_kv_heads_ = 0;
+  int group_ = 1;
+  std::vector<std::vector<float>> acc_;  // [kv][slot], H2O kinds
+  std::vector<std::vector<Row>> ring_;   // [kv] ascending positions, SnapKV / TOVA
+  std::vector<int> n_obs_;               // [kv] slots covered by observed rows
+  std::vector<std::int32_t> last_pos_;   // [q_head] last observed position, -1 before any
+};
+
+}  // namespace depthkv

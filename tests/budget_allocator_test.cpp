@@ -1,0 +1,586 @@
+#include "depthkv/budget_allocator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+using depthkv::AllocationInfo;
+using depthkv::AllocationPolicy;
+using depthkv::BudgetAllocator;
+using depthkv::BudgetRequest;
+using depthkv::SensitivityProfile;
+
+namespace {
+
+long long sum(const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), 0LL); }
+
+const std::vector<double> kRatios = {0.05, 0.1, 0.2, 0.3, 0.5, 0.75};
+
+/// Convex curves a (1 - r)^p, p >= 1, or arbitrary non-negative values (non-convex, non-monotone).
+SensitivityProfile random_profile(std::mt19937& rng, int n_layers, bool convex) {
+  SensitivityProfile p;
+  p.keep_ratios = kRatios;
+  p.loss.resize(n_layers, static_cast<Eigen::Index>(kRatios.size()));
+  std::uniform_real_distribution<double> amp(0.01, 3.0), pw(1.0, 4.0), u(0.0, 2.0);
+  for (int l = 0; l < n_layers; ++l) {
+    const double a = amp(rng), e = pw(rng);
+    for (std::size_t k = 0; k < kRatios.size(); ++k) {
+      p.loss(l, static_cast<Eigen::Index>(k)) = convex ? a * std::pow(1.0 - kRatios[k], e) : u(rng);
+    }
+  }
+  return p;
+}
+
+/// Naive largest remainder: floor everything, then +1 to the largest fractional parts,
+/// equal parts by lower index (selection by repeated scans).
+std::vector<int> naive_largest_remainder(const std::vector<double>& x, long long total) {
+  std::vector<int> b(x.size());
+  long long s = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    b[i] = static_cast<int>(std::floor(x[i]));
+    s += b[i];
+  }
+  std::vector<bool> used(x.size(), false);
+  for (long long r = total - s; r > 0; --r) {
+    std::size_t best = x.size();
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (used[i]) continue;
+      if (best == x.size() || (x[i] - b[i]) > (x[best] - b[best])) best = i;
+    }
+    used[best] = true;
+    ++b[best];
+  }
+  return b;
+}
+
+struct RandomCase {
+  BudgetRequest req;
+  SensitivityProfile profile;
+};
+
+RandomCase random_case(std::mt19937& rng, int n_layers) {
+  RandomCase rc;
+  std::uniform_int_distribution<int> len_d(0, 300), coin(0, 3);
+  const bool same = coin(rng) == 0;
+  const int common = len_d(rng);
+  for (int l = 0; l < n_layers; ++l) rc.req.lengths.push_back(same ? common : len_d(rng));
+  if (coin(rng) != 0) {
+    for (int l = 0; l < n_layers; ++l) {
+      const int len = rc.req.lengths[static_cast<std::size_t>(l)];
+      rc.req.caps.push_back(coin(rng) == 0 ? std::uniform_int_distribution<int>(0, len)(rng) : len);
+    }
+  }
+  const std::vector<int> caps = rc.req.caps.empty() ? rc.req.lengths : rc.req.caps;
+  if (coin(rng) != 0) {
+    for (int l = 0; l < n_layers; ++l) {
+      rc.req.floors.push_back(std::uniform_int_distribution<int>(0, std::min(20, caps[static_cast<std::size_t>(l)]))(rng));
+    }
+  }
+  const long long lo = rc.req.floors.empty() ? 0 : sum(rc.req.floors);
+  const long long hi = sum(caps);
+  rc.req.total_tokens = std::uniform_int_distribution<long long>(lo, hi)(rng);
+  rc.profile = random_profile(rng, n_layers, coin(rng) < 2);
+  std::uniform_real_distribution<double> inf(0.5, 3.0);
+  for (int l = 0; l < n_layers; ++l) rc.req.infonce.push_back(inf(rng));
+  return rc;
+}
+
+void check_bounds(const std::vector<int>& b, const BudgetRequest& req, long long total) {
+  REQUIRE(b.size() == req.lengths.size());
+  REQUIRE(sum(b) == total);
+  for (std::size_t l = 0; l < b.size(); ++l) {
+    const int cap = req.caps.empty() ? req.lengths[l] : req.caps[l];
+    const int flo = req.floors.empty() ? 0 : std::min(req.floors[l], req.lengths[l]);
+    REQUIRE(b[l] >= flo);
+    REQUIRE(b[l] <= cap);
+  }
+}
+
+bool applicable(AllocationPolicy p, int n_layers) {
+  if (p == AllocationPolicy::kMLMA6) return n_layers >= 6;
+  if (p == AllocationPolicy::kMLMA4) return n_layers >= 4;
+  if (p == AllocationPolicy::kMLMA2 || p == AllocationPolicy::kMLP || p == AllocationPolicy::kMiddle)
+    return n_layers >= 2;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("policy names round trip and unknown names throw", "[allocator]") {
+  for (AllocationPolicy p : depthkv::all_allocation_policies()) {
+    REQUIRE(depthkv::parse_allocation_policy(depthkv::to_string(p)) == p);
+  }
+  REQUIRE(depthkv::to_string(AllocationPolicy::kPyramid) == "pyramid");
+  REQUIRE(depthkv::to_string(AllocationPolicy::kMLMA4) == "mlma4");
+  REQUIRE_THROWS_AS(depthkv::parse_allocation_policy("Uniform"), depthkv::Error);
+  REQUIRE_THROWS_WITH(depthkv::parse_allocation_policy("h2o"), Catch::Contains("unknown allocation policy 'h2o'"));
+}
+
+TEST_CASE("largest remainder matches a naive reference", "[allocator]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 12)(rng);
+    // Targets on a coarse grid so that equal fractional parts (ties) are common.
+    std::vector<double> x(static_cast<std::size_t>(n));
+    for (auto& v : x) v = std::uniform_int_distribution<int>(0, 40)(rng) / 4.0;
+    double s = std::accumulate(x.begin(), x.end(), 0.0);
+    const double shift = (std::ceil(s) - s) / n;  // make the sum an integer
+    for (auto& v : x) v += shift;
+    const long long total = std::llround(std::accumulate(x.begin(), x.end(), 0.0));
+    std::vector<int> floors(static_cast<std::size_t>(n)), caps(static_cast<std::size_t>(n));
+    for (int l = 0; l < n; ++l) {
+      floors[static_cast<std::size_t>(l)] = static_cast<int>(std::floor(x[static_cast<std::size_t>(l)]));
+      caps[static_cast<std::size_t>(l)] = static_cast<int>(std::ceil(x[static_cast<std::size_t>(l)]));
+    }
+    const auto got = depthkv::detail::largest_remainder(x, floors, caps, total);
+    const auto ref = naive_largest_remainder(x, total);
+    REQUIRE(got == ref);
+    REQUIRE(depthkv::detail::round_to_budget(x, floors, caps, total) == ref);
+  }
+}
+
+TEST_CASE("ties go to the lower layer", "[allocator]") {
+  BudgetRequest req;
+  req.lengths = {10, 10, 10, 10};
+  req.total_tokens = 6;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kUniform, req) == std::vector<int>{2, 2, 1, 1});
+  req.total_tokens = 7;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kUniform, req) == std::vector<int>{2, 2, 2, 1});
+}
+
+TEST_CASE("every policy: exact sum, floors and caps on random requests", "[allocator]") {
+  std::mt19937 rng(12345);
+  BudgetAllocator alloc;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 12)(rng);
+    RandomCase rc = random_case(rng, n);
+    rc.req.min_tokens = std::uniform_int_distribution<int>(0, 30)(rng);
+    for (AllocationPolicy p : depthkv::all_allocation_policies()) {
+      if (!applicable(p, n)) {
+        REQUIRE_THROWS_AS(alloc.allocate(p, rc.req, &rc.profile), depthkv::Error);
+        continue;
+      }
+      INFO("trial " << trial << " policy " << depthkv::to_string(p));
+      AllocationInfo info;
+      const auto b = alloc.allocate(p, rc.req, &rc.profile, &info);
+      check_bounds(b, rc.req, rc.req.total_tokens);
+      for (std::size_t l = 0; l < b.size(); ++l) REQUIRE(b[l] >= info.floors[l]);
+      REQUIRE(alloc.allocate(p, rc.req, &rc.profile) == b);  // deterministic
+    }
+  }
+}
+
+TEST_CASE("empty, keep-all and keep-none requests", "[allocator]") {
+  BudgetAllocator alloc;
+  std::mt19937 rng(3);
+  SensitivityProfile p3 = random_profile(rng, 3, true);
+  SensitivityProfile p0;
+  p0.keep_ratios = kRatios;
+  p0.loss.resize(0, static_cast<Eigen::Index>(kRatios.size()));
+  for (AllocationPolicy p : depthkv::all_allocation_policies()) {
+    INFO(depthkv::to_string(p));
+    BudgetRequest req;
+    req.infonce = {1.0, 2.0, 3.0};
+    req.lengths = {100, 50, 80};
+    if (applicable(p, 3) && p != AllocationPolicy::kMLMA4) {
+      req.keep_ratio = 1.0;
+      REQUIRE(alloc.allocate(p, req, &p3) == req.lengths);
+      req.keep_ratio = 0.0;
+      REQUIRE(alloc.allocate(p, req, &p3) == std::vector<int>{0, 0, 0});
+    }
+    if (applicable(p, 0) && p != AllocationPolicy::kMLMA2 && p != AllocationPolicy::kMLMA4) {
+      BudgetRequest empty;
+      empty.total_tokens = 0;
+      REQUIRE(alloc.allocate(p, empty, &p0).empty());
+    }
+  }
+}
+
+TEST_CASE("uniform and optimal budgets never decrease as the budget grows", "[allocator]") {
+  std::mt19937 rng(99);
+  BudgetAllocator alloc;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 8)(rng);
+    RandomCase rc = random_case(rng, n);
+    rc.req.min_tokens = trial % 2 == 0 ? 0 : 12;
+    const std::vector<int> caps = rc.req.caps.empty() ? rc.req.lengths : rc.req.caps;
+    const long long lo = rc.req.floors.empty() ? 0 : sum(rc.req.floors);
+    for (AllocationPolicy p : {AllocationPolicy::kUniform, AllocationPolicy::kOptimal}) {
+      std::vector<int> prev;
+      for (long long total = lo; total <= sum(caps); ++total) {
+        rc.req.total_tokens = total;
+        const auto b = alloc.allocate(p, rc.req, &rc.profile);
+        for (std::size_t l = 0; l < prev.size(); ++l) {
+          INFO("trial " << trial << " policy " << depthkv::to_string(p) << " total " << total << " layer " << l);
+          REQUIRE(b[l] >= prev[l]);
+        }
+        prev = b;
+      }
+    }
+  }
+}
+
+TEST_CASE("proportional with fixed scores: shares grow with the budget, up to one token of rounding", "[allocator]") {
+  // With fixed robustness scores the real-valued shares are non-decreasing in the budget;
+  // largest-remainder rounding can take one token back when the budget grows by one (the
+  // Alabama paradox of Hamilton's method), never more.
+  std::mt19937 rng(99);
+  BudgetAllocator alloc;
+  int dips = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 8)(rng);
+    RandomCase rc = random_case(rng, n);
+    rc.req.min_tokens = trial % 2 == 0 ? 0 : 12;
+    rc.req.robustness = rc.req.infonce;
+    const std::vector<int> caps = rc.req.caps.empty() ? rc.req.lengths : rc.req.caps;
+    const long long lo = rc.req.floors.empty() ? 0 : sum(rc.req.floors);
+    for (AllocationPolicy p : {AllocationPolicy::kProportional, AllocationPolicy::kMGA}) {
+      std::vector<int> prev;
+      for (long long total = lo; total <= sum(caps); ++total) {
+        rc.req.total_tokens = total;
+        const auto b = alloc.allocate(p, rc.req);
+        for (std::size_t l = 0; l < prev.size(); ++l) {
+          INFO("trial " << trial << " policy " << depthkv::to_string(p) << " total " << total << " layer " << l);
+          REQUIRE(b[l] >= prev[l] - 1);
+          dips += b[l] < prev[l];
+        }
+        prev = b;
+      }
+    }
+  }
+  WARN("proportional/mga: " << dips << " one-token dips over the sweeps");
+}
+
+TEST_CASE("proportional with fixed scores never decreases over a keep-ratio sweep of whole tokens", "[allocator]") {
+  // Equal lengths of 1000 and keep-ratio steps of 0.05: every unsaturated layer's real share grows
+  // by more than one token per step, so the rounded budgets cannot dip.
+  BudgetAllocator alloc;
+  BudgetRequest req;
+  req.lengths = std::vector<int>(8, 1000);
+  req.robustness = {1.0, 0.9, 0.5, 0.3, 0.7, 1.3, 2.0, 0.6};
+  std::vector<int> prev;
+  for (int step = 0; step <= 20; ++step) {
+    req.keep_ratio = 0.05 * step;
+    const auto b = alloc.allocate(AllocationPolicy::kProportional, req);
+    for (std::size_t l = 0; l < prev.size(); ++l) REQUIRE(b[l] >= prev[l]);
+    prev = b;
+  }
+}
+
+TEST_CASE("optimal never predicts a higher loss than any other policy", "[allocator]") {
+  std::mt19937 rng(2024);
+  BudgetAllocator alloc;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 10)(rng);
+    RandomCase rc = random_case(rng, n);
+    const double best = depthkv::predicted_loss(rc.profile, alloc.allocate(AllocationPolicy::kOptimal, rc.req, &rc.profile),
+                                                rc.req.lengths);
+    for (AllocationPolicy p : depthkv::all_allocation_policies()) {
+      if (!applicable(p, n)) continue;
+      const double other = depthkv::predicted_loss(rc.profile, alloc.allocate(p, rc.req, &rc.profile), rc.req.lengths);
+      INFO("trial " << trial << " policy " << depthkv::to_string(p));
+      REQUIRE(best <= other + 1e-9 * (1.0 + std::abs(other)));
+    }
+  }
+}
+
+TEST_CASE("optimal equals brute force on tiny cases", "[allocator]") {
+  std::mt19937 rng(5);
+  BudgetAllocator alloc;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 3)(rng);
+    BudgetRequest req;
+    for (int l = 0; l < n; ++l) req.lengths.push_back(std::uniform_int_distribution<int>(0, 12)(rng));
+    for (int l = 0; l < n; ++l) req.floors.push_back(std::uniform_int_distribution<int>(0, 2)(rng));
+    long long lo = 0;
+    for (int l = 0; l < n; ++l) lo += std::min(req.floors[static_cast<std::size_t>(l)], req.lengths[static_cast<std::size_t>(l)]);
+    req.total_tokens = std::uniform_int_distribution<long long>(lo, sum(req.lengths))(rng);
+    const SensitivityProfile prof = random_profile(rng, n, trial % 2 == 0);
+    const auto b = alloc.allocate(AllocationPolicy::kOptimal, req, &prof);
+    const double got = depthkv::predicted_loss(prof, b, req.lengths);
+    // Enumerate every vector within the bounds summing to the budget.
+    double best = 1e300;
+    std::vector<int> cur(static_cast<std::size_t>(n));
+    std::function<void(int, long long)> rec = [&](int l, long long left) {
+      if (l == n) {
+        if (left == 0) best = std::min(best, depthkv::predicted_loss(prof, cur, req.lengths));
+        return;
+      }
+      const auto i = static_cast<std::size_t>(l);
+      for (int v = std::min(req.floors[i], req.lengths[i]); v <= req.lengths[i] && v <= left; ++v) {
+        cur[i] = v;
+        rec(l + 1, left - v);
+      }
+    };
+    rec(0, req.total_tokens);
+    INFO("trial " << trial);
+    REQUIRE(got == Approx(best).margin(1e-12));
+  }
+}
+
+TEST_CASE("optimal gives tokens where the curve is steep", "[allocator]") {
+  SensitivityProfile p;
+  p.keep_ratios = {0.25, 0.5, 0.75};
+  p.loss.resize(2, 3);
+  p.loss << 3.0, 2.0, 1.0,   // layer 0: linear, slope 4 per unit ratio
+      0.3, 0.2, 0.1;          // layer 1: linear, slope 0.4
+  BudgetRequest req;
+  req.lengths = {100, 100};
+  req.total_tokens = 120;
+  const auto b = BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p);
+  REQUIRE(b == std::vector<int>{100, 20});
+  REQUIRE(depthkv::predicted_loss(p, b, req.lengths) == Approx(0.0 + 0.4 * 0.8));
+}
+
+TEST_CASE("optimal's safeguard floor and its uniform fallback", "[allocator]") {
+  SensitivityProfile p;
+  p.keep_ratios = {0.25, 0.5, 0.75};
+  p.loss.resize(2, 3);
+  p.loss << 3.0, 2.0, 1.0, 0.3, 0.2, 0.1;
+  BudgetRequest req;
+  req.lengths = {100, 100};
+  req.total_tokens = 120;
+  req.min_tokens = 30;
+  AllocationInfo info;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info) == std::vector<int>{90, 30});
+  REQUIRE_FALSE(info.safeguard_fallback);
+  req.min_tokens = 70;  // 2 x 70 > 120: the safeguard takes the whole budget -> uniform
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info) == std::vector<int>{60, 60});
+  REQUIRE(info.safeguard_fallback);
+}
+
+TEST_CASE("pyramid matches the KVCache-Factory formula by hand", "[allocator]") {
+  // L = 5, B' = 48, w = 8, beta = 20: min = 40/20 = 2, max = 80 - 2 = 78, step (78-2)/4 = 19:
+  // 78+8, 59+8, 40+8, 21+8, 2+8.
+  BudgetRequest req;
+  req.lengths = std::vector<int>(5, 512);
+  req.total_tokens = 5 * 48;
+  req.window = 8;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kPyramid, req) == std::vector<int>{86, 67, 48, 29, 10});
+  // max >= q_len - w: max = 100 - 8 = 92, min = 2*72 - 92 = 52: 100, 90, 80, 70, 60.
+  req.lengths = std::vector<int>(5, 100);
+  req.total_tokens = 5 * 80;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kPyramid, req) == std::vector<int>{100, 90, 80, 70, 60});
+  // Average budget at or below the window: uniform.
+  req.total_tokens = 5 * 8;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kPyramid, req) == std::vector<int>{8, 8, 8, 8, 8});
+}
+
+TEST_CASE("proportional: layer 0 full, cap respected, ratios proportional, mean exact", "[allocator]") {
+  BudgetRequest req;
+  req.lengths = std::vector<int>(6, 1000);
+  req.keep_ratio = 0.5;
+  req.robustness = {5.0, 1.0, 1.5, 2.0, 2.5, 10.0};
+  AllocationInfo info;
+  const auto b = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, nullptr, &info);
+  // Layers 1..5 prune 3000 of 5000 tokens, p_l = min(0.7, a s_l): layers 5, 4, 3 saturate at 0.7
+  // (2100 tokens), the remaining 900 = a (1 + 1.5) 1000 -> a = 0.36: layer 1 p = 0.36, layer 2 p = 0.54.
+  REQUIRE(b == std::vector<int>{1000, 640, 460, 300, 300, 300});
+  REQUIRE(info.prune_cap == 0.7);
+  double mean_p = 0.0;
+  for (int x : b) mean_p += (1000.0 - x) / 1000.0;
+  REQUIRE(mean_p / 6 == Approx(0.5));
+}
+
+TEST_CASE("proportional: the cap is lifted when the pruning ratio needs it", "[allocator]") {
+  BudgetRequest req;
+  req.lengths = std::vector<int>(5, 100);
+  req.keep_ratio = 0.3;  // 150 tokens; layer 0 takes 100, the other four share 50 (87.5% pruned)
+  req.robustness = {1.0, 1.0, 2.0, 3.0, 4.0};
+  AllocationInfo info;
+  const auto b = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, nullptr, &info);
+  // Smallest feasible cap: 4 (1 - cap) 100 = 50 -> cap = 0.875; every layer keeps 12.5, rounded
+  // with ties to the lower layers.
+  REQUIRE(info.prune_cap == Approx(0.875).margin(1e-9));
+  REQUIRE(b == std::vector<int>{100, 13, 13, 12, 12});
+  REQUIRE_FALSE(info.protected_reduced);
+  // Not even layer 0 fits beside the others' floors: layer 0 gets what is left.
+  req.keep_ratio = 0.5;
+  req.floors = std::vector<int>(5, 40);
+  const auto c = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, nullptr, &info);
+  REQUIRE(c == std::vector<int>{90, 40, 40, 40, 40});
+  REQUIRE(info.protected_reduced);
+}
+
+TEST_CASE("proportional from a profile: sensitive layers pruned less", "[allocator]") {
+  SensitivityProfile p;
+  p.keep_ratios = {0.2, 0.5};
+  p.loss.resize(4, 2);
+  p.loss << 1.0, 0.5,  // layer 0 (protected anyway)
+      1.0, 0.5,         // sensitive
+      0.1, 0.05,        // robust
+      0.5, 0.25;
+  BudgetRequest req;
+  req.lengths = std::vector<int>(4, 200);
+  req.keep_ratio = 0.6;
+  AllocationInfo info;
+  // Sensitivities at keep 0.6: 0.4, 0.04, 0.2 -> s = 2.5, 25, 5. Layer 2 saturates (keeps 60),
+  // the remaining 180 pruned tokens: a (2.5 + 5) 200 = 180 -> a = 0.12.
+  const auto b = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p, &info);
+  REQUIRE(b == std::vector<int>{200, 140, 60, 80});
+  REQUIRE(info.scores[1] == Approx(1.0 / (0.4 + 1e-6)));
+  req.protect_layer0 = false;
+  const auto c = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p);
+  REQUIRE(c == std::vector<int>{155, 155, 60, 110});
+}
+
+TEST_CASE("middle and mlp keep the middle layers full", "[allocator]") {
+  BudgetRequest req;
+  req.lengths = std::vector<int>(6, 100);
+  req.total_tokens = 360;
+  req.n_middle = 2;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kMiddle, req) == std::vector<int>{40, 40, 100, 100, 40, 40});
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kMLP, req) == std::vector<int>{40, 40, 100, 100, 40, 40});
+  req.n_middle = 3;  // (6 - 3) / 2 = 1: layers 1, 2, 3
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kMiddle, req) == std::vector<int>{20, 100, 100, 100, 20, 20});
+  // Too small to keep them full: they share what is above the others' floors.
+  req.floors = std::vector<int>(6, 10);
+  req.total_tokens = 100;
+  AllocationInfo info;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kMiddle, req, nullptr, &info) ==
+          std::vector<int>{10, 24, 23, 23, 10, 10});
+  REQUIRE(info.protected_reduced);
+}
+
+TEST_CASE("mga and mlma follow the InfoNCE scores", "[allocator]") {
+  BudgetRequest req;
+  req.lengths = std::vector<int>(8, 100);
+  req.keep_ratio = 0.5;
+  req.infonce = {1.0, 1.0, 3.0, 2.0, 2.0, 1.0, 3.0, 2.0};
+  const auto m = BudgetAllocator().allocate(AllocationPolicy::kMGA, req);
+  REQUIRE(m[0] == 100);
+  REQUIRE(sum(m) == 400);
+  REQUIRE(m[1] > m[3]);  // lower InfoNCE -> more critical -> less pruning
+  REQUIRE(m[3] > m[2]);
+  for (int x : m) REQUIRE(x >= 30);
+  REQUIRE(m == std::vector<int>{100, 68, 30, 35, 35, 67, 30, 35});
+  req.keep_ratio = 0.75;  // layers 0 and 2..5 full (500), layers 1, 6, 7 keep 100 of 300
+  const auto k = BudgetAllocator().allocate(AllocationPolicy::kMLMA4, req);
+  REQUIRE(k == std::vector<int>{100, 40, 100, 100, 100, 100, 30, 30});
+}
+
+TEST_CASE("predicted loss by hand", "[allocator]") {
+  SensitivityProfile p;
+  p.keep_ratios = {0.2, 0.5};
+  p.loss.resize(1, 2);
+  p.loss << 0.1, 0.6;  // non-convex: hull from (0, 0.1) straight to (1, 0)
+  const std::vector<int> len = {10};
+  REQUIRE(depthkv::predicted_loss(p, {5}, len, false) == Approx(0.6));
+  REQUIRE(depthkv::predicted_loss(p, {5}, len, true) == Approx(0.05));
+  REQUIRE(depthkv::predicted_loss(p, {10}, len) == Approx(0.0));
+  REQUIRE_THROWS_AS(depthkv::predicted_loss(p, {11}, len), depthkv::Error);
+  REQUIRE_THROWS_AS(depthkv::predicted_loss(p, {1, 1}, len), depthkv::Error);
+}
+
+TEST_CASE("every error path says which", "[allocator]") {
+  BudgetAllocator alloc;
+  SensitivityProfile p;
+  p.keep_ratios = {0.2, 0.5};
+  p.loss = Eigen::MatrixXd::Constant(3, 2, 0.1);
+  auto base = [] {
+    BudgetRequest r;
+    r.lengths = {100, 100, 100};
+    r.total_tokens = 150;
+    return r;
+  };
+  using Catch::Contains;
+  BudgetRequest r = base();
+  r.floors = {60, 60, 60};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("floors sum to 180"));
+  r = base();
+  r.total_tokens = 301;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("exceeds the sum of the caps"));
+  r = base();
+  r.caps = {10, 10, 10};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("exceeds the sum of the caps (30"));
+  r = base();
+  r.caps = {10, 200, 10};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("layer 1: cap 200"));
+  r = base();
+  r.caps = {10, 100, 100};
+  r.floors = {20, 0, 0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("layer 0: floor 20 above cap 10"));
+  r = base();
+  r.floors = {0, -1, 0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("negative floor"));
+  r = base();
+  r.floors = {0, 0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("floors has 2 entries"));
+  r = base();
+  r.caps = {0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("caps has 1 entries"));
+  r = base();
+  r.lengths = {100, -3, 100};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("negative length"));
+  r = base();
+  r.keep_ratio = 0.5;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("both total_tokens and keep_ratio"));
+  r = base();
+  r.total_tokens = -1;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("neither"));
+  r.keep_ratio = 1.5;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("keep_ratio 1.5 is outside"));
+  r.keep_ratio = std::nan("");
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("outside [0, 1]"));
+  r = base();
+  r.total_tokens = -5;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kUniform, r), Contains("negative"));
+  r = base();
+  r.min_tokens = -1;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r, &p), Contains("min_tokens -1"));
+
+  // Profiles.
+  r = base();
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r), Contains("needs a SensitivityProfile"));
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kProportional, r), Contains("needs a SensitivityProfile"));
+  SensitivityProfile bad = p;
+  bad.loss(1, 0) = std::nan("");
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r, &bad), Contains("layer 1 at keep ratio 0.2 is not finite"));
+  bad = p;
+  bad.loss(2, 1) = -0.5;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r, &bad), Contains("negative"));
+  bad = p;
+  bad.keep_ratios = {0.5, 0.2};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r, &bad), Contains("not strictly ascending"));
+  bad = p;
+  bad.loss = Eigen::MatrixXd::Constant(4, 2, 0.1);
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r, &bad), Contains("the profile has 4 layers, the request 3"));
+  bad = p;
+  bad.loss = Eigen::MatrixXd::Constant(3, 3, 0.1);
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kOptimal, r, &bad), Contains("shape mismatch"));
+
+  // Scores and policy parameters.
+  r = base();
+  r.robustness = {1.0, -1.0, 1.0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kProportional, r), Contains("robustness of layer 1"));
+  r.robustness = {1.0, 1.0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kProportional, r), Contains("robustness has 2 entries"));
+  r.robustness = {1.0, 0.0, 0.0};
+  r.total_tokens = 250;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kProportional, r), Contains("robustness score 0"));
+  r = base();
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kMGA, r), Contains("infonce has 0 entries"));
+  r.infonce = {1.0, std::nan(""), 1.0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kMLMA2, r), Contains("infonce of layer 1"));
+  r = base();
+  r.infonce = {1.0, 1.0, 1.0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kMLMA4, r), Contains("only 3 layers"));
+  r = base();
+  r.n_middle = -1;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kMiddle, r), Contains("negative number of middle layers"));
+  r = base();
+  r.max_prune_ratio = 1.2;
+  r.robustness = {1.0, 1.0, 1.0};
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kProportional, r), Contains("max_prune_ratio 1.2"));
+  r = base();
+  r.window = -1;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kPyramid, r), Contains("negative window"));
+  r = base();
+  r.beta = 0.0;
+  REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kPyramid, r), Contains("beta 0"));
+}

@@ -1,0 +1,188 @@
+// Both selection paths of detail/radix_select.hpp (histogram select and nth_element) give exactly
+// the naive full-sort kept set at every length, on random and adversarial keys, for float and
+// 16-bit keys; and the compaction helper of detail/compact_runs.hpp matches a per-token copy.
+#include "depthkv/detail/radix_select.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "depthkv/detail/compact_runs.hpp"
+
+namespace dd = depthkv::detail;
+using I32 = std::int32_t;
+
+namespace {
+
+// m best of [lo, hi) by (value desc, position asc, slot asc), ascending; plain float compares.
+std::vector<I32> naive(const std::vector<float>& v, const I32* pos, int lo, int hi, int m) {
+  std::vector<I32> idx;
+  for (int i = lo; i < hi; ++i) idx.push_back(i);
+  auto p = [&](I32 i) { return pos ? pos[i] : i; };
+  std::sort(idx.begin(), idx.end(), [&](I32 a, I32 b) {
+    const float x = v[static_cast<std::size_t>(a)], y = v[static_cast<std::size_t>(b)];
+    if (x != y) return x > y;
+    return p(a) != p(b) ? p(a) < p(b) : a < b;
+  });
+  idx.resize(static_cast<std::size_t>(std::max(0, std::min(m, hi - lo))));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+std::vector<float> adversarial(int n, int kind, std::mt19937& rng) {
+  std::vector<float> s(static_cast<std::size_t>(n));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float den = std::numeric_limits<float>::denorm_min();
+  for (int i = 0; i < n; ++i) {
+    float& x = s[static_cast<std::size_t>(i)];
+    switch (kind) {
+      case 0: x = u(rng); break;
+      case 1: x = 1.0f; break;                                                  // all equal
+      case 2: x = static_cast<float>(i); break;                                 // sorted
+      case 3: x = static_cast<float>(-i); break;                                // reverse sorted
+      case 4: x = (i % 3 == 0) ? inf : (i % 3 == 1 ? -inf : 0.0f); break;       // +/-inf and 0
+      case 5: x = den * static_cast<float>(i % 7) * (i % 2 ? 1.0f : -1.0f); break;  // denormals, +/-0
+      case 6: x = 1.0f + std::ldexp(static_cast<float>(i % 5), -23); break;     // differ in low bits only
+      case 7: x = std::ldexp(1.0f, (i % 60) - 30) * (u(rng) < 0.5f ? -1 : 1); break;
+      default: x = static_cast<float>(static_cast<int>(u(rng) * 3)); break;   // few values
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("radix and nth_element selection equal the naive kept set (float keys)", "[evict][select]") {
+  std::mt19937 rng(31337);
+  for (int n : {1, 2, 3, 10, 100, 767, 768, 2047, 2048, 2049, 10000, 70000}) {
+    for (int kind = 0; kind < 9; ++kind) {
+      const std::vector<float> v = adversarial(n, kind, rng);
+      std::vector<I32> shuffled(static_cast<std::size_t>(n));
+      std::iota(shuffled.begin(), shuffled.end(), 0);
+      std::shuffle(shuffled.begin(), shuffled.end(), rng);
+      for (const I32* pos : {static_cast<const I32*>(nullptr), static_cast<const I32*>(shuffled.data())}) {
+        const int lo = n > 10 ? 3 : 0, hi = n > 10 ? n - 2 : n;
+        for (int m : {0, 1, 2, (hi - lo) / 10, (hi - lo) / 2, hi - lo - 1, hi - lo, hi - lo + 1}) {
+          INFO("n " << n << " kind " << kind << " m " << m << " shuffled positions " << (pos != nullptr));
+          const auto want = naive(v, pos, lo, hi, m);
+          dd::SelectWorkspace ws;
+          std::vector<I32> radix{-5}, hist{-5}, nth{-5};  // appended after existing content
+          dd::select_best_radix(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, radix);
+          dd::select_best_histogram(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, hist);
+          dd::select_best_nth(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, nth);
+          REQUIRE(radix.front() == -5);
+          REQUIRE(hist.front() == -5);
+          REQUIRE(nth.front() == -5);
+          REQUIRE(std::vector<I32>(radix.begin() + 1, radix.end()) == want);
+          REQUIRE(std::vector<I32>(hist.begin() + 1, hist.end()) == want);
+          REQUIRE(std::vector<I32>(nth.begin() + 1, nth.end()) == want);
+        }
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("radix selection on 16-bit keys equals the naive kept set", "[evict][select]", Eigen::half,
+                   Eigen::bfloat16) {
+  std::mt19937 rng(4);
+  for (int n : {1, 5, 800, 5000, 40000}) {
+    for (int kind = 0; kind < 9; ++kind) {
+      const std::vector<float> f = adversarial(n, kind, rng);
+      std::vector<std::uint16_t> bits(f.size());
+      std::vector<float> v(f.size());  // the 16-bit values, as floats, for the reference
+      for (std::size_t i = 0; i < f.size(); ++i) {
+        const TestType t = static_cast<TestType>(f[i]);
+        std::memcpy(&bits[i], &t, 2);
+        v[i] = static_cast<float>(t);
+      }
+      for (int m : {0, 1, n / 10, n / 2, n - 1, n}) {
+        INFO("n " << n << " kind " << kind << " m " << m);
+        dd::SelectWorkspace ws;
+        std::vector<I32> radix, hist;
+        dd::select_best_radix(dd::Bits16Keys{bits.data()}, nullptr, 0, n, m, ws, radix);
+        dd::select_best_histogram(dd::Bits16Keys{bits.data()}, nullptr, 0, n, m, ws, hist);
+        const auto want = naive(v, nullptr, 0, n, m);
+        REQUIRE(radix == want);
+        REQUIRE(hist == want);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evict][compact]", float, Eigen::half) {
+  std::mt19937 rng(12);
+  for (int n : {0, 1, 50, 3000}) {
+    for (int hd : {1, 4, 64}) {
+      for (std::ptrdiff_t pad : {0, 3}) {
+        const std::ptrdiff_t stride = hd + pad;
+        std::vector<TestType> buf(static_cast<std::size_t>(n * stride + 1));
+        for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<TestType>(static_cast<float>(i % 2000));
+        std::vector<I32> pos(static_cast<std::size_t>(n));
+        std::iota(pos.begin(), pos.end(), 100);
+        for (double keep : {0.0, 0.1, 0.5, 0.9, 1.0}) {
+          std::vector<I32> kept;
+          std::bernoulli_distribution b(keep);
+          for (int i = 0; i < n; ++i)
+            if (b(rng)) kept.push_back(i);
+          std::vector<TestType> want = buf, got = buf;
+          std::vector<I32> want_pos = pos, got_pos = pos;
+          for (std::size_t i = 0; i < kept.size(); ++i) {
+            for (int d = 0; d < hd; ++d)
+              want[i * static_cast<std::size_t>(stride) + static_cast<std::size_t>(d)] =
+                  want[static_cast<std::size_t>(kept[i] * stride + d)];
+            want_pos[i] = want_pos[static_cast<std::size_t>(kept[i])];
+          }
+          dd::compact_runs(got.data(), stride, hd, kept.data(), static_cast<int>(kept.size()));
+          dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()));
+          INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep);
+          REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) == 0);  // padding untouched too
+          REQUIRE(got_pos == want_pos);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ordered_key_fast equals ordered_key on special and random bit patterns", "[evict][select]") {
+  std::mt19937 rng(1);
+  const std::uint32_t special[] = {0u, 0x80000000u, 1u, 0x80000001u, 0x7F800000u, 0xFF800000u,
+                                   0x7F7FFFFFu, 0xFF7FFFFFu, 0x00800000u, 0x80800000u, 0x3F800000u};
+  auto f = [](std::uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  for (std::uint32_t u : special) REQUIRE(dd::ordered_key_fast(f(u)) == dd::ordered_key(f(u)));
+  for (int i = 0; i < 100000; ++i) {
+    const std::uint32_t u = static_cast<std::uint32_t>(rng());
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) continue;  // NaN patterns are rejected before selection
+    REQUIRE(dd::ordered_key_fast(f(u)) == dd::ordered_key(f(u)));
+  }
+}
+
+TEST_CASE("a row built to defeat the sample bracket still gives the exact kept set", "[evict][select]") {
+  // Every slot the strided sample reads is high, the rest low: the bracket misses and the full
+  // histogram select takes over.
+  for (int len : {1000, 10000, 50000}) {
+    const int s = std::min(len, std::max(256, static_cast<int>(8.0 * std::sqrt(static_cast<double>(len)))));
+    std::vector<float> v(static_cast<std::size_t>(len), 0.25f);
+    for (int j = 0; j < s; ++j) v[static_cast<std::size_t>((static_cast<std::int64_t>(j) * len + len / 2) / s)] = 0.75f;
+    for (int i = 0; i < len; i += 7) v[static_cast<std::size_t>(i)] += 0.001f * static_cast<float>(i % 5);
+    for (int m : {s / 2, s + 10, len / 2}) {
+      INFO("len " << len << " m " << m);
+      dd::SelectWorkspace ws;
+      std::vector<I32> got;
+      dd::select_best_radix(dd::FloatKeys{v.data()}, nullptr, 0, len, m, ws, got);
+      REQUIRE(got == naive(v, nullptr, 0, len, m));
+    }
+  }
+}

@@ -1,0 +1,780 @@
+#include "depthkv/llama/gguf.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+#include "llama/file_util.hpp"
+#include "llama/gguf_writer.hpp"
+#include "support/test_data.hpp"
+
+using depthkv::Error;
+using depthkv::llama::GgufFile;
+using depthkv::llama::GgufType;
+using depthkv::llama::LlamaModel;
+using depthkv::llama::load_gguf;
+using depthkv::llama::load_gguf_from_memory;
+using depthkv::llama::RowMatrix;
+using depthkv_test::Bytes;
+using depthkv_test::GgufWriter;
+
+namespace {
+
+std::string stories_gguf() { return depthkv_test::data_path("models/stories260K/stories260K.gguf"); }
+
+float max_abs_diff(const RowMatrix& a, const RowMatrix& b) {
+  REQUIRE(a.rows() == b.rows());
+  REQUIRE(a.cols() == b.cols());
+  return a.size() == 0 ? 0.0f : (a - b).cwiseAbs().maxCoeff();
+}
+float max_abs_diff(const Eigen::VectorXf& a, const Eigen::VectorXf& b) {
+  REQUIRE(a.size() == b.size());
+  return a.size() == 0 ? 0.0f : (a - b).cwiseAbs().maxCoeff();
+}
+
+// Random tensor data of a given type, with the reference float values computed from the bit
+// layouts by depthkv_test::ref_half / ref_bf16 (finite values only).
+Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::vector<float>& ref) {
+  Bytes b;
+  ref.clear();
+  std::uniform_int_distribution<int> bit(0, 1);
+  auto half_bits = [&](int emin, int emax) {
+    const std::uint16_t e = static_cast<std::uint16_t>(emin + static_cast<int>(rng() % (emax - emin + 1)));
+    return static_cast<std::uint16_t>((bit(rng) << 15) | (e << 10) | (rng() & 1023));
+  };
+  if (type == depthkv_test::kTF32) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (std::size_t i = 0; i < n; ++i) {
+      ref.push_back(nd(rng));
+      depthkv_test::put(b, ref.back());
+    }
+  } else if (type == depthkv_test::kTF16) {
+    for (std::size_t i = 0; i < n; ++i) {
+      // exponent 0 (subnormals) included on purpose
+      const std::uint16_t h = i % 7 == 0 ? static_cast<std::uint16_t>(rng() & 0x83FF) : half_bits(1, 30);
+      depthkv_test::put(b, h);
+      ref.push_back(static_cast<float>(depthkv_test::ref_half(h)));
+    }
+  } else if (type == depthkv_test::kTBF16) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t e = static_cast<std::uint16_t>(100 + rng() % 50);
+      const std::uint16_t h = static_cast<std::uint16_t>((bit(rng) << 15) | (e << 7) | (rng() & 127));
+      depthkv_test::put(b, h);
+      ref.push_back(static_cast<float>(depthkv_test::ref_bf16(h)));
+    }
+  } else if (type == depthkv_test::kTQ8_0) {
+    REQUIRE(n % 32 == 0);
+    for (std::size_t blk = 0; blk < n / 32; ++blk) {
+      const std::uint16_t d = half_bits(5, 20);
+      depthkv_test::put(b, d);
+      for (int j = 0; j < 32; ++j) {
+        const std::int8_t q = static_cast<std::int8_t>(static_cast<int>(rng() % 256) - 128);
+        depthkv_test::put(b, q);
+        ref.push_back(static_cast<float>(depthkv_test::ref_half(d) * q));
+      }
+    }
+  } else {
+    FAIL("random_tensor: unsupported type " << type);
+  }
+  return b;
+}
+
+struct Synth {
+  int dim = 32, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 8, vocab = 20, ctx = 64;
+  std::string arch = "llama";
+  bool tied = false, biases = false, rope_freqs = false;
+  // type per tensor name suffix (default F32)
+  std::map<std::string, std::uint32_t> types;
+  std::map<std::string, std::vector<float>> ref;  // filled by build()
+
+  GgufWriter writer(std::uint32_t seed = 7) {
+    GgufWriter w;
+    const std::string p = arch + ".";
+    w.kv_str("general.architecture", arch);
+    w.kv_u32(p + "embedding_length", static_cast<std::uint32_t>(dim));
+    w.kv_u32(p + "feed_forward_length", static_cast<std::uint32_t>(hidden));
+    w.kv_u32(p + "block_count", static_cast<std::uint32_t>(layers));
+    w.kv_u32(p + "attention.head_count", static_cast<std::uint32_t>(heads));
+    w.kv_u32(p + "attention.head_count_kv", static_cast<std::uint32_t>(kv_heads));
+    w.kv_u32(p + "context_length", static_cast<std::uint32_t>(ctx));
+    w.kv_f32(p + "rope.freq_base", 500000.0f);
+    w.kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+    if (head_dim * heads != dim) w.kv_u32(p + "attention.key_length", static_cast<std::uint32_t>(head_dim));
+    std::mt19937 rng(seed);
+    auto add = [&](const std::string& name, std::vector<std::uint64_t> dims) {
+      std::size_t n = 1;
+      for (auto d : dims) n *= d;
+      std::uint32_t type = depthkv_test::kTF32;
+      for (const auto& kv : types) {
+        if (name.find(kv.first) != std::string::npos) type = kv.second;
+      }
+      std::vector<float> r;
+      w.tensor(name, dims, type, random_tensor(type, n, rng, r));
+      ref[name] = r;
+    };
+    const std::uint64_t D = dim, H = hidden, Q = heads * head_dim, KV = kv_heads * head_dim, V = vocab;
+    add("token_embd.weight", {D, V});
+    for (int l = 0; l < layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      add(b + "attn_norm.weight", {D});
+      add(b + "attn_q.weight", {D, Q});
+      add(b + "attn_k.weight", {D, KV});
+      add(b + "attn_v.weight", {D, KV});
+      add(b + "attn_output.weight", {Q, D});
+      if (biases) {
+        add(b + "attn_q.bias", {Q});
+        add(b + "attn_k.bias", {KV});
+        add(b + "attn_v.bias", {KV});
+      }
+      add(b + "ffn_norm.weight", {D});
+      add(b + "ffn_gate.weight", {D, H});
+      add(b + "ffn_down.weight", {H, D});
+      add(b + "ffn_up.weight", {D, H});
+    }
+    add("output_norm.weight", {D});
+    if (!tied) add("output.weight", {D, V});
+    if (rope_freqs) {
+      std::vector<float> f;
+      for (int i = 0; i < head_dim / 2; ++i) f.push_back(1.0f + static_cast<float>(i));
+      w.f32_tensor("rope_freqs.weight", {static_cast<std::uint64_t>(head_dim / 2)}, f);
+      ref["rope_freqs.weight"] = f;
+    }
+    return w;
+  }
+};
+
+// Reference [rows][cols] matrix of a tensor stored with GGUF dims [cols, rows].
+RowMatrix ref_matrix(const std::vector<float>& v, Eigen::Index rows, Eigen::Index cols) {
+  REQUIRE(static_cast<Eigen::Index>(v.size()) == rows * cols);
+  return Eigen::Map<const RowMatrix>(v.data(), rows, cols);
+}
+Eigen::VectorXf ref_vector(const std::vector<float>& v) {
+  return Eigen::Map<const Eigen::VectorXf>(v.data(), static_cast<Eigen::Index>(v.size()));
+}
+
+void check_synth(const LlamaModel& m, Synth& s) {
+  const int Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim;
+  CHECK(max_abs_diff(m.token_embedding, ref_matrix(s.ref["token_embd.weight"], s.vocab, s.dim)) == 0.0f);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    const auto& w = m.layers[static_cast<std::size_t>(l)];
+    CHECK(max_abs_diff(w.attn_norm, ref_vector(s.ref[b + "attn_norm.weight"])) == 0.0f);
+    CHECK(max_abs_diff(w.wq, ref_matrix(s.ref[b + "attn_q.weight"], Q, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(w.wk, ref_matrix(s.ref[b + "attn_k.weight"], KV, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(w.wv, ref_matrix(s.ref[b + "attn_v.weight"], KV, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(w.wo, ref_matrix(s.ref[b + "attn_output.weight"], s.dim, Q)) == 0.0f);
+    CHECK(max_abs_diff(w.ffn_norm, ref_vector(s.ref[b + "ffn_norm.weight"])) == 0.0f);
+    CHECK(max_abs_diff(w.w1, ref_matrix(s.ref[b + "ffn_gate.weight"], s.hidden, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(w.w2, ref_matrix(s.ref[b + "ffn_down.weight"], s.dim, s.hidden)) == 0.0f);
+    CHECK(max_abs_diff(w.w3, ref_matrix(s.ref[b + "ffn_up.weight"], s.hidden, s.dim)) == 0.0f);
+    if (s.biases) {
+      CHECK(max_abs_diff(w.bq, ref_vector(s.ref[b + "attn_q.bias"])) == 0.0f);
+      CHECK(max_abs_diff(w.bk, ref_vector(s.ref[b + "attn_k.bias"])) == 0.0f);
+      CHECK(max_abs_diff(w.bv, ref_vector(s.ref[b + "attn_v.bias"])) == 0.0f);
+    } else {
+      CHECK(w.bq.size() == 0);
+    }
+  }
+  CHECK(max_abs_diff(m.final_norm, ref_vector(s.ref["output_norm.weight"])) == 0.0f);
+  if (s.tied) {
+    CHECK(m.classifier == m.token_embedding);
+  } else {
+    CHECK(max_abs_diff(m.classifier, ref_matrix(s.ref["output.weight"], s.vocab, s.dim)) == 0.0f);
+  }
+  if (s.rope_freqs) {
+    CHECK(max_abs_diff(m.rope_freq_factors, ref_vector(s.ref["rope_freqs.weight"])) == 0.0f);
+  } else {
+    CHECK(m.rope_freq_factors.size() == 0);
+  }
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("gguf: stories260K.gguf parses", "[llama][gguf]") {
+  const GgufFile f = GgufFile::open(stories_gguf());
+  CHECK(f.version() == 3);
+  CHECK(f.alignment() == 32);
+  CHECK(f.tensors().size() == 48);
+  CHECK(f.metadata().size() == 19);
+  CHECK(f.data_offset() == 14176);
+  CHECK(f.file_size() == 1185376);
+  CHECK(f.get_string("general.architecture") == "llama");
+  CHECK(f.get_int("llama.block_count") == 5);
+  CHECK(f.get_int("llama.context_length") == 2048);
+  CHECK(f.get_float("llama.attention.layer_norm_rms_epsilon") == Approx(1e-5));
+  CHECK(f.get_int("missing.key", 42) == 42);
+  CHECK(f.get_string("missing.key", "x") == "x");
+  CHECK_THROWS_AS(f.get_int("missing.key"), Error);
+  CHECK_THROWS_AS(f.get_int("general.architecture"), Error);      // a string
+  CHECK_THROWS_AS(f.get_string("llama.block_count"), Error);      // an integer
+  CHECK_THROWS_AS(f.get_string_array("tokenizer.ggml.scores"), Error);
+  CHECK(f.find("tokenizer.ggml.tokens")->type == GgufType::kArray);
+  CHECK(f.find("tokenizer.ggml.tokens")->array.size() == 512);
+  const auto* t = f.find_tensor("blk.0.ffn_down.weight");
+  REQUIRE(t != nullptr);
+  CHECK(t->dims == std::vector<std::uint64_t>{172, 64});
+  CHECK(t->type == 0);
+  CHECK(t->n_elements == 172u * 64u);
+  CHECK(t->n_bytes == 172u * 64u * 4u);
+  CHECK(f.find_tensor("nope") == nullptr);
+  // Copies share the bytes and stay valid on their own.
+  GgufFile copy = f;
+  CHECK(copy.read_tensor(*copy.find_tensor("output_norm.weight")) == f.read_tensor(*f.find_tensor("output_norm.weight")));
+}
+
+TEST_CASE("gguf: stories260K.gguf and stories260K.bin hold identical weights", "[llama][gguf]") {
+  const LlamaModel g = load_gguf(stories_gguf());
+  const LlamaModel b = depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  CHECK(g.config.dim == b.config.dim);
+  CHECK(g.config.hidden_dim == b.config.hidden_dim);
+  CHECK(g.config.n_layers == b.config.n_layers);
+  CHECK(g.config.n_heads == b.config.n_heads);
+  CHECK(g.config.n_kv_heads == b.config.n_kv_heads);
+  CHECK(g.config.vocab_size == b.config.vocab_size);
+  CHECK(g.config.head_dim == b.config.head_dim);
+  CHECK(g.config.rope_theta == b.config.rope_theta);
+  CHECK(g.config.rms_eps == Approx(b.config.rms_eps));
+  CHECK(g.config.rope_neox == b.config.rope_neox);
+  CHECK(g.config.architecture == "llama");
+  CHECK(g.config.seq_len == 2048);  // as the GGUF metadata states (the model was trained on 512)
+  CHECK(g.source_path == stories_gguf());
+  CHECK(g.file_size == 1185376u);
+  CHECK(g.header_hash != b.header_hash);
+  CHECK(max_abs_diff(g.token_embedding, b.token_embedding) == 0.0f);
+  CHECK(max_abs_diff(g.classifier, b.classifier) == 0.0f);
+  CHECK(max_abs_diff(g.final_norm, b.final_norm) == 0.0f);
+  REQUIRE(g.layers.size() == b.layers.size());
+  for (std::size_t l = 0; l < g.layers.size(); ++l) {
+    INFO("layer " << l);
+    const auto &x = g.layers[l], &y = b.layers[l];
+    CHECK(max_abs_diff(x.attn_norm, y.attn_norm) == 0.0f);
+    CHECK(max_abs_diff(x.wq, y.wq) == 0.0f);
+    CHECK(max_abs_diff(x.wk, y.wk) == 0.0f);
+    CHECK(max_abs_diff(x.wv, y.wv) == 0.0f);
+    CHECK(max_abs_diff(x.wo, y.wo) == 0.0f);
+    CHECK(max_abs_diff(x.ffn_norm, y.ffn_norm) == 0.0f);
+    CHECK(max_abs_diff(x.w1, y.w1) == 0.0f);
+    CHECK(max_abs_diff(x.w2, y.w2) == 0.0f);
+    CHECK(max_abs_diff(x.w3, y.w3) == 0.0f);
+    CHECK(x.bq.size() == 0);
+  }
+  CHECK(g.rope_freq_factors.size() == 0);
+  const Bytes raw = depthkv_test::read_bytes(stories_gguf());
+  const LlamaModel m = load_gguf_from_memory(raw.data(), raw.size(), "mem");
+  CHECK(m.header_hash == g.header_hash);
+  CHECK(m.source_path == "mem");
+  CHECK(m.layers[3].w2 == g.layers[3].w2);
+}
+
+TEST_CASE("gguf: the stored vocabulary tokenizes exactly like tok512.bin", "[llama][gguf][tokenizer]") {
+  const depthkv::llama::Vocabulary v = depthkv::llama::load_gguf_vocabulary(stories_gguf());
+  CHECK(v.model == "llama");
+  CHECK(v.size() == 512);
+  CHECK(v.scores.size() == 512);
+  CHECK(v.token_types.size() == 512);
+  CHECK(v.token_types[3] == 6);  // <0x00> is a byte token
+  CHECK(v.bos_id == 1);
+  CHECK(v.eos_id == 2);
+  CHECK(v.unk_id == 0);
+  CHECK(v.tokens[1] == "<s>");
+  const depthkv::llama::Tokenizer tg(v);
+  const depthkv::llama::Tokenizer tb(depthkv_test::data_path("models/stories260K/tok512.bin"), 512);
+  REQUIRE(tg.vocab_size() == tb.vocab_size());
+  for (int i = 0; i < tb.vocab_size(); ++i) {
+    INFO("token " << i);
+    REQUIRE(tg.piece(i) == tb.piece(i));
+    REQUIRE(tg.score(i) == tb.score(i));
+  }
+  CHECK(tg.max_token_length() == tb.max_token_length());
+  std::ifstream text(depthkv_test::data_path("text/tinystories_valid.txt"), std::ios::binary);
+  std::string chunk(20000, '\0');
+  text.read(&chunk[0], static_cast<std::streamsize>(chunk.size()));
+  chunk.resize(static_cast<std::size_t>(text.gcount()));
+  CHECK(tg.encode(chunk, true, false) == tb.encode(chunk, true, false));
+  CHECK(tg.encode("Once upon a time", false, false) == std::vector<int>{403, 407, 261, 378});
+}
+
+TEST_CASE("gguf: F32, F16, BF16 and Q8_0 tensors are dequantised exactly", "[llama][gguf]") {
+  for (std::uint32_t type : {depthkv_test::kTF32, depthkv_test::kTF16, depthkv_test::kTBF16, depthkv_test::kTQ8_0}) {
+    INFO("type " << type);
+    std::mt19937 rng(1000 + type);
+    std::vector<float> ref;
+    GgufWriter w;
+    w.kv_str("general.architecture", "test");
+    w.tensor("t", {64, 3}, type, random_tensor(type, 192, rng, ref));
+    const Bytes b = w.build();
+    const GgufFile f = GgufFile::from_memory(b.data(), b.size());
+    const auto& info = f.tensors().at(0);
+    CHECK(info.n_elements == 192);
+    const std::vector<float> got = f.read_tensor(info);
+    REQUIRE(got.size() == ref.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i);
+      REQUIRE(got[i] == ref[i]);
+    }
+  }
+  // Special half values.
+  CHECK(depthkv::llama::fp16_to_float(0x3C00) == 1.0f);
+  CHECK(depthkv::llama::fp16_to_float(0xC000) == -2.0f);
+  CHECK(depthkv::llama::fp16_to_float(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(depthkv::llama::fp16_to_float(0x7BFF) == 65504.0f);
+  CHECK(std::isinf(depthkv::llama::fp16_to_float(0x7C00)));
+  CHECK(std::isnan(depthkv::llama::fp16_to_float(0x7E00)));
+  CHECK(std::signbit(depthkv::llama::fp16_to_float(0x8000)));
+  CHECK(depthkv::llama::bf16_to_float(0x3F80) == 1.0f);
+  // Every half bit pattern agrees with the reference decoder.
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const float a = depthkv::llama::fp16_to_float(static_cast<std::uint16_t>(h));
+    const double r = depthkv_test::ref_half(static_cast<std::uint16_t>(h));
+    if (std::isnan(r)) {
+      REQUIRE(std::isnan(a));
+    } else {
+      REQUIRE(static_cast<double>(a) == r);
+    }
+  }
+}
+
+TEST_CASE("gguf: synthetic llama models in mixed tensor types load exactly", "[llama][gguf]") {
+  Synth s;
+  s.types = {{"attn_q", depthkv_test::kTF16}, {"attn_k", depthkv_test::kTBF16}, {"ffn_down", depthkv_test::kTQ8_0},
+             {"ffn_up", depthkv_test::kTQ8_0}, {"token_embd", depthkv_test::kTF16}, {"output.", depthkv_test::kTBF16}};
+  s.rope_freqs = true;
+  Bytes b = s.writer().build();
+  const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
+  CHECK(m.config.dim == 32);
+  CHECK(m.config.hidden_dim == 64);
+  CHECK(m.config.n_layers == 2);
+  CHECK(m.config.n_heads == 4);
+  CHECK(m.config.n_kv_heads == 2);
+  CHECK(m.config.head_dim == 8);
+  CHECK(m.config.vocab_size == 20);
+  CHECK(m.config.seq_len == 64);
+  CHECK(m.config.rope_theta == 500000.0f);
+  CHECK(m.config.rms_eps == 1e-6f);
+  CHECK_FALSE(m.config.rope_neox);
+  check_synth(m, s);
+
+  // Through a file in a private temporary folder, and as GGUF v2.
+  depthkv_test::TempDir dir;
+  GgufWriter w2 = s.writer();
+  w2.version = 2;
+  const Bytes b2 = w2.build();
+  const LlamaModel m2 = load_gguf(dir.write("v2.gguf", b2));
+  check_synth(m2, s);
+
+  // head_dim from attention.key_length (head_dim * heads != dim) and a tied classifier.
+  Synth k;
+  k.head_dim = 16;
+  k.tied = true;
+  const Bytes bk = k.writer().build();
+  const LlamaModel mk = load_gguf_from_memory(bk.data(), bk.size());
+  CHECK(mk.config.head_dim == 16);
+  CHECK(mk.layers[0].wq.rows() == 64);
+  CHECK(mk.layers[0].wo.cols() == 64);
+  check_synth(mk, k);
+}
+
+TEST_CASE("gguf: qwen2 models (biases, NeoX RoPE, tied output)", "[llama][gguf]") {
+  Synth s;
+  s.arch = "qwen2";
+  s.biases = true;
+  s.tied = true;
+  const Bytes b = s.writer().build();
+  const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
+  CHECK(m.config.architecture == "qwen2");
+  CHECK(m.config.rope_neox);
+  check_synth(m, s);
+  // qwen2 without biases is rejected
+  Synth nb;
+  nb.arch = "qwen2";
+  const Bytes bn = nb.writer().build();
+  CHECK(contains(error_of([&] { load_gguf_from_memory(bn.data(), bn.size()); }), "attn_q.bias"));
+}
+
+TEST_CASE("gguf: metadata of every value type, nested arrays, alignment", "[llama][gguf]") {
+  GgufWriter w;
+  w.kv<std::uint8_t>("u8", depthkv_test::kU8, 200);
+  w.kv<std::int8_t>("i8", depthkv_test::kI8, -100);
+  w.kv<std::uint16_t>("u16", depthkv_test::kU16, 60000);
+  w.kv<std::int16_t>("i16", depthkv_test::kI16, -30000);
+  w.kv<std::uint32_t>("u32", depthkv_test::kU32, 4000000000u);
+  w.kv<std::int32_t>("i32", depthkv_test::kI32, -2000000000);
+  w.kv<std::uint64_t>("u64", depthkv_test::kU64, std::numeric_limits<std::uint64_t>::max());
+  w.kv<std::int64_t>("i64", depthkv_test::kI64, std::numeric_limits<std::int64_t>::min());
+  w.kv<float>("f32", depthkv_test::kF32, 1.5f);
+  w.kv<double>("f64", depthkv_test::kF64, -2.25);
+  w.kv<std::uint8_t>("b", depthkv_test::kBool, 1);
+  w.kv_str("s", std::string("a\0b", 3));
+  w.kv_str("empty", "");
+  w.kv_u32("general.alignment", 64);
+  w.alignment = 64;
+  Bytes nested;  // [[1, 2], []] as arrays of int16
+  depthkv_test::put<std::uint32_t>(nested, depthkv_test::kArr);
+  depthkv_test::put<std::uint64_t>(nested, 2);
+  depthkv_test::put<std::uint32_t>(nested, depthkv_test::kI16);
+  depthkv_test::put<std::uint64_t>(nested, 2);
+  depthkv_test::put<std::int16_t>(nested, 1);
+  depthkv_test::put<std::int16_t>(nested, 2);
+  depthkv_test::put<std::uint32_t>(nested, depthkv_test::kI16);
+  depthkv_test::put<std::uint64_t>(nested, 0);
+  w.raw_kv("nested", depthkv_test::kArr, nested);
+  w.f32_tensor("a", {3}, {1, 2, 3});
+  w.f32_tensor("b", {2, 2}, {4, 5, 6, 7});
+  const Bytes bytes = w.build();
+  const GgufFile f = GgufFile::from_memory(bytes.data(), bytes.size());
+  CHECK(f.alignment() == 64);
+  CHECK(f.data_offset() % 64 == 0);
+  CHECK(f.tensors()[1].offset == 64);
+  CHECK(f.get_int("u8") == 200);
+  CHECK(f.get_int("i8") == -100);
+  CHECK(f.get_int("u16") == 60000);
+  CHECK(f.get_int("i16") == -30000);
+  CHECK(f.get_int("u32") == 4000000000LL);
+  CHECK(f.get_int("i32") == -2000000000);
+  CHECK_THROWS_AS(f.get_int("u64"), Error);  // above INT64_MAX
+  CHECK(f.find("u64")->u == std::numeric_limits<std::uint64_t>::max());
+  CHECK(f.get_int("i64") == std::numeric_limits<std::int64_t>::min());
+  CHECK(f.get_float("f32") == 1.5);
+  CHECK(f.get_float("f64") == -2.25);
+  CHECK(f.get_float("u8") == 200.0);
+  CHECK(f.get_bool("b", false));
+  CHECK_THROWS_AS(f.get_bool("u8", false), Error);
+  CHECK(f.get_string("s") == std::string("a\0b", 3));
+  CHECK(f.get_string("empty").empty());
+  const auto* n = f.find("nested");
+  REQUIRE(n != nullptr);
+  CHECK(n->array_type == GgufType::kArray);
+  REQUIRE(n->array.size() == 2);
+  CHECK(n->array[0].array.size() == 2);
+  CHECK(n->array[0].array[1].i == 2);
+  CHECK(n->array[1].array.empty());
+  CHECK(f.read_tensor(f.tensors()[1]) == std::vector<float>{4, 5, 6, 7});
+  CHECK_THROWS_AS(f.get_int_array("nested"), Error);
+  // A vocabulary-less file has no tokenizer.
+  CHECK(contains(error_of([&] { depthkv::llama::read_vocabulary(f); }), "no tokenizer"));
+}
+
+TEST_CASE("gguf: truncated files are rejected at every cut point", "[llama][gguf][corrupt]") {
+  const Bytes full = depthkv_test::read_bytes(stories_gguf());
+  std::vector<std::size_t> cuts;
+  for (std::size_t c = 0; c <= 14200; c += (c < 600 ? 1 : 7)) cuts.push_back(c);  // header, metadata, tensor infos
+  for (std::size_t k = 1; k < 200; ++k) cuts.push_back(14176 + k * (full.size() - 14176) / 200);
+  cuts.push_back(full.size() - 1);
+  for (std::size_t cut : cuts) {
+    INFO("cut at " << cut);
+    REQUIRE_THROWS_AS(GgufFile::from_memory(full.data(), cut), Error);
+  }
+  depthkv_test::TempDir dir;
+  const std::string p = dir.write("cut.gguf", Bytes(full.begin(), full.begin() + 500000));
+  const std::string msg = error_of([&] { load_gguf(p); });
+  CHECK(contains(msg, p));
+  CHECK(contains(msg, "past the end"));
+  CHECK_THROWS_AS(load_gguf(dir.path() + "/missing.gguf"), Error);
+  CHECK_THROWS_AS(depthkv::llama::load_gguf_vocabulary(dir.write("empty.gguf", {})), Error);
+}
+
+TEST_CASE("gguf: corrupt headers, strings, counts and offsets are rejected", "[llama][gguf][corrupt]") {
+  const Bytes full = depthkv_test::read_bytes(stories_gguf());
+  auto rejects = [&](const Bytes& b, const std::string& what, const std::string& needle) {
+    INFO(what);
+    const std::string msg = error_of([&] { GgufFile::from_memory(b.data(), b.size()); });
+    CHECK(contains(msg, needle));
+  };
+  {
+    Bytes b = full;
+    b[0] = 'X';
+    rejects(b, "magic", "bad magic");
+  }
+  for (std::uint32_t v : {0u, 1u, 4u, 0x03000000u}) {
+    Bytes b = full;
+    depthkv_test::poke(b, 4, v);
+    rejects(b, "version " + std::to_string(v), "version");
+  }
+  {
+    Bytes b = full;
+    depthkv_test::poke<std::uint64_t>(b, 8, 1ull << 60);
+    rejects(b, "tensor count", "tensor count");
+    b = full;
+    depthkv_test::poke<std::uint64_t>(b, 16, 1ull << 60);
+    rejects(b, "metadata count", "metadata count");
+    b = full;
+    depthkv_test::poke<std::uint64_t>(b, 8, 49);  // one tensor more than stored: its info reads garbage
+    CHECK_THROWS_AS(GgufFile::from_memory(b.data(), b.size()), Error);
+  }
+  {
+    // First key "tokenizer.ggml.tokens": its length field at 24, the value type at 24+8+21,
+    // the array element type and count after it.
+    Bytes b = full;
+    depthkv_test::poke<std::uint64_t>(b, 24, 1ull << 62);
+    rejects(b, "key length", "length");
+    b = full;
+    depthkv_test::poke<std::uint64_t>(b, 24, 70000);
+    rejects(b, "key length above 65535", "at most 65535");
+    b = full;
+    depthkv_test::poke<std::uint32_t>(b, 53, 13);
+    rejects(b, "value type 13", "not a GGUF value type");
+    b = full;
+    depthkv_test::poke<std::uint32_t>(b, 57, 99);
+    rejects(b, "array element type 99", "not a GGUF value type");
+    b = full;
+    depthkv_test::poke<std::uint64_t>(b, 61, 1ull << 40);
+    rejects(b, "array count", "cannot fit");
+    b = full;
+    depthkv_test::poke<std::uint64_t>(b, 69, 1ull << 40);  // first token string length
+    rejects(b, "token string length", "length");
+    b = full;
+    depthkv_test::poke<std::uint64_t>(b, 69, 200);  // plausible but wrong: the parse derails
+    CHECK_THROWS_AS(GgufFile::from_memory(b.data(), b.size()), Error);
+  }
+  // Structural errors in synthetic files.
+  auto base = [] {
+    GgufWriter w;
+    w.kv_str("general.architecture", "x");
+    w.f32_tensor("a", {4}, {1, 2, 3, 4});
+    w.f32_tensor("b", {4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+    return w;
+  };
+  {
+    GgufWriter w = base();
+    Bytes b = w.build();
+    CHECK_NOTHROW(GgufFile::from_memory(b.data(), b.size()));
+    depthkv_test::poke<std::uint64_t>(b, w.offset_field_pos[1], 1ull << 40);
+    rejects(b, "offset past the end", "past the end");
+    depthkv_test::poke<std::uint64_t>(b, w.offset_field_pos[1], std::numeric_limits<std::uint64_t>::max() - 31);
+    rejects(b, "offset + size overflows", "past the end");
+    depthkv_test::poke<std::uint64_t>(b, w.offset_field_pos[1], 8);
+    rejects(b, "misaligned offset", "alignment");
+    depthkv_test::poke<std::uint64_t>(b, w.offset_field_pos[1], 32);  // fits, 32 bytes at 32: end of data
+    CHECK_NOTHROW(GgufFile::from_memory(b.data(), b.size()));
+    depthkv_test::poke<std::uint64_t>(b, w.offset_field_pos[1], 64);
+    rejects(b, "just past the end", "past the end");
+  }
+  {
+    GgufWriter w = base();
+    w.tensors[0].dims = {0};
+    rejects(w.build(), "zero dimension", "dimension 0 = 0");
+    w = base();
+    w.tensors[0].dims = {};
+    rejects(w.build(), "no dimensions", "dimensions");
+    w = base();
+    w.tensors[0].dims = {1, 1, 1, 1, 4};
+    rejects(w.build(), "5 dimensions", "dimensions");
+    w = base();
+    w.tensors[0].dims = {1ull << 32, 1ull << 32, 1ull << 32};
+    rejects(w.build(), "element count overflow", "too many elements");
+    w = base();
+    w.tensors[0].dims = {1ull << 40};
+    rejects(w.build(), "huge tensor", "past the end");
+    w = base();
+    w.tensors[1].name = "a";
+    rejects(w.build(), "duplicate tensor", "duplicate tensor");
+    w = base();
+    w.tensors[1].name = std::string(65, 'n');
+    rejects(w.build(), "long tensor name", "at most 64");
+    w = base();
+    w.tensors[1].name = "";
+    rejects(w.build(), "empty tensor name", "empty name");
+    w = base();
+    w.tensors[1].type = depthkv_test::kTQ8_0;  // ne[0] = 4 is no multiple of 32
+    rejects(w.build(), "block size", "block size");
+    w = base();
+    w.kv_str("general.architecture", "y");
+    rejects(w.build(), "duplicate key", "duplicate metadata key");
+    w = base();
+    w.kv<std::uint8_t>("flag", depthkv_test::kBool, 2);
+    rejects(w.build(), "bool 2", "must be 0 or 1");
+    w = base();
+    w.kv_u32("general.alignment", 48);
+    rejects(w.build(), "alignment 48", "power of two");
+    w = base();
+    w.kv_u32("general.alignment", 0);
+    rejects(w.build(), "alignment 0", "power of two");
+    w = base();
+    w.kv_f32("general.alignment", 32.0f);
+    rejects(w.build(), "alignment float", "general.alignment");
+    w = base();
+    w.raw_kv("", depthkv_test::kU8, {1});
+    rejects(w.build(), "empty key", "empty key");
+  }
+  {
+    // Arrays nested deeper than the limit.
+    Bytes v;
+    for (int d = 0; d < 10; ++d) {
+      depthkv_test::put<std::uint32_t>(v, depthkv_test::kArr);
+      depthkv_test::put<std::uint64_t>(v, 1);
+    }
+    depthkv_test::put<std::uint32_t>(v, depthkv_test::kU8);
+    depthkv_test::put<std::uint64_t>(v, 0);
+    GgufWriter w;
+    w.raw_kv("deep", depthkv_test::kArr, v);
+    rejects(w.build(), "deep nesting", "nested deeper");
+  }
+}
+
+TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]") {
+  auto load_err = [](GgufWriter w) {
+    const Bytes b = w.build();
+    return error_of([&] { load_gguf_from_memory(b.data(), b.size()); });
+  };
+  Synth s;
+  {
+    Synth a = s;
+    a.arch = "gpt2";
+    CHECK(contains(load_err(a.writer()), "unsupported architecture 'gpt2'"));
+  }
+  {
+    // A Q4_K tensor (256 elements per block) needs rows of a multiple of 256.
+    Synth q2 = s;
+    q2.dim = 256;
+    q2.heads = 4;
+    q2.head_dim = 64;
+    GgufWriter w2 = q2.writer();
+    for (auto& t : w2.tensors) {
+      if (t.name == "blk.1.ffn_up.weight") {
+        t.type = depthkv_test::kTQ4_K;
+        t.data.assign(static_cast<std::size_t>(64 * 144), 0);  // 64 rows x 1 block of 256
+      }
+    }
+    const std::string msg = load_err(w2);
+    CHECK(contains(msg, "blk.1.ffn_up.weight"));
+    CHECK(contains(msg, "Q4_K"));
+    CHECK(contains(msg, "supported: F32, F16, BF16, Q8_0"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.tensors[3].type = 99;  // unknown type number: the table parses, the model does not load
+    const Bytes b = w.build();
+    CHECK_NOTHROW(GgufFile::from_memory(b.data(), b.size()));
+    CHECK(contains(load_err(w), "type 99"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.kv_u32("llama.expert_count", 8);
+    CHECK(contains(load_err(w), "mixture-of-experts"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.kv_str("llama.rope.scaling.type", "linear");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+    CHECK(contains(load_err(w), "RoPE scaling"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.kv_u32("llama.rope.dimension_count", 4);
+    CHECK(contains(load_err(w), "partial RoPE"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.f32_tensor("blk.0.attn_output.bias", {32}, std::vector<float>(32, 0.0f));
+    CHECK(contains(load_err(w), "unexpected tensor 'blk.0.attn_output.bias'"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.tensors.erase(w.tensors.begin() + 5);  // blk.0.attn_output.weight
+    CHECK(contains(load_err(w), "'blk.0.attn_output.weight' is missing"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.tensors[2].dims = {16, 32};  // blk.0.attn_q.weight transposed: [out, in] instead of [in, out]
+    CHECK(contains(load_err(w), "'blk.0.attn_q.weight' has shape [16, 32], expected [32, 32]"));
+  }
+  {
+    Synth n = s;
+    n.types = {{"attn_v", depthkv_test::kTF16}};
+    GgufWriter w = n.writer();
+    for (auto& t : w.tensors) {
+      if (t.name == "blk.1.attn_v.weight") depthkv_test::poke<std::uint16_t>(t.data, 10, 0x7E00);  // NaN
+    }
+    CHECK(contains(load_err(w), "non-finite value at element 5"));
+  }
+  {
+    GgufWriter w;  // hyper-parameters
+    Synth h = s;
+    w = h.writer();
+    w.kvs.erase(w.kvs.begin() + 3);  // llama.block_count
+    CHECK(contains(load_err(w), "'llama.block_count' is missing"));
+    w = h.writer();
+    w.kv_u32("llama.block_count", 7);  // duplicate key
+    CHECK(contains(load_err(w), "duplicate"));
+    Synth z = s;
+    z.heads = 3;
+    z.kv_heads = 2;
+    z.head_dim = 8;
+    CHECK(contains(load_err(z.writer()), "not a multiple of head_count_kv"));
+    w = s.writer();
+    w.kvs.erase(w.kvs.begin() + 3);
+    w.kv_u32("llama.block_count", 1u << 20);
+    CHECK(contains(load_err(w), "out of range"));
+    w = s.writer();
+    w.kvs.erase(w.kvs.begin() + 1);
+    w.kv_f32("llama.embedding_length", 32.0f);
+    CHECK(contains(load_err(w), "expected an integer"));
+  }
+  {
+    Synth a = s;
+    a.arch = "llama";
+    GgufWriter w = a.writer();
+    w.kvs.erase(w.kvs.begin());
+    CHECK(contains(load_err(w), "general.architecture"));
+  }
+}
+
+TEST_CASE("gguf: vocabulary errors and gpt2 vocabularies", "[llama][gguf][tokenizer]") {
+  auto vocab_err = [](GgufWriter w) {
+    const Bytes b = w.build();
+    return error_of([&] { depthkv::llama::read_vocabulary(GgufFile::from_memory(b.data(), b.size())); });
+  };
+  GgufWriter w;
+  w.kv_str("tokenizer.ggml.model", "gpt2");
+  w.kv_str_array("tokenizer.ggml.tokens", {"a", "b", "\xC4\xA0" "c"});
+  w.kv_u32("tokenizer.ggml.bos_token_id", 0);
+  w.kv_u32("tokenizer.ggml.eos_token_id", 0xFFFFFFFFu);
+  {
+    const Bytes b = w.build();
+    const auto v = depthkv::llama::read_vocabulary(GgufFile::from_memory(b.data(), b.size()));
+    CHECK(v.model == "gpt2");
+    CHECK(v.size() == 3);
+    CHECK(v.scores.empty());
+    CHECK(v.bos_id == 0);
+    CHECK(v.eos_id == -1);
+    CHECK(contains(error_of([&] { depthkv::llama::Tokenizer t(v); }), "pre-tokenized"));
+  }
+  GgufWriter bad = w;
+  bad.kv_f32_array("tokenizer.ggml.scores", {0.0f, 1.0f});
+  CHECK(contains(vocab_err(bad), "2 entries for 3 tokens"));
+  bad = w;
+  bad.kv_i32_array("tokenizer.ggml.token_type", {1, 1, 1, 1});
+  CHECK(contains(vocab_err(bad), "4 entries for 3 tokens"));
+  bad = w;
+  bad.kv_u32("tokenizer.ggml.unknown_token_id", 3);
+  CHECK(contains(vocab_err(bad), "out of range"));
+  bad = w;
+  bad.kvs.erase(bad.kvs.begin() + 1);
+  CHECK(contains(vocab_err(bad), "tokenizer.ggml.tokens' is missing"));
+  bad = w;
+  bad.kvs.erase(bad.kvs.begin() + 1);
+  bad.kv_str_array("tokenizer.ggml.tokens", {});
+  CHECK(contains(vocab_err(bad), "empty"));
+}

@@ -1,0 +1,169 @@
+#include "depthkv/profile_io.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+using Catch::Contains;
+using depthkv::ProfileFile;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/depthkv_profile_io_" + name;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+/// A profile of two scorers (one partial), filled by the profiler with random metrics.
+ProfileFile sample_file() {
+  ProfileFile f;
+  f.model.file_name = "m.bin";
+  f.model.size = 1234;
+  f.model.header_hash = "fnv1a64:0123456789abcdef";
+  f.model.header_bytes = 1234;
+  f.n_layers = 3;
+  f.keep_ratios = {0.1, 0.3, 0.6};
+  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part"};
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  auto engine = [&](const depthkv::KeepPlan&) {
+    depthkv::SampleMetrics m;
+    for (int i = 0; i < 8; ++i) {
+      m.kl.push_back(u(rng));
+      m.dnll.push_back(u(rng) - 0.5);
+      m.top1_disagree.push_back(u(rng));
+    }
+    return m;
+  };
+  depthkv::ProfilerOptions o;
+  o.keep_ratios = f.keep_ratios;
+  depthkv::SensitivityProfiler a(3, o);
+  a.run(engine);
+  f.scorers["h2o"] = a.state();
+  o.progress = [](int done, int) { return done < 4; };
+  depthkv::SensitivityProfiler b(3, o);
+  b.run(engine);
+  f.scorers["snapkv"] = b.state();
+  f.layer_metrics["infonce/post_attn"] = {{1.0, 2.0, 3.0}, {0.9, 1.8, 2.7}, {1.1, 2.2, 3.3}};
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
+  const ProfileFile f = sample_file();
+  const std::string path = temp_path("roundtrip.json");
+  depthkv::save_profile(f, path);
+  const ProfileFile g = depthkv::load_profile(path);
+  REQUIRE(g.model.file_name == f.model.file_name);
+  REQUIRE(g.model.size == f.model.size);
+  REQUIRE(g.model.header_hash == f.model.header_hash);
+  REQUIRE(g.n_layers == 3);
+  REQUIRE(g.keep_ratios == f.keep_ratios);
+  REQUIRE(g.metric == "kl");
+  REQUIRE(g.calibration.text_file == "tinystories_valid.txt");
+  REQUIRE(g.calibration.context == 384);
+  REQUIRE(g.calibration.continuation == 128);
+  REQUIRE(g.calibration.skip == 2);
+  REQUIRE(g.calibration.samples == 8);
+  REQUIRE(g.calibration.window_begin == 2);
+  REQUIRE(g.calibration.window_end == 10);
+  REQUIRE(g.calibration.description == "first part");
+  REQUIRE(g.scorers.size() == 2);
+  for (const auto& kv : f.scorers) {
+    const auto& a = kv.second;
+    const auto& b = g.scorers.at(kv.first);
+    REQUIRE(b.metrics.n_samples == a.metrics.n_samples);
+    REQUIRE(b.done == a.done);
+    REQUIRE(b.metrics.kl.loss == a.metrics.kl.loss);
+    REQUIRE(b.metrics.kl.stderr_ == a.metrics.kl.stderr_);
+    REQUIRE(b.metrics.dnll.loss == a.metrics.dnll.loss);
+    REQUIRE(b.metrics.top1.stderr_ == a.metrics.top1.stderr_);
+  }
+  REQUIRE_FALSE(g.scorers.at("snapkv").complete());
+  REQUIRE(g.layer_metrics.at("infonce/post_attn").ci_high == std::vector<double>{1.1, 2.2, 3.3});
+  REQUIRE(g.profile("h2o").loss == f.scorers.at("h2o").metrics.kl.loss);
+  REQUIRE(g.profile("h2o", depthkv::LossMetric::kNLLIncrease).loss.minCoeff() >= 0.0);
+  REQUIRE_THROWS_WITH(g.profile("tova"), Contains("no measurements for scorer 'tova' (it has: h2o, snapkv)"));
+  REQUIRE_THROWS_WITH(g.profile("snapkv"), Contains("incomplete (4 of 9 runs)"));
+  // A partial profile resumes.
+  depthkv::ProfilerOptions o;
+  o.keep_ratios = g.keep_ratios;
+  depthkv::SensitivityProfiler p(3, o);
+  p.resume(g.scorers.at("snapkv"));
+  REQUIRE(p.state().n_done() == 4);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("model identity and mismatched models", "[profile_io]") {
+  const std::string m1 = temp_path("model1.bin"), m2 = temp_path("model2.bin"), m3 = temp_path("model3.bin");
+  write_file(m1, std::string(1000, 'a'));
+  write_file(m2, std::string(999, 'a') + "b");
+  write_file(m3, std::string(1000, 'a'));
+  const auto id1 = depthkv::model_identity(m1);
+  REQUIRE(id1.file_name == "depthkv_profile_io_model1.bin");
+  REQUIRE(id1.size == 1000);
+  REQUIRE(id1.header_bytes == 1000);
+  REQUIRE(id1.header_hash.rfind("fnv1a64:", 0) == 0);
+  REQUIRE(id1.header_hash.size() == 8 + 16);
+  REQUIRE(depthkv::model_identity(m2).header_hash != id1.header_hash);
+  REQUIRE(depthkv::model_identity(m1, 10).header_hash == depthkv::model_identity(m2, 10).header_hash);
+  REQUIRE_THROWS_WITH(depthkv::model_identity(temp_path("missing.bin")), Contains("cannot open model file"));
+
+  ProfileFile f = sample_file();
+  f.model = id1;
+  const std::string path = temp_path("model.json");
+  depthkv::save_profile(f, path);
+  REQUIRE_NOTHROW(depthkv::load_profile(path, m1));
+  REQUIRE_NOTHROW(depthkv::load_profile(path, m3));  // same content under another name
+  REQUIRE_THROWS_WITH(depthkv::load_profile(path, m2), Contains("measured on another model"));
+  for (const auto& p : {m1, m2, m3, path}) std::remove(p.c_str());
+}
+
+TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]") {
+  const nlohmann::json good = depthkv::profile_to_json(sample_file());
+  REQUIRE_NOTHROW(depthkv::profile_from_json(good));
+  auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
+    nlohmann::json j = good;
+    edit(j);
+    INFO(msg);
+    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
+    const std::string path = temp_path("corrupt.json");
+    write_file(path, j.dump());
+    REQUIRE_THROWS_WITH(depthkv::load_profile(path), Contains("profile file '" + path + "'") && Contains(msg));
+    std::remove(path.c_str());
+  };
+  expect([](nlohmann::json& j) { j["version"] = 2; }, "unsupported profile version 2");
+  expect([](nlohmann::json& j) { j["format"] = "other"; }, "'format' is not");
+  expect([](nlohmann::json& j) { j.erase("keep_ratios"); }, "missing key 'keep_ratios'");
+  expect([](nlohmann::json& j) { j["model"].erase("header_hash"); }, "missing key 'model.header_hash'");
+  expect([](nlohmann::json& j) { j["calibration"].erase("context"); }, "missing key 'calibration.context'");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"].erase("dnll"); }, "missing key 'scorers.h2o.dnll'");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["kl"]["mean"][1][2] = nullptr; },
+         "'scorers.h2o.kl.mean[1][2]' is not a number (null)");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["kl"]["mean"][1][2] = -1.0; }, "negative");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["kl"]["mean"][1].erase(0); }, "has 2 entries, expected 3 (wrong shape)");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["top1"]["stderr"].erase(0); }, "array of 3 rows (wrong shape)");
+  expect([](nlohmann::json& j) { j["keep_ratios"] = {0.3, 0.1, 0.6}; }, "not strictly ascending");
+  expect([](nlohmann::json& j) { j["n_layers"] = 4; }, "array of 4 rows");
+  expect([](nlohmann::json& j) { j["n_layers"] = "3"; }, "'n_layers' is not an integer");
+  expect([](nlohmann::json& j) { j["metric"] = "ppl"; }, "unknown loss metric 'ppl'");
+  expect([](nlohmann::json& j) { j["scorers"]["snapkv"]["done"][0][0] = 2; }, "holds 2 (0 or 1 expected)");
+  expect([](nlohmann::json& j) { j["layer_metrics"]["infonce/post_attn"]["mean"].erase(0); }, "does not have 3 entries");
+
+  const std::string path = temp_path("broken.json");
+  write_file(path, good.dump().substr(0, 100));
+  REQUIRE_THROWS_WITH(depthkv::load_profile(path), Contains("is not valid JSON"));
+  std::remove(path.c_str());
+  REQUIRE_THROWS_WITH(depthkv::load_profile(temp_path("absent.json")), Contains("cannot open profile file"));
+}

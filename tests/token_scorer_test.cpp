@@ -1,0 +1,352 @@
+// Tests of token_scorer.hpp against naive references that store every observed row.
+#include "depthkv/token_scorer.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "depthkv/evictor.hpp"
+
+using depthkv::Pooling;
+using depthkv::ScorerConfig;
+using depthkv::ScorerKind;
+using depthkv::TokenScorer;
+
+namespace {
+
+// Naive reference: stores every row (q_head, q_pos, probs) and recomputes the scores from the
+// formulas with plain loops in double.
+struct NaiveScorer {
+  ScorerConfig cfg;
+  int n_heads, n_kv;
+  struct Row {
+    int q_head;
+    std::int32_t pos;
+    std::vector<double> p;
+  };
+  std::vector<Row> rows;
+
+  int kv_of(int q) const { return q / (n_heads / n_kv); }
+  void observe(int q, std::int32_t pos, const float* probs, int n) { rows.push_back({q, pos, std::vector<double>(probs, probs + n)}); }
+  void compact(int h, const std::vector<std::int32_t>& kept) {
+    for (Row& r : rows) {
+      if (kv_of(r.q_head) != h) continue;
+      std::vector<double> p(kept.size(), 0.0);
+      for (std::size_t i = 0; i < kept.size(); ++i)
+        if (static_cast<std::size_t>(kept[i]) < r.p.size()) p[i] = r.p[static_cast<std::size_t>(kept[i])];
+      r.p = p;
+    }
+  }
+  template <class Layer>
+  std::vector<std::vector<double>> scores(const Layer& L) const {
+    std::vector<std::vector<double>> out(static_cast<std::size_t>(n_kv));
+    for (int h = 0; h < n_kv; ++h) {
+      const int n = L.size(h);
+      std::vector<double> s(static_cast<std::size_t>(n), 0.0);
+      auto add = [&](const Row& r) {
+        for (std::size_t j = 0; j < r.p.size() && j < s.size(); ++j) s[j] += r.p[j];
+      };
+      // the positions observed by the group, descending
+      std::vector<std::int32_t> pos;
+      for (const Row& r : rows)
+        if (kv_of(r.q_head) == h) pos.push_back(r.pos);
+      std::sort(pos.begin(), pos.end());
+      pos.erase(std::unique(pos.begin(), pos.end()), pos.end());
+      switch (cfg.kind) {
+        case ScorerKind::kH2O:
+        case ScorerKind::kH2OValueL1:
+        case ScorerKind::kH2OValueL2:
+          for (const Row& r : rows)
+            if (kv_of(r.q_head) == h) add(r);
+          if (cfg.kind != ScorerKind::kH2O)
+            for (int j = 0; j < n; ++j) {
+              double norm = 0;
+              for (int d = 0; d < L.head_dim(); ++d) {
+                const double x = static_cast<float>(L.value(h, j)[d]);
+                norm += cfg.kind == ScorerKind::kH2OValueL1 ? std::fabs(x) : x * x;
+              }
+              s[static_cast<std::size_t>(j)] *= cfg.kind == ScorerKind::kH2OValueL1 ? norm : std::sqrt(norm);
+            }
+          break;
+        case ScorerKind::kTOVA:
+          for (const Row& r : rows)
+            if (kv_of(r.q_head) == h && !pos.empty() && r.pos == pos.back()) add(r);
+          break;
+        case ScorerKind::kSnapKV: {
+          const std::size_t w = static_cast<std::size_t>(cfg.window);
+          const std::int32_t first = pos.size() > w ? pos[pos.size() - w] : std::numeric_limits<std::int32_t>::min();
+          for (const Row& r : rows)
+            if (kv_of(r.q_head) == h && r.pos >= first) add(r);
+          if (cfg.pooling != Pooling::kNone) {
+            std::vector<double> u = s;
+            const int rad = cfg.kernel / 2;
+            for (int j = 0; j < n; ++j) {
+              double m = -1e300, sum = 0;
+              for (int t = j - rad; t <= j + rad; ++t) {
+                if (t < 0 || t >= n) continue;  // max: -inf padding; avg: zero padding
+                m = std::max(m, u[static_cast<std::size_t>(t)]);
+                sum += u[static_cast<std::size_t>(t)];
+              }
+              s[static_cast<std::size_t>(j)] = cfg.pooling == Pooling::kMax ? m : sum / cfg.kernel;
+            }
+          }
+          break;
+        }
+        case ScorerKind::kKeyNorm:
+          for (int j = 0; j < n; ++j) {
+            double sq = 0;
+            for (int d = 0; d < L.head_dim(); ++d) {
+              const double x = static_cast<float>(L.key(h, j)[d]);
+              sq += x * x;
+            }
+            s[static_cast<std::size_t>(j)] = -std::sqrt(sq);
+          }
+          break;
+      }
+      out[static_cast<std::size_t>(h)] = s;
+    }
+    return out;
+  }
+};
+
+template <class Layer>
+void fill(Layer& L, int n, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<float> k(static_cast<std::size_t>(L.n_kv_heads() * L.head_dim())), v(k.size());
+  for (int i = 0; i < n; ++i) {
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    L.append(k.data(), v.data(), L.size(0) == 0 ? 0 : L.positions(0)[L.size(0) - 1] + 1);
+  }
+}
+
+void check_close(const depthkv::LayerScores& got, const std::vector<std::vector<double>>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t h = 0; h < got.size(); ++h) {
+    REQUIRE(got[h].size() == want[h].size());
+    for (std::size_t j = 0; j < got[h].size(); ++j) {
+      INFO("head " << h << " slot " << j);
+      REQUIRE(got[h][j] == Approx(want[h][j]).epsilon(1e-5).margin(1e-6));
+    }
+  }
+}
+
+// Random attention rows: causal over the n slots, some masked zeros.
+std::vector<float> random_probs(int n_rows, int n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> p(static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(n));
+  for (auto& x : p) x = u(rng) < 0.2f ? 0.0f : u(rng) / static_cast<float>(std::max(1, n));
+  return p;
+}
+
+const ScorerConfig kConfigs[] = {
+    {ScorerKind::kH2O, 32, 7, Pooling::kMax},      {ScorerKind::kH2OValueL1, 32, 7, Pooling::kMax},
+    {ScorerKind::kH2OValueL2, 32, 7, Pooling::kMax}, {ScorerKind::kSnapKV, 5, 7, Pooling::kMax},
+    {ScorerKind::kSnapKV, 3, 3, Pooling::kAvg},    {ScorerKind::kSnapKV, 8, 5, Pooling::kNone},
+    {ScorerKind::kSnapKV, 1, 1, Pooling::kMax},    {ScorerKind::kTOVA, 32, 7, Pooling::kMax},
+    {ScorerKind::kKeyNorm, 32, 7, Pooling::kMax},
+};
+
+}  // namespace
+
+TEST_CASE("scorer kinds: names round-trip, unknown names throw", "[scorer]") {
+  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2, ScorerKind::kSnapKV,
+                       ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+    CHECK(depthkv::parse_scorer_kind(depthkv::to_string(k)) == k);
+  CHECK(depthkv::to_string(ScorerKind::kH2OValueL1) == "h2o-v1");
+  CHECK(depthkv::to_string(ScorerKind::kKeyNorm) == "knorm");
+  CHECK_THROWS_AS(depthkv::parse_scorer_kind("H2O"), depthkv::Error);
+  CHECK_THROWS_AS(depthkv::parse_scorer_kind(""), depthkv::Error);
+}
+
+TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill, interleaved heads)", "[scorer]",
+                   float, Eigen::half) {
+  std::mt19937 rng(2024);
+  const int n_heads = 8, n_kv = 2, hd = 16;
+  for (const ScorerConfig& cfg : kConfigs) {
+    INFO("kind " << depthkv::to_string(cfg.kind) << " window " << cfg.window << " kernel " << cfg.kernel);
+    depthkv::HostLayer<TestType> L(n_kv, hd);
+    TokenScorer sc(cfg, n_heads, n_kv);
+    NaiveScorer ref{cfg, n_heads, n_kv, {}};
+    std::int32_t pos = 0;
+    // three prefill chunks of different lengths, heads in a shuffled order, blocks and single rows
+    for (int chunk : {13, 40, 7}) {
+      fill(L, chunk, rng);
+      const int n = L.size(0);
+      std::vector<int> order(n_heads);
+      for (int q = 0; q < n_heads; ++q) order[static_cast<std::size_t>(q)] = q;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int q : order) {
+        const int ld = n + 2;
+        std::vector<float> p = random_probs(chunk, ld, rng);
+        if (q % 2 == 0) {
+          sc.observe_block(q, pos, chunk, p.data(), ld, n);
+        } else {
+          for (int r = 0; r < chunk; ++r) sc.observe(q, pos + r, p.data() + r * ld, n);
+        }
+        for (int r = 0; r < chunk; ++r) ref.observe(q, pos + r, p.data() + r * ld, n);
+      }
+      pos += chunk;
+      check_close(sc.scores(L), ref.scores(L));
+    }
+    // decode-style rows that cover fewer slots than the layer holds (the rest count as 0), one head only
+    std::vector<float> p = random_probs(1, 20, rng);
+    sc.observe(3, pos, p.data(), 20);
+    ref.observe(3, pos, p.data(), 20);
+    check_close(sc.scores(L), ref.scores(L));
+    const auto s = sc.scores(L);
+    REQUIRE(s.size() == static_cast<std::size_t>(n_kv));  // per KV head, never per query head
+  }
+}
+
+TEST_CASE("compact keeps the state of the survivors, scores keep accumulating (chunked prefill)", "[scorer]") {
+  std::mt19937 rng(77);
+  const int n_heads = 4, n_kv = 2, hd = 8;
+  for (const ScorerConfig& cfg : kConfigs) {
+    INFO("kind " << depthkv::to_string(cfg.kind) << " window " << cfg.window);
+    depthkv::HostLayer<float> L(n_kv, hd);
+    TokenScorer sc(cfg, n_heads, n_kv);
+    NaiveScorer ref{cfg, n_heads, n_kv, {}};
+    std::int32_t pos = 0;
+    for (int round = 0; round < 4; ++round) {
+      const int chunk = 30;
+      fill(L, chunk, rng);
+      for (int q = 0; q < n_heads; ++q) {
+        const int n = L.size(q / (n_heads / n_kv));
+        std::vector<float> p = random_probs(chunk, n, rng);
+        sc.observe_block(q, pos, chunk, p.data(), n, n);
+        for (int r = 0; r < chunk; ++r) ref.observe(q, pos + r, p.data() + r * n, n);
+      }
+      pos += chunk;
+      const auto s = sc.scores(L);
+      check_close(s, ref.scores(L));
+      // evict with per-head budgets, then compact the scorer
+      const std::vector<int> keep{L.size(0) / 2, L.size(1) / 3 + 2};
+      const auto ev = depthkv::evict_layer(L, s, keep, {1, 2});
+      for (int h = 0; h < n_kv; ++h) {
+        const auto& kept = ev.kept_slots[static_cast<std::size_t>(h)];
+        sc.compact(h, kept.data(), static_cast<int>(kept.size()));
+        ref.compact(h, kept);
+        if (cfg.kind != ScorerKind::kKeyNorm) CHECK(sc.observed_size(h) == L.size(h));
+      }
+      check_close(sc.scores(L), ref.scores(L));
+      // the heads now hold different numbers of tokens; the next chunk is appended to both
+    }
+  }
+}
+
+TEST_CASE("SnapKV pooling: hand-computed example", "[scorer]") {
+  depthkv::HostLayer<float> L(1, 2);
+  const float kv[2] = {1, 1};
+  for (int i = 0; i < 5; ++i) L.append(kv, kv, i);
+  const float u[5] = {1, 5, 2, 0, 3};
+  SECTION("max") {
+    TokenScorer sc({ScorerKind::kSnapKV, 4, 3, Pooling::kMax}, 1, 1);
+    sc.observe(0, 4, u, 5);
+    CHECK(sc.scores(L)[0] == std::vector<float>{5, 5, 5, 3, 3});
+  }
+  SECTION("avg divides by the kernel at the edges too") {
+    TokenScorer sc({ScorerKind::kSnapKV, 4, 3, Pooling::kAvg}, 1, 1);
+    sc.observe(0, 4, u, 5);
+    const auto s = sc.scores(L)[0];
+    const float want[5] = {6.0f / 3, 8.0f / 3, 7.0f / 3, 5.0f / 3, 3.0f / 3};
+    for (int j = 0; j < 5; ++j) CHECK(s[static_cast<std::size_t>(j)] == Approx(want[j]));
+  }
+  SECTION("window: only the last positions count, in any arrival order of the group's heads") {
+    TokenScorer sc({ScorerKind::kSnapKV, 2, 1, Pooling::kNone}, 2, 1);
+    const float a[5] = {1, 0, 0, 0, 0}, b[5] = {0, 1, 0, 0, 0}, c[5] = {0, 0, 1, 0, 0};
+    sc.observe(0, 0, a, 5);
+    sc.observe(0, 1, b, 5);
+    sc.observe(0, 2, c, 5);  // head 0 saw positions 0, 1, 2
+    sc.observe(1, 0, a, 5);  // head 1 arrives later with position 0: outside the window
+    sc.observe(1, 1, b, 5);
+    CHECK(sc.scores(L)[0] == std::vector<float>{0, 2, 1, 0, 0});
+  }
+  SECTION("TOVA: the last position only, summed over the group") {
+    TokenScorer sc({ScorerKind::kTOVA}, 2, 1);
+    const float a[5] = {1, 0, 0, 0, 0}, b[5] = {0, 1, 0, 0, 0};
+    sc.observe(0, 3, a, 5);
+    sc.observe(0, 4, b, 5);
+    sc.observe(1, 4, a, 5);
+    CHECK(sc.scores(L)[0] == std::vector<float>{1, 1, 0, 0, 0});
+  }
+}
+
+TEST_CASE("scorer errors leave the state unchanged", "[scorer]") {
+  std::mt19937 rng(5);
+  CHECK_THROWS_AS(TokenScorer({ScorerKind::kSnapKV, 0, 7, Pooling::kMax}, 4, 2), depthkv::Error);
+  CHECK_THROWS_AS(TokenScorer({ScorerKind::kSnapKV, 8, 6, Pooling::kMax}, 4, 2), depthkv::Error);
+  CHECK_THROWS_AS(TokenScorer({ScorerKind::kSnapKV, 8, -1, Pooling::kMax}, 4, 2), depthkv::Error);
+  CHECK_THROWS_AS(TokenScorer({}, 6, 4), depthkv::Error);
+  CHECK_THROWS_AS(TokenScorer({}, 0, 1), depthkv::Error);
+  CHECK_THROWS_AS(TokenScorer({}, 4, 0), depthkv::Error);
+
+  for (ScorerKind kind : {ScorerKind::kH2O, ScorerKind::kSnapKV, ScorerKind::kTOVA}) {
+    INFO(depthkv::to_string(kind));
+    depthkv::HostLayer<float> L(2, 4);
+    fill(L, 10, rng);
+    TokenScorer sc({kind, 4, 3, Pooling::kMax}, 4, 2);
+    std::vector<float> p = random_probs(3, 10, rng);
+    sc.observe_block(0, 5, 3, p.data(), 10, 10);
+    const auto before = sc.scores(L);
+    auto unchanged = [&](auto&& call) {
+      CHECK_THROWS_AS(call(), depthkv::Error);
+      CHECK(sc.scores(L) == before);
+    };
+    std::vector<float> bad = random_probs(3, 10, rng);
+    bad[25] = std::numeric_limits<float>::quiet_NaN();
+    unchanged([&] { sc.observe_block(1, 5, 3, bad.data(), 10, 10); });  // NaN in the last row
+    bad[25] = std::numeric_limits<float>::infinity();
+    unchanged([&] { sc.observe_block(1, 5, 3, bad.data(), 10, 10); });
+    bad[25] = -1e-3f;
+    unchanged([&] { sc.observe_block(1, 5, 3, bad.data(), 10, 10); });
+    unchanged([&] { sc.observe(1, 5, bad.data() + 20, 10); });
+    unchanged([&] { sc.observe(4, 9, p.data(), 10); });              // bad query head
+    unchanged([&] { sc.observe(-1, 9, p.data(), 10); });
+    unchanged([&] { sc.observe(0, 6, p.data(), 10); });              // position went back (last was 7)
+    unchanged([&] { sc.observe(1, -1, p.data(), 10); });             // negative position
+    unchanged([&] { sc.observe(1, 9, p.data(), -1); });              // n < 0
+    unchanged([&] { sc.observe_block(1, 9, 2, p.data(), 5, 10); });  // ld < n
+    unchanged([&] { sc.observe_block(1, 9, -1, p.data(), 10, 10); });
+    unchanged([&] { sc.observe(1, 9, nullptr, 10); });
+    const std::int32_t unsorted[3] = {0, 2, 1};
+    unchanged([&] { sc.compact(0, unsorted, 3); });
+    const std::int32_t negative[2] = {-1, 2};
+    unchanged([&] { sc.compact(0, negative, 2); });
+    unchanged([&] { sc.compact(2, unsorted, 1); });
+    unchanged([&] { sc.compact(0, unsorted, -1); });
+    CHECK_NOTHROW(sc.observe(0, 7, p.data(), 10));  // the same position again is allowed
+    // layer shape mismatches
+    depthkv::HostLayer<float> other(3, 4);
+    CHECK_THROWS_AS(sc.scores(other), depthkv::Error);
+    depthkv::HostLayer<float> shorter(2, 4);
+    fill(shorter, 9, rng);
+    CHECK_THROWS_AS(sc.scores(shorter), depthkv::Error);
+  }
+}
+
+TEST_CASE("reset forgets observations, key-norm needs none", "[scorer]") {
+  std::mt19937 rng(9);
+  depthkv::HostLayer<float> L(1, 4);
+  fill(L, 6, rng);
+  TokenScorer sc({}, 1, 1);
+  std::vector<float> p = random_probs(1, 6, rng);
+  sc.observe(0, 10, p.data(), 6);
+  sc.reset();
+  CHECK(sc.scores(L)[0] == std::vector<float>(6, 0.0f));
+  CHECK_NOTHROW(sc.observe(0, 0, p.data(), 6));  // positions start over
+  TokenScorer kn({ScorerKind::kKeyNorm}, 1, 1);
+  const auto s = kn.scores(L)[0];
+  for (int j = 0; j < 6; ++j) {
+    float sq = 0;
+    for (int d = 0; d < 4; ++d) sq += L.key(0, j)[d] * L.key(0, j)[d];
+    CHECK(s[static_cast<std::size_t>(j)] == Approx(-std::sqrt(sq)));
+  }
+}

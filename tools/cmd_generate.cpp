@@ -1,0 +1,149 @@
+// depthkv generate: text generation exactly as llama2.c's `run` prints it (stdout), optionally on
+// a KV cache pruned after the prompt's prefill (score, allocate per-layer budgets, evict).
+// Timings go to stderr only.
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.hpp"
+#include "depthkv/budget_allocator.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/eval.hpp"
+#include "depthkv/llama/sampler.hpp"
+#include "depthkv/token_scorer.hpp"
+#include "model_io.hpp"
+
+namespace depthkv_cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model, tokenizer, prompt;
+  int steps = 256;
+  float temperature = 1.0f;
+  float topp = 0.9f;
+  unsigned long long seed = 0;
+  double keep = 1.0;
+  std::string policy = "uniform", scorer = "h2o";
+  int sink = 0, recent = 0, window = 32, chunk = 1024;
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_generate(const GenerateArgs& a) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  DEPTHKV_CHECK(a.keep > 0.0 && a.keep <= 1.0, "--keep must be in (0, 1], got " << a.keep);
+  DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
+  const AllocationPolicy policy = parse_allocation_policy(a.policy);
+  ScorerConfig scfg;
+  scfg.kind = parse_scorer_kind(a.scorer);
+  scfg.window = a.window;
+
+  LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
+  const Tokenizer& tok = *lm.tokenizer;
+  const LlamaEngine engine(lm.model);
+  const LlamaConfig& cfg = lm.model.config;
+
+  // As run.c: negative temperature -> 0, topp outside [0,1] -> 0.9, seed 0 -> time, steps clamp.
+  const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
+  Sampler sampler(cfg.vocab_size, a.temperature, a.topp, seed);
+  int steps = a.steps < 0 ? 0 : a.steps;
+  if (steps == 0 || steps > cfg.seq_len) steps = cfg.seq_len;
+
+  const std::vector<int> prompt = tok.encode(a.prompt, /*bos=*/true, /*eos=*/false);
+  DEPTHKV_CHECK(!prompt.empty(), "the prompt encodes to no tokens");
+  const int n_prompt = static_cast<int>(prompt.size());
+  const int n_feed = std::min(n_prompt, steps);
+
+  // Prefill the prompt tokens run.c would forward (positions 0..n_feed-1) as one batch.
+  HostCache cache = engine.make_cache();
+  const bool prune = a.keep < 1.0;
+  std::vector<TokenScorer> scorers;
+  ForwardOptions opt;
+  opt.chunk_size = a.chunk;
+  opt.all_logits = false;
+  if (prune) {
+    scorers = make_scorers(cfg, scfg);
+    opt.observer = observe_into(scorers);
+  }
+  const auto t_prefill = std::chrono::steady_clock::now();
+  const RowMatrix prefill_logits =
+      engine.prefill(std::vector<int>(prompt.begin(), prompt.begin() + n_feed), cache, opt);
+  const double prefill_ms = ms_since(t_prefill);
+  if (prune) {
+    PruneRequest req;
+    req.policy = policy;
+    req.budget.keep_ratio = a.keep;
+    req.budget.window = a.window;
+    req.protection = Protection{a.sink, a.recent};
+    const PruneReport rep = score_and_evict(cache, scorers, req);
+    std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(), a.keep);
+    for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
+    std::fprintf(stderr, " of %d; %zu of %zu bytes\n", n_feed, rep.bytes_after, rep.bytes_before);
+  }
+
+  // run.c's generation loop.
+  const auto t_decode = std::chrono::steady_clock::now();
+  int token = prompt[0];
+  int pos = 0;
+  int decoded = 0;
+  while (pos < steps) {
+    int next;
+    if (pos < n_prompt - 1) {
+      next = prompt[static_cast<std::size_t>(pos) + 1];
+    } else if (pos == n_feed - 1) {
+      next = sampler.sample(prefill_logits.row(0).transpose());
+    } else {
+      next = sampler.sample(engine.decode(token, pos, cache));
+      ++decoded;
+    }
+    ++pos;
+    if (next == tok.bos_id()) break;  // BOS (=1) delimits sequences
+    const std::string piece = Tokenizer::safe_piece(tok.decode(token, next));
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    token = next;
+  }
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  const double decode_ms = ms_since(t_decode);
+  std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
+               n_feed, prefill_ms, prefill_ms > 0 ? 1000.0 * n_feed / prefill_ms : 0.0, decoded, decode_ms,
+               decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text as llama2.c's run (optionally on a pruned KV cache)");
+  cmd->add_option("-m,--model", args->model, "model file: llama2.c checkpoint (.bin) or GGUF")->required();
+  cmd->add_option("-z,--tokenizer", args->tokenizer, "tokenizer file (default: from the GGUF, or tok512.bin beside a .bin model)");
+  cmd->add_option("-i,--prompt", args->prompt, "prompt text (default: empty, generation starts from BOS)");
+  cmd->add_option("-n,--steps", args->steps, "number of positions to run, prompt included (0 = the model's seq_len)")
+      ->capture_default_str();
+  cmd->add_option("-t,--temperature", args->temperature, "sampling temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("-p,--topp", args->topp, "top-p (nucleus) threshold in [0, 1]")->capture_default_str();
+  cmd->add_option("-s,--seed", args->seed, "random seed (0 = current time, as run.c)")->capture_default_str();
+  cmd->add_option("--keep", args->keep, "global KV keep ratio after the prompt's prefill (1 = no eviction)")
+      ->capture_default_str();
+  cmd->add_option("--policy", args->policy, "per-layer budget policy: uniform, pyramid, middle, ...")->capture_default_str();
+  cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")->capture_default_str();
+  cmd->add_option("--sink", args->sink, "first tokens every head keeps")->capture_default_str();
+  cmd->add_option("--recent", args->recent, "last tokens every head keeps")->capture_default_str();
+  cmd->add_option("--window", args->window, "SnapKV observation window / pyramid window")->capture_default_str();
+  cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str();
+  cmd->callback([args]() { run_generate(*args); });
+}
+
+}  // namespace depthkv_cli

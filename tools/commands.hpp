@@ -1,0 +1,13 @@
+#pragma once
+// The subcommands of the `depthkv` program: each tools/cmd_<name>.cpp defines
+// `void register_<name>(CLI::App& app)`, which adds its subcommand to `app` with a callback that
+// runs it. Errors are thrown as depthkv::Error and reported by main().
+
+#include <CLI/CLI.hpp>
+
+namespace depthkv_cli {
+
+/// `depthkv generate`: text generation as llama2.c's `run`, optionally on a pruned KV cache.
+void register_generate(CLI::App& app);
+
+}  // namespace depthkv_cli
