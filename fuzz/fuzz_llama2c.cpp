@@ -3,7 +3,7 @@
 // Two modes, chosen by the first byte:
 //  - raw: the rest of the input is the checkpoint;
 //  - sized (odd first byte): the next 28 bytes are the header; when it is valid and implies at
-//    most 4 MiB, the checkpoint is built at exactly that size (the input's remaining bytes
+//    most 256 KiB, the checkpoint is built at exactly that size (the input's remaining bytes
 //    repeated as weights), so that the weight-reading path is exercised too, and it must then
 //    either load with the header's shapes or fail with an Error (non-finite weights).
 #include <cstddef>
@@ -48,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     depthkv::llama::Llama2cHeader h;
     std::memcpy(&h, data, 28);
     const std::uint64_t expected = depthkv::llama::detail::llama2c_expected_size(h, "fuzz");
-    if (expected > (std::uint64_t{4} << 20)) return 0;
+    if (expected > (std::uint64_t{256} << 10)) return 0;
     std::vector<std::uint8_t> buf(static_cast<std::size_t>(expected));
     std::memcpy(buf.data(), data, 28);
     const std::size_t rest = size - 28;

@@ -204,7 +204,7 @@ TEST_CASE("empty, keep-all and keep-none requests", "[allocator]") {
 TEST_CASE("uniform and optimal budgets never decrease as the budget grows", "[allocator]") {
   std::mt19937 rng(99);
   BudgetAllocator alloc;
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 16; ++trial) {
     const int n = std::uniform_int_distribution<int>(1, 8)(rng);
     RandomCase rc = random_case(rng, n);
     rc.req.min_tokens = trial % 2 == 0 ? 0 : 12;
@@ -232,18 +232,20 @@ TEST_CASE("proportional with fixed scores: shares grow with the budget, up to on
   std::mt19937 rng(99);
   BudgetAllocator alloc;
   int dips = 0;
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 16; ++trial) {
     const int n = std::uniform_int_distribution<int>(1, 8)(rng);
     RandomCase rc = random_case(rng, n);
     rc.req.min_tokens = trial % 2 == 0 ? 0 : 12;
-    rc.req.robustness = rc.req.infonce;
+    // Half the trials: the user's scores; the other half: the default scores from the profile
+    // (mean loss over the probed ratios, independent of the budget).
+    if (trial % 4 < 2) rc.req.robustness = rc.req.infonce;
     const std::vector<int> caps = rc.req.caps.empty() ? rc.req.lengths : rc.req.caps;
     const long long lo = rc.req.floors.empty() ? 0 : sum(rc.req.floors);
     for (AllocationPolicy p : {AllocationPolicy::kProportional, AllocationPolicy::kMGA}) {
       std::vector<int> prev;
       for (long long total = lo; total <= sum(caps); ++total) {
         rc.req.total_tokens = total;
-        const auto b = alloc.allocate(p, rc.req);
+        const auto b = alloc.allocate(p, rc.req, &rc.profile);
         for (std::size_t l = 0; l < prev.size(); ++l) {
           INFO("trial " << trial << " policy " << depthkv::to_string(p) << " total " << total << " layer " << l);
           REQUIRE(b[l] >= prev[l] - 1);
@@ -418,12 +420,19 @@ TEST_CASE("proportional from a profile: sensitive layers pruned less", "[allocat
   BudgetRequest req;
   req.lengths = std::vector<int>(4, 200);
   req.keep_ratio = 0.6;
+  req.sensitivity_keep_ratio = 0.6;
   AllocationInfo info;
   // Sensitivities at keep 0.6: 0.4, 0.04, 0.2 -> s = 2.5, 25, 5. Layer 2 saturates (keeps 60),
   // the remaining 180 pruned tokens: a (2.5 + 5) 200 = 180 -> a = 0.12.
   const auto b = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p, &info);
   REQUIRE(b == std::vector<int>{200, 140, 60, 80});
   REQUIRE(info.scores[1] == Approx(1.0 / (0.4 + 1e-6)));
+  // Default: sensitivity = mean loss over the probed ratios (0.75, 0.075, 0.375 for layers 1-3):
+  // 1.5x the values at 0.6, so the same split, with other scores.
+  req.sensitivity_keep_ratio = 0.0;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p, &info) == b);
+  REQUIRE(info.scores[1] == Approx(1.0 / (0.75 + 1e-6)));
+  req.sensitivity_keep_ratio = 0.6;
   req.protect_layer0 = false;
   const auto c = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p);
   REQUIRE(c == std::vector<int>{155, 155, 60, 110});

@@ -1,14 +1,14 @@
 #pragma once
 // Loading a model and its tokenizer for the subcommands: the file type is detected by its magic
 // ("GGUF" = GGUF, anything else = a llama2.c checkpoint); the tokenizer comes from --tokenizer,
-// else from the GGUF file, else tok512.bin beside a llama2.c model.
+// else from the GGUF file's vocabulary, else tok512.bin beside a llama2.c model.
 
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/gguf.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/model.hpp"
 #include "depthkv/llama/tokenizer.hpp"
@@ -19,17 +19,9 @@ namespace depthkv_cli {
 struct LoadedModel {
   depthkv::llama::LlamaModel model;
   std::unique_ptr<depthkv::llama::Tokenizer> tokenizer;
-  std::string tokenizer_source;  // where the tokenizer came from
+  std::string tokenizer_source;  ///< where the tokenizer came from
+  bool gguf = false;             ///< the model file is GGUF
 };
-
-/// True when the file starts with the GGUF magic.
-inline bool is_gguf_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  DEPTHKV_CHECK(f.good(), "cannot open model file '" << path << "'");
-  char magic[4] = {0, 0, 0, 0};
-  f.read(magic, 4);
-  return f.gcount() == 4 && magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' && magic[3] == 'F';
-}
 
 /// Folder part of a path ("." when none).
 inline std::string dir_of(const std::string& path) {
@@ -38,15 +30,29 @@ inline std::string dir_of(const std::string& path) {
 }
 
 /// Loads `model_path` and a tokenizer (`tokenizer_path` when non-empty).
-/// @param need_tokenizer throw when no tokenizer can be found
+/// @param need_tokenizer throw when no tokenizer can be built (e.g. a GGUF `gpt2` vocabulary)
+/// @throws depthkv::Error from the loaders, or when a needed tokenizer is missing
 inline LoadedModel load_model(const std::string& model_path, const std::string& tokenizer_path, bool need_tokenizer) {
+  DEPTHKV_CHECK(std::ifstream(model_path, std::ios::binary).good(), "cannot open model file '" << model_path << "'");
   LoadedModel out;
-  if (is_gguf_file(model_path)) {
-    DEPTHKV_FAIL("'" << model_path << "' is a GGUF file; GGUF loading is not available in this build yet");
+  std::string gguf_vocab_error;
+  out.gguf = depthkv::llama::is_gguf_file(model_path);
+  if (out.gguf) {
+    const depthkv::llama::GgufFile f = depthkv::llama::GgufFile::open(model_path);
+    out.model = depthkv::llama::load_gguf(f);
+    if (tokenizer_path.empty()) {
+      try {
+        out.tokenizer = std::make_unique<depthkv::llama::Tokenizer>(depthkv::llama::read_vocabulary(f));
+        out.tokenizer_source = model_path;
+      } catch (const depthkv::Error& e) {
+        gguf_vocab_error = e.what();
+      }
+    }
+  } else {
+    out.model = depthkv::llama::load_llama2c(model_path);
   }
-  out.model = depthkv::llama::load_llama2c(model_path);
   std::string tok = tokenizer_path;
-  if (tok.empty()) {
+  if (tok.empty() && !out.gguf) {
     const std::string beside = dir_of(model_path) + "/tok512.bin";
     if (std::ifstream(beside).good()) tok = beside;
   }
@@ -55,7 +61,9 @@ inline LoadedModel load_model(const std::string& model_path, const std::string& 
     out.tokenizer_source = tok;
   }
   DEPTHKV_CHECK(out.tokenizer || !need_tokenizer,
-                "no tokenizer for '" << model_path << "': pass --tokenizer FILE (tok512.bin is looked for beside the model)");
+                "no tokenizer for '" << model_path << "'"
+                                     << (gguf_vocab_error.empty() ? std::string(": pass --tokenizer FILE (tok512.bin is looked for beside a .bin model)")
+                                                                  : " (" + gguf_vocab_error + ")"));
   return out;
 }
 

@@ -28,8 +28,10 @@
 ///   once (step 4), so the sum is exact. B' <= w or L == 1: uniform.
 /// - `proportional` (the DepthKV paper, arXiv 2604.24647): layer l's pruning ratio
 ///   p_l = alpha * s_l, proportional to its robustness score s_l (`robustness` when given, else
-///   s_l = 1 / (sens_l + `sensitivity_eps`), sens_l = the profiled loss of layer l at the global
-///   keep ratio B / sum(lengths), read off the measured curve by `SensitivityProfile::loss_at`).
+///   s_l = 1 / (sens_l + `sensitivity_eps`), sens_l = layer l's profiled sensitivity: by default
+///   the mean of its measured loss over the probed keep ratios, a budget-independent summary, so
+///   the real-valued shares grow with the global budget; with `sensitivity_keep_ratio` = r in
+///   (0, 1], the loss read off the measured curve at r by `SensitivityProfile::loss_at`).
 ///   Each layer's pruning ratio is capped at `max_prune_ratio` (0.7: the layer keeps at least
 ///   K_l = ceil((1 - 0.7) * length) tokens, a whole number, so saturated layers are stable under
 ///   rounding); alpha is solved so that the pruned tokens sum exactly to sum(lengths) - B, which
@@ -173,6 +175,9 @@ struct BudgetRequest {
   bool protect_layer0 = true;    ///< proportional/mga/mlma*: layer 0 never pruned
   std::vector<double> robustness;   ///< proportional: user robustness scores (>= 0), one per layer
   double sensitivity_eps = 1e-6;    ///< proportional: s_l = 1 / (sens_l + eps)
+  /// proportional: where sens_l is read: <= 0 = mean loss over the probed ratios (default),
+  /// else the curve's loss at this keep ratio (e.g. the paper's single ablation ratio)
+  double sensitivity_keep_ratio = 0.0;
   std::vector<double> infonce;      ///< mga/mlma*: per-layer InfoNCE loss (>= 0)
 };
 
@@ -539,8 +544,13 @@ class BudgetAllocator {
             detail::check_profile(profile, c.n, name.c_str());
             DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
                           name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
-            const double r = c.sum_len > 0 ? static_cast<double>(c.total) / static_cast<double>(c.sum_len) : 1.0;
-            for (int l = 0; l < c.n; ++l) s.push_back(1.0 / (profile->loss_at(l, r) + req.sensitivity_eps));
+            const double r = req.sensitivity_keep_ratio;
+            DEPTHKV_CHECK(std::isfinite(r) && r <= 1.0,
+                          name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
+            for (int l = 0; l < c.n; ++l) {
+              const double sens = r > 0.0 ? profile->loss_at(l, r) : profile->loss.row(l).mean();
+              s.push_back(1.0 / (sens + req.sensitivity_eps));
+            }
           }
         } else {
           s = detail::checked_scores(req.infonce, c.n, "infonce", name.c_str());

@@ -10,3 +10,4 @@
 #include "depthkv/sensitivity_profile.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "depthkv/representation_metrics.hpp"

@@ -8,6 +8,12 @@
 //
 // Usage: cuda_evict_test [--seed S] [--cases N] [--seconds T] [--budget-mb M (source K/V bytes per case)]
 
+// The CPU evictor includes Eigen; its host/device annotations are not needed in this CUDA
+// translation unit (and warn under nvcc), so Eigen is compiled as host-only code here.
+#ifndef EIGEN_NO_CUDA
+#define EIGEN_NO_CUDA 1
+#endif
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -36,11 +42,11 @@
 
 namespace dc = depthkv::cuda;
 
-#define CUDA_OK(expr)                                                                                   \
+#define CUDA_OK(...)                                                                                   \
   do {                                                                                                  \
-    const cudaError_t e_ = (expr);                                                                      \
+    const cudaError_t e_ = (__VA_ARGS__);                                                                      \
     if (e_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
+      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #__VA_ARGS__); \
       std::exit(1);                                                                                     \
     }                                                                                                   \
   } while (0)
@@ -81,7 +87,11 @@ std::vector<std::int32_t> naive_select_keep(const float* s, const std::int32_t* 
   return out;
 }
 
-std::vector<std::int32_t> cpu_select(const float* s, const std::int32_t* pos, int n, int k, int sink, int recent) {
+/// The CPU path for one row: depthkv::select_keep on the float scores (and on the raw 16-bit
+/// scores when the GPU ranked half/bfloat16 keys: `raw16`, `bf16`), cross-checked with the naive
+/// reference. Without evictor.hpp, the naive reference alone.
+std::vector<std::int32_t> cpu_select(const float* s, const std::int32_t* pos, int n, int k, int sink, int recent,
+                                     const std::uint16_t* raw16 = nullptr, bool bf16 = false) {
   std::vector<std::int32_t> ref = naive_select_keep(s, pos, n, k, sink, recent);
 #ifdef DEPTHKV_TEST_HAVE_EVICTOR
   depthkv::Protection prot;
@@ -89,8 +99,16 @@ std::vector<std::int32_t> cpu_select(const float* s, const std::int32_t* pos, in
   prot.n_recent = recent;
   const std::vector<std::int32_t> cpu = depthkv::select_keep(s, pos, n, k, prot);
   if (cpu != ref) fail("depthkv::select_keep disagrees with the naive reference");
+  if (raw16 != nullptr) {
+    const std::vector<std::int32_t> cpu16 =
+        bf16 ? depthkv::select_keep(reinterpret_cast<const Eigen::bfloat16*>(raw16), pos, n, k, prot)
+             : depthkv::select_keep(reinterpret_cast<const Eigen::half*>(raw16), pos, n, k, prot);
+    if (cpu16 != cpu) fail("depthkv::select_keep on 16-bit scores disagrees with the float path");
+  }
   return cpu;
 #else
+  (void)raw16;
+  (void)bf16;
   return ref;
 #endif
 }
@@ -303,8 +321,12 @@ void run_case(const CaseSpec& c, int case_id, std::size_t smem_optin) {
       const std::size_t r = static_cast<std::size_t>(l) * static_cast<std::size_t>(H) + static_cast<std::size_t>(h);
       const int n = c.n[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
       const int k = c.k[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+      const std::uint16_t* raw16 =
+          sizeof(ScoreT) == 2 ? reinterpret_cast<const std::uint16_t*>(h_scores.data() + r * static_cast<std::size_t>(score_stride))
+                              : nullptr;
       const std::vector<std::int32_t> ref =
-          cpu_select(f_scores.data() + r * static_cast<std::size_t>(score_stride), h_pos[r].data(), n, k, c.n_sink, c.n_recent);
+          cpu_select(f_scores.data() + r * static_cast<std::size_t>(score_stride), h_pos[r].data(), n, k, c.n_sink, c.n_recent,
+                     raw16, std::is_same<ScoreT, __nv_bfloat16>::value);
       const int n_kept = static_cast<int>(ref.size());
       kept_total += ref.size();
       const std::string where = tag + " layer " + std::to_string(l) + " head " + std::to_string(h) + " n " +
@@ -398,7 +420,7 @@ CaseSpec make_case(std::mt19937_64& rng, int id, int& elem_type, int& score_type
   } else if (static_cast<std::size_t>(max_len) > cap_tokens) {
     max_len = static_cast<int>(std::max<std::size_t>(cap_tokens, 1));
   }
-  c.n_sink = std::vector<int>{0, 1, 4, 16}[rng() % 4];
+  c.n_sink = std::vector<int>{0, 1, 4, 16, 8200}[rng() % 5];  // 8200: the first middle slot is in chunk 1
   c.n_recent = std::vector<int>{0, 1, 32, 256}[rng() % 4];
   c.score_mode = static_cast<int>(rng() % 6);
   c.path = static_cast<dc::EvictPath>(id % 3);

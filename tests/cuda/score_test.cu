@@ -20,11 +20,11 @@
 
 namespace dc = depthkv::cuda;
 
-#define CUDA_OK(expr)                                                                                   \
+#define CUDA_OK(...)                                                                                   \
   do {                                                                                                  \
-    const cudaError_t e_ = (expr);                                                                      \
+    const cudaError_t e_ = (__VA_ARGS__);                                                                      \
     if (e_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
+      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #__VA_ARGS__); \
       std::exit(1);                                                                                     \
     }                                                                                                   \
   } while (0)

@@ -58,8 +58,9 @@ std::vector<std::int32_t> naive_select_keep(const float* s, const std::int32_t* 
 }
 
 /// The CPU path: the naive reference, cross-checked with depthkv::select_keep when it exists.
+/// With 16-bit scores (`raw16` non-empty) the CPU evictor's 16-bit overload is checked too.
 std::vector<std::int32_t> cpu_select(const std::vector<float>& s, const std::vector<std::int32_t>& pos, int k, int sink,
-                                     int recent) {
+                                     int recent, const std::vector<std::uint16_t>& raw16 = {}, bool bf16 = false) {
   const int n = static_cast<int>(s.size());
   std::vector<std::int32_t> ref = naive_select_keep(s.data(), pos.data(), n, k, sink, recent);
 #ifdef DEPTHKV_TEST_HAVE_EVICTOR
@@ -68,6 +69,15 @@ std::vector<std::int32_t> cpu_select(const std::vector<float>& s, const std::vec
   prot.n_recent = recent;
   const std::vector<std::int32_t> cpu = depthkv::select_keep(s.data(), pos.data(), n, k, prot);
   REQUIRE(cpu == ref);
+  if (!raw16.empty()) {
+    const std::vector<std::int32_t> cpu16 =
+        bf16 ? depthkv::select_keep(reinterpret_cast<const Eigen::bfloat16*>(raw16.data()), pos.data(), n, k, prot)
+             : depthkv::select_keep(reinterpret_cast<const Eigen::half*>(raw16.data()), pos.data(), n, k, prot);
+    REQUIRE(cpu16 == ref);
+  }
+#else
+  (void)raw16;
+  (void)bf16;
 #endif
   return ref;
 }
@@ -178,36 +188,61 @@ std::vector<std::int32_t> emulate_one_block(const std::vector<std::uint32_t>& ke
   return out;
 }
 
-/// Emulates the multi-block path (histogram passes over chunks, counts, emit) with chunk size C.
+/// Emulates the multi-block path with chunk size C: histogram passes over chunks (each CTA one
+/// radix step from the stored state; the row's writer chunk stores the new state), the count
+/// pass (final threshold stored, per-chunk counts), then the emit pass reading the stored state.
 std::vector<std::int32_t> emulate_multi_block(const std::vector<std::uint32_t>& key_of_slot, int k, int sink, int recent,
                                               int bits, int C, int NT) {
   const int n = static_cast<int>(key_of_slot.size());
   const dd::RowPlan p = dd::plan_row(n, k, sink, recent, n, true);
   const int n_chunks = (n + C - 1) / C;
+  const int passes = dd::radix_passes(bits);
   std::vector<std::vector<std::uint32_t>> hists;
+  std::vector<dd::Threshold> stored(static_cast<std::size_t>(passes + 1), dd::Threshold{0xdeadbeefu, 0xdeadbeefu});
+  const dd::Threshold state0{0u, static_cast<std::uint32_t>(p.keep_mid)};
+  // multi_block_state: one step from the stored state after digits - 1 digits
+  auto state_after = [&](int digits, bool writer) {
+    if (digits == 0) return state0;
+    const dd::Threshold prev = digits == 1 ? state0 : stored[static_cast<std::size_t>(digits - 1)];
+    REQUIRE(prev.key != 0xdeadbeefu);  // written by an earlier launch
+    const dd::DigitChoice c = dd::find_digit(hists[static_cast<std::size_t>(digits - 1)].data(), prev.need);
+    REQUIRE(c.rank >= 1u);
+    const dd::Threshold t = dd::radix_step(prev, c, digits - 1, bits);
+    if (writer) stored[static_cast<std::size_t>(digits)] = t;
+    return t;
+  };
   dd::Threshold t{0xffffffffu, 0u};
   std::vector<std::uint32_t> cgt(static_cast<std::size_t>(n_chunks), 0u), ceq(static_cast<std::size_t>(n_chunks), 0u);
   if (p.select) {
-    for (int pass = 0; pass < dd::radix_passes(bits); ++pass) {
+    const int writer = dd::state_writer_chunk(p, C);
+    for (int pass = 0; pass < passes; ++pass) {  // EvictHistogramKernel launches
       std::vector<std::uint32_t> global(dd::kRadixBins, 0u);
-      for (int c = 0; c < n_chunks; ++c) {  // each CTA recomputes the prefix, then adds its histogram
+      std::vector<dd::Threshold> seen;
+      for (int c = n_chunks - 1; c >= 0; --c) {  // any CTA order
         const int a = std::max(c * C, p.lo), b = std::min(c * C + C, p.hi);
         if (a >= b) continue;
-        const dd::Threshold so_far = threshold_from(hists, pass, bits, static_cast<std::uint32_t>(p.keep_mid));
+        const dd::Threshold so_far = state_after(pass, c == writer);
+        seen.push_back(so_far);
         for (int i = a; i < b; ++i)
           if (dd::radix_matches(key_of_slot[static_cast<std::size_t>(i)], so_far.key, pass, bits))
             ++global[dd::radix_digit(key_of_slot[static_cast<std::size_t>(i)], pass, bits)];
       }
+      // every CTA of the row derived the same state, equal to the full recomputation
+      const dd::Threshold full = threshold_from(hists, pass, bits, static_cast<std::uint32_t>(p.keep_mid));
+      for (const dd::Threshold& x : seen) REQUIRE((x.key == full.key && x.need == full.need));
       hists.push_back(global);
     }
-    t = threshold_from(hists, dd::radix_passes(bits), bits, static_cast<std::uint32_t>(p.keep_mid));
-    for (int c = 0; c < n_chunks; ++c) {
+    for (int c = n_chunks - 1; c >= 0; --c) {  // EvictCountKernel
+      t = state_after(passes, c == writer);
       const int a = std::max(c * C, p.lo), b = std::min(c * C + C, p.hi);
       for (int i = a; i < b; ++i) {
         cgt[static_cast<std::size_t>(c)] += key_of_slot[static_cast<std::size_t>(i)] > t.key ? 1u : 0u;
         ceq[static_cast<std::size_t>(c)] += key_of_slot[static_cast<std::size_t>(i)] == t.key ? 1u : 0u;
       }
     }
+    const dd::Threshold full = threshold_from(hists, passes, bits, static_cast<std::uint32_t>(p.keep_mid));
+    t = stored[static_cast<std::size_t>(passes)];  // what EvictEmitKernel reads
+    REQUIRE((t.key == full.key && t.need == full.need));
   }
   std::vector<std::int32_t> out(static_cast<std::size_t>(p.n_kept), -1);
   std::vector<std::uint32_t> keys = key_of_slot;  // per-chunk scratch (the CTA's shared list)
@@ -252,12 +287,15 @@ struct RandomRow {
   std::vector<float> scores;          // as the CPU sees them
   std::vector<std::uint32_t> keys;    // as the GPU ranks them
   std::vector<std::int32_t> positions;
+  std::vector<std::uint16_t> raw16;   // 16-bit formats: the stored bit patterns
   int bits = 32;
+  bool bf16 = false;
 };
 
 RandomRow random_row(std::mt19937_64& rng, int n, dd::ScoreFormat fmt) {
   RandomRow r;
   r.bits = dd::key_bits(fmt);
+  r.bf16 = fmt == dd::ScoreFormat::kBF16;
   const int mode = static_cast<int>(rng() % 5);
   std::int32_t pos = static_cast<std::int32_t>(rng() % 5);
   for (int i = 0; i < n; ++i) {
@@ -291,6 +329,7 @@ RandomRow random_row(std::mt19937_64& rng, int n, dd::ScoreFormat fmt) {
       const float f = fmt == dd::ScoreFormat::kF16 ? half_to_float(u) : bf16_to_float(u);
       REQUIRE(!std::isnan(f));
       r.scores.push_back(f);
+      r.raw16.push_back(u);
       r.keys.push_back(depthkv::detail::ordered_key16(u));
     }
   }
@@ -503,7 +542,7 @@ TEST_CASE("emulated one-block and multi-block selection match the CPU path", "[e
       default: k = pc + (n > pc ? static_cast<int>(rng() % static_cast<std::uint64_t>(n - pc + 1)) : 0);
     }
     const RandomRow row = random_row(rng, n, fmt);
-    const std::vector<std::int32_t> ref = cpu_select(row.scores, row.positions, k, sink, recent);
+    const std::vector<std::int32_t> ref = cpu_select(row.scores, row.positions, k, sink, recent, row.raw16, row.bf16);
     const int NT = (trial % 2) ? 512 : 32 * (1 + static_cast<int>(rng() % 4));
     INFO("trial " << trial << " n " << n << " k " << k << " sink " << sink << " recent " << recent << " fmt "
                   << static_cast<int>(fmt) << " NT " << NT);
@@ -521,10 +560,12 @@ TEST_CASE("emulated selection on a full-length row of 131072 tokens", "[evict][c
   const int n = 131072;
   for (dd::ScoreFormat fmt : {dd::ScoreFormat::kF32, dd::ScoreFormat::kBF16}) {
     const RandomRow row = random_row(rng, n, fmt);
-    for (int k : {0, 4 + 64, 13107, 65536, n - 1}) {
-      const int kk = std::max(k, depthkv::detail::protected_count(n, 4, 64));
-      const std::vector<std::int32_t> ref = cpu_select(row.scores, row.positions, kk, 4, 64);
-      REQUIRE(emulate_multi_block(row.keys, kk, 4, 64, row.bits, dd::kEvictChunk, 512) == ref);
+    for (int sink : {4, 9000}) {
+      for (int k : {0, 4 + 64, 13107, 65536, n - 1}) {
+        const int kk = std::max(k, depthkv::detail::protected_count(n, sink, 64));
+        const std::vector<std::int32_t> ref = cpu_select(row.scores, row.positions, kk, sink, 64, row.raw16, row.bf16);
+        REQUIRE(emulate_multi_block(row.keys, kk, sink, 64, row.bits, dd::kEvictChunk, 512) == ref);
+      }
     }
   }
 }
@@ -540,8 +581,11 @@ TEST_CASE("workspace layout, chunks and launch-path rule", "[evict][cuda][host]"
   const dd::EvictWorkspaceLayout w = dd::evict_workspace_layout(256, 131072);
   REQUIRE(w.n_chunks == 16);
   REQUIRE(w.hist_bytes == 256u * 4u * 256u * 4u);
+  REQUIRE(w.state_offset % 256 == 0);
+  REQUIRE(w.state_offset >= w.hist_offset + w.hist_bytes);
+  REQUIRE(w.state_bytes == 256u * 5u * 2u * 4u);
   REQUIRE(w.counts_offset % 256 == 0);
-  REQUIRE(w.counts_offset >= w.hist_offset + w.hist_bytes);
+  REQUIRE(w.counts_offset >= w.state_offset + w.state_bytes);
   REQUIRE(w.counts_bytes == 256u * 16u * 8u);
   REQUIRE(w.total_bytes >= w.counts_offset + w.counts_bytes);
   REQUIRE(w.total_bytes % 256 == 0);
@@ -550,6 +594,9 @@ TEST_CASE("workspace layout, chunks and launch-path rule", "[evict][cuda][host]"
   // the last row's last histogram and the last counts stay inside their areas
   REQUIRE((dd::hist_index(255, 3) + 256) * 4 == w.hist_bytes);
   REQUIRE((dd::counts_index(255, 15, 16) + 2) * 4 == w.counts_bytes);
+  REQUIRE((dd::state_index(255, 4) + 2) * 4 == w.state_bytes);
+  REQUIRE(dd::state_writer_chunk(dd::plan_row(100000, 500, 9000, 16, 100000, true), dd::kEvictChunk) == 1);
+  REQUIRE(dd::state_writer_chunk(dd::plan_row(100000, 500, 4, 16, 100000, true), dd::kEvictChunk) == 0);
 
   REQUIRE(dd::one_block_smem_bytes(0) == 16);
   REQUIRE(dd::one_block_smem_bytes(4096) == 16384);

@@ -6,6 +6,7 @@
 
 #include "depthkv/evictor.hpp"
 #include "depthkv/llama/eval.hpp"
+#include "depthkv/llama/gguf.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
@@ -564,6 +565,35 @@ TEST_CASE("engine [real]: greedy decoding from BOS reproduces llama2.c's golden 
   }
   text += "\n";
   REQUIRE(text == expected);
+}
+
+TEST_CASE("engine [real]: stories260K.gguf gives the .bin model's logits and greedy text", "[engine][real][gguf]") {
+  const std::string path = depthkv_test::data_path("models/stories260K/stories260K.gguf");
+  const depthkv::llama::GgufFile f = depthkv::llama::GgufFile::open(path);
+  const LlamaModel gm = depthkv::llama::load_gguf(f);
+  const depthkv::llama::Tokenizer gtok(depthkv::llama::read_vocabulary(f));
+  const LlamaEngine bin(stories260k()), gguf(gm);
+  REQUIRE(gm.config.n_layers == 5);
+  REQUIRE(gm.config.n_kv_heads == 4);
+  const std::vector<int> ids = corpus_tokens(512);
+  HostCache a = bin.make_cache(), b = gguf.make_cache();
+  const RowMatrix la = bin.prefill(ids, a), lb = gguf.prefill(ids, b);
+  const double d = (la - lb).cwiseAbs().maxCoeff();
+  INFO("max abs logit difference .bin vs .gguf: " << d);
+  REQUIRE(d < 1e-5);
+  // greedy text from BOS, decoded with the vocabulary stored in the GGUF file
+  const std::string expected = slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
+  HostCache cache = gguf.make_cache();
+  std::string text;
+  int token = gtok.bos_id();
+  for (int pos = 0; pos < 200; ++pos) {
+    Eigen::Index next = 0;
+    gguf.decode(token, pos, cache).maxCoeff(&next);
+    if (next == gtok.bos_id()) break;
+    text += depthkv::llama::Tokenizer::safe_piece(gtok.decode(token, static_cast<int>(next)));
+    token = static_cast<int>(next);
+  }
+  REQUIRE(text + "\n" == expected);
 }
 
 TEST_CASE("engine [real]: chunked prefill logits equal token-by-token decode logits", "[engine][real]") {

@@ -492,6 +492,11 @@ TEST_CASE("gguf: truncated files are rejected at every cut point", "[llama][gguf
   CHECK(contains(msg, p));
   CHECK(contains(msg, "past the end"));
   CHECK_THROWS_AS(load_gguf(dir.path() + "/missing.gguf"), Error);
+  CHECK(depthkv::llama::is_gguf_file(stories_gguf()));
+  CHECK(depthkv::llama::is_gguf_file(p));
+  CHECK_FALSE(depthkv::llama::is_gguf_file(depthkv_test::data_path("models/stories260K/stories260K.bin")));
+  CHECK_FALSE(depthkv::llama::is_gguf_file(dir.path() + "/missing.gguf"));
+  CHECK_FALSE(depthkv::llama::is_gguf_file(dir.write("short", {'G', 'G'})));
   CHECK_THROWS_AS(depthkv::llama::load_gguf_vocabulary(dir.write("empty.gguf", {})), Error);
 }
 

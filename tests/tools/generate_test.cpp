@@ -51,6 +51,11 @@ TEST_CASE("generate: greedy 200 steps from BOS equals llama2.c's output byte for
   const Run r2 = run_cli("generate --model " + model() + " --tokenizer '" +
                          depthkv_test::data_path("models/stories260K/tok512.bin") + "' -t 0 -n 200 --chunk 3");
   REQUIRE(r2.out == expected);
+  // the GGUF file, with the tokenizer stored inside it
+  const Run r3 = run_cli("generate --model '" + depthkv_test::data_path("models/stories260K/stories260K.gguf") +
+                         "' -t 0 -n 200");
+  REQUIRE(r3.status == 0);
+  REQUIRE(r3.out == expected);
 }
 
 TEST_CASE("generate: prompts, seeds and a pruned cache", "[generate][real]") {

@@ -106,6 +106,7 @@ struct EvictKernelParams {
   int n_recent;
   std::uint32_t* status;
   std::uint32_t* hist;    ///< multi-block: [n_rows][kMaxRadixPasses][256]
+  std::uint32_t* state;   ///< multi-block: [n_rows][kMaxRadixPasses + 1][2]
   std::uint32_t* counts;  ///< multi-block: [n_rows][n_chunks][2]
   int n_chunks;
 };
@@ -204,9 +205,10 @@ __global__ void __launch_bounds__(NT) EvictOneBlockPerRowKernel(const detail::Ev
   write_kept_meta<NT>(map, count, 0, row.positions, row.dst_positions, row.kept_slots);
 }
 
-/// Multi-block pass `pass`: each CTA (row = blockIdx.x, chunk = blockIdx.y) histograms the digit
-/// of pass `pass` of its chunk's middle keys that match the digits chosen so far (recomputed
-/// from the previous passes' global histograms), and adds it to the row's global histogram.
+/// Multi-block pass `pass`: each CTA (row = blockIdx.x, chunk = blockIdx.y) derives the digits
+/// chosen so far (one step from the stored state and the previous pass's global histogram; the
+/// row's first middle chunk stores the new state), histograms the digit of pass `pass` of its
+/// chunk's middle keys that match them, and adds it to the row's global histogram.
 template <typename ScoreT, int NT>
 __global__ void __launch_bounds__(NT) EvictHistogramKernel(const detail::EvictKernelParams p, const int pass) {
   using namespace detail;
@@ -222,8 +224,9 @@ __global__ void __launch_bounds__(NT) EvictHistogramKernel(const detail::EvictKe
   if (a >= b) return;
   constexpr int kBits = ScoreOps<ScoreT>::kKeyBits;
   std::uint32_t* g_hist = p.hist + hist_index(row_id, 0);
-  const Threshold t = threshold_from_global<NT>(g_hist, pass, kBits, static_cast<std::uint32_t>(plan.keep_mid), s_hist,
-                                                &s_choice);
+  const bool writer = static_cast<int>(blockIdx.y) == state_writer_chunk(plan, kEvictChunk);
+  const Threshold t = multi_block_state<NT>(g_hist, p.state + state_index(row_id, 0), pass,
+                                            static_cast<std::uint32_t>(plan.keep_mid), kBits, writer, s_hist, &s_choice);
   for (int i = static_cast<int>(threadIdx.x); i < static_cast<int>(kRadixBins); i += NT) s_hist[i] = 0;
   __syncthreads();
   const ScoreT* scores = static_cast<const ScoreT*>(row.scores);
@@ -269,9 +272,10 @@ __global__ void __launch_bounds__(NT) EvictCountKernel(const detail::EvictKernel
   const std::int64_t c1 = lmin(c0 + kEvictChunk, plan.n);
   constexpr int kBits = ScoreOps<ScoreT>::kKeyBits;
   Threshold t{0xffffffffu, 0u};
-  if (plan.select)
-    t = threshold_from_global<NT>(p.hist + hist_index(row_id, 0), radix_passes(kBits), kBits,
-                                  static_cast<std::uint32_t>(plan.keep_mid), s_hist, &s_choice);
+  if (plan.select)  // the final threshold, stored for the emit kernel by the row's writer CTA
+    t = multi_block_state<NT>(p.hist + hist_index(row_id, 0), p.state + state_index(row_id, 0), radix_passes(kBits),
+                              static_cast<std::uint32_t>(plan.keep_mid), kBits,
+                              chunk == state_writer_chunk(plan, kEvictChunk), s_hist, &s_choice);
   const ScoreT* scores = static_cast<const ScoreT*>(row.scores);
   const bool check_nan = p.status != nullptr && scores != nullptr;
   const std::int64_t a = plan.select ? lmax(c0, plan.lo) : c0;
@@ -301,15 +305,13 @@ __global__ void __launch_bounds__(NT) EvictCountKernel(const detail::EvictKernel
   }
 }
 
-/// Multi-block emit: each CTA (row, chunk) derives its first output index from the counts of the
-/// earlier chunks, compacts its kept middle slots (keys in shared memory, block scan), and
+/// Multi-block emit: each CTA (row, chunk) reads the row's threshold (stored by the count kernel),
+/// derives its first output index from the counts of the earlier chunks, compacts its kept middle slots (keys in shared memory, block scan), and
 /// gathers its kept tokens (protected ones included) into the destination.
 template <typename ScoreT, int NT>
 __global__ void __launch_bounds__(NT, 2) EvictEmitKernel(const detail::EvictKernelParams p, const int elem_bytes) {
   using namespace detail;
   __shared__ std::uint32_t s_list[kEvictChunk];
-  __shared__ std::uint32_t s_hist[kRadixBins];
-  __shared__ DigitChoice s_choice;
   __shared__ BlockScanStorage<NT> s_scan;
   __shared__ std::uint32_t s_before[2];
   const int row_id = static_cast<int>(blockIdx.x);
@@ -325,8 +327,8 @@ __global__ void __launch_bounds__(NT, 2) EvictEmitKernel(const detail::EvictKern
   int m_kept = 0;
   if (plan.select) {
     constexpr int kBits = ScoreOps<ScoreT>::kKeyBits;
-    const Threshold t = threshold_from_global<NT>(p.hist + hist_index(row_id, 0), radix_passes(kBits), kBits,
-                                                  static_cast<std::uint32_t>(plan.keep_mid), s_hist, &s_choice);
+    const std::uint32_t* st = p.state + state_index(row_id, radix_passes(kBits));  // written by EvictCountKernel
+    const Threshold t{st[0], st[1]};
     if (threadIdx.x < 32) {
       std::uint32_t gt = 0, eq = 0;
       for (int c = static_cast<int>(threadIdx.x); c < chunk; c += 32) {
@@ -435,6 +437,7 @@ template <typename T, typename ScoreT = float>
   kp.n_recent = params.n_recent;
   kp.status = params.status;
   kp.hist = nullptr;
+  kp.state = nullptr;
   kp.counts = nullptr;
   kp.n_chunks = layout.n_chunks;
   const int elem_bytes = static_cast<int>(sizeof(T));
@@ -442,7 +445,7 @@ template <typename T, typename ScoreT = float>
   if (one_block) {
     const std::size_t smem = one_block_smem_bytes(params.max_n);
     auto kernel = EvictOneBlockPerRowKernel<ScoreT, kOneBlockThreads>;
-    if (smem > 48u * 1024u) {
+    if (smem + kOneBlockStaticSmem > 48u * 1024u) {  // static + dynamic above the default 48 KiB
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       if (e != cudaSuccess) return e;
     }
@@ -452,6 +455,7 @@ template <typename T, typename ScoreT = float>
 
   unsigned char* ws = static_cast<unsigned char*>(d_workspace);
   kp.hist = reinterpret_cast<std::uint32_t*>(ws + layout.hist_offset);
+  kp.state = reinterpret_cast<std::uint32_t*>(ws + layout.state_offset);
   kp.counts = reinterpret_cast<std::uint32_t*>(ws + layout.counts_offset);
   e = cudaMemsetAsync(kp.hist, 0, layout.hist_bytes, stream);
   if (e != cudaSuccess) return e;

@@ -8,26 +8,26 @@
 /// ## Algorithm ("select the m best of [lo, hi)", rows of at least kRadixSelectMinLength)
 /// 1. Bracket: the keys of a strided sample of s ~ 8 sqrt(len) slots give, by two
 ///    `nth_element`s on the sample, keys lo_T <= hi_T that enclose the m-th best key with high
-///    probability (ranks m s / len -/+ 3 sigma + 3 of the sample).
-/// 2. One branch-free pass over the row writes, in slot order, the slots above hi_T ("sure": all
-///    kept) and the slots in [lo_T, hi_T] ("candidates", ~ 6 sigma / s of the row). Float rows are
-///    compared as floats here (no key transform: for non-NaN values float order is key order).
-/// 3. Exact selection among the candidates by histogram radix select on their integer keys: one
+///    probability (sample ranks m s / len -/+ (3 sigma + 3)).
+/// 2. Counting pass over the row: the number a of keys above hi_T, and the slots of the keys in
+///    [lo_T, hi_T] ("candidates", ~ 6 sigma / s of the row), written branch-free in slot order.
+/// 3. Exact threshold among the candidates by histogram radix select on their integer keys: a
 ///    2048-bucket histogram per 11-bit digit (11 + 11 + 10 bits for float keys, 11 + 5 for 16-bit
-///    keys), each restricted to the keys that share the digits chosen so far, until the exact
-///    threshold key T and the number t of T-keyed candidates to keep are known; then the
-///    candidates above T and the first t ties (slot order = position order when the ties'
-///    positions ascend, as in every Layer; otherwise the ties are ordered by (position, slot)) are
-///    kept and merged with the sure slots.
-/// 4. When the sample bracket misses (probability ~ 0.3 % on random rows; adversarial or periodic
-///    rows), a full histogram radix select runs instead: a 2048-bucket histogram of the top 11 bits
-///    over the whole row (two interleaved copies, so runs of equal keys do not serialise on one
-///    counter), a branch-free pass writing the slots above the threshold bucket and the bucket's
-///    candidates, then step 3 on the bucket. 16-bit keys need just one histogram pass over the row
-///    (the remaining 5 bits are resolved on the bucket).
-/// Cost: O(len) expected and worst case (each step is a bounded number of linear passes); the
-/// typical row is read once (step 2) plus O(sqrt(len) log) for the sample and O(len / sqrt(len))
-/// for the candidates.
+///    keys), each over the keys sharing the digits chosen so far, gives the threshold key T and
+///    the number t of T-keyed slots to keep (to reach m - a from the candidates).
+/// 4. Emission pass over the row: the slots keyed above T, and the first t slots keyed T (slot
+///    order is position order when the ties' positions ascend, as in every Layer; otherwise the t
+///    ties are chosen by (position, slot) and merged in), in slot order.
+/// 5. When the bracket misses (a > m or a + c < m: probability ~ 0.3 % on random rows; adversarial
+///    or periodic rows), a full histogram radix select runs instead: a 2048-bucket histogram of
+///    the top 11 key bits over the row (two interleaved copies, so runs of equal keys do not
+///    serialise on one counter), a pass collecting the keys of the threshold bucket, step 3 on the
+///    bucket, step 4. 16-bit keys need one histogram pass over the row (5 bits remain for step 3).
+/// Float rows are compared as floats in passes 2 and 4 (for non-NaN values float order is key
+/// order, -0.0 == +0.0 in both), four at a time with SSE2 where available (every x86-64), storing
+/// the passing slots with one 16-byte store from a 16-entry table of compacted lane offsets.
+/// Cost: O(len) expected and worst case; the typical row is read twice (two streaming passes), plus
+/// O(sqrt(len)) for the sample and O(sqrt(len)) candidates.
 ///
 /// ## Crossover
 /// Rows shorter than `kRadixSelectMinLength` use `std::nth_element` + a sort of the m selected
@@ -46,16 +46,27 @@
 
 #include "depthkv/detail/select_common.hpp"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace depthkv {
 namespace detail {
 
 /// Rows (unprotected ranges) shorter than this use std::nth_element; see the file comment.
 constexpr int kRadixSelectMinLength = 512;
 
+/// Sample size of the bracket: kSampleFactor * sqrt(len) slots (at least 256).
+#ifndef DEPTHKV_SAMPLE_FACTOR
+constexpr double kSampleFactor = 8.0;
+#else
+constexpr double kSampleFactor = DEPTHKV_SAMPLE_FACTOR;
+#endif
+
 /// Reusable buffers of the selection (one per thread).
 struct SelectWorkspace {
   std::vector<std::uint32_t> hist;
-  std::vector<std::int32_t> sure;
+  std::vector<std::int32_t> sure;  // scratch of the tie merge
   std::vector<std::int32_t> cand;
   std::vector<std::uint32_t> cand_key;
   std::vector<std::uint32_t> sample;
@@ -111,16 +122,23 @@ void select_best_nth(const Keys& keys, const std::int32_t* positions, int lo, in
   out.insert(out.end(), idx.begin(), idx.begin() + m);
 }
 
-/// Step 3 of the file comment: of the `c` candidates (slots `cand`, ascending, keys `ckey`), all
-/// of whose keys share the digits of `T` above bit `shift`, keeps the `need` best (1 <= need < c)
-/// in place, in slot order. Returns how many were kept (== need).
-template <int kBits>
-std::uint32_t keep_best_candidates(std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need,
-                                   std::uint32_t T, int shift, const std::int32_t* positions, SelectWorkspace& ws) {
+/// Exact threshold of a selection: keep every key above `T`, and `t` of the slots keyed `T`
+/// (the earliest by (position, slot)).
+struct Threshold {
+  std::uint32_t T = 0;
+  std::uint32_t t = 0;
+};
+
+/// Step 3 of the file comment: the threshold of the `need` best (1 <= need <= c) of `c`
+/// candidates (keys `ckey`), all of whose keys share the digits of `T` above bit `shift`, by
+/// histogram radix select (2048 buckets, 11-bit digits; float keys 11 + 11 + 10 bits from the top,
+/// 16-bit keys 11 + 5).
+inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need, std::uint32_t T,
+                                 int shift, SelectWorkspace& ws) {
   ws.hist.resize(2048);
   std::uint32_t* h = ws.hist.data();
   while (shift > 0) {
-    const int width = shift < 11 ? shift : 11;  // float keys: 11, 11, 10 bits; 16-bit keys: 11, 5
+    const int width = shift < 11 ? shift : 11;
     const int s = shift - width;
     const std::uint32_t mask = (1u << width) - 1u;
     std::fill(h, h + (1 << width), 0u);
@@ -137,55 +155,176 @@ std::uint32_t keep_best_candidates(std::int32_t* cand, const std::uint32_t* ckey
     T |= d << s;
     shift = s;
   }
-  const std::uint32_t t = need;  // >= 1, <= number of candidates keyed T
-
-  std::uint32_t n_ties = 0;
-  bool ties_ascend = true;
-  std::int32_t last_tie_pos = 0;
-  for (std::uint32_t j = 0; j < c; ++j) {
-    if (ckey[j] != T) continue;
-    const std::int32_t p = position_of(positions, cand[j]);
-    if (n_ties > 0 && p < last_tie_pos) ties_ascend = false;  // equal positions: slot order is the rule
-    last_tie_pos = p;
-    ++n_ties;
-  }
-  std::uint32_t w = 0;
-  if (ties_ascend || t == n_ties) {
-    std::uint32_t taken = 0;
-    for (std::uint32_t j = 0; j < c; ++j) {
-      const std::uint32_t k = ckey[j];
-      const bool tie = k == T;
-      const bool keep = k > T || (tie && taken < t);
-      taken += tie;
-      cand[w] = cand[j];
-      w += keep;
-    }
-  } else {
-    // ties whose positions do not ascend with the slots: order them by (position, slot)
-    std::vector<std::int32_t>& ties = ws.scratch;
-    ties.clear();
-    for (std::uint32_t j = 0; j < c; ++j)
-      if (ckey[j] == T) ties.push_back(cand[j]);
-    auto earlier = [&](std::int32_t x, std::int32_t y) {
-      const std::int32_t px = position_of(positions, x), py = position_of(positions, y);
-      return px != py ? px < py : x < y;
-    };
-    std::nth_element(ties.begin(), ties.begin() + (t - 1), ties.end(), earlier);
-    const std::int32_t last = ties[t - 1];  // the t-th earliest tie: keep the ties not after it
-    for (std::uint32_t j = 0; j < c; ++j) {
-      const std::uint32_t k = ckey[j];
-      const bool keep = k > T || (k == T && !earlier(last, cand[j]));
-      cand[w] = cand[j];
-      w += keep;
-    }
-  }
-  return w;
+  return Threshold{T, need};
 }
 
-/// Merges the sure slots and the kept candidates (both ascending) into out[base, base + m).
-inline void merge_kept(const std::int32_t* sure, std::uint32_t a, const std::int32_t* cand, std::uint32_t w,
-                       std::vector<std::int32_t>& out, std::size_t base) {
-  std::merge(sure, sure + a, cand, cand + w, out.begin() + static_cast<std::ptrdiff_t>(base));
+/// Ties at the threshold: when their positions do not ascend with their slots (never for a Layer),
+/// the `th.t` kept ones are chosen by (position, slot) into ws.scratch (ascending slots) and
+/// false is returned; otherwise true (the first `th.t` ties in slot order are the kept ones).
+/// `cand`/`ckey`: every slot keyed th.T appears among them, in ascending slot order.
+inline bool ties_in_slot_order(const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, Threshold th,
+                               const std::int32_t* positions, SelectWorkspace& ws) {
+  if (th.t == 0 || positions == nullptr) return true;
+  std::uint32_t n_ties = 0;
+  bool ascend = true;
+  std::int32_t last = 0;
+  for (std::uint32_t j = 0; j < c; ++j) {
+    if (ckey[j] != th.T) continue;
+    const std::int32_t p = positions[cand[j]];
+    if (n_ties > 0 && p < last) ascend = false;  // equal positions: slot order is the rule
+    last = p;
+    ++n_ties;
+  }
+  if (ascend || n_ties == th.t) return true;
+  std::vector<std::int32_t>& ties = ws.scratch;
+  ties.clear();
+  for (std::uint32_t j = 0; j < c; ++j)
+    if (ckey[j] == th.T) ties.push_back(cand[j]);
+  auto earlier = [&](std::int32_t x, std::int32_t y) {
+    return positions[x] != positions[y] ? positions[x] < positions[y] : x < y;
+  };
+  std::nth_element(ties.begin(), ties.begin() + (th.t - 1), ties.end(), earlier);
+  ties.resize(th.t);
+  std::sort(ties.begin(), ties.end());
+  return false;
+}
+
+#if defined(__SSE2__)
+/// Slots of the set lanes of a 4-bit mask, compacted to the front (SSE2 stream compaction).
+alignas(16) inline constexpr std::int32_t kLanes[16][4] = {
+    {0, 0, 0, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {2, 0, 0, 0}, {0, 2, 0, 0}, {1, 2, 0, 0}, {0, 1, 2, 0},
+    {3, 0, 0, 0}, {0, 3, 0, 0}, {1, 3, 0, 0}, {0, 1, 3, 0}, {2, 3, 0, 0}, {0, 2, 3, 0}, {1, 2, 3, 0}, {0, 1, 2, 3}};
+inline constexpr std::uint8_t kLaneCount[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
+/// Stores slot + (the set lanes of `mask`) at dst (16 bytes written); returns how many were set.
+inline std::uint32_t store_lanes(std::int32_t* dst, int slot, int mask) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                   _mm_add_epi32(_mm_set1_epi32(slot), _mm_load_si128(reinterpret_cast<const __m128i*>(kLanes[mask]))));
+  return kLaneCount[mask];
+}
+#endif
+
+/// Inverse of ordered_key for keys of real (non-NaN) scores.
+inline float key_to_float(std::uint32_t key) {
+  const std::uint32_t u = (key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/// Step 2: counts the slots keyed above `hi_key` (none when !has_hi) and writes the slots keyed in
+/// [lo_key, hi_key] (from -inf when !has_lo) to `cand` (room for hi - lo + 4). Float rows are
+/// compared as floats (for non-NaN values float order is key order, -0.0 == +0.0 in both), four
+/// at a time with SSE2.
+inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key,
+                         bool has_lo, bool has_hi, std::int32_t* cand, std::uint32_t& a, std::uint32_t& c) {
+  const float* s = keys.scores;
+  const float lo_f = has_lo ? key_to_float(lo_key) : -std::numeric_limits<float>::infinity();
+  const float hi_f = has_hi ? key_to_float(hi_key) : std::numeric_limits<float>::infinity();
+  std::uint32_t na = 0, nc = 0;
+  int i = lo;
+#if defined(__SSE2__)
+  const __m128 vlo = _mm_set1_ps(lo_f), vhi = _mm_set1_ps(hi_f);
+  for (; i + 4 <= hi; i += 4) {
+    const __m128 x = _mm_loadu_ps(s + i);
+    na += kLaneCount[_mm_movemask_ps(_mm_cmpgt_ps(x, vhi))];
+    nc += store_lanes(cand + nc, i, _mm_movemask_ps(_mm_and_ps(_mm_cmpge_ps(x, vlo), _mm_cmple_ps(x, vhi))));
+  }
+#endif
+  for (; i < hi; ++i) {
+    const float x = s[i];
+    na += x > hi_f;
+    cand[nc] = i;
+    nc += (x >= lo_f) & (x <= hi_f);
+  }
+  a = na;
+  c = nc;
+}
+
+/// Step 2 for generic keys (16-bit).
+template <class Keys>
+void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key, bool, bool,
+                  std::int32_t* cand, std::uint32_t& a, std::uint32_t& c) {
+  const std::uint32_t span = hi_key - lo_key;
+  std::uint32_t na = 0, nc = 0;
+  for (int i = lo; i < hi; ++i) {
+    const std::uint32_t k = keys(i);
+    na += k > hi_key;
+    cand[nc] = i;
+    nc += (k - lo_key) <= span;
+  }
+  a = na;
+  c = nc;
+}
+
+/// Emission: writes to `dst` (room for hi - lo + 4) the slots of [lo, hi) keyed above th.T and,
+/// when `inline_ties`, the first th.t slots keyed th.T, in slot order; returns the count.
+inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, bool inline_ties,
+                               std::int32_t* dst) {
+  const float* s = keys.scores;
+  const float tf = key_to_float(th.T);
+  std::uint32_t n = 0, taken = inline_ties ? 0 : th.t;
+  int i = lo;
+#if defined(__SSE2__)
+  const __m128 vt = _mm_set1_ps(tf);
+  for (; i + 4 <= hi; i += 4) {
+    const __m128 x = _mm_loadu_ps(s + i);
+    const int gt = _mm_movemask_ps(_mm_cmpgt_ps(x, vt));
+    if (_mm_movemask_ps(_mm_cmpeq_ps(x, vt)) == 0 || taken == th.t) {
+      n += store_lanes(dst + n, i, gt);
+      continue;
+    }
+    for (int l = 0; l < 4; ++l) {
+      const float v = s[i + l];
+      const bool keep = v > tf || (v == tf && taken < th.t);
+      taken += v == tf && taken < th.t;
+      dst[n] = i + l;
+      n += keep;
+    }
+  }
+#endif
+  for (; i < hi; ++i) {
+    const float v = s[i];
+    const bool keep = v > tf || (v == tf && taken < th.t);
+    taken += v == tf && taken < th.t;
+    dst[n] = i;
+    n += keep;
+  }
+  return n;
+}
+
+/// Emission for generic keys (16-bit).
+template <class Keys>
+std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, bool inline_ties, std::int32_t* dst) {
+  std::uint32_t n = 0, taken = inline_ties ? 0 : th.t;
+  for (int i = lo; i < hi; ++i) {
+    const std::uint32_t k = keys(i);
+    const bool tie = k == th.T && taken < th.t;
+    taken += tie;
+    dst[n] = i;
+    n += k > th.T || tie;
+  }
+  return n;
+}
+
+/// Appends the kept slots of [lo, hi) for threshold `th` to `out` (m of them), ascending.
+template <class Keys>
+void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, Threshold th,
+                 const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, SelectWorkspace& ws,
+                 std::vector<std::int32_t>& out) {
+  const bool inline_ties = ties_in_slot_order(cand, ckey, c, th, positions, ws);
+  const std::size_t base = out.size();
+  out.resize(base + static_cast<std::size_t>(hi - lo) + 4);
+  std::uint32_t n = emit_kept(keys, lo, hi, th, inline_ties, out.data() + base);
+  if (!inline_ties) {  // merge the chosen ties (ws.scratch, ascending) in
+    const std::vector<std::int32_t>& ties = ws.scratch;
+    std::vector<std::int32_t>& tmp = ws.sure;
+    tmp.assign(out.begin() + static_cast<std::ptrdiff_t>(base), out.begin() + static_cast<std::ptrdiff_t>(base + n));
+    std::merge(tmp.begin(), tmp.end(), ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
+    n += static_cast<std::uint32_t>(ties.size());
+  }
+  assert(n == static_cast<std::uint32_t>(m));
+  (void)m;
+  out.resize(base + n);
 }
 
 /// Step 4 of the file comment (also usable on its own): full histogram radix select. Appends the
@@ -219,88 +358,36 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
     if (above + cb >= static_cast<std::uint32_t>(m)) break;
     above += cb;
   }
-  const std::uint32_t need = static_cast<std::uint32_t>(m) - above;  // in [1, cb]
-
-  ws.sure.resize(above + 1);
   ws.cand.resize(cb + 1);
   ws.cand_key.resize(cb + 1);
-  std::int32_t* sure = ws.sure.data();
   std::int32_t* cand = ws.cand.data();
   std::uint32_t* ckey = ws.cand_key.data();
-  std::uint32_t a = 0, c = 0;
+  std::uint32_t c = 0;
   for (i = lo; i < hi; ++i) {
     const std::uint32_t k = keys(i);
-    const std::uint32_t d = k >> kTopShift;
-    sure[a] = i;
-    a += d > b;
     cand[c] = i;
     ckey[c] = k;
-    c += d == b;
+    c += (k >> kTopShift) == b;
   }
-  assert(a == above && c == cb);
-  const std::size_t base = out.size();
-  out.resize(base + static_cast<std::size_t>(m));
-  const std::uint32_t w =
-      need == c ? c : keep_best_candidates<Keys::kBits>(cand, ckey, c, need, b << kTopShift, kTopShift, positions, ws);
-  assert(a + w == static_cast<std::uint32_t>(m));
-  merge_kept(sure, a, cand, w, out, base);
-}
-
-/// Step 2 for float rows: float compares (no key transform); `a` sure slots, `c` candidates.
-inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key,
-                         bool has_lo, bool has_hi, std::int32_t* sure, std::int32_t* cand, std::uint32_t& a, std::uint32_t& c) {
-  const float* s = keys.scores;
-  auto to_float = [](std::uint32_t key) {  // inverse of ordered_key (keys of real scores only)
-    const std::uint32_t u = (key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  };
-  const float lo_f = has_lo ? to_float(lo_key) : -std::numeric_limits<float>::infinity();
-  const float hi_f = has_hi ? to_float(hi_key) : std::numeric_limits<float>::infinity();
-  std::uint32_t na = 0, nc = 0;
-  for (int i = lo; i < hi; ++i) {
-    const float x = s[i];
-    sure[na] = i;
-    na += x > hi_f;
-    cand[nc] = i;
-    nc += (x >= lo_f) & (x <= hi_f);
-  }
-  a = na;
-  c = nc;
-}
-
-/// Step 2 for generic keys.
-template <class Keys>
-void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key, bool, bool,
-                  std::int32_t* sure, std::int32_t* cand, std::uint32_t& a, std::uint32_t& c) {
-  const std::uint32_t span = hi_key - lo_key;
-  std::uint32_t na = 0, nc = 0;
-  for (int i = lo; i < hi; ++i) {
-    const std::uint32_t k = keys(i);
-    sure[na] = i;
-    na += k > hi_key;
-    cand[nc] = i;
-    nc += (k - lo_key) <= span;
-  }
-  a = na;
-  c = nc;
+  assert(c == cb);
+  const Threshold th = radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, b << kTopShift, kTopShift, ws);
+  append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
 /// Appends to `out` the `m` best slots of [lo, hi) by (key desc, position asc, slot asc), in
-/// ascending slot order: sample bracket + one pass + radix select of the candidates, with the
-/// full histogram select as the fallback (file comment). Any length.
+/// ascending slot order: sample bracket, one counting pass, radix select of the candidates, one
+/// emission pass; the full histogram select when the bracket misses (file comment). Any length.
 template <class Keys>
 void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, SelectWorkspace& ws,
                        std::vector<std::int32_t>& out) {
   const int len = hi - lo;
   if (m <= 0) return;
   if (m >= len) {
-    for (int i = lo; i < len + lo; ++i) out.push_back(i);
+    for (int i = lo; i < hi; ++i) out.push_back(i);
     return;
   }
   // 1. sample bracket
-  const int s = std::min(len, std::max(256, static_cast<int>(8.0 * std::sqrt(static_cast<double>(len)))));
+  const int s = std::min(len, std::max(256, static_cast<int>(kSampleFactor * std::sqrt(static_cast<double>(len)))));
   ws.sample.resize(static_cast<std::size_t>(s));
   std::uint32_t* smp = ws.sample.data();
   for (int j = 0; j < s; ++j)
@@ -309,44 +396,28 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
   const int r = static_cast<int>(p * s);
   const int delta = static_cast<int>(3.0 * std::sqrt(s * p * (1.0 - p))) + 3;
   const int q_lo = r + delta, q_hi = r - delta;  // descending sample ranks
-  std::uint32_t lo_key = 0, hi_key = 0xFFFFFFFFu;
   const bool has_lo = q_lo < s, has_hi = q_hi >= 0;
-  if (has_lo) {
-    std::nth_element(smp, smp + q_lo, smp + s, std::greater<std::uint32_t>());
-    lo_key = smp[q_lo];
-  }
-  if (has_hi) {
-    std::nth_element(smp, smp + q_hi, smp + std::min(q_lo, s), std::greater<std::uint32_t>());
-    hi_key = smp[q_hi];
-  }
+  // the keys at those ranks, by radix select on the sample (branch-free, unlike nth_element)
+  const std::uint32_t lo_key = has_lo ? radix_threshold(smp, s, q_lo + 1, 0u, Keys::kBits, ws).T : 0u;
+  const std::uint32_t hi_key = has_hi ? radix_threshold(smp, s, q_hi + 1, 0u, Keys::kBits, ws).T : 0xFFFFFFFFu;
 
-  // 2. one pass: sure slots and candidates
-  ws.sure.resize(static_cast<std::size_t>(len) + 1);
-  ws.cand.resize(static_cast<std::size_t>(len) + 1);
-  std::int32_t* sure = ws.sure.data();
+  // 2. counting pass: a slots above the bracket, c candidates inside it
+  ws.cand.resize(static_cast<std::size_t>(len) + 4);
   std::int32_t* cand = ws.cand.data();
   std::uint32_t a = 0, c = 0;
-  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, sure, cand, a, c);
+  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, a, c);
   if (a > static_cast<std::uint32_t>(m) || a + c < static_cast<std::uint32_t>(m)) {
     select_best_histogram(keys, positions, lo, hi, m, ws, out);  // 4. the bracket missed
     return;
   }
 
-  // 3. exact selection among the candidates
+  // 3. exact threshold among the candidates, then one emission pass
   const std::uint32_t need = static_cast<std::uint32_t>(m) - a;
-  std::uint32_t w = 0;
-  if (need == c) {
-    w = c;
-  } else if (need > 0) {
-    ws.cand_key.resize(c + 1);
-    std::uint32_t* ckey = ws.cand_key.data();
-    for (std::uint32_t j = 0; j < c; ++j) ckey[j] = keys(cand[j]);
-    w = keep_best_candidates<Keys::kBits>(cand, ckey, c, need, 0u, Keys::kBits, positions, ws);
-  }
-  const std::size_t base = out.size();
-  out.resize(base + static_cast<std::size_t>(m));
-  assert(a + w == static_cast<std::uint32_t>(m));
-  merge_kept(sure, a, cand, w, out, base);
+  ws.cand_key.resize(c + 1);
+  std::uint32_t* ckey = ws.cand_key.data();
+  for (std::uint32_t j = 0; j < c; ++j) ckey[j] = keys(cand[j]);
+  const Threshold th = need == 0 ? Threshold{hi_key, 0} : radix_threshold(ckey, c, need, 0u, Keys::kBits, ws);
+  append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
 /// The m best slots of [lo, hi), ascending: nth_element below kRadixSelectMinLength, radix above.

@@ -63,6 +63,7 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/engine.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
 #include "depthkv/token_scorer.hpp"
 
 namespace depthkv {
@@ -262,7 +263,7 @@ struct EvalWindow {
 struct EvalConfig {
   /// Scorers observed during the full run (one profile / evaluation per entry; index = `scorer`
   /// argument of the evaluation calls).
-  std::vector<ScorerConfig> scorers = {ScorerConfig{}};
+  std::vector<ScorerConfig> scorers = std::vector<ScorerConfig>(1);  // one H2O scorer
   Protection protection;  ///< tokens every head keeps (inside the budget)
   int chunk_size = 1024;  ///< prefill chunk (computation only; eviction happens once after the context)
   int n_threads = 0;      ///< windows evaluated in parallel: 0 = OpenMP's default, 1 = serial
@@ -288,7 +289,9 @@ struct WindowResult {
 /// std::vector<double> plan(n_layers, 1.0);
 /// plan[3] = 0.2;                                                    // only layer 3 keeps 20%
 /// std::vector<llama::SampleLoss> per_window = ev.plan_losses(plan, /*scorer=*/0);
-/// auto fn = ev.plan_function(0);   // std::function<std::vector<SampleLoss>(const std::vector<double>&)>
+/// SensitivityProfiler prof(n_layers);
+/// prof.run_batched(ev.layer_function(/*scorer=*/0));               // or prof.run(ev.plan_function(0))
+/// SensitivityProfile p = prof.result().profile(LossMetric::kKL);
 /// @endcode
 class PruningEvaluator {
  public:
@@ -364,11 +367,60 @@ class PruningEvaluator {
     return out;
   }
 
-  /// The function to hand to the SensitivityProfiler: plan (per-layer keep ratios, 1.0 = full)
-  /// -> per-window losses. It references this evaluator (which must outlive it).
-  std::function<std::vector<SampleLoss>(const std::vector<double>&)> plan_function(int scorer = 0) const {
+  /// `evaluate_plan` in the SensitivityProfiler's form (one entry per window, window order).
+  SampleMetrics plan_metrics(const KeepPlan& plan, int scorer = 0) const {
+    return to_sample_metrics(evaluate_plan(plan, scorer));
+  }
+
+  /// "Only `layer` pruned, at each of `keep_ratios`": one `SampleMetrics` per ratio. All
+  /// (window, ratio) runs are scheduled together (parallel over both); each starts from the
+  /// stored input of `layer`.
+  /// @throws Error on a bad layer, ratio or scorer index
+  std::vector<SampleMetrics> layer_metrics(int layer, const std::vector<double>& keep_ratios, int scorer = 0) const {
+    DEPTHKV_CHECK(layer >= 0 && layer < n_layers(), "layer " << layer << " outside [0, " << n_layers() << ")");
     check_scorer(scorer);
-    return [this, scorer](const std::vector<double>& plan) { return plan_losses(plan, scorer); };
+    const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
+    for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
+    std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
+    parallel_tasks(R * W, [&](int t) {
+      const int k = t / W, w = t % W;
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      std::vector<int> keep(static_cast<std::size_t>(n_layers()), n);
+      keep[static_cast<std::size_t>(layer)] = keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection);
+      res[static_cast<std::size_t>(t)] = run_one(w, scorer, keep);
+    });
+    std::vector<SampleMetrics> out;
+    for (int k = 0; k < R; ++k)
+      out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,
+                                                                res.begin() + static_cast<std::ptrdiff_t>(k + 1) * W)));
+    return out;
+  }
+
+  /// The plan function to hand to `SensitivityProfiler::run` (references this evaluator, which
+  /// must outlive it).
+  /// @throws Error on a bad scorer index
+  PlanRunFunction plan_function(int scorer = 0) const {
+    check_scorer(scorer);
+    return [this, scorer](const KeepPlan& plan) { return plan_metrics(plan, scorer); };
+  }
+
+  /// The batched function to hand to `SensitivityProfiler::run_batched` (preferred: all ratios
+  /// of a layer run in parallel).
+  /// @throws Error on a bad scorer index
+  LayerRunFunction layer_function(int scorer = 0) const {
+    check_scorer(scorer);
+    return [this, scorer](int layer, const std::vector<double>& ratios) { return layer_metrics(layer, ratios, scorer); };
+  }
+
+  /// Per-window results in the profiler's form.
+  static SampleMetrics to_sample_metrics(const std::vector<WindowResult>& results) {
+    SampleMetrics m;
+    for (const WindowResult& r : results) {
+      m.kl.push_back(r.metrics.loss.kl);
+      m.dnll.push_back(r.metrics.loss.dnll);
+      m.top1_disagree.push_back(r.metrics.loss.top1_disagree);
+    }
+    return m;
   }
 
  private:
@@ -391,7 +443,10 @@ class PruningEvaluator {
 
   template <class F>
   void parallel_windows(F&& f) const {
-    const int n = n_windows();
+    parallel_tasks(n_windows(), std::forward<F>(f));
+  }
+  template <class F>
+  void parallel_tasks(int n, F&& f) const {
     std::exception_ptr err;
 #ifdef _OPENMP
     const int threads = cfg_.n_threads > 0 ? cfg_.n_threads : omp_get_max_threads();
@@ -447,11 +502,12 @@ class PruningEvaluator {
     std::vector<WindowResult> out(windows_.size());
     std::vector<std::vector<int>> keeps(windows_.size());
     for (int w = 0; w < n_windows(); ++w) keeps[static_cast<std::size_t>(w)] = keep_of(w);  // validates (serial)
-    parallel_windows([&](int w) {
-      out[static_cast<std::size_t>(w)] =
-          cfg_.reuse ? run_reuse(w, scorer, keeps[static_cast<std::size_t>(w)]) : run_naive(w, scorer, keeps[static_cast<std::size_t>(w)]);
-    });
+    parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_one(w, scorer, keeps[static_cast<std::size_t>(w)]); });
     return out;
+  }
+
+  WindowResult run_one(int w, int scorer, const std::vector<int>& keep) const {
+    return cfg_.reuse ? run_reuse(w, scorer, keep) : run_naive(w, scorer, keep);
   }
 
   std::size_t layer_bytes(int tokens) const {

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <set>
@@ -637,6 +638,17 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
   std::unordered_map<std::string, std::size_t> tensor_index_;
 };
+
+/// Whether a file starts with the GGUF magic (to choose between `load_gguf` and
+/// `load_llama2c`); the rest of the file is not validated.
+/// @param path a file
+/// @return true when its first 4 bytes are "GGUF"; false otherwise, also when it cannot be read
+inline bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
 
 /// Reads the tokenizer vocabulary (`tokenizer.ggml.*`).
 /// @param f a parsed GGUF file

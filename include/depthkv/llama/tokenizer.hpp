@@ -12,7 +12,8 @@
 /// files, the `<0xHH>` piece in GGUF vocabularies); then the adjacent pair whose concatenation is
 /// the best-scored piece is merged, the leftmost on ties, until no pair merges (BOS, when
 /// requested, takes part in the merging exactly as in run.c). The merge loop runs on a heap
-/// (O(n log n)) and yields exactly the result of run.c's quadratic loop.
+/// over a precomputed pair table (O(n log n)) and yields exactly the result of run.c's
+/// quadratic loop (checked against a transcription of it in the tests and the fuzzer).
 ///
 /// @code
 /// depthkv::llama::Tokenizer tok("tok512.bin");
@@ -281,6 +282,10 @@ class Tokenizer {
                   what << ": token id " << id << " out of range [0, " << vocab_size() << ")");
   }
 
+  static std::uint64_t pair_key(int left, int right) {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
+  }
+
   int lookup(const std::string& s) const {
     const auto it = index_.find(s);
     return it == index_.end() ? -1 : it->second;
@@ -330,6 +335,22 @@ class Tokenizer {
       index_.emplace(cpieces_.back(), i);  // keeps the lowest id of duplicate pieces
       if (static_cast<int>(p.size()) > max_token_length_) max_token_length_ = static_cast<int>(p.size());
     }
+    // Merge table: (left, right) -> the piece their concatenation spells, for every way of
+    // splitting every piece into two pieces. Keys use canonical ids (the lowest id of a
+    // string), so duplicate pieces cannot blow the table up: at most sum(len + 1) entries.
+    canon_.assign(pieces_.size(), 0);
+    for (int i = 0; i < n; ++i) canon_[static_cast<std::size_t>(i)] = index_.at(cpieces_[static_cast<std::size_t>(i)]);
+    merges_.clear();
+    for (const auto& entry : index_) {
+      const std::string& str = entry.first;
+      for (std::size_t k = 0; k <= str.size(); ++k) {
+        const int l = lookup(str.substr(0, k));
+        if (l < 0) continue;
+        const int r = lookup(str.substr(k));
+        if (r < 0) continue;
+        merges_.emplace(pair_key(l, r), entry.second);
+      }
+    }
     for (int b = 0; b < 256; ++b) {
       if (llama2c_bytes) {
         byte_token_[b] = b + 3 < n ? b + 3 : -1;  // run.c: (unsigned char)byte + 3
@@ -368,13 +389,12 @@ class Tokenizer {
     }
     std::priority_queue<Cand, std::vector<Cand>, Worse> heap;
     const float kFloor = -1e10f;  // run.c's initial best_score: only scores above it merge
-    std::string pair;
     auto push = [&](std::size_t l, std::size_t r) {
       if (l == none || r == none) return;
-      pair = cpieces_[static_cast<std::size_t>(tokens[l])];
-      pair += cpieces_[static_cast<std::size_t>(tokens[r])];
-      const int id = lookup(pair);
-      if (id < 0) return;
+      const auto it = merges_.find(pair_key(canon_[static_cast<std::size_t>(tokens[l])],
+                                             canon_[static_cast<std::size_t>(tokens[r])]));
+      if (it == merges_.end()) return;
+      const int id = it->second;
       const float s = scores_[static_cast<std::size_t>(id)];
       if (!(s > kFloor)) return;
       heap.push(Cand{s, l, r, stamp[l], stamp[r], id});
@@ -405,7 +425,9 @@ class Tokenizer {
   std::vector<std::string> pieces_;   // as stored
   std::vector<std::string> cpieces_;  // up to the first NUL (C-string view, as run.c sees them)
   std::vector<float> scores_;
-  std::unordered_map<std::string, int> index_;
+  std::unordered_map<std::string, int> index_;          // C-string piece -> lowest id
+  std::vector<int> canon_;                              // id -> lowest id of the same C-string
+  std::unordered_map<std::uint64_t, int> merges_;       // (canon left, canon right) -> merged piece
   int byte_token_[256] = {};
   int bos_id_ = 1;
   int eos_id_ = 2;

@@ -141,25 +141,38 @@ __device__ Threshold block_radix_select(const std::uint32_t* keys, int len, std:
   return Threshold{prefix, rank};
 }
 
-/// The threshold after `passes_done` passes of the multi-block path, recomputed by every CTA
-/// from the row's global histograms (`g_hist_row`: [kMaxRadixPasses][256]); the same
-/// deterministic walk in every CTA of the row. Returns {prefix, rank}.
+/// One radix step of the multi-block path: the select state after `pass + 1` digits from the
+/// state after `pass` digits (`prev`) and the row's completed global histogram of pass `pass`
+/// (`g_hist_pass`, 256 counters); the same deterministic walk in every CTA of the row.
 template <int NT>
-__device__ Threshold threshold_from_global(const std::uint32_t* g_hist_row, int passes_done, int key_bits_,
-                                           std::uint32_t rank, std::uint32_t* s_hist, DigitChoice* s_choice) {
-  std::uint32_t prefix = 0;
-  for (int pass = 0; pass < passes_done; ++pass) {
-    for (int b = static_cast<int>(threadIdx.x); b < static_cast<int>(kRadixBins); b += NT)
-      s_hist[b] = g_hist_row[static_cast<std::size_t>(pass) * kRadixBins + static_cast<std::size_t>(b)];
-    __syncthreads();
-    if (threadIdx.x < 32) warp_find_digit(s_hist, rank, s_choice);
-    __syncthreads();
-    const DigitChoice c = *s_choice;
-    prefix |= c.digit << radix_shift(pass, key_bits_);
-    rank = c.rank;
-    __syncthreads();
+__device__ Threshold radix_step_from_global(const std::uint32_t* g_hist_pass, Threshold prev, int pass, int key_bits_,
+                                            std::uint32_t* s_hist, DigitChoice* s_choice) {
+  for (int b = static_cast<int>(threadIdx.x); b < static_cast<int>(kRadixBins); b += NT) s_hist[b] = g_hist_pass[b];
+  __syncthreads();
+  if (threadIdx.x < 32) warp_find_digit(s_hist, prev.need, s_choice);
+  __syncthreads();
+  const Threshold t = radix_step(prev, *s_choice, pass, key_bits_);
+  __syncthreads();  // s_hist and s_choice may be reused by the caller
+  return t;
+}
+
+/// The select state of a row after `digits` digits (multi-block path): {0, rank0} for 0 digits,
+/// else one step from the stored state after `digits - 1` digits and that pass's histogram. The
+/// row's state-writer CTA stores the result.
+template <int NT>
+__device__ Threshold multi_block_state(const std::uint32_t* g_hist_row, std::uint32_t* g_state_row, int digits,
+                                       std::uint32_t rank0, int key_bits_, bool writer, std::uint32_t* s_hist,
+                                       DigitChoice* s_choice) {
+  if (digits == 0) return Threshold{0u, rank0};
+  const Threshold prev = digits == 1 ? Threshold{0u, rank0}
+                                     : Threshold{g_state_row[2 * (digits - 1)], g_state_row[2 * (digits - 1) + 1]};
+  const Threshold t = radix_step_from_global<NT>(g_hist_row + static_cast<std::size_t>(digits - 1) * kRadixBins, prev,
+                                                 digits - 1, key_bits_, s_hist, s_choice);
+  if (writer && threadIdx.x == 0) {
+    g_state_row[2 * digits] = t.key;
+    g_state_row[2 * digits + 1] = t.need;
   }
-  return Threshold{prefix, rank};
+  return t;
 }
 
 /// Compacts the kept middle slots of `len` keys (`keys[i]` is slot `base_slot + i`) in place:

@@ -196,6 +196,12 @@ struct Threshold {
   std::uint32_t need;
 };
 
+/// One step of the radix select: the threshold after `pass + 1` digits from the one after `pass`
+/// digits and the digit chosen in pass `pass`.
+DEPTHKV_HOST_DEVICE Threshold radix_step(Threshold prev, DigitChoice c, int pass, int key_bits_) {
+  return Threshold{prev.key | (c.digit << radix_shift(pass, key_bits_)), c.rank};
+}
+
 /// Kept middle tokens among middle slots before a given one, from the counts of middle keys
 /// greater than / equal to the threshold before it.
 DEPTHKV_HOST_DEVICE std::uint32_t mid_rank(std::uint32_t gt_before, std::uint32_t eq_before, std::uint32_t need) {
@@ -221,11 +227,14 @@ DEPTHKV_HOST_DEVICE int evict_chunks(int max_n) {
 }
 
 /// Workspace of the multi-block path (the one-block path needs none): per row 4 x 256 histogram
-/// counters (uint32, zeroed by the call) and per row and chunk the middle keys greater than and
-/// equal to the threshold (2 x uint32).
+/// counters (uint32, zeroed by the call), the select state after each pass ({prefix, rank} after
+/// j digits, j = 1..4, written by the row's first middle chunk), and per row and chunk the middle
+/// keys greater than and equal to the threshold (2 x uint32).
 struct EvictWorkspaceLayout {
   std::size_t hist_offset = 0;    ///< bytes, [n_rows][kMaxRadixPasses][256] uint32
   std::size_t hist_bytes = 0;
+  std::size_t state_offset = 0;   ///< bytes, [n_rows][kMaxRadixPasses + 1][2] uint32
+  std::size_t state_bytes = 0;
   std::size_t counts_offset = 0;  ///< bytes, [n_rows][n_chunks][2] uint32
   std::size_t counts_bytes = 0;
   std::size_t total_bytes = 0;
@@ -241,7 +250,9 @@ inline EvictWorkspaceLayout evict_workspace_layout(int n_rows, int max_n) {
   w.n_chunks = evict_chunks(max_n);
   w.hist_offset = 0;
   w.hist_bytes = rows * static_cast<std::size_t>(kMaxRadixPasses) * kRadixBins * sizeof(std::uint32_t);
-  w.counts_offset = align_up(w.hist_bytes, 256);
+  w.state_offset = align_up(w.hist_offset + w.hist_bytes, 256);
+  w.state_bytes = rows * static_cast<std::size_t>(kMaxRadixPasses + 1) * 2u * sizeof(std::uint32_t);
+  w.counts_offset = align_up(w.state_offset + w.state_bytes, 256);
   w.counts_bytes = rows * static_cast<std::size_t>(w.n_chunks) * 2u * sizeof(std::uint32_t);
   w.total_bytes = (rows == 0 || w.n_chunks == 0) ? 0u : align_up(w.counts_offset + w.counts_bytes, 256);
   return w;
@@ -251,6 +262,13 @@ inline EvictWorkspaceLayout evict_workspace_layout(int n_rows, int max_n) {
 DEPTHKV_HOST_DEVICE std::size_t hist_index(int row, int pass) {
   return (static_cast<std::size_t>(row) * kMaxRadixPasses + static_cast<std::size_t>(pass)) * kRadixBins;
 }
+/// Element index of row `row`'s select state after `digits` digits ({prefix, rank}) inside the state area.
+DEPTHKV_HOST_DEVICE std::size_t state_index(int row, int digits) {
+  return (static_cast<std::size_t>(row) * (kMaxRadixPasses + 1) + static_cast<std::size_t>(digits)) * 2u;
+}
+/// The chunk whose CTA writes a row's select state: the first chunk holding a middle slot
+/// (every kernel runs that CTA to the end for a row that selects).
+DEPTHKV_HOST_DEVICE int state_writer_chunk(const RowPlan& p, int chunk_size) { return p.lo / chunk_size; }
 /// Element index of (row, chunk)'s {greater, equal} counts inside the counts area.
 DEPTHKV_HOST_DEVICE std::size_t counts_index(int row, int chunk, int n_chunks) {
   return (static_cast<std::size_t>(row) * static_cast<std::size_t>(n_chunks) + static_cast<std::size_t>(chunk)) * 2u;

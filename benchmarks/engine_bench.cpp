@@ -1,0 +1,250 @@
+// engine_bench: speed of the reference engine (depthkv/llama/engine.hpp).
+//
+// Reports, for the real stories260K model and for a synthetic model of TinyLlama-1.1B shape
+// (random F32 weights; dim 2048, hidden 5632, 32 heads, 4 KV heads, vocab 32000, 22 layers by
+// default or fewer with --layers):
+//   - prefill tokens/s (batched, chunked) and decode tokens/s;
+//   - the share of forward time in the matrix products, in attention, and in the rest;
+//   - the GFLOP/s reached by the prefill's matrix products against a measured Eigen GEMM rate of
+//     the same shape on this machine (same run), and decode's weight traffic against a measured
+//     memcpy bandwidth (decode reads every weight once per token).
+//
+// Usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--skip-synthetic]
+//                     [--data DIR]
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/llama2c_loader.hpp"
+
+#ifndef DEPTHKV_DEFAULT_DATA_DIR
+#define DEPTHKV_DEFAULT_DATA_DIR "../shared"
+#endif
+
+using namespace depthkv::llama;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Fast deterministic fill (xorshift), uniform in [-scale, scale].
+void fill(float* p, std::size_t n, float scale, std::uint64_t& s) {
+  for (std::size_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    p[i] = scale * (static_cast<float>(s >> 40) / 8388608.0f - 1.0f);
+  }
+}
+RowMatrix rand_matrix(int r, int c, float scale, std::uint64_t& s) {
+  RowMatrix m(r, c);
+  fill(m.data(), static_cast<std::size_t>(m.size()), scale, s);
+  return m;
+}
+
+LlamaModel synthetic_tinyllama(int n_layers) {
+  LlamaModel m;
+  LlamaConfig& c = m.config;
+  c.dim = 2048;
+  c.hidden_dim = 5632;
+  c.n_layers = n_layers;
+  c.n_heads = 32;
+  c.n_kv_heads = 4;
+  c.vocab_size = 32000;
+  c.seq_len = 2048;
+  c.head_dim = 64;
+  std::uint64_t s = 0x9E3779B97F4A7C15ull;
+  const float a = 1.0f / std::sqrt(2048.0f), b = 1.0f / std::sqrt(5632.0f);
+  m.token_embedding = rand_matrix(c.vocab_size, c.dim, 1.0f, s);
+  for (int l = 0; l < n_layers; ++l) {
+    LlamaLayerWeights w;
+    w.attn_norm = Eigen::VectorXf::Ones(c.dim);
+    w.ffn_norm = Eigen::VectorXf::Ones(c.dim);
+    w.wq = rand_matrix(2048, 2048, a, s);
+    w.wk = rand_matrix(256, 2048, a, s);
+    w.wv = rand_matrix(256, 2048, a, s);
+    w.wo = rand_matrix(2048, 2048, a, s);
+    w.w1 = rand_matrix(5632, 2048, a, s);
+    w.w3 = rand_matrix(5632, 2048, a, s);
+    w.w2 = rand_matrix(2048, 5632, b, s);
+    m.layers.push_back(std::move(w));
+  }
+  m.final_norm = Eigen::VectorXf::Ones(c.dim);
+  m.classifier = rand_matrix(c.vocab_size, c.dim, a, s);
+  return m;
+}
+
+/// Weights of the matrix products (what decode reads per token, and 2x this = FLOPs per token).
+double linear_params(const LlamaConfig& c) {
+  const double qd = static_cast<double>(c.n_heads) * c.head_dim, kd = static_cast<double>(c.n_kv_heads) * c.head_dim;
+  const double per_layer = c.dim * (qd + 2 * kd) + qd * c.dim + 3.0 * c.dim * c.hidden_dim;
+  return per_layer * c.n_layers + static_cast<double>(c.vocab_size) * c.dim;
+}
+
+/// Attention FLOPs of a causal prefill of T tokens from an empty cache (QK^T and PV, each
+/// 2 * hd per visible pair, T(T+1)/2 pairs per query head and layer).
+double prefill_attention_flops(const LlamaConfig& c, int T) {
+  return 4.0 * c.head_dim * (static_cast<double>(T) * (T + 1) / 2) * c.n_heads * c.n_layers;
+}
+
+/// Best-of-3 GFLOP/s of Y = X W^T with X [m x k], W [n x k] (the prefill's product form).
+double gemm_gflops(int m, int n, int k) {
+  std::uint64_t s = 42;
+  const RowMatrix X = rand_matrix(m, k, 1.0f, s), W = rand_matrix(n, k, 1.0f, s);
+  RowMatrix Y(m, n);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    Y.noalias() = X * W.transpose();
+    best = std::min(best, seconds(t0));
+  }
+  return 2.0 * m * n * k / best / 1e9;
+}
+
+/// Best-of-3 memcpy bandwidth in GB/s (bytes read + written) over `bytes`.
+double memcpy_gbs(std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, seconds(t0));
+  }
+  return 2.0 * static_cast<double>(bytes) / best / 1e9;
+}
+
+void print_stats(const char* what, const EngineStats& st) {
+  const double t = st.total();
+  std::printf("    %-8s time split: matmul %5.1f%%  attention %5.1f%%  other %5.1f%%\n", what, 100 * st.matmul_s / t,
+              100 * st.attention_s / t, 100 * st.other_s / t);
+}
+
+void bench_model(const char* name, const LlamaModel& model, int prompt, int decode, int chunk, double gemm_rate,
+                 double mem_rate) {
+  const LlamaEngine engine(model);
+  const LlamaConfig& c = model.config;
+  std::vector<int> tokens(static_cast<std::size_t>(prompt));
+  for (int i = 0; i < prompt; ++i) tokens[static_cast<std::size_t>(i)] = (i * 7919 + 13) % c.vocab_size;
+  // warm-up (allocations, thread pool)
+  {
+    HostCache w = engine.make_cache();
+    engine.prefill(std::vector<int>(tokens.begin(), tokens.begin() + std::min(prompt, 16)), w);
+  }
+  HostCache cache = engine.make_cache();
+  EngineStats pst;
+  ForwardOptions opt;
+  opt.chunk_size = chunk;
+  opt.all_logits = false;  // a prefill needs only the last logits
+  opt.stats = &pst;
+  auto t0 = Clock::now();
+  const RowMatrix last = engine.prefill(tokens, cache, opt);
+  const double prefill_s = seconds(t0);
+  EngineStats dst;
+  Eigen::Index next = 0;
+  last.row(0).maxCoeff(&next);
+  t0 = Clock::now();
+  for (int i = 0; i < decode; ++i) {
+    const Eigen::VectorXf lg = engine.decode(static_cast<int>(next), prompt + i, cache, &dst);
+    lg.maxCoeff(&next);
+  }
+  const double decode_s = seconds(t0);
+
+  const double params = linear_params(c);
+  // all_logits = false: the classifier runs for one row only
+  const double mm_flops = 2.0 * (params - static_cast<double>(c.vocab_size) * c.dim) * prompt + 2.0 * c.vocab_size * c.dim;
+  const double att_flops = prefill_attention_flops(c, prompt);
+  std::printf("\n%s: dim %d, hidden %d, %d layers, %d heads / %d KV heads, vocab %d (%.1f M matmul weights, %.1f MB F32)\n",
+              name, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, params / 1e6, 4 * params / 1e6);
+  std::printf("  prefill %d tokens (chunk %d): %.3f s = %.1f tokens/s\n", prompt, chunk, prefill_s, prompt / prefill_s);
+  std::printf("    matmul %.2f GFLOP in %.3f s = %.1f GFLOP/s (%.0f%% of the measured GEMM rate %.1f GFLOP/s)\n",
+              mm_flops / 1e9, pst.matmul_s, mm_flops / pst.matmul_s / 1e9, 100 * mm_flops / pst.matmul_s / 1e9 / gemm_rate,
+              gemm_rate);
+  std::printf("    attention %.2f GFLOP in %.3f s = %.1f GFLOP/s\n", att_flops / 1e9, pst.attention_s,
+              att_flops / pst.attention_s / 1e9);
+  std::printf("    whole prefill: %.1f GFLOP/s\n", (mm_flops + att_flops) / prefill_s / 1e9);
+  print_stats("prefill", pst);
+  if (decode > 0) {
+    const double bytes = 4.0 * params;  // every weight read once per token
+    std::printf("  decode %d tokens (cache %d..%d): %.3f s = %.1f tokens/s; weights %.1f MB/token = %.2f GB/s (%.0f%% of memcpy %.1f GB/s)\n",
+                decode, prompt, prompt + decode, decode_s, decode / decode_s, bytes / 1e6, bytes * decode / decode_s / 1e9,
+                100 * bytes * decode / decode_s / 1e9 / mem_rate, mem_rate);
+    print_stats("decode", dst);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int layers = 22, prompt = 512, decode = 32, chunk = 1024;
+  bool synthetic = true;
+  std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
+  for (int i = 1; i < argc; ++i) {
+    auto next = [&](const char* opt) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", opt);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (!std::strcmp(argv[i], "--layers")) layers = std::atoi(next("--layers"));
+    else if (!std::strcmp(argv[i], "--prompt")) prompt = std::atoi(next("--prompt"));
+    else if (!std::strcmp(argv[i], "--decode")) decode = std::atoi(next("--decode"));
+    else if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(next("--chunk"));
+    else if (!std::strcmp(argv[i], "--skip-synthetic")) synthetic = false;
+    else if (!std::strcmp(argv[i], "--data")) data = next("--data");
+    else {
+      std::fprintf(stderr,
+                   "usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--skip-synthetic] [--data DIR]\n");
+      return 2;
+    }
+  }
+  if (layers < 1 || prompt < 1 || decode < 0 || chunk < 1) {
+    std::fprintf(stderr, "engine_bench: --layers, --prompt, --chunk must be >= 1 and --decode >= 0\n");
+    return 2;
+  }
+  try {
+#ifdef _OPENMP
+    std::printf("Eigen %d.%d.%d, OpenMP on, %d threads; SIMD: %s\n", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
+                EIGEN_MINOR_VERSION, Eigen::nbThreads(), Eigen::SimdInstructionSetsInUse());
+#else
+    std::printf("Eigen %d.%d.%d, no OpenMP (single thread); SIMD: %s\n", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
+                EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse());
+#endif
+    const double gemm_small = gemm_gflops(std::min(prompt, 512), 512, 64);
+    const double gemm_big = gemm_gflops(std::min(prompt, 1024), 2048, 2048);
+    const double mem = memcpy_gbs(std::size_t(256) << 20);
+    std::printf("measured ceilings: Eigen GEMM [%d x 2048] x [2048 x 2048]: %.1f GFLOP/s; [%d x 64] x [64 x 512]: %.1f GFLOP/s; "
+                "memcpy (256 MiB): %.1f GB/s\n",
+                std::min(prompt, 1024), gemm_big, std::min(prompt, 512), gemm_small, mem);
+
+    const LlamaModel stories = load_llama2c(data + "/models/stories260K/stories260K.bin");
+    bench_model("stories260K", stories, std::min(prompt, stories.config.seq_len - decode), decode, chunk, gemm_small, mem);
+    if (synthetic) {
+      const auto t0 = Clock::now();
+      const LlamaModel tl = synthetic_tinyllama(layers);
+      std::printf("\n(synthetic weights built in %.1f s)", seconds(t0));
+      char name[96];
+      std::snprintf(name, sizeof name, "synthetic TinyLlama-1.1B shape, %d of 22 layers", layers);
+      bench_model(name, tl, prompt, decode, chunk, gemm_big, mem);
+    }
+  } catch (const depthkv::Error& e) {
+    std::fprintf(stderr, "engine_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,21 @@
+#pragma once
+/// @file llama.hpp
+/// @brief Umbrella header of the reference Llama engine (Eigen only): model and loaders
+/// (llama2.c, GGUF), tokenizer, sampler, the engine, the decode-loop and evaluation helpers,
+/// and the text-window utilities.
+///
+/// @code
+/// #include <depthkv/llama.hpp>
+/// depthkv::llama::LlamaModel model = depthkv::llama::load_llama2c("stories260K.bin");
+/// depthkv::llama::Tokenizer tok("tok512.bin", model.config.vocab_size);
+/// depthkv::llama::LlamaEngine engine(model);
+/// @endcode
+
+#include "depthkv/llama/model.hpp"
+#include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+#include "depthkv/llama/sampler.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/eval.hpp"
+#include "depthkv/llama/text_windows.hpp"

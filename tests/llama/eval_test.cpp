@@ -1,0 +1,273 @@
+// Tests of depthkv/llama/eval.hpp: the decode-loop helpers, the metrics, and PruningEvaluator's
+// activation reuse against naive recomputation (random-weight models and the real stories260K).
+
+#include "depthkv/llama/eval.hpp"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/text_windows.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
+#include "support/test_data.hpp"
+
+using namespace depthkv;
+using namespace depthkv::llama;
+
+namespace {
+
+LlamaModel random_model(unsigned seed, int layers = 4, int heads = 4, int kv_heads = 2, int dim = 32, int vocab = 40) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto mat = [&](int r, int c, float sc) {
+    RowMatrix m(r, c);
+    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = sc * nd(rng);
+    return m;
+  };
+  auto ones = [&](int n) {
+    Eigen::VectorXf v(n);
+    for (int i = 0; i < n; ++i) v[i] = 1.0f + 0.1f * nd(rng);
+    return v;
+  };
+  LlamaModel m;
+  auto& c = m.config;
+  c.dim = dim;
+  c.hidden_dim = 2 * dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.vocab_size = vocab;
+  c.seq_len = 512;
+  c.head_dim = dim / heads;
+  const int hd = c.head_dim;
+  const float s = 1.0f / std::sqrt(static_cast<float>(dim));
+  m.token_embedding = mat(vocab, dim, 1.0f);
+  for (int l = 0; l < layers; ++l) {
+    LlamaLayerWeights w;
+    w.attn_norm = ones(dim);
+    w.ffn_norm = ones(dim);
+    w.wq = mat(heads * hd, dim, 3 * s);
+    w.wk = mat(kv_heads * hd, dim, 3 * s);
+    w.wv = mat(kv_heads * hd, dim, s);
+    w.wo = mat(dim, heads * hd, s);
+    w.w1 = mat(2 * dim, dim, s);
+    w.w3 = mat(2 * dim, dim, s);
+    w.w2 = mat(dim, 2 * dim, s);
+    m.layers.push_back(w);
+  }
+  m.final_norm = ones(dim);
+  m.classifier = mat(vocab, dim, 2 * s);
+  return m;
+}
+
+std::vector<EvalWindow> random_windows(int n, int ctx, int cont, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(0, vocab - 1);
+  std::vector<EvalWindow> w(static_cast<std::size_t>(n));
+  for (auto& x : w) {
+    for (int i = 0; i < ctx; ++i) x.context.push_back(u(rng));
+    for (int i = 0; i < cont; ++i) x.continuation.push_back(u(rng));
+  }
+  return w;
+}
+
+void require_same(const std::vector<WindowResult>& a, const std::vector<WindowResult>& b, double tol) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t w = 0; w < a.size(); ++w) {
+    CAPTURE(w);
+    REQUIRE(std::abs(a[w].metrics.loss.kl - b[w].metrics.loss.kl) < tol);
+    REQUIRE(std::abs(a[w].metrics.loss.dnll - b[w].metrics.loss.dnll) < tol);
+    REQUIRE(std::abs(a[w].metrics.loss.top1_disagree - b[w].metrics.loss.top1_disagree) < tol);
+    REQUIRE(std::abs(a[w].metrics.nll_full - b[w].metrics.nll_full) < tol);
+    REQUIRE(a[w].budgets == b[w].budgets);
+    REQUIRE(a[w].bytes_kept == b[w].bytes_kept);
+    REQUIRE(a[w].bytes_full == b[w].bytes_full);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("compare_logits: zero for identical logits, KL by hand, targets", "[eval]") {
+  RowMatrix a(2, 3), b(2, 3);
+  a << 0.0f, 1.0f, 2.0f, 1.0f, 1.0f, 1.0f;
+  const auto same = compare_logits(a, a, {1, -1});
+  REQUIRE(same.loss.kl == 0.0);
+  REQUIRE(same.loss.dnll == 0.0);
+  REQUIRE(same.loss.top1_disagree == 0.0);
+  REQUIRE(same.n_targets == 1);
+  b << 2.0f, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f;
+  const auto m = compare_logits(a, b, {2, 0});
+  // row 0: p = softmax(0,1,2), q = reversed; KL = sum p (log p - log q) = sum p * (a - b) (same lse)
+  const double z = 1 + std::exp(1.0) + std::exp(2.0);
+  const double kl0 = (1 / z) * (0 - 2) + (std::exp(1.0) / z) * 0 + (std::exp(2.0) / z) * 2;
+  REQUIRE(std::abs(m.loss.kl - kl0 / 2) < 1e-12);
+  REQUIRE(m.loss.top1_disagree == 0.5);
+  REQUIRE(std::abs(m.nll_full - (std::log(z) - 2 + std::log(3.0)) / 2) < 1e-9);
+  REQUIRE(std::abs(m.loss.dnll - (2.0 / 2)) < 1e-9);  // token 2 in row 0: -log q = lse - 0 vs lse - 2
+  REQUIRE_THROWS_AS(compare_logits(a, b, {1}), Error);
+  REQUIRE_THROWS_AS(compare_logits(a, b, {3, 0}), Error);
+  REQUIRE(continuation_targets({5, 6, 7}) == std::vector<int>{6, 7, -1});
+}
+
+TEST_CASE("keep_tokens: rounding, protection, full", "[eval]") {
+  REQUIRE(keep_tokens(1.0, 100, {}) == 100);
+  REQUIRE(keep_tokens(0.25, 100, {}) == 25);
+  REQUIRE(keep_tokens(0.005, 100, {}) == 1);  // llround(0.5) = 1
+  REQUIRE(keep_tokens(0.0, 100, {}) == 0);
+  REQUIRE(keep_tokens(0.05, 100, Protection{4, 8}) == 12);
+  REQUIRE(keep_tokens(0.5, 10, Protection{8, 8}) == 10);
+  REQUIRE_THROWS_AS(keep_tokens(-0.1, 10, {}), Error);
+}
+
+TEST_CASE("score_and_evict: budgets from the allocator, cache and scorers compacted", "[eval]") {
+  const LlamaModel model = random_model(3);
+  const LlamaEngine engine(model);
+  const auto win = random_windows(1, 50, 10, model.config.vocab_size, 1)[0];
+  for (auto policy : {AllocationPolicy::kUniform, AllocationPolicy::kPyramid, AllocationPolicy::kMiddle}) {
+    HostCache cache = engine.make_cache();
+    auto scorers = make_scorers(model.config, ScorerConfig{});
+    ForwardOptions opt;
+    opt.observer = observe_into(scorers);
+    engine.prefill(win.context, cache, opt);
+    PruneRequest req;
+    req.policy = policy;
+    req.budget.keep_ratio = 0.4;
+    req.budget.window = 4;
+    req.protection = Protection{2, 3};
+    const PruneReport rep = score_and_evict(cache, scorers, req);
+    int total = 0;
+    for (int l = 0; l < 4; ++l) {
+      total += rep.budgets[static_cast<std::size_t>(l)];
+      REQUIRE(rep.budgets[static_cast<std::size_t>(l)] >= 5);
+      for (int h = 0; h < 2; ++h) {
+        REQUIRE(cache.layer(l).size(h) == rep.budgets[static_cast<std::size_t>(l)]);
+        REQUIRE(scorers[static_cast<std::size_t>(l)].observed_size(h) == rep.budgets[static_cast<std::size_t>(l)]);
+        REQUIRE(cache.layer(l).positions(h)[0] == 0);                                      // sinks
+        REQUIRE(cache.layer(l).positions(h)[cache.layer(l).size(h) - 1] == 49);             // recent
+      }
+    }
+    REQUIRE(total == 80);  // 0.4 * 4 layers * 50 tokens
+    REQUIRE(rep.lengths == std::vector<int>(4, 50));
+    REQUIRE(rep.bytes_before == cache.bytes() * 200 / 80);
+    REQUIRE(rep.bytes_after == cache.bytes());
+    // decoding continues on the pruned cache with the true positions
+    const RowMatrix lg = engine.teacher_force(win.continuation, 50, cache);
+    REQUIRE(lg.rows() == 10);
+    REQUIRE(lg.allFinite());
+  }
+}
+
+TEST_CASE("PruningEvaluator: activation reuse equals naive recomputation (random models)", "[eval]") {
+  const LlamaModel model = random_model(5);
+  const LlamaEngine engine(model);
+  const auto windows = random_windows(3, 40, 12, model.config.vocab_size, 9);
+  EvalConfig cfg;
+  cfg.scorers.clear();
+  for (const char* k : {"h2o", "h2o-v2", "snapkv", "tova", "knorm"}) {
+    ScorerConfig s;
+    s.kind = parse_scorer_kind(k);
+    s.window = 8;
+    s.kernel = 3;
+    cfg.scorers.push_back(s);
+  }
+  cfg.protection = Protection{1, 2};
+  cfg.chunk_size = 16;  // context and continuation both span several chunks
+  EvalConfig naive_cfg = cfg;
+  naive_cfg.reuse = false;
+  const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
+  std::vector<std::vector<double>> plans;
+  for (int l = 0; l < 4; ++l)
+    for (double r : {0.1, 0.5}) {
+      std::vector<double> p(4, 1.0);
+      p[static_cast<std::size_t>(l)] = r;
+      plans.push_back(p);
+    }
+  plans.push_back({1.0, 0.3, 1.0, 0.6});
+  plans.push_back({0.2, 0.2, 0.2, 0.2});
+  plans.push_back({0.0, 1.0, 1.0, 0.0});  // protection keeps 3
+  bool any_loss = false;
+  for (int s = 0; s < reuse.n_scorers(); ++s)
+    for (const auto& plan : plans) {
+      CAPTURE(s, plan);
+      const auto a = reuse.evaluate_plan(plan, s), b = naive.evaluate_plan(plan, s);
+      require_same(a, b, 1e-5);
+      for (const auto& r : a) any_loss |= r.metrics.loss.kl > 1e-3;
+    }
+  REQUIRE(any_loss);  // the plans do change the outputs
+  // the full plan is exactly lossless
+  for (const auto& r : reuse.evaluate_plan(std::vector<double>(4, 1.0))) {
+    REQUIRE(r.metrics.loss.kl == 0.0);
+    REQUIRE(r.metrics.loss.dnll == 0.0);
+    REQUIRE(r.metrics.loss.top1_disagree == 0.0);
+    REQUIRE(r.bytes_kept == r.bytes_full);
+  }
+  // budgets in tokens (per layer) agree too
+  require_same(reuse.evaluate_budgets({40, 7, 3, 100}, 2), naive.evaluate_budgets({40, 7, 3, 100}, 2), 1e-5);
+  REQUIRE(reuse.evaluate_budgets({40, 7, 3, 100})[0].budgets == std::vector<int>{40, 7, 3, 40});
+  // reuse runs fewer layer-tokens than recomputation
+  REQUIRE(reuse.layer_tokens_run() * 4 < naive.layer_tokens_run());
+}
+
+TEST_CASE("PruningEvaluator: the profiler functions", "[eval]") {
+  const LlamaModel model = random_model(8, 3);
+  const LlamaEngine engine(model);
+  const PruningEvaluator ev(engine, random_windows(4, 30, 8, model.config.vocab_size, 2));
+  const auto per_layer = ev.layer_metrics(1, {0.1, 0.5});
+  REQUIRE(per_layer.size() == 2);
+  const SampleMetrics single = ev.plan_function()({1.0, 0.5, 1.0});
+  REQUIRE(single.kl.size() == 4);
+  for (std::size_t w = 0; w < 4; ++w) {
+    REQUIRE(per_layer[1].kl[w] == single.kl[w]);
+    REQUIRE(per_layer[1].dnll[w] == single.dnll[w]);
+    REQUIRE(per_layer[1].top1_disagree[w] == single.top1_disagree[w]);
+  }
+  SensitivityProfiler a(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr}), b(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr});
+  REQUIRE(a.run(ev.plan_function()));
+  REQUIRE(b.run_batched(ev.layer_function()));
+  REQUIRE(a.result().kl.loss == b.result().kl.loss);
+  REQUIRE(a.result().kl.loss.minCoeff() >= 0.0);
+  REQUIRE(a.result().n_samples == 4);
+  // errors
+  REQUIRE_THROWS_AS(ev.evaluate_plan({1.0, 1.0}), Error);
+  REQUIRE_THROWS_AS(ev.evaluate_plan({1.0, 1.5, 1.0}), Error);
+  REQUIRE_THROWS_AS(ev.evaluate_plan({1.0, 1.0, 1.0}, 1), Error);
+  REQUIRE_THROWS_AS(ev.layer_metrics(3, {0.5}), Error);
+  REQUIRE_THROWS_AS(ev.evaluate_budgets({1, -1, 1}), Error);
+  REQUIRE_THROWS_AS(PruningEvaluator(engine, {EvalWindow{{1, 2}, {}}}), Error);
+}
+
+TEST_CASE("PruningEvaluator [real]: reuse equals recomputation on stories260K", "[eval][real]") {
+  const LlamaModel model = load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const Tokenizer tok(depthkv_test::data_path("models/stories260K/tok512.bin"), 512);
+  const auto ids = encode_stories(tok, split_stories(read_text_file(depthkv_test::data_path("text/tinystories_valid.txt"))));
+  const auto windows = split_windows(token_windows(ids, 512, 0, 3), 384);
+  const LlamaEngine engine(model);
+  EvalConfig cfg;
+  ScorerConfig snap;
+  snap.kind = ScorerKind::kSnapKV;
+  cfg.scorers = {ScorerConfig{}, snap};
+  cfg.protection = Protection{4, 0};
+  EvalConfig naive_cfg = cfg;
+  naive_cfg.reuse = false;
+  const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
+  for (int s = 0; s < 2; ++s)
+    for (const std::vector<double>& plan : {std::vector<double>{1, 1, 0.1, 1, 1}, std::vector<double>{1, 1, 1, 1, 0.3},
+                                            std::vector<double>{0.5, 0.2, 0.3, 0.2, 0.1}}) {
+      CAPTURE(s, plan);
+      require_same(reuse.evaluate_plan(plan, s), naive.evaluate_plan(plan, s), 1e-5);
+    }
+  // more pruning of a layer costs more (mean over windows, H2O, layer 2)
+  const auto m = reuse.layer_metrics(2, {0.05, 0.5});
+  double lo = 0, hi = 0;
+  for (int w = 0; w < 3; ++w) {
+    lo += m[0].kl[static_cast<std::size_t>(w)];
+    hi += m[1].kl[static_cast<std::size_t>(w)];
+  }
+  REQUIRE(lo > hi);
+  REQUIRE(hi > 0.0);
+  REQUIRE(std::abs(reuse.nll_full(0) - naive.evaluate_plan({1, 1, 1, 1, 1})[0].metrics.nll_full) < 1e-9);
+}
