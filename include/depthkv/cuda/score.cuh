@@ -6,17 +6,21 @@
 /// - `AccumulateH2O`: H2O cumulative attention, s_j += sum over the group's query heads and the
 ///   block's queries of a_ij (in place, call once per prefill chunk / decode step);
 /// - `SnapKVScores`: the SnapKV observation window, s_j = pool(sum over the group's query heads
-///   and the window queries of a_ij), pooled along slots (max or average, same-size output).
+///   and the window queries of a_ij), pooled along slots (`depthkv::Pooling`: max or average,
+///   same-size output, padding kernel / 2, exactly as `TokenScorer`'s kSnapKV).
 ///
 /// Probability layout (both): element (query head q, query i, slot j) of type ProbT (`float`,
 /// `__half`, `__nv_bfloat16`) at `probs[q * head_stride + i * query_stride + j]`, each query row
 /// covering slots `[0, n)` (masked entries 0). Scores: float `[n_kv_heads][score_stride]`, slot j
 /// of KV head h at `scores[h * score_stride + j]`.
 ///
-/// Summation order (so results are bit-identical to a CPU loop doing the same): per slot, for
-/// each query head of the group in ascending order, for each query in ascending order,
-/// `s = s + float(a)` in float (no FMA, no reassociation) — the order of calling the CPU
-/// TokenScorer's observe_block once per query head, heads ascending.
+/// Summation orders (float adds, no FMA, no reassociation), bit-identical to `depthkv::TokenScorer`
+/// fed with the same probabilities (as floats) by `observe_block` once per query head, heads
+/// ascending:
+/// - H2O: per slot, s = s + a for each query head of the group (ascending), for each query
+///   (ascending) — TokenScorer's per-KV-head accumulator;
+/// - SnapKV: per slot and query (ascending), v = 0 + a over the group's heads (ascending), then
+///   s = 0 + v over the queries (ascending) — TokenScorer's ring of per-position group sums.
 ///
 /// @code
 /// depthkv::cuda::H2OScoreParams p;
@@ -33,6 +37,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "depthkv/token_scorer.hpp"
+
 namespace depthkv {
 namespace cuda {
 
@@ -41,14 +47,6 @@ struct ScoreStatus {
   static constexpr std::uint32_t kOk = 0u;
   /// Some probability is NaN, infinite or negative (the CPU TokenScorer throws).
   static constexpr std::uint32_t kBadProbability = 1u;
-};
-
-/// Pooling of SnapKV window scores along slots.
-enum class SnapKVPooling {
-  kNone,  ///< the window sums themselves
-  kMax,   ///< out[j] = max of in[t] over t in [j - kernel/2, j + kernel/2] inside [0, n)
-  kAvg,   ///< out[j] = (sum of in[t] over that range, t ascending) / kernel (zero padding, like
-          ///< PyTorch avg_pool1d with count_include_pad, as SnapKV uses it)
 };
 
 /// Parameters of H2O accumulation (see the file comment for the layouts).
@@ -76,7 +74,10 @@ struct SnapKVScoreParams {
   int n_queries = 0;                 ///< window queries
   int n = 0;
   int kernel = 7;                    ///< pooling width (odd, >= 1)
-  SnapKVPooling pooling = SnapKVPooling::kMax;
+  /// kNone: the window sums; kMax: out[j] = max of in[t], t in [j - kernel/2, j + kernel/2] inside
+  /// [0, n); kAvg: (sum of in[t] over that range, t ascending) / kernel (zero padding, PyTorch
+  /// avg_pool1d's count_include_pad, as SnapKV uses it)
+  Pooling pooling = Pooling::kMax;
   float* scores = nullptr;           ///< [n_kv_heads][score_stride], overwritten
   std::int64_t score_stride = 0;
   std::uint32_t* status = nullptr;
@@ -110,6 +111,7 @@ struct ScoreSumArgs {
   float* out;       ///< [n_kv_heads][out_stride]
   std::int64_t out_stride;
   bool accumulate;  ///< add to out (H2O) or start from 0 (SnapKV)
+  bool query_major; ///< SnapKV order (per query: group sum, then add) instead of H2O order
   std::uint32_t* status;
 };
 
@@ -127,7 +129,7 @@ inline bool score_shape_ok(const void* probs, std::int64_t query_stride, int n_h
 }  // namespace detail
 
 /// One thread per (KV head, slot): sums the group's query heads' probabilities of that slot over
-/// the queries in the fixed order of the file comment. Grid: (ceil(n / NT), n_kv_heads).
+/// the queries in the fixed orders of the file comment (H2O or SnapKV). Grid: (ceil(n / NT), n_kv_heads).
 template <typename ProbT, int NT>
 __global__ void __launch_bounds__(NT) ScoreSumKernel(const detail::ScoreSumArgs a) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * NT + threadIdx.x;
@@ -137,6 +139,22 @@ __global__ void __launch_bounds__(NT) ScoreSumKernel(const detail::ScoreSumArgs 
   float acc = a.accumulate ? *out : 0.0f;
   bool bad = false;
   const ProbT* probs = static_cast<const ProbT*>(a.probs);
+  const ProbT* head0 = probs + static_cast<std::int64_t>(kv) * a.group * a.head_stride + j;
+  if (a.query_major) {
+    for (int i = 0; i < a.n_queries; ++i) {
+      const ProbT* q = head0 + static_cast<std::int64_t>(i) * a.query_stride;
+      float v = 0.0f;
+      for (int g = 0; g < a.group; ++g) {
+        const float x = detail::ProbOps<ProbT>::load(q, static_cast<std::int64_t>(g) * a.head_stride);
+        bad = bad || !(x >= 0.0f && x <= 3.402823466e38f);
+        v = __fadd_rn(v, x);
+      }
+      acc = __fadd_rn(acc, v);
+    }
+    *out = acc;
+    if (bad && a.status != nullptr) atomicOr(a.status, ScoreStatus::kBadProbability);
+    return;
+  }
   for (int g = 0; g < a.group; ++g) {
     const std::int64_t q = static_cast<std::int64_t>(kv) * a.group + g;
     const ProbT* base = probs + q * a.head_stride + j;
@@ -215,6 +233,7 @@ template <typename ProbT = float>
   a.out = p.scores;
   a.out_stride = p.score_stride;
   a.accumulate = true;
+  a.query_major = false;
   a.status = p.status;
   constexpr int NT = detail::kScoreThreads;
   const dim3 grid(static_cast<unsigned>((static_cast<std::int64_t>(p.n) + NT - 1) / NT), static_cast<unsigned>(p.n_kv_heads));
@@ -225,7 +244,7 @@ template <typename ProbT = float>
 /// Workspace of `SnapKVScores`: the window sums before pooling, `n_kv_heads * n` floats (none
 /// without pooling).
 inline std::size_t SnapKVScoresWorkspaceBytes(const SnapKVScoreParams& p) {
-  if (p.pooling == SnapKVPooling::kNone || p.n <= 0 || p.n_kv_heads <= 0) return 0;
+  if (p.pooling == Pooling::kNone || p.n <= 0 || p.n_kv_heads <= 0) return 0;
   return static_cast<std::size_t>(p.n_kv_heads) * static_cast<std::size_t>(p.n) * sizeof(float);
 }
 
@@ -238,7 +257,7 @@ template <typename ProbT = float>
   if (!detail::score_shape_ok(p.probs, p.query_stride, p.n_heads, p.n_kv_heads, p.n_queries, p.n, p.scores,
                               p.score_stride))
     return cudaErrorInvalidValue;
-  if (p.pooling != SnapKVPooling::kNone && (p.kernel < 1 || p.kernel % 2 == 0)) return cudaErrorInvalidValue;
+  if (p.pooling != Pooling::kNone && (p.kernel < 1 || p.kernel % 2 == 0)) return cudaErrorInvalidValue;
   const std::size_t need = SnapKVScoresWorkspaceBytes(p);
   if (workspace_bytes < need || (need > 0 && d_workspace == nullptr)) return cudaErrorInvalidValue;
   if (p.status != nullptr) {
@@ -246,7 +265,7 @@ template <typename ProbT = float>
     if (e != cudaSuccess) return e;
   }
   if (p.n == 0) return cudaSuccess;
-  const bool pool = p.pooling != SnapKVPooling::kNone;
+  const bool pool = p.pooling != Pooling::kNone;
   detail::ScoreSumArgs a;
   a.probs = p.probs;
   a.head_stride = p.head_stride;
@@ -257,6 +276,7 @@ template <typename ProbT = float>
   a.out = pool ? static_cast<float*>(d_workspace) : p.scores;
   a.out_stride = pool ? p.n : p.score_stride;
   a.accumulate = false;
+  a.query_major = true;
   a.status = p.status;
   constexpr int NT = detail::kScoreThreads;
   const dim3 grid(static_cast<unsigned>((static_cast<std::int64_t>(p.n) + NT - 1) / NT), static_cast<unsigned>(p.n_kv_heads));
@@ -264,7 +284,7 @@ template <typename ProbT = float>
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !pool) return e;
   PoolScoresKernel<NT><<<grid, NT, 0, stream>>>(static_cast<const float*>(d_workspace), p.n, p.kernel,
-                                                p.pooling == SnapKVPooling::kAvg ? 1 : 0, p.scores, p.score_stride);
+                                                p.pooling == Pooling::kAvg ? 1 : 0, p.scores, p.score_stride);
   return cudaGetLastError();
 }
 
