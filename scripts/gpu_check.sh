@@ -90,7 +90,7 @@ if [ -z "$BIN" ]; then
   mkdir -p "$BIN"
   FLAGS=(-std=c++17 -O3 -DNDEBUG "-gencode=arch=compute_$CUDA_ARCH,code=sm_$CUDA_ARCH" -Werror=all-warnings
          -Xcompiler=-Wall,-Wextra,-Werror -Iinclude)
-  [ -d /usr/include/eigen3 ] && FLAGS+=(-I/usr/include/eigen3)
+  [ -d /usr/include/eigen3 ] && FLAGS+=(-isystem /usr/include/eigen3)
   build_one() {  # build_one SRC OUT: with the CPU evictor if it compiles here, else without
     "$NVCC" "${FLAGS[@]}" "$1" -o "$2" >>"$2.log" 2>&1 ||
       { echo "(retrying $1 without the CPU evictor)" >>"$2.log";
@@ -151,7 +151,7 @@ fi
   echo '```'
   grep -E "^(date|commit):" "$LOG" | head -2
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
-  "$NVCC" --version 2>/dev/null | tail -1 | sed 's/^/nvcc: /'
+  "$NVCC" --version 2>/dev/null | grep -m1 release | sed "s/^/nvcc: /"
   grep -hE "^(PASS|FAIL|SKIP)" "$TESTS" 2>/dev/null
   echo '```'
   echo

@@ -12,6 +12,10 @@
 
 #include <CLI/CLI.hpp>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "commands.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/error.hpp"
@@ -32,7 +36,7 @@ struct GenerateArgs {
   unsigned long long seed = 0;
   double keep = 1.0;
   std::string policy = "uniform", scorer = "h2o";
-  int sink = 0, recent = 0, window = 32, chunk = 1024;
+  int sink = 0, recent = 0, window = 32, chunk = 1024, threads = 0;
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -44,6 +48,10 @@ void run_generate(const GenerateArgs& a) {
   using namespace depthkv::llama;
   DEPTHKV_CHECK(a.keep > 0.0 && a.keep <= 1.0, "--keep must be in (0, 1], got " << a.keep);
   DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
+  DEPTHKV_CHECK(a.threads >= 0, "--threads must be >= 0, got " << a.threads);
+#ifdef _OPENMP
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+#endif
   const AllocationPolicy policy = parse_allocation_policy(a.policy);
   ScorerConfig scfg;
   scfg.kind = parse_scorer_kind(a.scorer);
@@ -143,6 +151,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--recent", args->recent, "last tokens every head keeps")->capture_default_str();
   cmd->add_option("--window", args->window, "SnapKV observation window / pyramid window")->capture_default_str();
   cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "OpenMP threads (0 = OMP_NUM_THREADS or all cores)")->capture_default_str();
   cmd->callback([args]() { run_generate(*args); });
 }
 

@@ -13,9 +13,12 @@
 /// slots are returned in ascending slot order (= position order).
 ///
 /// ## Cost
-/// Selection is O(n) per row: a histogram (radix) select on order-preserving integer keys for
-/// rows of at least `detail::kRadixSelectMinLength` unprotected tokens, `std::nth_element` below
-/// (detail/radix_select.hpp); no full sort. Compaction moves each kept token once (Layer::compact).
+/// Selection is O(n) per row, no full sort (detail/radix_select.hpp): for rows of at least
+/// `detail::kRadixSelectMinLength` (512) unprotected tokens, a sample bracket, a counting pass,
+/// a histogram radix select on the integer keys of the few candidates and an emission pass that
+/// writes the kept slots already in order (a full histogram radix select when the bracket
+/// misses); `std::nth_element` below 512. Compaction moves each kept token once
+/// (`Layer::compact`). Figures: benchmarks/RESULTS.md.
 ///
 /// ## Atomicity
 /// `evict_layer` and `evict` validate every layer and head (shapes, NaN scores, keep ranges)
@@ -148,9 +151,9 @@ inline std::vector<std::int32_t> select_keep(const float* scores, const std::int
   return out;
 }
 
-/// `select_keep` on 16-bit scores (`Eigen::half` or `Eigen::bfloat16`): the same rule, with one
-/// histogram pass over the row (16-bit keys). A template, so `select_keep(nullptr, ...)` still
-/// means the float overload.
+/// `select_keep` on 16-bit scores (`Eigen::half` or `Eigen::bfloat16`): the same rule and
+/// algorithm on 16-bit keys (whose full histogram select needs a single pass over the row). A
+/// template, so `select_keep(nullptr, ...)` still means the float overload.
 template <class T16, std::enable_if_t<std::is_same<T16, Eigen::half>::value ||
                                           std::is_same<T16, Eigen::bfloat16>::value,
                                       int> = 0>

@@ -34,6 +34,7 @@
 #include "depthkv/cuda/device_layer.cuh"
 #include "depthkv/cuda/evict.cuh"
 #include "depthkv/detail/select_common.hpp"
+#include "depthkv/kv_cache.hpp"
 
 #if !defined(DEPTHKV_TEST_NO_CPU_EVICTOR) && __has_include("depthkv/evictor.hpp")
 #include "depthkv/evictor.hpp"
@@ -567,6 +568,16 @@ void test_device_layer() {
   if (M.size(2) != 20 || L.keys_data() != nullptr) fail("DeviceLayer move");
   const dc::DeviceLayerView<__nv_bfloat16> view = M.view();
   if (view.size(1) != 15 || view.key(1, 2) != M.key(1, 2)) fail("DeviceLayer view");
+  // the host side of the Layer concept: a KVCache of device layers
+  depthkv::KVCache<dc::DeviceLayer<__nv_bfloat16>> cache;
+  cache.add_layer(dc::DeviceLayer<__nv_bfloat16>(2, 8, 16));
+  cache.add_layer(std::move(M));
+  cache.layer(0).set_size(1, 5);
+  if (cache.lengths() != std::vector<int>{5, 20}) fail("KVCache<DeviceLayer> lengths");
+  if (cache.bytes() != static_cast<std::size_t>(5) * 8 * 2 * 2 + static_cast<std::size_t>(10 + 15 + 20) * hd * 2 * 2)
+    fail("KVCache<DeviceLayer> bytes");
+  cache.shrink_to_fit();
+  if (cache.layer(0).capacity() != 5 || cache.layer(1).capacity() != 20) fail("KVCache<DeviceLayer> shrink_to_fit");
   std::printf("  DeviceLayer round trips: %s\n", g_failures ? "FAILURES SO FAR" : "ok");
 }
 

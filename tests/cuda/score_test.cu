@@ -1,22 +1,27 @@
-// CUDA score accumulation vs a CPU loop in the documented order, bit-exactly: H2O cumulative
-// (accumulated over several blocks of queries) and SnapKV windows (no pooling, max, average),
-// GQA groups 1..8, probabilities in float/half/bfloat16, plus the bad-probability status bit and
-// parameter errors. Exit codes: 0 pass, 1 mismatch, 77 no device.
+// CUDA score accumulation vs the CPU path, bit-exactly: depthkv::TokenScorer (fed the same
+// probabilities as floats, observe_block per query head, heads ascending) and a naive loop in the
+// documented order. H2O cumulative (accumulated over several blocks of queries) and SnapKV windows
+// (no pooling, max, average), GQA groups 1..8, probabilities in float/half/bfloat16, plus the
+// bad-probability status bit and parameter errors. Exit codes: 0 pass, 1 mismatch, 77 no device.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "depthkv/cuda/score.cuh"
+#include "depthkv/kv_cache.hpp"
+#include "depthkv/token_scorer.hpp"
 
 namespace dc = depthkv::cuda;
 
@@ -77,7 +82,7 @@ std::vector<P> random_probs(std::mt19937_64& rng, int n_heads, int n_queries, in
   return p;
 }
 
-/// The CPU order: per slot, query heads of the group ascending, queries ascending, float adds.
+/// H2O order: per slot, query heads of the group ascending, queries ascending, float adds.
 void cpu_sum(const std::vector<float>& probs, int n_heads, int n_kv, int n_queries, int ld, int n, std::vector<float>& s,
              int s_stride, bool accumulate) {
   const int group = n_heads / n_kv;
@@ -94,17 +99,61 @@ void cpu_sum(const std::vector<float>& probs, int n_heads, int n_kv, int n_queri
     }
 }
 
-void cpu_pool(std::vector<float>& s, int n_kv, int n, int s_stride, int kernel, dc::SnapKVPooling pooling) {
-  if (pooling == dc::SnapKVPooling::kNone) return;
+/// SnapKV order: per slot and query (ascending), v = 0 + the group's heads (ascending), s = 0 + v.
+void cpu_window_sum(const std::vector<float>& probs, int n_heads, int n_kv, int n_queries, int ld, int n,
+                    std::vector<float>& s, int s_stride) {
+  const int group = n_heads / n_kv;
+  for (int kv = 0; kv < n_kv; ++kv)
+    for (int j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int i = 0; i < n_queries; ++i) {
+        float v = 0.0f;
+        for (int g = 0; g < group; ++g) {
+          const std::size_t q = static_cast<std::size_t>(kv * group + g);
+          v = v + probs[(q * static_cast<std::size_t>(n_queries) + static_cast<std::size_t>(i)) * static_cast<std::size_t>(ld) +
+                        static_cast<std::size_t>(j)];
+        }
+        acc = acc + v;
+      }
+      s[static_cast<std::size_t>(kv) * static_cast<std::size_t>(s_stride) + static_cast<std::size_t>(j)] = acc;
+    }
+}
+
+/// depthkv::TokenScorer's scores for the observed blocks: blocks[b] = {n_queries, probs
+/// [n_heads][n_queries][ld]}, each fed with observe_block per query head (ascending).
+std::vector<float> token_scorer_scores(const depthkv::ScorerConfig& cfg, int n_heads, int n_kv, int ld, int n,
+                                       const std::vector<std::pair<int, std::vector<float>>>& blocks, int s_stride) {
+  depthkv::TokenScorer scorer(cfg, n_heads, n_kv);
+  std::int32_t pos0 = 0;
+  for (const auto& b : blocks) {
+    for (int q = 0; q < n_heads; ++q)
+      scorer.observe_block(q, pos0, b.first,
+                           b.second.data() + static_cast<std::size_t>(q) * static_cast<std::size_t>(b.first) * static_cast<std::size_t>(ld),
+                           ld, n);
+    pos0 += b.first;
+  }
+  depthkv::HostLayer<float> layer(n_kv, 1, n);
+  const std::vector<float> kv_row(static_cast<std::size_t>(n_kv), 1.0f);
+  for (int j = 0; j < n; ++j) layer.append(kv_row.data(), kv_row.data(), j);
+  const depthkv::LayerScores ls = scorer.scores(layer);
+  std::vector<float> out(static_cast<std::size_t>(n_kv) * static_cast<std::size_t>(s_stride), 0.f);
+  for (int kv = 0; kv < n_kv; ++kv)
+    std::copy(ls[static_cast<std::size_t>(kv)].begin(), ls[static_cast<std::size_t>(kv)].end(),
+              out.begin() + static_cast<std::ptrdiff_t>(kv) * s_stride);
+  return out;
+}
+
+void cpu_pool(std::vector<float>& s, int n_kv, int n, int s_stride, int kernel, depthkv::Pooling pooling) {
+  if (pooling == depthkv::Pooling::kNone) return;
   std::vector<float> in(s);
   const int half = kernel / 2;
   for (int kv = 0; kv < n_kv; ++kv)
     for (int j = 0; j < n; ++j) {
       const int t0 = j - half < 0 ? 0 : j - half, t1 = j + half >= n ? n - 1 : j + half;
       const float* row = in.data() + static_cast<std::size_t>(kv) * static_cast<std::size_t>(s_stride);
-      float r = pooling == dc::SnapKVPooling::kAvg ? 0.0f : row[t0];
-      for (int t = t0; t <= t1; ++t) r = pooling == dc::SnapKVPooling::kAvg ? r + row[t] : (row[t] > r ? row[t] : r);
-      if (pooling == dc::SnapKVPooling::kAvg) r = r / static_cast<float>(kernel);
+      float r = pooling == depthkv::Pooling::kAvg ? 0.0f : row[t0];
+      for (int t = t0; t <= t1; ++t) r = pooling == depthkv::Pooling::kAvg ? r + row[t] : (row[t] > r ? row[t] : r);
+      if (pooling == depthkv::Pooling::kAvg) r = r / static_cast<float>(kernel);
       s[static_cast<std::size_t>(kv) * static_cast<std::size_t>(s_stride) + static_cast<std::size_t>(j)] = r;
     }
 }
@@ -136,6 +185,7 @@ void run_h2o(std::mt19937_64& rng, int id) {
   std::uint32_t* d_status = nullptr;
   CUDA_OK(cudaMalloc(&d_status, sizeof(std::uint32_t)));
   const int blocks = 1 + static_cast<int>(rng() % 3);
+  std::vector<std::pair<int, std::vector<float>>> seen;
   for (int b = 0; b < blocks; ++b) {
     const int nq = static_cast<int>(rng() % 40);  // 0 queries is a valid no-op block
     std::vector<float> pf;
@@ -156,6 +206,7 @@ void run_h2o(std::mt19937_64& rng, int id) {
     prm.status = d_status;
     CUDA_OK(dc::AccumulateH2O<P>(prm, nullptr, dc::AccumulateH2OWorkspaceBytes(prm)));
     cpu_sum(pf, n_heads, n_kv, nq, ld, n, cpu, stride, true);
+    seen.emplace_back(nq, pf);
     CUDA_OK(cudaDeviceSynchronize());
     std::uint32_t st = 0;
     CUDA_OK(cudaMemcpy(&st, d_status, sizeof st, cudaMemcpyDeviceToHost));
@@ -165,6 +216,11 @@ void run_h2o(std::mt19937_64& rng, int id) {
   std::vector<float> gpu(cpu.size());
   CUDA_OK(cudaMemcpy(gpu.data(), d_s, gpu.size() * sizeof(float), cudaMemcpyDeviceToHost));
   std::string where;
+  depthkv::ScorerConfig cfg;
+  cfg.kind = depthkv::ScorerKind::kH2O;
+  const std::vector<float> ts = token_scorer_scores(cfg, n_heads, n_kv, ld, n, seen, stride);
+  if (!same_bits(ts, gpu, n_kv, n, stride, where))
+    fail("H2O case " + std::to_string(id) + " vs TokenScorer: " + where);
   if (!same_bits(cpu, gpu, n_kv, n, stride, where))
     fail("H2O case " + std::to_string(id) + " [" + type_name<P>() + " kv " + std::to_string(n_kv) + " group " +
          std::to_string(group) + " n " + std::to_string(n) + "] " + where);
@@ -182,7 +238,7 @@ void run_snapkv(std::mt19937_64& rng, int id) {
   const int stride = n + static_cast<int>(rng() % 3);
   const int window = 1 + static_cast<int>(rng() % 64);
   const int kernel = 1 + 2 * static_cast<int>(rng() % 4);
-  const dc::SnapKVPooling pooling = static_cast<dc::SnapKVPooling>(rng() % 3);
+  const depthkv::Pooling pooling = static_cast<depthkv::Pooling>(rng() % 3);
   std::vector<float> pf;
   const std::vector<P> probs = random_probs<P>(rng, n_heads, window, ld, n, pf);
   P* d_p = nullptr;
@@ -209,11 +265,20 @@ void run_snapkv(std::mt19937_64& rng, int id) {
   if (ws > 0 && dc::SnapKVScores<P>(prm, d_ws, ws - 4) != cudaErrorInvalidValue) fail("SnapKV: small workspace accepted");
   CUDA_OK(dc::SnapKVScores<P>(prm, d_ws, ws));
   std::vector<float> cpu(static_cast<std::size_t>(n_kv) * static_cast<std::size_t>(stride), 0.f);
-  cpu_sum(pf, n_heads, n_kv, window, ld, n, cpu, stride, false);
+  cpu_window_sum(pf, n_heads, n_kv, window, ld, n, cpu, stride);
   cpu_pool(cpu, n_kv, n, stride, kernel, pooling);
   std::vector<float> gpu(cpu.size());
   CUDA_OK(cudaMemcpy(gpu.data(), d_s, gpu.size() * sizeof(float), cudaMemcpyDeviceToHost));
   std::string where;
+  depthkv::ScorerConfig cfg;
+  cfg.kind = depthkv::ScorerKind::kSnapKV;
+  cfg.window = window;
+  cfg.kernel = kernel;
+  cfg.pooling = pooling;
+  const std::vector<float> ts = token_scorer_scores(cfg, n_heads, n_kv, ld, n, {{window, pf}}, stride);
+  if (!same_bits(ts, gpu, n_kv, n, stride, where))
+    fail("SnapKV case " + std::to_string(id) + " vs TokenScorer (pooling " + std::to_string(static_cast<int>(pooling)) +
+         ", kernel " + std::to_string(kernel) + "): " + where);
   if (!same_bits(cpu, gpu, n_kv, n, stride, where))
     fail("SnapKV case " + std::to_string(id) + " [" + type_name<P>() + " kv " + std::to_string(n_kv) + " group " +
          std::to_string(group) + " n " + std::to_string(n) + " window " + std::to_string(window) + " kernel " +

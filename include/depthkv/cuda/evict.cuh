@@ -15,9 +15,12 @@
 ///   radix passes, block-scan compaction and the gather in a single launch (short rows, or many
 ///   rows up to 16384 tokens);
 /// - several CTAs per row (`EvictHistogramKernel` per radix pass, `EvictCountKernel`,
-///   `EvictEmitKernel`): `kEvictChunk` = 8192 slots per CTA, global per-row histograms in the
-///   workspace (few long rows, up to 2^31 - 1 tokens).
-/// Both produce identical results.
+///   `EvictEmitKernel`): `kEvictChunk` = 8192 slots per CTA; per-row global histograms, the
+///   select state after each pass and per-chunk counts live in the workspace (few long rows, up
+///   to 2^31 - 1 tokens); 4 (float scores) or 2 (16-bit scores) histogram launches, then one
+///   count and one emit launch.
+/// Both produce identical results. The scores are read once by the one-block path and
+/// passes + 2 times by the multi-block path; every kept K/V row is read and written once.
 ///
 /// @code
 /// using namespace depthkv::cuda;
@@ -306,8 +309,9 @@ __global__ void __launch_bounds__(NT) EvictCountKernel(const detail::EvictKernel
 }
 
 /// Multi-block emit: each CTA (row, chunk) reads the row's threshold (stored by the count kernel),
-/// derives its first output index from the counts of the earlier chunks, compacts its kept middle slots (keys in shared memory, block scan), and
-/// gathers its kept tokens (protected ones included) into the destination.
+/// derives its first output index from the counts of the earlier chunks, compacts its kept middle
+/// slots (keys in shared memory, block scan), and gathers its kept tokens (protected ones
+/// included) into the destination.
 template <typename ScoreT, int NT>
 __global__ void __launch_bounds__(NT, 2) EvictEmitKernel(const detail::EvictKernelParams p, const int elem_bytes) {
   using namespace detail;

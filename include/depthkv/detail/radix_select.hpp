@@ -6,15 +6,16 @@
 /// equal positions too (only possible in rows that are not from a Layer): the lower slot first.
 ///
 /// ## Algorithm ("select the m best of [lo, hi)", rows of at least kRadixSelectMinLength)
-/// 1. Bracket: the keys of a strided sample of s ~ 8 sqrt(len) slots give, by two
-///    `nth_element`s on the sample, keys lo_T <= hi_T that enclose the m-th best key with high
+/// 1. Bracket: the keys of a strided sample of s ~ 8 sqrt(len) slots give, by two radix
+///    selections on the sample (step 3's routine), keys lo_T <= hi_T that enclose the m-th best key with high
 ///    probability (sample ranks m s / len -/+ (3 sigma + 3)).
 /// 2. Counting pass over the row: the number a of keys above hi_T, and the slots of the keys in
 ///    [lo_T, hi_T] ("candidates", ~ 6 sigma / s of the row), written branch-free in slot order.
-/// 3. Exact threshold among the candidates by histogram radix select on their integer keys: a
-///    2048-bucket histogram per 11-bit digit (11 + 11 + 10 bits for float keys, 11 + 5 for 16-bit
-///    keys), each over the keys sharing the digits chosen so far, gives the threshold key T and
-///    the number t of T-keyed slots to keep (to reach m - a from the candidates).
+/// 3. Exact threshold among the candidates by histogram radix select on their integer keys: one
+///    histogram per digit from the top (11-bit digits, or 8-bit digits for fewer than 4096 keys),
+///    each over the keys sharing the digits chosen so far, gives the threshold key T and the
+///    number t of T-keyed slots to keep (to reach m - a from the candidates). The sample's two
+///    ranks (step 1) are found the same way.
 /// 4. Emission pass over the row: the slots keyed above T, and the first t slots keyed T (slot
 ///    order is position order when the ties' positions ascend, as in every Layer; otherwise the t
 ///    ties are chosen by (position, slot) and merged in), in slot order.
@@ -30,10 +31,13 @@
 /// O(sqrt(len)) for the sample and O(sqrt(len)) candidates.
 ///
 /// ## Crossover
-/// Rows shorter than `kRadixSelectMinLength` use `std::nth_element` + a sort of the m selected
-/// slots instead (`select_best_nth`): below it the fixed costs (sample, histograms of 2048
-/// buckets) dominate. Measured with benchmarks/evict_cpu_bench.cpp (BM_Select, path 0 vs 1; see
-/// benchmarks/RESULTS.md).
+/// Rows shorter than `kRadixSelectMinLength` (512) use `std::nth_element` + a sort of the m
+/// selected slots instead (`select_best_nth`): below it the fixed costs of the radix path (a
+/// sample of >= 256 keys, histograms of 2048 buckets) dominate. Measured with
+/// benchmarks/evict_cpu_bench.cpp (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, CPU
+/// time, medians of 3, float keys): n = 256: 6.6 vs 5.3 us; n = 512: 9.9 vs 10.8 us; n = 768:
+/// 10.6 vs 18.0 us; n = 4096: 26 vs 99 us (16-bit keys: 6.1 vs 6.1, 7.0 vs 12.1, 9.7 vs 18.3 us).
+/// See benchmarks/RESULTS.md.
 
 #include <algorithm>
 #include <cassert>
@@ -131,14 +135,15 @@ struct Threshold {
 
 /// Step 3 of the file comment: the threshold of the `need` best (1 <= need <= c) of `c`
 /// candidates (keys `ckey`), all of whose keys share the digits of `T` above bit `shift`, by
-/// histogram radix select (2048 buckets, 11-bit digits; float keys 11 + 11 + 10 bits from the top,
-/// 16-bit keys 11 + 5).
+/// histogram radix select: 11-bit digits (2048 buckets) from the top, or 8-bit digits (256
+/// buckets) when there are fewer than 4096 keys.
 inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need, std::uint32_t T,
                                  int shift, SelectWorkspace& ws) {
   ws.hist.resize(2048);
   std::uint32_t* h = ws.hist.data();
+  const int digit = c < 4096 ? 8 : 11;  // few keys: 256 buckets, cheaper to clear and scan
   while (shift > 0) {
-    const int width = shift < 11 ? shift : 11;
+    const int width = shift < digit ? shift : digit;
     const int s = shift - width;
     const std::uint32_t mask = (1u << width) - 1u;
     std::fill(h, h + (1 << width), 0u);

@@ -37,6 +37,10 @@
 
 #include <Eigen/Core>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "depthkv/error.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/model.hpp"
@@ -69,6 +73,36 @@ using ActivationHook = std::function<void(int layer, CapturePoint point, std::in
 using AttentionObserver =
     std::function<void(int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n)>;
 
+namespace detail {
+
+/// Sets the calling thread's OpenMP thread count (which Eigen's products follow unless
+/// `Eigen::setNbThreads` was called) for its lifetime; `n <= 0` changes nothing.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) {
+#ifdef _OPENMP
+    if (n > 0) {
+      saved_ = omp_get_max_threads();
+      omp_set_num_threads(n);
+    }
+#else
+    (void)n;
+#endif
+  }
+  ~ScopedThreads() {
+#ifdef _OPENMP
+    if (saved_ > 0) omp_set_num_threads(saved_);
+#endif
+  }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+}  // namespace detail
+
 /// Wall-clock seconds spent in the parts of the forward pass (accumulated over calls).
 struct EngineStats {
   double matmul_s = 0;     ///< Q/K/V/O projections, MLP and classifier GEMMs
@@ -96,6 +130,11 @@ struct ForwardOptions {
   unsigned capture_points = ~0u;
   /// Accumulates timings (optional).
   EngineStats* stats = nullptr;
+  /// OpenMP threads for this call (Eigen's products and the attention heads): 0 = the current
+  /// default (`OMP_NUM_THREADS`), 1 = single-threaded. Products smaller than
+  /// `LlamaEngine::kParallelGemmWork` multiply-adds always run single-threaded (a fork-join costs
+  /// more than it saves there, and far more on a loaded machine).
+  int n_threads = 0;
 };
 
 /// Bit of `point` for `ForwardOptions::capture_points`.
@@ -149,6 +188,7 @@ class LlamaEngine {
     DEPTHKV_CHECK(pos0 >= 0, "pos0 must be >= 0, got " << pos0);
     DEPTHKV_CHECK(opt.chunk_size >= 1, "chunk_size must be >= 1, got " << opt.chunk_size);
     check_cache(cache);
+    detail::ScopedThreads threads(opt.n_threads);
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
     for (int c0 = 0; c0 < n; c0 += opt.chunk_size) {
@@ -437,8 +477,11 @@ class LlamaEngine {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row.
+  /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row; small
+  /// products single-threaded.
   static void linear(const RowMatrix& W, const RowMatrix& x, RowMatrix& y) {
+    const double work = static_cast<double>(x.rows()) * static_cast<double>(W.rows()) * static_cast<double>(W.cols());
+    detail::ScopedThreads threads(work < kParallelGemmWork ? 1 : 0);
     if (x.rows() == 1) {
       y.row(0).transpose().noalias() = W * x.row(0).transpose();
     } else {
@@ -451,50 +494,96 @@ class LlamaEngine {
   template <class Layer>
   void attention(int l, const RowMatrix& q, const Layer& kv, const std::vector<int>& size_before, std::int32_t pos0,
                  RowMatrix& att, const ForwardOptions& opt) const {
+    const LlamaConfig& c = config();
+    const int T = static_cast<int>(q.rows());
+    int max_n = 0;
+    for (int h = 0; h < c.n_kv_heads; ++h) max_n = std::max(max_n, kv.size(h));
+    // Heads run in parallel (OpenMP) when the work is large enough; Eigen's products inside a
+    // parallel region stay single-threaded, so there is one fork-join per layer, not per product.
+    const double work = static_cast<double>(T) * max_n * c.head_dim * c.n_heads;
+    const bool par = work >= kParallelWork;
+    (void)par;  // used by the OpenMP pragmas only
+    if (!opt.observer) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+#endif
+      for (int qh = 0; qh < c.n_heads; ++qh) {
+        RowMatrix s;
+        attend_head(qh, q, kv, size_before, att, s, false);
+      }
+      return;
+    }
+    // With an observer: heads computed in parallel batches (probabilities of a batch held at
+    // most kObserverBatchBytes), then observed serially in head order.
+    const std::size_t per_head = static_cast<std::size_t>(T) * static_cast<std::size_t>(max_n) * sizeof(float);
+    const int batch = static_cast<int>(std::max<std::size_t>(
+        1, std::min<std::size_t>(static_cast<std::size_t>(c.n_heads), kObserverBatchBytes / std::max<std::size_t>(per_head, 1))));
+    std::vector<RowMatrix> probs(static_cast<std::size_t>(batch));
+    for (int b0 = 0; b0 < c.n_heads; b0 += batch) {
+      const int nb = std::min(batch, c.n_heads - b0);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) if (par && nb > 1)
+#endif
+      for (int i = 0; i < nb; ++i) attend_head(b0 + i, q, kv, size_before, att, probs[static_cast<std::size_t>(i)], true);
+      for (int i = 0; i < nb; ++i) {
+        const RowMatrix& p = probs[static_cast<std::size_t>(i)];
+        const int n = static_cast<int>(p.cols());
+        opt.observer(l, b0 + i, pos0, T, p.data(), n, n);
+      }
+    }
+  }
+
+  /// Attention of query head `qh` for the T new queries: writes its output columns of `att`
+  /// and leaves the probabilities in `s` `[T x n]` (n = slots of its KV head; with `full_rows`,
+  /// masked entries are zeroed across the whole row, as the observer needs).
+  template <class Layer>
+  void attend_head(int qh, const RowMatrix& q, const Layer& kv, const std::vector<int>& size_before, RowMatrix& att,
+                   RowMatrix& s, bool full_rows) const {
     using ConstMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
     const LlamaConfig& c = config();
     const int T = static_cast<int>(q.rows());
     const int hd = c.head_dim;
-    const int group = c.n_heads / c.n_kv_heads;
+    const int h = qh / (c.n_heads / c.n_kv_heads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    RowMatrix s;
-    for (int qh = 0; qh < c.n_heads; ++qh) {
-      const int h = qh / group;
-      const int n = kv.size(h);
-      const int n_old = size_before[static_cast<std::size_t>(h)];
-      ConstMap K(kv.key(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
-      ConstMap V(kv.value(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
-      auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
-      auto out = att.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
-      if (T == 1) {
-        Eigen::VectorXf sc(n);
-        sc.noalias() = K * Q.row(0).transpose();
-        sc *= scale;
-        softmax_prefix(sc.data(), n);
-        if (opt.observer) opt.observer(l, qh, pos0, 1, sc.data(), n, n);
-        out.row(0).transpose().noalias() = V.transpose() * sc;
-        continue;
+    const int n = kv.size(h);
+    const int n_old = size_before[static_cast<std::size_t>(h)];
+    ConstMap K(kv.key(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
+    ConstMap V(kv.value(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
+    auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
+    auto out = att.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
+    s.resize(T, n);
+    if (T == 1) {
+      s.row(0).transpose().noalias() = K * Q.row(0).transpose();
+      float* row = s.data();
+      Eigen::Map<Eigen::ArrayXf>(row, n) *= scale;
+      softmax_prefix(row, n);
+      out.row(0).transpose().noalias() = V.transpose() * s.row(0).transpose();
+      return;
+    }
+    // Causal tiles of kTileRows queries: rows [r0, r0 + rows) need only the slots [0, n_old + r0 + rows).
+    for (int r0 = 0; r0 < T; r0 += kTileRows) {
+      const int rows = std::min(kTileRows, T - r0);
+      const int m = n_old + r0 + rows;
+      auto S = s.block(r0, 0, rows, m);
+      S.noalias() = Q.middleRows(r0, rows) * K.topRows(m).transpose();
+      for (int i = 0; i < rows; ++i) {
+        float* row = s.row(r0 + i).data();
+        const int visible = n_old + r0 + i + 1;
+        Eigen::Map<Eigen::ArrayXf>(row, visible) *= scale;
+        softmax_prefix(row, visible);
+        std::fill(row + visible, row + m, 0.0f);
       }
-      // Causal tiles of kTileRows queries: rows [r0, r1) need only the slots [0, n_old + r1).
-      s.resize(T, n);
-      for (int r0 = 0; r0 < T; r0 += kTileRows) {
-        const int rows = std::min(kTileRows, T - r0);
-        const int m = n_old + r0 + rows;
-        auto S = s.block(r0, 0, rows, m);
-        S.noalias() = Q.middleRows(r0, rows) * K.topRows(m).transpose();
-        for (int i = 0; i < rows; ++i) {
-          float* row = s.row(r0 + i).data();
-          const int visible = n_old + r0 + i + 1;
-          Eigen::Map<Eigen::ArrayXf>(row, visible) *= scale;
-          softmax_prefix(row, visible);
-          std::fill(row + visible, row + m, 0.0f);
-        }
-        if (opt.observer && m < n) s.block(r0, m, rows, n - m).setZero();
-        out.middleRows(r0, rows).noalias() = S * V.topRows(m);
-      }
-      if (opt.observer) opt.observer(l, qh, pos0, T, s.data(), n, n);
+      if (full_rows && m < n) s.block(r0, m, rows, n - m).setZero();
+      out.middleRows(r0, rows).noalias() = S * V.topRows(m);
     }
   }
+
+  /// Multiply-adds below which a projection runs single-threaded.
+  static constexpr double kParallelGemmWork = 1 << 23;
+  /// Multiply-adds (T x slots x head_dim x heads) from which attention heads run in parallel.
+  static constexpr double kParallelWork = 1 << 20;
+  /// Most bytes of attention probabilities held for the observer at once (one head at least).
+  static constexpr std::size_t kObserverBatchBytes = std::size_t(64) << 20;
 
   /// Query rows per causal attention tile in prefill.
   static constexpr int kTileRows = 64;
