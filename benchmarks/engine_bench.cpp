@@ -5,12 +5,15 @@
 // default or fewer with --layers):
 //   - prefill tokens/s (batched, chunked) and decode tokens/s;
 //   - the share of forward time in the matrix products, in attention, and in the rest;
+//   - the cost of profiling stories260K (every layer at 6 keep ratios, windows of 384 + 128
+//     tokens) with PruningEvaluator's activation reuse, against one full evaluation pass and
+//     against recomputing every run;
 //   - the GFLOP/s reached by the prefill's matrix products against a measured Eigen GEMM rate of
 //     the same shape on this machine (same run), and decode's weight traffic against a measured
 //     memcpy bandwidth (decode reads every weight once per token).
 //
-// Usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--skip-synthetic]
-//                     [--data DIR]
+// Usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--windows N]
+//                     [--skip-synthetic] [--data DIR]
 
 #include <algorithm>
 #include <chrono>
@@ -28,7 +31,11 @@
 #endif
 
 #include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/text_windows.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
 #define DEPTHKV_DEFAULT_DATA_DIR "../shared"
@@ -187,10 +194,50 @@ void bench_model(const char* name, const LlamaModel& model, int prompt, int deco
   std::fflush(stdout);
 }
 
+/// Profiling cost on stories260K: full passes (the evaluator's constructor), then the profile
+/// with activation reuse, then a few runs without reuse to extrapolate the naive cost.
+void bench_profiling(const LlamaModel& model, const std::string& data, int n_windows) {
+  using namespace depthkv;
+  const Tokenizer tok(data + "/models/stories260K/tok512.bin", model.config.vocab_size);
+  const auto ids = encode_stories(tok, split_stories(read_text_file(data + "/text/tinystories_valid.txt")));
+  const auto windows = split_windows(token_windows(ids, 512, 0, n_windows), 384);
+  const LlamaEngine engine(model);
+  EvalConfig cfg;
+  cfg.protection = Protection{4, 0};
+  auto t0 = Clock::now();
+  const PruningEvaluator ev(engine, windows, cfg);
+  const double full_s = seconds(t0);
+  SensitivityProfiler prof(model.config.n_layers);
+  t0 = Clock::now();
+  prof.run_batched(ev.layer_function());
+  const double reuse_s = seconds(t0);
+  const int runs = prof.total_runs();
+  // naive: a few single-layer runs recomputed from scratch (full + pruned pass each), same threads
+  EvalConfig ncfg = cfg;
+  ncfg.reuse = false;
+  const PruningEvaluator naive(engine, windows, ncfg);
+  const int probe = 3;
+  t0 = Clock::now();
+  for (int l = 0; l < probe; ++l) {
+    std::vector<double> plan(static_cast<std::size_t>(model.config.n_layers), 1.0);
+    plan[static_cast<std::size_t>(l)] = 0.2;
+    naive.evaluate_plan(plan);
+  }
+  const double naive_s = seconds(t0) / probe * runs;
+  std::printf("\nprofiling stories260K: %d layers x %zu ratios = %d runs over %d windows (384 + 128 tokens), H2O\n",
+              model.config.n_layers, prof.options().keep_ratios.size(), runs, n_windows);
+  std::printf("  one full evaluation pass (all windows): %.3f s\n", full_s);
+  std::printf("  profile with activation reuse: %.3f s = %.2f full passes (%.3f per run)\n", reuse_s, reuse_s / full_s,
+              reuse_s / full_s / runs);
+  std::printf("  recomputing every run (extrapolated from %d runs): %.3f s = %.1f full passes\n",
+              probe, naive_s, naive_s / full_s);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int layers = 22, prompt = 512, decode = 32, chunk = 1024;
+  int layers = 22, prompt = 512, decode = 32, chunk = 1024, windows = 16;
   bool synthetic = true;
   std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
   for (int i = 1; i < argc; ++i) {
@@ -205,16 +252,17 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--prompt")) prompt = std::atoi(next("--prompt"));
     else if (!std::strcmp(argv[i], "--decode")) decode = std::atoi(next("--decode"));
     else if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(next("--chunk"));
+    else if (!std::strcmp(argv[i], "--windows")) windows = std::atoi(next("--windows"));
     else if (!std::strcmp(argv[i], "--skip-synthetic")) synthetic = false;
     else if (!std::strcmp(argv[i], "--data")) data = next("--data");
     else {
       std::fprintf(stderr,
-                   "usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--skip-synthetic] [--data DIR]\n");
+                   "usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--windows N] [--skip-synthetic] [--data DIR]\n");
       return 2;
     }
   }
-  if (layers < 1 || prompt < 1 || decode < 0 || chunk < 1) {
-    std::fprintf(stderr, "engine_bench: --layers, --prompt, --chunk must be >= 1 and --decode >= 0\n");
+  if (layers < 1 || prompt < 1 || decode < 0 || chunk < 1 || windows < 1) {
+    std::fprintf(stderr, "engine_bench: --layers, --prompt, --chunk, --windows must be >= 1 and --decode >= 0\n");
     return 2;
   }
   try {
@@ -234,6 +282,7 @@ int main(int argc, char** argv) {
 
     const LlamaModel stories = load_llama2c(data + "/models/stories260K/stories260K.bin");
     bench_model("stories260K", stories, std::min(prompt, stories.config.seq_len - decode), decode, chunk, gemm_small, mem);
+    bench_profiling(stories, data, windows);
     if (synthetic) {
       const auto t0 = Clock::now();
       const LlamaModel tl = synthetic_tinyllama(layers);

@@ -10,9 +10,12 @@
 //
 // Every iteration draws fresh random scores (uniform in [0, 1): spread over few exponents, the
 // hard case for the top histogram digit) and restores the cache, outside the timed region. The
-// reported time is select+compact (library `evict`, manual timing); the counters are:
-//   ratio_vs_memcpy      select+compact time / memcpy time of the kept K+V bytes (same iteration)
-//   select_elems_per_s   scores selected per second (selection only, one thread: per core)
+// reported time is select+compact (library `evict`, manual timing; thread CPU time, see Clock);
+// the counters are:
+//   ratio_vs_memcpy      select+compact time / memcpy time of the kept K+V bytes into a separate
+//                        cache-cold buffer (same iteration)
+//   select_elems_per_s   scores selected per second (NaN check + selection per row as evict does
+//                        it, one thread: per core)
 //   speedup_vs_sort      naive (full sort + copy) time / select+compact time
 //   select_speedup_vs_sort  full sort time / selection time (selection alone)
 //   memcpy_GBps          bandwidth of the memcpy baseline (bytes read + written / time)
@@ -24,8 +27,8 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <utility>
 #include <vector>
@@ -75,7 +78,8 @@ depthkv::KVCache<depthkv::HostLayer<T>> make_cache(int n_layers, int n, std::mt1
 
 void fresh_scores(std::vector<depthkv::LayerScores>& s, int n_layers, int n, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  s.assign(static_cast<std::size_t>(n_layers), depthkv::LayerScores(kKvHeads, std::vector<float>(static_cast<std::size_t>(n))));
+  s.assign(static_cast<std::size_t>(n_layers),
+           depthkv::LayerScores(kKvHeads, std::vector<float>(static_cast<std::size_t>(n))));
   for (auto& layer : s)
     for (auto& row : layer)
       for (auto& x : row) x = u(rng);
@@ -96,7 +100,8 @@ void BM_Evict(benchmark::State& state) {
   std::vector<depthkv::LayerScores> scores;
   const std::vector<int> keep(static_cast<std::size_t>(n_layers), k);
   const std::size_t tok_bytes = sizeof(T) * kHeadDim;
-  const std::size_t kept_bytes = static_cast<std::size_t>(n_layers) * kKvHeads * static_cast<std::size_t>(k) * tok_bytes * 2;
+  const std::size_t kept_bytes =
+      static_cast<std::size_t>(n_layers) * kKvHeads * static_cast<std::size_t>(k) * tok_bytes * 2;
   // memcpy / naive target: a separate region per row, as large as the kept bytes of all rows (cold
   // in the caches like the cache's own memory, which compaction writes in place)
   const std::size_t row_bytes = static_cast<std::size_t>(k) * tok_bytes * 2;
@@ -139,8 +144,8 @@ void BM_Evict(benchmark::State& state) {
       for (int l = 0; l < n_layers; ++l)
         for (int h = 0; h < kKvHeads; ++h) {
           if (depthkv::detail::first_nan(scores[l][h].data(), n) >= 0) state.SkipWithError("NaN");
-          depthkv::detail::select_row(depthkv::detail::FloatKeys{scores[l][h].data()}, pristine.layer(l).positions(h), n,
-                                      k, depthkv::Protection{}, ws, kept);
+          depthkv::detail::select_row(depthkv::detail::FloatKeys{scores[l][h].data()},
+                                      pristine.layer(l).positions(h), n, k, depthkv::Protection{}, ws, kept);
           benchmark::DoNotOptimize(kept.data());
         }
       t_select += seconds_since(t0);
@@ -165,18 +170,21 @@ void BM_Evict(benchmark::State& state) {
         const double ts0 = Clock::now();
         const auto& s = scores[l][h];
         for (int i = 0; i < n; ++i) pairs[static_cast<std::size_t>(i)] = {s[static_cast<std::size_t>(i)], i};
-        std::sort(pairs.begin(), pairs.end(), [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
-          return a.first != b.first ? a.first > b.first : a.second < b.second;
-        });
-        for (int i = 0; i < k; ++i) idx[static_cast<std::size_t>(i)] = pairs[static_cast<std::size_t>(i)].second;
+        std::sort(pairs.begin(), pairs.end(),
+                  [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+                    return a.first != b.first ? a.first > b.first : a.second < b.second;
+                  });
+        for (int i = 0; i < k; ++i)
+          idx[static_cast<std::size_t>(i)] = pairs[static_cast<std::size_t>(i)].second;
         std::sort(idx.begin(), idx.end());
         ts += seconds_since(ts0);
         const auto& L = pristine.layer(l);
         unsigned char* dst = dst_all.data() + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
         for (int i = 0; i < k; ++i) {
-          std::memcpy(dst + static_cast<std::size_t>(i) * tok_bytes, L.key(h, idx[static_cast<std::size_t>(i)]), tok_bytes);
-          std::memcpy(dst + static_cast<std::size_t>(k + i) * tok_bytes, L.value(h, idx[static_cast<std::size_t>(i)]),
-                      tok_bytes);
+          std::memcpy(dst + static_cast<std::size_t>(i) * tok_bytes,
+                      L.key(h, idx[static_cast<std::size_t>(i)]), tok_bytes);
+          std::memcpy(dst + static_cast<std::size_t>(k + i) * tok_bytes,
+                      L.value(h, idx[static_cast<std::size_t>(i)]), tok_bytes);
         }
         benchmark::ClobberMemory();
       }
@@ -201,7 +209,10 @@ void evict_args(benchmark::internal::Benchmark* b) {
     for (int keep : {10, 20, 50})
       for (int mode : {0, 1}) b->Args({n, keep, mode, 1});
   for (int n : {4096, 32768}) b->Args({n, 20, 0, 2});  // two threads over the rows
-  b->ArgNames({"n", "keep%", "mode", "threads"})->UseManualTime()->Iterations(6)->Unit(benchmark::kMillisecond);
+  b->ArgNames({"n", "keep%", "mode", "threads"})
+      ->UseManualTime()
+      ->Iterations(6)
+      ->Unit(benchmark::kMillisecond);
 }
 BENCHMARK_TEMPLATE(BM_Evict, float)->Apply(evict_args);
 BENCHMARK_TEMPLATE(BM_Evict, Eigen::half)->Apply(evict_args);
@@ -234,10 +245,12 @@ void BM_Select(benchmark::State& state) {
     r = (r + 1) % pool;
     out.clear();
     if (path == 2) {
-      for (int i = 0; i < n; ++i) pairs[static_cast<std::size_t>(i)] = {f[off + static_cast<std::size_t>(i)], i};
-      std::sort(pairs.begin(), pairs.end(), [](const std::pair<float, int>& a, const std::pair<float, int>& c) {
-        return a.first != c.first ? a.first > c.first : a.second < c.second;
-      });
+      for (int i = 0; i < n; ++i)
+        pairs[static_cast<std::size_t>(i)] = {f[off + static_cast<std::size_t>(i)], i};
+      std::sort(pairs.begin(), pairs.end(),
+                [](const std::pair<float, int>& a, const std::pair<float, int>& c) {
+                  return a.first != c.first ? a.first > c.first : a.second < c.second;
+                });
       for (int i = 0; i < m; ++i) out.push_back(pairs[static_cast<std::size_t>(i)].second);
       std::sort(out.begin(), out.end());
     } else if (std::is_same<Key, depthkv::detail::FloatKeys>::value) {
@@ -255,9 +268,11 @@ void BM_Select(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["select_elems_per_s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["select_elems_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["ns_per_elem"] =
-      benchmark::Counter(static_cast<double>(n) / 1e9, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+      benchmark::Counter(static_cast<double>(n) / 1e9,
+                         benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 void select_args(benchmark::internal::Benchmark* b) {
   for (int n : {64, 128, 256, 512, 768, 1024, 2048, 4096, 32768, 131072})

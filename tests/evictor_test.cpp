@@ -4,6 +4,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,8 +12,6 @@
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 using depthkv::Protection;
 using I32 = std::int32_t;
@@ -54,19 +53,35 @@ std::vector<float> make_scores(int n, int kind, std::mt19937& rng) {
   for (int i = 0; i < n; ++i) {
     float& x = s[static_cast<std::size_t>(i)];
     switch (kind) {
-      case 0: x = u(rng); break;                                      // spread
-      case 1: x = static_cast<float>(few(rng)); break;                // many ties
-      case 2: x = 0.5f; break;                                        // all equal
-      case 3: x = (i % 2) ? 0.0f : -0.0f; break;                      // +0 / -0 only
-      case 4: x = static_cast<float>(i); break;                       // sorted ascending
-      case 5: x = static_cast<float>(n - i); break;                   // sorted descending
-      case 6: {                                                       // +/-inf, denormals, signs
+      case 0:
+        x = u(rng);
+        break;  // spread
+      case 1:
+        x = static_cast<float>(few(rng));
+        break;  // many ties
+      case 2:
+        x = 0.5f;
+        break;  // all equal
+      case 3:
+        x = (i % 2) ? 0.0f : -0.0f;
+        break;  // +0 / -0 only
+      case 4:
+        x = static_cast<float>(i);
+        break;  // sorted ascending
+      case 5:
+        x = static_cast<float>(n - i);
+        break;   // sorted descending
+      case 6: {  // +/-inf, denormals, signs
         const float pool[] = {inf, -inf, den, -den, 2 * den, 0.0f, -0.0f, 1.0f, -1.0f, 1e-38f};
         x = pool[few(rng) * 2 + (u(rng) < 0.5f ? 1 : 0)];
         break;
       }
-      case 7: x = (u(rng) - 0.5f) * 1e6f; break;                      // mixed signs, wide range
-      default: x = std::ldexp(u(rng), -(i % 40)); break;              // many exponents
+      case 7:
+        x = (u(rng) - 0.5f) * 1e6f;
+        break;  // mixed signs, wide range
+      default:
+        x = std::ldexp(u(rng), -(i % 40));
+        break;  // many exponents
     }
   }
   return s;
@@ -92,7 +107,8 @@ TEST_CASE("select_keep matches a naive full sort on random and adversarial rows"
           if (k < p) continue;
           const std::vector<I32> got = depthkv::select_keep(s.data(), nullptr, n, k, prot);
           const std::vector<I32> want = naive_select(s.data(), nullptr, n, k, prot);
-          INFO("n " << n << " kind " << kind << " k " << k << " sink " << prot.n_sink << " recent " << prot.n_recent);
+          INFO("n " << n << " kind " << kind << " k " << k << " sink " << prot.n_sink << " recent "
+                    << prot.n_recent);
           REQUIRE(got == want);
           ++checked;
         }
@@ -114,7 +130,8 @@ TEST_CASE("select_keep breaks ties by position, also when positions are not slot
         for (auto& p : pos) p /= 3;
       for (int k : {0, 1, n / 3, n / 2, n - 1, n}) {
         INFO("n " << n << " kind " << kind << " k " << k);
-        REQUIRE(depthkv::select_keep(s.data(), pos.data(), n, k, {}) == naive_select(s.data(), pos.data(), n, k, {}));
+        REQUIRE(depthkv::select_keep(s.data(), pos.data(), n, k, {}) ==
+                naive_select(s.data(), pos.data(), n, k, {}));
         if (k >= 5)
           REQUIRE(depthkv::select_keep(s.data(), pos.data(), n, k, {2, 3}) ==
                   naive_select(s.data(), pos.data(), n, k, {2, 3}));
@@ -174,7 +191,8 @@ TEST_CASE("select_keep edge cases", "[evict]") {
   }
 }
 
-TEMPLATE_TEST_CASE("select_keep on 16-bit scores matches the naive sort", "[evict]", Eigen::half, Eigen::bfloat16) {
+TEMPLATE_TEST_CASE("select_keep on 16-bit scores matches the naive sort", "[evict]", Eigen::half,
+                   Eigen::bfloat16) {
   std::mt19937 rng(7);
   for (int n : {0, 1, 10, 767, 768, 2000, 33000}) {
     for (int kind = 0; kind < kKinds; ++kind) {
@@ -184,7 +202,8 @@ TEMPLATE_TEST_CASE("select_keep on 16-bit scores matches the naive sort", "[evic
       for (int k : {0, 1, n / 10, n / 2, n - 1, n}) {
         if (k < 0) continue;
         INFO("n " << n << " kind " << kind << " k " << k);
-        REQUIRE(depthkv::select_keep(s.data(), nullptr, n, k, {}) == naive_select(s.data(), nullptr, n, k, {}));
+        REQUIRE(depthkv::select_keep(s.data(), nullptr, n, k, {}) ==
+                naive_select(s.data(), nullptr, n, k, {}));
         if (k >= 4 || k >= n)
           REQUIRE(depthkv::select_keep(s.data(), nullptr, n, k, {2, 2}) ==
                   naive_select(s.data(), nullptr, n, k, {2, 2}));
@@ -195,7 +214,8 @@ TEMPLATE_TEST_CASE("select_keep on 16-bit scores matches the naive sort", "[evic
   s[3] = static_cast<TestType>(std::numeric_limits<float>::quiet_NaN());
   CHECK_THROWS_AS(depthkv::select_keep(s.data(), nullptr, 5, 2, {}), depthkv::Error);
   // -0 and +0 are equal scores
-  const TestType z[3] = {static_cast<TestType>(-0.0f), static_cast<TestType>(0.0f), static_cast<TestType>(-0.0f)};
+  const TestType z[3] = {static_cast<TestType>(-0.0f), static_cast<TestType>(0.0f),
+                         static_cast<TestType>(-0.0f)};
   CHECK(depthkv::select_keep(z, nullptr, 3, 2, {}) == std::vector<I32>{0, 1});
 }
 
@@ -280,7 +300,8 @@ void check_evicted(const Layer& before, const Layer& after, const depthkv::Layer
       REQUIRE(ev.kept_positions[static_cast<std::size_t>(h)][i] == before.positions(h)[want[i]]);
       REQUIRE(after.positions(h)[i] == before.positions(h)[want[i]]);
       REQUIRE(std::memcmp(after.key(h, static_cast<int>(i)), before.key(h, want[i]), sizeof(T) * hd) == 0);
-      REQUIRE(std::memcmp(after.value(h, static_cast<int>(i)), before.value(h, want[i]), sizeof(T) * hd) == 0);
+      REQUIRE(std::memcmp(after.value(h, static_cast<int>(i)), before.value(h, want[i]), sizeof(T) * hd) ==
+              0);
     }
     // positions stay ascending (order preserved by compaction)
     for (int i = 1; i < after.size(h); ++i) REQUIRE(after.positions(h)[i - 1] < after.positions(h)[i]);
@@ -309,14 +330,15 @@ TEMPLATE_TEST_CASE("evict_layer keeps exactly the naive selection, in order", "[
   }
 }
 
-TEMPLATE_TEST_CASE("evict over a cache: per-layer and per-head budgets, threads give identical results", "[evict]",
-                   float, Eigen::half) {
+TEMPLATE_TEST_CASE("evict over a cache: per-layer and per-head budgets, threads give identical results",
+                   "[evict]", float, Eigen::half) {
   std::mt19937 rng(5);
   depthkv::KVCache<depthkv::HostLayer<TestType>> cache;
   const int lens[] = {900, 40, 2000, 0};
   for (int n : lens) fill(cache.add_layer(depthkv::HostLayer<TestType>(2, 8)), n, rng);
   std::vector<depthkv::LayerScores> scores;
-  for (int l = 0; l < cache.n_layers(); ++l) scores.push_back(random_scores(sizes_of(cache.layer(l)), rng, l % 2));
+  for (int l = 0; l < cache.n_layers(); ++l)
+    scores.push_back(random_scores(sizes_of(cache.layer(l)), rng, l % 2));
   const Protection prot{1, 4};
   const auto original = cache;
 
@@ -335,7 +357,8 @@ TEMPLATE_TEST_CASE("evict over a cache: per-layer and per-head budgets, threads 
     auto cache3 = original;
     depthkv::evict(cache3, scores, keep, prot, true, /*n_threads=*/0);
     CHECK(snapshot(cache3) == snapshot(cache));
-    for (int l = 0; l < 4; ++l) CHECK(ev2[static_cast<std::size_t>(l)].kept_slots == ev[static_cast<std::size_t>(l)].kept_slots);
+    for (int l = 0; l < 4; ++l)
+      CHECK(ev2[static_cast<std::size_t>(l)].kept_slots == ev[static_cast<std::size_t>(l)].kept_slots);
   }
   SECTION("per-head keep") {
     const std::vector<std::vector<int>> keep{{5, 800}, {40, 10}, {1999, 2000}, {0, 3}};
@@ -366,13 +389,18 @@ TEST_CASE("evict: every error leaves the cache byte-for-byte unchanged", "[evict
     s[2][1][77] = std::numeric_limits<float>::quiet_NaN();
     expect_unchanged([&] { depthkv::evict(cache, s, ok, prot); });
     expect_unchanged([&] { depthkv::evict(cache, s, ok, prot, true, 2); });
-    CHECK_THROWS_WITH(depthkv::evict(cache, s, ok, prot), Catch::Contains("layer 2 head 1") && Catch::Contains("77"));
+    CHECK_THROWS_WITH(depthkv::evict(cache, s, ok, prot),
+                      Catch::Contains("layer 2 head 1") && Catch::Contains("77"));
   }
   SECTION("keep below the protected count in one layer") {
     expect_unchanged([&] { depthkv::evict(cache, scores, std::vector<int>{50, 50, 11}, prot); });
   }
-  SECTION("negative keep") { expect_unchanged([&] { depthkv::evict(cache, scores, std::vector<int>{50, -1, 50}, prot); }); }
-  SECTION("negative protection") { expect_unchanged([&] { depthkv::evict(cache, scores, ok, Protection{-1, 0}); }); }
+  SECTION("negative keep") {
+    expect_unchanged([&] { depthkv::evict(cache, scores, std::vector<int>{50, -1, 50}, prot); });
+  }
+  SECTION("negative protection") {
+    expect_unchanged([&] { depthkv::evict(cache, scores, ok, Protection{-1, 0}); });
+  }
   SECTION("score row of the wrong length") {
     auto s = scores;
     s[2][0].pop_back();
@@ -395,7 +423,9 @@ TEST_CASE("evict: every error leaves the cache byte-for-byte unchanged", "[evict
       depthkv::evict(cache, scores, std::vector<std::vector<int>>{{50, 50}, {50, 50}, {50, 11}}, prot);
     });
   }
-  SECTION("bad thread count") { expect_unchanged([&] { depthkv::evict(cache, scores, ok, prot, true, -1); }); }
+  SECTION("bad thread count") {
+    expect_unchanged([&] { depthkv::evict(cache, scores, ok, prot, true, -1); });
+  }
   SECTION("evict_layer") {
     auto s = scores[0];
     s[0][3] = std::numeric_limits<float>::quiet_NaN();
@@ -477,7 +507,8 @@ TEMPLATE_TEST_CASE("evict on a LayerView over strided external memory", "[evict]
   const Protection prot{4, 16};
 
   // an error first: nothing of the external memory changes
-  CHECK_THROWS_AS(depthkv::evict(cache, {s}, std::vector<std::vector<int>>{{20, 600, 19}}, prot), depthkv::Error);
+  CHECK_THROWS_AS(depthkv::evict(cache, {s}, std::vector<std::vector<int>>{{20, 600, 19}}, prot),
+                  depthkv::Error);
   CHECK(K == before_layer.first);
   CHECK(V == before_layer.second);
 

@@ -3,14 +3,13 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <random>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "depthkv/evictor.hpp"
 
@@ -34,7 +33,9 @@ struct NaiveScorer {
   std::vector<Row> rows;
 
   int kv_of(int q) const { return q / (n_heads / n_kv); }
-  void observe(int q, std::int32_t pos, const float* probs, int n) { rows.push_back({q, pos, std::vector<double>(probs, probs + n)}); }
+  void observe(int q, std::int32_t pos, const float* probs, int n) {
+    rows.push_back({q, pos, std::vector<double>(probs, probs + n)});
+  }
   void compact(int h, const std::vector<std::int32_t>& kept) {
     for (Row& r : rows) {
       if (kv_of(r.q_head) != h) continue;
@@ -81,7 +82,8 @@ struct NaiveScorer {
           break;
         case ScorerKind::kSnapKV: {
           const std::size_t w = static_cast<std::size_t>(cfg.window);
-          const std::int32_t first = pos.size() > w ? pos[pos.size() - w] : std::numeric_limits<std::int32_t>::min();
+          const std::int32_t first =
+              pos.size() > w ? pos[pos.size() - w] : std::numeric_limits<std::int32_t>::min();
           for (const Row& r : rows)
             if (kv_of(r.q_head) == h && r.pos >= first) add(r);
           if (cfg.pooling != Pooling::kNone) {
@@ -147,18 +149,18 @@ std::vector<float> random_probs(int n_rows, int n, std::mt19937& rng) {
 }
 
 const ScorerConfig kConfigs[] = {
-    {ScorerKind::kH2O, 32, 7, Pooling::kMax},      {ScorerKind::kH2OValueL1, 32, 7, Pooling::kMax},
+    {ScorerKind::kH2O, 32, 7, Pooling::kMax},        {ScorerKind::kH2OValueL1, 32, 7, Pooling::kMax},
     {ScorerKind::kH2OValueL2, 32, 7, Pooling::kMax}, {ScorerKind::kSnapKV, 5, 7, Pooling::kMax},
-    {ScorerKind::kSnapKV, 3, 3, Pooling::kAvg},    {ScorerKind::kSnapKV, 8, 5, Pooling::kNone},
-    {ScorerKind::kSnapKV, 1, 1, Pooling::kMax},    {ScorerKind::kTOVA, 32, 7, Pooling::kMax},
+    {ScorerKind::kSnapKV, 3, 3, Pooling::kAvg},      {ScorerKind::kSnapKV, 8, 5, Pooling::kNone},
+    {ScorerKind::kSnapKV, 1, 1, Pooling::kMax},      {ScorerKind::kTOVA, 32, 7, Pooling::kMax},
     {ScorerKind::kKeyNorm, 32, 7, Pooling::kMax},
 };
 
 }  // namespace
 
 TEST_CASE("scorer kinds: names round-trip, unknown names throw", "[scorer]") {
-  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2, ScorerKind::kSnapKV,
-                       ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm})
     CHECK(depthkv::parse_scorer_kind(depthkv::to_string(k)) == k);
   CHECK(depthkv::to_string(ScorerKind::kH2OValueL1) == "h2o-v1");
   CHECK(depthkv::to_string(ScorerKind::kKeyNorm) == "knorm");
@@ -166,8 +168,8 @@ TEST_CASE("scorer kinds: names round-trip, unknown names throw", "[scorer]") {
   CHECK_THROWS_AS(depthkv::parse_scorer_kind(""), depthkv::Error);
 }
 
-TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill, interleaved heads)", "[scorer]",
-                   float, Eigen::half) {
+TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill, interleaved heads)",
+                   "[scorer]", float, Eigen::half) {
   std::mt19937 rng(2024);
   const int n_heads = 8, n_kv = 2, hd = 16;
   for (const ScorerConfig& cfg : kConfigs) {
@@ -206,7 +208,8 @@ TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill
   }
 }
 
-TEST_CASE("compact keeps the state of the survivors, scores keep accumulating (chunked prefill)", "[scorer]") {
+TEST_CASE("compact keeps the state of the survivors, scores keep accumulating (chunked prefill)",
+          "[scorer]") {
   std::mt19937 rng(77);
   const int n_heads = 4, n_kv = 2, hd = 8;
   for (const ScorerConfig& cfg : kConfigs) {
@@ -308,7 +311,7 @@ TEST_CASE("scorer errors leave the state unchanged", "[scorer]") {
     bad[25] = -1e-3f;
     unchanged([&] { sc.observe_block(1, 5, 3, bad.data(), 10, 10); });
     unchanged([&] { sc.observe(1, 5, bad.data() + 20, 10); });
-    unchanged([&] { sc.observe(4, 9, p.data(), 10); });              // bad query head
+    unchanged([&] { sc.observe(4, 9, p.data(), 10); });  // bad query head
     unchanged([&] { sc.observe(-1, 9, p.data(), 10); });
     unchanged([&] { sc.observe(0, 6, p.data(), 10); });              // position went back (last was 7)
     unchanged([&] { sc.observe(1, -1, p.data(), 10); });             // negative position

@@ -10,4 +10,14 @@ namespace depthkv_cli {
 /// `depthkv generate`: text generation as llama2.c's `run`, optionally on a pruned KV cache.
 void register_generate(CLI::App& app);
 
+/// `depthkv profile`: per-layer loss curves on calibration text -> profile file.
+void register_profile(CLI::App& app);
+
+/// `depthkv allocate`: per-layer budgets from a profile.
+void register_allocate(CLI::App& app);
+
+/// `depthkv eval`: allocation policies against the full cache on held-out windows.
+void register_eval(CLI::App& app);
+void register_analyze(CLI::App& app);
+
 }  // namespace depthkv_cli

@@ -14,6 +14,10 @@ int main(int argc, char** argv) {
   CLI::App app{"depthkv: layer-wise KV-cache budgets for LLM inference", "depthkv"};
   app.require_subcommand(1);
   depthkv_cli::register_generate(app);
+  depthkv_cli::register_profile(app);
+  depthkv_cli::register_allocate(app);
+  depthkv_cli::register_eval(app);
+  depthkv_cli::register_analyze(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -98,8 +98,8 @@ inline void check_row_args(int n, int k, Protection prot) {
 /// Selection of a validated row into `out` (cleared): protected sinks, the best of the middle,
 /// protected recent tokens; ascending.
 template <class Keys>
-void select_row(const Keys& keys, const std::int32_t* positions, int n, int k, Protection prot, SelectWorkspace& ws,
-                std::vector<std::int32_t>& out) {
+void select_row(const Keys& keys, const std::int32_t* positions, int n, int k, Protection prot,
+                SelectWorkspace& ws, std::vector<std::int32_t>& out) {
   out.clear();
   if (k >= n) {
     out.resize(static_cast<std::size_t>(n));
@@ -115,8 +115,8 @@ void select_row(const Keys& keys, const std::int32_t* positions, int n, int k, P
 }
 
 template <class T16>
-std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* positions, int n, int k, Protection prot,
-                                        std::uint16_t inf_bits) {
+std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* positions, int n, int k,
+                                        Protection prot, std::uint16_t inf_bits) {
   static_assert(sizeof(T16) == 2, "16-bit scores");
   check_row_args(n, k, prot);
   DEPTHKV_CHECK(n == 0 || scores != nullptr, "null scores");
@@ -154,22 +154,24 @@ inline std::vector<std::int32_t> select_keep(const float* scores, const std::int
 /// `select_keep` on 16-bit scores (`Eigen::half` or `Eigen::bfloat16`): the same rule and
 /// algorithm on 16-bit keys (whose full histogram select needs a single pass over the row). A
 /// template, so `select_keep(nullptr, ...)` still means the float overload.
-template <class T16, std::enable_if_t<std::is_same<T16, Eigen::half>::value ||
-                                          std::is_same<T16, Eigen::bfloat16>::value,
-                                      int> = 0>
+template <class T16,
+          std::enable_if_t<std::is_same<T16, Eigen::half>::value || std::is_same<T16, Eigen::bfloat16>::value,
+                           int> = 0>
 std::vector<std::int32_t> select_keep(const T16* scores, const std::int32_t* positions, int n, int k,
                                       Protection prot) {
-  return detail::select_keep16(scores, positions, n, k, prot,
-                               std::is_same<T16, Eigen::half>::value ? std::uint16_t{0x7C00u} : std::uint16_t{0x7F80u});
+  return detail::select_keep16(
+      scores, positions, n, k, prot,
+      std::is_same<T16, Eigen::half>::value ? std::uint16_t{0x7C00u} : std::uint16_t{0x7F80u});
 }
 
 namespace detail {
 
 /// Evicts `layers[l]` to `keep[l][h]` tokens per head; `label_layers` adds "layer l" to messages.
 template <class Layer>
-std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers, const std::vector<const LayerScores*>& scores,
-                                        const std::vector<std::vector<int>>& keep, Protection prot, bool shrink,
-                                        int n_threads, bool label_layers) {
+std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
+                                        const std::vector<const LayerScores*>& scores,
+                                        const std::vector<std::vector<int>>& keep, Protection prot,
+                                        bool shrink, int n_threads, bool label_layers) {
   DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
                 "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
   const int n_layers = static_cast<int>(layers.size());
@@ -186,8 +188,10 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers, const
       if (h >= 0) os << "head " << h << ": ";
       return os.str();
     };
-    DEPTHKV_CHECK(static_cast<int>(S.size()) == nh, where(-1) << "scores have " << S.size() << " heads, layer " << nh);
-    DEPTHKV_CHECK(static_cast<int>(K.size()) == nh, where(-1) << "keep has " << K.size() << " heads, layer " << nh);
+    DEPTHKV_CHECK(static_cast<int>(S.size()) == nh,
+                  where(-1) << "scores have " << S.size() << " heads, layer " << nh);
+    DEPTHKV_CHECK(static_cast<int>(K.size()) == nh, where(-1)
+                                                        << "keep has " << K.size() << " heads, layer " << nh);
     for (int h = 0; h < nh; ++h) {
       const int n = L.size(h);
       const int k = K[static_cast<std::size_t>(h)];
@@ -195,7 +199,8 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers, const
                     where(h) << S[static_cast<std::size_t>(h)].size() << " scores for " << n << " tokens");
       DEPTHKV_CHECK(k >= 0, where(h) << "keep count must be >= 0, got " << k);
       const int p = protected_count(n, prot.n_sink, prot.n_recent);
-      DEPTHKV_CHECK(k >= n || k >= p, where(h) << "keep " << k << " < " << p << " protected tokens (of " << n << ")");
+      DEPTHKV_CHECK(k >= n || k >= p,
+                    where(h) << "keep " << k << " < " << p << " protected tokens (of " << n << ")");
     }
     row0[static_cast<std::size_t>(l) + 1] = row0[static_cast<std::size_t>(l)] + nh;
   }
@@ -228,8 +233,8 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers, const
     LayerEviction& E = result[static_cast<std::size_t>(l)];
     std::vector<std::int32_t>& kept = E.kept_slots[static_cast<std::size_t>(h)];
     const std::int32_t* pos = L.positions(h);
-    select_row(FloatKeys{s.data()}, pos, n, keep[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)], prot,
-               ws[static_cast<std::size_t>(worker)], kept);
+    select_row(FloatKeys{s.data()}, pos, n, keep[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)],
+               prot, ws[static_cast<std::size_t>(worker)], kept);
     std::vector<std::int32_t>& kp = E.kept_positions[static_cast<std::size_t>(h)];
     kp.resize(kept.size());
     for (std::size_t i = 0; i < kept.size(); ++i) kp[i] = pos[kept[i]];
@@ -239,7 +244,8 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers, const
   parallel_for(n_rows, workers, [&](int, int r) {
     int l, h;
     row_of(r, l, h);
-    const std::vector<std::int32_t>& kept = result[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
+    const std::vector<std::int32_t>& kept =
+        result[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
     Layer& L = *layers[static_cast<std::size_t>(l)];
     if (static_cast<int>(kept.size()) != L.size(h)) L.compact(h, kept.data(), static_cast<int>(kept.size()));
   });

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "depthkv/detail/compact_runs.hpp"
 #include "depthkv/error.hpp"
 
 namespace depthkv {
@@ -145,14 +146,9 @@ class HostLayer {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
     detail::check_kept_slots(kept, n_kept, size(h), h);
     std::int32_t* pos = positions_.data() + static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_);
-    for (int i = 0; i < n_kept; ++i) {
-      const int s = kept[i];
-      if (s != i) {
-        std::memmove(key(h, i), key(h, s), sizeof(T) * static_cast<std::size_t>(head_dim_));
-        std::memmove(value(h, i), value(h, s), sizeof(T) * static_cast<std::size_t>(head_dim_));
-        pos[i] = pos[s];
-      }
-    }
+    detail::compact_runs(key(h, 0), token_stride(), head_dim_, kept, n_kept);
+    detail::compact_runs(value(h, 0), token_stride(), head_dim_, kept, n_kept);
+    detail::compact_runs(pos, 1, 1, kept, n_kept);
     sizes_[static_cast<std::size_t>(h)] = n_kept;
   }
 
@@ -307,14 +303,9 @@ class LayerView {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
     detail::check_kept_slots(kept, n_kept, size(h), h);
     std::int32_t* pos = positions_.data() + static_cast<std::size_t>(h) * capacity_;
-    for (int i = 0; i < n_kept; ++i) {
-      const int s = kept[i];
-      if (s != i) {
-        std::memmove(key(h, i), key(h, s), sizeof(T) * static_cast<std::size_t>(head_dim_));
-        std::memmove(value(h, i), value(h, s), sizeof(T) * static_cast<std::size_t>(head_dim_));
-        pos[i] = pos[s];
-      }
-    }
+    detail::compact_runs(key(h, 0), token_stride_, head_dim_, kept, n_kept);
+    detail::compact_runs(value(h, 0), token_stride_, head_dim_, kept, n_kept);
+    detail::compact_runs(pos, 1, 1, kept, n_kept);
     sizes_[static_cast<std::size_t>(h)] = n_kept;
   }
 

@@ -68,12 +68,18 @@ enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm
 /// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm".
 inline std::string to_string(ScorerKind kind) {
   switch (kind) {
-    case ScorerKind::kH2O: return "h2o";
-    case ScorerKind::kH2OValueL1: return "h2o-v1";
-    case ScorerKind::kH2OValueL2: return "h2o-v2";
-    case ScorerKind::kSnapKV: return "snapkv";
-    case ScorerKind::kTOVA: return "tova";
-    case ScorerKind::kKeyNorm: return "knorm";
+    case ScorerKind::kH2O:
+      return "h2o";
+    case ScorerKind::kH2OValueL1:
+      return "h2o-v1";
+    case ScorerKind::kH2OValueL2:
+      return "h2o-v2";
+    case ScorerKind::kSnapKV:
+      return "snapkv";
+    case ScorerKind::kTOVA:
+      return "tova";
+    case ScorerKind::kKeyNorm:
+      return "knorm";
   }
   return "unknown";
 }
@@ -81,8 +87,8 @@ inline std::string to_string(ScorerKind kind) {
 /// Inverse of `to_string(ScorerKind)`.
 /// @throws Error on an unknown name
 inline ScorerKind parse_scorer_kind(const std::string& name) {
-  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2, ScorerKind::kSnapKV,
-                       ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm})
     if (to_string(k) == name) return k;
   DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova or knorm)");
 }
@@ -166,7 +172,8 @@ class TokenScorer {
   /// q_pos0, q_pos0+1, ...; each row covers `n` slots. All rows are validated before any is added.
   /// @throws Error as `observe`, and when ld < n or n_queries < 0
   void observe_block(int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
-    DEPTHKV_CHECK(q_head >= 0 && q_head < n_heads_, "query head " << q_head << " outside [0, " << n_heads_ << ")");
+    DEPTHKV_CHECK(q_head >= 0 && q_head < n_heads_,
+                  "query head " << q_head << " outside [0, " << n_heads_ << ")");
     DEPTHKV_CHECK(n_queries >= 0, "n_queries must be >= 0, got " << n_queries);
     DEPTHKV_CHECK(n >= 0, "n must be >= 0, got " << n);
     DEPTHKV_CHECK(ld >= n, "leading dimension " << ld << " < n " << n);
@@ -180,7 +187,8 @@ class TokenScorer {
     for (int r = 0; r < n_queries; ++r) {
       const float* row = probs + static_cast<std::ptrdiff_t>(r) * ld;
       bool ok = true;
-      for (int j = 0; j < n; ++j) ok &= (row[j] >= 0.0f && row[j] <= std::numeric_limits<float>::max());  // false for NaN, inf
+      for (int j = 0; j < n; ++j)
+        ok &= (row[j] >= 0.0f && row[j] <= std::numeric_limits<float>::max());  // false for NaN, inf
       if (!ok) {
         for (int j = 0; j < n; ++j)
           DEPTHKV_CHECK(row[j] >= 0.0f && std::isfinite(row[j]),
@@ -287,7 +295,8 @@ class TokenScorer {
     auto keep = [&](std::vector<float>& v) {
       const int old = static_cast<int>(v.size());
       int i = 0;
-      for (; i < n_kept && kept_slots[i] < old; ++i) v[static_cast<std::size_t>(i)] = v[static_cast<std::size_t>(kept_slots[i])];
+      for (; i < n_kept && kept_slots[i] < old; ++i)
+        v[static_cast<std::size_t>(i)] = v[static_cast<std::size_t>(kept_slots[i])];
       v.resize(static_cast<std::size_t>(i));
     };
     keep(acc_[kv]);

@@ -5,6 +5,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,8 +13,6 @@
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "depthkv/detail/compact_runs.hpp"
 
@@ -45,15 +44,33 @@ std::vector<float> adversarial(int n, int kind, std::mt19937& rng) {
   for (int i = 0; i < n; ++i) {
     float& x = s[static_cast<std::size_t>(i)];
     switch (kind) {
-      case 0: x = u(rng); break;
-      case 1: x = 1.0f; break;                                                  // all equal
-      case 2: x = static_cast<float>(i); break;                                 // sorted
-      case 3: x = static_cast<float>(-i); break;                                // reverse sorted
-      case 4: x = (i % 3 == 0) ? inf : (i % 3 == 1 ? -inf : 0.0f); break;       // +/-inf and 0
-      case 5: x = den * static_cast<float>(i % 7) * (i % 2 ? 1.0f : -1.0f); break;  // denormals, +/-0
-      case 6: x = 1.0f + std::ldexp(static_cast<float>(i % 5), -23); break;     // differ in low bits only
-      case 7: x = std::ldexp(1.0f, (i % 60) - 30) * (u(rng) < 0.5f ? -1 : 1); break;
-      default: x = static_cast<float>(static_cast<int>(u(rng) * 3)); break;   // few values
+      case 0:
+        x = u(rng);
+        break;
+      case 1:
+        x = 1.0f;
+        break;  // all equal
+      case 2:
+        x = static_cast<float>(i);
+        break;  // sorted
+      case 3:
+        x = static_cast<float>(-i);
+        break;  // reverse sorted
+      case 4:
+        x = (i % 3 == 0) ? inf : (i % 3 == 1 ? -inf : 0.0f);
+        break;  // +/-inf and 0
+      case 5:
+        x = den * static_cast<float>(i % 7) * (i % 2 ? 1.0f : -1.0f);
+        break;  // denormals, +/-0
+      case 6:
+        x = 1.0f + std::ldexp(static_cast<float>(i % 5), -23);
+        break;  // differ in low bits only
+      case 7:
+        x = std::ldexp(1.0f, (i % 60) - 30) * (u(rng) < 0.5f ? -1 : 1);
+        break;
+      default:
+        x = static_cast<float>(static_cast<int>(u(rng) * 3));
+        break;  // few values
     }
   }
   return s;
@@ -118,14 +135,16 @@ TEMPLATE_TEST_CASE("radix selection on 16-bit keys equals the naive kept set", "
   }
 }
 
-TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evict][compact]", float, Eigen::half) {
+TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evict][compact]", float,
+                   Eigen::half) {
   std::mt19937 rng(12);
   for (int n : {0, 1, 50, 3000}) {
     for (int hd : {1, 4, 64}) {
       for (std::ptrdiff_t pad : {0, 3}) {
         const std::ptrdiff_t stride = hd + pad;
         std::vector<TestType> buf(static_cast<std::size_t>(n * stride + 1));
-        for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<TestType>(static_cast<float>(i % 2000));
+        for (std::size_t i = 0; i < buf.size(); ++i)
+          buf[i] = static_cast<TestType>(static_cast<float>(i % 2000));
         std::vector<I32> pos(static_cast<std::size_t>(n));
         std::iota(pos.begin(), pos.end(), 100);
         for (double keep : {0.0, 0.1, 0.5, 0.9, 1.0}) {
@@ -144,7 +163,8 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
           dd::compact_runs(got.data(), stride, hd, kept.data(), static_cast<int>(kept.size()));
           dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()));
           INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep);
-          REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) == 0);  // padding untouched too
+          REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) ==
+                  0);  // padding untouched too
           REQUIRE(got_pos == want_pos);
         }
       }
@@ -154,8 +174,9 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
 
 TEST_CASE("ordered_key_fast equals ordered_key on special and random bit patterns", "[evict][select]") {
   std::mt19937 rng(1);
-  const std::uint32_t special[] = {0u, 0x80000000u, 1u, 0x80000001u, 0x7F800000u, 0xFF800000u,
-                                   0x7F7FFFFFu, 0xFF7FFFFFu, 0x00800000u, 0x80800000u, 0x3F800000u};
+  const std::uint32_t special[] = {0u,          0x80000000u, 1u,          0x80000001u,
+                                   0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0xFF7FFFFFu,
+                                   0x00800000u, 0x80800000u, 0x3F800000u};
   auto f = [](std::uint32_t u) {
     float x;
     std::memcpy(&x, &u, 4);
@@ -175,7 +196,8 @@ TEST_CASE("a row built to defeat the sample bracket still gives the exact kept s
   for (int len : {1000, 10000, 50000}) {
     const int s = std::min(len, std::max(256, static_cast<int>(8.0 * std::sqrt(static_cast<double>(len)))));
     std::vector<float> v(static_cast<std::size_t>(len), 0.25f);
-    for (int j = 0; j < s; ++j) v[static_cast<std::size_t>((static_cast<std::int64_t>(j) * len + len / 2) / s)] = 0.75f;
+    for (int j = 0; j < s; ++j)
+      v[static_cast<std::size_t>((static_cast<std::int64_t>(j) * len + len / 2) / s)] = 0.75f;
     for (int i = 0; i < len; i += 7) v[static_cast<std::size_t>(i)] += 0.001f * static_cast<float>(i % 5);
     for (int m : {s / 2, s + 10, len / 2}) {
       INFO("len " << len << " m " << m);

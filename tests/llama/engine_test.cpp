@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <random>
@@ -460,6 +461,12 @@ TEST_CASE("engine: invalid input throws depthkv::Error", "[engine]") {
   HostCache c2 = engine.make_cache();
   engine.prefill(std::vector<int>{1, 2, 3}, c2);
   REQUIRE_THROWS_AS(engine.decode(4, 2, c2), depthkv::Error);  // position already held
+  // a bad token in a later chunk leaves the cache untouched
+  ForwardOptions small;
+  small.chunk_size = 2;
+  REQUIRE_THROWS_AS(engine.forward(std::vector<int>{1, 2, 3, spec.vocab + 5}, 3, c2, small), depthkv::Error);
+  REQUIRE(c2.lengths() == std::vector<int>(static_cast<std::size_t>(spec.layers), 3));
+  REQUIRE_THROWS_AS(engine.forward(std::vector<int>{1, 2}, std::numeric_limits<std::int32_t>::max(), c2), depthkv::Error);
   ForwardOptions bad;
   bad.chunk_size = 0;
   HostCache c3 = engine.make_cache();

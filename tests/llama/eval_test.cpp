@@ -164,7 +164,7 @@ TEST_CASE("score_and_evict: budgets from the allocator, cache and scorers compac
 TEST_CASE("PruningEvaluator: activation reuse equals naive recomputation (random models)", "[eval]") {
   const LlamaModel model = random_model(5);
   const LlamaEngine engine(model);
-  const auto windows = random_windows(3, 40, 12, model.config.vocab_size, 9);
+  const auto windows = random_windows(3, 40, 20, model.config.vocab_size, 9);
   EvalConfig cfg;
   cfg.scorers.clear();
   for (const char* k : {"h2o", "h2o-v2", "snapkv", "tova", "knorm"}) {

@@ -35,7 +35,8 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
   while (i < n_kept) {
     int j = i + 1;
     while (j < n_kept && kept[j] == kept[j - 1] + 1) ++j;  // run [i, j) of consecutive source slots
-    std::memmove(base + static_cast<std::ptrdiff_t>(i) * head_dim, base + static_cast<std::ptrdiff_t>(kept[i]) * head_dim,
+    std::memmove(base + static_cast<std::ptrdiff_t>(i) * head_dim,
+                 base + static_cast<std::ptrdiff_t>(kept[i]) * head_dim,
                  tok * static_cast<std::size_t>(j - i));
     i = j;
   }

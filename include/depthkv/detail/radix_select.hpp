@@ -105,8 +105,8 @@ inline std::int32_t position_of(const std::int32_t* positions, int i) { return p
 /// Appends to `out` the `m` best slots of [lo, hi) by (key desc, position asc, slot asc) using
 /// std::nth_element, in ascending slot order (the path for short rows, and a reference).
 template <class Keys>
-void select_best_nth(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, SelectWorkspace& ws,
-                     std::vector<std::int32_t>& out) {
+void select_best_nth(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m,
+                     SelectWorkspace& ws, std::vector<std::int32_t>& out) {
   if (m <= 0) return;
   if (m >= hi - lo) {
     for (int i = lo; i < hi; ++i) out.push_back(i);
@@ -137,8 +137,8 @@ struct Threshold {
 /// candidates (keys `ckey`), all of whose keys share the digits of `T` above bit `shift`, by
 /// histogram radix select: 11-bit digits (2048 buckets) from the top, or 8-bit digits (256
 /// buckets) when there are fewer than 4096 keys.
-inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need, std::uint32_t T,
-                                 int shift, SelectWorkspace& ws) {
+inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need,
+                                 std::uint32_t T, int shift, SelectWorkspace& ws) {
   ws.hist.resize(2048);
   std::uint32_t* h = ws.hist.data();
   const int digit = c < 4096 ? 8 : 11;  // few keys: 256 buckets, cheaper to clear and scan
@@ -167,8 +167,8 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
 /// the `th.t` kept ones are chosen by (position, slot) into ws.scratch (ascending slots) and
 /// false is returned; otherwise true (the first `th.t` ties in slot order are the kept ones).
 /// `cand`/`ckey`: every slot keyed th.T appears among them, in ascending slot order.
-inline bool ties_in_slot_order(const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, Threshold th,
-                               const std::int32_t* positions, SelectWorkspace& ws) {
+inline bool ties_in_slot_order(const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c,
+                               Threshold th, const std::int32_t* positions, SelectWorkspace& ws) {
   if (th.t == 0 || positions == nullptr) return true;
   std::uint32_t n_ties = 0;
   bool ascend = true;
@@ -197,13 +197,15 @@ inline bool ties_in_slot_order(const std::int32_t* cand, const std::uint32_t* ck
 #if defined(__SSE2__)
 /// Slots of the set lanes of a 4-bit mask, compacted to the front (SSE2 stream compaction).
 alignas(16) inline constexpr std::int32_t kLanes[16][4] = {
-    {0, 0, 0, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {2, 0, 0, 0}, {0, 2, 0, 0}, {1, 2, 0, 0}, {0, 1, 2, 0},
-    {3, 0, 0, 0}, {0, 3, 0, 0}, {1, 3, 0, 0}, {0, 1, 3, 0}, {2, 3, 0, 0}, {0, 2, 3, 0}, {1, 2, 3, 0}, {0, 1, 2, 3}};
+    {0, 0, 0, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {2, 0, 0, 0}, {0, 2, 0, 0},
+    {1, 2, 0, 0}, {0, 1, 2, 0}, {3, 0, 0, 0}, {0, 3, 0, 0}, {1, 3, 0, 0}, {0, 1, 3, 0},
+    {2, 3, 0, 0}, {0, 2, 3, 0}, {1, 2, 3, 0}, {0, 1, 2, 3}};
 inline constexpr std::uint8_t kLaneCount[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
 /// Stores slot + (the set lanes of `mask`) at dst (16 bytes written); returns how many were set.
 inline std::uint32_t store_lanes(std::int32_t* dst, int slot, int mask) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
-                   _mm_add_epi32(_mm_set1_epi32(slot), _mm_load_si128(reinterpret_cast<const __m128i*>(kLanes[mask]))));
+  _mm_storeu_si128(
+      reinterpret_cast<__m128i*>(dst),
+      _mm_add_epi32(_mm_set1_epi32(slot), _mm_load_si128(reinterpret_cast<const __m128i*>(kLanes[mask]))));
   return kLaneCount[mask];
 }
 #endif
@@ -323,8 +325,10 @@ void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi
   if (!inline_ties) {  // merge the chosen ties (ws.scratch, ascending) in
     const std::vector<std::int32_t>& ties = ws.scratch;
     std::vector<std::int32_t>& tmp = ws.sure;
-    tmp.assign(out.begin() + static_cast<std::ptrdiff_t>(base), out.begin() + static_cast<std::ptrdiff_t>(base + n));
-    std::merge(tmp.begin(), tmp.end(), ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
+    tmp.assign(out.begin() + static_cast<std::ptrdiff_t>(base),
+               out.begin() + static_cast<std::ptrdiff_t>(base + n));
+    std::merge(tmp.begin(), tmp.end(), ties.begin(), ties.end(),
+               out.begin() + static_cast<std::ptrdiff_t>(base));
     n += static_cast<std::uint32_t>(ties.size());
   }
   assert(n == static_cast<std::uint32_t>(m));
@@ -375,7 +379,8 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
     c += (k >> kTopShift) == b;
   }
   assert(c == cb);
-  const Threshold th = radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, b << kTopShift, kTopShift, ws);
+  const Threshold th =
+      radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, b << kTopShift, kTopShift, ws);
   append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
@@ -383,8 +388,8 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
 /// ascending slot order: sample bracket, one counting pass, radix select of the candidates, one
 /// emission pass; the full histogram select when the bracket misses (file comment). Any length.
 template <class Keys>
-void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, SelectWorkspace& ws,
-                       std::vector<std::int32_t>& out) {
+void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m,
+                       SelectWorkspace& ws, std::vector<std::int32_t>& out) {
   const int len = hi - lo;
   if (m <= 0) return;
   if (m >= len) {
@@ -392,7 +397,8 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
     return;
   }
   // 1. sample bracket
-  const int s = std::min(len, std::max(256, static_cast<int>(kSampleFactor * std::sqrt(static_cast<double>(len)))));
+  const int s =
+      std::min(len, std::max(256, static_cast<int>(kSampleFactor * std::sqrt(static_cast<double>(len)))));
   ws.sample.resize(static_cast<std::size_t>(s));
   std::uint32_t* smp = ws.sample.data();
   for (int j = 0; j < s; ++j)
@@ -404,7 +410,8 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
   const bool has_lo = q_lo < s, has_hi = q_hi >= 0;
   // the keys at those ranks, by radix select on the sample (branch-free, unlike nth_element)
   const std::uint32_t lo_key = has_lo ? radix_threshold(smp, s, q_lo + 1, 0u, Keys::kBits, ws).T : 0u;
-  const std::uint32_t hi_key = has_hi ? radix_threshold(smp, s, q_hi + 1, 0u, Keys::kBits, ws).T : 0xFFFFFFFFu;
+  const std::uint32_t hi_key =
+      has_hi ? radix_threshold(smp, s, q_hi + 1, 0u, Keys::kBits, ws).T : 0xFFFFFFFFu;
 
   // 2. counting pass: a slots above the bracket, c candidates inside it
   ws.cand.resize(static_cast<std::size_t>(len) + 4);

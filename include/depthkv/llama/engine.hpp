@@ -160,6 +160,8 @@ class LlamaEngine {
   /// @param model weights (not copied; must outlive the engine)
   /// @throws Error when the weight shapes do not match the configuration
   explicit LlamaEngine(const LlamaModel& model) : model_(model) { validate(model); }
+  /// The engine references the model: a temporary would dangle.
+  explicit LlamaEngine(LlamaModel&&) = delete;
 
   const LlamaModel& model() const { return model_; }
   const LlamaConfig& config() const { return model_.config; }
@@ -187,7 +189,21 @@ class LlamaEngine {
     DEPTHKV_CHECK(n >= 1, "need at least one token, got " << n);
     DEPTHKV_CHECK(pos0 >= 0, "pos0 must be >= 0, got " << pos0);
     DEPTHKV_CHECK(opt.chunk_size >= 1, "chunk_size must be >= 1, got " << opt.chunk_size);
+    DEPTHKV_CHECK(static_cast<std::int64_t>(pos0) + n - 1 <= std::numeric_limits<std::int32_t>::max(),
+                  "positions " << pos0 << " + " << n << " overflow int32");
     check_cache(cache);
+    // Validate everything before the cache is touched.
+    for (int i = 0; i < n; ++i)
+      DEPTHKV_CHECK(tokens[i] >= 0 && tokens[i] < config().vocab_size,
+                    "token " << tokens[i] << " at index " << i << " outside [0, " << config().vocab_size << ")");
+    for (int l = 0; l < cache.n_layers(); ++l)
+      for (int h = 0; h < config().n_kv_heads; ++h) {
+        const Layer& L = cache.layer(l);
+        const int sz = L.size(h);
+        DEPTHKV_CHECK(sz == 0 || L.positions(h)[sz - 1] < pos0,
+                      "layer " << l << " head " << h << " already holds position " << L.positions(h)[sz - 1]
+                               << ", new tokens start at " << pos0);
+      }
     detail::ScopedThreads threads(opt.n_threads);
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);

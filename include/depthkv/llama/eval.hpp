@@ -546,7 +546,11 @@ class PruningEvaluator {
       }
     }
     layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
-    const RowMatrix logits = engine_.logits(x);
+    RowMatrix logits(tc, c.vocab_size);
+    for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {  // per chunk, as the full run (same rounding)
+      const int t = std::min(cfg_.chunk_size, tc - c0);
+      logits.middleRows(c0, t) = engine_.logits(x.middleRows(c0, t));
+    }
     res.metrics = compare_logits(r.logits, logits, r.targets);
     return res;
   }

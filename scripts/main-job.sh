@@ -1,0 +1,49 @@
+#!/bin/sh
+# depthkv's main job: build, profile stories260K on the first windows of TinyStories, evaluate
+# every allocation policy on later, disjoint windows, and write the table and plots to
+# docs/results/. Then the checks behind the defaults: the safeguard floor with and without it on
+# text of another kind (a licence text), and the same comparison on a second model (aidreams260K).
+#
+# DEPTHKV_DATA_DIR overrides the data folder (default ../shared beside the project root).
+set -eu
+cd "$(dirname "$0")/.."
+DATA="${DEPTHKV_DATA_DIR:-../shared}"
+JOBS="${JOBS:-$(nproc)}"
+for f in "$DATA/models/stories260K/stories260K.bin" "$DATA/text/tinystories_valid.txt" \
+         "$DATA/models/aidreams260K/aidreams260K.bin"; do
+  [ -f "$f" ] || { echo "main-job: missing $f (put shared/ beside the project or set DEPTHKV_DATA_DIR)" >&2; exit 1; }
+done
+cmake -S . -B build/main -DCMAKE_BUILD_TYPE=Release -DDEPTHKV_BUILD_TESTS=OFF -DDEPTHKV_BUILD_BENCHMARKS=OFF \
+  -DDEPTHKV_BUILD_EXAMPLES=OFF -DDEPTHKV_ENABLE_CUDA=OFF >/dev/null
+cmake --build build/main --target depthkv_cli -j "$JOBS"
+DK=build/main/tools/depthkv
+OUT=docs/results
+mkdir -p "$OUT"
+STORIES="$DATA/models/stories260K/stories260K.bin"
+TEXT="$DATA/text/tinystories_valid.txt"
+OTHER=/usr/share/common-licenses/GPL-3   # non-story English text shipped with every Debian system
+
+echo "== 1. profile stories260K: 24 calibration windows (0..23) of 384+128 tokens, H2O and SnapKV"
+$DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 --windows 24 \
+  --scorers h2o,snapkv -o "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.profile.txt"
+
+echo "== 2. evaluate on 64 later windows (24..87): five policies x two scorers x four budgets"
+$DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
+  --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
+  --csv "$OUT/stories260K.eval.csv" --plot "$OUT/stories260K.eval.svg" | tee "$OUT/stories260K.eval.txt"
+
+echo "== 3. safeguard floor on non-story text ($OTHER): off (0), default (sinks+window+8)"
+for m in 0 -1; do
+  echo "-- --min-tokens $m"
+  $DK eval --model "$STORIES" --text "$OTHER" --profile "$OUT/stories260K.profile.json" --windows 16 \
+    --keep 0.1,0.2,0.3 --policies uniform,proportional,optimal --scorers h2o,snapkv --min-tokens $m
+done | tee "$OUT/stories260K.safeguard.txt"
+
+echo "== 4. second model: aidreams260K, context 96 + continuation 32 (its trained context is 128)"
+AID="$DATA/models/aidreams260K/aidreams260K.bin"
+$DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windows 48 --sinks 2 --window 4 \
+  --scorers h2o,snapkv -o "$OUT/aidreams260K.profile.json" > "$OUT/aidreams260K.profile.txt"
+$DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.profile.json" --windows 128 --sinks 2 --window 4 \
+  --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
+  --plot "$OUT/aidreams260K.eval.svg" | tee "$OUT/aidreams260K.eval.txt"
+echo "main-job: results in $OUT/"

@@ -1,0 +1,84 @@
+// depthkv allocate: per-layer keep budgets from a profile file and a global keep ratio.
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "depthkv/budget_allocator.hpp"
+#include "depthkv/profile_io.hpp"
+#include "policy_request.hpp"
+
+namespace depthkv_cli {
+namespace {
+
+struct AllocateArgs {
+  std::string profile, policy = "optimal", scorer;
+  double keep = 0.2;
+  int length = 0, min_tokens = -1;
+  bool json = false;
+  SelectionSettings sel;
+};
+
+void run_allocate(const AllocateArgs& a) {
+  using namespace depthkv;
+  a.sel.check();
+  const ProfileFile f = load_profile(a.profile);
+  const AllocationPolicy policy = parse_allocation_policy(a.policy);
+  std::string scorer = a.scorer;
+  if (scorer.empty()) {
+    DEPTHKV_CHECK(!f.scorers.empty() || !policy_needs_profile(policy), "the profile holds no loss curves");
+    scorer = f.scorers.empty() ? "h2o" : f.scorers.begin()->first;
+  }
+  DEPTHKV_CHECK(f.has_scorer(scorer), "the profile has no measurements for scorer '" << scorer << "'");
+  DEPTHKV_CHECK(a.keep >= 0.0 && a.keep <= 1.0, "--keep must be in [0, 1], got " << a.keep);
+  const int length = a.length > 0 ? a.length : f.calibration.context;
+  DEPTHKV_CHECK(length >= 1, "--length must be >= 1 (the profile records no context length)");
+  const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
+  const PolicyInputs in = policy_inputs(policy, a.keep, lengths, &f, scorer, a.sel, a.min_tokens);
+  AllocationInfo info;
+  const std::vector<int> b =
+      BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr, &info);
+  long long total = 0;
+  for (int x : b) total += x;
+  const double pred = in.has_profile ? predicted_loss(in.profile, b, lengths) : -1.0;
+  if (a.json) {
+    nlohmann::json j = {{"policy", to_string(policy)}, {"scorer", scorer}, {"keep", a.keep},
+                        {"length", length},           {"budgets", b},     {"total", total}};
+    if (in.has_profile) j["predicted_loss"] = pred;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("policy %s, scorer %s, keep %.3f of %d tokens x %d layers = %lld tokens\n", to_string(policy).c_str(),
+              scorer.c_str(), a.keep, length, f.n_layers, total);
+  std::printf("layer  budget  keep ratio\n");
+  for (std::size_t l = 0; l < b.size(); ++l)
+    std::printf("%5zu  %6d  %10.3f\n", l, b[l], static_cast<double>(b[l]) / length);
+  if (in.has_profile) std::printf("predicted total loss (%s, convexified curves): %.4f\n", f.metric.c_str(), pred);
+  if (info.safeguard_fallback) std::printf("note: the safeguard floor could not be met; uniform was used\n");
+}
+
+}  // namespace
+
+void register_allocate(CLI::App& app) {
+  auto a = std::make_shared<AllocateArgs>();
+  CLI::App* c = app.add_subcommand("allocate", "print per-layer budgets for a global keep ratio");
+  c->add_option("--profile", a->profile, "profile file (from depthkv profile)")->required();
+  c->add_option("--keep", a->keep, "global keep ratio")->capture_default_str();
+  c->add_option("--policy", a->policy,
+                "uniform, pyramid, proportional, middle, optimal, mga, mlma2, mlma4, mlma6 or mlp")
+      ->capture_default_str();
+  c->add_option("--scorer", a->scorer, "scorer whose loss curves to use (default: the profile's first)");
+  c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)");
+  c->add_option("--min-tokens", a->min_tokens, "safeguard floor per layer (-1: sinks + window + 8)")->capture_default_str();
+  c->add_option("--sinks", a->sel.sinks, "attention-sink tokens every head keeps")->capture_default_str();
+  c->add_option("--window", a->sel.window, "recent tokens every head keeps")->capture_default_str();
+  c->add_flag("--json", a->json, "print JSON");
+  c->callback([a] { run_allocate(*a); });
+}
+
+}  // namespace depthkv_cli

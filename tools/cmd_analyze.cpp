@@ -1,0 +1,269 @@
+// depthkv analyze: the DepthKV paper's analysis on our models (issue 7, item 3). Per stage, the
+// Spearman rank correlation across layers between each representation metric (InfoNCE,
+// effective rank, spectral entropy; depthkv/llama/representation_probe.hpp) and the measured
+// per-layer sensitivity (the profile's loss when only that layer is pruned to --keep, default
+// 0.2, for each scorer in the profile), with its two-sided p-value (exact permutation test for
+// up to 9 layers).
+//
+// Metrics: read from the profile's layer_metrics when all of them are present (written by
+// `depthkv profile --metric infonce` or by `--write` here), else computed with --samples stories
+// of --text. Probe texts: stories (split_stories) after skipping --skip stories; by default
+// (--skip -1) the first story that starts after the profile's last calibration window, so the
+// probe texts are disjoint from the calibration text (when --text is the calibration text).
+//
+// Reading the sign: the paper marks a layer with LOWER InfoNCE as MORE critical, so InfoNCE is a
+// good predictor when its rho with the sensitivity is NEGATIVE. With 4-6 layers the test has
+// almost no power: for n = 5 the smallest two-sided p is 2/120 = 0.017 (|rho| = 1), for n = 4
+// it is 2/24 = 0.083, i.e. never significant at 0.05. Both are printed: all layers, and
+// layers 1..L-1 (what mga/mlma* actually split: layer 0 is never pruned).
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/representation_probe.hpp"
+#include "depthkv/llama/text_windows.hpp"
+#include "depthkv/profile_io.hpp"
+#include "depthkv/representation_metrics.hpp"
+#include "depthkv/sensitivity_profile.hpp"
+#include "model_io.hpp"
+
+namespace depthkv_cli {
+namespace {
+
+struct AnalyzeArgs {
+  std::string model, tokenizer, profile, text, write;
+  int samples = 64;
+  int skip = -1;
+  double keep = 0.2;
+  double tau = 0.1;
+  int batch = 16;
+  unsigned long long seed = 0;
+  int max_tokens = 0;
+  int threads = 0;
+  bool recompute = false;
+  bool json = false;
+};
+
+const char* kMetrics[] = {"infonce", "erank", "sentropy"};
+
+/// First story index that starts at or after the token `end` of the concatenated story stream
+/// (the stream the profile's calibration windows were cut from).
+int first_story_after(const depthkv::llama::Tokenizer& tok, const std::vector<std::string>& stories, long long end) {
+  long long pos = 0;
+  for (std::size_t i = 0; i < stories.size(); ++i) {
+    if (pos >= end) return static_cast<int>(i);
+    pos += static_cast<long long>(tok.encode(stories[i], true, false).size());
+  }
+  return static_cast<int>(stories.size());
+}
+
+bool has_all_metrics(const depthkv::ProfileFile& f) {
+  for (auto st : depthkv::llama::representation_stages())
+    for (const char* m : kMetrics)
+      if (!f.layer_metrics.count(std::string(m) + "/" + depthkv::to_string(st))) return false;
+  return true;
+}
+
+std::string fmt(double v, const char* f = "%.4f") {
+  if (!std::isfinite(v)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+void run_analyze(const AnalyzeArgs& a) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  DEPTHKV_CHECK(a.keep > 0.0 && a.keep < 1.0, "--keep must be in (0, 1), got " << a.keep);
+  ProfileFile prof = load_profile(a.profile, a.model);
+  DEPTHKV_CHECK(!prof.scorers.empty(), "profile '" << a.profile << "' holds no measured scorer (nothing to correlate with)");
+  const int L = prof.n_layers;
+  DEPTHKV_CHECK(L >= 3, "Spearman needs at least 3 layers, the model has " << L);
+
+  // ---- representation metrics: from the profile, or computed ----
+  nlohmann::json out;
+  const bool from_profile = has_all_metrics(prof) && !a.recompute;
+  std::string source = "profile '" + base_name(a.profile) + "'";
+  if (!from_profile) {
+    DEPTHKV_CHECK(!a.text.empty(), "the profile has no representation metrics: give --text FILE to compute them");
+    LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
+    const LlamaEngine engine(lm.model);
+    const std::vector<std::string> stories = split_stories(read_text_file(a.text));
+    int skip = a.skip;
+    if (skip < 0) {
+      const long long end = prof.calibration.window_end *
+                            static_cast<long long>(prof.calibration.context + prof.calibration.continuation);
+      skip = first_story_after(*lm.tokenizer, stories, end);
+    }
+    DEPTHKV_CHECK(a.samples >= 2, "--samples must be >= 2, got " << a.samples);
+    DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= static_cast<long long>(skip) + a.samples,
+                  "'" << a.text << "' has " << stories.size() << " stories; asked for " << a.samples << " after skipping "
+                      << skip);
+    const std::vector<std::string> texts(stories.begin() + skip, stories.begin() + skip + a.samples);
+    ProbeOptions opt;
+    opt.seed = a.seed;
+    opt.infonce.temperature = a.tau;
+    opt.infonce.batch_size = a.batch;
+    opt.max_tokens = a.max_tokens;
+    opt.n_threads = a.threads;
+    Progress progress("probe");
+    opt.progress = [&](int done, int total) { progress.update(done, total); };
+    const ProbeResult r = probe_representations(engine, *lm.tokenizer, texts, opt);
+    write_layer_metrics(prof, r);
+    long long tok = 0;
+    for (int i = 0; i < r.n_samples; ++i) tok += r.tokens[static_cast<std::size_t>(i)] + r.tokens_perturbed[static_cast<std::size_t>(i)];
+    std::fprintf(stderr,
+                 "probe: %d stories %d..%d of %s (%d cut to %d tokens), %lld forward passes, %lld tokens, "
+                 "%.2fs (forward %.2fs, metrics %.2fs)\n",
+                 a.samples, skip, skip + a.samples - 1, base_name(a.text).c_str(), r.truncated,
+                 opt.max_tokens > 0 ? opt.max_tokens : lm.model.config.seq_len, r.forward_passes, tok, r.seconds_total,
+                 r.seconds_forward, r.seconds_metrics);
+    source = std::to_string(a.samples) + " stories from " + std::to_string(skip) + " of '" + base_name(a.text) + "'";
+    out["probe"] = {{"text", a.text},       {"skip", skip},          {"samples", a.samples},
+                    {"tau", a.tau},         {"batch", a.batch},      {"seed", a.seed},
+                    {"truncated", r.truncated}, {"forward_passes", r.forward_passes}, {"tokens", tok},
+                    {"seconds", r.seconds_total}};
+    if (!a.write.empty()) {
+      save_profile(prof, a.write);
+      std::fprintf(stderr, "analyze: wrote the metrics into '%s'\n", a.write.c_str());
+    }
+  }
+
+  // ---- sensitivities ----
+  std::map<std::string, std::vector<double>> sens;  // scorer -> per-layer KL at keep
+  for (const auto& kv : prof.scorers) {
+    const SensitivityProfile p = prof.profile(kv.first, LossMetric::kKL);
+    std::vector<double> v;
+    for (int l = 0; l < L; ++l) v.push_back(p.loss_at(l, a.keep));
+    sens[kv.first] = v;
+  }
+  bool probed = false;
+  for (double r : prof.keep_ratios) probed = probed || std::abs(r - a.keep) < 1e-9;
+
+  out["model"] = base_name(a.model);
+  out["n_layers"] = L;
+  out["keep"] = a.keep;
+  out["keep_probed"] = probed;
+  out["metrics_source"] = source;
+  out["sensitivity"] = sens;
+  nlohmann::json lmj = nlohmann::json::object();
+  for (const auto& kv : prof.layer_metrics) lmj[kv.first] = {{"mean", kv.second.mean}, {"ci_low", kv.second.ci_low}, {"ci_high", kv.second.ci_high}};
+  out["layer_metrics"] = lmj;
+
+  // ---- correlations ----
+  nlohmann::json corr = nlohmann::json::array();
+  for (auto st : representation_stages()) {
+    for (const char* m : kMetrics) {
+      const std::string key = std::string(m) + "/" + to_string(st);
+      const std::vector<double>& x = prof.layer_metrics.at(key).mean;
+      for (const auto& kv : sens) {
+        const Correlation all = spearman(x, kv.second);
+        nlohmann::json row = {{"stage", to_string(st)}, {"metric", m},           {"scorer", kv.first},
+                              {"rho", all.rho},         {"p", all.p_value},     {"exact", all.exact}};
+        if (L - 1 >= 3) {
+          const Correlation rest = spearman(std::vector<double>(x.begin() + 1, x.end()),
+                                            std::vector<double>(kv.second.begin() + 1, kv.second.end()));
+          row["rho_no_layer0"] = rest.rho;
+          row["p_no_layer0"] = rest.p_value;
+        }
+        corr.push_back(row);
+      }
+    }
+  }
+  out["correlations"] = corr;
+
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return;
+  }
+
+  // ---- text report ----
+  std::printf("model %s, %d layers; sensitivity = KL when only that layer keeps %.2f%s; metrics: %s\n",
+              base_name(a.model).c_str(), L, a.keep, probed ? "" : " (interpolated: not a probed ratio)", source.c_str());
+  std::printf("\nper layer:\n%-6s", "layer");
+  for (const auto& kv : sens) std::printf(" %12s", ("KL " + kv.first).c_str());
+  for (auto st : representation_stages()) std::printf(" %26s", ("infonce/" + to_string(st)).c_str());
+  std::printf("\n");
+  for (int l = 0; l < L; ++l) {
+    std::printf("%-6d", l);
+    for (const auto& kv : sens) std::printf(" %12s", fmt(kv.second[static_cast<std::size_t>(l)], "%.5f").c_str());
+    for (auto st : representation_stages()) {
+      const LayerMetric& m = prof.layer_metrics.at("infonce/" + to_string(st));
+      std::string cell = fmt(m.mean[static_cast<std::size_t>(l)], "%.3f");
+      if (!m.ci_low.empty()) cell += " [" + fmt(m.ci_low[static_cast<std::size_t>(l)], "%.3f") + "," +
+                                     fmt(m.ci_high[static_cast<std::size_t>(l)], "%.3f") + "]";
+      std::printf(" %26s", cell.c_str());
+    }
+    std::printf("\n");
+  }
+  std::printf("\n%-6s", "layer");
+  for (auto st : representation_stages()) std::printf(" %22s %22s", ("erank/" + to_string(st)).c_str(), ("sentropy/" + to_string(st)).c_str());
+  std::printf("\n");
+  for (int l = 0; l < L; ++l) {
+    std::printf("%-6d", l);
+    for (auto st : representation_stages()) {
+      std::printf(" %22s %22s", fmt(prof.layer_metrics.at("erank/" + to_string(st)).mean[static_cast<std::size_t>(l)], "%.3f").c_str(),
+                  fmt(prof.layer_metrics.at("sentropy/" + to_string(st)).mean[static_cast<std::size_t>(l)], "%.4f").c_str());
+    }
+    std::printf("\n");
+  }
+  std::printf("\nSpearman rho (two-sided p%s) across layers, metric vs sensitivity; InfoNCE predicts as the paper "
+              "assumes when rho < 0\n",
+              L <= 9 ? ", exact permutation test" : ", t approximation");
+  std::printf("%-16s %-9s %-8s %8s %8s %14s %12s\n", "stage", "metric", "scorer", "rho", "p", "rho(l>=1)", "p(l>=1)");
+  for (const auto& row : corr) {
+    std::printf("%-16s %-9s %-8s %8s %8s %14s %12s\n", row["stage"].get<std::string>().c_str(),
+                row["metric"].get<std::string>().c_str(), row["scorer"].get<std::string>().c_str(),
+                fmt(row["rho"].get<double>(), "%.3f").c_str(), fmt(row["p"].get<double>(), "%.3f").c_str(),
+                row.contains("rho_no_layer0") ? fmt(row["rho_no_layer0"].get<double>(), "%.3f").c_str() : "-",
+                row.contains("p_no_layer0") ? fmt(row["p_no_layer0"].get<double>(), "%.3f").c_str() : "-");
+  }
+  const double n = static_cast<double>(L);
+  double fact = 1;
+  for (int i = 2; i <= L; ++i) fact *= i;
+  if (L <= 9)
+    std::printf("\nnote: with %d layers the smallest possible two-sided p is 2/%d! = %.3f (|rho| = 1)%s\n", L, L,
+                2.0 / fact, n <= 4 ? ": nothing can be significant at 0.05" : "");
+}
+
+}  // namespace
+
+void register_analyze(CLI::App& app) {
+  auto a = std::make_shared<AnalyzeArgs>();
+  CLI::App* c = app.add_subcommand(
+      "analyze", "Spearman correlation across layers of representation metrics (InfoNCE, effective rank, spectral "
+                 "entropy) with the profile's measured per-layer sensitivity (issue 7)");
+  c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer file (default: from the GGUF, or tok512.bin beside a .bin)");
+  c->add_option("--profile", a->profile, "profile file with measured loss curves (depthkv profile)")->required();
+  c->add_option("--text", a->text, "text for the probe (stories separated by blank lines); needed unless the profile holds the metrics");
+  c->add_option("--samples", a->samples, "probe stories")->capture_default_str();
+  c->add_option("--skip", a->skip, "stories skipped before the probe stories (-1: the first story after the profile's calibration windows)")
+      ->capture_default_str();
+  c->add_option("--keep", a->keep, "sensitivity = KL when only that layer keeps this ratio (interpolated when not probed)")
+      ->capture_default_str();
+  c->add_option("--tau", a->tau, "InfoNCE temperature")->capture_default_str();
+  c->add_option("--batch", a->batch, "InfoNCE batch size (in-batch negatives)")->capture_default_str();
+  c->add_option("--seed", a->seed, "perturbation and bootstrap seed")->capture_default_str();
+  c->add_option("--max-tokens", a->max_tokens, "tokens per probe text incl. BOS (0: the model's seq_len)")->capture_default_str();
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
+  c->add_flag("--recompute", a->recompute, "compute the metrics even when the profile holds them");
+  c->add_option("--write", a->write, "also save the profile with the computed metrics to this file");
+  c->add_flag("--json", a->json, "print the result as JSON");
+  c->callback([a]() { run_analyze(*a); });
+}
+
+}  // namespace depthkv_cli

@@ -1,0 +1,165 @@
+// depthkv profile: measures the per-layer loss curves of a model ("only layer l pruned to keep
+// ratio r, all other layers full", for every layer and probed ratio, for each token scorer) on
+// calibration windows of a text, and writes them as a profile file (JSON).
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/eval.hpp"
+#include "depthkv/profile_io.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
+#include "model_io.hpp"
+
+namespace depthkv_cli {
+namespace {
+
+struct ProfileArgs {
+  std::string model, tokenizer, text, tokens, output, scorers = "h2o,snapkv", ratios = "0.05,0.1,0.2,0.3,0.5,0.75";
+  std::string metric = "kl";
+  int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024;
+  bool resume = false;
+  SelectionSettings sel;
+};
+
+void run_profile(const ProfileArgs& a) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  a.sel.check();
+  DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
+  const std::vector<std::string> scorer_names = split_list(a.scorers);
+  DEPTHKV_CHECK(!scorer_names.empty(), "--scorers is empty");
+  std::vector<ScorerConfig> scorer_cfgs;
+  for (const std::string& s : scorer_names) scorer_cfgs.push_back(a.sel.scorer(s));
+  ProfilerOptions popt;
+  popt.keep_ratios = parse_doubles(a.ratios, "--ratios");
+  parse_loss_metric(a.metric);
+
+  LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
+  const LlamaEngine engine(lm.model);
+  const int L = lm.model.config.n_layers;
+  DEPTHKV_CHECK(a.context + a.continuation <= lm.model.config.seq_len,
+                "context + continuation = " << a.context + a.continuation << " exceeds the model's trained context "
+                                            << lm.model.config.seq_len);
+  const std::string src = a.text.empty() ? a.tokens : a.text;
+  std::vector<EvalWindow> windows = load_windows(src, lm.tokenizer.get(), a.context, a.continuation, a.skip, a.windows,
+                                                 !a.tokens.empty(), lm.model.config.vocab_size);
+
+  ProfileFile out;
+  if (a.resume && std::ifstream(a.output).good()) {
+    out = load_profile(a.output, a.model);
+    DEPTHKV_CHECK(out.calibration.text_file == src && out.calibration.context == a.context &&
+                      out.calibration.continuation == a.continuation && out.calibration.skip == a.skip &&
+                      out.calibration.samples == a.windows && out.keep_ratios == popt.keep_ratios,
+                  "--resume: '" << a.output << "' was measured with other settings (text, windows or ratios)");
+    std::fprintf(stderr, "profile: resuming from %s\n", a.output.c_str());
+  } else {
+    out.model = model_identity(a.model);
+    out.n_layers = L;
+    out.keep_ratios = popt.keep_ratios;
+    out.metric = a.metric;
+    out.calibration.text_file = src;
+    out.calibration.context = a.context;
+    out.calibration.continuation = a.continuation;
+    out.calibration.skip = a.skip;
+    out.calibration.samples = a.windows;
+    out.calibration.window_begin = a.skip;
+    out.calibration.window_end = a.skip + a.windows;
+    out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
+  }
+
+  EvalConfig ecfg;
+  ecfg.scorers = scorer_cfgs;
+  ecfg.protection = a.sel.protection();
+  ecfg.chunk_size = a.chunk;
+  ecfg.n_threads = a.threads;
+  std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s, scorers %s\n",
+               base_name(a.model).c_str(), L, a.windows, a.context, a.continuation, base_name(src).c_str(),
+               a.scorers.c_str());
+  const auto t_full = std::chrono::steady_clock::now();
+  const PruningEvaluator ev(engine, std::move(windows), ecfg);
+  const double full_s = seconds_since(t_full);
+
+  const auto t_prof = std::chrono::steady_clock::now();
+  const long long tokens_before = ev.layer_tokens_run();
+  for (std::size_t s = 0; s < scorer_names.size(); ++s) {
+    SensitivityProfiler prof(L, popt);
+    const auto it = out.scorers.find(scorer_names[s]);
+    if (it != out.scorers.end()) prof.resume(it->second);
+    if (prof.state().complete()) continue;
+    Progress bar("profile " + scorer_names[s]);
+    prof.options().progress = [&](int done, int total) {
+      bar.update(done, total);
+      out.scorers[scorer_names[s]] = prof.state();  // checkpoint: --resume continues from here
+      save_profile(out, a.output);
+      return true;
+    };
+    prof.run_batched(ev.layer_function(static_cast<int>(s)));
+    out.scorers[scorer_names[s]] = prof.state();
+  }
+  const double prof_s = seconds_since(t_prof);
+  save_profile(out, a.output);
+
+  // Cost: layer-token products of the plan runs against one full pass (context + continuation
+  // through all layers) over the same windows.
+  long long full_tokens = 0;
+  for (const EvalWindow& w : ev.windows())
+    full_tokens += static_cast<long long>(L) * static_cast<long long>(w.context.size() + w.continuation.size());
+  const double equiv = static_cast<double>(ev.layer_tokens_run() - tokens_before) / static_cast<double>(full_tokens);
+  const int runs = L * static_cast<int>(popt.keep_ratios.size()) * static_cast<int>(scorer_names.size());
+  std::printf("profile written to %s\n", a.output.c_str());
+  std::printf("cost: full evaluation pass %.3f s; profiling %.3f s = %.2f full passes for %d (layer, ratio, scorer) runs "
+              "(naive: %d full passes); compute %.2f full-pass equivalents (layer-token products)\n",
+              full_s, prof_s, prof_s / full_s, runs, runs, equiv);
+  for (const std::string& name : scorer_names) {
+    const SensitivityProfile p = out.profile(name);
+    std::printf("\nscorer %s: mean %s per layer (rows) and keep ratio (columns), +- standard error\n", name.c_str(),
+                out.metric.c_str());
+    std::printf("layer");
+    for (double r : p.keep_ratios) std::printf("  %15.2f", r);
+    std::printf("\n");
+    for (int l = 0; l < p.n_layers(); ++l) {
+      std::printf("%5d", l);
+      for (int k = 0; k < p.n_ratios(); ++k)
+        std::printf("  %7.4f+-%6.4f", p.loss(l, k), p.stderr_.size() ? p.stderr_(l, k) : 0.0);
+      std::printf("\n");
+    }
+  }
+}
+
+}  // namespace
+
+void register_profile(CLI::App& app) {
+  auto a = std::make_shared<ProfileArgs>();
+  CLI::App* c = app.add_subcommand("profile", "measure per-layer loss curves on calibration text and write a profile file");
+  c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: tok512.bin beside a .bin)");
+  c->add_option("--text", a->text, "calibration text (stories separated by blank lines)");
+  c->add_option("--tokens", a->tokens, "pre-tokenized calibration input: a file of token ids (instead of --text)");
+  c->add_option("-o,--output", a->output, "profile file to write (JSON)")->required();
+  c->add_option("--context", a->context, "context tokens per window (prefilled, then pruned)")->capture_default_str();
+  c->add_option("--continuation", a->continuation, "continuation tokens per window (scored)")->capture_default_str();
+  c->add_option("--windows", a->windows, "calibration windows")->capture_default_str();
+  c->add_option("--skip", a->skip, "windows skipped before the first calibration window")->capture_default_str();
+  c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
+      ->capture_default_str();
+  c->add_option("--ratios", a->ratios, "probed keep ratios")->capture_default_str();
+  c->add_option("--metric", a->metric, "default metric of the file: kl, dnll or top1")->capture_default_str();
+  c->add_option("--sinks", a->sel.sinks, "attention-sink tokens every head keeps")->capture_default_str();
+  c->add_option("--window", a->sel.window, "recent tokens every head keeps (= SnapKV observation window)")->capture_default_str();
+  c->add_option("--kernel", a->sel.kernel, "SnapKV max-pooling kernel (odd)")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
+  c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");
+  c->callback([a] { run_profile(*a); });
+}
+
+}  // namespace depthkv_cli
