@@ -25,7 +25,7 @@ OTHER=/usr/share/common-licenses/GPL-3   # non-story English text shipped with e
 
 echo "== 1. profile stories260K: 24 calibration windows (0..23) of 384+128 tokens, H2O and SnapKV"
 $DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 --windows 24 \
-  --scorers h2o,snapkv -o "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.profile.txt"
+  --scorers h2o,snapkv --metric kl,infonce -o "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.profile.txt"
 
 echo "== 2. evaluate on 64 later windows (24..87): five policies x two scorers x four budgets"
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
@@ -43,7 +43,14 @@ echo "== 4. second model: aidreams260K, context 96 + continuation 32 (its traine
 AID="$DATA/models/aidreams260K/aidreams260K.bin"
 $DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windows 48 --sinks 2 --window 4 \
   --scorers h2o,snapkv -o "$OUT/aidreams260K.profile.json" > "$OUT/aidreams260K.profile.txt"
-$DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.profile.json" --windows 128 --sinks 2 --window 4 \
-  --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
-  --plot "$OUT/aidreams260K.eval.svg" | tee "$OUT/aidreams260K.eval.txt"
+for m in -1 0; do
+  echo "-- --min-tokens $m"
+  $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.profile.json" --windows 128 --sinks 2 --window 4 \
+    --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
+    --min-tokens $m --plot "$OUT/aidreams260K.eval$m.svg"
+done | tee "$OUT/aidreams260K.eval.txt"
+echo "== 5. the paper's InfoNCE-guided allocation (MGA, MLMA, MLP) on stories260K, and how well InfoNCE predicts sensitivity"
+$DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
+  --keep 0.2,0.3,0.5 --policies uniform,optimal,mga,mlma2,mlp --scorers h2o,snapkv | tee "$OUT/stories260K.infonce_eval.txt"
+$DK analyze --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.analyze.txt"
 echo "main-job: results in $OUT/"

@@ -100,6 +100,18 @@ inline std::vector<depthkv::llama::EvalWindow> load_windows(const std::string& t
   return depthkv::llama::split_windows(windows, context);
 }
 
+/// Index of the first story starting at or after token `end` of the story stream (stories
+/// encoded with BOS, as the windows are): the first story wholly after the calibration windows.
+inline int first_story_after(const depthkv::llama::Tokenizer& tok, const std::vector<std::string>& stories,
+                             long long end) {
+  long long pos = 0;
+  for (std::size_t i = 0; i < stories.size(); ++i) {
+    if (pos >= end) return static_cast<int>(i);
+    pos += static_cast<long long>(tok.encode(stories[i], true, false).size());
+  }
+  return static_cast<int>(stories.size());
+}
+
 /// File name part of a path.
 inline std::string base_name(const std::string& path) {
   const std::size_t s = path.find_last_of('/');

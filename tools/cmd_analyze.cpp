@@ -61,15 +61,6 @@ const char* kMetrics[] = {"infonce", "erank", "sentropy"};
 
 /// First story index that starts at or after the token `end` of the concatenated story stream
 /// (the stream the profile's calibration windows were cut from).
-int first_story_after(const depthkv::llama::Tokenizer& tok, const std::vector<std::string>& stories, long long end) {
-  long long pos = 0;
-  for (std::size_t i = 0; i < stories.size(); ++i) {
-    if (pos >= end) return static_cast<int>(i);
-    pos += static_cast<long long>(tok.encode(stories[i], true, false).size());
-  }
-  return static_cast<int>(stories.size());
-}
-
 bool has_all_metrics(const depthkv::ProfileFile& f) {
   for (auto st : depthkv::llama::representation_stages())
     for (const char* m : kMetrics)

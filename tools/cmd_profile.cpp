@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/eval.hpp"
+#include "depthkv/llama/representation_probe.hpp"
 #include "depthkv/profile_io.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
 #include "model_io.hpp"
@@ -25,7 +26,7 @@ namespace {
 struct ProfileArgs {
   std::string model, tokenizer, text, tokens, output, scorers = "h2o,snapkv", ratios = "0.05,0.1,0.2,0.3,0.5,0.75";
   std::string metric = "kl";
-  int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024;
+  int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024, probe_samples = 64;
   bool resume = false;
   SelectionSettings sel;
 };
@@ -41,7 +42,21 @@ void run_profile(const ProfileArgs& a) {
   for (const std::string& s : scorer_names) scorer_cfgs.push_back(a.sel.scorer(s));
   ProfilerOptions popt;
   popt.keep_ratios = parse_doubles(a.ratios, "--ratios");
-  parse_loss_metric(a.metric);
+  // --metric: the loss metric of the curves (kl, dnll, top1) and/or infonce (representation
+  // metrics, issue 7); "infonce" alone skips the pruned runs.
+  std::string loss_metric;
+  bool want_infonce = false;
+  for (const std::string& m : split_list(a.metric)) {
+    if (m == "infonce") {
+      want_infonce = true;
+    } else {
+      parse_loss_metric(m);
+      DEPTHKV_CHECK(loss_metric.empty(), "--metric: give at most one of kl, dnll, top1");
+      loss_metric = m;
+    }
+  }
+  DEPTHKV_CHECK(want_infonce || !loss_metric.empty(), "--metric is empty");
+  const bool want_curves = !loss_metric.empty();
 
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
   const LlamaEngine engine(lm.model);
@@ -65,7 +80,7 @@ void run_profile(const ProfileArgs& a) {
     out.model = model_identity(a.model);
     out.n_layers = L;
     out.keep_ratios = popt.keep_ratios;
-    out.metric = a.metric;
+    out.metric = want_curves ? loss_metric : "kl";
     out.calibration.text_file = src;
     out.calibration.context = a.context;
     out.calibration.continuation = a.continuation;
@@ -74,6 +89,33 @@ void run_profile(const ProfileArgs& a) {
     out.calibration.window_begin = a.skip;
     out.calibration.window_end = a.skip + a.windows;
     out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
+  }
+
+  if (want_infonce) {
+    // Two forward passes per probe story (the story and a copy with 10% of its words dropped),
+    // stories taken right after the calibration windows.
+    DEPTHKV_CHECK(lm.tokenizer != nullptr, "--metric infonce needs text and a tokenizer");
+    DEPTHKV_CHECK(a.tokens.empty(), "--metric infonce needs --text (it perturbs words)");
+    const std::vector<std::string> stories = split_stories(read_text_file(a.text));
+    const int first = first_story_after(*lm.tokenizer, stories,
+                                        static_cast<long long>(a.skip + a.windows) * (a.context + a.continuation));
+    DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= first + static_cast<long long>(a.probe_samples),
+                  "'" << a.text << "' has " << stories.size() << " stories; the probe needs " << a.probe_samples
+                      << " after story " << first);
+    const std::vector<std::string> texts(stories.begin() + first, stories.begin() + first + a.probe_samples);
+    ProbeOptions po;
+    po.n_threads = a.threads;
+    Progress pbar("profile infonce");
+    po.progress = [&](int done, int total) { pbar.update(done, total); };
+    const auto tp = std::chrono::steady_clock::now();
+    write_layer_metrics(out, probe_representations(engine, *lm.tokenizer, texts, po));
+    std::printf("representation metrics (InfoNCE, effective rank, spectral entropy; 4 stages) on stories %d..%d: %.2f s\n",
+                first, first + a.probe_samples - 1, seconds_since(tp));
+    save_profile(out, a.output);
+    if (!want_curves) {
+      std::printf("profile written to %s (representation metrics only)\n", a.output.c_str());
+      return;
+    }
   }
 
   EvalConfig ecfg;
@@ -152,7 +194,12 @@ void register_profile(CLI::App& app) {
   c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
       ->capture_default_str();
   c->add_option("--ratios", a->ratios, "probed keep ratios")->capture_default_str();
-  c->add_option("--metric", a->metric, "default metric of the file: kl, dnll or top1")->capture_default_str();
+  c->add_option("--metric", a->metric,
+                "loss metric of the curves (kl, dnll or top1) and/or infonce (representation metrics for the "
+                "mga/mlma policies), e.g. kl,infonce")
+      ->capture_default_str();
+  c->add_option("--probe-samples", a->probe_samples, "stories probed by --metric infonce (after the calibration windows)")
+      ->capture_default_str();
   c->add_option("--sinks", a->sel.sinks, "attention-sink tokens every head keeps")->capture_default_str();
   c->add_option("--window", a->sel.window, "recent tokens every head keeps (= SnapKV observation window)")->capture_default_str();
   c->add_option("--kernel", a->sel.kernel, "SnapKV max-pooling kernel (odd)")->capture_default_str();

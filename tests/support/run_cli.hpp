@@ -1,0 +1,43 @@
+#pragma once
+// Running the built `depthkv` program from a test (DEPTHKV_CLI_PATH is defined by tests/CMakeLists.txt
+// when the tools are built).
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace depthkv_test {
+
+struct CliRun {
+  std::string out;  ///< stdout (and stderr when redirected into it)
+  int status = -1;  ///< exit code, -1 when killed
+};
+
+/// Runs `depthkv <args> <redirect>` through the shell and captures stdout.
+inline CliRun run_cli(const std::string& args, const std::string& redirect = "2>/dev/null") {
+#ifndef DEPTHKV_CLI_PATH
+  (void)args;
+  (void)redirect;
+  FAIL("the depthkv program was not built (DEPTHKV_BUILD_TOOLS=OFF)");
+  return {};
+#else
+  const std::string cmd = std::string("'") + DEPTHKV_CLI_PATH + "' " + args + " " + redirect;
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+#endif
+}
+
+/// Single-quoted for the shell.
+inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace depthkv_test

@@ -1,0 +1,108 @@
+// Tests of `depthkv profile`, `allocate` and `eval` (tools/cmd_*.cpp) as separate processes on the
+// real stories260K model, with small settings so that they run in seconds.
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "depthkv/profile_io.hpp"
+#include "support/run_cli.hpp"
+#include "support/test_data.hpp"
+
+using depthkv_test::quoted;
+using depthkv_test::run_cli;
+
+namespace {
+
+std::string tmp_path(const std::string& name) {
+  const char* t = std::getenv("TMPDIR");
+  return std::string(t ? t : "/tmp") + "/depthkv_eval_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
+struct Fixture {
+  std::string model = quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  std::string text = quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  std::string profile = tmp_path("profile.json");
+  // 4 calibration windows (0..3) of 64 + 16 tokens, two ratios, two scorers.
+  std::string common = " --context 64 --continuation 16 --sinks 2 --window 4 --threads 1";
+  Fixture() {
+    const auto r = run_cli("profile --model " + model + " --text " + text + common +
+                           " --windows 4 --ratios 0.2,0.5 --scorers h2o,snapkv -o " + quoted(profile));
+    REQUIRE(r.status == 0);
+  }
+  ~Fixture() { std::remove(profile.c_str()); }
+};
+
+}  // namespace
+
+TEST_CASE("profile writes a complete profile file describing its calibration windows", "[cli][profile][real]") {
+  Fixture fx;
+  const depthkv::ProfileFile f = depthkv::load_profile(fx.profile);
+  REQUIRE(f.n_layers == 5);
+  REQUIRE(f.keep_ratios == std::vector<double>{0.2, 0.5});
+  REQUIRE(f.has_scorer("h2o"));
+  REQUIRE(f.has_scorer("snapkv"));
+  REQUIRE(f.calibration.window_begin == 0);
+  REQUIRE(f.calibration.window_end == 4);
+  REQUIRE(f.calibration.context == 64);
+  const depthkv::SensitivityProfile p = f.profile("h2o");
+  // Keeping more of a layer never costs more in these measurements (loss at 0.5 <= loss at 0.2
+  // for the mean over layers) and pruning costs something.
+  REQUIRE(p.loss.col(0).sum() > 0.0);
+  REQUIRE(p.loss.col(1).sum() <= p.loss.col(0).sum());
+}
+
+TEST_CASE("eval refuses windows overlapping the calibration windows, accepts disjoint ones", "[cli][eval][real]") {
+  Fixture fx;
+  const std::string base = "eval --model " + fx.model + " --text " + fx.text + " --profile " + quoted(fx.profile) +
+                           " --sinks 2 --window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
+  const auto overlap = run_cli(base + " --skip 2", "2>&1");
+  REQUIRE(overlap.status != 0);
+  REQUIRE(overlap.out.find("overlap") != std::string::npos);
+  const auto ok = run_cli(base + " --json");  // default skip: the first window after calibration
+  REQUIRE(ok.status == 0);
+  const nlohmann::json rows = nlohmann::json::parse(ok.out);
+  REQUIRE(rows.size() == 4);  // 2 scorers x 1 keep x 2 policies
+  for (const auto& r : rows) {
+    for (const char* key : {"scorer", "policy", "keep", "budgets", "kl", "dnll", "top1", "nll_full", "bytes_kept",
+                            "bytes_full"})
+      REQUIRE(r.contains(key));
+    const auto b = r["budgets"].get<std::vector<int>>();
+    REQUIRE(b.size() == 5);
+    REQUIRE(std::accumulate(b.begin(), b.end(), 0) == static_cast<int>(std::lround(0.3 * 64 * 5)));
+    REQUIRE(r["kl"].get<double>() >= 0.0);
+    REQUIRE(r["bytes_kept"].get<double>() < r["bytes_full"].get<double>());
+  }
+  // A scorer the profile lacks, and a profile of another model, are refused.
+  const auto tova = run_cli(base + " --scorers tova", "2>&1");
+  REQUIRE(tova.status != 0);
+  REQUIRE(tova.out.find("tova") != std::string::npos);
+  const std::string other = quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
+  const auto wrong = run_cli("eval --model " + other + " --text " + fx.text + " --profile " + quoted(fx.profile) +
+                                 " --windows 1 --skip 10",
+                             "2>&1");
+  REQUIRE(wrong.status != 0);
+  REQUIRE(wrong.out.find("error") != std::string::npos);
+}
+
+TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][allocate][real]") {
+  Fixture fx;
+  for (const char* policy : {"uniform", "pyramid", "proportional", "middle", "optimal"}) {
+    const auto r = run_cli("allocate --profile " + quoted(fx.profile) + " --keep 0.25 --sinks 2 --window 4 --json --policy " +
+                           policy);
+    INFO(policy << ": " << r.out);
+    REQUIRE(r.status == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    const auto b = j["budgets"].get<std::vector<int>>();
+    REQUIRE(std::accumulate(b.begin(), b.end(), 0) == 80);  // 0.25 * 64 tokens * 5 layers
+  }
+  const auto bad = run_cli("allocate --profile " + quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1");
+  REQUIRE(bad.status != 0);
+}
