@@ -38,6 +38,6 @@ inline CliRun run_cli(const std::string& args, const std::string& redirect = "2>
 }
 
 /// Single-quoted for the shell.
-inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
+inline std::string shell_quoted(const std::string& s) { return "'" + s + "'"; }
 
 }  // namespace depthkv_test

@@ -16,7 +16,7 @@
 #include "support/run_cli.hpp"
 #include "support/test_data.hpp"
 
-using depthkv_test::quoted;
+using depthkv_test::shell_quoted;
 using depthkv_test::run_cli;
 
 namespace {
@@ -27,14 +27,14 @@ std::string tmp_path(const std::string& name) {
 }
 
 struct Fixture {
-  std::string model = quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
-  std::string text = quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   std::string profile = tmp_path("profile.json");
   // 4 calibration windows (0..3) of 64 + 16 tokens, two ratios, two scorers.
   std::string common = " --context 64 --continuation 16 --sinks 2 --window 4 --threads 1";
   Fixture() {
     const auto r = run_cli("profile --model " + model + " --text " + text + common +
-                           " --windows 4 --ratios 0.2,0.5 --scorers h2o,snapkv -o " + quoted(profile));
+                           " --windows 4 --ratios 0.2,0.5 --scorers h2o,snapkv -o " + shell_quoted(profile));
     REQUIRE(r.status == 0);
   }
   ~Fixture() { std::remove(profile.c_str()); }
@@ -61,7 +61,7 @@ TEST_CASE("profile writes a complete profile file describing its calibration win
 
 TEST_CASE("eval refuses windows overlapping the calibration windows, accepts disjoint ones", "[cli][eval][real]") {
   Fixture fx;
-  const std::string base = "eval --model " + fx.model + " --text " + fx.text + " --profile " + quoted(fx.profile) +
+  const std::string base = "eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
                            " --sinks 2 --window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
   const auto overlap = run_cli(base + " --skip 2", "2>&1");
   REQUIRE(overlap.status != 0);
@@ -84,8 +84,8 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   const auto tova = run_cli(base + " --scorers tova", "2>&1");
   REQUIRE(tova.status != 0);
   REQUIRE(tova.out.find("tova") != std::string::npos);
-  const std::string other = quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
-  const auto wrong = run_cli("eval --model " + other + " --text " + fx.text + " --profile " + quoted(fx.profile) +
+  const std::string other = shell_quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
+  const auto wrong = run_cli("eval --model " + other + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
                                  " --windows 1 --skip 10",
                              "2>&1");
   REQUIRE(wrong.status != 0);
@@ -95,7 +95,7 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
 TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][allocate][real]") {
   Fixture fx;
   for (const char* policy : {"uniform", "pyramid", "proportional", "middle", "optimal"}) {
-    const auto r = run_cli("allocate --profile " + quoted(fx.profile) + " --keep 0.25 --sinks 2 --window 4 --json --policy " +
+    const auto r = run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --sinks 2 --window 4 --json --policy " +
                            policy);
     INFO(policy << ": " << r.out);
     REQUIRE(r.status == 0);
@@ -103,6 +103,6 @@ TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][alloca
     const auto b = j["budgets"].get<std::vector<int>>();
     REQUIRE(std::accumulate(b.begin(), b.end(), 0) == 80);  // 0.25 * 64 tokens * 5 layers
   }
-  const auto bad = run_cli("allocate --profile " + quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1");
+  const auto bad = run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1");
   REQUIRE(bad.status != 0);
 }
