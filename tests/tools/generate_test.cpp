@@ -6,34 +6,13 @@
 #include <catch2/catch.hpp>
 
 #include "depthkv/llama/text_windows.hpp"
+#include "support/run_cli.hpp"
 #include "support/test_data.hpp"
 
 namespace {
 
-struct Run {
-  std::string out;
-  int status = -1;
-};
-
-/// Runs `depthkv <args>` through the shell; stdout captured, stderr to `err_file` (or discarded).
-Run run_cli(const std::string& args, const std::string& err_redirect = "2>/dev/null") {
-#ifndef DEPTHKV_CLI_PATH
-  (void)args;
-  (void)err_redirect;
-  return {};
-#else
-  const std::string cmd = std::string("'") + DEPTHKV_CLI_PATH + "' " + args + " " + err_redirect;
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-#endif
-}
+using Run = depthkv_test::CliRun;
+using depthkv_test::run_cli;
 
 std::string model() { return "'" + depthkv_test::data_path("models/stories260K/stories260K.bin") + "'"; }
 
