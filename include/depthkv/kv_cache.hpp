@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "depthkv/detail/compact_runs.hpp"
+#include "depthkv/detail/large_page_allocator.hpp"
 #include "depthkv/error.hpp"
 
 namespace depthkv {
@@ -63,7 +64,8 @@ inline void check_kept_slots(const std::int32_t* kept, int n_kept, int size, int
 
 /// Owning host storage of one layer. Layout: keys and values each
 /// `[n_kv_heads][capacity][head_dim]`, row-major and contiguous; head h holds `size(h)` tokens
-/// in slots `[0, size(h))`, in ascending original position.
+/// in slots `[0, size(h))`, in ascending original position. Key and value blocks of 2 MiB or more
+/// are 2 MiB-aligned and advised for transparent huge pages (detail/large_page_allocator.hpp).
 ///
 /// @tparam T stored element type (`float`, `Eigen::half`, `Eigen::bfloat16`).
 template <typename T>
@@ -181,8 +183,8 @@ class HostLayer {
   void reallocate(int new_capacity) {
     assert_fits(new_capacity);
     const std::size_t hd = static_cast<std::size_t>(head_dim_);
-    std::vector<T> k(static_cast<std::size_t>(n_kv_heads_) * static_cast<std::size_t>(new_capacity) * hd);
-    std::vector<T> v(k.size());
+    Storage k(static_cast<std::size_t>(n_kv_heads_) * static_cast<std::size_t>(new_capacity) * hd);
+    Storage v(k.size());
     std::vector<std::int32_t> p(static_cast<std::size_t>(n_kv_heads_) * static_cast<std::size_t>(new_capacity));
     for (int h = 0; h < n_kv_heads_; ++h) {
       const std::size_t n = static_cast<std::size_t>(size(h));
@@ -206,8 +208,9 @@ class HostLayer {
   int head_dim_ = 0;
   int capacity_ = 0;
   std::vector<int> sizes_;
-  std::vector<T> keys_;
-  std::vector<T> values_;
+  using Storage = std::vector<T, detail::LargePageAllocator<T>>;  // 2 MiB pages for large layers
+  Storage keys_;
+  Storage values_;
   std::vector<std::int32_t> positions_;
 };
 

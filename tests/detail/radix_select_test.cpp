@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -76,6 +77,23 @@ std::vector<float> adversarial(int n, int kind, std::mt19937& rng) {
   return s;
 }
 
+// Caps the instruction set of the float passes for a scope (dd::max_simd_level).
+struct SimdLevel {
+  int saved;
+  explicit SimdLevel(int level) : saved(dd::max_simd_level.load()) { dd::max_simd_level = level; }
+  ~SimdLevel() { dd::max_simd_level = saved; }
+  SimdLevel(const SimdLevel&) = delete;
+  SimdLevel& operator=(const SimdLevel&) = delete;
+};
+
+// The levels this CPU and build really run: 0 (scalar) up to dd::simd_level() uncapped.
+std::vector<int> available_simd_levels() {
+  SimdLevel all(2);
+  std::vector<int> levels;
+  for (int l = 0; l <= dd::simd_level(); ++l) levels.push_back(l);
+  return levels;
+}
+
 }  // namespace
 
 TEST_CASE("radix and nth_element selection equal the naive kept set (float keys)", "[evict][select]") {
@@ -92,16 +110,21 @@ TEST_CASE("radix and nth_element selection equal the naive kept set (float keys)
           INFO("n " << n << " kind " << kind << " m " << m << " shuffled positions " << (pos != nullptr));
           const auto want = naive(v, pos, lo, hi, m);
           dd::SelectWorkspace ws;
-          std::vector<I32> radix{-5}, hist{-5}, nth{-5};  // appended after existing content
-          dd::select_best_radix(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, radix);
-          dd::select_best_histogram(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, hist);
+          std::vector<I32> nth{-5};  // appended after existing content
           dd::select_best_nth(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, nth);
-          REQUIRE(radix.front() == -5);
-          REQUIRE(hist.front() == -5);
           REQUIRE(nth.front() == -5);
-          REQUIRE(std::vector<I32>(radix.begin() + 1, radix.end()) == want);
-          REQUIRE(std::vector<I32>(hist.begin() + 1, hist.end()) == want);
           REQUIRE(std::vector<I32>(nth.begin() + 1, nth.end()) == want);
+          for (int level : available_simd_levels()) {  // every float pass: scalar, SSE2, AVX2
+            SimdLevel use(level);
+            INFO("simd level " << level);
+            std::vector<I32> radix{-5}, hist{-5};
+            dd::select_best_radix(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, radix);
+            dd::select_best_histogram(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, hist);
+            REQUIRE(radix.front() == -5);
+            REQUIRE(hist.front() == -5);
+            REQUIRE(std::vector<I32>(radix.begin() + 1, radix.end()) == want);
+            REQUIRE(std::vector<I32>(hist.begin() + 1, hist.end()) == want);
+          }
         }
       }
     }
@@ -205,6 +228,37 @@ TEST_CASE("a row built to defeat the sample bracket still gives the exact kept s
       std::vector<I32> got;
       dd::select_best_radix(dd::FloatKeys{v.data()}, nullptr, 0, len, m, ws, got);
       REQUIRE(got == naive(v, nullptr, 0, len, m));
+    }
+  }
+}
+
+TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested ranks", "[evict][select]") {
+  std::mt19937 rng(99);
+  for (int c : {1, 2, 7, 300, 1448, 5000}) {
+    for (int kind = 0; kind < 9; ++kind) {
+      const std::vector<float> v = adversarial(c, kind, rng);
+      std::vector<std::uint32_t> keys(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) keys[i] = dd::ordered_key(v[i]);
+      std::vector<std::uint32_t> sorted = keys;
+      std::sort(sorted.begin(), sorted.end(), std::greater<std::uint32_t>());
+      dd::SelectWorkspace ws;
+      for (int a : {1, 2, c / 3 + 1, c / 2 + 1, c}) {
+        for (int b : {a, a + 1, a + 5, c}) {
+          if (a > c || b > c || b < a) continue;
+          INFO("c " << c << " kind " << kind << " ranks " << a << " " << b);
+          const auto ua = static_cast<std::uint32_t>(a), ub = static_cast<std::uint32_t>(b);
+          const dd::Threshold th = dd::radix_threshold(keys.data(), static_cast<std::uint32_t>(c), ua, ws);
+          REQUIRE(th.T == sorted[ua - 1]);
+          // t: how many T-keyed keys complete the a best
+          const auto above = static_cast<std::uint32_t>(
+              std::count_if(keys.begin(), keys.end(), [&](std::uint32_t k) { return k > th.T; }));
+          REQUIRE(th.t == ua - above);
+          std::uint32_t ka = 0, kb = 0;
+          dd::radix_threshold2(keys.data(), static_cast<std::uint32_t>(c), ua, ub, ws, ka, kb);
+          REQUIRE(ka == sorted[ua - 1]);
+          REQUIRE(kb == sorted[ub - 1]);
+        }
+      }
     }
   }
 }

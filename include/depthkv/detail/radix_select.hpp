@@ -40,6 +40,7 @@
 /// See benchmarks/RESULTS.md.
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +53,10 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(DEPTHKV_NO_AVX2_DISPATCH)
+#define DEPTHKV_AVX2_DISPATCH 1  // AVX2 passes compiled with a target attribute, chosen at run time
+#include <immintrin.h>
 #endif
 
 namespace depthkv {
@@ -70,10 +75,13 @@ constexpr double kSampleFactor = DEPTHKV_SAMPLE_FACTOR;
 /// Reusable buffers of the selection (one per thread).
 struct SelectWorkspace {
   std::vector<std::uint32_t> hist;
-  std::vector<std::int32_t> sure;  // scratch of the tie merge
+  std::vector<std::int32_t> sure;  // slots emitted by the last pass (grown, never shrunk)
   std::vector<std::int32_t> cand;
   std::vector<std::uint32_t> cand_key;
   std::vector<std::uint32_t> sample;
+  std::vector<std::uint32_t> tkey;   // keys of radix_threshold's current bucket
+  std::vector<std::uint32_t> tkey2;  // radix_threshold2's buckets
+  std::vector<std::uint32_t> tkey3;
   std::vector<std::int32_t> scratch;
 };
 
@@ -133,23 +141,36 @@ struct Threshold {
   std::uint32_t t = 0;
 };
 
-/// Step 3 of the file comment: the threshold of the `need` best (1 <= need <= c) of `c`
-/// candidates (keys `ckey`), all of whose keys share the digits of `T` above bit `shift`, by
-/// histogram radix select: 11-bit digits (2048 buckets) from the top, or 8-bit digits (256
-/// buckets) when there are fewer than 4096 keys.
+/// Step 3 of the file comment: the threshold of the `need` best (1 <= need <= c) of the `c` keys
+/// `ckey` (read only), by histogram radix select below their common prefix: the bits the smallest
+/// and the largest key share are skipped, then one histogram per digit from the top (11-bit
+/// digits, or 8-bit digits for fewer than 4096 keys), each followed by a branch-free compaction of
+/// the keys of the chosen bucket (into ws.tkey), so every pass after the first reads only those.
+/// Cost: O(c) (c + the size of the chosen buckets) plus the buckets scanned.
 inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need,
-                                 std::uint32_t T, int shift, SelectWorkspace& ws) {
+                                 SelectWorkspace& ws) {
+  assert(c >= 1 && need >= 1 && need <= c);
+  std::uint32_t lo = ckey[0], hi = ckey[0];
+  for (std::uint32_t j = 1; j < c; ++j) {
+    lo = ckey[j] < lo ? ckey[j] : lo;
+    hi = ckey[j] > hi ? ckey[j] : hi;
+  }
+  if (lo == hi) return Threshold{lo, need};
+  int shift = 32;  // bits below the common prefix of lo and hi
+  while (shift > 0 && ((lo ^ hi) >> (shift - 1)) == 0) --shift;
+  std::uint32_t T = shift == 32 ? 0u : (hi >> shift) << shift;
   ws.hist.resize(2048);
+  ws.tkey.resize(c);
   std::uint32_t* h = ws.hist.data();
+  std::uint32_t* buf = ws.tkey.data();
+  const std::uint32_t* src = ckey;
   const int digit = c < 4096 ? 8 : 11;  // few keys: 256 buckets, cheaper to clear and scan
-  while (shift > 0) {
+  for (;;) {
     const int width = shift < digit ? shift : digit;
     const int s = shift - width;
     const std::uint32_t mask = (1u << width) - 1u;
-    std::fill(h, h + (1 << width), 0u);
-    const std::uint64_t prefix = static_cast<std::uint64_t>(T) >> shift;
-    for (std::uint32_t j = 0; j < c; ++j)
-      if ((static_cast<std::uint64_t>(ckey[j]) >> shift) == prefix) ++h[(ckey[j] >> s) & mask];
+    std::fill(h, h + (1u << width), 0u);
+    for (std::uint32_t j = 0; j < c; ++j) ++h[(src[j] >> s) & mask];
     std::uint32_t acc = 0;
     std::uint32_t d = mask;
     for (;; --d) {
@@ -158,9 +179,94 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
     }
     need -= acc;
     T |= d << s;
+    if (s == 0 || h[d] == 1) {  // exact, or a single key left: it is the threshold
+      if (s != 0)
+        for (std::uint32_t j = 0; j < c; ++j)
+          if (((src[j] >> s) & mask) == d) T = src[j];
+      return Threshold{T, need};
+    }
+    std::uint32_t n2 = 0;  // the keys of bucket d, branch-free (in place after the first pass)
+    for (std::uint32_t j = 0; j < c; ++j) {
+      const std::uint32_t k = src[j];
+      buf[n2] = k;
+      n2 += ((k >> s) & mask) == d;
+    }
+    src = buf;
+    c = n2;
     shift = s;
   }
-  return Threshold{T, need};
+}
+
+/// The keys of two ranks need_a <= need_b (1 = the largest) of the `c` keys `ckey` (read only),
+/// found together: one histogram and one compaction per digit over the keys whose digits lie
+/// between the two answers (usually one bucket), until the answers part, then radix_threshold
+/// on each of the two buckets. The sample bracket's two ranks at the cost of about one select.
+inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need_a,
+                             std::uint32_t need_b, SelectWorkspace& ws, std::uint32_t& key_a,
+                             std::uint32_t& key_b) {
+  assert(c >= 1 && need_a >= 1 && need_a <= need_b && need_b <= c);
+  std::uint32_t lo = ckey[0], hi = ckey[0];
+  for (std::uint32_t j = 1; j < c; ++j) {
+    lo = ckey[j] < lo ? ckey[j] : lo;
+    hi = ckey[j] > hi ? ckey[j] : hi;
+  }
+  if (lo == hi) {
+    key_a = key_b = lo;
+    return;
+  }
+  int shift = 32;  // bits below the common prefix of lo and hi
+  while (shift > 0 && ((lo ^ hi) >> (shift - 1)) == 0) --shift;
+  std::uint32_t T = shift == 32 ? 0u : (hi >> shift) << shift;
+  ws.hist.resize(2048);
+  ws.tkey2.resize(c);
+  std::uint32_t* h = ws.hist.data();
+  std::uint32_t* buf = ws.tkey2.data();
+  const std::uint32_t* src = ckey;
+  const int digit = c < 4096 ? 8 : 11;
+  for (;;) {
+    const int width = shift < digit ? shift : digit;
+    const int s = shift - width;
+    const std::uint32_t mask = (1u << width) - 1u;
+    std::fill(h, h + (1u << width), 0u);
+    for (std::uint32_t j = 0; j < c; ++j) ++h[(src[j] >> s) & mask];
+    std::uint32_t acc = 0, d = mask;
+    while (acc + h[d] < need_a) acc += h[d--];
+    const std::uint32_t da = d;
+    need_a -= acc;
+    while (acc + h[d] < need_b) acc += h[d--];
+    const std::uint32_t db = d;
+    need_b -= acc;
+    if (da != db || s == 0) {
+      if (s == 0) {
+        key_a = T | da;
+        key_b = T | db;
+        return;
+      }
+      ws.tkey3.resize(c);
+      std::uint32_t* first = ws.tkey3.data();
+      std::uint32_t na = 0, nb = 0;  // bucket da to tkey3, bucket db in place to buf
+      for (std::uint32_t j = 0; j < c; ++j) {
+        const std::uint32_t k = src[j], dk = (k >> s) & mask;
+        first[na] = k;
+        na += dk == da;
+        buf[nb] = k;
+        nb += dk == db;
+      }
+      key_a = radix_threshold(first, na, need_a, ws).T;
+      key_b = radix_threshold(buf, nb, need_b, ws).T;
+      return;
+    }
+    T |= da << s;
+    std::uint32_t n2 = 0;  // the keys of bucket da, branch-free (in place after the first pass)
+    for (std::uint32_t j = 0; j < c; ++j) {
+      const std::uint32_t k = src[j];
+      buf[n2] = k;
+      n2 += ((k >> s) & mask) == da;
+    }
+    src = buf;
+    c = n2;
+    shift = s;
+  }
 }
 
 /// Ties at the threshold: when their positions do not ascend with their slots (never for a Layer),
@@ -218,31 +324,163 @@ inline float key_to_float(std::uint32_t key) {
   return f;
 }
 
-/// Step 2: counts the slots keyed above `hi_key` (none when !has_hi) and writes the slots keyed in
-/// [lo_key, hi_key] (from -inf when !has_lo) to `cand` (room for hi - lo + 4). Float rows are
-/// compared as floats (for non-NaN values float order is key order, -0.0 == +0.0 in both), four
-/// at a time with SSE2.
-inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key,
-                         bool has_lo, bool has_hi, std::int32_t* cand, std::uint32_t& a, std::uint32_t& c) {
-  const float* s = keys.scores;
-  const float lo_f = has_lo ? key_to_float(lo_key) : -std::numeric_limits<float>::infinity();
-  const float hi_f = has_hi ? key_to_float(hi_key) : std::numeric_limits<float>::infinity();
-  std::uint32_t na = 0, nc = 0;
-  int i = lo;
+/// Float passes of steps 2 and 4, one per instruction set: 0 scalar, 1 SSE2 (4 scores per step),
+/// 2 AVX2 (8 per step). Every level gives the same result; `simd_level()` picks the highest the
+/// CPU has, at most `max_simd_level` (tests lower it to cover every path).
+inline std::atomic<int> max_simd_level{2};
+
+/// The instruction set the float passes use now (see max_simd_level).
+inline int simd_level() {
+  int level = 0;
 #if defined(__SSE2__)
-  const __m128 vlo = _mm_set1_ps(lo_f), vhi = _mm_set1_ps(hi_f);
-  for (; i + 4 <= hi; i += 4) {
-    const __m128 x = _mm_loadu_ps(s + i);
-    na += kLaneCount[_mm_movemask_ps(_mm_cmpgt_ps(x, vhi))];
-    nc += store_lanes(cand + nc, i, _mm_movemask_ps(_mm_and_ps(_mm_cmpge_ps(x, vlo), _mm_cmple_ps(x, vhi))));
-  }
+  level = 1;
 #endif
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+  }();
+  if (avx2) level = 2;
+#endif
+  const int cap = max_simd_level.load(std::memory_order_relaxed);
+  return level < cap ? level : cap;
+}
+
+/// Room the float passes need after the last slot they can write: one SIMD store past the end.
+constexpr int kEmitSlack = 8;
+
+/// Step 2, scalar tail of the float pass from slot i (see bracket_pass).
+inline void bracket_tail(const float* s, int i, int hi, float lo_f, float hi_f, std::int32_t* cand,
+                         std::uint32_t& na, std::uint32_t& nc) {
   for (; i < hi; ++i) {
     const float x = s[i];
     na += x > hi_f;
     cand[nc] = i;
     nc += (x >= lo_f) & (x <= hi_f);
   }
+}
+
+/// Step 4, scalar tail of the float pass from slot i (see emit_kept).
+inline std::uint32_t emit_tail(const float* s, int i, int hi, float tf, std::uint32_t t, std::uint32_t& taken,
+                               std::int32_t* dst, std::uint32_t n) {
+  for (; i < hi; ++i) {
+    const float v = s[i];
+    const bool tie = v == tf && taken < t;
+    taken += tie;
+    dst[n] = i;
+    n += (v > tf) | tie;
+  }
+  return n;
+}
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+/// Lane indices of the set bits of an 8-bit mask, packed one per byte from the low byte.
+struct Lanes8 {
+  std::uint64_t v[256];
+};
+constexpr Lanes8 make_lanes8() {
+  Lanes8 t{};
+  for (int m = 0; m < 256; ++m) {
+    std::uint64_t packed = 0;
+    int c = 0;
+    for (int l = 0; l < 8; ++l)
+      if ((m >> l) & 1) packed |= static_cast<std::uint64_t>(l) << (8 * c++);
+    t.v[m] = packed;
+  }
+  return t;
+}
+alignas(64) inline constexpr Lanes8 kLanes8 = make_lanes8();
+
+/// Stores slot + (the set lanes of `mask`) at dst (32 bytes written); returns how many were set.
+__attribute__((target("avx2,popcnt"))) inline std::uint32_t store_lanes8(std::int32_t* dst, int slot,
+                                                                         unsigned mask) {
+  const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kLanes8.v[mask])));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_add_epi32(_mm256_set1_epi32(slot), lanes));
+  return static_cast<std::uint32_t>(__builtin_popcount(mask));
+}
+
+__attribute__((target("avx2,popcnt"))) inline void bracket_pass_avx2(const float* s, int lo, int hi, float lo_f,
+                                                                     float hi_f, std::int32_t* cand,
+                                                                     std::uint32_t* ckey, std::uint32_t& a,
+                                                                     std::uint32_t& c) {
+  std::uint32_t nc = 0;
+  int i = lo;
+  const __m256 vlo = _mm256_set1_ps(lo_f), vhi = _mm256_set1_ps(hi_f);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  __m256i above = _mm256_setzero_si256();  // per lane: minus the count of scores above hi_f
+  for (; i + 8 <= hi; i += 8) {
+    const __m256 x = _mm256_loadu_ps(s + i);
+    above = _mm256_add_epi32(above, _mm256_castps_si256(_mm256_cmp_ps(x, vhi, _CMP_GT_OQ)));
+    const __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, vlo, _CMP_GE_OQ), _mm256_cmp_ps(x, vhi, _CMP_LE_OQ));
+    const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(in));
+    const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kLanes8.v[mask])));
+    // ordered_key_fast of the 8 scores: flip the sign bit (positive) or all bits (negative); -0.0 -> +0.0
+    const __m256i u = _mm256_castps_si256(x);
+    __m256i key = _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), sign));
+    key = _mm256_sub_epi32(key, _mm256_cmpeq_epi32(u, sign));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ckey + nc), _mm256_permutevar8x32_epi32(key, lanes));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cand + nc), _mm256_add_epi32(_mm256_set1_epi32(i), lanes));
+    nc += static_cast<std::uint32_t>(__builtin_popcount(mask));
+  }
+  alignas(32) std::int32_t lane_counts[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane_counts), above);
+  std::uint32_t na = 0;
+  for (std::int32_t v : lane_counts) na -= static_cast<std::uint32_t>(v);
+  const std::uint32_t vector_part = nc;
+  bracket_tail(s, i, hi, lo_f, hi_f, cand, na, nc);
+  for (std::uint32_t j = vector_part; j < nc; ++j) ckey[j] = ordered_key_fast(s[cand[j]]);
+  a = na;
+  c = nc;
+}
+
+__attribute__((target("avx2,popcnt"))) inline std::uint32_t emit_kept_avx2(const float* s, int lo, int hi, float tf,
+                                                                           std::uint32_t t, std::uint32_t taken,
+                                                                           std::int32_t* dst) {
+  std::uint32_t n = 0;
+  int i = lo;
+  const __m256 vt = _mm256_set1_ps(tf);
+  for (; i + 8 <= hi; i += 8) {
+    const __m256 x = _mm256_loadu_ps(s + i);
+    const unsigned gt = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_GT_OQ)));
+    if (taken == t || _mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_EQ_OQ)) == 0)
+      n += store_lanes8(dst + n, i, gt);
+    else
+      n = emit_tail(s, i, i + 8, tf, t, taken, dst, n);
+  }
+  return emit_tail(s, i, hi, tf, t, taken, dst, n);
+}
+#endif
+
+/// Step 2: counts the slots keyed above `hi_key` (none when !has_hi) and writes the slots keyed in
+/// [lo_key, hi_key] (from -inf when !has_lo) to `cand` and their keys to `ckey` (both with room for
+/// hi - lo + kEmitSlack). Float rows are compared as floats (for non-NaN values float order is key
+/// order, -0.0 == +0.0 in both), 8 (AVX2) or 4 (SSE2) at a time, the passing slots (and, with
+/// AVX2, their keys) stored with one vector store from a table of compacted lane offsets.
+inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key,
+                         bool has_lo, bool has_hi, std::int32_t* cand, std::uint32_t* ckey, std::uint32_t& a,
+                         std::uint32_t& c) {
+  const float* s = keys.scores;
+  const float lo_f = has_lo ? key_to_float(lo_key) : -std::numeric_limits<float>::infinity();
+  const float hi_f = has_hi ? key_to_float(hi_key) : std::numeric_limits<float>::infinity();
+  const int level = simd_level();
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if (level >= 2) return bracket_pass_avx2(s, lo, hi, lo_f, hi_f, cand, ckey, a, c);
+#endif
+  std::uint32_t na = 0, nc = 0;
+  int i = lo;
+#if defined(__SSE2__)
+  if (level >= 1) {
+    const __m128 vlo = _mm_set1_ps(lo_f), vhi = _mm_set1_ps(hi_f);
+    for (; i + 4 <= hi; i += 4) {
+      const __m128 x = _mm_loadu_ps(s + i);
+      na += kLaneCount[_mm_movemask_ps(_mm_cmpgt_ps(x, vhi))];
+      nc += store_lanes(cand + nc, i, _mm_movemask_ps(_mm_and_ps(_mm_cmpge_ps(x, vlo), _mm_cmple_ps(x, vhi))));
+    }
+  }
+#endif
+  (void)level;
+  bracket_tail(s, i, hi, lo_f, hi_f, cand, na, nc);
+  for (std::uint32_t j = 0; j < nc; ++j) ckey[j] = keys(cand[j]);
   a = na;
   c = nc;
 }
@@ -250,53 +488,48 @@ inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo
 /// Step 2 for generic keys (16-bit).
 template <class Keys>
 void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key, bool, bool,
-                  std::int32_t* cand, std::uint32_t& a, std::uint32_t& c) {
+                  std::int32_t* cand, std::uint32_t* ckey, std::uint32_t& a, std::uint32_t& c) {
   const std::uint32_t span = hi_key - lo_key;
   std::uint32_t na = 0, nc = 0;
   for (int i = lo; i < hi; ++i) {
     const std::uint32_t k = keys(i);
     na += k > hi_key;
     cand[nc] = i;
+    ckey[nc] = k;
     nc += (k - lo_key) <= span;
   }
   a = na;
   c = nc;
 }
 
-/// Emission: writes to `dst` (room for hi - lo + 4) the slots of [lo, hi) keyed above th.T and,
-/// when `inline_ties`, the first th.t slots keyed th.T, in slot order; returns the count.
+/// Emission: writes to `dst` (room for hi - lo + kEmitSlack) the slots of [lo, hi) keyed above
+/// th.T and, when `inline_ties`, the first th.t slots keyed th.T, in slot order; returns the count.
 inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, bool inline_ties,
                                std::int32_t* dst) {
   const float* s = keys.scores;
   const float tf = key_to_float(th.T);
-  std::uint32_t n = 0, taken = inline_ties ? 0 : th.t;
+  std::uint32_t taken = inline_ties ? 0 : th.t;
+  const int level = simd_level();
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if (level >= 2) return emit_kept_avx2(s, lo, hi, tf, th.t, taken, dst);
+#endif
+  std::uint32_t n = 0;
   int i = lo;
 #if defined(__SSE2__)
-  const __m128 vt = _mm_set1_ps(tf);
-  for (; i + 4 <= hi; i += 4) {
-    const __m128 x = _mm_loadu_ps(s + i);
-    const int gt = _mm_movemask_ps(_mm_cmpgt_ps(x, vt));
-    if (_mm_movemask_ps(_mm_cmpeq_ps(x, vt)) == 0 || taken == th.t) {
-      n += store_lanes(dst + n, i, gt);
-      continue;
-    }
-    for (int l = 0; l < 4; ++l) {
-      const float v = s[i + l];
-      const bool keep = v > tf || (v == tf && taken < th.t);
-      taken += v == tf && taken < th.t;
-      dst[n] = i + l;
-      n += keep;
+  if (level >= 1) {
+    const __m128 vt = _mm_set1_ps(tf);
+    for (; i + 4 <= hi; i += 4) {
+      const __m128 x = _mm_loadu_ps(s + i);
+      const int gt = _mm_movemask_ps(_mm_cmpgt_ps(x, vt));
+      if (taken == th.t || _mm_movemask_ps(_mm_cmpeq_ps(x, vt)) == 0)
+        n += store_lanes(dst + n, i, gt);
+      else
+        n = emit_tail(s, i, i + 4, tf, th.t, taken, dst, n);
     }
   }
 #endif
-  for (; i < hi; ++i) {
-    const float v = s[i];
-    const bool keep = v > tf || (v == tf && taken < th.t);
-    taken += v == tf && taken < th.t;
-    dst[n] = i;
-    n += keep;
-  }
-  return n;
+  (void)level;
+  return emit_tail(s, i, hi, tf, th.t, taken, dst, n);
 }
 
 /// Emission for generic keys (16-bit).
@@ -319,21 +552,20 @@ void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi
                  const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, SelectWorkspace& ws,
                  std::vector<std::int32_t>& out) {
   const bool inline_ties = ties_in_slot_order(cand, ckey, c, th, positions, ws);
-  const std::size_t base = out.size();
-  out.resize(base + static_cast<std::size_t>(hi - lo) + 4);
-  std::uint32_t n = emit_kept(keys, lo, hi, th, inline_ties, out.data() + base);
-  if (!inline_ties) {  // merge the chosen ties (ws.scratch, ascending) in
+  // emitted into a workspace buffer (grown once, never cleared: `out` gets exactly m slots)
+  if (ws.sure.size() < static_cast<std::size_t>(hi - lo) + kEmitSlack) ws.sure.resize(static_cast<std::size_t>(hi - lo) + kEmitSlack);
+  const std::int32_t* sure = ws.sure.data();
+  const std::uint32_t n = emit_kept(keys, lo, hi, th, inline_ties, ws.sure.data());
+  if (inline_ties) {
+    out.insert(out.end(), sure, sure + n);
+  } else {  // merge the chosen ties (ws.scratch, ascending) in
     const std::vector<std::int32_t>& ties = ws.scratch;
-    std::vector<std::int32_t>& tmp = ws.sure;
-    tmp.assign(out.begin() + static_cast<std::ptrdiff_t>(base),
-               out.begin() + static_cast<std::ptrdiff_t>(base + n));
-    std::merge(tmp.begin(), tmp.end(), ties.begin(), ties.end(),
-               out.begin() + static_cast<std::ptrdiff_t>(base));
-    n += static_cast<std::uint32_t>(ties.size());
+    const std::size_t base = out.size();
+    out.resize(base + n + ties.size());
+    std::merge(sure, sure + n, ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
   }
-  assert(n == static_cast<std::uint32_t>(m));
+  assert(n + (inline_ties ? 0 : ws.scratch.size()) == static_cast<std::size_t>(m));
   (void)m;
-  out.resize(base + n);
 }
 
 /// Step 4 of the file comment (also usable on its own): full histogram radix select. Appends the
@@ -380,7 +612,7 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
   }
   assert(c == cb);
   const Threshold th =
-      radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, b << kTopShift, kTopShift, ws);
+      radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, ws);
   append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
@@ -401,23 +633,41 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
       std::min(len, std::max(256, static_cast<int>(kSampleFactor * std::sqrt(static_cast<double>(len)))));
   ws.sample.resize(static_cast<std::size_t>(s));
   std::uint32_t* smp = ws.sample.data();
-  for (int j = 0; j < s; ++j)
-    smp[j] = keys(lo + static_cast<int>((static_cast<std::int64_t>(j) * len + len / 2) / s));
+  {  // slot lo + (j * len + len / 2) / s: quotient and remainder updated without a division or a
+     // branch per sample (the carry is unpredictable)
+    const int step_q = len / s, step_r = len % s;
+    int q = (len / 2) / s, r = (len / 2) % s;
+    for (int j = 0; j < s; ++j) {
+      smp[j] = keys(lo + q);
+      r += step_r;
+      const int carry = static_cast<int>(r >= s);
+      q += step_q + carry;
+      r -= s & -carry;
+    }
+  }
   const double p = static_cast<double>(m) / len;
   const int r = static_cast<int>(p * s);
   const int delta = static_cast<int>(3.0 * std::sqrt(s * p * (1.0 - p))) + 3;
   const int q_lo = r + delta, q_hi = r - delta;  // descending sample ranks
   const bool has_lo = q_lo < s, has_hi = q_hi >= 0;
   // the keys at those ranks, by radix select on the sample (branch-free, unlike nth_element)
-  const std::uint32_t lo_key = has_lo ? radix_threshold(smp, s, q_lo + 1, 0u, Keys::kBits, ws).T : 0u;
-  const std::uint32_t hi_key =
-      has_hi ? radix_threshold(smp, s, q_hi + 1, 0u, Keys::kBits, ws).T : 0xFFFFFFFFu;
+  std::uint32_t lo_key = 0u, hi_key = 0xFFFFFFFFu;
+  const std::uint32_t us = static_cast<std::uint32_t>(s);
+  if (has_lo && has_hi)
+    radix_threshold2(smp, us, static_cast<std::uint32_t>(q_hi) + 1, static_cast<std::uint32_t>(q_lo) + 1, ws,
+                     hi_key, lo_key);
+  else if (has_lo)
+    lo_key = radix_threshold(smp, us, static_cast<std::uint32_t>(q_lo) + 1, ws).T;
+  else if (has_hi)
+    hi_key = radix_threshold(smp, us, static_cast<std::uint32_t>(q_hi) + 1, ws).T;
 
   // 2. counting pass: a slots above the bracket, c candidates inside it
-  ws.cand.resize(static_cast<std::size_t>(len) + 4);
+  ws.cand.resize(static_cast<std::size_t>(len) + kEmitSlack);
+  ws.cand_key.resize(static_cast<std::size_t>(len) + kEmitSlack);
   std::int32_t* cand = ws.cand.data();
+  std::uint32_t* ckey = ws.cand_key.data();
   std::uint32_t a = 0, c = 0;
-  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, a, c);
+  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, ckey, a, c);
   if (a > static_cast<std::uint32_t>(m) || a + c < static_cast<std::uint32_t>(m)) {
     select_best_histogram(keys, positions, lo, hi, m, ws, out);  // 4. the bracket missed
     return;
@@ -425,10 +675,7 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
 
   // 3. exact threshold among the candidates, then one emission pass
   const std::uint32_t need = static_cast<std::uint32_t>(m) - a;
-  ws.cand_key.resize(c + 1);
-  std::uint32_t* ckey = ws.cand_key.data();
-  for (std::uint32_t j = 0; j < c; ++j) ckey[j] = keys(cand[j]);
-  const Threshold th = need == 0 ? Threshold{hi_key, 0} : radix_threshold(ckey, c, need, 0u, Keys::kBits, ws);
+  const Threshold th = need == 0 ? Threshold{hi_key, 0} : radix_threshold(ckey, c, need, ws);
   append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
