@@ -6,38 +6,41 @@
 /// equal positions too (only possible in rows that are not from a Layer): the lower slot first.
 ///
 /// ## Algorithm ("select the m best of [lo, hi)", rows of at least kRadixSelectMinLength)
-/// 1. Bracket: the keys of a strided sample of s ~ 8 sqrt(len) slots give, by two radix
-///    selections on the sample (step 3's routine), keys lo_T <= hi_T that enclose the m-th best key with high
-///    probability (sample ranks m s / len -/+ (3 sigma + 3)).
-/// 2. Counting pass over the row: the number a of keys above hi_T, and the slots of the keys in
-///    [lo_T, hi_T] ("candidates", ~ 6 sigma / s of the row), written branch-free in slot order.
-/// 3. Exact threshold among the candidates by histogram radix select on their integer keys: one
-///    histogram per digit from the top (11-bit digits, or 8-bit digits for fewer than 4096 keys),
-///    each over the keys sharing the digits chosen so far, gives the threshold key T and the
-///    number t of T-keyed slots to keep (to reach m - a from the candidates). The sample's two
-///    ranks (step 1) are found the same way.
+/// 1. Bracket: the keys of a strided sample of s ~ 8 sqrt(len) slots (at least 256) give keys
+///    lo_T <= hi_T that enclose the m-th best key with high probability: the sample ranks
+///    m s / len -/+ (3 sigma + 3), both found by one joint radix select on the sample
+///    (radix_threshold2).
+/// 2. Counting pass over the row: the number a of keys above hi_T, and the slots and keys of the
+///    keys in [lo_T, hi_T] ("candidates", ~ 6 sigma / s of the row), written branch-free in slot
+///    order.
+/// 3. Exact threshold among the candidates (radix_threshold): the key bits all candidates share
+///    are skipped, then one histogram per digit (11 bits, or 8 for fewer than 4096 keys), each
+///    followed by a branch-free compaction of the chosen bucket, gives the threshold key T and the
+///    number t of T-keyed slots to keep (to reach m - a).
 /// 4. Emission pass over the row: the slots keyed above T, and the first t slots keyed T (slot
 ///    order is position order when the ties' positions ascend, as in every Layer; otherwise the t
 ///    ties are chosen by (position, slot) and merged in), in slot order.
-/// 5. When the bracket misses (a > m or a + c < m: probability ~ 0.3 % on random rows; adversarial
+/// 5. When the bracket misses (a > m or a + c < m, c candidates: probability ~ 0.3 % on random rows; adversarial
 ///    or periodic rows), a full histogram radix select runs instead: a 2048-bucket histogram of
 ///    the top 11 key bits over the row (two interleaved copies, so runs of equal keys do not
 ///    serialise on one counter), a pass collecting the keys of the threshold bucket, step 3 on the
 ///    bucket, step 4. 16-bit keys need one histogram pass over the row (5 bits remain for step 3).
 /// Float rows are compared as floats in passes 2 and 4 (for non-NaN values float order is key
-/// order, -0.0 == +0.0 in both), four at a time with SSE2 where available (every x86-64), storing
-/// the passing slots with one 16-byte store from a 16-entry table of compacted lane offsets.
+/// order, -0.0 == +0.0 in both): 8 at a time with AVX2 (compiled with a target attribute and
+/// chosen at run time, so no -mavx2 is needed), 4 with SSE2 (every x86-64), else one at a time;
+/// the passing slots (and, in pass 2 with AVX2, their keys) are stored with one vector store from
+/// a table of compacted lane offsets. A variant that kept every slot at or above lo_T in pass 2
+/// and filtered those instead of pass 4 was measured no faster at keep 10-30 % and slower at 50 %.
 /// Cost: O(len) expected and worst case; the typical row is read twice (two streaming passes), plus
-/// O(sqrt(len)) for the sample and O(sqrt(len)) candidates.
+/// O(sqrt(len)) for the sample and O(len / len^(1/4)) candidates.
 ///
 /// ## Crossover
-/// Rows shorter than `kRadixSelectMinLength` (512) use `std::nth_element` + a sort of the m
-/// selected slots instead (`select_best_nth`): below it the fixed costs of the radix path (a
-/// sample of >= 256 keys, histograms of 2048 buckets) dominate. Measured with
-/// benchmarks/evict_cpu_bench.cpp (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, CPU
-/// time, medians of 3, float keys): n = 256: 6.6 vs 5.3 us; n = 512: 9.9 vs 10.8 us; n = 768:
-/// 10.6 vs 18.0 us; n = 4096: 26 vs 99 us (16-bit keys: 6.1 vs 6.1, 7.0 vs 12.1, 9.7 vs 18.3 us).
-/// See benchmarks/RESULTS.md.
+/// Rows shorter than `kRadixSelectMinLength` (64) use `std::nth_element` + a sort of the m
+/// selected slots instead (`select_best_nth`). Measured with benchmarks/evict_cpu_bench.cpp
+/// (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, medians of 3, float keys, AVX2):
+/// n = 64: 1.15 vs 1.28 us; n = 128: 1.9 vs 2.9 us; n = 256: 2.9 vs 5.9 us; n = 4096: 9.9 vs 92 us
+/// (16-bit keys: 1.4 vs 1.5, 2.3 vs 2.8, 2.9 vs 4.8, 27 vs 83 us). Below 64 the two are within
+/// noise of each other and nth_element has no fixed cost. See benchmarks/RESULTS.md.
 
 #include <algorithm>
 #include <atomic>
@@ -63,7 +66,7 @@ namespace depthkv {
 namespace detail {
 
 /// Rows (unprotected ranges) shorter than this use std::nth_element; see the file comment.
-constexpr int kRadixSelectMinLength = 512;
+constexpr int kRadixSelectMinLength = 64;
 
 /// Sample size of the bracket: kSampleFactor * sqrt(len) slots (at least 256).
 #ifndef DEPTHKV_SAMPLE_FACTOR
@@ -141,24 +144,29 @@ struct Threshold {
   std::uint32_t t = 0;
 };
 
+/// Number of low bits below the longest prefix all `c` keys share (0: all equal): the bit length
+/// of the OR of every key XOR the first (an OR reduction, vectorised by the compiler).
+inline int prefix_shift(const std::uint32_t* keys, std::uint32_t c) {
+  const std::uint32_t k0 = keys[0];
+  std::uint32_t diff = 0;
+  for (std::uint32_t j = 1; j < c; ++j) diff |= keys[j] ^ k0;
+  int shift = 0;
+  while (shift < 32 && (diff >> shift) != 0) ++shift;
+  return shift;
+}
+
 /// Step 3 of the file comment: the threshold of the `need` best (1 <= need <= c) of the `c` keys
-/// `ckey` (read only), by histogram radix select below their common prefix: the bits the smallest
-/// and the largest key share are skipped, then one histogram per digit from the top (11-bit
+/// `ckey` (read only), by histogram radix select below their common prefix: the bits all keys
+/// share are skipped, then one histogram per digit from the top (11-bit
 /// digits, or 8-bit digits for fewer than 4096 keys), each followed by a branch-free compaction of
 /// the keys of the chosen bucket (into ws.tkey), so every pass after the first reads only those.
 /// Cost: O(c) (c + the size of the chosen buckets) plus the buckets scanned.
 inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std::uint32_t need,
                                  SelectWorkspace& ws) {
   assert(c >= 1 && need >= 1 && need <= c);
-  std::uint32_t lo = ckey[0], hi = ckey[0];
-  for (std::uint32_t j = 1; j < c; ++j) {
-    lo = ckey[j] < lo ? ckey[j] : lo;
-    hi = ckey[j] > hi ? ckey[j] : hi;
-  }
-  if (lo == hi) return Threshold{lo, need};
-  int shift = 32;  // bits below the common prefix of lo and hi
-  while (shift > 0 && ((lo ^ hi) >> (shift - 1)) == 0) --shift;
-  std::uint32_t T = shift == 32 ? 0u : (hi >> shift) << shift;
+  int shift = prefix_shift(ckey, c);
+  if (shift == 0) return Threshold{ckey[0], need};
+  std::uint32_t T = shift == 32 ? 0u : (ckey[0] >> shift) << shift;
   ws.hist.resize(2048);
   ws.tkey.resize(c);
   std::uint32_t* h = ws.hist.data();
@@ -205,18 +213,12 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
                              std::uint32_t need_b, SelectWorkspace& ws, std::uint32_t& key_a,
                              std::uint32_t& key_b) {
   assert(c >= 1 && need_a >= 1 && need_a <= need_b && need_b <= c);
-  std::uint32_t lo = ckey[0], hi = ckey[0];
-  for (std::uint32_t j = 1; j < c; ++j) {
-    lo = ckey[j] < lo ? ckey[j] : lo;
-    hi = ckey[j] > hi ? ckey[j] : hi;
-  }
-  if (lo == hi) {
-    key_a = key_b = lo;
+  int shift = prefix_shift(ckey, c);
+  if (shift == 0) {
+    key_a = key_b = ckey[0];
     return;
   }
-  int shift = 32;  // bits below the common prefix of lo and hi
-  while (shift > 0 && ((lo ^ hi) >> (shift - 1)) == 0) --shift;
-  std::uint32_t T = shift == 32 ? 0u : (hi >> shift) << shift;
+  std::uint32_t T = shift == 32 ? 0u : (ckey[0] >> shift) << shift;
   ws.hist.resize(2048);
   ws.tkey2.resize(c);
   std::uint32_t* h = ws.hist.data();
@@ -546,26 +548,38 @@ std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, bool inl
   return n;
 }
 
-/// Appends the kept slots of [lo, hi) for threshold `th` to `out` (m of them), ascending.
+/// Appends the `n` emitted slots (ascending) to `out`, with the chosen ties (ws.scratch, ascending)
+/// merged in when the ties were not emitted inline.
+inline void finish_kept(const std::int32_t* emitted, std::uint32_t n, bool inline_ties, const SelectWorkspace& ws,
+                        std::vector<std::int32_t>& out) {
+  if (inline_ties) {
+    out.insert(out.end(), emitted, emitted + n);
+    return;
+  }
+  const std::vector<std::int32_t>& ties = ws.scratch;
+  const std::size_t base = out.size();
+  out.resize(base + n + ties.size());
+  std::merge(emitted, emitted + n, ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
+}
+
+/// Room for `n` slots plus the SIMD slack in ws.sure (grown once, never cleared).
+inline std::int32_t* emit_buffer(SelectWorkspace& ws, std::size_t n) {
+  if (ws.sure.size() < n + kEmitSlack) ws.sure.resize(n + kEmitSlack);
+  return ws.sure.data();
+}
+
+/// Appends the kept slots of [lo, hi) for threshold `th` to `out` (m of them), ascending, by an
+/// emission pass over the row (the full histogram path).
 template <class Keys>
 void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, Threshold th,
                  const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, SelectWorkspace& ws,
                  std::vector<std::int32_t>& out) {
   const bool inline_ties = ties_in_slot_order(cand, ckey, c, th, positions, ws);
-  // emitted into a workspace buffer (grown once, never cleared: `out` gets exactly m slots)
-  if (ws.sure.size() < static_cast<std::size_t>(hi - lo) + kEmitSlack) ws.sure.resize(static_cast<std::size_t>(hi - lo) + kEmitSlack);
-  const std::int32_t* sure = ws.sure.data();
-  const std::uint32_t n = emit_kept(keys, lo, hi, th, inline_ties, ws.sure.data());
-  if (inline_ties) {
-    out.insert(out.end(), sure, sure + n);
-  } else {  // merge the chosen ties (ws.scratch, ascending) in
-    const std::vector<std::int32_t>& ties = ws.scratch;
-    const std::size_t base = out.size();
-    out.resize(base + n + ties.size());
-    std::merge(sure, sure + n, ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
-  }
+  std::int32_t* dst = emit_buffer(ws, static_cast<std::size_t>(hi - lo));
+  const std::uint32_t n = emit_kept(keys, lo, hi, th, inline_ties, dst);
   assert(n + (inline_ties ? 0 : ws.scratch.size()) == static_cast<std::size_t>(m));
   (void)m;
+  finish_kept(dst, n, inline_ties, ws, out);
 }
 
 /// Step 4 of the file comment (also usable on its own): full histogram radix select. Appends the
@@ -616,6 +630,27 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
   append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
+/// Steps 2-4 of the file comment: bracket pass, threshold of the candidates, emission pass.
+template <class Keys>
+void select_bracketed(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, std::uint32_t lo_key,
+                      std::uint32_t hi_key, bool has_lo, bool has_hi, SelectWorkspace& ws,
+                      std::vector<std::int32_t>& out) {
+  const std::size_t len = static_cast<std::size_t>(hi - lo);
+  ws.cand.resize(len + kEmitSlack);
+  ws.cand_key.resize(len + kEmitSlack);
+  std::int32_t* cand = ws.cand.data();
+  std::uint32_t* ckey = ws.cand_key.data();
+  std::uint32_t a = 0, c = 0;
+  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, ckey, a, c);
+  if (a > static_cast<std::uint32_t>(m) || a + c < static_cast<std::uint32_t>(m)) {
+    select_best_histogram(keys, positions, lo, hi, m, ws, out);  // 5. the bracket missed
+    return;
+  }
+  const std::uint32_t need = static_cast<std::uint32_t>(m) - a;
+  const Threshold th = need == 0 ? Threshold{hi_key, 0} : radix_threshold(ckey, c, need, ws);
+  append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
+}
+
 /// Appends to `out` the `m` best slots of [lo, hi) by (key desc, position asc, slot asc), in
 /// ascending slot order: sample bracket, one counting pass, radix select of the candidates, one
 /// emission pass; the full histogram select when the bracket misses (file comment). Any length.
@@ -661,22 +696,7 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
   else if (has_hi)
     hi_key = radix_threshold(smp, us, static_cast<std::uint32_t>(q_hi) + 1, ws).T;
 
-  // 2. counting pass: a slots above the bracket, c candidates inside it
-  ws.cand.resize(static_cast<std::size_t>(len) + kEmitSlack);
-  ws.cand_key.resize(static_cast<std::size_t>(len) + kEmitSlack);
-  std::int32_t* cand = ws.cand.data();
-  std::uint32_t* ckey = ws.cand_key.data();
-  std::uint32_t a = 0, c = 0;
-  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, ckey, a, c);
-  if (a > static_cast<std::uint32_t>(m) || a + c < static_cast<std::uint32_t>(m)) {
-    select_best_histogram(keys, positions, lo, hi, m, ws, out);  // 4. the bracket missed
-    return;
-  }
-
-  // 3. exact threshold among the candidates, then one emission pass
-  const std::uint32_t need = static_cast<std::uint32_t>(m) - a;
-  const Threshold th = need == 0 ? Threshold{hi_key, 0} : radix_threshold(ckey, c, need, ws);
-  append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
+  select_bracketed(keys, positions, lo, hi, m, lo_key, hi_key, has_lo, has_hi, ws, out);
 }
 
 /// The m best slots of [lo, hi), ascending: nth_element below kRadixSelectMinLength, radix above.
