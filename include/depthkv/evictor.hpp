@@ -143,9 +143,14 @@ std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* p
   if (n > 0) std::memcpy(bits.data(), scores, sizeof(std::uint16_t) * static_cast<std::size_t>(n));
   const int bad = first_nan16(bits.data(), n, inf_bits);
   DEPTHKV_CHECK(bad < 0, "NaN score at slot " << bad);
+  // the 16-bit order-preserving key, as a float (an integer below 2^16: exact), ranks exactly as the
+  // score does, so the vectorised float path selects (no half/bfloat16 arithmetic, no FTZ/DAZ issue)
+  std::vector<float> key(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    key[static_cast<std::size_t>(i)] = static_cast<float>(ordered_key16(bits[static_cast<std::size_t>(i)]));
   SelectWorkspace ws;
   std::vector<std::int32_t> out;
-  select_row(Bits16Keys{bits.data()}, positions, n, k, prot, ws, out);
+  select_row(FloatKeys{key.data()}, positions, n, k, prot, ws, out);
   return out;
 }
 
@@ -170,8 +175,8 @@ inline std::vector<std::int32_t> select_keep(const float* scores, const std::int
   return out;
 }
 
-/// `select_keep` on 16-bit scores (`Eigen::half` or `Eigen::bfloat16`): the same rule and
-/// algorithm on 16-bit keys (whose full histogram select needs a single pass over the row). A
+/// `select_keep` on 16-bit scores (`Eigen::half` or `Eigen::bfloat16`): the same rule; each score's
+/// 16-bit order-preserving key is converted (exactly) to a float and the float path selects. A
 /// template, so `select_keep(nullptr, ...)` still means the float overload.
 template <class T16,
           std::enable_if_t<std::is_same<T16, Eigen::half>::value || std::is_same<T16, Eigen::bfloat16>::value,

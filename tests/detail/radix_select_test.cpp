@@ -162,7 +162,7 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
                    Eigen::half) {
   std::mt19937 rng(12);
   for (int n : {0, 1, 50, 3000}) {
-    for (int hd : {1, 4, 64}) {
+    for (int hd : {1, 4, 16, 32, 64}) {
       for (std::ptrdiff_t pad : {0, 3}) {
         const std::ptrdiff_t stride = hd + pad;
         std::vector<TestType> buf(static_cast<std::size_t>(n * stride + 1));

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Reads evict_cpu_bench's JSON output and prints the BM_Evict table (markdown) and each issue-6
+target with the figures that meet or miss it. Nothing is tuned here: it only reads the counters.
+
+Usage: evict_cpu_bench --benchmark_filter=BM_Evict --benchmark_out=evict.json \
+           --benchmark_out_format=json
+       python3 benchmarks/evict_targets.py evict.json
+"""
+import json
+import re
+import sys
+
+TYPES = {"float": "fp32", "Eigen::half": "fp16", "Eigen::bfloat16": "bf16"}
+
+
+def rows(path):
+    with open(path) as f:
+        data = json.load(f)
+    out = []
+    for b in data["benchmarks"]:
+        m = re.match(r"BM_Evict<(.+?)>/n:(\d+)/keep%:(\d+)/threads:(\d+)", b["name"])
+        if not m or b.get("run_type", "iteration") != "iteration":
+            continue
+        out.append(dict(type=TYPES.get(m.group(1), m.group(1)), n=int(m.group(2)), keep=int(m.group(3)),
+                        threads=int(m.group(4)), time_ms=b["real_time"], **{
+                            k: b[k] for k in ("ratio_vs_memcpy", "select_elems_per_s", "select_cold_elems_per_s",
+                                              "speedup_vs_sort", "select_speedup_vs_sort", "memcpy_GBps")}))
+    return data.get("context", {}), out
+
+
+def main():
+    context, rs = rows(sys.argv[1])
+    print(f"Run: {context.get('date', '?')}, {context.get('num_cpus', '?')} CPUs at "
+          f"{context.get('mhz_per_cpu', '?')} MHz, library build type {context.get('library_build_type', '?')}\n")
+    print("| storage | n | keep | threads | time ms | ratio_vs_memcpy | select G/s (warm) | select G/s (cold) "
+          "| speedup_vs_sort | select_speedup_vs_sort | memcpy GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rs:
+        print(f"| {r['type']} | {r['n'] // 1024}K | {r['keep']} % | {r['threads']} | {r['time_ms']:.1f} "
+              f"| {r['ratio_vs_memcpy']:.2f} | {r['select_elems_per_s'] / 1e9:.3f} "
+              f"| {r['select_cold_elems_per_s'] / 1e9:.3f} | {r['speedup_vs_sort']:.2f} "
+              f"| {r['select_speedup_vs_sort']:.1f} | {r['memcpy_GBps']:.1f} |")
+    one = [r for r in rs if r["threads"] == 1]
+    big = [r for r in one if r["n"] >= 32768]
+
+    def verdict(name, items, ok, fmt):
+        good = [r for r in items if ok(r)]
+        print(f"\n{name}: met in {len(good)} of {len(items)} configurations")
+        for r in items:
+            print(f"  {'ok  ' if ok(r) else 'MISS'} {r['type']} n={r['n']} keep={r['keep']}%: {fmt(r)}")
+
+    print("\nTargets (single thread):")
+    verdict("selection >= 0.7 G elements/s per core, fp32 scores, n >= 32K (warm scores)", big,
+            lambda r: r["select_elems_per_s"] >= 0.7e9,
+            lambda r: f"{r['select_elems_per_s'] / 1e9:.3f} G/s warm, {r['select_cold_elems_per_s'] / 1e9:.3f} cold")
+    verdict("select+compact within 2x of memcpy of the kept bytes, keep >= 10 %", one,
+            lambda r: r["ratio_vs_memcpy"] <= 2.0, lambda r: f"{r['ratio_vs_memcpy']:.2f}x memcpy")
+    verdict(">= 5x faster than the full-sort baseline at n = 32K (end to end)", big,
+            lambda r: r["speedup_vs_sort"] >= 5.0,
+            lambda r: f"{r['speedup_vs_sort']:.2f}x end to end, {r['select_speedup_vs_sort']:.0f}x selection alone")
+
+
+if __name__ == "__main__":
+    main()
