@@ -72,23 +72,49 @@ struct LayerEviction {
 
 namespace detail {
 
+#if defined(DEPTHKV_AVX2_DISPATCH)
+/// True when scores[0..n32) (n32 a multiple of 32) hold a NaN: first_nan's vector part with AVX2.
+__attribute__((target("avx2"))) inline bool any_nan_avx2(const float* s, int n32) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+  __m256i acc = _mm256_setzero_si256();
+  for (int i = 0; i < n32; i += 32)
+    for (int j = 0; j < 32; j += 8) {
+      const __m256i x =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + j)), abs_mask);
+      acc = _mm256_or_si256(acc, _mm256_cmpgt_epi32(x, inf));
+    }
+  return _mm256_movemask_epi8(acc) != 0;
+}
+#endif
+
 /// Index of the first NaN in scores[0..n), or -1 (bit test: safe under -ffast-math). One
-/// branch-free pass (16 scores per step with SSE2), then a scalar search only when a NaN exists.
+/// branch-free pass (32 scores per step with AVX2, 16 with SSE2), then a scalar search only when a
+/// NaN exists.
 inline int first_nan(const float* s, int n) {
   auto is_nan = [&](int i) { return (float_bits(s[i]) & 0x7FFFFFFFu) > 0x7F800000u; };
   bool bad = false;
   int i = 0;
-#if defined(__SSE2__)
-  // |bits| as int32 is in [0, 0x7FFFFFFF], so the signed compare is the unsigned one
-  const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), inf = _mm_set1_epi32(0x7F800000);
-  __m128i acc = _mm_setzero_si128();
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; j += 4) {
-      const __m128i x = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + j)), abs_mask);
-      acc = _mm_or_si128(acc, _mm_cmpgt_epi32(x, inf));
-    }
-  bad = _mm_movemask_epi8(acc) != 0;
+  const int level = simd_level();
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if (level >= 2) {
+    i = n / 32 * 32;
+    bad = any_nan_avx2(s, i);
+  }
 #endif
+#if defined(__SSE2__)
+  if (level == 1) {
+    // |bits| as int32 is in [0, 0x7FFFFFFF], so the signed compare is the unsigned one
+    const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF), inf = _mm_set1_epi32(0x7F800000);
+    __m128i acc = _mm_setzero_si128();
+    for (; i + 16 <= n; i += 16)
+      for (int j = 0; j < 16; j += 4) {
+        const __m128i x = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + j)), abs_mask);
+        acc = _mm_or_si128(acc, _mm_cmpgt_epi32(x, inf));
+      }
+    bad = _mm_movemask_epi8(acc) != 0;
+  }
+#endif
+  (void)level;
   for (; i < n; ++i) bad |= is_nan(i);
   if (!bad) return -1;
   for (i = 0; i < n; ++i)

@@ -137,6 +137,13 @@ void select_best_nth(const Keys& keys, const std::int32_t* positions, int lo, in
   out.insert(out.end(), idx.begin(), idx.begin() + m);
 }
 
+/// Grows a workspace buffer to at least n elements (never shrinks, so a reused workspace is not
+/// zero-filled again row after row).
+template <class V>
+void grow(V& v, std::size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
 /// Exact threshold of a selection: keep every key above `T`, and `t` of the slots keyed `T`
 /// (the earliest by (position, slot)).
 struct Threshold {
@@ -167,8 +174,8 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
   int shift = prefix_shift(ckey, c);
   if (shift == 0) return Threshold{ckey[0], need};
   std::uint32_t T = shift == 32 ? 0u : (ckey[0] >> shift) << shift;
-  ws.hist.resize(2048);
-  ws.tkey.resize(c);
+  grow(ws.hist, 2048);
+  grow(ws.tkey, c);
   std::uint32_t* h = ws.hist.data();
   std::uint32_t* buf = ws.tkey.data();
   const std::uint32_t* src = ckey;
@@ -219,8 +226,8 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
     return;
   }
   std::uint32_t T = shift == 32 ? 0u : (ckey[0] >> shift) << shift;
-  ws.hist.resize(2048);
-  ws.tkey2.resize(c);
+  grow(ws.hist, 2048);
+  grow(ws.tkey2, c);
   std::uint32_t* h = ws.hist.data();
   std::uint32_t* buf = ws.tkey2.data();
   const std::uint32_t* src = ckey;
@@ -244,7 +251,7 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
         key_b = T | db;
         return;
       }
-      ws.tkey3.resize(c);
+      grow(ws.tkey3, c);
       std::uint32_t* first = ws.tkey3.data();
       std::uint32_t na = 0, nb = 0;  // bucket da to tkey3, bucket db in place to buf
       for (std::uint32_t j = 0; j < c; ++j) {
@@ -271,35 +278,32 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
   }
 }
 
-/// Ties at the threshold: when their positions do not ascend with their slots (never for a Layer),
-/// the `th.t` kept ones are chosen by (position, slot) into ws.scratch (ascending slots) and
-/// false is returned; otherwise true (the first `th.t` ties in slot order are the kept ones).
-/// `cand`/`ckey`: every slot keyed th.T appears among them, in ascending slot order.
-inline bool ties_in_slot_order(const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c,
-                               Threshold th, const std::int32_t* positions, SelectWorkspace& ws) {
-  if (th.t == 0 || positions == nullptr) return true;
-  std::uint32_t n_ties = 0;
-  bool ascend = true;
-  std::int32_t last = 0;
-  for (std::uint32_t j = 0; j < c; ++j) {
-    if (ckey[j] != th.T) continue;
-    const std::int32_t p = positions[cand[j]];
-    if (n_ties > 0 && p < last) ascend = false;  // equal positions: slot order is the rule
-    last = p;
-    ++n_ties;
-  }
-  if (ascend || n_ties == th.t) return true;
+/// The kept ties at the threshold into ws.scratch, ascending: the `th.t` slots keyed th.T that
+/// come first by (position, slot), which are the first th.t in slot order when the ties' positions
+/// ascend with their slots (always in a Layer). `cand`/`ckey`: every slot keyed th.T appears among
+/// them, in ascending slot order.
+inline void choose_ties(const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, Threshold th,
+                        const std::int32_t* positions, SelectWorkspace& ws) {
   std::vector<std::int32_t>& ties = ws.scratch;
   ties.clear();
+  if (th.t == 0) return;
   for (std::uint32_t j = 0; j < c; ++j)
     if (ckey[j] == th.T) ties.push_back(cand[j]);
-  auto earlier = [&](std::int32_t x, std::int32_t y) {
-    return positions[x] != positions[y] ? positions[x] < positions[y] : x < y;
-  };
-  std::nth_element(ties.begin(), ties.begin() + (th.t - 1), ties.end(), earlier);
+  assert(ties.size() >= th.t);
+  if (ties.size() == th.t) return;
+  bool ascend = true;  // equal positions: slot order is the rule
+  if (positions != nullptr)
+    for (std::size_t j = 1; j < ties.size() && ascend; ++j) ascend = positions[ties[j]] >= positions[ties[j - 1]];
+  if (!ascend) {
+    auto earlier = [&](std::int32_t x, std::int32_t y) {
+      return positions[x] != positions[y] ? positions[x] < positions[y] : x < y;
+    };
+    std::nth_element(ties.begin(), ties.begin() + (th.t - 1), ties.end(), earlier);
+    ties.resize(th.t);
+    std::sort(ties.begin(), ties.end());
+    return;
+  }
   ties.resize(th.t);
-  std::sort(ties.begin(), ties.end());
-  return false;
 }
 
 #if defined(__SSE2__)
@@ -363,14 +367,10 @@ inline void bracket_tail(const float* s, int i, int hi, float lo_f, float hi_f, 
 }
 
 /// Step 4, scalar tail of the float pass from slot i (see emit_kept).
-inline std::uint32_t emit_tail(const float* s, int i, int hi, float tf, std::uint32_t t, std::uint32_t& taken,
-                               std::int32_t* dst, std::uint32_t n) {
+inline std::uint32_t emit_tail(const float* s, int i, int hi, float tf, std::int32_t* dst, std::uint32_t n) {
   for (; i < hi; ++i) {
-    const float v = s[i];
-    const bool tie = v == tf && taken < t;
-    taken += tie;
     dst[n] = i;
-    n += (v > tf) | tie;
+    n += s[i] > tf;
   }
   return n;
 }
@@ -393,71 +393,61 @@ constexpr Lanes8 make_lanes8() {
 }
 alignas(64) inline constexpr Lanes8 kLanes8 = make_lanes8();
 
-/// Stores slot + (the set lanes of `mask`) at dst (32 bytes written); returns how many were set.
-__attribute__((target("avx2,popcnt"))) inline std::uint32_t store_lanes8(std::int32_t* dst, int slot,
+/// Stores base + (the set lanes of `mask`) at dst (32 bytes written; `base`: the slot of lane 0 in
+/// every lane); returns how many were set.
+__attribute__((target("avx2,popcnt"))) inline std::uint32_t store_lanes8(std::int32_t* dst, __m256i base,
                                                                          unsigned mask) {
   const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kLanes8.v[mask])));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_add_epi32(_mm256_set1_epi32(slot), lanes));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_add_epi32(base, lanes));
   return static_cast<std::uint32_t>(__builtin_popcount(mask));
 }
 
 __attribute__((target("avx2,popcnt"))) inline void bracket_pass_avx2(const float* s, int lo, int hi, float lo_f,
                                                                      float hi_f, std::int32_t* cand,
-                                                                     std::uint32_t* ckey, std::uint32_t& a,
-                                                                     std::uint32_t& c) {
+                                                                     std::uint32_t& a, std::uint32_t& c) {
   std::uint32_t nc = 0;
   int i = lo;
   const __m256 vlo = _mm256_set1_ps(lo_f), vhi = _mm256_set1_ps(hi_f);
-  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i eight = _mm256_set1_epi32(8);
+  __m256i base = _mm256_set1_epi32(lo);
   __m256i above = _mm256_setzero_si256();  // per lane: minus the count of scores above hi_f
   for (; i + 8 <= hi; i += 8) {
     const __m256 x = _mm256_loadu_ps(s + i);
     above = _mm256_add_epi32(above, _mm256_castps_si256(_mm256_cmp_ps(x, vhi, _CMP_GT_OQ)));
     const __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, vlo, _CMP_GE_OQ), _mm256_cmp_ps(x, vhi, _CMP_LE_OQ));
-    const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(in));
-    const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kLanes8.v[mask])));
-    // ordered_key_fast of the 8 scores: flip the sign bit (positive) or all bits (negative); -0.0 -> +0.0
-    const __m256i u = _mm256_castps_si256(x);
-    __m256i key = _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), sign));
-    key = _mm256_sub_epi32(key, _mm256_cmpeq_epi32(u, sign));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ckey + nc), _mm256_permutevar8x32_epi32(key, lanes));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cand + nc), _mm256_add_epi32(_mm256_set1_epi32(i), lanes));
-    nc += static_cast<std::uint32_t>(__builtin_popcount(mask));
+    nc += store_lanes8(cand + nc, base, static_cast<unsigned>(_mm256_movemask_ps(in)));
+    base = _mm256_add_epi32(base, eight);
   }
   alignas(32) std::int32_t lane_counts[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane_counts), above);
   std::uint32_t na = 0;
   for (std::int32_t v : lane_counts) na -= static_cast<std::uint32_t>(v);
-  const std::uint32_t vector_part = nc;
   bracket_tail(s, i, hi, lo_f, hi_f, cand, na, nc);
-  for (std::uint32_t j = vector_part; j < nc; ++j) ckey[j] = ordered_key_fast(s[cand[j]]);
   a = na;
   c = nc;
 }
 
 __attribute__((target("avx2,popcnt"))) inline std::uint32_t emit_kept_avx2(const float* s, int lo, int hi, float tf,
-                                                                           std::uint32_t t, std::uint32_t taken,
                                                                            std::int32_t* dst) {
   std::uint32_t n = 0;
   int i = lo;
   const __m256 vt = _mm256_set1_ps(tf);
+  const __m256i eight = _mm256_set1_epi32(8);
+  __m256i base = _mm256_set1_epi32(lo);
   for (; i + 8 <= hi; i += 8) {
     const __m256 x = _mm256_loadu_ps(s + i);
-    const unsigned gt = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_GT_OQ)));
-    if (taken == t || _mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_EQ_OQ)) == 0)
-      n += store_lanes8(dst + n, i, gt);
-    else
-      n = emit_tail(s, i, i + 8, tf, t, taken, dst, n);
+    n += store_lanes8(dst + n, base, static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_GT_OQ))));
+    base = _mm256_add_epi32(base, eight);
   }
-  return emit_tail(s, i, hi, tf, t, taken, dst, n);
+  return emit_tail(s, i, hi, tf, dst, n);
 }
 #endif
 
 /// Step 2: counts the slots keyed above `hi_key` (none when !has_hi) and writes the slots keyed in
 /// [lo_key, hi_key] (from -inf when !has_lo) to `cand` and their keys to `ckey` (both with room for
 /// hi - lo + kEmitSlack). Float rows are compared as floats (for non-NaN values float order is key
-/// order, -0.0 == +0.0 in both), 8 (AVX2) or 4 (SSE2) at a time, the passing slots (and, with
-/// AVX2, their keys) stored with one vector store from a table of compacted lane offsets.
+/// order, -0.0 == +0.0 in both), 8 (AVX2) or 4 (SSE2) at a time, the passing slots stored with one
+/// vector store from a table of compacted lane offsets; then the candidates' keys are read.
 inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key,
                          bool has_lo, bool has_hi, std::int32_t* cand, std::uint32_t* ckey, std::uint32_t& a,
                          std::uint32_t& c) {
@@ -465,13 +455,16 @@ inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo
   const float lo_f = has_lo ? key_to_float(lo_key) : -std::numeric_limits<float>::infinity();
   const float hi_f = has_hi ? key_to_float(hi_key) : std::numeric_limits<float>::infinity();
   const int level = simd_level();
-#if defined(DEPTHKV_AVX2_DISPATCH)
-  if (level >= 2) return bracket_pass_avx2(s, lo, hi, lo_f, hi_f, cand, ckey, a, c);
-#endif
   std::uint32_t na = 0, nc = 0;
   int i = lo;
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if (level >= 2) {
+    bracket_pass_avx2(s, lo, hi, lo_f, hi_f, cand, na, nc);
+    i = hi;
+  }
+#endif
 #if defined(__SSE2__)
-  if (level >= 1) {
+  if (level == 1) {
     const __m128 vlo = _mm_set1_ps(lo_f), vhi = _mm_set1_ps(hi_f);
     for (; i + 4 <= hi; i += 4) {
       const __m128 x = _mm_loadu_ps(s + i);
@@ -505,81 +498,72 @@ void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::u
 }
 
 /// Emission: writes to `dst` (room for hi - lo + kEmitSlack) the slots of [lo, hi) keyed above
-/// th.T and, when `inline_ties`, the first th.t slots keyed th.T, in slot order; returns the count.
-inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, bool inline_ties,
-                               std::int32_t* dst) {
+/// th.T, in slot order; returns the count. (The kept ties, keyed th.T, are merged in afterwards:
+/// finish_kept.)
+inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
   const float* s = keys.scores;
   const float tf = key_to_float(th.T);
-  std::uint32_t taken = inline_ties ? 0 : th.t;
   const int level = simd_level();
 #if defined(DEPTHKV_AVX2_DISPATCH)
-  if (level >= 2) return emit_kept_avx2(s, lo, hi, tf, th.t, taken, dst);
+  if (level >= 2) return emit_kept_avx2(s, lo, hi, tf, dst);
 #endif
   std::uint32_t n = 0;
   int i = lo;
 #if defined(__SSE2__)
   if (level >= 1) {
     const __m128 vt = _mm_set1_ps(tf);
-    for (; i + 4 <= hi; i += 4) {
-      const __m128 x = _mm_loadu_ps(s + i);
-      const int gt = _mm_movemask_ps(_mm_cmpgt_ps(x, vt));
-      if (taken == th.t || _mm_movemask_ps(_mm_cmpeq_ps(x, vt)) == 0)
-        n += store_lanes(dst + n, i, gt);
-      else
-        n = emit_tail(s, i, i + 4, tf, th.t, taken, dst, n);
-    }
+    for (; i + 4 <= hi; i += 4) n += store_lanes(dst + n, i, _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(s + i), vt)));
   }
 #endif
   (void)level;
-  return emit_tail(s, i, hi, tf, th.t, taken, dst, n);
+  return emit_tail(s, i, hi, tf, dst, n);
 }
 
 /// Emission for generic keys (16-bit).
 template <class Keys>
-std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, bool inline_ties, std::int32_t* dst) {
-  std::uint32_t n = 0, taken = inline_ties ? 0 : th.t;
+std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
+  std::uint32_t n = 0;
   for (int i = lo; i < hi; ++i) {
-    const std::uint32_t k = keys(i);
-    const bool tie = k == th.T && taken < th.t;
-    taken += tie;
     dst[n] = i;
-    n += k > th.T || tie;
+    n += keys(i) > th.T;
   }
   return n;
 }
 
-/// Appends the `n` emitted slots (ascending) to `out`, with the chosen ties (ws.scratch, ascending)
-/// merged in when the ties were not emitted inline.
-inline void finish_kept(const std::int32_t* emitted, std::uint32_t n, bool inline_ties, const SelectWorkspace& ws,
+/// Appends the `n` emitted slots (ascending) to `out` with the kept ties (ws.scratch, ascending)
+/// merged in: few ties (usually one) by copying the emitted slots around each, many by std::merge.
+inline void finish_kept(const std::int32_t* emitted, std::uint32_t n, const SelectWorkspace& ws,
                         std::vector<std::int32_t>& out) {
-  if (inline_ties) {
-    out.insert(out.end(), emitted, emitted + n);
+  const std::vector<std::int32_t>& ties = ws.scratch;
+  if (ties.size() <= 16) {
+    const std::int32_t* from = emitted;
+    const std::int32_t* end = emitted + n;
+    for (std::int32_t tie : ties) {
+      const std::int32_t* at = std::lower_bound(from, end, tie);
+      out.insert(out.end(), from, at);
+      out.push_back(tie);
+      from = at;
+    }
+    out.insert(out.end(), from, end);
     return;
   }
-  const std::vector<std::int32_t>& ties = ws.scratch;
   const std::size_t base = out.size();
   out.resize(base + n + ties.size());
   std::merge(emitted, emitted + n, ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
 }
 
-/// Room for `n` slots plus the SIMD slack in ws.sure (grown once, never cleared).
-inline std::int32_t* emit_buffer(SelectWorkspace& ws, std::size_t n) {
-  if (ws.sure.size() < n + kEmitSlack) ws.sure.resize(n + kEmitSlack);
-  return ws.sure.data();
-}
-
-/// Appends the kept slots of [lo, hi) for threshold `th` to `out` (m of them), ascending, by an
-/// emission pass over the row (the full histogram path).
+/// Appends the kept slots of [lo, hi) for threshold `th` to `out` (m of them), ascending: the
+/// emission pass over the row (keys above T), then the kept ties merged in.
 template <class Keys>
 void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, Threshold th,
                  const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, SelectWorkspace& ws,
                  std::vector<std::int32_t>& out) {
-  const bool inline_ties = ties_in_slot_order(cand, ckey, c, th, positions, ws);
-  std::int32_t* dst = emit_buffer(ws, static_cast<std::size_t>(hi - lo));
-  const std::uint32_t n = emit_kept(keys, lo, hi, th, inline_ties, dst);
-  assert(n + (inline_ties ? 0 : ws.scratch.size()) == static_cast<std::size_t>(m));
+  choose_ties(cand, ckey, c, th, positions, ws);
+  grow(ws.sure, static_cast<std::size_t>(hi - lo) + kEmitSlack);
+  const std::uint32_t n = emit_kept(keys, lo, hi, th, ws.sure.data());
+  assert(n + ws.scratch.size() == static_cast<std::size_t>(m));
   (void)m;
-  finish_kept(dst, n, inline_ties, ws, out);
+  finish_kept(ws.sure.data(), n, ws, out);
 }
 
 /// Step 4 of the file comment (also usable on its own): full histogram radix select. Appends the
@@ -613,8 +597,8 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
     if (above + cb >= static_cast<std::uint32_t>(m)) break;
     above += cb;
   }
-  ws.cand.resize(cb + 1);
-  ws.cand_key.resize(cb + 1);
+  grow(ws.cand, cb + 1);
+  grow(ws.cand_key, cb + 1);
   std::int32_t* cand = ws.cand.data();
   std::uint32_t* ckey = ws.cand_key.data();
   std::uint32_t c = 0;
@@ -636,8 +620,8 @@ void select_bracketed(const Keys& keys, const std::int32_t* positions, int lo, i
                       std::uint32_t hi_key, bool has_lo, bool has_hi, SelectWorkspace& ws,
                       std::vector<std::int32_t>& out) {
   const std::size_t len = static_cast<std::size_t>(hi - lo);
-  ws.cand.resize(len + kEmitSlack);
-  ws.cand_key.resize(len + kEmitSlack);
+  grow(ws.cand, len + kEmitSlack);
+  grow(ws.cand_key, len + kEmitSlack);
   std::int32_t* cand = ws.cand.data();
   std::uint32_t* ckey = ws.cand_key.data();
   std::uint32_t a = 0, c = 0;
@@ -666,7 +650,7 @@ void select_best_radix(const Keys& keys, const std::int32_t* positions, int lo, 
   // 1. sample bracket
   const int s =
       std::min(len, std::max(256, static_cast<int>(kSampleFactor * std::sqrt(static_cast<double>(len)))));
-  ws.sample.resize(static_cast<std::size_t>(s));
+  grow(ws.sample, static_cast<std::size_t>(s));
   std::uint32_t* smp = ws.sample.data();
   {  // slot lo + (j * len + len / 2) / s: quotient and remainder updated without a division or a
      // branch per sample (the carry is unpredictable)
