@@ -36,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "depthkv/detail/compact_runs.hpp"
+#include "depthkv/detail/large_page_allocator.hpp"
 #include "depthkv/detail/radix_select.hpp"
 #include "depthkv/evictor.hpp"
 #include "depthkv/kv_cache.hpp"
@@ -225,6 +227,57 @@ void evict_args(benchmark::internal::Benchmark* b) {
 BENCHMARK_TEMPLATE(BM_Evict, float)->Apply(evict_args);
 BENCHMARK_TEMPLATE(BM_Evict, Eigen::half)->Apply(evict_args);
 BENCHMARK_TEMPLATE(BM_Evict, Eigen::bfloat16)->Apply(evict_args);
+
+// The memory bound of compaction at low keep ratios: reading the survivors of a head (pieces of
+// tok_bytes, keep% of them, scattered uniformly) against reading the same number of bytes
+// contiguously, in the same iteration, with the prefetching of compact_runs. Counter
+// scattered_over_contiguous = time ratio. 256 MB of
+// 2 MiB-page storage (the allocator of HostLayer), a fresh random survivor set per iteration.
+void BM_ScatteredRead(benchmark::State& state) {
+  const std::size_t tok_bytes = static_cast<std::size_t>(state.range(0));
+  const int keep_pct = static_cast<int>(state.range(1));
+  const std::size_t total = std::size_t{256} << 20, n_tok = total / tok_bytes;
+  std::vector<float, depthkv::detail::LargePageAllocator<float>> buf(total / sizeof(float), 1.0f);
+  std::vector<float, depthkv::detail::LargePageAllocator<float>> flush(total / sizeof(float), 2.0f);
+  std::mt19937 rng(3);
+  std::vector<std::size_t> kept;
+  std::vector<double> ratio;
+  const std::size_t per_tok = tok_bytes / sizeof(float);
+  auto sum = [&](const float* p, std::size_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (std::size_t i = 0; i < n; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
+    return acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+  };
+  for (auto _ : state) {
+    state.PauseTiming();
+    kept.clear();
+    for (std::size_t t = 0; t < n_tok; ++t)
+      if (static_cast<int>(rng() % 100) < keep_pct) kept.push_back(t);
+    for (std::size_t i = 0; i < flush.size(); i += 16) flush[i] += 1.0f;  // push buf out of the caches
+    state.ResumeTiming();
+    double t0 = Clock::now();
+    float acc = 0;
+    const std::size_t ahead = 4096 / tok_bytes;  // prefetched as compact_runs does
+    for (std::size_t j = 0; j < kept.size(); ++j) {
+      if (j + ahead < kept.size())
+        depthkv::detail::prefetch_bytes(buf.data() + kept[j + ahead] * per_tok, tok_bytes);
+      acc += sum(buf.data() + kept[j] * per_tok, per_tok);
+    }
+    const double t_scattered = seconds_since(t0);
+    state.PauseTiming();
+    for (std::size_t i = 0; i < flush.size(); i += 16) flush[i] += 1.0f;
+    t0 = Clock::now();
+    acc += sum(buf.data(), kept.size() * per_tok);
+    const double t_contiguous = seconds_since(t0);
+    benchmark::DoNotOptimize(acc);
+    ratio.push_back(t_scattered / t_contiguous);
+    state.ResumeTiming();
+  }
+  state.counters["scattered_over_contiguous"] = median(ratio);
+}
+BENCHMARK(BM_ScatteredRead)->Args({256, 10})->Args({512, 10})->Args({256, 50})->ArgNames({"tok_bytes", "keep%"})
+    ->Iterations(5)->Unit(benchmark::kMillisecond);
 
 // Selection of one row, pure: a pool of distinct random rows, a different one each iteration.
 // path 0 = histogram select, 1 = std::nth_element (+ sort of the kept), 2 = full sort baseline.

@@ -9,7 +9,8 @@
 /// every survivor costs a TLB miss. With 2 MiB pages the same head spans 8 TLB entries. Measured in
 /// benchmarks/RESULTS.md. Where the kernel does not grant huge pages (THP "never") the advice is
 /// ignored and nothing else changes. Engines that own their cache (`LayerView`) can do the same
-/// with their own allocation.
+/// with their own allocation. Defining `DEPTHKV_NO_LARGE_PAGES` turns this off (plain allocation),
+/// e.g. to measure the difference.
 
 #include <cstddef>
 #include <cstdlib>
@@ -60,9 +61,9 @@ struct LargePageAllocator {
 
  private:
   static bool large(std::size_t bytes) {
-#if defined(_WIN32)
+#if defined(_WIN32) || defined(DEPTHKV_NO_LARGE_PAGES)
     (void)bytes;
-    return false;  // no std::aligned_alloc there: plain allocation
+    return false;  // no std::aligned_alloc on Windows; or turned off: plain allocation
 #else
     return bytes >= kLargePageBytes;
 #endif

@@ -35,12 +35,12 @@
 /// O(sqrt(len)) for the sample and O(len / len^(1/4)) candidates.
 ///
 /// ## Crossover
-/// Rows shorter than `kRadixSelectMinLength` (64) use `std::nth_element` + a sort of the m
+/// Rows shorter than `kRadixSelectMinLength` (128) use `std::nth_element` + a sort of the m
 /// selected slots instead (`select_best_nth`). Measured with benchmarks/evict_cpu_bench.cpp
-/// (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, medians of 3, float keys, AVX2):
-/// n = 64: 1.15 vs 1.28 us; n = 128: 1.9 vs 2.9 us; n = 256: 2.9 vs 5.9 us; n = 4096: 9.9 vs 92 us
-/// (16-bit keys: 1.4 vs 1.5, 2.3 vs 2.8, 2.9 vs 4.8, 27 vs 83 us). Below 64 the two are within
-/// noise of each other and nth_element has no fixed cost. See benchmarks/RESULTS.md.
+/// (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, medians of 3, AVX2; float keys):
+/// n = 64: 1.5 vs 1.3 us (an earlier run: 1.15 vs 1.28: within noise); n = 128: 2.3 vs 2.8 us;
+/// n = 256: 3.3 vs 6.1 us; n = 1024: 4.7 vs 23.9 us; n = 4096: 10.5 vs 99 us. 16-bit keys: 1.3 vs
+/// 1.4, 1.9 vs 3.0, 2.5 vs 5.0, 5.7 vs 22.7, 18.5 vs 105 us. benchmarks/results/select_cpu.json.
 
 #include <algorithm>
 #include <atomic>
@@ -66,7 +66,7 @@ namespace depthkv {
 namespace detail {
 
 /// Rows (unprotected ranges) shorter than this use std::nth_element; see the file comment.
-constexpr int kRadixSelectMinLength = 64;
+constexpr int kRadixSelectMinLength = 128;
 
 /// Sample size of the bracket: kSampleFactor * sqrt(len) slots (at least 256).
 #ifndef DEPTHKV_SAMPLE_FACTOR
