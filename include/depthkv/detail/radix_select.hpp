@@ -162,6 +162,27 @@ inline int prefix_shift(const std::uint32_t* keys, std::uint32_t c) {
   return shift;
 }
 
+/// One digit of a radix select: the histogram, into h, of bits [s, s + width) (mask = 2^width - 1)
+/// of the c keys.
+inline void digit_histogram(std::uint32_t* h, const std::uint32_t* keys, std::uint32_t c, int s,
+                            std::uint32_t mask) {
+  std::fill(h, h + mask + 1, 0u);
+  for (std::uint32_t j = 0; j < c; ++j) ++h[(keys[j] >> s) & mask];
+}
+
+/// Copies to dst (may be src itself) the keys whose digit (bits [s, s + width)) is d, in order and
+/// branch-free; returns their count.
+inline std::uint32_t keep_bucket(std::uint32_t* dst, const std::uint32_t* src, std::uint32_t c, int s,
+                                 std::uint32_t mask, std::uint32_t d) {
+  std::uint32_t n = 0;
+  for (std::uint32_t j = 0; j < c; ++j) {
+    const std::uint32_t k = src[j];
+    dst[n] = k;
+    n += ((k >> s) & mask) == d;
+  }
+  return n;
+}
+
 /// Step 3 of the file comment: the threshold of the `need` best (1 <= need <= c) of the `c` keys
 /// `ckey` (read only), by histogram radix select below their common prefix: the bits all keys
 /// share are skipped, then one histogram per digit from the top (11-bit
@@ -184,8 +205,7 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
     const int width = shift < digit ? shift : digit;
     const int s = shift - width;
     const std::uint32_t mask = (1u << width) - 1u;
-    std::fill(h, h + (1u << width), 0u);
-    for (std::uint32_t j = 0; j < c; ++j) ++h[(src[j] >> s) & mask];
+    digit_histogram(h, src, c, s, mask);
     std::uint32_t acc = 0;
     std::uint32_t d = mask;
     for (;; --d) {
@@ -200,14 +220,8 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
           if (((src[j] >> s) & mask) == d) T = src[j];
       return Threshold{T, need};
     }
-    std::uint32_t n2 = 0;  // the keys of bucket d, branch-free (in place after the first pass)
-    for (std::uint32_t j = 0; j < c; ++j) {
-      const std::uint32_t k = src[j];
-      buf[n2] = k;
-      n2 += ((k >> s) & mask) == d;
-    }
+    c = keep_bucket(buf, src, c, s, mask, d);  // in place after the first pass
     src = buf;
-    c = n2;
     shift = s;
   }
 }
@@ -236,8 +250,7 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
     const int width = shift < digit ? shift : digit;
     const int s = shift - width;
     const std::uint32_t mask = (1u << width) - 1u;
-    std::fill(h, h + (1u << width), 0u);
-    for (std::uint32_t j = 0; j < c; ++j) ++h[(src[j] >> s) & mask];
+    digit_histogram(h, src, c, s, mask);
     std::uint32_t acc = 0, d = mask;
     while (acc + h[d] < need_a) acc += h[d--];
     const std::uint32_t da = d;
@@ -253,27 +266,15 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
       }
       grow(ws.tkey3, c);
       std::uint32_t* first = ws.tkey3.data();
-      std::uint32_t na = 0, nb = 0;  // bucket da to tkey3, bucket db in place to buf
-      for (std::uint32_t j = 0; j < c; ++j) {
-        const std::uint32_t k = src[j], dk = (k >> s) & mask;
-        first[na] = k;
-        na += dk == da;
-        buf[nb] = k;
-        nb += dk == db;
-      }
+      const std::uint32_t na = keep_bucket(first, src, c, s, mask, da);  // bucket da to tkey3
+      const std::uint32_t nb = keep_bucket(buf, src, c, s, mask, db);    // bucket db to buf (in place)
       key_a = radix_threshold(first, na, need_a, ws).T;
       key_b = radix_threshold(buf, nb, need_b, ws).T;
       return;
     }
     T |= da << s;
-    std::uint32_t n2 = 0;  // the keys of bucket da, branch-free (in place after the first pass)
-    for (std::uint32_t j = 0; j < c; ++j) {
-      const std::uint32_t k = src[j];
-      buf[n2] = k;
-      n2 += ((k >> s) & mask) == da;
-    }
+    c = keep_bucket(buf, src, c, s, mask, da);  // in place after the first pass
     src = buf;
-    c = n2;
     shift = s;
   }
 }
