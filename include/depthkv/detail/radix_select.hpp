@@ -149,6 +149,9 @@ void grow(V& v, std::size_t n) {
 struct Threshold {
   std::uint32_t T = 0;
   std::uint32_t t = 0;
+  std::uint32_t eq = 0;  ///< keys equal to T among the selected-from keys (t <= eq)
+  /// Every T-keyed slot is kept: the kept set is simply "key >= T", no tie rule needed.
+  bool all_ties_kept() const { return t > 0 && t == eq; }
 };
 
 /// Number of low bits below the longest prefix all `c` keys share (0: all equal): the bit length
@@ -193,7 +196,7 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
                                  SelectWorkspace& ws) {
   assert(c >= 1 && need >= 1 && need <= c);
   int shift = prefix_shift(ckey, c);
-  if (shift == 0) return Threshold{ckey[0], need};
+  if (shift == 0) return Threshold{ckey[0], need, c};
   std::uint32_t T = shift == 32 ? 0u : (ckey[0] >> shift) << shift;
   grow(ws.hist, 2048);
   grow(ws.tkey, c);
@@ -218,7 +221,7 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
       if (s != 0)
         for (std::uint32_t j = 0; j < c; ++j)
           if (((src[j] >> s) & mask) == d) T = src[j];
-      return Threshold{T, need};
+      return Threshold{T, need, h[d]};
     }
     c = keep_bucket(buf, src, c, s, mask, d);  // in place after the first pass
     src = buf;
@@ -367,11 +370,13 @@ inline void bracket_tail(const float* s, int i, int hi, float lo_f, float hi_f, 
   }
 }
 
-/// Step 4, scalar tail of the float pass from slot i (see emit_kept).
-inline std::uint32_t emit_tail(const float* s, int i, int hi, float tf, std::int32_t* dst, std::uint32_t n) {
+/// Step 4, scalar tail of the float pass from slot i (see emit_kept): scores above tf, or at least
+/// tf when kInclusive.
+template <bool kInclusive>
+std::uint32_t emit_tail(const float* s, int i, int hi, float tf, std::int32_t* dst, std::uint32_t n) {
   for (; i < hi; ++i) {
     dst[n] = i;
-    n += s[i] > tf;
+    n += kInclusive ? s[i] >= tf : s[i] > tf;
   }
   return n;
 }
@@ -428,8 +433,9 @@ __attribute__((target("avx2,popcnt"))) inline void bracket_pass_avx2(const float
   c = nc;
 }
 
-__attribute__((target("avx2,popcnt"))) inline std::uint32_t emit_kept_avx2(const float* s, int lo, int hi, float tf,
-                                                                           std::int32_t* dst) {
+template <bool kInclusive>
+__attribute__((target("avx2,popcnt"))) std::uint32_t emit_kept_avx2(const float* s, int lo, int hi, float tf,
+                                                                    std::int32_t* dst) {
   std::uint32_t n = 0;
   int i = lo;
   const __m256 vt = _mm256_set1_ps(tf);
@@ -437,10 +443,11 @@ __attribute__((target("avx2,popcnt"))) inline std::uint32_t emit_kept_avx2(const
   __m256i base = _mm256_set1_epi32(lo);
   for (; i + 8 <= hi; i += 8) {
     const __m256 x = _mm256_loadu_ps(s + i);
-    n += store_lanes8(dst + n, base, static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_GT_OQ))));
+    const __m256 pass = kInclusive ? _mm256_cmp_ps(x, vt, _CMP_GE_OQ) : _mm256_cmp_ps(x, vt, _CMP_GT_OQ);
+    n += store_lanes8(dst + n, base, static_cast<unsigned>(_mm256_movemask_ps(pass)));
     base = _mm256_add_epi32(base, eight);
   }
-  return emit_tail(s, i, hi, tf, dst, n);
+  return emit_tail<kInclusive>(s, i, hi, tf, dst, n);
 }
 #endif
 
@@ -498,35 +505,45 @@ void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::u
   c = nc;
 }
 
-/// Emission: writes to `dst` (room for hi - lo + kEmitSlack) the slots of [lo, hi) keyed above
-/// th.T, in slot order; returns the count. (The kept ties, keyed th.T, are merged in afterwards:
-/// finish_kept.)
-inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
-  const float* s = keys.scores;
-  const float tf = key_to_float(th.T);
+/// Emission, float rows, one instruction set and comparison (see emit_kept).
+template <bool kInclusive>
+std::uint32_t emit_kept_float(const float* s, int lo, int hi, float tf, std::int32_t* dst) {
   const int level = simd_level();
 #if defined(DEPTHKV_AVX2_DISPATCH)
-  if (level >= 2) return emit_kept_avx2(s, lo, hi, tf, dst);
+  if (level >= 2) return emit_kept_avx2<kInclusive>(s, lo, hi, tf, dst);
 #endif
   std::uint32_t n = 0;
   int i = lo;
 #if defined(__SSE2__)
   if (level >= 1) {
     const __m128 vt = _mm_set1_ps(tf);
-    for (; i + 4 <= hi; i += 4) n += store_lanes(dst + n, i, _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(s + i), vt)));
+    for (; i + 4 <= hi; i += 4) {
+      const __m128 x = _mm_loadu_ps(s + i);
+      n += store_lanes(dst + n, i, _mm_movemask_ps(kInclusive ? _mm_cmpge_ps(x, vt) : _mm_cmpgt_ps(x, vt)));
+    }
   }
 #endif
   (void)level;
-  return emit_tail(s, i, hi, tf, dst, n);
+  return emit_tail<kInclusive>(s, i, hi, tf, dst, n);
+}
+
+/// Emission: writes to `dst` (room for hi - lo + kEmitSlack) the slots of [lo, hi) keyed above
+/// th.T, or at least th.T when every T-keyed slot is kept (th.all_ties_kept()), in slot order;
+/// returns the count. (Otherwise the kept ties are merged in afterwards: finish_kept.)
+inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
+  const float tf = key_to_float(th.T);
+  return th.all_ties_kept() ? emit_kept_float<true>(keys.scores, lo, hi, tf, dst)
+                            : emit_kept_float<false>(keys.scores, lo, hi, tf, dst);
 }
 
 /// Emission for generic keys (16-bit).
 template <class Keys>
 std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
+  const std::uint32_t floor = th.all_ties_kept() ? th.T : th.T + 1;  // keys >= floor (th.T < 2^16 here)
   std::uint32_t n = 0;
   for (int i = lo; i < hi; ++i) {
     dst[n] = i;
-    n += keys(i) > th.T;
+    n += keys(i) >= floor;
   }
   return n;
 }
@@ -554,12 +571,16 @@ inline void finish_kept(const std::int32_t* emitted, std::uint32_t n, const Sele
 }
 
 /// Appends the kept slots of [lo, hi) for threshold `th` to `out` (m of them), ascending: the
-/// emission pass over the row (keys above T), then the kept ties merged in.
+/// emission pass over the row (keys above T, or from T on when all T-keyed slots are kept), then
+/// the kept ties merged in (only when some T-keyed slots are dropped: the tie rule decides which).
 template <class Keys>
 void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, Threshold th,
                  const std::int32_t* cand, const std::uint32_t* ckey, std::uint32_t c, SelectWorkspace& ws,
                  std::vector<std::int32_t>& out) {
-  choose_ties(cand, ckey, c, th, positions, ws);
+  if (th.all_ties_kept())
+    ws.scratch.clear();  // the emission takes them
+  else
+    choose_ties(cand, ckey, c, th, positions, ws);
   grow(ws.sure, static_cast<std::size_t>(hi - lo) + kEmitSlack);
   const std::uint32_t n = emit_kept(keys, lo, hi, th, ws.sure.data());
   assert(n + ws.scratch.size() == static_cast<std::size_t>(m));
