@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -149,4 +150,33 @@ TEST_CASE("KVCache holds layers of different sizes and sums bytes", "[kv_cache]"
   REQUIRE(cache.lengths() == std::vector<int>{5, 6, 7});
   REQUIRE_THROWS_AS(cache.layer(3), depthkv::Error);
   REQUIRE_THROWS_AS(cache.layer(-1), depthkv::Error);
+}
+
+TEST_CASE("HostLayer storage of 2 MiB or more is 2 MiB-aligned and holds what is written", "[kv_cache]") {
+  using depthkv::detail::kLargePageBytes;
+  depthkv::detail::LargePageAllocator<float> alloc;
+  const std::size_t big = kLargePageBytes / sizeof(float) + 3;  // just over 2 MiB, not a multiple
+  float* p = alloc.allocate(big);
+  for (std::size_t i = 0; i < big; ++i) p[i] = static_cast<float>(i % 1000);
+  bool same = true;
+  for (std::size_t i = 0; i < big; ++i) same = same && p[i] == static_cast<float>(i % 1000);
+  CHECK(same);
+#if (defined(__unix__) || defined(__APPLE__)) && !defined(DEPTHKV_NO_LARGE_PAGES)
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % kLargePageBytes == 0);
+#endif
+  alloc.deallocate(p, big);
+  float* q = alloc.allocate(16);  // small blocks: std::allocator
+  q[15] = 1.0f;
+  alloc.deallocate(q, 16);
+
+  // a layer whose key block is >= 2 MiB: 8 heads x 128 dims x 1024 slots x 4 bytes = 4 MiB
+  depthkv::HostLayer<float> layer(8, 128, 1024);
+  std::vector<float> k(8 * 128, 0.5f), v(8 * 128, -0.5f);
+  for (int t = 0; t < 1024; ++t) layer.append(k.data(), v.data(), t);
+#if (defined(__unix__) || defined(__APPLE__)) && !defined(DEPTHKV_NO_LARGE_PAGES)
+  CHECK(reinterpret_cast<std::uintptr_t>(layer.key(0, 0)) % kLargePageBytes == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(layer.value(0, 0)) % kLargePageBytes == 0);
+#endif
+  CHECK(layer.bytes_allocated() == std::size_t{2} * 8 * 128 * 1024 * sizeof(float));
+  CHECK(layer.value(7, 1023)[127] == -0.5f);
 }

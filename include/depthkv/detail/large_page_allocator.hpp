@@ -1,8 +1,9 @@
 #pragma once
 /// @file detail/large_page_allocator.hpp
 /// @brief Allocator of HostLayer's key/value storage: blocks of at least 2 MiB are aligned to
-/// 2 MiB and, on Linux, advised for transparent huge pages (`madvise(MADV_HUGEPAGE)`); smaller
-/// blocks come from `std::allocator`.
+/// 2 MiB (`posix_memalign`, POSIX systems) and, on Linux, advised for transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`); smaller blocks, and every block elsewhere, come from
+/// `std::allocator`.
 ///
 /// Why: eviction reads the surviving tokens of a head scattered over its whole slot range (at keep
 /// 10 % a 32K-token fp32 head spans 16 MiB, one survivor every ~5 KiB), so with 4 KiB pages nearly
@@ -14,10 +15,14 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <stdlib.h>  // posix_memalign (POSIX)
 #include <limits>
 #include <memory>
 #include <new>
 
+#if (defined(__unix__) || defined(__APPLE__)) && !defined(DEPTHKV_NO_LARGE_PAGES)
+#define DEPTHKV_LARGE_PAGE_ALLOC 1  // posix_memalign is there
+#endif
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -38,36 +43,33 @@ struct LargePageAllocator {
 
   T* allocate(std::size_t n) {
     if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
+#if defined(DEPTHKV_LARGE_PAGE_ALLOC)
     const std::size_t bytes = n * sizeof(T);
-    if (!large(bytes)) return std::allocator<T>().allocate(n);
-    const std::size_t rounded = (bytes + kLargePageBytes - 1) / kLargePageBytes * kLargePageBytes;
-    void* p = std::aligned_alloc(kLargePageBytes, rounded);
-    if (p == nullptr) throw std::bad_alloc();
+    if (bytes >= kLargePageBytes) {
+      void* p = nullptr;  // exactly `bytes` (no rounding up: bytes_allocated() stays true), 2 MiB-aligned
+      if (posix_memalign(&p, kLargePageBytes, bytes) != 0 || p == nullptr) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure changes nothing but speed
+      const std::size_t page = 4096;  // whole pages; the tail past the last 2 MiB stays in small pages
+      (void)madvise(p, (bytes + page - 1) / page * page, MADV_HUGEPAGE);  // advice: failure changes only speed
 #endif
-    return static_cast<T*>(p);
+      return static_cast<T*>(p);
+    }
+#endif
+    return std::allocator<T>().allocate(n);
   }
 
   void deallocate(T* p, std::size_t n) noexcept {
-    if (large(n * sizeof(T)))
+#if defined(DEPTHKV_LARGE_PAGE_ALLOC)
+    if (n * sizeof(T) >= kLargePageBytes) {
       std::free(p);
-    else
-      std::allocator<T>().deallocate(p, n);
+      return;
+    }
+#endif
+    std::allocator<T>().deallocate(p, n);
   }
 
   friend bool operator==(const LargePageAllocator&, const LargePageAllocator&) noexcept { return true; }
   friend bool operator!=(const LargePageAllocator&, const LargePageAllocator&) noexcept { return false; }
-
- private:
-  static bool large(std::size_t bytes) {
-#if defined(_WIN32) || defined(DEPTHKV_NO_LARGE_PAGES)
-    (void)bytes;
-    return false;  // no std::aligned_alloc on Windows; or turned off: plain allocation
-#else
-    return bytes >= kLargePageBytes;
-#endif
-  }
 };
 
 }  // namespace detail
