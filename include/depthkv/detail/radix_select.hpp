@@ -38,9 +38,9 @@
 /// Rows shorter than `kRadixSelectMinLength` (128) use `std::nth_element` + a sort of the m
 /// selected slots instead (`select_best_nth`). Measured with benchmarks/evict_cpu_bench.cpp
 /// (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, medians of 3, AVX2; float keys):
-/// n = 64: 1.5 vs 1.3 us (an earlier run: 1.15 vs 1.28: within noise); n = 128: 2.3 vs 2.8 us;
-/// n = 256: 3.3 vs 6.1 us; n = 1024: 4.7 vs 23.9 us; n = 4096: 10.5 vs 99 us. 16-bit keys: 1.3 vs
-/// 1.4, 1.9 vs 3.0, 2.5 vs 5.0, 5.7 vs 22.7, 18.5 vs 105 us. benchmarks/results/select_cpu.json.
+/// n = 64: 1.3 vs 1.4 us (an earlier run: 1.5 vs 1.3: within noise); n = 128: 1.7 vs 2.4 us;
+/// n = 256: 2.5 vs 5.9 us; n = 1024: 3.9 vs 23.5 us; n = 4096: 6.9 vs 90 us. 16-bit keys: 1.2 vs
+/// 1.4, 1.6 vs 2.8, 2.4 vs 6.0, 6.0 vs 22.7, 18.7 vs 104 us. benchmarks/results/select_cpu.json.
 
 #include <algorithm>
 #include <atomic>
