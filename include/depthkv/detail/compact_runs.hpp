@@ -44,7 +44,7 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
   constexpr std::size_t kPrefetchBytes = 4096;
   const std::size_t tok = sizeof(T) * static_cast<std::size_t>(head_dim);
   int i = 0;
-  while (i < n_kept && kept[i] == i) ++i;  // already in place
+  while (i < n_kept && kept[i] == i) ++i;    // already in place
   if (head_dim == 1 && token_stride == 1) {  // one element per token: plain assignments
     for (; i < n_kept; ++i) base[i] = base[kept[i]];
     return;
@@ -54,13 +54,10 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
   auto prefetch_to = [&](int end) {
     for (end = end < n_kept ? end : n_kept; p < end; ++p) prefetch_bytes(base + kept[p] * token_stride, tok);
   };
-  auto move = [&](std::ptrdiff_t to, std::ptrdiff_t from, std::size_t bytes) {
-    std::memmove(base + to, base + from, bytes);
-  };
   if (token_stride != head_dim) {
     for (; i < n_kept; ++i) {
       if (ahead) prefetch_to(i + ahead);
-      move(i * token_stride, kept[i] * token_stride, tok);
+      std::memmove(base + i * token_stride, base + kept[i] * token_stride, tok);
     }
     return;
   }
@@ -68,8 +65,9 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
     int j = i + 1;
     while (j < n_kept && kept[j] == kept[j - 1] + 1) ++j;  // run [i, j) of consecutive source slots
     if (ahead) prefetch_to(j + ahead);
-    move(static_cast<std::ptrdiff_t>(i) * head_dim, static_cast<std::ptrdiff_t>(kept[i]) * head_dim,
-         tok * static_cast<std::size_t>(j - i));
+    std::memmove(base + static_cast<std::ptrdiff_t>(i) * head_dim,
+                 base + static_cast<std::ptrdiff_t>(kept[i]) * head_dim,
+                 tok * static_cast<std::size_t>(j - i));
     i = j;
   }
 }

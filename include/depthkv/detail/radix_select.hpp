@@ -549,22 +549,10 @@ std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, std::int
 }
 
 /// Appends the `n` emitted slots (ascending) to `out` with the kept ties (ws.scratch, ascending)
-/// merged in: few ties (usually one) by copying the emitted slots around each, many by std::merge.
+/// merged in (only when the tie rule dropped some T-keyed slots; otherwise ws.scratch is empty).
 inline void finish_kept(const std::int32_t* emitted, std::uint32_t n, const SelectWorkspace& ws,
                         std::vector<std::int32_t>& out) {
   const std::vector<std::int32_t>& ties = ws.scratch;
-  if (ties.size() <= 16) {
-    const std::int32_t* from = emitted;
-    const std::int32_t* end = emitted + n;
-    for (std::int32_t tie : ties) {
-      const std::int32_t* at = std::lower_bound(from, end, tie);
-      out.insert(out.end(), from, at);
-      out.push_back(tie);
-      from = at;
-    }
-    out.insert(out.end(), from, end);
-    return;
-  }
   const std::size_t base = out.size();
   out.resize(base + n + ties.size());
   std::merge(emitted, emitted + n, ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
