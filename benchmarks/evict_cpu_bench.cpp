@@ -14,6 +14,8 @@
 // the counters are medians over the kIterations iterations of per-iteration figures:
 //   ratio_vs_memcpy      select+compact time / memcpy time of the kept K+V bytes into a separate
 //                        cache-cold buffer (same iteration)
+//   ratio_vs_stream_copy the same against a contiguous copy of those bytes with the streaming
+//                        stores compaction uses on large heads (detail::stream_copy)
 //   select_elems_per_s   scores selected per second (NaN check + selection per row as evict does
 //                        it, one thread: per core), on freshly drawn scores still in the caches, as
 //                        a scorer leaves them just before the eviction
@@ -23,13 +25,15 @@
 //   select_speedup_vs_sort  full sort time / selection time (selection alone)
 //   memcpy_GBps          bandwidth of the memcpy baseline (bytes read + written / time)
 // BM_Evict/<type>/<n>/<keep%>/<threads>: the library's evict (NaN checks, selection, Layer::compact:
-// one memmove per run of kept tokens, prefetched), shrink off.
+// one move per run of kept tokens, prefetched, streaming stores on heads of >= 256 KiB), shrink off.
 //
 // Run: build/<dir>/benchmarks/evict_cpu_bench --benchmark_format=json > evict.json
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <random>
@@ -58,6 +62,16 @@ struct Clock {
 };
 bool Clock::wall = false;
 double seconds_since(double t0) { return Clock::now() - t0; }
+
+// A/B of the compaction's streaming stores: DEPTHKV_STREAMING_MIN_BYTES overrides
+// detail::streaming_min_bytes (e.g. 18446744073709551615 turns streaming off).
+const bool streaming_from_env = [] {
+  if (const char* v = std::getenv("DEPTHKV_STREAMING_MIN_BYTES")) {
+    depthkv::detail::streaming_min_bytes = std::strtoull(v, nullptr, 10);
+    return true;
+  }
+  return false;
+}();
 
 constexpr int kKvHeads = 8;
 constexpr int kHeadDim = 128;
@@ -116,11 +130,13 @@ void BM_Evict(benchmark::State& state) {
   // in the caches like the cache's own memory, which compaction writes in place)
   const std::size_t row_bytes = static_cast<std::size_t>(k) * tok_bytes * 2;
   std::vector<unsigned char> dst_all(kept_bytes + 64, 1);
+  unsigned char* const dst0 =
+      dst_all.data() + (64 - reinterpret_cast<std::uintptr_t>(dst_all.data()) % 64) % 64;  // aligned
   std::vector<std::pair<float, int>> pairs(static_cast<std::size_t>(n));
   std::vector<int> idx(static_cast<std::size_t>(k));
   // per iteration; the counters are medians over the iterations (robust to the other tenants of a
   // shared machine, whose bursts hit single iterations)
-  std::vector<double> r_memcpy, r_sort, r_select, r_select_cold, r_select_sort, bw_memcpy;
+  std::vector<double> r_memcpy, r_stream, r_sort, r_select, r_select_cold, r_select_sort, bw_memcpy;
   // the selection-alone runs reuse one workspace across iterations: evict allocates its workspace
   // once per call for every row of every layer (256 rows for a 32-layer, 8-KV-head model), so its
   // allocation is negligible per row there; this benchmark holds only 16 or 64 rows per call
@@ -162,13 +178,30 @@ void BM_Evict(benchmark::State& state) {
     for (int l = 0; l < n_layers; ++l)
       for (int h = 0; h < kKvHeads; ++h) {
         const auto& L = pristine.layer(l);
-        unsigned char* dst = dst_all.data() + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
+        unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
         std::memcpy(dst, L.key(h, n - k), static_cast<std::size_t>(k) * tok_bytes);
         std::memcpy(dst + static_cast<std::size_t>(k) * tok_bytes, L.value(h, n - k),
                     static_cast<std::size_t>(k) * tok_bytes);
         benchmark::ClobberMemory();
       }
     const double t_memcpy = seconds_since(t0);
+    // the same contiguous copy with the streaming stores compaction uses on large heads
+    // (detail::stream_copy; glibc's memcpy uses plain stores at these sizes)
+    const int level = depthkv::detail::simd_level();
+    t0 = Clock::now();
+    for (int l = 0; l < n_layers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) {
+        const auto& L = pristine.layer(l);
+        unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
+        const std::size_t half = static_cast<std::size_t>(k) * tok_bytes;
+        depthkv::detail::stream_copy(dst, L.key(h, n - k), half, level);
+        depthkv::detail::stream_copy(dst + half, L.value(h, n - k), half, level);
+        benchmark::ClobberMemory();
+      }
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+    const double t_stream = seconds_since(t0);
     // naive: full sort of (score, index), then copy the kept tokens in position order
     t0 = Clock::now();
     double t_sort = 0;
@@ -186,7 +219,7 @@ void BM_Evict(benchmark::State& state) {
         std::sort(idx.begin(), idx.end());
         t_sort += seconds_since(ts0);
         const auto& L = pristine.layer(l);
-        unsigned char* dst = dst_all.data() + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
+        unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
         for (int i = 0; i < k; ++i) {
           std::memcpy(dst + static_cast<std::size_t>(i) * tok_bytes,
                       L.key(h, idx[static_cast<std::size_t>(i)]), tok_bytes);
@@ -197,6 +230,7 @@ void BM_Evict(benchmark::State& state) {
       }
     const double t_naive = seconds_since(t0);
     r_memcpy.push_back(t_evict / t_memcpy);
+    r_stream.push_back(t_evict / t_stream);
     r_sort.push_back(t_naive / t_evict);
     r_select.push_back(elems / t_select);
     r_select_cold.push_back(elems / t_select_cold);
@@ -205,6 +239,7 @@ void BM_Evict(benchmark::State& state) {
     state.ResumeTiming();
   }
   state.counters["ratio_vs_memcpy"] = median(r_memcpy);
+  state.counters["ratio_vs_stream_copy"] = median(r_stream);
   state.counters["select_elems_per_s"] = median(r_select);
   state.counters["select_cold_elems_per_s"] = median(r_select_cold);
   state.counters["speedup_vs_sort"] = median(r_sort);
@@ -276,8 +311,13 @@ void BM_ScatteredRead(benchmark::State& state) {
   }
   state.counters["scattered_over_contiguous"] = median(ratio);
 }
-BENCHMARK(BM_ScatteredRead)->Args({256, 10})->Args({512, 10})->Args({256, 50})->ArgNames({"tok_bytes", "keep%"})
-    ->Iterations(5)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScatteredRead)
+    ->Args({256, 10})
+    ->Args({512, 10})
+    ->Args({256, 50})
+    ->ArgNames({"tok_bytes", "keep%"})
+    ->Iterations(5)
+    ->Unit(benchmark::kMillisecond);
 
 // Selection of one row, pure: a pool of distinct random rows, a different one each iteration.
 // path 0 = histogram select, 1 = std::nth_element (+ sort of the kept), 2 = full sort baseline.

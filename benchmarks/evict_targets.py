@@ -23,8 +23,10 @@ def rows(path):
             continue
         out.append(dict(type=TYPES.get(m.group(1), m.group(1)), n=int(m.group(2)), keep=int(m.group(3)),
                         threads=int(m.group(4)), time_ms=b["real_time"], **{
-                            k: b[k] for k in ("ratio_vs_memcpy", "select_elems_per_s", "select_cold_elems_per_s",
-                                              "speedup_vs_sort", "select_speedup_vs_sort", "memcpy_GBps")}))
+                            k: b.get(k, float("nan")) for k in (
+                                "ratio_vs_memcpy", "ratio_vs_stream_copy", "select_elems_per_s",
+                                "select_cold_elems_per_s", "speedup_vs_sort", "select_speedup_vs_sort",
+                                "memcpy_GBps")}))
     return data.get("context", {}), out
 
 
@@ -32,12 +34,12 @@ def main():
     context, rs = rows(sys.argv[1])
     print(f"Run: {context.get('date', '?')}, {context.get('num_cpus', '?')} CPUs at "
           f"{context.get('mhz_per_cpu', '?')} MHz, library build type {context.get('library_build_type', '?')}\n")
-    print("| storage | n | keep | threads | time ms | ratio_vs_memcpy | select G/s (warm) | select G/s (cold) "
-          "| speedup_vs_sort | select_speedup_vs_sort | memcpy GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| storage | n | keep | threads | time ms | ratio_vs_memcpy | ratio_vs_stream_copy | select G/s (warm) "
+          "| select G/s (cold) | speedup_vs_sort | select_speedup_vs_sort | memcpy GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rs:
         print(f"| {r['type']} | {r['n'] // 1024}K | {r['keep']} % | {r['threads']} | {r['time_ms']:.1f} "
-              f"| {r['ratio_vs_memcpy']:.2f} | {r['select_elems_per_s'] / 1e9:.3f} "
+              f"| {r['ratio_vs_memcpy']:.2f} | {r['ratio_vs_stream_copy']:.2f} | {r['select_elems_per_s'] / 1e9:.3f} "
               f"| {r['select_cold_elems_per_s'] / 1e9:.3f} | {r['speedup_vs_sort']:.2f} "
               f"| {r['select_speedup_vs_sort']:.1f} | {r['memcpy_GBps']:.1f} |")
     one = [r for r in rs if r["threads"] == 1]

@@ -383,6 +383,14 @@ TEMPLATE_TEST_CASE("evict over a cache: per-layer and per-head budgets, threads 
     auto cache3 = original;
     depthkv::evict(cache3, scores, keep, prot, true, /*n_threads=*/0);
     CHECK(snapshot(cache3) == snapshot(cache));
+    // compaction with streaming stores on every head (by default only heads of >= 256 KiB use them;
+    // float heads of 8 dimensions are 32-byte moves in 64-byte aligned storage, so they stream)
+    auto cache4 = original;
+    const std::size_t saved = depthkv::detail::streaming_min_bytes.load();
+    depthkv::detail::streaming_min_bytes = 0;
+    depthkv::evict(cache4, scores, keep, prot, true, /*n_threads=*/2);
+    depthkv::detail::streaming_min_bytes = saved;
+    CHECK(snapshot(cache4) == snapshot(cache));
     for (int l = 0; l < 4; ++l)
       CHECK(ev2[static_cast<std::size_t>(l)].kept_slots == ev[static_cast<std::size_t>(l)].kept_slots);
   }

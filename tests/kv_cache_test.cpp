@@ -111,7 +111,8 @@ TEST_CASE("LayerView works in place over engine memory with strides", "[kv_cache
   std::vector<float> kmem(static_cast<std::size_t>(H * HS), -7.f), vmem(kmem.size(), -7.f);
   for (int h = 0; h < H; ++h)
     for (int t = 0; t < 4; ++t)
-      for (int d = 0; d < D; ++d) kmem[h * HS + t * TS + d] = vmem[h * HS + t * TS + d] = 10.f * t + d + 100.f * h;
+      for (int d = 0; d < D; ++d)
+        kmem[h * HS + t * TS + d] = vmem[h * HS + t * TS + d] = 10.f * t + d + 100.f * h;
   depthkv::LayerView<float> view(kmem.data(), vmem.data(), H, D, C, /*length=*/4, HS, TS);
   REQUIRE(view.size(1) == 4);
   REQUIRE(view.positions(1)[3] == 3);
@@ -120,7 +121,7 @@ TEST_CASE("LayerView works in place over engine memory with strides", "[kv_cache
   view.compact(1, keep, 2);
   REQUIRE(kmem[HS + 0 * TS + 2] == 112.f);  // slot 0 of head 1 now holds token 1
   REQUIRE(kmem[HS + 1 * TS + 0] == 130.f);
-  REQUIRE(kmem[HS + 0 * TS + D] == -7.f);    // padding untouched
+  REQUIRE(kmem[HS + 0 * TS + D] == -7.f);  // padding untouched
   REQUIRE(view.positions(1)[1] == 3);
   REQUIRE(view.bytes() == (4 + 2) * D * 2 * sizeof(float));
   const float kv[H * D] = {1, 2, 3, 4, 5, 6};
@@ -152,7 +153,9 @@ TEST_CASE("KVCache holds layers of different sizes and sums bytes", "[kv_cache]"
   REQUIRE_THROWS_AS(cache.layer(-1), depthkv::Error);
 }
 
-TEST_CASE("HostLayer storage of 2 MiB or more is 2 MiB-aligned and holds what is written", "[kv_cache]") {
+TEST_CASE(
+    "HostLayer storage is 2 MiB-aligned from 2 MiB on, cache-line aligned below, and holds what is written",
+    "[kv_cache]") {
   using depthkv::detail::kLargePageBytes;
   depthkv::detail::LargePageAllocator<float> alloc;
   const std::size_t big = kLargePageBytes / sizeof(float) + 3;  // just over 2 MiB, not a multiple
@@ -165,9 +168,16 @@ TEST_CASE("HostLayer storage of 2 MiB or more is 2 MiB-aligned and holds what is
   CHECK(reinterpret_cast<std::uintptr_t>(p) % kLargePageBytes == 0);
 #endif
   alloc.deallocate(p, big);
-  float* q = alloc.allocate(16);  // small blocks: std::allocator
-  q[15] = 1.0f;
-  alloc.deallocate(q, 16);
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{16}, std::size_t{1000}}) {  // small blocks: 64-byte aligned
+    float* q = alloc.allocate(n);
+    CHECK(reinterpret_cast<std::uintptr_t>(q) % depthkv::detail::kCacheLineBytes == 0);
+    q[n - 1] = 1.0f;
+    alloc.deallocate(q, n);
+  }
+  depthkv::HostLayer<Eigen::half> small(2, 8, 10);
+  CHECK(reinterpret_cast<std::uintptr_t>(small.key(0, 0)) % depthkv::detail::kCacheLineBytes == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(small.value(0, 0)) % depthkv::detail::kCacheLineBytes == 0);
 
   // a layer whose key block is >= 2 MiB: 8 heads x 128 dims x 1024 slots x 4 bytes = 4 MiB
   depthkv::HostLayer<float> layer(8, 128, 1024);

@@ -18,8 +18,9 @@
 /// a histogram radix select on the integer keys of the few candidates and an emission pass that
 /// writes the kept slots already in order (a full histogram radix select when the bracket
 /// misses); `std::nth_element` below 128. Compaction moves each kept token once
-/// (`Layer::compact`: one memmove per run of consecutive kept tokens, the next ~4 KiB of
-/// survivors prefetched; detail/compact_runs.hpp). Figures: benchmarks/RESULTS.md.
+/// (`Layer::compact`: one move per run of consecutive kept tokens, the next ~4 KiB of survivors
+/// prefetched, non-temporal stores on heads of >= 256 KiB; detail/compact_runs.hpp). Figures:
+/// benchmarks/RESULTS.md.
 ///
 /// ## Atomicity
 /// `evict_layer` and `evict` validate every layer and head (shapes, NaN scores, keep ranges)

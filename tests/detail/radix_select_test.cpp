@@ -158,16 +158,31 @@ TEMPLATE_TEST_CASE("radix selection on 16-bit keys equals the naive kept set", "
   }
 }
 
+// Sets dd::streaming_min_bytes for a scope.
+struct StreamingFrom {
+  std::size_t saved;
+  explicit StreamingFrom(std::size_t bytes) : saved(dd::streaming_min_bytes.load()) {
+    dd::streaming_min_bytes = bytes;
+  }
+  ~StreamingFrom() { dd::streaming_min_bytes = saved; }
+  StreamingFrom(const StreamingFrom&) = delete;
+  StreamingFrom& operator=(const StreamingFrom&) = delete;
+};
+
 TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evict][compact]", float,
                    Eigen::half) {
   std::mt19937 rng(12);
+  constexpr std::size_t kAlignPad = 64 / sizeof(TestType);
   for (int n : {0, 1, 50, 3000}) {
-    for (int hd : {1, 4, 16, 32, 64}) {
-      for (std::ptrdiff_t pad : {0, 3}) {
+    for (int hd : {1, 4, 8, 16, 24, 32, 64}) {
+      for (std::ptrdiff_t pad : {0, 3, 16}) {
         const std::ptrdiff_t stride = hd + pad;
-        std::vector<TestType> buf(static_cast<std::size_t>(n * stride + 1));
+        // `offset` 0: a 64-byte aligned head (the streaming path can run), 1: misaligned (memmove).
+        std::vector<TestType> buf(static_cast<std::size_t>(n * stride + 1) + 2 * kAlignPad);
         for (std::size_t i = 0; i < buf.size(); ++i)
           buf[i] = static_cast<TestType>(static_cast<float>(i % 2000));
+        const std::size_t aligned =
+            (64 - reinterpret_cast<std::uintptr_t>(buf.data()) % 64) % 64 / sizeof(TestType);
         std::vector<I32> pos(static_cast<std::size_t>(n));
         std::iota(pos.begin(), pos.end(), 100);
         for (double keep : {0.0, 0.1, 0.5, 0.9, 1.0}) {
@@ -175,20 +190,33 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
           std::bernoulli_distribution b(keep);
           for (int i = 0; i < n; ++i)
             if (b(rng)) kept.push_back(i);
-          std::vector<TestType> want = buf, got = buf;
-          std::vector<I32> want_pos = pos, got_pos = pos;
-          for (std::size_t i = 0; i < kept.size(); ++i) {
-            for (int d = 0; d < hd; ++d)
-              want[i * static_cast<std::size_t>(stride) + static_cast<std::size_t>(d)] =
-                  want[static_cast<std::size_t>(kept[i] * stride + d)];
-            want_pos[i] = want_pos[static_cast<std::size_t>(kept[i])];
+          for (std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+            const std::size_t at = aligned + offset;
+            std::vector<TestType> want = buf;
+            std::vector<I32> want_pos = pos;
+            for (std::size_t i = 0; i < kept.size(); ++i) {
+              for (int d = 0; d < hd; ++d)
+                want[at + i * static_cast<std::size_t>(stride) + static_cast<std::size_t>(d)] =
+                    want[at + static_cast<std::size_t>(kept[i] * stride + d)];
+              want_pos[i] = want_pos[static_cast<std::size_t>(kept[i])];
+            }
+            // every instruction set, with plain moves and (from 0 bytes on) streaming stores
+            for (int level : available_simd_levels()) {
+              for (std::size_t from : {std::numeric_limits<std::size_t>::max(), std::size_t{0}}) {
+                SimdLevel cap(level);
+                StreamingFrom streaming(from);
+                std::vector<TestType> got = buf;
+                std::vector<I32> got_pos = pos;
+                dd::compact_runs(got.data() + at, stride, hd, kept.data(), static_cast<int>(kept.size()));
+                dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()));
+                INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep << " offset " << offset
+                          << " level " << level << " streaming from " << from);
+                REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) ==
+                        0);  // padding and the bytes around the head untouched too
+                REQUIRE(got_pos == want_pos);
+              }
+            }
           }
-          dd::compact_runs(got.data(), stride, hd, kept.data(), static_cast<int>(kept.size()));
-          dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()));
-          INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep);
-          REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) ==
-                  0);  // padding untouched too
-          REQUIRE(got_pos == want_pos);
         }
       }
     }

@@ -20,11 +20,12 @@
 /// 4. Emission pass over the row: the slots keyed above T, and the first t slots keyed T (slot
 ///    order is position order when the ties' positions ascend, as in every Layer; otherwise the t
 ///    ties are chosen by (position, slot) and merged in), in slot order.
-/// 5. When the bracket misses (a > m or a + c < m, c candidates: probability ~ 0.3 % on random rows; adversarial
-///    or periodic rows), a full histogram radix select runs instead: a 2048-bucket histogram of
-///    the top 11 key bits over the row (two interleaved copies, so runs of equal keys do not
-///    serialise on one counter), a pass collecting the keys of the threshold bucket, step 3 on the
-///    bucket, step 4. 16-bit keys need one histogram pass over the row (5 bits remain for step 3).
+/// 5. When the bracket misses (a > m or a + c < m, c candidates: probability ~ 0.3 % on random
+///    rows; adversarial or periodic rows), a full histogram radix select runs instead: a
+///    2048-bucket histogram of the top 11 key bits over the row (two interleaved copies, so runs
+///    of equal keys do not serialise on one counter), a pass collecting the keys of the threshold
+///    bucket, step 3 on the bucket, step 4. 16-bit keys need one histogram pass over the row (5
+///    bits remain for step 3).
 /// Float rows are compared as floats in passes 2 and 4 (for non-NaN values float order is key
 /// order, -0.0 == +0.0 in both): 8 at a time with AVX2 (compiled with a target attribute and
 /// chosen at run time, so no -mavx2 is needed), 4 with SSE2 (every x86-64), else one at a time;
@@ -43,7 +44,6 @@
 /// 1.4, 1.6 vs 2.8, 2.4 vs 6.0, 6.0 vs 22.7, 18.7 vs 104 us. benchmarks/results/select_cpu.json.
 
 #include <algorithm>
-#include <atomic>
 #include <cassert>
 #include <cmath>
 #include <cstdint>
@@ -53,14 +53,7 @@
 #include <vector>
 
 #include "depthkv/detail/select_common.hpp"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(DEPTHKV_NO_AVX2_DISPATCH)
-#define DEPTHKV_AVX2_DISPATCH 1  // AVX2 passes compiled with a target attribute, chosen at run time
-#include <immintrin.h>
-#endif
+#include "depthkv/detail/simd.hpp"
 
 namespace depthkv {
 namespace detail {
@@ -297,7 +290,8 @@ inline void choose_ties(const std::int32_t* cand, const std::uint32_t* ckey, std
   if (ties.size() == th.t) return;
   bool ascend = true;  // equal positions: slot order is the rule
   if (positions != nullptr)
-    for (std::size_t j = 1; j < ties.size() && ascend; ++j) ascend = positions[ties[j]] >= positions[ties[j - 1]];
+    for (std::size_t j = 1; j < ties.size() && ascend; ++j)
+      ascend = positions[ties[j]] >= positions[ties[j - 1]];
   if (!ascend) {
     auto earlier = [&](std::int32_t x, std::int32_t y) {
       return positions[x] != positions[y] ? positions[x] < positions[y] : x < y;
@@ -334,27 +328,8 @@ inline float key_to_float(std::uint32_t key) {
   return f;
 }
 
-/// Float passes of steps 2 and 4, one per instruction set: 0 scalar, 1 SSE2 (4 scores per step),
-/// 2 AVX2 (8 per step). Every level gives the same result; `simd_level()` picks the highest the
-/// CPU has, at most `max_simd_level` (tests lower it to cover every path).
-inline std::atomic<int> max_simd_level{2};
-
-/// The instruction set the float passes use now (see max_simd_level).
-inline int simd_level() {
-  int level = 0;
-#if defined(__SSE2__)
-  level = 1;
-#endif
-#if defined(DEPTHKV_AVX2_DISPATCH)
-  static const bool avx2 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
-  }();
-  if (avx2) level = 2;
-#endif
-  const int cap = max_simd_level.load(std::memory_order_relaxed);
-  return level < cap ? level : cap;
-}
+/// Float passes of steps 2 and 4 exist once per instruction set (simd.hpp): scalar, SSE2 (4
+/// scores per step), AVX2 (8 per step); every level gives the same result.
 
 /// Room the float passes need after the last slot they can write: one SIMD store past the end.
 constexpr int kEmitSlack = 8;
@@ -403,14 +378,16 @@ alignas(64) inline constexpr Lanes8 kLanes8 = make_lanes8();
 /// every lane); returns how many were set.
 __attribute__((target("avx2,popcnt"))) inline std::uint32_t store_lanes8(std::int32_t* dst, __m256i base,
                                                                          unsigned mask) {
-  const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kLanes8.v[mask])));
+  const __m256i lanes =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kLanes8.v[mask])));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_add_epi32(base, lanes));
   return static_cast<std::uint32_t>(__builtin_popcount(mask));
 }
 
-__attribute__((target("avx2,popcnt"))) inline void bracket_pass_avx2(const float* s, int lo, int hi, float lo_f,
-                                                                     float hi_f, std::int32_t* cand,
-                                                                     std::uint32_t& a, std::uint32_t& c) {
+__attribute__((target("avx2,popcnt"))) inline void bracket_pass_avx2(const float* s, int lo, int hi,
+                                                                     float lo_f, float hi_f,
+                                                                     std::int32_t* cand, std::uint32_t& a,
+                                                                     std::uint32_t& c) {
   std::uint32_t nc = 0;
   int i = lo;
   const __m256 vlo = _mm256_set1_ps(lo_f), vhi = _mm256_set1_ps(hi_f);
@@ -477,7 +454,8 @@ inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo
     for (; i + 4 <= hi; i += 4) {
       const __m128 x = _mm_loadu_ps(s + i);
       na += kLaneCount[_mm_movemask_ps(_mm_cmpgt_ps(x, vhi))];
-      nc += store_lanes(cand + nc, i, _mm_movemask_ps(_mm_and_ps(_mm_cmpge_ps(x, vlo), _mm_cmple_ps(x, vhi))));
+      nc +=
+          store_lanes(cand + nc, i, _mm_movemask_ps(_mm_and_ps(_mm_cmpge_ps(x, vlo), _mm_cmple_ps(x, vhi))));
     }
   }
 #endif
@@ -619,16 +597,15 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
     c += (k >> kTopShift) == b;
   }
   assert(c == cb);
-  const Threshold th =
-      radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, ws);
+  const Threshold th = radix_threshold(ckey, c, static_cast<std::uint32_t>(m) - above, ws);
   append_kept(keys, positions, lo, hi, m, th, cand, ckey, c, ws, out);
 }
 
 /// Steps 2-4 of the file comment: bracket pass, threshold of the candidates, emission pass.
 template <class Keys>
-void select_bracketed(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m, std::uint32_t lo_key,
-                      std::uint32_t hi_key, bool has_lo, bool has_hi, SelectWorkspace& ws,
-                      std::vector<std::int32_t>& out) {
+void select_bracketed(const Keys& keys, const std::int32_t* positions, int lo, int hi, int m,
+                      std::uint32_t lo_key, std::uint32_t hi_key, bool has_lo, bool has_hi,
+                      SelectWorkspace& ws, std::vector<std::int32_t>& out) {
   const std::size_t len = static_cast<std::size_t>(hi - lo);
   grow(ws.cand, len + kEmitSlack);
   grow(ws.cand_key, len + kEmitSlack);
