@@ -2,6 +2,7 @@
 // a KV cache pruned after the prompt's prefill (score, allocate per-layer budgets, evict).
 // Timings go to stderr only.
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -9,8 +10,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -24,12 +23,13 @@
 #include "depthkv/llama/sampler.hpp"
 #include "depthkv/token_scorer.hpp"
 #include "model_io.hpp"
+#include "policy_request.hpp"
 
 namespace depthkv_cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompt;
+  std::string model, tokenizer, prompt, profile;
   int steps = 256;
   float temperature = 1.0f;
   float topp = 0.9f;
@@ -57,7 +57,13 @@ void run_generate(const GenerateArgs& a) {
   scfg.kind = parse_scorer_kind(a.scorer);
   scfg.window = a.window;
 
+  // the profile (curve-based and InfoNCE-guided policies), checked against the model first
+  std::unique_ptr<ProfileFile> profile_file;
+  if (!a.profile.empty()) profile_file = std::make_unique<ProfileFile>(load_profile(a.profile, a.model));
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
+  DEPTHKV_CHECK(
+      !profile_file || profile_file->n_layers == lm.model.config.n_layers,
+      "the profile has " << profile_file->n_layers << " layers, the model " << lm.model.config.n_layers);
   const Tokenizer& tok = *lm.tokenizer;
   const LlamaEngine engine(lm.model);
   const LlamaConfig& cfg = lm.model.config;
@@ -94,8 +100,12 @@ void run_generate(const GenerateArgs& a) {
     req.budget.keep_ratio = a.keep;
     req.budget.window = a.window;
     req.protection = Protection{a.sink, a.recent};
+    req.budget.min_tokens = a.sink + a.recent + kSafeguardMargin;  // as eval: protected tokens + margin
+    SensitivityProfile curves;
+    if (add_profile_inputs(policy, profile_file.get(), a.scorer, req.budget, curves)) req.profile = &curves;
     const PruneReport rep = score_and_evict(cache, scorers, req);
-    std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(), a.keep);
+    std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(),
+                 a.keep);
     for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
     std::fprintf(stderr, " of %d; %zu of %zu bytes\n", n_feed, rep.bytes_after, rep.bytes_before);
   }
@@ -125,7 +135,8 @@ void run_generate(const GenerateArgs& a) {
   std::fputs("\n", stdout);
   std::fflush(stdout);
   const double decode_ms = ms_since(t_decode);
-  std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
+  std::fprintf(stderr,
+               "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
                n_feed, prefill_ms, prefill_ms > 0 ? 1000.0 * n_feed / prefill_ms : 0.0, decoded, decode_ms,
                decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
 }
@@ -134,24 +145,39 @@ void run_generate(const GenerateArgs& a) {
 
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text as llama2.c's run (optionally on a pruned KV cache)");
+  CLI::App* cmd =
+      app.add_subcommand("generate", "Generate text as llama2.c's run (optionally on a pruned KV cache)");
   cmd->add_option("-m,--model", args->model, "model file: llama2.c checkpoint (.bin) or GGUF")->required();
-  cmd->add_option("-z,--tokenizer", args->tokenizer, "tokenizer file (default: from the GGUF, or tok512.bin beside a .bin model)");
+  cmd->add_option("-z,--tokenizer", args->tokenizer,
+                  "tokenizer file (default: from the GGUF, or tok512.bin beside a .bin model)");
   cmd->add_option("-i,--prompt", args->prompt, "prompt text (default: empty, generation starts from BOS)");
-  cmd->add_option("-n,--steps", args->steps, "number of positions to run, prompt included (0 = the model's seq_len)")
+  cmd->add_option("-n,--steps", args->steps,
+                  "number of positions to run, prompt included (0 = the model's seq_len)")
       ->capture_default_str();
-  cmd->add_option("-t,--temperature", args->temperature, "sampling temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("-t,--temperature", args->temperature, "sampling temperature (0 = greedy)")
+      ->capture_default_str();
   cmd->add_option("-p,--topp", args->topp, "top-p (nucleus) threshold in [0, 1]")->capture_default_str();
   cmd->add_option("-s,--seed", args->seed, "random seed (0 = current time, as run.c)")->capture_default_str();
   cmd->add_option("--keep", args->keep, "global KV keep ratio after the prompt's prefill (1 = no eviction)")
       ->capture_default_str();
-  cmd->add_option("--policy", args->policy, "per-layer budget policy: uniform, pyramid, middle, ...")->capture_default_str();
-  cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")->capture_default_str();
+  cmd->add_option(
+         "--policy", args->policy,
+         "per-layer budget policy: uniform, pyramid, middle, ...; proportional, optimal, mga and mlma* "
+         "need --profile")
+      ->capture_default_str();
+  cmd->add_option(
+      "--profile", args->profile,
+      "profile file of this model (from depthkv profile) for the curve-based policies; measured with the "
+      "same scorer and protection (depthkv profile's --sinks/--window are --sink/--recent here)");
+  cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
+      ->capture_default_str();
   cmd->add_option("--sink", args->sink, "first tokens every head keeps")->capture_default_str();
   cmd->add_option("--recent", args->recent, "last tokens every head keeps")->capture_default_str();
-  cmd->add_option("--window", args->window, "SnapKV observation window / pyramid window")->capture_default_str();
+  cmd->add_option("--window", args->window, "SnapKV observation window / pyramid window")
+      ->capture_default_str();
   cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "OpenMP threads (0 = OMP_NUM_THREADS or all cores)")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "OpenMP threads (0 = OMP_NUM_THREADS or all cores)")
+      ->capture_default_str();
   cmd->callback([args]() { run_generate(*args); });
 }
 

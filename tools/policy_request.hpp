@@ -1,5 +1,5 @@
 #pragma once
-// Building the allocator request of the allocate and eval subcommands from a profile file.
+// Building the allocator request of the allocate, eval and generate subcommands from a profile file.
 
 #include <algorithm>
 #include <string>
@@ -27,32 +27,46 @@ struct PolicyInputs {
   bool has_profile = false;
 };
 
+/// Adds what `policy` reads from a profile file to `req`: the loss curves of `scorer` (into
+/// `profile`; proportional, optimal, mga, mlma*) and the per-layer InfoNCE scores (mga, mlma*).
+/// @return whether `profile` was filled
+/// @throws depthkv::Error when the policy needs data the file lacks, or no file was given
+inline bool add_profile_inputs(depthkv::AllocationPolicy policy, const depthkv::ProfileFile* file,
+                               const std::string& scorer, depthkv::BudgetRequest& req,
+                               depthkv::SensitivityProfile& profile) {
+  using namespace depthkv;
+  bool filled = false;
+  if (policy_needs_profile(policy)) {
+    DEPTHKV_CHECK(file != nullptr, "policy '" << to_string(policy) << "' needs --profile");
+    profile = file->profile(scorer);  // refuses a scorer the profile lacks
+    filled = true;
+  }
+  if (policy_needs_infonce(policy)) {
+    DEPTHKV_CHECK(file != nullptr,
+                  "policy '" << to_string(policy) << "' needs --profile with InfoNCE scores");
+    const auto it = file->layer_metrics.find(kInfoNCEKey);
+    DEPTHKV_CHECK(it != file->layer_metrics.end(),
+                  "policy '" << to_string(policy) << "' needs the profile's '" << kInfoNCEKey
+                             << "' scores: run depthkv profile --metric kl,infonce");
+    req.infonce = it->second.mean;
+  }
+  return filled;
+}
+
 /// @param min_tokens safeguard floor (-1: sinks + window + kSafeguardMargin)
 /// @throws depthkv::Error when the policy needs data the profile lacks
-inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep, const std::vector<int>& lengths,
-                                  const depthkv::ProfileFile* file, const std::string& scorer,
-                                  const SelectionSettings& sel, int min_tokens) {
-  using namespace depthkv;
+inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep,
+                                  const std::vector<int>& lengths, const depthkv::ProfileFile* file,
+                                  const std::string& scorer, const SelectionSettings& sel, int min_tokens) {
   PolicyInputs in;
   in.req.lengths = lengths;
   in.req.keep_ratio = keep;
   in.req.floors.resize(lengths.size());
-  for (std::size_t l = 0; l < lengths.size(); ++l) in.req.floors[l] = std::min(lengths[l], sel.sinks + sel.window);
+  for (std::size_t l = 0; l < lengths.size(); ++l)
+    in.req.floors[l] = std::min(lengths[l], sel.sinks + sel.window);
   in.req.window = sel.window;
   in.req.min_tokens = min_tokens >= 0 ? min_tokens : sel.sinks + sel.window + kSafeguardMargin;
-  if (policy_needs_profile(policy)) {
-    DEPTHKV_CHECK(file != nullptr, "policy '" << to_string(policy) << "' needs --profile");
-    in.profile = file->profile(scorer);  // refuses a scorer the profile lacks
-    in.has_profile = true;
-  }
-  if (policy_needs_infonce(policy)) {
-    DEPTHKV_CHECK(file != nullptr, "policy '" << to_string(policy) << "' needs --profile with InfoNCE scores");
-    const auto it = file->layer_metrics.find(kInfoNCEKey);
-    DEPTHKV_CHECK(it != file->layer_metrics.end(), "policy '" << to_string(policy) << "' needs the profile's '"
-                                                              << kInfoNCEKey
-                                                              << "' scores: run depthkv profile --metric kl,infonce");
-    in.req.infonce = it->second.mean;
-  }
+  in.has_profile = add_profile_inputs(policy, file, scorer, in.req, in.profile);
   return in;
 }
 

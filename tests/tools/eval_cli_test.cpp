@@ -3,21 +3,22 @@
 
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
-#include <string>
-
-#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "depthkv/profile_io.hpp"
 #include "support/run_cli.hpp"
 #include "support/test_data.hpp"
 
-using depthkv_test::shell_quoted;
 using depthkv_test::run_cli;
+using depthkv_test::shell_quoted;
 
 namespace {
 
@@ -42,7 +43,8 @@ struct Fixture {
 
 }  // namespace
 
-TEST_CASE("profile writes a complete profile file describing its calibration windows", "[cli][profile][real]") {
+TEST_CASE("profile writes a complete profile file describing its calibration windows",
+          "[cli][profile][real]") {
   Fixture fx;
   const depthkv::ProfileFile f = depthkv::load_profile(fx.profile);
   REQUIRE(f.n_layers == 5);
@@ -59,10 +61,12 @@ TEST_CASE("profile writes a complete profile file describing its calibration win
   REQUIRE(p.loss.col(1).sum() <= p.loss.col(0).sum());
 }
 
-TEST_CASE("eval refuses windows overlapping the calibration windows, accepts disjoint ones", "[cli][eval][real]") {
+TEST_CASE("eval refuses windows overlapping the calibration windows, accepts disjoint ones",
+          "[cli][eval][real]") {
   Fixture fx;
-  const std::string base = "eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
-                           " --sinks 2 --window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
+  const std::string base =
+      "eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
+      " --sinks 2 --window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
   const auto overlap = run_cli(base + " --skip 2", "2>&1");
   REQUIRE(overlap.status != 0);
   REQUIRE(overlap.out.find("overlap") != std::string::npos);
@@ -71,8 +75,8 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   const nlohmann::json rows = nlohmann::json::parse(ok.out);
   REQUIRE(rows.size() == 4);  // 2 scorers x 1 keep x 2 policies
   for (const auto& r : rows) {
-    for (const char* key : {"scorer", "policy", "keep", "budgets", "kl", "dnll", "top1", "nll_full", "bytes_kept",
-                            "bytes_full"})
+    for (const char* key : {"scorer", "policy", "keep", "budgets", "kl", "dnll", "top1", "nll_full",
+                            "bytes_kept", "bytes_full"})
       REQUIRE(r.contains(key));
     const auto b = r["budgets"].get<std::vector<int>>();
     REQUIRE(b.size() == 5);
@@ -85,8 +89,8 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   REQUIRE(tova.status != 0);
   REQUIRE(tova.out.find("tova") != std::string::npos);
   const std::string other = shell_quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
-  const auto wrong = run_cli("eval --model " + other + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
-                                 " --windows 1 --skip 10",
+  const auto wrong = run_cli("eval --model " + other + " --text " + fx.text + " --profile " +
+                                 shell_quoted(fx.profile) + " --windows 1 --skip 10",
                              "2>&1");
   REQUIRE(wrong.status != 0);
   REQUIRE(wrong.out.find("error") != std::string::npos);
@@ -95,14 +99,71 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
 TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][allocate][real]") {
   Fixture fx;
   for (const char* policy : {"uniform", "pyramid", "proportional", "middle", "optimal"}) {
-    const auto r = run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --sinks 2 --window 4 --json --policy " +
-                           policy);
+    const auto r = run_cli("allocate --profile " + shell_quoted(fx.profile) +
+                           " --keep 0.25 --sinks 2 --window 4 --json --policy " + policy);
     INFO(policy << ": " << r.out);
     REQUIRE(r.status == 0);
     const auto j = nlohmann::json::parse(r.out);
     const auto b = j["budgets"].get<std::vector<int>>();
     REQUIRE(std::accumulate(b.begin(), b.end(), 0) == 80);  // 0.25 * 64 tokens * 5 layers
   }
-  const auto bad = run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1");
+  const auto bad =
+      run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1");
   REQUIRE(bad.status != 0);
+}
+
+TEST_CASE("generate --profile prunes with the budgets allocate computes from the same profile",
+          "[cli][generate][real]") {
+  Fixture fx;
+  // protection and SnapKV window as the profile was measured (--sinks 2 --window 4)
+  const std::string base =
+      "generate --model " + fx.model +
+      " --prompt 'Once upon a time there was a little girl named Lily. She loved to play outside"
+      " with her friends in the big park.' -t 0 -n 60 --scorer snapkv --sink 2 --recent 4"
+      " --window 4 --keep 0.4 ";
+  // stderr says "kv cache: snapkv/<policy> keep 0.400 -> per-layer tokens b0 ... b4 of N; ..."
+  auto budgets_of = [](const std::string& out, int& n_prompt) {
+    const std::size_t at = out.find("per-layer tokens ");
+    REQUIRE(at != std::string::npos);
+    std::istringstream is(out.substr(at + 17));
+    std::vector<int> b;
+    std::string word;
+    while (is >> word && word != "of") b.push_back(std::stoi(word));
+    is >> n_prompt;
+    return b;
+  };
+  for (const char* policy : {"optimal", "proportional"}) {
+    const auto g = run_cli(base + "--policy " + policy + " --profile " + shell_quoted(fx.profile), "2>&1");
+    INFO(policy << ": " << g.out);
+    REQUIRE(g.status == 0);
+    int n_prompt = 0;
+    const std::vector<int> got = budgets_of(g.out, n_prompt);
+    REQUIRE(got.size() == 5);
+    REQUIRE(n_prompt > 20);
+    const auto a =
+        run_cli("allocate --profile " + shell_quoted(fx.profile) + " --scorer snapkv --sinks 2 --window 4" +
+                " --keep 0.4 --json --policy " + policy + " --length " + std::to_string(n_prompt));
+    REQUIRE(a.status == 0);
+    REQUIRE(got == nlohmann::json::parse(a.out)["budgets"].get<std::vector<int>>());
+  }
+  // a curve-based policy without a profile, a scorer the profile lacks, a profile of another model
+  const auto none = run_cli(base + "--policy optimal", "2>&1");
+  REQUIRE(none.status == 1);
+  REQUIRE(none.out.find("needs --profile") != std::string::npos);
+  const auto tova =
+      run_cli("generate --model " + fx.model +
+                  " -t 0 -n 40 --prompt 'Once upon a time, a cat sat"
+                  " on the mat and looked at the sun.' --keep 0.5 --scorer tova --policy optimal"
+                  " --profile " +
+                  shell_quoted(fx.profile),
+              "2>&1");
+  REQUIRE(tova.status == 1);
+  REQUIRE(tova.out.find("tova") != std::string::npos);
+  const std::string other = shell_quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
+  const auto wrong =
+      run_cli("generate --model " + other + " -t 0 -n 10 --keep 0.5 --policy optimal --profile " +
+                  shell_quoted(fx.profile),
+              "2>&1");
+  REQUIRE(wrong.status == 1);
+  REQUIRE(wrong.out.find("error") != std::string::npos);
 }
