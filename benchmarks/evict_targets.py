@@ -4,10 +4,14 @@ target with the figures that meet or miss it. Nothing is tuned here: it only rea
 
 Usage: evict_cpu_bench --benchmark_filter=BM_Evict --benchmark_out=evict.json \
            --benchmark_out_format=json
-       python3 benchmarks/evict_targets.py evict.json
+       python3 benchmarks/evict_targets.py evict.json [more runs of the same configurations ...]
+
+With several runs, every figure is the median over the runs and the main counters also show
+their range (min-max); the targets are judged on the medians.
 """
 import json
 import re
+import statistics
 import sys
 
 TYPES = {"float": "fp32", "Eigen::half": "fp16", "Eigen::bfloat16": "bf16"}
@@ -30,18 +34,57 @@ def rows(path):
     return data.get("context", {}), out
 
 
+COUNTERS = ("time_ms", "ratio_vs_memcpy", "ratio_vs_stream_copy", "select_elems_per_s",
+            "select_cold_elems_per_s", "speedup_vs_sort", "select_speedup_vs_sort", "memcpy_GBps")
+
+
+def combine(runs):
+    """One row per configuration: the median of every counter over the runs, and its range."""
+    keys, by_key = [], {}
+    for rs in runs:
+        for r in rs:
+            k = (r["type"], r["n"], r["keep"], r["threads"])
+            if k not in by_key:
+                keys.append(k)
+                by_key[k] = []
+            by_key[k].append(r)
+    out = []
+    for k in keys:
+        rs = by_key[k]
+        row = dict(type=k[0], n=k[1], keep=k[2], threads=k[3], runs=len(rs))
+        for c in COUNTERS:
+            vals = [r[c] for r in rs]
+            row[c] = statistics.median(vals)
+            row[c + "_range"] = (min(vals), max(vals))
+        out.append(row)
+    return out
+
+
 def main():
-    context, rs = rows(sys.argv[1])
-    print(f"Run: {context.get('date', '?')}, {context.get('num_cpus', '?')} CPUs at "
-          f"{context.get('mhz_per_cpu', '?')} MHz, library build type {context.get('library_build_type', '?')}\n")
-    print("| storage | n | keep | threads | time ms | ratio_vs_memcpy | ratio_vs_stream_copy | select G/s (warm) "
+    contexts, runs = zip(*(rows(path) for path in sys.argv[1:]))
+    for context in contexts:
+        print(f"Run: {context.get('date', '?')}, {context.get('num_cpus', '?')} CPUs at "
+              f"{context.get('mhz_per_cpu', '?')} MHz, library build type {context.get('library_build_type', '?')}")
+    multi = len(runs) > 1
+    rs = combine(runs)
+
+    def fig(r, c, fmt, scale=1.0):
+        text = format(r[c] / scale, fmt)
+        if multi:
+            lo, hi = r[c + "_range"]
+            text += f" ({format(lo / scale, fmt)}-{format(hi / scale, fmt)})"
+        return text
+
+    if multi:
+        print(f"\nMedians over {len(runs)} runs (range in parentheses)")
+    print("\n| storage | n | keep | threads | time ms | ratio_vs_memcpy | ratio_vs_stream_copy | select G/s (warm) "
           "| select G/s (cold) | speedup_vs_sort | select_speedup_vs_sort | memcpy GB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rs:
         print(f"| {r['type']} | {r['n'] // 1024}K | {r['keep']} % | {r['threads']} | {r['time_ms']:.1f} "
-              f"| {r['ratio_vs_memcpy']:.2f} | {r['ratio_vs_stream_copy']:.2f} | {r['select_elems_per_s'] / 1e9:.3f} "
-              f"| {r['select_cold_elems_per_s'] / 1e9:.3f} | {r['speedup_vs_sort']:.2f} "
-              f"| {r['select_speedup_vs_sort']:.1f} | {r['memcpy_GBps']:.1f} |")
+              f"| {fig(r, 'ratio_vs_memcpy', '.2f')} | {r['ratio_vs_stream_copy']:.2f} "
+              f"| {fig(r, 'select_elems_per_s', '.3f', 1e9)} | {r['select_cold_elems_per_s'] / 1e9:.3f} "
+              f"| {fig(r, 'speedup_vs_sort', '.2f')} | {r['select_speedup_vs_sort']:.1f} | {r['memcpy_GBps']:.1f} |")
     one = [r for r in rs if r["threads"] == 1]
     big = [r for r in one if r["n"] >= 32768]
 
@@ -51,18 +94,20 @@ def main():
         for r in items:
             print(f"  {'ok  ' if ok(r) else 'MISS'} {r['type']} n={r['n']} keep={r['keep']}%: {fmt(r)}")
 
-    print("\nTargets (single thread):")
+    print("\nTargets (single thread" + (", medians over the runs" if multi else "") + "):")
     # the scores are fp32 in every configuration (the storage type only changes the K/V bytes), so
     # the 32K rows are repeated measurements of the same fp32-score selection
     verdict("selection >= 0.7 G elements/s per core, fp32 scores, n >= 32K (warm scores; every "
             "configuration selects fp32 scores, only the K/V storage differs)", big,
             lambda r: r["select_elems_per_s"] >= 0.7e9,
-            lambda r: f"{r['select_elems_per_s'] / 1e9:.3f} G/s warm, {r['select_cold_elems_per_s'] / 1e9:.3f} cold")
+            lambda r: f"{fig(r, 'select_elems_per_s', '.3f', 1e9)} G/s warm, "
+                      f"{r['select_cold_elems_per_s'] / 1e9:.3f} cold")
     verdict("select+compact within 2x of memcpy of the kept bytes, keep >= 10 %", one,
-            lambda r: r["ratio_vs_memcpy"] <= 2.0, lambda r: f"{r['ratio_vs_memcpy']:.2f}x memcpy")
+            lambda r: r["ratio_vs_memcpy"] <= 2.0, lambda r: f"{fig(r, 'ratio_vs_memcpy', '.2f')}x memcpy")
     verdict(">= 5x faster than the full-sort baseline at n = 32K (end to end)", big,
             lambda r: r["speedup_vs_sort"] >= 5.0,
-            lambda r: f"{r['speedup_vs_sort']:.2f}x end to end, {r['select_speedup_vs_sort']:.0f}x selection alone")
+            lambda r: f"{fig(r, 'speedup_vs_sort', '.2f')}x end to end, "
+                      f"{r['select_speedup_vs_sort']:.0f}x selection alone")
 
 
 if __name__ == "__main__":
