@@ -4,13 +4,7 @@
 
 #include "depthkv/llama/engine.hpp"
 
-#include "depthkv/evictor.hpp"
-#include "depthkv/llama/eval.hpp"
-#include "depthkv/llama/gguf.hpp"
-#include "depthkv/llama/llama2c_loader.hpp"
-#include "depthkv/llama/text_windows.hpp"
-#include "depthkv/llama/tokenizer.hpp"
-
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -18,13 +12,18 @@
 #include <iostream>
 #include <limits>
 #include <map>
-#include <sstream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
+#include "depthkv/evictor.hpp"
+#include "depthkv/llama/eval.hpp"
+#include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/text_windows.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+#include "support/random_model.hpp"
 #include "support/test_data.hpp"
 
 using depthkv::HostLayer;
@@ -39,64 +38,8 @@ using depthkv::llama::RowMatrix;
 
 namespace {
 
-struct RandomSpec {
-  int dim = 32, hidden = 48, layers = 3, heads = 4, kv_heads = 2, vocab = 50;
-  bool neox = false, freq_factors = false, biases = false;
-  float theta = 10000.0f;
-  unsigned seed = 7;
-};
-
-LlamaModel random_model(const RandomSpec& s) {
-  std::mt19937 rng(s.seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto mat = [&](int r, int c, float scale) {
-    RowMatrix m(r, c);
-    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = scale * nd(rng);
-    return m;
-  };
-  auto vec = [&](int n, float mean, float scale) {
-    Eigen::VectorXf v(n);
-    for (int i = 0; i < n; ++i) v[i] = mean + scale * nd(rng);
-    return v;
-  };
-  LlamaModel m;
-  LlamaConfig& c = m.config;
-  c.dim = s.dim;
-  c.hidden_dim = s.hidden;
-  c.n_layers = s.layers;
-  c.n_heads = s.heads;
-  c.n_kv_heads = s.kv_heads;
-  c.vocab_size = s.vocab;
-  c.seq_len = 256;
-  c.head_dim = s.dim / s.heads;
-  c.rope_theta = s.theta;
-  c.rope_neox = s.neox;
-  const int hd = c.head_dim;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(s.dim));
-  m.token_embedding = mat(s.vocab, s.dim, 1.0f);
-  for (int l = 0; l < s.layers; ++l) {
-    depthkv::llama::LlamaLayerWeights w;
-    w.attn_norm = vec(s.dim, 1.0f, 0.1f);
-    w.ffn_norm = vec(s.dim, 1.0f, 0.1f);
-    w.wq = mat(s.heads * hd, s.dim, 2.0f * sc);
-    w.wk = mat(s.kv_heads * hd, s.dim, 2.0f * sc);
-    w.wv = mat(s.kv_heads * hd, s.dim, sc);
-    w.wo = mat(s.dim, s.heads * hd, sc);
-    w.w1 = mat(s.hidden, s.dim, sc);
-    w.w3 = mat(s.hidden, s.dim, sc);
-    w.w2 = mat(s.dim, s.hidden, 1.0f / std::sqrt(static_cast<float>(s.hidden)));
-    if (s.biases) {
-      w.bq = vec(s.heads * hd, 0.0f, 0.1f);
-      w.bk = vec(s.kv_heads * hd, 0.0f, 0.1f);
-      w.bv = vec(s.kv_heads * hd, 0.0f, 0.1f);
-    }
-    m.layers.push_back(w);
-  }
-  m.final_norm = vec(s.dim, 1.0f, 0.1f);
-  m.classifier = mat(s.vocab, s.dim, sc);
-  if (s.freq_factors) m.rope_freq_factors = vec(hd / 2, 2.0f, 0.5f).cwiseAbs();
-  return m;
-}
+using depthkv_test::random_model;
+using depthkv_test::RandomSpec;
 
 std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
   std::mt19937 rng(seed);
@@ -124,7 +67,8 @@ struct Reference {
         keys(static_cast<std::size_t>(model.config.n_layers)),
         values(static_cast<std::size_t>(model.config.n_layers)),
         probs(static_cast<std::size_t>(model.config.n_layers),
-              std::vector<std::map<int, std::map<int, double>>>(static_cast<std::size_t>(model.config.n_heads))),
+              std::vector<std::map<int, std::map<int, double>>>(
+                  static_cast<std::size_t>(model.config.n_heads))),
         layer_inputs(static_cast<std::size_t>(model.config.n_layers)) {}
 
   static std::vector<float> rmsnorm(const std::vector<float>& x, const Eigen::VectorXf& w, float eps) {
@@ -132,14 +76,17 @@ struct Reference {
     for (float v : x) ss += static_cast<double>(v) * v;
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
     std::vector<float> o(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) o[i] = static_cast<float>(w[static_cast<Eigen::Index>(i)] * x[i] * inv);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      o[i] = static_cast<float>(w[static_cast<Eigen::Index>(i)] * x[i] * inv);
     return o;
   }
-  static std::vector<float> matvec(const RowMatrix& W, const std::vector<float>& x, const Eigen::VectorXf& b) {
+  static std::vector<float> matvec(const RowMatrix& W, const std::vector<float>& x,
+                                   const Eigen::VectorXf& b) {
     std::vector<float> y(static_cast<std::size_t>(W.rows()));
     for (Eigen::Index r = 0; r < W.rows(); ++r) {
       double acc = b.size() ? b[r] : 0.0;
-      for (Eigen::Index c = 0; c < W.cols(); ++c) acc += static_cast<double>(W(r, c)) * x[static_cast<std::size_t>(c)];
+      for (Eigen::Index c = 0; c < W.cols(); ++c)
+        acc += static_cast<double>(W(r, c)) * x[static_cast<std::size_t>(c)];
       y[static_cast<std::size_t>(r)] = static_cast<float>(acc);
     }
     return y;
@@ -187,7 +134,8 @@ struct Reference {
           double d = 0;
           for (int i = 0; i < hd; ++i)
             d += static_cast<double>(q[static_cast<std::size_t>(qh * hd + i)]) *
-                 keys[static_cast<std::size_t>(l)][static_cast<std::size_t>(p)][static_cast<std::size_t>(h * hd + i)];
+                 keys[static_cast<std::size_t>(l)][static_cast<std::size_t>(p)]
+                     [static_cast<std::size_t>(h * hd + i)];
           vis.push_back(p);
           sc.push_back(d / std::sqrt(static_cast<double>(hd)));
         }
@@ -198,8 +146,9 @@ struct Reference {
           const double pr = sc[j] / sum;
           probs[static_cast<std::size_t>(l)][static_cast<std::size_t>(qh)][pos][vis[j]] = pr;
           for (int i = 0; i < hd; ++i)
-            att[static_cast<std::size_t>(qh * hd + i)] += static_cast<float>(
-                pr * values[static_cast<std::size_t>(l)][static_cast<std::size_t>(vis[j])][static_cast<std::size_t>(h * hd + i)]);
+            att[static_cast<std::size_t>(qh * hd + i)] +=
+                static_cast<float>(pr * values[static_cast<std::size_t>(l)][static_cast<std::size_t>(vis[j])]
+                                              [static_cast<std::size_t>(h * hd + i)]);
         }
       }
       auto o = matvec(w.wo, att, Eigen::VectorXf());
@@ -358,7 +307,8 @@ TEST_CASE("engine: keeping every token through compaction leaves logits bit-iden
   REQUIRE((la.array() == lb.array()).all());
 }
 
-TEST_CASE("engine: observed attention probabilities match the reference, masked entries are zero", "[engine]") {
+TEST_CASE("engine: observed attention probabilities match the reference, masked entries are zero",
+          "[engine]") {
   RandomSpec spec;
   const LlamaModel model = random_model(spec);
   const LlamaEngine engine(model);
@@ -434,8 +384,10 @@ TEST_CASE("engine: hidden-state capture points are consistent", "[engine]") {
     const RowMatrix in = at(CapturePoint::kLayerInput);
     for (int p = 0; p < 11; ++p)
       for (int i = 0; i < spec.dim; ++i)
-        REQUIRE(std::abs(in(p, i) - ref.layer_inputs[static_cast<std::size_t>(l)][static_cast<std::size_t>(p)][static_cast<std::size_t>(i)]) < 1e-4);
-    REQUIRE((at(CapturePoint::kAttnResidual) - in - at(CapturePoint::kAttnOutput)).cwiseAbs().maxCoeff() < 1e-5f);
+        REQUIRE(std::abs(in(p, i) - ref.layer_inputs[static_cast<std::size_t>(l)][static_cast<std::size_t>(p)]
+                                                    [static_cast<std::size_t>(i)]) < 1e-4);
+    REQUIRE((at(CapturePoint::kAttnResidual) - in - at(CapturePoint::kAttnOutput)).cwiseAbs().maxCoeff() <
+            1e-5f);
     REQUIRE((at(CapturePoint::kLayerOutput) - at(CapturePoint::kAttnResidual) - at(CapturePoint::kMlpOutput))
                 .cwiseAbs()
                 .maxCoeff() < 1e-5f);
@@ -466,7 +418,8 @@ TEST_CASE("engine: invalid input throws depthkv::Error", "[engine]") {
   small.chunk_size = 2;
   REQUIRE_THROWS_AS(engine.forward(std::vector<int>{1, 2, 3, spec.vocab + 5}, 3, c2, small), depthkv::Error);
   REQUIRE(c2.lengths() == std::vector<int>(static_cast<std::size_t>(spec.layers), 3));
-  REQUIRE_THROWS_AS(engine.forward(std::vector<int>{1, 2}, std::numeric_limits<std::int32_t>::max(), c2), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.forward(std::vector<int>{1, 2}, std::numeric_limits<std::int32_t>::max(), c2),
+                    depthkv::Error);
   ForwardOptions bad;
   bad.chunk_size = 0;
   HostCache c3 = engine.make_cache();
@@ -475,7 +428,8 @@ TEST_CASE("engine: invalid input throws depthkv::Error", "[engine]") {
   wrong.add_layer(HostLayer<float>(spec.kv_heads, spec.dim / spec.heads));
   REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, wrong), depthkv::Error);
   HostCache wrong_heads;
-  for (int l = 0; l < spec.layers; ++l) wrong_heads.add_layer(HostLayer<float>(spec.kv_heads + 1, spec.dim / spec.heads));
+  for (int l = 0; l < spec.layers; ++l)
+    wrong_heads.add_layer(HostLayer<float>(spec.kv_heads + 1, spec.dim / spec.heads));
   REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, wrong_heads), depthkv::Error);
   LlamaModel broken = model;
   broken.layers[1].wk.resize(3, spec.dim);
@@ -491,14 +445,16 @@ TEST_CASE("engine: works over a LayerView cache (engine-owned memory)", "[engine
   const LlamaEngine engine(model);
   const auto tokens = random_tokens(16, spec.vocab, 12);
   const int hd = spec.dim / spec.heads, cap = 32;
-  std::vector<std::vector<float>> kmem(static_cast<std::size_t>(spec.layers)), vmem(static_cast<std::size_t>(spec.layers));
+  std::vector<std::vector<float>> kmem(static_cast<std::size_t>(spec.layers)),
+      vmem(static_cast<std::size_t>(spec.layers));
   KVCache<depthkv::LayerView<float>> view;
   for (int l = 0; l < spec.layers; ++l) {
     // padded tokens (token_stride > head_dim) to exercise strides
     kmem[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(spec.kv_heads * cap * (hd + 3)), 0.0f);
     vmem[static_cast<std::size_t>(l)].assign(kmem[static_cast<std::size_t>(l)].size(), 0.0f);
-    view.add_layer(depthkv::LayerView<float>(kmem[static_cast<std::size_t>(l)].data(), vmem[static_cast<std::size_t>(l)].data(),
-                                              spec.kv_heads, hd, cap, 0, -1, hd + 3));
+    view.add_layer(depthkv::LayerView<float>(kmem[static_cast<std::size_t>(l)].data(),
+                                             vmem[static_cast<std::size_t>(l)].data(), spec.kv_heads, hd, cap,
+                                             0, -1, hd + 3));
   }
   HostCache host = engine.make_cache();
   const RowMatrix a = engine.prefill(tokens, host), b = engine.prefill(tokens, view);
@@ -510,7 +466,8 @@ TEST_CASE("engine: works over a LayerView cache (engine-owned memory)", "[engine
 namespace {
 
 const LlamaModel& stories260k() {
-  static const LlamaModel m = depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  static const LlamaModel m =
+      depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   return m;
 }
 const depthkv::llama::Tokenizer& tok512() {
@@ -558,7 +515,8 @@ double mean_window_nll(const LlamaEngine& engine, const std::vector<std::vector<
 TEST_CASE("engine [real]: greedy decoding from BOS reproduces llama2.c's golden output", "[engine][real]") {
   const LlamaEngine engine(stories260k());
   const auto& tok = tok512();
-  const std::string expected = slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
+  const std::string expected =
+      slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
   HostCache cache = engine.make_cache();
   std::string text;
   int token = 1;
@@ -574,7 +532,8 @@ TEST_CASE("engine [real]: greedy decoding from BOS reproduces llama2.c's golden 
   REQUIRE(text == expected);
 }
 
-TEST_CASE("engine [real]: stories260K.gguf gives the .bin model's logits and greedy text", "[engine][real][gguf]") {
+TEST_CASE("engine [real]: stories260K.gguf gives the .bin model's logits and greedy text",
+          "[engine][real][gguf]") {
   const std::string path = depthkv_test::data_path("models/stories260K/stories260K.gguf");
   const depthkv::llama::GgufFile f = depthkv::llama::GgufFile::open(path);
   const LlamaModel gm = depthkv::llama::load_gguf(f);
@@ -589,7 +548,8 @@ TEST_CASE("engine [real]: stories260K.gguf gives the .bin model's logits and gre
   INFO("max abs logit difference .bin vs .gguf: " << d);
   REQUIRE(d < 1e-5);
   // greedy text from BOS, decoded with the vocabulary stored in the GGUF file
-  const std::string expected = slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
+  const std::string expected =
+      slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
   HostCache cache = gguf.make_cache();
   std::string text;
   int token = gtok.bos_id();
@@ -608,7 +568,8 @@ TEST_CASE("engine [real]: chunked prefill logits equal token-by-token decode log
   const std::vector<int> ids = corpus_tokens(512);
   HostCache ref = engine.make_cache();
   RowMatrix step(512, 512);
-  for (int p = 0; p < 512; ++p) step.row(p) = engine.decode(ids[static_cast<std::size_t>(p)], p, ref).transpose();
+  for (int p = 0; p < 512; ++p)
+    step.row(p) = engine.decode(ids[static_cast<std::size_t>(p)], p, ref).transpose();
   for (int chunk : {1, 7, 64, 100, 512, 1024}) {
     CAPTURE(chunk);
     HostCache cache = engine.make_cache();
@@ -658,12 +619,14 @@ TEST_CASE("engine [real]: mean NLL over the first 64 windows of 512 tokens", "[e
   REQUIRE(std::abs(nll - 1.26) < 0.02);
 }
 
-TEST_CASE("engine [real]: mean NLL over all windows of 512 tokens (slow, hidden)", "[.][engine][real][nll-all]") {
+TEST_CASE("engine [real]: mean NLL over all windows of 512 tokens (slow, hidden)",
+          "[.][engine][real][nll-all]") {
   const LlamaEngine engine(stories260k());
   const std::vector<int> ids = depthkv::llama::encode_stories(
       tok512(), depthkv::llama::split_stories(slurp(depthkv_test::data_path("text/tinystories_valid.txt"))));
   const auto windows = depthkv::llama::token_windows(ids, 512);
   const double nll = mean_window_nll(engine, windows);
-  std::cout << "stories260K mean NLL, all " << windows.size() << " windows of 512 tokens: " << nll << " nats\n";
+  std::cout << "stories260K mean NLL, all " << windows.size() << " windows of 512 tokens: " << nll
+            << " nats\n";
   REQUIRE(std::abs(nll - 1.51) < 0.03);
 }

@@ -3,16 +3,16 @@
 
 #include "depthkv/llama/eval.hpp"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include <catch2/catch.hpp>
 
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "support/random_model.hpp"
 #include "support/test_data.hpp"
 
 using namespace depthkv;
@@ -20,48 +20,19 @@ using namespace depthkv::llama;
 
 namespace {
 
-LlamaModel random_model(unsigned seed, int layers = 4, int heads = 4, int kv_heads = 2, int dim = 32, int vocab = 40) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto mat = [&](int r, int c, float sc) {
-    RowMatrix m(r, c);
-    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = sc * nd(rng);
-    return m;
-  };
-  auto ones = [&](int n) {
-    Eigen::VectorXf v(n);
-    for (int i = 0; i < n; ++i) v[i] = 1.0f + 0.1f * nd(rng);
-    return v;
-  };
-  LlamaModel m;
-  auto& c = m.config;
-  c.dim = dim;
-  c.hidden_dim = 2 * dim;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = kv_heads;
-  c.vocab_size = vocab;
-  c.seq_len = 512;
-  c.head_dim = dim / heads;
-  const int hd = c.head_dim;
-  const float s = 1.0f / std::sqrt(static_cast<float>(dim));
-  m.token_embedding = mat(vocab, dim, 1.0f);
-  for (int l = 0; l < layers; ++l) {
-    LlamaLayerWeights w;
-    w.attn_norm = ones(dim);
-    w.ffn_norm = ones(dim);
-    w.wq = mat(heads * hd, dim, 3 * s);
-    w.wk = mat(kv_heads * hd, dim, 3 * s);
-    w.wv = mat(kv_heads * hd, dim, s);
-    w.wo = mat(dim, heads * hd, s);
-    w.w1 = mat(2 * dim, dim, s);
-    w.w3 = mat(2 * dim, dim, s);
-    w.w2 = mat(dim, 2 * dim, s);
-    m.layers.push_back(w);
-  }
-  m.final_norm = ones(dim);
-  m.classifier = mat(vocab, dim, 2 * s);
-  return m;
+// 4 heads (2 KV heads) of 8 dimensions, vocabulary 40; sharper attention (qk gain 3) and a larger
+// classifier than the engine tests' model.
+LlamaModel random_model(unsigned seed, int layers = 4) {
+  depthkv_test::RandomSpec s;
+  s.seed = seed;
+  s.layers = layers;
+  s.hidden = 64;
+  s.vocab = 40;
+  s.seq_len = 512;
+  s.qk_gain = 3.0f;
+  s.w2_gain = 1.0f;
+  s.classifier_gain = 2.0f;
+  return depthkv_test::random_model(s);
 }
 
 std::vector<EvalWindow> random_windows(int n, int ctx, int cont, int vocab, unsigned seed) {
@@ -145,9 +116,10 @@ TEST_CASE("score_and_evict: budgets from the allocator, cache and scorers compac
       REQUIRE(rep.budgets[static_cast<std::size_t>(l)] >= 5);
       for (int h = 0; h < 2; ++h) {
         REQUIRE(cache.layer(l).size(h) == rep.budgets[static_cast<std::size_t>(l)]);
-        REQUIRE(scorers[static_cast<std::size_t>(l)].observed_size(h) == rep.budgets[static_cast<std::size_t>(l)]);
-        REQUIRE(cache.layer(l).positions(h)[0] == 0);                                      // sinks
-        REQUIRE(cache.layer(l).positions(h)[cache.layer(l).size(h) - 1] == 49);             // recent
+        REQUIRE(scorers[static_cast<std::size_t>(l)].observed_size(h) ==
+                rep.budgets[static_cast<std::size_t>(l)]);
+        REQUIRE(cache.layer(l).positions(h)[0] == 0);                            // sinks
+        REQUIRE(cache.layer(l).positions(h)[cache.layer(l).size(h) - 1] == 49);  // recent
       }
     }
     REQUIRE(total == 80);  // 0.4 * 4 layers * 50 tokens
@@ -225,7 +197,8 @@ TEST_CASE("PruningEvaluator: the profiler functions", "[eval]") {
     REQUIRE(per_layer[1].dnll[w] == single.dnll[w]);
     REQUIRE(per_layer[1].top1_disagree[w] == single.top1_disagree[w]);
   }
-  SensitivityProfiler a(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr}), b(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr});
+  SensitivityProfiler a(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr}),
+      b(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr});
   REQUIRE(a.run(ev.plan_function()));
   REQUIRE(b.run_batched(ev.layer_function()));
   REQUIRE(a.result().kl.loss == b.result().kl.loss);
@@ -243,7 +216,8 @@ TEST_CASE("PruningEvaluator: the profiler functions", "[eval]") {
 TEST_CASE("PruningEvaluator [real]: reuse equals recomputation on stories260K", "[eval][real]") {
   const LlamaModel model = load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const Tokenizer tok(depthkv_test::data_path("models/stories260K/tok512.bin"), 512);
-  const auto ids = encode_stories(tok, split_stories(read_text_file(depthkv_test::data_path("text/tinystories_valid.txt"))));
+  const auto ids = encode_stories(
+      tok, split_stories(read_text_file(depthkv_test::data_path("text/tinystories_valid.txt"))));
   const auto windows = split_windows(token_windows(ids, 512, 0, 3), 384);
   const LlamaEngine engine(model);
   EvalConfig cfg;
@@ -255,8 +229,9 @@ TEST_CASE("PruningEvaluator [real]: reuse equals recomputation on stories260K", 
   naive_cfg.reuse = false;
   const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
   for (int s = 0; s < 2; ++s)
-    for (const std::vector<double>& plan : {std::vector<double>{1, 1, 0.1, 1, 1}, std::vector<double>{1, 1, 1, 1, 0.3},
-                                            std::vector<double>{0.5, 0.2, 0.3, 0.2, 0.1}}) {
+    for (const std::vector<double>& plan :
+         {std::vector<double>{1, 1, 0.1, 1, 1}, std::vector<double>{1, 1, 1, 1, 0.3},
+          std::vector<double>{0.5, 0.2, 0.3, 0.2, 0.1}}) {
       CAPTURE(s, plan);
       require_same(reuse.evaluate_plan(plan, s), naive.evaluate_plan(plan, s), 1e-5);
     }

@@ -5,17 +5,17 @@
 
 #include "depthkv/llama/representation_probe.hpp"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/profile_io.hpp"
+#include "support/random_model.hpp"
 #include "support/test_data.hpp"
 
 using depthkv::RepresentationStage;
@@ -30,48 +30,12 @@ using depthkv::llama::RowMatrix;
 namespace {
 
 LlamaModel random_model(int layers, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto mat = [&](int r, int c, float scale) {
-    RowMatrix m(r, c);
-    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = scale * nd(rng);
-    return m;
-  };
-  auto vec = [&](int n, float mean, float scale) {
-    Eigen::VectorXf v(n);
-    for (int i = 0; i < n; ++i) v[i] = mean + scale * nd(rng);
-    return v;
-  };
-  const int dim = 32, hidden = 48, heads = 4, kv_heads = 2;
-  LlamaModel m;
-  LlamaConfig& c = m.config;
-  c.dim = dim;
-  c.hidden_dim = hidden;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = kv_heads;
-  c.vocab_size = vocab;
-  c.seq_len = 128;
-  c.head_dim = dim / heads;
-  const int hd = c.head_dim;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(dim));
-  m.token_embedding = mat(vocab, dim, 1.0f);
-  for (int l = 0; l < layers; ++l) {
-    depthkv::llama::LlamaLayerWeights w;
-    w.attn_norm = vec(dim, 1.0f, 0.1f);
-    w.ffn_norm = vec(dim, 1.0f, 0.1f);
-    w.wq = mat(heads * hd, dim, 2.0f * sc);
-    w.wk = mat(kv_heads * hd, dim, 2.0f * sc);
-    w.wv = mat(kv_heads * hd, dim, sc);
-    w.wo = mat(dim, heads * hd, sc);
-    w.w1 = mat(hidden, dim, sc);
-    w.w3 = mat(hidden, dim, sc);
-    w.w2 = mat(dim, hidden, 1.0f / std::sqrt(static_cast<float>(hidden)));
-    m.layers.push_back(w);
-  }
-  m.final_norm = vec(dim, 1.0f, 0.1f);
-  m.classifier = mat(vocab, dim, sc);
-  return m;
+  depthkv_test::RandomSpec s;
+  s.layers = layers;
+  s.vocab = vocab;
+  s.seed = seed;
+  s.seq_len = 128;
+  return depthkv_test::random_model(s);
 }
 
 const depthkv::llama::Tokenizer& tok512() {
@@ -164,8 +128,10 @@ TEST_CASE("probe: chunked prefill gives the same metrics", "[probe]") {
   for (int s = 0; s < 4; ++s) {
     for (int l = 0; l < 2; ++l) {
       for (int i = 0; i < 5; ++i) {
-        CHECK(ra.stages[static_cast<std::size_t>(s)].losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] ==
-              Approx(rb.stages[static_cast<std::size_t>(s)].losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)])
+        CHECK(ra.stages[static_cast<std::size_t>(s)]
+                  .losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] ==
+              Approx(rb.stages[static_cast<std::size_t>(s)]
+                         .losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)])
                   .margin(1e-4));
       }
     }
@@ -211,8 +177,11 @@ TEST_CASE("probe: an unperturbed positive gives the minimum loss for its negativ
     for (int l = 0; l < 2; ++l) {
       for (int i = 0; i < 6; ++i) {
         // Same anchors (texts), hence the same negatives; sim(z, z) = 1 is the largest positive.
-        CHECK(r0.stages[static_cast<std::size_t>(s)].losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] <=
-              r1.stages[static_cast<std::size_t>(s)].losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] + 1e-12);
+        CHECK(r0.stages[static_cast<std::size_t>(s)]
+                  .losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] <=
+              r1.stages[static_cast<std::size_t>(s)]
+                      .losses[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] +
+                  1e-12);
       }
     }
   }
@@ -237,14 +206,18 @@ TEST_CASE("probe: texts are cut to whole words within max_tokens", "[probe]") {
 TEST_CASE("probe: invalid input throws", "[probe]") {
   const LlamaModel model = random_model(2, 512, 4);
   const LlamaEngine engine(model);
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"Once upon a time."}), depthkv::Error);
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"One two three.", "   "}), depthkv::Error);
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"Once upon a time."}),
+                  depthkv::Error);
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"One two three.", "   "}),
+                  depthkv::Error);
   ProbeOptions bad;
   bad.drop_fraction = 1.5;
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"a b c", "d e f"}, bad), depthkv::Error);
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"a b c", "d e f"}, bad),
+                  depthkv::Error);
   bad = ProbeOptions();
   bad.infonce.batch_size = 1;
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"a b c", "d e f"}, bad), depthkv::Error);
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"a b c", "d e f"}, bad),
+                  depthkv::Error);
 }
 
 TEST_CASE("probe: layer metrics round-trip through the profile JSON", "[probe][profile]") {
@@ -259,7 +232,8 @@ TEST_CASE("probe: layer metrics round-trip through the profile JSON", "[probe][p
   f.layer_metrics["user/other"] = {{1.0, 2.0, 3.0}, {}, {}};
   ProbeOptions opt;
   opt.infonce.batch_size = 4;
-  const ProbeResult r = depthkv::llama::add_representation_metrics(f, engine, tok512(), some_stories(50, 6), opt);
+  const ProbeResult r =
+      depthkv::llama::add_representation_metrics(f, engine, tok512(), some_stories(50, 6), opt);
   CHECK(f.n_layers == 3);
   CHECK(f.layer_metrics.size() == 13);  // 3 metrics x 4 stages + the user's entry, kept
   const depthkv::ProfileFile g = depthkv::profile_from_json(depthkv::profile_to_json(f));
@@ -269,7 +243,8 @@ TEST_CASE("probe: layer metrics round-trip through the profile JSON", "[probe][p
     REQUIRE(g.layer_metrics.count(kv.first) == 1);
     const auto& b = g.layer_metrics.at(kv.first);
     REQUIRE(b.mean.size() == kv.second.mean.size());
-    for (std::size_t l = 0; l < b.mean.size(); ++l) CHECK(b.mean[l] == Approx(kv.second.mean[l]).epsilon(1e-12));
+    for (std::size_t l = 0; l < b.mean.size(); ++l)
+      CHECK(b.mean[l] == Approx(kv.second.mean[l]).epsilon(1e-12));
     CHECK(b.ci_low.size() == kv.second.ci_low.size());
     CHECK(b.ci_high.size() == kv.second.ci_high.size());
   }
@@ -290,7 +265,8 @@ TEST_CASE("probe: layer metrics round-trip through the profile JSON", "[probe][p
 }
 
 TEST_CASE("probe: stories260K, 16 stories", "[probe][real]") {
-  const LlamaModel model = depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const LlamaModel model =
+      depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const LlamaEngine engine(model);
   const auto texts = some_stories(100, 16);
   const ProbeResult r = depthkv::llama::probe_representations(engine, tok512(), texts);
