@@ -2,6 +2,7 @@
 // Building the allocator request of the allocate, eval and generate subcommands from a profile file.
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,15 @@ inline bool add_profile_inputs(depthkv::AllocationPolicy policy, const depthkv::
     req.infonce = it->second.mean;
   }
   return filled;
+}
+
+/// The protection a profile was measured with: `depthkv profile` writes its selection settings
+/// ("sinks=S window=W kernel=K ...", SelectionSettings::describe) into the calibration description.
+/// @return false when the description does not say (a profile written by other code)
+inline bool measured_protection(const depthkv::ProfileFile& f, int& sinks, int& window) {
+  const std::string& d = f.calibration.description;
+  const std::size_t at = d.find("sinks=");
+  return at != std::string::npos && std::sscanf(d.c_str() + at, "sinks=%d window=%d", &sinks, &window) == 2;
 }
 
 /// @param min_tokens safeguard floor (-1: sinks + window + kSafeguardMargin)

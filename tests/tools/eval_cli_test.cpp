@@ -145,7 +145,19 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
                 " --keep 0.4 --json --policy " + policy + " --length " + std::to_string(n_prompt));
     REQUIRE(a.status == 0);
     REQUIRE(got == nlohmann::json::parse(a.out)["budgets"].get<std::vector<int>>());
+    REQUIRE(g.out.find("note: the profile was measured") == std::string::npos);  // same protection
   }
+  // other protection than the profile measured: a note names the profile's settings
+  const auto other_prot =
+      run_cli("generate --model " + fx.model +
+                  " --prompt 'Once upon a time there was a"
+                  " little girl named Lily.' -t 0 -n 30 --keep 0.5 --scorer snapkv --policy optimal"
+                  " --profile " +
+                  shell_quoted(fx.profile),
+              "2>&1");
+  REQUIRE(other_prot.status == 0);
+  REQUIRE(other_prot.out.find("note: the profile was measured keeping 2 sinks and a window of 4") !=
+          std::string::npos);
   // a curve-based policy without a profile, a scorer the profile lacks, a profile of another model
   const auto none = run_cli(base + "--policy optimal", "2>&1");
   REQUIRE(none.status == 1);
