@@ -173,35 +173,29 @@ void BM_Evict(benchmark::State& state) {
     const double t_select_cold = time_selection();
     fresh_scores(scores, n_layers, n, rng);
     const double t_select = time_selection();
-    // memcpy of the kept bytes (K and V of every row) from the pristine cache
-    t0 = Clock::now();
-    for (int l = 0; l < n_layers; ++l)
-      for (int h = 0; h < kKvHeads; ++h) {
-        const auto& L = pristine.layer(l);
-        unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
-        std::memcpy(dst, L.key(h, n - k), static_cast<std::size_t>(k) * tok_bytes);
-        std::memcpy(dst + static_cast<std::size_t>(k) * tok_bytes, L.value(h, n - k),
-                    static_cast<std::size_t>(k) * tok_bytes);
-        benchmark::ClobberMemory();
-      }
-    const double t_memcpy = seconds_since(t0);
-    // the same contiguous copy with the streaming stores compaction uses on large heads
-    // (detail::stream_copy; glibc's memcpy uses plain stores at these sizes)
+    // contiguous copy of the kept bytes (K and V of every row) from the pristine cache, timed
+    auto time_contiguous_copy = [&](auto&& copy) {
+      const double tc0 = Clock::now();
+      const std::size_t half = static_cast<std::size_t>(k) * tok_bytes;
+      for (int l = 0; l < n_layers; ++l)
+        for (int h = 0; h < kKvHeads; ++h) {
+          const auto& L = pristine.layer(l);
+          unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
+          copy(dst, L.key(h, n - k), half);
+          copy(dst + half, L.value(h, n - k), half);
+          benchmark::ClobberMemory();
+        }
+      return seconds_since(tc0);
+    };
+    const double t_memcpy =
+        time_contiguous_copy([](void* d, const void* s, std::size_t b) { std::memcpy(d, s, b); });
+    // the same with the streaming stores compaction uses on large heads (detail::stream_copy;
+    // glibc's memcpy uses plain stores at these sizes)
     const int level = depthkv::detail::simd_level();
-    t0 = Clock::now();
-    for (int l = 0; l < n_layers; ++l)
-      for (int h = 0; h < kKvHeads; ++h) {
-        const auto& L = pristine.layer(l);
-        unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
-        const std::size_t half = static_cast<std::size_t>(k) * tok_bytes;
-        depthkv::detail::stream_copy(dst, L.key(h, n - k), half, level);
-        depthkv::detail::stream_copy(dst + half, L.value(h, n - k), half, level);
-        benchmark::ClobberMemory();
-      }
-#if defined(__SSE2__)
-    _mm_sfence();
-#endif
-    const double t_stream = seconds_since(t0);
+    const double t_stream = time_contiguous_copy([level](void* d, const void* s, std::size_t b) {
+      depthkv::detail::stream_copy(d, s, b, level);
+      depthkv::detail::stream_fence(level);
+    });
     // naive: full sort of (score, index), then copy the kept tokens in position order
     t0 = Clock::now();
     double t_sort = 0;

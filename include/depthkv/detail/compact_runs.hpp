@@ -81,23 +81,27 @@ __attribute__((target("avx2"))) inline void stream_copy_avx2(void* dst, const vo
 
 /// Copies `bytes` from src to dst like a forward memmove: with streaming stores at SIMD level
 /// `level` >= 1 (AVX2 at 2) when `bytes` is a multiple of 32 and dst 32-byte aligned, else with
-/// memmove. Returns whether it streamed (then the caller issues `_mm_sfence()` before other
-/// threads may read dst).
-inline bool stream_copy(void* dst, const void* src, std::size_t bytes, int level) {
+/// memmove. After streaming copies, call stream_fence(level) before other threads read dst.
+inline void stream_copy(void* dst, const void* src, std::size_t bytes, int level) {
   if (level >= 1 && bytes % 32 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 32 == 0) {
 #if defined(DEPTHKV_AVX2_DISPATCH)
-    if (level >= 2) {
-      stream_copy_avx2(dst, src, bytes);
-      return true;
-    }
+    if (level >= 2) return stream_copy_avx2(dst, src, bytes);
 #endif
 #if defined(__SSE2__)
-    stream_copy_sse2(dst, src, bytes);
-    return true;
+    return stream_copy_sse2(dst, src, bytes);
 #endif
   }
   std::memmove(dst, src, bytes);
-  return false;
+}
+
+/// Orders the streaming stores of stream_copy at `level` before later stores (they are weakly
+/// ordered), so other threads see them; nothing to do at level 0 (memmove).
+inline void stream_fence(int level) {
+#if defined(__SSE2__)
+  if (level >= 1) _mm_sfence();
+#else
+  (void)level;
+#endif
 }
 
 /// Moves token kept[i] to token i for i in [0, n_kept), one move per run of consecutive slots
@@ -149,9 +153,7 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
       i = j;
     }
   }
-#if defined(__SSE2__)
-  if (level >= 1) _mm_sfence();  // streaming stores are weakly ordered: make them visible to other threads
-#endif
+  stream_fence(level);
 }
 
 }  // namespace detail
