@@ -260,6 +260,53 @@ TEST_CASE("a row built to defeat the sample bracket still gives the exact kept s
   }
 }
 
+TEST_CASE("digit_histogram and keep_bucket: counts, the top digit, the chosen bucket in order (in place too)",
+          "[evict][select]") {
+  std::mt19937 rng(5);
+  for (int c : {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099}) {
+    for (int spread : {2, 16, 256}) {  // few distinct digits (runs of equal digits) to many
+      std::vector<std::uint32_t> keys(static_cast<std::size_t>(c));
+      std::uniform_int_distribution<std::uint32_t> digit(0, static_cast<std::uint32_t>(spread - 1));
+      for (auto& k : keys) k = (static_cast<std::uint32_t>(rng()) & 0xF00000FFu) | (digit(rng) << 8);
+      const int s = 8;
+      const std::uint32_t mask = 0xFFFFu;  // 16-bit digit: bits 8..23
+      std::vector<std::uint32_t> h(mask + 1u);
+      const std::uint32_t top =
+          c > 0 ? dd::digit_histogram(h.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask) : 0;
+      std::vector<std::uint32_t> want_h(mask + 1u, 0u);
+      std::uint32_t want_top = 0;
+      for (std::uint32_t k : keys) {
+        ++want_h[(k >> s) & mask];
+        want_top = std::max(want_top, (k >> s) & mask);
+      }
+      if (c > 0) {
+        REQUIRE(h == want_h);
+        REQUIRE(top == want_top);
+      }
+      for (int level : available_simd_levels()) {
+        SimdLevel use(level);
+        for (std::uint32_t d : {0u, 1u, want_top, 0xABCDu}) {
+          INFO("c " << c << " spread " << spread << " digit " << d << " simd level " << level);
+          std::vector<std::uint32_t> want;
+          for (std::uint32_t k : keys)
+            if (((k >> s) & mask) == d) want.push_back(k);
+          std::vector<std::uint32_t> out(keys.size() + 1, 7u);
+          const std::uint32_t n =
+              dd::keep_bucket(out.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask, d);
+          REQUIRE(std::vector<std::uint32_t>(out.begin(), out.begin() + n) == want);
+          REQUIRE(out.back() == 7u);  // nothing written past the c keys' room
+          std::vector<std::uint32_t> in_place = keys;
+          in_place.push_back(7u);
+          const std::uint32_t n2 =
+              dd::keep_bucket(in_place.data(), in_place.data(), static_cast<std::uint32_t>(c), s, mask, d);
+          REQUIRE(std::vector<std::uint32_t>(in_place.begin(), in_place.begin() + n2) == want);
+          REQUIRE(in_place.back() == 7u);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested ranks", "[evict][select]") {
   std::mt19937 rng(99);
   for (int c : {1, 2, 7, 300, 1448, 5000}) {
@@ -270,23 +317,25 @@ TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested r
       std::vector<std::uint32_t> sorted = keys;
       std::sort(sorted.begin(), sorted.end(), std::greater<std::uint32_t>());
       dd::SelectWorkspace ws;
-      for (int a : {1, 2, c / 3 + 1, c / 2 + 1, c}) {
-        for (int b : {a, a + 1, a + 5, c}) {
-          if (a > c || b > c || b < a) continue;
-          INFO("c " << c << " kind " << kind << " ranks " << a << " " << b);
-          const auto ua = static_cast<std::uint32_t>(a), ub = static_cast<std::uint32_t>(b);
-          const dd::Threshold th = dd::radix_threshold(keys.data(), static_cast<std::uint32_t>(c), ua, ws);
-          REQUIRE(th.T == sorted[ua - 1]);
-          // t: how many T-keyed keys complete the a best
-          const auto above = static_cast<std::uint32_t>(
-              std::count_if(keys.begin(), keys.end(), [&](std::uint32_t k) { return k > th.T; }));
-          REQUIRE(th.t == ua - above);
-          std::uint32_t ka = 0, kb = 0;
-          dd::radix_threshold2(keys.data(), static_cast<std::uint32_t>(c), ua, ub, ws, ka, kb);
-          REQUIRE(ka == sorted[ua - 1]);
-          REQUIRE(kb == sorted[ub - 1]);
+      for (int level : available_simd_levels())  // keep_bucket: scalar, and 8 keys at a time with AVX2
+        for (int a : {1, 2, c / 3 + 1, c / 2 + 1, c}) {
+          for (int b : {a, a + 1, a + 5, c}) {
+            if (a > c || b > c || b < a) continue;
+            SimdLevel use(level);
+            INFO("c " << c << " kind " << kind << " ranks " << a << " " << b << " simd level " << level);
+            const auto ua = static_cast<std::uint32_t>(a), ub = static_cast<std::uint32_t>(b);
+            const dd::Threshold th = dd::radix_threshold(keys.data(), static_cast<std::uint32_t>(c), ua, ws);
+            REQUIRE(th.T == sorted[ua - 1]);
+            // t: how many T-keyed keys complete the a best
+            const auto above = static_cast<std::uint32_t>(
+                std::count_if(keys.begin(), keys.end(), [&](std::uint32_t k) { return k > th.T; }));
+            REQUIRE(th.t == ua - above);
+            std::uint32_t ka = 0, kb = 0;
+            dd::radix_threshold2(keys.data(), static_cast<std::uint32_t>(c), ua, ub, ws, ka, kb);
+            REQUIRE(ka == sorted[ua - 1]);
+            REQUIRE(kb == sorted[ub - 1]);
+          }
         }
-      }
     }
   }
 }

@@ -18,8 +18,6 @@ std::string model() { return "'" + depthkv_test::data_path("models/stories260K/s
 
 }  // namespace
 
-#ifdef DEPTHKV_CLI_PATH
-
 TEST_CASE("generate: greedy 200 steps from BOS equals llama2.c's output byte for byte", "[generate][real]") {
   const std::string expected =
       depthkv::llama::read_text_file(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
@@ -73,7 +71,3 @@ TEST_CASE("generate: errors are reported as 'depthkv: error: ...' with exit code
   const Run no_model = run_cli("generate", "2>&1");
   REQUIRE(no_model.status != 0);
 }
-
-#else
-TEST_CASE("generate: the CLI was not built", "[generate]") { WARN("depthkv_cli not built; generate tests skipped"); }
-#endif
