@@ -370,7 +370,7 @@ void BM_Select(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 void select_args(benchmark::internal::Benchmark* b) {
-  for (int n : {64, 128, 256, 512, 768, 1024, 2048, 4096, 32768, 131072})
+  for (int n : {16, 32, 48, 64, 96, 128, 256, 512, 768, 1024, 2048, 4096, 32768, 131072})
     for (int path : {0, 1, 2}) b->Args({n, path});
   b->ArgNames({"n", "path"});
 }

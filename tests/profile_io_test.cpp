@@ -33,7 +33,7 @@ ProfileFile sample_file() {
   f.model.header_bytes = 1234;
   f.n_layers = 3;
   f.keep_ratios = {0.1, 0.3, 0.6};
-  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part"};
+  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   auto engine = [&](const depthkv::KeepPlan&) {
@@ -79,6 +79,13 @@ TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
   REQUIRE(g.calibration.window_begin == 2);
   REQUIRE(g.calibration.window_end == 10);
   REQUIRE(g.calibration.description == "first part");
+  REQUIRE(g.calibration.selection.n_sink == 4);
+  REQUIRE(g.calibration.selection.n_recent == 16);
+  REQUIRE(g.calibration.selection.window == 32);
+  REQUIRE(g.calibration.selection.kernel == 7);
+  REQUIRE_FALSE(g.calibration.selection.differs(4, 16, 32, 7));
+  REQUIRE(g.calibration.selection.differs(4, 16, 16));
+  REQUIRE(g.calibration.selection.differs(4, 16, 32, 5));
   REQUIRE(g.scorers.size() == 2);
   for (const auto& kv : f.scorers) {
     const auto& a = kv.second;
@@ -160,6 +167,24 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
   expect([](nlohmann::json& j) { j["metric"] = "ppl"; }, "unknown loss metric 'ppl'");
   expect([](nlohmann::json& j) { j["scorers"]["snapkv"]["done"][0][0] = 2; }, "holds 2 (0 or 1 expected)");
   expect([](nlohmann::json& j) { j["layer_metrics"]["infonce/post_attn"]["mean"].erase(0); }, "does not have 3 entries");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"].erase("kernel"); },
+         "missing key 'calibration.selection.kernel'");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["window"] = 0; }, "bad selection settings");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["n_sink"] = -2; },
+         "'calibration.selection.n_sink' -2 is out of range");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["n_recent"] = 1.5; },
+         "'calibration.selection.n_recent' is not an integer");
+  // unrecorded settings (older files): no key written, -1 read back
+  {
+    ProfileFile f = sample_file();
+    f.calibration.selection = {};
+    const nlohmann::json j = depthkv::profile_to_json(f);
+    REQUIRE_FALSE(j["calibration"].contains("selection"));
+    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.recorded());
+    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.differs(1, 2, 3, 4));
+    f.calibration.selection.kernel = 7;  // partly recorded: refused when written
+    REQUIRE_THROWS_WITH(depthkv::profile_to_json(f), Contains("bad selection settings"));
+  }
 
   const std::string path = temp_path("broken.json");
   write_file(path, good.dump().substr(0, 100));

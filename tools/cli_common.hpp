@@ -47,8 +47,8 @@ inline std::vector<double> parse_doubles(const std::string& s, const char* what)
   return out;
 }
 
-/// Token-selection settings shared by profile and eval (they must agree for a profile to
-/// describe what eval prunes; profile files record them in the calibration description).
+/// Token-selection settings shared by profile, eval and allocate (they must agree for a profile to
+/// describe what eval prunes; profile files record them in `calibration.selection`).
 struct SelectionSettings {
   int sinks = 4;    ///< attention-sink tokens every head keeps
   int window = 16;  ///< recent window every head keeps = SnapKV's observation window
@@ -71,6 +71,15 @@ struct SelectionSettings {
   void check() const {
     DEPTHKV_CHECK(sinks >= 0 && window >= 1 && kernel >= 1 && kernel % 2 == 1,
                   "bad selection settings: " << describe() << " (sinks >= 0, window >= 1, odd kernel)");
+  }
+  /// Registers --sinks, --window and (with_kernel) --kernel on a subcommand.
+  template <class App>
+  void add_options(App* c, bool with_kernel) {
+    c->add_option("--sinks", sinks, "attention-sink tokens every head keeps")->capture_default_str();
+    c->add_option("--window", window, "recent tokens every head keeps (= SnapKV observation window)")
+        ->capture_default_str();
+    if (with_kernel)
+      c->add_option("--kernel", kernel, "SnapKV max-pooling kernel (odd)")->capture_default_str();
   }
 };
 

@@ -40,6 +40,9 @@ void run_allocate(const AllocateArgs& a) {
   DEPTHKV_CHECK(length >= 1, "--length must be >= 1 (the profile records no context length)");
   const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   const PolicyInputs in = policy_inputs(policy, a.keep, lengths, &f, scorer, a.sel, a.min_tokens);
+  std::fputs(
+      selection_note(policy, f, a.sel.sinks, a.sel.window, a.sel.window, /*generate_flags=*/false).c_str(),
+      stderr);
   AllocationInfo info;
   const std::vector<int> b =
       BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr, &info);
@@ -75,8 +78,7 @@ void register_allocate(CLI::App& app) {
   c->add_option("--scorer", a->scorer, "scorer whose loss curves to use (default: the profile's first)");
   c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)");
   c->add_option("--min-tokens", a->min_tokens, "safeguard floor per layer (-1: sinks + window + 8)")->capture_default_str();
-  c->add_option("--sinks", a->sel.sinks, "attention-sink tokens every head keeps")->capture_default_str();
-  c->add_option("--window", a->sel.window, "recent tokens every head keeps")->capture_default_str();
+  a->sel.add_options(c, /*with_kernel=*/false);
   c->add_flag("--json", a->json, "print JSON");
   c->callback([a] { run_allocate(*a); });
 }

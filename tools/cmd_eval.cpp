@@ -155,6 +155,14 @@ void run_eval(const EvalArgs& a) {
     policy_names.push_back(to_string(policies.back()));
   }
   DEPTHKV_CHECK(!policies.empty(), "--policies is empty");
+  for (AllocationPolicy p : policies) {  // once, for the first policy that prunes by the curves
+    const std::string note =
+        selection_note(p, f, a.sel.sinks, a.sel.window, a.sel.window, /*generate_flags=*/false);
+    if (!note.empty()) {
+      std::fputs(note.c_str(), stderr);
+      break;
+    }
+  }
   std::vector<std::string> scorers = split_list(a.scorers);
   if (scorers.empty())
     for (const auto& kv : f.scorers) scorers.push_back(kv.first);
@@ -312,10 +320,7 @@ void register_eval(CLI::App& app) {
   c->add_option("--min-tokens", a->min_tokens,
                 "safeguard floor per layer for optimal/proportional/mga/mlma (-1: sinks + window + 8; 0: off)")
       ->capture_default_str();
-  c->add_option("--sinks", a->sel.sinks, "attention-sink tokens every head keeps")->capture_default_str();
-  c->add_option("--window", a->sel.window, "recent tokens every head keeps (= SnapKV observation window)")
-      ->capture_default_str();
-  c->add_option("--kernel", a->sel.kernel, "SnapKV max-pooling kernel (odd)")->capture_default_str();
+  a->sel.add_options(c, /*with_kernel=*/true);
   c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--json", a->json, "print the rows as one JSON array");

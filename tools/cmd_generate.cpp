@@ -104,14 +104,9 @@ void run_generate(const GenerateArgs& a) {
     SensitivityProfile curves;
     if (add_profile_inputs(policy, profile_file.get(), a.scorer, req.budget, curves)) {
       req.profile = &curves;
-      int sinks = 0, window = 0;  // loss curves measured under other protection describe another pruning
-      if (measured_protection(*profile_file, sinks, window) &&
-          (sinks != a.sink || window != a.recent || window != a.window))
-        std::fprintf(stderr,
-                     "depthkv: note: the profile was measured keeping %d sinks and a window of %d (SnapKV "
-                     "observation window the same); this run: --sink %d --recent %d --window %d. Pass "
-                     "--sink %d --recent %d --window %d to prune as the profile measured.\n",
-                     sinks, window, a.sink, a.recent, a.window, sinks, window, window);
+      std::fputs(
+          selection_note(policy, *profile_file, a.sink, a.recent, a.window, /*generate_flags=*/true).c_str(),
+          stderr);
     }
     const PruneReport rep = score_and_evict(cache, scorers, req);
     std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(),

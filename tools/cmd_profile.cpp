@@ -89,6 +89,7 @@ void run_profile(const ProfileArgs& a) {
     out.calibration.window_begin = a.skip;
     out.calibration.window_end = a.skip + a.windows;
     out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
+    out.calibration.selection = {a.sel.sinks, a.sel.window, a.sel.window, a.sel.kernel};
   }
 
   if (want_infonce) {
@@ -200,9 +201,7 @@ void register_profile(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--probe-samples", a->probe_samples, "stories probed by --metric infonce (after the calibration windows)")
       ->capture_default_str();
-  c->add_option("--sinks", a->sel.sinks, "attention-sink tokens every head keeps")->capture_default_str();
-  c->add_option("--window", a->sel.window, "recent tokens every head keeps (= SnapKV observation window)")->capture_default_str();
-  c->add_option("--kernel", a->sel.kernel, "SnapKV max-pooling kernel (odd)")->capture_default_str();
+  a->sel.add_options(c, /*with_kernel=*/true);
   c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,42 @@ inline bool add_profile_inputs(depthkv::AllocationPolicy policy, const depthkv::
   return filled;
 }
 
-/// The protection a profile was measured with: `depthkv profile` writes its selection settings
-/// ("sinks=S window=W kernel=K ...", SelectionSettings::describe) into the calibration description.
-/// @return false when the description does not say (a profile written by other code)
-inline bool measured_protection(const depthkv::ProfileFile& f, int& sinks, int& window) {
+/// The token selection a profile was measured under: its `calibration.selection`, or for files
+/// written before that field existed, the "sinks=S window=W kernel=K" that `depthkv profile` put
+/// into the calibration description (SelectionSettings::describe; recent = window there).
+/// @return the record; not recorded() when neither says (a profile written by other code)
+inline depthkv::SelectionRecord measured_selection(const depthkv::ProfileFile& f) {
+  if (f.calibration.selection.recorded()) return f.calibration.selection;
+  depthkv::SelectionRecord r;
   const std::string& d = f.calibration.description;
   const std::size_t at = d.find("sinks=");
-  return at != std::string::npos && std::sscanf(d.c_str() + at, "sinks=%d window=%d", &sinks, &window) == 2;
+  int sinks = 0, window = 0, kernel = 0;
+  if (at != std::string::npos &&
+      std::sscanf(d.c_str() + at, "sinks=%d window=%d kernel=%d", &sinks, &window, &kernel) == 3)
+    r = {sinks, window, window, kernel};
+  return r;
+}
+
+/// A note for stderr when `policy` prunes by the profile's loss curves but this run's protection
+/// or scorer window differ from those the curves were measured under (curves measured under other
+/// protection describe another pruning); "" otherwise. The note names the options that match the
+/// profile: generate's `--sink --recent --window` (`generate_flags`), else eval's and allocate's
+/// `--sinks --window` (one window for the recent tokens and the scorer there).
+inline std::string selection_note(depthkv::AllocationPolicy policy, const depthkv::ProfileFile& f, int sinks,
+                                  int recent, int window, bool generate_flags) {
+  if (!depthkv::policy_needs_profile(policy)) return "";
+  const depthkv::SelectionRecord m = measured_selection(f);
+  if (!m.differs(sinks, recent, window)) return "";
+  std::ostringstream os;
+  os << "depthkv: note: the profile was measured keeping " << m.n_sink << " sinks and " << m.n_recent
+     << " recent tokens (scorer window " << m.window << "); this run keeps " << sinks << " sinks and "
+     << recent << " recent tokens (scorer window " << window << "). Pass ";
+  if (generate_flags)
+    os << "--sink " << m.n_sink << " --recent " << m.n_recent << " --window " << m.window;
+  else
+    os << "--sinks " << m.n_sink << " --window " << m.n_recent;
+  os << " to prune as the profile measured.\n";
+  return os.str();
 }
 
 /// @param min_tokens safeguard floor (-1: sinks + window + kSafeguardMargin)

@@ -14,7 +14,8 @@
 ///   "keep_ratios": [0.05, 0.1, 0.2, 0.3, 0.5, 0.75],
 ///   "metric": "kl",                                   // the matrix allocate/eval use by default
 ///   "calibration": {"text_file": "tinystories_valid.txt", "context": 384, "continuation": 128,
-///                   "skip": 0, "samples": 24, "window_begin": 0, "window_end": 24, "description": ""},
+///                   "skip": 0, "samples": 24, "window_begin": 0, "window_end": 24, "description": "",
+///                   "selection": {"n_sink": 4, "n_recent": 16, "window": 16, "kernel": 7}},  // optional
 ///   "scorers": {
 ///     "h2o": {"n_samples": 24,
 ///             "kl":   {"mean": [[...n_ratios...], ...n_layers...], "stderr": [[...]]},
@@ -25,6 +26,10 @@
 ///   "layer_metrics": {"infonce/post_attn": {"mean": [...], "ci_low": [...], "ci_high": [...]}}  // optional
 /// }
 /// @endcode
+/// `calibration.selection` (optional; files written before it existed lack it) records the token
+/// selection the curves were measured under: protected sinks and recent tokens per head, and the
+/// scorer's observation window and pooling kernel. Curves measured under other protection describe
+/// another pruning, so tools compare it with their own settings (`SelectionRecord::differs`).
 /// Every problem on load (invalid JSON, another format or version, a missing key, a wrong type or
 /// shape, a NaN/null or negative loss, unsorted ratios, another model) throws `depthkv::Error`
 /// naming the file and the key.
@@ -94,6 +99,30 @@ inline ModelIdentity model_identity(const std::string& path, std::uint64_t heade
   return id;
 }
 
+/// The token selection a profile's loss curves were measured under (all -1: not recorded).
+struct SelectionRecord {
+  int n_sink = -1;    ///< protected attention-sink tokens per head (Protection::n_sink)
+  int n_recent = -1;  ///< protected recent tokens per head (Protection::n_recent)
+  int window = -1;    ///< the scorer's observation window (ScorerConfig::window)
+  int kernel = -1;    ///< the scorer's pooling kernel (ScorerConfig::kernel)
+
+  /// @return whether the settings were recorded
+  bool recorded() const { return n_sink >= 0; }
+  /// @return whether recorded settings differ from these (a kernel of -1 is not compared)
+  bool differs(int sinks, int recent, int win, int kern = -1) const {
+    return recorded() &&
+           (n_sink != sinks || n_recent != recent || window != win || (kern >= 0 && kernel != kern));
+  }
+  /// @throws Error unless unrecorded (all -1) or valid (sinks, recent >= 0; window, kernel >= 1)
+  void validate() const {
+    if (n_sink == -1 && n_recent == -1 && window == -1 && kernel == -1) return;
+    DEPTHKV_CHECK(n_sink >= 0 && n_recent >= 0 && window >= 1 && kernel >= 1,
+                  "bad selection settings n_sink " << n_sink << ", n_recent " << n_recent << ", window "
+                                                   << window << ", kernel " << kernel
+                                                   << " (n_sink, n_recent >= 0; window, kernel >= 1)");
+  }
+};
+
 /// How the calibration samples were drawn (so that evaluation can refuse overlapping windows).
 struct CalibrationInfo {
   std::string text_file;      ///< calibration text file (as given on the command line)
@@ -104,6 +133,7 @@ struct CalibrationInfo {
   long long window_begin = 0; ///< first window index used (windows of context + continuation tokens)
   long long window_end = 0;   ///< one past the last window index used
   std::string description;    ///< free text
+  SelectionRecord selection;  ///< the token selection measured under (optional in the file)
 };
 
 /// Per-layer values of a representation metric (issue 7: InfoNCE per stage) with a confidence interval.
@@ -156,6 +186,7 @@ struct ProfileFile {
   void validate() const {
     DEPTHKV_CHECK(n_layers >= 1, "n_layers " << n_layers << " must be >= 1");
     parse_loss_metric(metric);
+    calibration.selection.validate();
     for (const auto& kv : scorers) {
       try {
         kv.second.validate();
@@ -255,6 +286,11 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
   j["calibration"] = {{"text_file", c.text_file}, {"context", c.context},     {"continuation", c.continuation},
                       {"skip", c.skip},           {"samples", c.samples},     {"window_begin", c.window_begin},
                       {"window_end", c.window_end}, {"description", c.description}};
+  if (c.selection.recorded())
+    j["calibration"]["selection"] = {{"n_sink", c.selection.n_sink},
+                                     {"n_recent", c.selection.n_recent},
+                                     {"window", c.selection.window},
+                                     {"kernel", c.selection.kernel}};
   j["scorers"] = nlohmann::json::object();
   for (const auto& kv : f.scorers) {
     const ProfilerState& s = kv.second;
@@ -318,6 +354,20 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
   f.calibration.window_begin = json_integer(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
   f.calibration.window_end = json_integer(json_at(c, "window_end", "calibration"), "calibration.window_end");
   f.calibration.description = json_string(json_at(c, "description", "calibration"), "calibration.description");
+  if (c.contains("selection")) {
+    const auto& sel = c["selection"];
+    auto get = [&](const char* key) {
+      const std::string w = std::string("calibration.selection.") + key;
+      const long long v = json_integer(json_at(sel, key, "calibration.selection"), w);
+      DEPTHKV_CHECK(v >= 0 && v <= 1000000000, "'" << w << "' " << v << " is out of range");
+      return static_cast<int>(v);
+    };
+    SelectionRecord& r = f.calibration.selection;
+    r.n_sink = get("n_sink");
+    r.n_recent = get("n_recent");
+    r.window = get("window");
+    r.kernel = get("kernel");
+  }
   const auto& sc = json_at(j, "scorers", "");
   DEPTHKV_CHECK(sc.is_object(), "'scorers' is not an object");
   const int R = static_cast<int>(f.keep_ratios.size());

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -54,6 +55,11 @@ TEST_CASE("profile writes a complete profile file describing its calibration win
   REQUIRE(f.calibration.window_begin == 0);
   REQUIRE(f.calibration.window_end == 4);
   REQUIRE(f.calibration.context == 64);
+  // the selection the curves were measured under, as structured fields
+  REQUIRE(f.calibration.selection.n_sink == 2);
+  REQUIRE(f.calibration.selection.n_recent == 4);
+  REQUIRE(f.calibration.selection.window == 4);
+  REQUIRE(f.calibration.selection.kernel == 7);
   const depthkv::SensitivityProfile p = f.profile("h2o");
   // Keeping more of a layer never costs more in these measurements (loss at 0.5 <= loss at 0.2
   // for the mean over layers) and pruning costs something.
@@ -112,6 +118,47 @@ TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][alloca
   REQUIRE(bad.status != 0);
 }
 
+TEST_CASE("allocate and eval note protection other than the profile was measured with",
+          "[cli][allocate][real]") {
+  Fixture fx;
+  const std::string note =
+      "note: the profile was measured keeping 2 sinks and 4 recent tokens (scorer window 4)";
+  const std::string alloc = "allocate --profile " + shell_quoted(fx.profile) + " --keep 0.5 --json ";
+  // same settings, or a policy that does not read the curves: no note (stderr joined to stdout)
+  REQUIRE(run_cli(alloc + "--sinks 2 --window 4 --policy optimal", "2>&1").out.find("note:") ==
+          std::string::npos);
+  REQUIRE(run_cli(alloc + "--sinks 3 --policy uniform", "2>&1").out.find("note:") == std::string::npos);
+  // other sinks or window: the note names the profile's settings and the flags that match them
+  for (const char* other : {"--sinks 3 --window 4", "--sinks 2 --window 8", ""}) {
+    const auto r = run_cli(alloc + other + " --policy optimal", "2>&1");
+    INFO(other << ": " << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(r.out.find(note) != std::string::npos);
+    REQUIRE(r.out.find("Pass --sinks 2 --window 4 to prune as the profile measured") != std::string::npos);
+  }
+  // eval says so before it starts (here it then stops: its windows overlap the calibration windows)
+  const auto ev = run_cli("eval --model " + fx.model + " --text " + fx.text + " --profile " +
+                              shell_quoted(fx.profile) + " --keep 0.3 --policies uniform,optimal --skip 2",
+                          "2>&1");
+  REQUIRE(ev.status != 0);
+  REQUIRE(ev.out.find(note) != std::string::npos);
+  // a profile written before calibration.selection existed: read from the calibration description
+  nlohmann::json j = depthkv::profile_to_json(depthkv::load_profile(fx.profile));
+  j["calibration"].erase("selection");
+  REQUIRE(j["calibration"]["description"].get<std::string>().find("sinks=2 window=4 kernel=7") == 0);
+  const std::string old_file = tmp_path("old_profile.json");
+  {
+    std::ofstream out(old_file);
+    out << j.dump();
+  }
+  REQUIRE_FALSE(depthkv::load_profile(old_file).calibration.selection.recorded());
+  const auto r = run_cli(
+      "allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --sinks 3 --policy optimal", "2>&1");
+  REQUIRE(r.status == 0);
+  REQUIRE(r.out.find(note) != std::string::npos);
+  std::remove(old_file.c_str());
+}
+
 TEST_CASE("generate --profile prunes with the budgets allocate computes from the same profile",
           "[cli][generate][real]") {
   Fixture fx;
@@ -156,8 +203,10 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
                   shell_quoted(fx.profile),
               "2>&1");
   REQUIRE(other_prot.status == 0);
-  REQUIRE(other_prot.out.find("note: the profile was measured keeping 2 sinks and a window of 4") !=
-          std::string::npos);
+  REQUIRE(other_prot.out.find(
+              "note: the profile was measured keeping 2 sinks and 4 recent tokens (scorer "
+              "window 4); this run keeps 0 sinks and 0 recent tokens (scorer window 32). Pass "
+              "--sink 2 --recent 4 --window 4 to prune as the profile measured.") != std::string::npos);
   // a curve-based policy without a profile, a scorer the profile lacks, a profile of another model
   const auto none = run_cli(base + "--policy optimal", "2>&1");
   REQUIRE(none.status == 1);
