@@ -14,10 +14,10 @@
 ///
 /// ## Cost
 /// Selection is O(n) per row, no full sort (detail/radix_select.hpp): for rows of at least
-/// `detail::kRadixSelectMinLength` (128) unprotected tokens, a sample bracket, a counting pass,
+/// `detail::kRadixSelectMinLength` (64) unprotected tokens, a sample bracket, a counting pass,
 /// a histogram radix select on the integer keys of the few candidates and an emission pass that
 /// writes the kept slots already in order (a full histogram radix select when the bracket
-/// misses); `std::nth_element` below 128. Compaction moves each kept token once
+/// misses); `std::nth_element` below 64. Compaction moves each kept token once
 /// (`Layer::compact`: one move per run of consecutive kept tokens, the next ~4 KiB of survivors
 /// prefetched, non-temporal stores on heads of >= 256 KiB; detail/compact_runs.hpp). Figures:
 /// benchmarks/RESULTS.md.

@@ -37,12 +37,15 @@
 /// O(sqrt(len)) for the sample and O(len / len^(1/4)) candidates.
 ///
 /// ## Crossover
-/// Rows shorter than `kRadixSelectMinLength` (128) use `std::nth_element` + a sort of the m
+/// Rows shorter than `kRadixSelectMinLength` (64) use `std::nth_element` + a sort of the m
 /// selected slots instead (`select_best_nth`). Measured with benchmarks/evict_cpu_bench.cpp
 /// (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, medians of 3, AVX2; float keys):
-/// n = 64: 1.3 vs 1.4 us (an earlier run: 1.5 vs 1.3: within noise); n = 128: 1.7 vs 2.4 us;
-/// n = 256: 2.5 vs 5.9 us; n = 1024: 3.9 vs 23.5 us; n = 4096: 6.9 vs 90 us. 16-bit keys: 1.2 vs
-/// 1.4, 1.6 vs 2.8, 2.4 vs 6.0, 6.0 vs 22.7, 18.7 vs 104 us. benchmarks/results/select_cpu.json.
+/// n = 16: 0.40 vs 0.15 us; n = 32: 0.50 vs 0.57; n = 48: 0.96 vs 1.05; n = 64: 1.22 vs 1.38 (an
+/// earlier run 0.98 vs 1.41); n = 96: 1.6 vs 2.2; n = 128: 1.6-1.8 vs 2.3-2.9; n = 256: 2.0 vs 5.4;
+/// n = 1024: 2.9 vs 23 us; n = 4096: 6.1 vs 86 us. 16-bit keys: n = 16: 0.36 vs 0.32, 32: 0.68 vs
+/// 0.70, 48: 0.85 vs 1.01, 64: 1.1 vs 1.4, 128: 1.3-1.7 vs 2.6-2.8, 1024: 5.5 vs 24, 4096: 14 vs
+/// 106 us. Radix leads from 64 on; at 32-48 the two are within noise.
+/// benchmarks/results/select_cpu.json and select_cpu_small.json.
 
 #include <algorithm>
 #include <cassert>
@@ -60,7 +63,7 @@ namespace depthkv {
 namespace detail {
 
 /// Rows (unprotected ranges) shorter than this use std::nth_element; see the file comment.
-constexpr int kRadixSelectMinLength = 128;
+constexpr int kRadixSelectMinLength = 64;
 
 /// Sample size of the bracket: kSampleFactor * sqrt(len) slots (at least 256).
 #ifndef DEPTHKV_SAMPLE_FACTOR
@@ -577,6 +580,10 @@ std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, std::int
 inline void finish_kept(const std::int32_t* emitted, std::uint32_t n, const SelectWorkspace& ws,
                         std::vector<std::int32_t>& out) {
   const std::vector<std::int32_t>& ties = ws.scratch;
+  if (ties.empty()) {  // a copy into the reserved room (resize would zero-fill it first)
+    out.insert(out.end(), emitted, emitted + n);
+    return;
+  }
   const std::size_t base = out.size();
   out.resize(base + n + ties.size());
   std::merge(emitted, emitted + n, ties.begin(), ties.end(), out.begin() + static_cast<std::ptrdiff_t>(base));
