@@ -149,7 +149,7 @@ void bench_model(const char* name, const LlamaModel& model, int prompt, int deco
   // warm-up (allocations, thread pool)
   {
     HostCache w = engine.make_cache();
-    engine.prefill(std::vector<int>(tokens.begin(), tokens.begin() + std::min(prompt, 16)), w);
+    engine.prefill(std::vector<int>(tokens.begin(), tokens.begin() + std::min(prompt, 16)), 0, w);
   }
   HostCache cache = engine.make_cache();
   EngineStats pst;
@@ -158,7 +158,7 @@ void bench_model(const char* name, const LlamaModel& model, int prompt, int deco
   opt.all_logits = false;  // a prefill needs only the last logits
   opt.stats = &pst;
   auto t0 = Clock::now();
-  const RowMatrix last = engine.prefill(tokens, cache, opt);
+  const RowMatrix last = engine.prefill(tokens, 0, cache, opt);
   const double prefill_s = seconds(t0);
   EngineStats dst;
   Eigen::Index next = 0;

@@ -63,15 +63,14 @@ struct Clock {
 bool Clock::wall = false;
 double seconds_since(double t0) { return Clock::now() - t0; }
 
-// A/B of the compaction's streaming stores: DEPTHKV_STREAMING_MIN_BYTES overrides
-// detail::streaming_min_bytes (e.g. 18446744073709551615 turns streaming off).
-const bool streaming_from_env = [] {
-  if (const char* v = std::getenv("DEPTHKV_STREAMING_MIN_BYTES")) {
-    depthkv::detail::streaming_min_bytes = std::strtoull(v, nullptr, 10);
-    return true;
-  }
-  return false;
-}();
+// A/B of the compaction's streaming stores: DEPTHKV_STREAMING_MIN_BYTES sets
+// EvictOptions::streaming_min_bytes of the timed evictions (default 256 KiB; e.g.
+// 18446744073709551615 turns streaming off).
+std::size_t streaming_min_bytes_from_env() {
+  const char* v = std::getenv("DEPTHKV_STREAMING_MIN_BYTES");
+  if (v == nullptr) return depthkv::detail::kDefaultStreamingMinBytes;
+  return static_cast<std::size_t>(std::strtoull(v, nullptr, 10));
+}
 
 constexpr int kKvHeads = 8;
 constexpr int kHeadDim = 128;
@@ -143,6 +142,10 @@ void BM_Evict(benchmark::State& state) {
   depthkv::detail::SelectWorkspace ws;
   std::vector<std::int32_t> kept;
   const double elems = static_cast<double>(n_layers) * kKvHeads * n;
+  depthkv::EvictOptions opt;
+  opt.shrink = false;
+  opt.n_threads = threads;
+  opt.streaming_min_bytes = streaming_min_bytes_from_env();
   for (auto _ : state) {
     state.PauseTiming();
     fresh_scores(scores, n_layers, n, rng);
@@ -150,7 +153,7 @@ void BM_Evict(benchmark::State& state) {
     state.ResumeTiming();
 
     double t0 = Clock::now();
-    auto ev = depthkv::evict(cache, scores, keep, {}, /*shrink=*/false, threads);
+    auto ev = depthkv::evict(cache, scores, keep, {}, opt);
     benchmark::DoNotOptimize(ev.data());
     const double t_evict = seconds_since(t0);
     state.SetIterationTime(t_evict);

@@ -106,11 +106,17 @@ int main(int argc, char** argv) {
     else if (a == "--sink") sink = std::atoi(argv[i + 1]);
     else if (a == "--recent") recent = std::atoi(argv[i + 1]);
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  // 77 (skipped) only without a CUDA device (no driver installed, cudaErrorNoDevice, 0 devices);
+  // any other CUDA error fails, as in tests/support/cuda_device_probe.hpp
+  int driver_version = 0, count = 0;
+  const cudaError_t ed = cudaDriverGetVersion(&driver_version);
+  const cudaError_t ec = cudaGetDeviceCount(&count);
+  if ((ed == cudaSuccess && driver_version == 0) || ec == cudaErrorNoDevice || (ec == cudaSuccess && count == 0)) {
     std::printf("SKIP: no CUDA device\n");
     return 77;
   }
+  CUDA_OK(ed);
+  CUDA_OK(ec);
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;

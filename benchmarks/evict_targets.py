@@ -4,11 +4,15 @@ target with the figures that meet or miss it. Nothing is tuned here: it only rea
 
 Usage: evict_cpu_bench --benchmark_filter=BM_Evict --benchmark_out=evict.json \
            --benchmark_out_format=json
-       python3 benchmarks/evict_targets.py evict.json [more runs of the same configurations ...]
+       python3 benchmarks/evict_targets.py [--report-only] evict.json [more runs of the same configurations ...]
 
 With several runs, every figure is the median over the runs and the main counters also show
 their range (min-max); the targets are judged on the medians.
+
+Exit status: 0 when every configuration meets every target, 1 when any misses one (each miss is
+printed as MISS), 2 on bad arguments. --report-only: print the same report and exit 0.
 """
+import argparse
 import json
 import re
 import statistics
@@ -61,7 +65,11 @@ def combine(runs):
 
 
 def main():
-    contexts, runs = zip(*(rows(path) for path in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description="Prints the BM_Evict table and the target check.")
+    parser.add_argument("runs", nargs="+", metavar="RUN.json", help="evict_cpu_bench JSON output")
+    parser.add_argument("--report-only", action="store_true", help="exit 0 even when a target is missed")
+    args = parser.parse_args()
+    contexts, runs = zip(*(rows(path) for path in args.runs))
     for context in contexts:
         print(f"Run: {context.get('date', '?')}, {context.get('num_cpus', '?')} CPUs at "
               f"{context.get('mhz_per_cpu', '?')} MHz, library build type {context.get('library_build_type', '?')}")
@@ -88,8 +96,12 @@ def main():
     one = [r for r in rs if r["threads"] == 1]
     big = [r for r in one if r["n"] >= 32768]
 
+    misses = 0
+
     def verdict(name, items, ok, fmt):
+        nonlocal misses
         good = [r for r in items if ok(r)]
+        misses += len(items) - len(good)
         print(f"\n{name}: met in {len(good)} of {len(items)} configurations")
         for r in items:
             print(f"  {'ok  ' if ok(r) else 'MISS'} {r['type']} n={r['n']} keep={r['keep']}%: {fmt(r)}")
@@ -108,7 +120,11 @@ def main():
             lambda r: r["speedup_vs_sort"] >= 5.0,
             lambda r: f"{fig(r, 'speedup_vs_sort', '.2f')}x end to end, "
                       f"{r['select_speedup_vs_sort']:.0f}x selection alone")
+    if misses:
+        print(f"\nevict_targets: {misses} target check(s) missed" +
+              (" (--report-only: exit status 0)" if args.report_only else ""), file=sys.stderr)
+    return 1 if misses and not args.report_only else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

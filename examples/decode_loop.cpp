@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
 
     // Reference: the full cache.
     HostCache full = engine.make_cache();
-    engine.prefill(context, full);
+    engine.prefill(context, 0, full);
     const RowMatrix full_logits = engine.teacher_force(continuation, n_ctx, full);
 
     // 1. Prefill with one scorer per layer observing the attention.
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     HostCache cache = engine.make_cache();
     ForwardOptions opt;
     opt.observer = observe_into(scorers);
-    engine.prefill(context, cache, opt);
+    engine.prefill(context, 0, cache, opt);
 
     // 2 + 3. Per-layer budgets from the allocator, then eviction (keep 4 sink tokens).
     PruneRequest req;

@@ -32,7 +32,7 @@ $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.j
   --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
   --csv "$OUT/stories260K.eval.csv" --plot "$OUT/stories260K.eval.svg" | tee "$OUT/stories260K.eval.txt"
 
-echo "== 3. safeguard floor on non-story text ($OTHER): off (0), default (sinks+window+8)"
+echo "== 3. safeguard floor on non-story text ($OTHER): off (0), default (sinks+recent+8)"
 for m in 0 -1; do
   echo "-- --min-tokens $m"
   $DK eval --model "$STORIES" --text "$OTHER" --profile "$OUT/stories260K.profile.json" --windows 16 \
@@ -41,11 +41,11 @@ done | tee "$OUT/stories260K.safeguard.txt"
 
 echo "== 4. second model: aidreams260K, context 96 + continuation 32 (its trained context is 128)"
 AID="$DATA/models/aidreams260K/aidreams260K.bin"
-$DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windows 48 --sinks 2 --window 4 \
+$DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windows 48 --sinks 2 --recent 4 --obs-window 4 \
   --scorers h2o,snapkv -o "$OUT/aidreams260K.profile.json" > "$OUT/aidreams260K.profile.txt"
 for m in -1 0; do
   echo "-- --min-tokens $m"
-  $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.profile.json" --windows 128 --sinks 2 --window 4 \
+  $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.profile.json" --windows 128 --sinks 2 --recent 4 --obs-window 4 \
     --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
     --min-tokens $m --plot "$OUT/aidreams260K.eval$m.svg"
 done | tee "$OUT/aidreams260K.eval.txt"

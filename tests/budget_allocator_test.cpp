@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -323,6 +324,151 @@ TEST_CASE("optimal equals brute force on tiny cases", "[allocator]") {
     INFO("trial " << trial);
     REQUIRE(got == Approx(best).margin(1e-12));
   }
+}
+
+namespace {
+
+/// Independent of detail::raw_curve / lower_hull / predicted_loss: the points of layer l's curve
+/// as documented (ratio 0 at the first segment's slope extended, floored at flat; the probed
+/// points; (1, 0)) and the value at r of their lower convex envelope, as the minimum over every
+/// pair of points bracketing r of the chord between them (the envelope of finitely many points
+/// is the pointwise minimum of such chords).
+double envelope_loss(const SensitivityProfile& p, int l, double r) {
+  std::vector<double> x, y;
+  const std::size_t n = p.keep_ratios.size();
+  const double x1 = n > 1 ? p.keep_ratios[1] : 1.0, y1 = n > 1 ? p.loss(l, 1) : 0.0;
+  const double x0 = p.keep_ratios[0], y0 = p.loss(l, 0);
+  x.push_back(0.0);
+  y.push_back(y0 + std::max(0.0, (y0 - y1) / (x1 - x0)) * x0);
+  for (std::size_t k = 0; k < n; ++k) {
+    x.push_back(p.keep_ratios[k]);
+    y.push_back(p.loss(l, static_cast<Eigen::Index>(k)));
+  }
+  x.push_back(1.0);
+  y.push_back(0.0);
+  double best = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == r) best = std::min(best, y[i]);
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      if (x[i] < r && r < x[j]) best = std::min(best, y[i] + (y[j] - y[i]) * (r - x[i]) / (x[j] - x[i]));
+    }
+  }
+  return best;
+}
+
+/// Sum over the layers of envelope_loss at budget / length (layers of length 0 add 0).
+double envelope_total(const SensitivityProfile& p, const std::vector<int>& b, const std::vector<int>& lengths) {
+  double t = 0.0;
+  for (std::size_t l = 0; l < b.size(); ++l)
+    if (lengths[l] > 0) t += envelope_loss(p, static_cast<int>(l), static_cast<double>(b[l]) / lengths[l]);
+  return t;
+}
+
+/// Three layers, ratios 0.25 / 0.5 / 0.75 (hull slopes worked out by hand below).
+SensitivityProfile hand_profile() {
+  SensitivityProfile p;
+  p.keep_ratios = {0.25, 0.5, 0.75};
+  p.loss.resize(3, 3);
+  p.loss << 4.0, 3.5, 0.5,  // layer 0: non-convex (flat, then a cliff)
+      1.0, 0.4, 0.1,        // layer 1: convex
+      0.2, 0.9, 0.3;        // layer 2: non-monotone
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("optimal equals an independent brute force (pairwise-chord envelope and exhaustive search)",
+          "[allocator]") {
+  std::mt19937 rng(23);
+  BudgetAllocator alloc;
+  int non_convex = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int max_len = n == 4 ? 7 : 11;
+    BudgetRequest req;
+    for (int l = 0; l < n; ++l) req.lengths.push_back(std::uniform_int_distribution<int>(0, max_len)(rng));
+    for (int l = 0; l < n; ++l) req.floors.push_back(std::uniform_int_distribution<int>(0, 2)(rng));
+    long long lo = 0;
+    for (int l = 0; l < n; ++l)
+      lo += std::min(req.floors[static_cast<std::size_t>(l)], req.lengths[static_cast<std::size_t>(l)]);
+    req.total_tokens = std::uniform_int_distribution<long long>(lo, sum(req.lengths))(rng);
+    const bool convex = trial % 3 == 0;
+    non_convex += convex ? 0 : 1;
+    const SensitivityProfile prof = random_profile(rng, n, convex);
+    const auto b = alloc.allocate(AllocationPolicy::kOptimal, req, &prof);
+    check_bounds(b, req, req.total_tokens);
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int> cur(static_cast<std::size_t>(n));
+    std::function<void(int, long long)> rec = [&](int l, long long left) {
+      const auto i = static_cast<std::size_t>(l);
+      if (l == n) {
+        if (left == 0) best = std::min(best, envelope_total(prof, cur, req.lengths));
+        return;
+      }
+      for (int v = std::min(req.floors[i], req.lengths[i]); v <= req.lengths[i] && v <= left; ++v) {
+        cur[i] = v;
+        rec(l + 1, left - v);
+      }
+    };
+    rec(0, req.total_tokens);
+    INFO("trial " << trial << " layers " << n << " budget " << req.total_tokens);
+    REQUIRE(envelope_total(prof, b, req.lengths) == Approx(best).margin(1e-12));
+  }
+  REQUIRE(non_convex >= 150);
+}
+
+TEST_CASE("optimal on hand-derived non-convex curves of three layers", "[allocator]") {
+  // Curve points (ratio 0 by the first segment's slope, floored at flat):
+  //   layer 0: (0, 4.5) (0.25, 4) (0.5, 3.5) (0.75, 0.5) (1, 0); slope at 0: (4 - 3.5) / 0.25 = 2.
+  //     Lower hull: (0, 4.5) -> (0.75, 0.5) slope -16/3 (the flat part lies above it), then
+  //     (0.75, 0.5) -> (1, 0) slope -2.
+  //   layer 1: (0, 1.6) (0.25, 1) (0.5, 0.4) (0.75, 0.1) (1, 0): convex, slopes -2.4 (twice),
+  //     -1.2, -0.4.
+  //   layer 2: (0, 0.2) (0.25, 0.2) (0.5, 0.9) (0.75, 0.3) (1, 0); the first slope is negative, so
+  //     ratio 0 stays at 0.2. Lower hull: the chord (0, 0.2) -> (1, 0), slope -0.2.
+  // A layer of length L gains |slope| / L per token on a segment. With lengths 100 / 40 / 100:
+  //   layer 0: 0.0533 for its first 75 tokens, 0.02 for the last 25;
+  //   layer 1: 0.06 for tokens 0-20, 0.03 for 20-30, 0.01 for 30-40;
+  //   layer 2: 0.002 for all 100.
+  // Greedy order (exact for the convexified problem): L1 20, L0 75, L1 10, L0 25, L1 10, L2 100.
+  // On the measured (non-convex) curve of layer 0 its first tokens would gain only 0.02 each,
+  // so a solver that ignored the hull would give layer 1 all its tokens first.
+  const SensitivityProfile p = hand_profile();
+  BudgetAllocator alloc;
+  BudgetRequest req;
+  req.lengths = {100, 40, 100};
+  struct Case {
+    long long total;
+    std::vector<int> floors, want;
+    double loss;  // sum of the hull values at want / lengths
+  };
+  const Case cases[] = {
+      // 20 -> L1 (at 0.5), 75 -> L0 (0.75), 10 -> L1 (0.75), 15 of L0's last 25: 0.2 + 0.1 + 0.2
+      {120, {}, {90, 30, 0}, 0.2 + 0.1 + 0.2},
+      // 20 -> L1, 40 of L0's first 75: L0 at 0.4 = 4.5 - 0.4 * 16/3 = 2.3667, L1 0.4, L2 0.2
+      {60, {}, {40, 20, 0}, 4.5 - 0.4 * 16.0 / 3.0 + 0.4 + 0.2},
+      // everything but L2's last 40: L2 at 0.6 = 0.2 * 0.4
+      {200, {}, {100, 40, 60}, 0.08},
+      // L2 floored at 50 (0.1); the other 70: 20 -> L1, 50 -> L0 (0.5 on the hull: 4.5 - 8/3)
+      {120, {0, 0, 50}, {50, 20, 50}, 4.5 - 8.0 / 3.0 + 0.4 + 0.1},
+      // L0 floored at 100 (0); 40 left: L1 20 + 10 + 10 (all of it): 0 + 0 + 0.2
+      {140, {100, 0, 0}, {100, 40, 0}, 0.2},
+  };
+  for (const Case& c : cases) {
+    req.total_tokens = c.total;
+    req.floors = c.floors;
+    INFO("budget " << c.total << " floors " << c.floors.size());
+    const auto b = alloc.allocate(AllocationPolicy::kOptimal, req, &p);
+    REQUIRE(b == c.want);
+    REQUIRE(envelope_total(p, b, req.lengths) == Approx(c.loss).margin(1e-12));
+    REQUIRE(depthkv::predicted_loss(p, b, req.lengths) == Approx(c.loss).margin(1e-12));
+  }
+  // The hull values themselves, by hand.
+  REQUIRE(envelope_loss(p, 0, 0.5) == Approx(4.5 - 8.0 / 3.0));
+  REQUIRE(envelope_loss(p, 0, 0.9) == Approx(0.2));
+  REQUIRE(envelope_loss(p, 1, 0.25) == Approx(1.0));
+  REQUIRE(envelope_loss(p, 2, 0.5) == Approx(0.1));
+  REQUIRE(envelope_loss(p, 2, 0.0) == Approx(0.2));
 }
 
 TEST_CASE("optimal gives tokens where the curve is steep", "[allocator]") {

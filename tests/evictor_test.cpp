@@ -13,81 +13,35 @@
 #include <random>
 #include <vector>
 
+#include "support/adversarial_scores.hpp"
+#include "support/selection_reference.hpp"
+#include "support/simd_guard.hpp"
+
 using depthkv::Protection;
 using I32 = std::int32_t;
 
 namespace {
 
-// Naive reference: protected slots, then the rest fully sorted by (score desc, position asc,
-// slot asc) with plain float comparisons (-0.0 == +0.0 in IEEE), the first k - protected kept.
+// The naive reference (support/selection_reference.hpp) with the library's Protection.
 template <class S>
 std::vector<I32> naive_select(const S* scores, const I32* positions, int n, int k, Protection prot) {
-  std::vector<I32> keep, rest;
-  for (int i = 0; i < n; ++i) {
-    if (k >= n || i < prot.n_sink || i >= n - prot.n_recent)
-      keep.push_back(i);
-    else
-      rest.push_back(i);
-  }
-  auto pos = [&](I32 i) { return positions ? positions[i] : i; };
-  std::sort(rest.begin(), rest.end(), [&](I32 a, I32 b) {
-    const float sa = static_cast<float>(scores[a]), sb = static_cast<float>(scores[b]);
-    if (sa != sb) return sa > sb;
-    if (pos(a) != pos(b)) return pos(a) < pos(b);
-    return a < b;
-  });
-  const int m = k >= n ? 0 : k - static_cast<int>(keep.size());
-  REQUIRE(m >= 0);
-  keep.insert(keep.end(), rest.begin(), rest.begin() + m);
-  std::sort(keep.begin(), keep.end());
-  return keep;
+  return depthkv_test::naive_select_keep(scores, positions, n, k, prot.n_sink, prot.n_recent);
 }
 
-// Score generators, including adversarial ones.
-std::vector<float> make_scores(int n, int kind, std::mt19937& rng) {
-  std::vector<float> s(static_cast<std::size_t>(n));
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::uniform_int_distribution<int> few(0, 3);
-  const float inf = std::numeric_limits<float>::infinity();
-  const float den = std::numeric_limits<float>::denorm_min();
-  for (int i = 0; i < n; ++i) {
-    float& x = s[static_cast<std::size_t>(i)];
-    switch (kind) {
-      case 0:
-        x = u(rng);
-        break;  // spread
-      case 1:
-        x = static_cast<float>(few(rng));
-        break;  // many ties
-      case 2:
-        x = 0.5f;
-        break;  // all equal
-      case 3:
-        x = (i % 2) ? 0.0f : -0.0f;
-        break;  // +0 / -0 only
-      case 4:
-        x = static_cast<float>(i);
-        break;  // sorted ascending
-      case 5:
-        x = static_cast<float>(n - i);
-        break;   // sorted descending
-      case 6: {  // +/-inf, denormals, signs
-        const float pool[] = {inf, -inf, den, -den, 2 * den, 0.0f, -0.0f, 1.0f, -1.0f, 1e-38f};
-        x = pool[few(rng) * 2 + (u(rng) < 0.5f ? 1 : 0)];
-        break;
-      }
-      case 7:
-        x = (u(rng) - 0.5f) * 1e6f;
-        break;  // mixed signs, wide range
-      default:
-        x = std::ldexp(u(rng), -(i % 40));
-        break;  // many exponents
-    }
-  }
-  return s;
-}
+using depthkv_test::adversarial_scores;
+constexpr int kKinds = depthkv_test::kScoreKinds;
 
-constexpr int kKinds = 9;
+// Eviction options: the defaults with shrink off, or with `n` threads.
+depthkv::EvictOptions no_shrink() {
+  depthkv::EvictOptions o;
+  o.shrink = false;
+  return o;
+}
+depthkv::EvictOptions threads(int n) {
+  depthkv::EvictOptions o;
+  o.n_threads = n;
+  return o;
+}
 
 }  // namespace
 
@@ -97,7 +51,7 @@ TEST_CASE("select_keep matches a naive full sort on random and adversarial rows"
   int checked = 0;
   for (int n : sizes) {
     for (int kind = 0; kind < kKinds; ++kind) {
-      const std::vector<float> s = make_scores(n, kind, rng);
+      const std::vector<float> s = adversarial_scores(n, kind, rng);
       std::uniform_int_distribution<int> pd(0, std::max(1, n / 8));
       for (int rep = 0; rep < 3; ++rep) {
         Protection prot{rep == 0 ? 0 : pd(rng), rep == 0 ? 0 : pd(rng)};
@@ -122,7 +76,7 @@ TEST_CASE("select_keep breaks ties by position, also when positions are not slot
   std::mt19937 rng(99);
   for (int n : {50, 1000, 3000}) {
     for (int kind : {0, 1, 2, 3}) {
-      const std::vector<float> s = make_scores(n, kind, rng);
+      const std::vector<float> s = adversarial_scores(n, kind, rng);
       std::vector<I32> pos(static_cast<std::size_t>(n));
       std::iota(pos.begin(), pos.end(), 0);
       std::shuffle(pos.begin(), pos.end(), rng);
@@ -197,9 +151,8 @@ TEST_CASE("the NaN check finds the first NaN of every kind at every offset of th
   std::uint32_t low_payload = 0x7F800001u;  // the smallest NaN pattern, next to +inf
   float tiny_nan;
   std::memcpy(&tiny_nan, &low_payload, sizeof tiny_nan);
-  const int saved = depthkv::detail::max_simd_level.load();
   for (int level : {0, 1, 2}) {  // scalar, SSE2, AVX2 (where the CPU has them)
-    depthkv::detail::max_simd_level = level;
+    depthkv_test::SimdLevelGuard cap(level);
     for (int n : {1, 15, 16, 17, 31, 32, 33, 100}) {
       std::vector<float> s(static_cast<std::size_t>(n), std::numeric_limits<float>::infinity());
       for (int i = 0; i < n; i += 2) s[static_cast<std::size_t>(i)] = -std::numeric_limits<float>::infinity();
@@ -214,7 +167,6 @@ TEST_CASE("the NaN check finds the first NaN of every kind at every offset of th
         }
     }
   }
-  depthkv::detail::max_simd_level = saved;
 }
 
 TEMPLATE_TEST_CASE("select_keep on 16-bit scores matches the naive sort", "[evict]", Eigen::half,
@@ -222,7 +174,7 @@ TEMPLATE_TEST_CASE("select_keep on 16-bit scores matches the naive sort", "[evic
   std::mt19937 rng(7);
   for (int n : {0, 1, 10, 767, 768, 2000, 33000}) {
     for (int kind = 0; kind < kKinds; ++kind) {
-      const std::vector<float> f = make_scores(n, kind, rng);
+      const std::vector<float> f = adversarial_scores(n, kind, rng);
       std::vector<TestType> s(f.size());
       for (std::size_t i = 0; i < f.size(); ++i) s[i] = static_cast<TestType>(f[i]);
       for (int k : {0, 1, n / 10, n / 2, n - 1, n}) {
@@ -297,7 +249,7 @@ void fill(Layer& L, int n, std::mt19937& rng) {
 
 depthkv::LayerScores random_scores(const std::vector<int>& sizes, std::mt19937& rng, int kind) {
   depthkv::LayerScores s;
-  for (int n : sizes) s.push_back(make_scores(n, kind, rng));
+  for (int n : sizes) s.push_back(adversarial_scores(n, kind, rng));
   return s;
 }
 
@@ -350,7 +302,7 @@ TEMPLATE_TEST_CASE("evict_layer keeps exactly the naive selection, in order", "[
       // per-head different budgets: protected-only, a middle value, everything
       const std::vector<int> keep{p, std::max(p, n / 3), n + 1};
       INFO("n " << n << " kind " << kind);
-      const auto ev = depthkv::evict_layer(L, scores, keep, prot, /*shrink=*/false);
+      const auto ev = depthkv::evict_layer(L, scores, keep, prot, no_shrink());
       check_evicted(before, L, scores, keep, prot, ev);
     }
   }
@@ -378,25 +330,24 @@ TEMPLATE_TEST_CASE("evict over a cache: per-layer and per-head budgets, threads 
                     ev[static_cast<std::size_t>(l)]);
     }
     auto cache2 = original;
-    const auto ev2 = depthkv::evict(cache2, scores, keep, prot, true, /*n_threads=*/2);
+    const auto ev2 = depthkv::evict(cache2, scores, keep, prot, threads(2));
     CHECK(snapshot(cache2) == snapshot(cache));
     auto cache3 = original;
-    depthkv::evict(cache3, scores, keep, prot, true, /*n_threads=*/0);
+    depthkv::evict(cache3, scores, keep, prot, threads(0));
     CHECK(snapshot(cache3) == snapshot(cache));
     // compaction with streaming stores on every head (by default only heads of >= 256 KiB use them;
     // float heads of 8 dimensions are 32-byte moves in 64-byte aligned storage, so they stream)
     auto cache4 = original;
-    const std::size_t saved = depthkv::detail::streaming_min_bytes.load();
-    depthkv::detail::streaming_min_bytes = 0;
-    depthkv::evict(cache4, scores, keep, prot, true, /*n_threads=*/2);
-    depthkv::detail::streaming_min_bytes = saved;
+    depthkv::EvictOptions streaming = threads(2);
+    streaming.streaming_min_bytes = 0;
+    depthkv::evict(cache4, scores, keep, prot, streaming);
     CHECK(snapshot(cache4) == snapshot(cache));
     for (int l = 0; l < 4; ++l)
       CHECK(ev2[static_cast<std::size_t>(l)].kept_slots == ev[static_cast<std::size_t>(l)].kept_slots);
   }
   SECTION("per-head keep") {
     const std::vector<std::vector<int>> keep{{5, 800}, {40, 10}, {1999, 2000}, {0, 3}};
-    const auto ev = depthkv::evict(cache, scores, keep, prot, false);
+    const auto ev = depthkv::evict(cache, scores, keep, prot, no_shrink());
     for (int l = 0; l < 4; ++l)
       check_evicted(original.layer(l), cache.layer(l), scores[static_cast<std::size_t>(l)],
                     keep[static_cast<std::size_t>(l)], prot, ev[static_cast<std::size_t>(l)]);
@@ -422,7 +373,7 @@ TEST_CASE("evict: every error leaves the cache byte-for-byte unchanged", "[evict
     auto s = scores;
     s[2][1][77] = std::numeric_limits<float>::quiet_NaN();
     expect_unchanged([&] { depthkv::evict(cache, s, ok, prot); });
-    expect_unchanged([&] { depthkv::evict(cache, s, ok, prot, true, 2); });
+    expect_unchanged([&] { depthkv::evict(cache, s, ok, prot, threads(2)); });
     CHECK_THROWS_WITH(depthkv::evict(cache, s, ok, prot),
                       Catch::Contains("layer 2 head 1") && Catch::Contains("77"));
   }
@@ -458,7 +409,7 @@ TEST_CASE("evict: every error leaves the cache byte-for-byte unchanged", "[evict
     });
   }
   SECTION("bad thread count") {
-    expect_unchanged([&] { depthkv::evict(cache, scores, ok, prot, true, -1); });
+    expect_unchanged([&] { depthkv::evict(cache, scores, ok, prot, threads(-1)); });
   }
   SECTION("evict_layer") {
     auto s = scores[0];
@@ -476,7 +427,7 @@ TEST_CASE("evict: keep-all, keep-none, ties, positions", "[evict]") {
   const auto before = L;
   SECTION("keep-all changes nothing") {
     const auto s = random_scores(sizes_of(L), rng, 0);
-    const auto ev = depthkv::evict_layer(L, s, {20, 25}, {}, false);
+    const auto ev = depthkv::evict_layer(L, s, {20, 25}, {}, no_shrink());
     CHECK(snapshot(L) == snapshot(before));
     CHECK(ev.kept_slots[1].size() == 20);
   }
@@ -509,9 +460,9 @@ TEST_CASE("evict: shrink really lowers the allocation of a HostLayer", "[evict]"
   const std::size_t alloc0 = L.bytes_allocated();
   const auto s = random_scores(sizes_of(L), rng, 0);
   depthkv::HostLayer<Eigen::half> L2 = L;
-  depthkv::evict_layer(L2, s, {100, 100, 100, 100}, {}, /*shrink=*/false);
+  depthkv::evict_layer(L2, s, {100, 100, 100, 100}, {}, no_shrink());
   CHECK(L2.bytes_allocated() == alloc0);
-  depthkv::evict_layer(L, s, {100, 200, 100, 100}, {}, /*shrink=*/true);
+  depthkv::evict_layer(L, s, {100, 200, 100, 100}, {}, depthkv::EvictOptions{});  // shrink = true
   CHECK(L.bytes_allocated() < alloc0);
   CHECK(L.bytes_allocated() == 4u * 200u * 32u * 2u * sizeof(Eigen::half));  // max per-head size kept
   CHECK(L.bytes() == (100u + 200u + 100u + 100u) * 32u * 2u * sizeof(Eigen::half));
@@ -546,7 +497,7 @@ TEMPLATE_TEST_CASE("evict on a LayerView over strided external memory", "[evict]
   CHECK(K == before_layer.first);
   CHECK(V == before_layer.second);
 
-  const auto ev = depthkv::evict(cache, {s}, keep, prot, true, 2);
+  const auto ev = depthkv::evict(cache, {s}, keep, prot, threads(2));
   check_evicted(ref, cache.layer(0), s, keep[0], prot, ev[0]);
   // padding between tokens and heads is never written
   for (int h = 0; h < n_kv; ++h)

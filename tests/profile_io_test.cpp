@@ -10,13 +10,15 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/temp_dir.hpp"
+
 using Catch::Contains;
 using depthkv::ProfileFile;
 
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/depthkv_profile_io_" + name;
+  return depthkv_test::scratch_dir().file("depthkv_profile_io_" + name);
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -33,7 +35,7 @@ ProfileFile sample_file() {
   f.model.header_bytes = 1234;
   f.n_layers = 3;
   f.keep_ratios = {0.1, 0.3, 0.6};
-  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7}};
+  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7, "avg"}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   auto engine = [&](const depthkv::KeepPlan&) {
@@ -79,13 +81,18 @@ TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
   REQUIRE(g.calibration.window_begin == 2);
   REQUIRE(g.calibration.window_end == 10);
   REQUIRE(g.calibration.description == "first part");
-  REQUIRE(g.calibration.selection.n_sink == 4);
-  REQUIRE(g.calibration.selection.n_recent == 16);
-  REQUIRE(g.calibration.selection.window == 32);
+  REQUIRE(g.calibration.selection.sinks == 4);
+  REQUIRE(g.calibration.selection.recent == 16);
+  REQUIRE(g.calibration.selection.obs_window == 32);
   REQUIRE(g.calibration.selection.kernel == 7);
-  REQUIRE_FALSE(g.calibration.selection.differs(4, 16, 32, 7));
-  REQUIRE(g.calibration.selection.differs(4, 16, 16));
-  REQUIRE(g.calibration.selection.differs(4, 16, 32, 5));
+  REQUIRE(g.calibration.selection.pooling == "avg");
+  REQUIRE(g.calibration.selection.describe() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg");
+  REQUIRE_FALSE(g.calibration.selection.differs({4, 16, 32, 7, "avg"}));
+  REQUIRE(g.calibration.selection.differs({5, 16, 32, 7, "avg"}));
+  REQUIRE(g.calibration.selection.differs({4, 15, 32, 7, "avg"}));
+  REQUIRE(g.calibration.selection.differs({4, 16, 16, 7, "avg"}));
+  REQUIRE(g.calibration.selection.differs({4, 16, 32, 5, "avg"}));
+  REQUIRE(g.calibration.selection.differs({4, 16, 32, 7, "max"}));
   REQUIRE(g.scorers.size() == 2);
   for (const auto& kv : f.scorers) {
     const auto& a = kv.second;
@@ -93,9 +100,9 @@ TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
     REQUIRE(b.metrics.n_samples == a.metrics.n_samples);
     REQUIRE(b.done == a.done);
     REQUIRE(b.metrics.kl.loss == a.metrics.kl.loss);
-    REQUIRE(b.metrics.kl.stderr_ == a.metrics.kl.stderr_);
+    REQUIRE(b.metrics.kl.loss_stderr == a.metrics.kl.loss_stderr);
     REQUIRE(b.metrics.dnll.loss == a.metrics.dnll.loss);
-    REQUIRE(b.metrics.top1.stderr_ == a.metrics.top1.stderr_);
+    REQUIRE(b.metrics.top1.loss_stderr == a.metrics.top1.loss_stderr);
   }
   REQUIRE_FALSE(g.scorers.at("snapkv").complete());
   REQUIRE(g.layer_metrics.at("infonce/post_attn").ci_high == std::vector<double>{1.1, 2.2, 3.3});
@@ -169,11 +176,28 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
   expect([](nlohmann::json& j) { j["layer_metrics"]["infonce/post_attn"]["mean"].erase(0); }, "does not have 3 entries");
   expect([](nlohmann::json& j) { j["calibration"]["selection"].erase("kernel"); },
          "missing key 'calibration.selection.kernel'");
-  expect([](nlohmann::json& j) { j["calibration"]["selection"]["window"] = 0; }, "bad selection settings");
-  expect([](nlohmann::json& j) { j["calibration"]["selection"]["n_sink"] = -2; },
-         "'calibration.selection.n_sink' -2 is out of range");
-  expect([](nlohmann::json& j) { j["calibration"]["selection"]["n_recent"] = 1.5; },
-         "'calibration.selection.n_recent' is not an integer");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"].erase("pooling"); },
+         "missing key 'calibration.selection.pooling'");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["obs_window"] = 0; }, "bad selection settings");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["pooling"] = "sum"; }, "bad selection settings");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["sinks"] = -2; },
+         "'calibration.selection.sinks' -2 is out of range");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["recent"] = 1.5; },
+         "'calibration.selection.recent' is not an integer");
+  // the older spelling {n_sink, n_recent, window, kernel}: read, with max pooling; checked alike
+  {
+    nlohmann::json j = depthkv::profile_to_json(sample_file());
+    j["calibration"]["selection"] = {{"n_sink", 2}, {"n_recent", 8}, {"window", 4}, {"kernel", 5}};
+    const depthkv::SelectionRecord r = depthkv::profile_from_json(j).calibration.selection;
+    REQUIRE(r.describe() == "sinks=2 recent=8 obs_window=4 kernel=5 pooling=max");
+    REQUIRE(depthkv::profile_to_json(depthkv::profile_from_json(j))["calibration"]["selection"] ==
+            nlohmann::json{{"sinks", 2}, {"recent", 8}, {"obs_window", 4}, {"kernel", 5}, {"pooling", "max"}});
+    j["calibration"]["selection"].erase("kernel");
+    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("missing key 'calibration.selection.kernel'"));
+    j["calibration"]["selection"]["kernel"] = 5;
+    j["calibration"]["selection"]["window"] = 0;
+    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("bad selection settings"));
+  }
   // unrecorded settings (older files): no key written, -1 read back
   {
     ProfileFile f = sample_file();
@@ -181,7 +205,7 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
     const nlohmann::json j = depthkv::profile_to_json(f);
     REQUIRE_FALSE(j["calibration"].contains("selection"));
     REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.recorded());
-    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.differs(1, 2, 3, 4));
+    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.differs({1, 2, 3, 4, "max"}));
     f.calibration.selection.kernel = 7;  // partly recorded: refused when written
     REQUIRE_THROWS_WITH(depthkv::profile_to_json(f), Contains("bad selection settings"));
   }

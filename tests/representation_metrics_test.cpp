@@ -1,6 +1,7 @@
 #include "depthkv/representation_metrics.hpp"
 
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -207,7 +208,11 @@ TEST_CASE("MGA and MLMA budgets from InfoNCE scores: exact and within caps", "[m
         REQUIRE(b[l] <= req.lengths[l]);
         s += b[l];
       }
-      REQUIRE(s == info.total);
+      // the global budget is keep * (sum of the lengths), rounded to the nearest token
+      const long long want = std::llround(
+          req.keep_ratio * static_cast<double>(std::accumulate(req.lengths.begin(), req.lengths.end(), 0LL)));
+      REQUIRE(s == want);
+      REQUIRE(info.total == want);
       if (p == depthkv::AllocationPolicy::kMGA && !info.protected_reduced && info.prune_cap == 0.7) {
         REQUIRE(b[0] == req.lengths[0]);
         for (int x : b) REQUIRE(x >= static_cast<int>(std::ceil(0.3 * req.lengths[0] - 1e-9)));

@@ -14,7 +14,7 @@ SensitivityProfile two_layers() {
   p.loss.resize(2, 2);
   p.loss << 0.9, 0.3,  // decreasing: extrapolated below 0.2 with slope 2 per unit ratio
       0.1, 0.4;         // rising towards 0.2: extrapolated flat
-  p.stderr_ = Eigen::MatrixXd::Constant(2, 2, 0.01);
+  p.loss_stderr = Eigen::MatrixXd::Constant(2, 2, 0.01);
   return p;
 }
 }  // namespace
@@ -57,7 +57,7 @@ TEST_CASE("validate names what is wrong", "[profile]") {
   p.keep_ratios = {0.2, 0.5, 0.7};
   REQUIRE_THROWS_WITH(p.validate(), Contains("shape mismatch"));
   p = two_layers();
-  p.stderr_ = Eigen::MatrixXd::Zero(3, 2);
+  p.loss_stderr = Eigen::MatrixXd::Zero(3, 2);
   REQUIRE_THROWS_WITH(p.validate(), Contains("stderr matrix is 3x2"));
   p = two_layers();
   p.loss(1, 1) = std::nan("");
@@ -67,10 +67,10 @@ TEST_CASE("validate names what is wrong", "[profile]") {
   REQUIRE_THROWS_WITH(p.validate(), Contains("layer 0 at keep ratio 0.5 is negative"));
   REQUIRE_NOTHROW(p.validate(/*allow_negative_loss=*/true));
   p = two_layers();
-  p.stderr_(0, 0) = -1.0;
+  p.loss_stderr(0, 0) = -1.0;
   REQUIRE_THROWS_WITH(p.validate(), Contains("stderr of layer 0"));
   p = two_layers();
-  p.stderr_.resize(0, 0);
+  p.loss_stderr.resize(0, 0);
   REQUIRE_NOTHROW(p.validate());
 }
 

@@ -71,8 +71,8 @@ TEST_CASE("profiler recovers known per-layer losses", "[profiler]") {
     for (int k = 0; k < 6; ++k) {
       const double t = eng.truth(l, r[static_cast<std::size_t>(k)]);
       // dnll has exactly zero-mean noise: within 4 standard errors of the truth.
-      REQUIRE(std::abs(mp.dnll.loss(l, k) - 0.5 * t) <= 4.0 * mp.dnll.stderr_(l, k));
-      REQUIRE(mp.dnll.stderr_(l, k) == Approx(eng.noise / std::sqrt(400.0)).epsilon(0.2));
+      REQUIRE(std::abs(mp.dnll.loss(l, k) - 0.5 * t) <= 4.0 * mp.dnll.loss_stderr(l, k));
+      REQUIRE(mp.dnll.loss_stderr(l, k) == Approx(eng.noise / std::sqrt(400.0)).epsilon(0.2));
       // kl is clipped at 0 per sample, so only approximately unbiased for small truths.
       REQUIRE(mp.kl.loss(l, k) == Approx(t).margin(0.02));
       REQUIRE(mp.top1.loss(l, k) >= 0.0);
@@ -106,7 +106,7 @@ TEST_CASE("batched runs give the same profile as single runs", "[profiler]") {
   }));
   REQUIRE(batches == eng.n_layers);
   REQUIRE(a.result().kl.loss == b.result().kl.loss);
-  REQUIRE(a.result().dnll.stderr_ == b.result().dnll.stderr_);
+  REQUIRE(a.result().dnll.loss_stderr == b.result().dnll.loss_stderr);
   REQUIRE(a.result().top1.loss == b.result().top1.loss);
 }
 
@@ -156,7 +156,7 @@ TEST_CASE("stop and resume give the uninterrupted result", "[profiler]") {
   REQUIRE(third.run([&](const KeepPlan& p) { return eng(p); }));
   REQUIRE(eng.calls == 12);
   REQUIRE(third.result().kl.loss == full.result().kl.loss);
-  REQUIRE(third.result().kl.stderr_ == full.result().kl.stderr_);
+  REQUIRE(third.result().kl.loss_stderr == full.result().kl.loss_stderr);
   REQUIRE(third.result().dnll.loss == full.result().dnll.loss);
   REQUIRE(third.result().top1.loss == full.result().top1.loss);
 }

@@ -1,6 +1,6 @@
 #pragma once
-// Shared pieces of the profile / allocate / eval subcommands: list parsing, scorer and
-// protection settings, text windows, and a progress display on stderr.
+// Shared pieces of the subcommands: list parsing, the keep-ratio range, token-selection
+// settings, text windows, and a progress display on stderr.
 
 #include <unistd.h>
 
@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "depthkv/detail/timer.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
+#include "depthkv/profile_io.hpp"
 #include "depthkv/token_scorer.hpp"
 
 namespace depthkv_cli {
@@ -47,39 +49,84 @@ inline std::vector<double> parse_doubles(const std::string& s, const char* what)
   return out;
 }
 
-/// Token-selection settings shared by profile, eval and allocate (they must agree for a profile to
-/// describe what eval prunes; profile files record them in `calibration.selection`).
-struct SelectionSettings {
-  int sinks = 4;    ///< attention-sink tokens every head keeps
-  int window = 16;  ///< recent window every head keeps = SnapKV's observation window
-  int kernel = 7;   ///< SnapKV pooling kernel (max pooling)
+/// The keep ratios every subcommand accepts: (0, 1].
+/// @throws depthkv::Error naming --keep otherwise
+inline void check_keep(double keep) {
+  DEPTHKV_CHECK(keep > 0.0 && keep <= 1.0, "--keep: " << keep << " outside (0, 1]");
+}
 
-  depthkv::Protection protection() const { return {sinks, window}; }
+/// @param name "none", "max" or "avg"
+/// @throws depthkv::Error on another name
+inline depthkv::Pooling parse_pooling(const std::string& name) {
+  if (name == "none") return depthkv::Pooling::kNone;
+  if (name == "max") return depthkv::Pooling::kMax;
+  if (name == "avg") return depthkv::Pooling::kAvg;
+  DEPTHKV_FAIL("--pooling: unknown pooling '" << name << "' (expected none, max or avg)");
+}
+
+/// Token-selection settings of every subcommand: `--sinks`, `--recent`, `--obs-window`, `--kernel`
+/// and `--pooling`. A profile describes what eval, allocate and generate prune only when they
+/// agree; profile files record them in `calibration.selection` (a depthkv::SelectionRecord, same
+/// names). The defaults are profile's, eval's and allocate's; generate starts from `generate()`.
+struct SelectionSettings {
+  int sinks = 4;               ///< attention-sink tokens every head keeps
+  int recent = 16;             ///< recent tokens every head keeps
+  int obs_window = 16;         ///< SnapKV's observation window (queries scored); pyramid's window
+  int kernel = 7;              ///< SnapKV's pooling kernel (odd)
+  std::string pooling = "max"; ///< SnapKV's pooling: none, max or avg
+
+  /// generate's defaults: nothing protected, an observation window of 32 (ScorerConfig's).
+  static SelectionSettings generate() {
+    SelectionSettings s;
+    s.sinks = 0;
+    s.recent = 0;
+    s.obs_window = 32;
+    return s;
+  }
+
+  depthkv::Protection protection() const { return {sinks, recent}; }
   depthkv::ScorerConfig scorer(const std::string& name) const {
     depthkv::ScorerConfig c;
     c.kind = depthkv::parse_scorer_kind(name);
-    c.window = window;
+    c.window = obs_window;
     c.kernel = kernel;
-    c.pooling = depthkv::Pooling::kMax;
+    c.pooling = parse_pooling(pooling);
     return c;
   }
-  std::string describe() const {
-    std::ostringstream os;
-    os << "sinks=" << sinks << " window=" << window << " kernel=" << kernel;
-    return os.str();
-  }
+  depthkv::SelectionRecord record() const { return {sinks, recent, obs_window, kernel, pooling}; }
+  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P"
+  std::string describe() const { return record().describe(); }
+  /// @throws depthkv::Error on negative counts, an observation window < 1, an even or
+  ///   non-positive kernel, or an unknown pooling
   void check() const {
-    DEPTHKV_CHECK(sinks >= 0 && window >= 1 && kernel >= 1 && kernel % 2 == 1,
-                  "bad selection settings: " << describe() << " (sinks >= 0, window >= 1, odd kernel)");
+    parse_pooling(pooling);
+    DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 && kernel % 2 == 1,
+                  "bad selection settings: " << describe()
+                                             << " (--sinks, --recent >= 0; --obs-window >= 1; odd --kernel >= 1)");
   }
-  /// Registers --sinks, --window and (with_kernel) --kernel on a subcommand.
+  /// Registers --sinks, --recent, --obs-window, --kernel and --pooling on a subcommand, and makes
+  /// the older spellings (`old_window`: what --window meant there; generate's --sink) errors that
+  /// name the new flags.
   template <class App>
-  void add_options(App* c, bool with_kernel) {
+  void add_options(App* c, const std::string& old_window, bool old_sink = false) {
     c->add_option("--sinks", sinks, "attention-sink tokens every head keeps")->capture_default_str();
-    c->add_option("--window", window, "recent tokens every head keeps (= SnapKV observation window)")
+    c->add_option("--recent", recent, "recent tokens every head keeps")->capture_default_str();
+    c->add_option("--obs-window", obs_window, "SnapKV observation window (last queries scored); pyramid's window")
         ->capture_default_str();
-    if (with_kernel)
-      c->add_option("--kernel", kernel, "SnapKV max-pooling kernel (odd)")->capture_default_str();
+    c->add_option("--kernel", kernel, "SnapKV pooling kernel (odd)")->capture_default_str();
+    c->add_option("--pooling", pooling, "SnapKV pooling: none, max or avg")->capture_default_str();
+    renamed(c, "--window", old_window);
+    if (old_sink) renamed(c, "--sink", "--sinks N");
+  }
+
+ private:
+  /// A hidden option `old_name` whose use is an error naming its replacement.
+  template <class App>
+  static void renamed(App* c, const std::string& old_name, const std::string& replacement) {
+    const std::string msg = old_name + " is no longer an option: use " + replacement;
+    c->template add_option_function<std::string>(
+         old_name, [msg](const std::string&) { throw depthkv::Error(msg); }, "")
+        ->group("");
   }
 };
 
@@ -161,9 +208,6 @@ class Progress {
   int last_decile_ = -1;
 };
 
-/// Seconds since `t0`.
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using depthkv::detail::seconds_since;
 
 }  // namespace depthkv_cli

@@ -35,14 +35,12 @@ void run_allocate(const AllocateArgs& a) {
     scorer = f.scorers.empty() ? "h2o" : f.scorers.begin()->first;
   }
   DEPTHKV_CHECK(f.has_scorer(scorer), "the profile has no measurements for scorer '" << scorer << "'");
-  DEPTHKV_CHECK(a.keep >= 0.0 && a.keep <= 1.0, "--keep must be in [0, 1], got " << a.keep);
+  check_keep(a.keep);
   const int length = a.length > 0 ? a.length : f.calibration.context;
   DEPTHKV_CHECK(length >= 1, "--length must be >= 1 (the profile records no context length)");
   const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   const PolicyInputs in = policy_inputs(policy, a.keep, lengths, &f, scorer, a.sel, a.min_tokens);
-  std::fputs(
-      selection_note(policy, f, a.sel.sinks, a.sel.window, a.sel.window, /*generate_flags=*/false).c_str(),
-      stderr);
+  std::fputs(selection_note(policy, f, a.sel).c_str(), stderr);
   AllocationInfo info;
   const std::vector<int> b =
       BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr, &info);
@@ -71,14 +69,15 @@ void register_allocate(CLI::App& app) {
   auto a = std::make_shared<AllocateArgs>();
   CLI::App* c = app.add_subcommand("allocate", "print per-layer budgets for a global keep ratio");
   c->add_option("--profile", a->profile, "profile file (from depthkv profile)")->required();
-  c->add_option("--keep", a->keep, "global keep ratio")->capture_default_str();
-  c->add_option("--policy", a->policy,
-                "uniform, pyramid, proportional, middle, optimal, mga, mlma2, mlma4, mlma6 or mlp")
+  c->add_option("--keep", a->keep, "global keep ratio in (0, 1]")->capture_default_str();
+  c->add_option("--policy", a->policy, "allocation policy: " + depthkv::allocation_policy_names())
       ->capture_default_str();
   c->add_option("--scorer", a->scorer, "scorer whose loss curves to use (default: the profile's first)");
   c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)");
-  c->add_option("--min-tokens", a->min_tokens, "safeguard floor per layer (-1: sinks + window + 8)")->capture_default_str();
-  a->sel.add_options(c, /*with_kernel=*/false);
+  c->add_option("--min-tokens", a->min_tokens,
+                "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8; 0: off)")
+      ->capture_default_str();
+  a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_flag("--json", a->json, "print JSON");
   c->callback([a] { run_allocate(*a); });
 }

@@ -1,4 +1,4 @@
-// depthkv analyze: the DepthKV paper's analysis on our models (issue 7, item 3). Per stage, the
+// depthkv analyze: the DepthKV paper's analysis on our models. Per stage, the
 // Spearman rank correlation across layers between each representation metric (InfoNCE,
 // effective rank, spectral entropy; depthkv/llama/representation_probe.hpp) and the measured
 // per-layer sensitivity (the profile's loss when only that layer is pruned to --keep, default
@@ -59,8 +59,7 @@ struct AnalyzeArgs {
 
 const char* kMetrics[] = {"infonce", "erank", "sentropy"};
 
-/// First story index that starts at or after the token `end` of the concatenated story stream
-/// (the stream the profile's calibration windows were cut from).
+/// @return whether the profile holds every representation metric of every stage
 bool has_all_metrics(const depthkv::ProfileFile& f) {
   for (auto st : depthkv::llama::representation_stages())
     for (const char* m : kMetrics)
@@ -75,86 +74,73 @@ std::string fmt(double v, const char* f = "%.4f") {
   return buf;
 }
 
-void run_analyze(const AnalyzeArgs& a) {
+/// Computes the representation metrics of --samples probe stories of --text into `prof` (and
+/// into --write), and records the probe in out["probe"].
+/// @return where the metrics come from, for the report
+std::string compute_metrics(const AnalyzeArgs& a, depthkv::ProfileFile& prof, nlohmann::json& out) {
   using namespace depthkv;
   using namespace depthkv::llama;
-  DEPTHKV_CHECK(a.keep > 0.0 && a.keep < 1.0, "--keep must be in (0, 1), got " << a.keep);
-  ProfileFile prof = load_profile(a.profile, a.model);
-  DEPTHKV_CHECK(!prof.scorers.empty(), "profile '" << a.profile << "' holds no measured scorer (nothing to correlate with)");
-  const int L = prof.n_layers;
-  DEPTHKV_CHECK(L >= 3, "Spearman needs at least 3 layers, the model has " << L);
-
-  // ---- representation metrics: from the profile, or computed ----
-  nlohmann::json out;
-  const bool from_profile = has_all_metrics(prof) && !a.recompute;
-  std::string source = "profile '" + base_name(a.profile) + "'";
-  if (!from_profile) {
-    DEPTHKV_CHECK(!a.text.empty(), "the profile has no representation metrics: give --text FILE to compute them");
-    LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
-    const LlamaEngine engine(lm.model);
-    const std::vector<std::string> stories = split_stories(read_text_file(a.text));
-    int skip = a.skip;
-    if (skip < 0) {
-      const long long end = prof.calibration.window_end *
-                            static_cast<long long>(prof.calibration.context + prof.calibration.continuation);
-      skip = first_story_after(*lm.tokenizer, stories, end);
-    }
-    DEPTHKV_CHECK(a.samples >= 2, "--samples must be >= 2, got " << a.samples);
-    DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= static_cast<long long>(skip) + a.samples,
-                  "'" << a.text << "' has " << stories.size() << " stories; asked for " << a.samples << " after skipping "
-                      << skip);
-    const std::vector<std::string> texts(stories.begin() + skip, stories.begin() + skip + a.samples);
-    ProbeOptions opt;
-    opt.seed = a.seed;
-    opt.infonce.temperature = a.tau;
-    opt.infonce.batch_size = a.batch;
-    opt.max_tokens = a.max_tokens;
-    opt.n_threads = a.threads;
-    Progress progress("probe");
-    opt.progress = [&](int done, int total) { progress.update(done, total); };
-    const ProbeResult r = probe_representations(engine, *lm.tokenizer, texts, opt);
-    write_layer_metrics(prof, r);
-    long long tok = 0;
-    for (int i = 0; i < r.n_samples; ++i) tok += r.tokens[static_cast<std::size_t>(i)] + r.tokens_perturbed[static_cast<std::size_t>(i)];
-    std::fprintf(stderr,
-                 "probe: %d stories %d..%d of %s (%d cut to %d tokens), %lld forward passes, %lld tokens, "
-                 "%.2fs (forward %.2fs, metrics %.2fs)\n",
-                 a.samples, skip, skip + a.samples - 1, base_name(a.text).c_str(), r.truncated,
-                 opt.max_tokens > 0 ? opt.max_tokens : lm.model.config.seq_len, r.forward_passes, tok, r.seconds_total,
-                 r.seconds_forward, r.seconds_metrics);
-    source = std::to_string(a.samples) + " stories from " + std::to_string(skip) + " of '" + base_name(a.text) + "'";
-    out["probe"] = {{"text", a.text},       {"skip", skip},          {"samples", a.samples},
-                    {"tau", a.tau},         {"batch", a.batch},      {"seed", a.seed},
-                    {"truncated", r.truncated}, {"forward_passes", r.forward_passes}, {"tokens", tok},
-                    {"seconds", r.seconds_total}};
-    if (!a.write.empty()) {
-      save_profile(prof, a.write);
-      std::fprintf(stderr, "analyze: wrote the metrics into '%s'\n", a.write.c_str());
-    }
+  DEPTHKV_CHECK(!a.text.empty(), "the profile has no representation metrics: give --text FILE to compute them");
+  LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
+  const LlamaEngine engine(lm.model);
+  const std::vector<std::string> stories = split_stories(read_text_file(a.text));
+  int skip = a.skip;
+  if (skip < 0) {
+    const long long end = prof.calibration.window_end *
+                          static_cast<long long>(prof.calibration.context + prof.calibration.continuation);
+    skip = first_story_after(*lm.tokenizer, stories, end);
   }
+  DEPTHKV_CHECK(a.samples >= 2, "--samples must be >= 2, got " << a.samples);
+  DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= static_cast<long long>(skip) + a.samples,
+                "'" << a.text << "' has " << stories.size() << " stories; asked for " << a.samples << " after skipping "
+                    << skip);
+  const std::vector<std::string> texts(stories.begin() + skip, stories.begin() + skip + a.samples);
+  ProbeOptions opt;
+  opt.seed = a.seed;
+  opt.infonce.temperature = a.tau;
+  opt.infonce.batch_size = a.batch;
+  opt.max_tokens = a.max_tokens;
+  opt.n_threads = a.threads;
+  Progress progress("probe");
+  opt.progress = [&](int done, int total) { progress.update(done, total); };
+  const ProbeResult r = probe_representations(engine, *lm.tokenizer, texts, opt);
+  write_layer_metrics(prof, r);
+  long long tok = 0;
+  for (int i = 0; i < r.n_samples; ++i) tok += r.tokens[static_cast<std::size_t>(i)] + r.tokens_perturbed[static_cast<std::size_t>(i)];
+  std::fprintf(stderr,
+               "probe: %d stories %d..%d of %s (%d cut to %d tokens), %lld forward passes, %lld tokens, "
+               "%.2fs (forward %.2fs, metrics %.2fs)\n",
+               a.samples, skip, skip + a.samples - 1, base_name(a.text).c_str(), r.truncated,
+               opt.max_tokens > 0 ? opt.max_tokens : lm.model.config.seq_len, r.forward_passes, tok, r.seconds_total,
+               r.seconds_forward, r.seconds_metrics);
+  out["probe"] = {{"text", a.text},       {"skip", skip},          {"samples", a.samples},
+                  {"tau", a.tau},         {"batch", a.batch},      {"seed", a.seed},
+                  {"truncated", r.truncated}, {"forward_passes", r.forward_passes}, {"tokens", tok},
+                  {"seconds", r.seconds_total}};
+  if (!a.write.empty()) {
+    save_profile(prof, a.write);
+    std::fprintf(stderr, "analyze: wrote the metrics into '%s'\n", a.write.c_str());
+  }
+  return std::to_string(a.samples) + " stories from " + std::to_string(skip) + " of '" + base_name(a.text) + "'";
+}
 
-  // ---- sensitivities ----
-  std::map<std::string, std::vector<double>> sens;  // scorer -> per-layer KL at keep
+/// Per scorer of the profile: each layer's KL when only that layer keeps `keep`.
+std::map<std::string, std::vector<double>> sensitivities(const depthkv::ProfileFile& prof, double keep) {
+  std::map<std::string, std::vector<double>> sens;
   for (const auto& kv : prof.scorers) {
-    const SensitivityProfile p = prof.profile(kv.first, LossMetric::kKL);
+    const depthkv::SensitivityProfile p = prof.profile(kv.first, depthkv::LossMetric::kKL);
     std::vector<double> v;
-    for (int l = 0; l < L; ++l) v.push_back(p.loss_at(l, a.keep));
+    for (int l = 0; l < prof.n_layers; ++l) v.push_back(p.loss_at(l, keep));
     sens[kv.first] = v;
   }
-  bool probed = false;
-  for (double r : prof.keep_ratios) probed = probed || std::abs(r - a.keep) < 1e-9;
+  return sens;
+}
 
-  out["model"] = base_name(a.model);
-  out["n_layers"] = L;
-  out["keep"] = a.keep;
-  out["keep_probed"] = probed;
-  out["metrics_source"] = source;
-  out["sensitivity"] = sens;
-  nlohmann::json lmj = nlohmann::json::object();
-  for (const auto& kv : prof.layer_metrics) lmj[kv.first] = {{"mean", kv.second.mean}, {"ci_low", kv.second.ci_low}, {"ci_high", kv.second.ci_high}};
-  out["layer_metrics"] = lmj;
-
-  // ---- correlations ----
+/// Spearman rho and p of every (stage, metric, scorer) across all layers and across layers 1..L-1.
+nlohmann::json correlations(const depthkv::ProfileFile& prof, const std::map<std::string, std::vector<double>>& sens) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  const int L = prof.n_layers;
   nlohmann::json corr = nlohmann::json::array();
   for (auto st : representation_stages()) {
     for (const char* m : kMetrics) {
@@ -174,14 +160,16 @@ void run_analyze(const AnalyzeArgs& a) {
       }
     }
   }
-  out["correlations"] = corr;
+  return corr;
+}
 
-  if (a.json) {
-    std::cout << out.dump(2) << "\n";
-    return;
-  }
-
-  // ---- text report ----
+/// The text report: per-layer sensitivities and metrics, then the correlations.
+void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
+                  const std::map<std::string, std::vector<double>>& sens, const nlohmann::json& corr, bool probed,
+                  const std::string& source) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  const int L = prof.n_layers;
   std::printf("model %s, %d layers; sensitivity = KL when only that layer keeps %.2f%s; metrics: %s\n",
               base_name(a.model).c_str(), L, a.keep, probed ? "" : " (interpolated: not a probed ratio)", source.c_str());
   std::printf("\nper layer:\n%-6s", "layer");
@@ -230,21 +218,55 @@ void run_analyze(const AnalyzeArgs& a) {
                 2.0 / fact, n <= 4 ? ": nothing can be significant at 0.05" : "");
 }
 
+void run_analyze(const AnalyzeArgs& a) {
+  using namespace depthkv;
+  DEPTHKV_CHECK(a.keep > 0.0 && a.keep < 1.0, "--keep must be in (0, 1), got " << a.keep);
+  ProfileFile prof = load_profile(a.profile, a.model);
+  DEPTHKV_CHECK(!prof.scorers.empty(), "profile '" << a.profile << "' holds no measured scorer (nothing to correlate with)");
+  const int L = prof.n_layers;
+  DEPTHKV_CHECK(L >= 3, "Spearman needs at least 3 layers, the model has " << L);
+
+  // representation metrics: from the profile, or computed
+  nlohmann::json out;
+  std::string source = "profile '" + base_name(a.profile) + "'";
+  if (!has_all_metrics(prof) || a.recompute) source = compute_metrics(a, prof, out);
+
+  const std::map<std::string, std::vector<double>> sens = sensitivities(prof, a.keep);
+  bool probed = false;
+  for (double r : prof.keep_ratios) probed = probed || std::abs(r - a.keep) < 1e-9;
+  out["model"] = base_name(a.model);
+  out["n_layers"] = L;
+  out["keep"] = a.keep;
+  out["keep_probed"] = probed;
+  out["metrics_source"] = source;
+  out["sensitivity"] = sens;
+  nlohmann::json lmj = nlohmann::json::object();
+  for (const auto& kv : prof.layer_metrics) lmj[kv.first] = {{"mean", kv.second.mean}, {"ci_low", kv.second.ci_low}, {"ci_high", kv.second.ci_high}};
+  out["layer_metrics"] = lmj;
+  const nlohmann::json corr = correlations(prof, sens);
+  out["correlations"] = corr;
+
+  if (a.json)
+    std::cout << out.dump(2) << "\n";
+  else
+    print_report(a, prof, sens, corr, probed, source);
+}
+
 }  // namespace
 
 void register_analyze(CLI::App& app) {
   auto a = std::make_shared<AnalyzeArgs>();
   CLI::App* c = app.add_subcommand(
       "analyze", "Spearman correlation across layers of representation metrics (InfoNCE, effective rank, spectral "
-                 "entropy) with the profile's measured per-layer sensitivity (issue 7)");
+                 "entropy) with the profile's measured per-layer sensitivity");
   c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
-  c->add_option("--tokenizer", a->tokenizer, "tokenizer file (default: from the GGUF, or tok512.bin beside a .bin)");
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
   c->add_option("--profile", a->profile, "profile file with measured loss curves (depthkv profile)")->required();
   c->add_option("--text", a->text, "text for the probe (stories separated by blank lines); needed unless the profile holds the metrics");
   c->add_option("--samples", a->samples, "probe stories")->capture_default_str();
   c->add_option("--skip", a->skip, "stories skipped before the probe stories (-1: the first story after the profile's calibration windows)")
       ->capture_default_str();
-  c->add_option("--keep", a->keep, "sensitivity = KL when only that layer keeps this ratio (interpolated when not probed)")
+  c->add_option("--keep", a->keep, "sensitivity = KL when only that layer keeps this ratio, in (0, 1) (interpolated when not probed)")
       ->capture_default_str();
   c->add_option("--tau", a->tau, "InfoNCE temperature")->capture_default_str();
   c->add_option("--batch", a->batch, "InfoNCE batch size (in-batch negatives)")->capture_default_str();

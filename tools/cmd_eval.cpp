@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/profile_io.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
 #include "model_io.hpp"
 #include "policy_request.hpp"
 
@@ -44,18 +46,7 @@ struct Row {
   double bytes_kept = 0, bytes_full = 0;
 };
 
-double mean_of(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
-}
-double stderr_of(const std::vector<double>& v) {
-  if (v.size() < 2) return 0.0;
-  const double m = mean_of(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return std::sqrt(s / static_cast<double>(v.size() - 1) / static_cast<double>(v.size()));
-}
+double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
 
 std::string join(const std::vector<int>& v, const char* sep) {
   std::ostringstream os;
@@ -89,7 +80,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const dept
     for (int l = 0; l < p.n_layers(); ++l)
       for (int k = 0; k < p.n_ratios(); ++k)
         s << name << ',' << l << ',' << p.keep_ratios[static_cast<std::size_t>(k)] << ',' << p.loss(l, k) << ','
-          << (p.stderr_.size() ? p.stderr_(l, k) : 0.0) << '\n';
+          << (p.loss_stderr.size() ? p.loss_stderr(l, k) : 0.0) << '\n';
   }
   std::fprintf(stderr, "eval: wrote %s and %s\n", path.c_str(), spath.c_str());
 }
@@ -140,70 +131,174 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
   std::fprintf(stderr, "eval: wrote %s (gnuplot script %s)\n", svg.c_str(), gp.c_str());
 }
 
+/// What to evaluate: the keep ratios, policies and scorers of the arguments, checked against the
+/// profile.
+struct EvalPlan {
+  std::vector<double> keeps;
+  std::vector<depthkv::AllocationPolicy> policies;
+  std::vector<std::string> policy_names;
+  std::vector<std::string> scorers;  ///< --scorers, or every scorer of the profile
+  std::vector<depthkv::ScorerConfig> scorer_configs;  ///< one per scorer
+};
+
+EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
+  using namespace depthkv;
+  EvalPlan p;
+  p.keeps = parse_doubles(a.keeps, "--keep");
+  for (double k : p.keeps) check_keep(k);
+  for (const std::string& name : split_list(a.policies)) {
+    p.policies.push_back(parse_allocation_policy(name));
+    p.policy_names.push_back(to_string(p.policies.back()));
+  }
+  DEPTHKV_CHECK(!p.policies.empty(), "--policies is empty");
+  for (AllocationPolicy policy : p.policies) {  // once, for the first policy that prunes by the curves
+    const std::string note = selection_note(policy, f, a.sel);
+    if (!note.empty()) {
+      std::fputs(note.c_str(), stderr);
+      break;
+    }
+  }
+  p.scorers = split_list(a.scorers);
+  if (p.scorers.empty())
+    for (const auto& kv : f.scorers) p.scorers.push_back(kv.first);
+  for (const std::string& s : p.scorers)
+    DEPTHKV_CHECK(f.has_scorer(s), "the profile has no measurements for scorer '"
+                                       << s << "': profile it first (depthkv profile --scorers " << s << ")");
+  DEPTHKV_CHECK(!p.scorers.empty(), "the profile holds no scorer");
+  for (const std::string& s : p.scorers) p.scorer_configs.push_back(a.sel.scorer(s));
+  return p;
+}
+
+/// Where the evaluation windows are: `windows` windows of context + continuation tokens of
+/// `source`, from window `skip` on.
+struct WindowPlan {
+  int context = 0, continuation = 0, skip = 0, windows = 0;
+  std::string source;  ///< --text or --tokens
+};
+
+/// The evaluation windows of the arguments (context and continuation default to the profile's;
+/// skip defaults to the first window after the calibration windows when the text is the same).
+/// @throws depthkv::Error when they overlap the profile's calibration windows
+WindowPlan plan_windows(const EvalArgs& a, const depthkv::ProfileFile& f) {
+  WindowPlan w;
+  w.context = a.context > 0 ? a.context : f.calibration.context;
+  w.continuation = a.continuation > 0 ? a.continuation : f.calibration.continuation;
+  w.windows = a.windows;
+  w.source = a.text.empty() ? a.tokens : a.text;
+  const long long lc = static_cast<long long>(f.calibration.context) + f.calibration.continuation;
+  const long long le = static_cast<long long>(w.context) + w.continuation;
+  const bool same_text = base_name(w.source) == base_name(f.calibration.text_file);
+  const long long cal_begin = f.calibration.window_begin * lc, cal_end = f.calibration.window_end * lc;
+  w.skip = a.skip;
+  if (w.skip < 0) w.skip = same_text ? static_cast<int>((cal_end + le - 1) / le) : 0;
+  const long long ev_begin = w.skip * le, ev_end = (w.skip + static_cast<long long>(w.windows)) * le;
+  DEPTHKV_CHECK(!same_text || ev_end <= cal_begin || ev_begin >= cal_end,
+                "evaluation windows (tokens " << ev_begin << ".." << ev_end << " of " << base_name(w.source)
+                                              << ") overlap the profile's calibration windows (tokens " << cal_begin
+                                              << ".." << cal_end << "): use --skip >= "
+                                              << (cal_end + le - 1) / le);
+  return w;
+}
+
+/// One row: the budgets `policy` gives at `keep` and the means over the windows of pruning to them.
+Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, const depthkv::ProfileFile& f,
+                 const std::string& scorer, int scorer_index, double keep, depthkv::AllocationPolicy policy,
+                 const std::vector<int>& lengths, double nll_full) {
+  using namespace depthkv;
+  const PolicyInputs in = policy_inputs(policy, keep, lengths, &f, scorer, a.sel, a.min_tokens);
+  Row r;
+  r.scorer = scorer;
+  r.policy = to_string(policy);
+  r.keep = keep;
+  r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
+  std::vector<double> kl, dnll, top1, kept, full;
+  for (const llama::WindowResult& wr : ev.evaluate_budgets(r.budgets, scorer_index)) {
+    kl.push_back(wr.metrics.loss.kl);
+    dnll.push_back(wr.metrics.loss.dnll);
+    top1.push_back(1.0 - wr.metrics.loss.top1_disagree);
+    kept.push_back(static_cast<double>(wr.bytes_kept));
+    full.push_back(static_cast<double>(wr.bytes_full));
+  }
+  std::tie(r.kl, r.kl_se) = mean_and_stderr(kl);
+  r.dnll = mean_of(dnll);
+  r.top1 = mean_of(top1);
+  r.nll_full = nll_full;
+  r.bytes_kept = mean_of(kept);
+  r.bytes_full = mean_of(full);
+  return r;
+}
+
+void print_json(const std::vector<Row>& rows) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const Row& r : rows)
+    arr.push_back({{"scorer", r.scorer},
+                   {"policy", r.policy},
+                   {"keep", r.keep},
+                   {"budgets", r.budgets},
+                   {"kl", r.kl},
+                   {"dnll", r.dnll},
+                   {"top1", r.top1},
+                   {"nll_full", r.nll_full},
+                   {"bytes_kept", r.bytes_kept},
+                   {"bytes_full", r.bytes_full}});
+  std::printf("%s\n", arr.dump(2).c_str());
+}
+
+/// The table, each policy's KL against uniform's at the same budget, and the timing line.
+void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPlan& plan, const WindowPlan& w,
+                 const std::vector<Row>& rows, double nll_full, double full_s, double eval_s) {
+  std::printf("evaluation: %s, %d windows (%d..%d) of %s, context %d + continuation %d; full-cache NLL %.4f nats\n",
+              base_name(a.model).c_str(), w.windows, w.skip, w.skip + w.windows - 1, base_name(w.source).c_str(),
+              w.context, w.continuation, nll_full);
+  std::printf("profile: %s (%d calibration windows %lld..%lld of %s), %s\n", base_name(a.profile).c_str(),
+              f.calibration.samples, f.calibration.window_begin, f.calibration.window_end - 1,
+              base_name(f.calibration.text_file).c_str(), a.sel.describe().c_str());
+  std::printf("%-7s %-12s %5s  %-24s %9s %8s %8s %7s %10s\n", "scorer", "policy", "keep", "budgets/layer", "KL",
+              "+-se", "dNLL", "top1", "KV kept");
+  for (const Row& r : rows)
+    std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
+                join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
+  std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
+  for (const std::string& sc : plan.scorers)
+    for (double keep : plan.keeps) {
+      double uni = -1;
+      for (const Row& r : rows)
+        if (r.scorer == sc && r.keep == keep && r.policy == "uniform") uni = r.kl;
+      if (uni <= 0) continue;
+      std::printf("  %-7s keep %.2f:", sc.c_str(), keep);
+      for (const Row& r : rows)
+        if (r.scorer == sc && r.keep == keep && r.policy != "uniform")
+          std::printf("  %s %+.0f%%", r.policy.c_str(), 100.0 * (r.kl / uni - 1.0));
+      std::printf("\n");
+    }
+  std::printf("time: full passes %.2f s, %zu evaluations %.2f s\n", full_s, rows.size(), eval_s);
+}
+
 void run_eval(const EvalArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
-  const std::vector<double> keeps = parse_doubles(a.keeps, "--keep");
-  for (double k : keeps) DEPTHKV_CHECK(k > 0.0 && k <= 1.0, "--keep: " << k << " outside (0, 1]");
-  std::vector<AllocationPolicy> policies;
-  std::vector<std::string> policy_names;
-  for (const std::string& p : split_list(a.policies)) {
-    policies.push_back(parse_allocation_policy(p));
-    policy_names.push_back(to_string(policies.back()));
-  }
-  DEPTHKV_CHECK(!policies.empty(), "--policies is empty");
-  for (AllocationPolicy p : policies) {  // once, for the first policy that prunes by the curves
-    const std::string note =
-        selection_note(p, f, a.sel.sinks, a.sel.window, a.sel.window, /*generate_flags=*/false);
-    if (!note.empty()) {
-      std::fputs(note.c_str(), stderr);
-      break;
-    }
-  }
-  std::vector<std::string> scorers = split_list(a.scorers);
-  if (scorers.empty())
-    for (const auto& kv : f.scorers) scorers.push_back(kv.first);
-  for (const std::string& s : scorers)
-    DEPTHKV_CHECK(f.has_scorer(s), "the profile has no measurements for scorer '"
-                                       << s << "': profile it first (depthkv profile --scorers " << s << ")");
-  DEPTHKV_CHECK(!scorers.empty(), "the profile holds no scorer");
-  std::vector<ScorerConfig> scfg;
-  for (const std::string& s : scorers) scfg.push_back(a.sel.scorer(s));
+  const EvalPlan plan = plan_eval(a, f);
+  const WindowPlan w = plan_windows(a, f);
 
-  // Windows, disjoint from the calibration windows.
-  const int context = a.context > 0 ? a.context : f.calibration.context;
-  const int continuation = a.continuation > 0 ? a.continuation : f.calibration.continuation;
-  const std::string src = a.text.empty() ? a.tokens : a.text;
-  const long long lc = static_cast<long long>(f.calibration.context) + f.calibration.continuation;
-  const long long le = static_cast<long long>(context) + continuation;
-  const bool same_text = base_name(src) == base_name(f.calibration.text_file);
-  const long long cal_begin = f.calibration.window_begin * lc, cal_end = f.calibration.window_end * lc;
-  int skip = a.skip;
-  if (skip < 0) skip = same_text ? static_cast<int>((cal_end + le - 1) / le) : 0;
-  const long long ev_begin = skip * le, ev_end = (skip + static_cast<long long>(a.windows)) * le;
-  DEPTHKV_CHECK(!same_text || ev_end <= cal_begin || ev_begin >= cal_end,
-                "evaluation windows (tokens " << ev_begin << ".." << ev_end << " of " << base_name(src)
-                                              << ") overlap the profile's calibration windows (tokens " << cal_begin
-                                              << ".." << cal_end << "): use --skip >= "
-                                              << (cal_end + le - 1) / le);
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
   const LlamaEngine engine(lm.model);
   const int L = lm.model.config.n_layers;
   DEPTHKV_CHECK(L == f.n_layers, "the profile has " << f.n_layers << " layers, the model " << L);
-  DEPTHKV_CHECK(context + continuation <= lm.model.config.seq_len,
-                "context + continuation = " << context + continuation << " exceeds the model's trained context "
+  DEPTHKV_CHECK(w.context + w.continuation <= lm.model.config.seq_len,
+                "context + continuation = " << w.context + w.continuation << " exceeds the model's trained context "
                                             << lm.model.config.seq_len);
-  std::vector<EvalWindow> windows = load_windows(src, lm.tokenizer.get(), context, continuation, skip, a.windows,
-                                                 !a.tokens.empty(), lm.model.config.vocab_size);
+  std::vector<EvalWindow> windows = load_windows(w.source, lm.tokenizer.get(), w.context, w.continuation, w.skip,
+                                                 w.windows, !a.tokens.empty(), lm.model.config.vocab_size);
   std::fprintf(stderr, "eval: %s, %d windows of %d+%d tokens from %s (windows %d..%d), scorers %s\n",
-               base_name(a.model).c_str(), a.windows, context, continuation, base_name(src).c_str(), skip,
-               skip + a.windows - 1, a.scorers.empty() ? "(all in the profile)" : a.scorers.c_str());
+               base_name(a.model).c_str(), w.windows, w.context, w.continuation, base_name(w.source).c_str(), w.skip,
+               w.skip + w.windows - 1, a.scorers.empty() ? "(all in the profile)" : a.scorers.c_str());
 
+  // The full-cache passes (once), then every (scorer, keep, policy) against them.
   EvalConfig ecfg;
-  ecfg.scorers = scfg;
+  ecfg.scorers = plan.scorer_configs;
   ecfg.protection = a.sel.protection();
   ecfg.chunk_size = a.chunk;
   ecfg.n_threads = a.threads;
@@ -211,90 +306,33 @@ void run_eval(const EvalArgs& a) {
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t0);
   std::vector<double> nll_full;
-  for (int w = 0; w < ev.n_windows(); ++w) nll_full.push_back(ev.nll_full(w));
+  for (int i = 0; i < ev.n_windows(); ++i) nll_full.push_back(ev.nll_full(i));
+  const double nll_full_mean = mean_of(nll_full);
 
-  const std::vector<int> lengths(static_cast<std::size_t>(L), context);
+  const std::vector<int> lengths(static_cast<std::size_t>(L), w.context);
   std::vector<Row> rows;
   Progress bar("eval");
-  const long long total = static_cast<long long>(scorers.size() * keeps.size() * policies.size());
+  const long long total = static_cast<long long>(plan.scorers.size() * plan.keeps.size() * plan.policies.size());
   const auto t1 = std::chrono::steady_clock::now();
-  for (std::size_t s = 0; s < scorers.size(); ++s)
-    for (double keep : keeps)
-      for (AllocationPolicy policy : policies) {
-        const PolicyInputs in = policy_inputs(policy, keep, lengths, &f, scorers[s], a.sel, a.min_tokens);
-        Row r;
-        r.scorer = scorers[s];
-        r.policy = to_string(policy);
-        r.keep = keep;
-        r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
-        std::vector<double> kl, dnll, top1, kept, full;
-        for (const WindowResult& wr : ev.evaluate_budgets(r.budgets, static_cast<int>(s))) {
-          kl.push_back(wr.metrics.loss.kl);
-          dnll.push_back(wr.metrics.loss.dnll);
-          top1.push_back(1.0 - wr.metrics.loss.top1_disagree);
-          kept.push_back(static_cast<double>(wr.bytes_kept));
-          full.push_back(static_cast<double>(wr.bytes_full));
-        }
-        r.kl = mean_of(kl);
-        r.kl_se = stderr_of(kl);
-        r.dnll = mean_of(dnll);
-        r.top1 = mean_of(top1);
-        r.nll_full = mean_of(nll_full);
-        r.bytes_kept = mean_of(kept);
-        r.bytes_full = mean_of(full);
-        rows.push_back(r);
+  for (std::size_t s = 0; s < plan.scorers.size(); ++s)
+    for (double keep : plan.keeps)
+      for (AllocationPolicy policy : plan.policies) {
+        rows.push_back(evaluate_row(ev, a, f, plan.scorers[s], static_cast<int>(s), keep, policy, lengths,
+                                    nll_full_mean));
         bar.update(static_cast<long long>(rows.size()), total);
       }
   const double eval_s = seconds_since(t1);
 
-  if (a.json) {
-    nlohmann::json arr = nlohmann::json::array();
-    for (const Row& r : rows)
-      arr.push_back({{"scorer", r.scorer},
-                     {"policy", r.policy},
-                     {"keep", r.keep},
-                     {"budgets", r.budgets},
-                     {"kl", r.kl},
-                     {"dnll", r.dnll},
-                     {"top1", r.top1},
-                     {"nll_full", r.nll_full},
-                     {"bytes_kept", r.bytes_kept},
-                     {"bytes_full", r.bytes_full}});
-    std::printf("%s\n", arr.dump(2).c_str());
-  } else {
-    std::printf("evaluation: %s, %d windows (%d..%d) of %s, context %d + continuation %d; full-cache NLL %.4f nats\n",
-                base_name(a.model).c_str(), a.windows, skip, skip + a.windows - 1, base_name(src).c_str(), context,
-                continuation, mean_of(nll_full));
-    std::printf("profile: %s (%d calibration windows %lld..%lld of %s), %s\n", base_name(a.profile).c_str(),
-                f.calibration.samples, f.calibration.window_begin, f.calibration.window_end - 1,
-                base_name(f.calibration.text_file).c_str(), a.sel.describe().c_str());
-    std::printf("%-7s %-12s %5s  %-24s %9s %8s %8s %7s %10s\n", "scorer", "policy", "keep", "budgets/layer", "KL",
-                "+-se", "dNLL", "top1", "KV kept");
-    for (const Row& r : rows)
-      std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
-                  join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
-    // Each policy's KL against uniform's at the same budget.
-    std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
-    for (const std::string& sc : scorers)
-      for (double keep : keeps) {
-        double uni = -1;
-        for (const Row& r : rows)
-          if (r.scorer == sc && r.keep == keep && r.policy == "uniform") uni = r.kl;
-        if (uni <= 0) continue;
-        std::printf("  %-7s keep %.2f:", sc.c_str(), keep);
-        for (const Row& r : rows)
-          if (r.scorer == sc && r.keep == keep && r.policy != "uniform")
-            std::printf("  %s %+.0f%%", r.policy.c_str(), 100.0 * (r.kl / uni - 1.0));
-        std::printf("\n");
-      }
-    std::printf("time: full passes %.2f s, %zu evaluations %.2f s\n", full_s, rows.size(), eval_s);
-  }
-  if (!a.csv.empty()) write_csv(a.csv, rows, f, scorers);
+  if (a.json)
+    print_json(rows);
+  else
+    print_table(a, f, plan, w, rows, nll_full_mean, full_s, eval_s);
+  if (!a.csv.empty()) write_csv(a.csv, rows, f, plan.scorers);
   if (!a.plot.empty()) {
     std::ostringstream title;
-    title << base_name(a.model) << ": " << a.windows << " eval windows of " << base_name(src) << " (" << context << "+"
-          << continuation << " tokens)";
-    write_plot(a.plot, rows, f, scorers, policy_names, title.str());
+    title << base_name(a.model) << ": " << w.windows << " eval windows of " << base_name(w.source) << " ("
+          << w.context << "+" << w.continuation << " tokens)";
+    write_plot(a.plot, rows, f, plan.scorers, plan.policy_names, title.str());
   }
 }
 
@@ -304,13 +342,12 @@ void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* c = app.add_subcommand("eval", "evaluate allocation policies against the full cache on held-out windows");
   c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
-  c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none");
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
   c->add_option("--text", a->text, "evaluation text (stories separated by blank lines)");
   c->add_option("--tokens", a->tokens, "pre-tokenized evaluation input: a file of token ids (instead of --text)");
   c->add_option("--profile", a->profile, "profile file of this model (from depthkv profile)")->required();
-  c->add_option("--keep", a->keeps, "global keep ratios")->capture_default_str();
-  c->add_option("--policies", a->policies,
-                "any of uniform, pyramid, proportional, middle, optimal, mga, mlma2, mlma4, mlma6, mlp")
+  c->add_option("--keep", a->keeps, "global keep ratios, each in (0, 1]")->capture_default_str();
+  c->add_option("--policies", a->policies, "allocation policies, any of " + depthkv::allocation_policy_names())
       ->capture_default_str();
   c->add_option("--scorers", a->scorers, "scorers (default: all in the profile)");
   c->add_option("--context", a->context, "context tokens (default: the profile's)");
@@ -318,9 +355,9 @@ void register_eval(CLI::App& app) {
   c->add_option("--windows", a->windows, "evaluation windows")->capture_default_str();
   c->add_option("--skip", a->skip, "windows skipped (default: first window after the calibration windows)");
   c->add_option("--min-tokens", a->min_tokens,
-                "safeguard floor per layer for optimal/proportional/mga/mlma (-1: sinks + window + 8; 0: off)")
+                "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8; 0: off)")
       ->capture_default_str();
-  a->sel.add_options(c, /*with_kernel=*/true);
+  a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--json", a->json, "print the rows as one JSON array");

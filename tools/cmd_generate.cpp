@@ -15,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "cli_common.hpp"
 #include "commands.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/error.hpp"
@@ -36,26 +37,22 @@ struct GenerateArgs {
   unsigned long long seed = 0;
   double keep = 1.0;
   std::string policy = "uniform", scorer = "h2o";
-  int sink = 0, recent = 0, window = 32, chunk = 1024, threads = 0;
+  int chunk = 1024, threads = 0;
+  SelectionSettings sel = SelectionSettings::generate();
 };
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 void run_generate(const GenerateArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
-  DEPTHKV_CHECK(a.keep > 0.0 && a.keep <= 1.0, "--keep must be in (0, 1], got " << a.keep);
+  check_keep(a.keep);
+  a.sel.check();
   DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
   DEPTHKV_CHECK(a.threads >= 0, "--threads must be >= 0, got " << a.threads);
 #ifdef _OPENMP
   if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
   const AllocationPolicy policy = parse_allocation_policy(a.policy);
-  ScorerConfig scfg;
-  scfg.kind = parse_scorer_kind(a.scorer);
-  scfg.window = a.window;
+  const ScorerConfig scfg = a.sel.scorer(a.scorer);
 
   // the profile (curve-based and InfoNCE-guided policies), checked against the model first
   std::unique_ptr<ProfileFile> profile_file;
@@ -92,21 +89,19 @@ void run_generate(const GenerateArgs& a) {
   }
   const auto t_prefill = std::chrono::steady_clock::now();
   const RowMatrix prefill_logits =
-      engine.prefill(std::vector<int>(prompt.begin(), prompt.begin() + n_feed), cache, opt);
-  const double prefill_ms = ms_since(t_prefill);
+      engine.prefill(std::vector<int>(prompt.begin(), prompt.begin() + n_feed), 0, cache, opt);
+  const double prefill_ms = 1000.0 * seconds_since(t_prefill);
   if (prune) {
     PruneRequest req;
     req.policy = policy;
     req.budget.keep_ratio = a.keep;
-    req.budget.window = a.window;
-    req.protection = Protection{a.sink, a.recent};
-    req.budget.min_tokens = a.sink + a.recent + kSafeguardMargin;  // as eval: protected tokens + margin
+    req.budget.window = a.sel.obs_window;
+    req.protection = a.sel.protection();
+    req.budget.min_tokens = safeguard_floor(req.protection);  // as eval: protected tokens + margin
     SensitivityProfile curves;
     if (add_profile_inputs(policy, profile_file.get(), a.scorer, req.budget, curves)) {
       req.profile = &curves;
-      std::fputs(
-          selection_note(policy, *profile_file, a.sink, a.recent, a.window, /*generate_flags=*/true).c_str(),
-          stderr);
+      std::fputs(selection_note(policy, *profile_file, a.sel).c_str(), stderr);
     }
     const PruneReport rep = score_and_evict(cache, scorers, req);
     std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(),
@@ -139,7 +134,7 @@ void run_generate(const GenerateArgs& a) {
   }
   std::fputs("\n", stdout);
   std::fflush(stdout);
-  const double decode_ms = ms_since(t_decode);
+  const double decode_ms = 1000.0 * seconds_since(t_decode);
   std::fprintf(stderr,
                "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
                n_feed, prefill_ms, prefill_ms > 0 ? 1000.0 * n_feed / prefill_ms : 0.0, decoded, decode_ms,
@@ -151,37 +146,33 @@ void run_generate(const GenerateArgs& a) {
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd =
-      app.add_subcommand("generate", "Generate text as llama2.c's run (optionally on a pruned KV cache)");
+      app.add_subcommand("generate", "generate text as llama2.c's run (optionally on a pruned KV cache)");
   cmd->add_option("-m,--model", args->model, "model file: llama2.c checkpoint (.bin) or GGUF")->required();
   cmd->add_option("-z,--tokenizer", args->tokenizer,
-                  "tokenizer file (default: from the GGUF, or tok512.bin beside a .bin model)");
+                  "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
   cmd->add_option("-i,--prompt", args->prompt, "prompt text (default: empty, generation starts from BOS)");
   cmd->add_option("-n,--steps", args->steps,
-                  "number of positions to run, prompt included (0 = the model's seq_len)")
+                  "number of positions to run, prompt included (0: the model's seq_len)")
       ->capture_default_str();
-  cmd->add_option("-t,--temperature", args->temperature, "sampling temperature (0 = greedy)")
+  cmd->add_option("-t,--temperature", args->temperature, "sampling temperature (0: greedy)")
       ->capture_default_str();
   cmd->add_option("-p,--topp", args->topp, "top-p (nucleus) threshold in [0, 1]")->capture_default_str();
-  cmd->add_option("-s,--seed", args->seed, "random seed (0 = current time, as run.c)")->capture_default_str();
-  cmd->add_option("--keep", args->keep, "global KV keep ratio after the prompt's prefill (1 = no eviction)")
+  cmd->add_option("-s,--seed", args->seed, "random seed (0: the current time, as run.c)")->capture_default_str();
+  cmd->add_option("--keep", args->keep,
+                  "global KV keep ratio in (0, 1] after the prompt's prefill (1: no eviction)")
       ->capture_default_str();
-  cmd->add_option(
-         "--policy", args->policy,
-         "per-layer budget policy: uniform, pyramid, middle, ...; proportional, optimal, mga and mlma* "
-         "need --profile")
+  cmd->add_option("--policy", args->policy,
+                  "per-layer budget policy: " + depthkv::allocation_policy_names() +
+                      " (proportional, optimal, mga and mlma* need --profile)")
       ->capture_default_str();
-  cmd->add_option(
-      "--profile", args->profile,
-      "profile file of this model (from depthkv profile) for the curve-based policies; measured with the "
-      "same scorer and protection (depthkv profile's --sinks/--window are --sink/--recent here)");
+  cmd->add_option("--profile", args->profile,
+                  "profile file of this model (from depthkv profile) for the curve-based policies, measured "
+                  "with the same scorer and selection (--sinks, --recent, --obs-window, --kernel, --pooling)");
   cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
       ->capture_default_str();
-  cmd->add_option("--sink", args->sink, "first tokens every head keeps")->capture_default_str();
-  cmd->add_option("--recent", args->recent, "last tokens every head keeps")->capture_default_str();
-  cmd->add_option("--window", args->window, "SnapKV observation window / pyramid window")
-      ->capture_default_str();
+  args->sel.add_options(cmd, /*old_window=*/"--obs-window N", /*old_sink=*/true);
   cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "OpenMP threads (0 = OMP_NUM_THREADS or all cores)")
+  cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
       ->capture_default_str();
   cmd->callback([args]() { run_generate(*args); });
 }

@@ -31,6 +31,132 @@ struct ProfileArgs {
   SelectionSettings sel;
 };
 
+/// What --metric asks for: the loss metric of the curves (kl, dnll or top1; "" for none) and/or
+/// the representation metrics ("infonce"; alone it skips the pruned runs).
+struct MetricChoice {
+  std::string loss_metric;
+  bool infonce = false;
+};
+
+MetricChoice parse_metrics(const std::string& list) {
+  MetricChoice c;
+  for (const std::string& m : split_list(list)) {
+    if (m == "infonce") {
+      c.infonce = true;
+    } else {
+      depthkv::parse_loss_metric(m);
+      DEPTHKV_CHECK(c.loss_metric.empty(), "--metric: give at most one of kl, dnll, top1");
+      c.loss_metric = m;
+    }
+  }
+  DEPTHKV_CHECK(c.infonce || !c.loss_metric.empty(), "--metric is empty");
+  return c;
+}
+
+/// The profile file to fill: the partial output file with --resume (checked to be measured with
+/// these settings), else a new one describing this calibration.
+depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<double>& keep_ratios, int n_layers,
+                                   const std::string& src, const MetricChoice& metrics) {
+  using namespace depthkv;
+  ProfileFile out;
+  if (a.resume && std::ifstream(a.output).good()) {
+    out = load_profile(a.output, a.model);
+    DEPTHKV_CHECK(out.calibration.text_file == src && out.calibration.context == a.context &&
+                      out.calibration.continuation == a.continuation && out.calibration.skip == a.skip &&
+                      out.calibration.samples == a.windows && out.keep_ratios == keep_ratios,
+                  "--resume: '" << a.output << "' was measured with other settings (text, windows or ratios)");
+    std::fprintf(stderr, "profile: resuming from %s\n", a.output.c_str());
+    return out;
+  }
+  out.model = model_identity(a.model);
+  out.n_layers = n_layers;
+  out.keep_ratios = keep_ratios;
+  out.metric = metrics.loss_metric.empty() ? "kl" : metrics.loss_metric;
+  out.calibration.text_file = src;
+  out.calibration.context = a.context;
+  out.calibration.continuation = a.continuation;
+  out.calibration.skip = a.skip;
+  out.calibration.samples = a.windows;
+  out.calibration.window_begin = a.skip;
+  out.calibration.window_end = a.skip + a.windows;
+  out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
+  out.calibration.selection = a.sel.record();
+  return out;
+}
+
+/// The representation metrics (InfoNCE, effective rank, spectral entropy) into `out`: two
+/// forward passes per probe story (the story and a copy with 10% of its words dropped), stories
+/// taken right after the calibration windows. Saves `out`.
+void probe_into(const ProfileArgs& a, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::Tokenizer* tok,
+                depthkv::ProfileFile& out) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  DEPTHKV_CHECK(tok != nullptr, "--metric infonce needs text and a tokenizer");
+  DEPTHKV_CHECK(a.tokens.empty(), "--metric infonce needs --text (it perturbs words)");
+  const std::vector<std::string> stories = split_stories(read_text_file(a.text));
+  const int first =
+      first_story_after(*tok, stories, static_cast<long long>(a.skip + a.windows) * (a.context + a.continuation));
+  DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= first + static_cast<long long>(a.probe_samples),
+                "'" << a.text << "' has " << stories.size() << " stories; the probe needs " << a.probe_samples
+                    << " after story " << first);
+  const std::vector<std::string> texts(stories.begin() + first, stories.begin() + first + a.probe_samples);
+  ProbeOptions po;
+  po.n_threads = a.threads;
+  Progress pbar("profile infonce");
+  po.progress = [&](int done, int total) { pbar.update(done, total); };
+  const auto tp = std::chrono::steady_clock::now();
+  write_layer_metrics(out, probe_representations(engine, *tok, texts, po));
+  std::printf("representation metrics (InfoNCE, effective rank, spectral entropy; 4 stages) on stories %d..%d: %.2f s\n",
+              first, first + a.probe_samples - 1, seconds_since(tp));
+  save_profile(out, a.output);
+}
+
+/// Runs the profiler of every scorer not yet complete in `out` (checkpointing `out` to the output
+/// file as it goes) and saves `out`.
+/// @return the seconds spent
+double measure_curves(const ProfileArgs& a, const depthkv::llama::PruningEvaluator& ev, int n_layers,
+                      const std::vector<std::string>& scorer_names, const depthkv::ProfilerOptions& popt,
+                      depthkv::ProfileFile& out) {
+  using namespace depthkv;
+  const auto t_prof = std::chrono::steady_clock::now();
+  for (std::size_t s = 0; s < scorer_names.size(); ++s) {
+    SensitivityProfiler prof(n_layers, popt);
+    const auto it = out.scorers.find(scorer_names[s]);
+    if (it != out.scorers.end()) prof.resume(it->second);
+    if (prof.state().complete()) continue;
+    Progress bar("profile " + scorer_names[s]);
+    prof.options().progress = [&](int done, int total) {
+      bar.update(done, total);
+      out.scorers[scorer_names[s]] = prof.state();  // checkpoint: --resume continues from here
+      save_profile(out, a.output);
+      return true;
+    };
+    prof.run_batched(ev.layer_function(static_cast<int>(s)));
+    out.scorers[scorer_names[s]] = prof.state();
+  }
+  const double prof_s = seconds_since(t_prof);
+  save_profile(out, a.output);
+  return prof_s;
+}
+
+/// Each scorer's curves: mean loss per layer (rows) and keep ratio (columns) +- standard error.
+void print_curves(const depthkv::ProfileFile& out, const std::vector<std::string>& scorer_names) {
+  for (const std::string& name : scorer_names) {
+    const depthkv::SensitivityProfile p = out.profile(name);
+    std::printf("\nscorer %s: mean %s per layer (rows) and keep ratio (columns), +- standard error\n", name.c_str(),
+                out.metric.c_str());
+    std::printf("layer");
+    for (double r : p.keep_ratios) std::printf("  %15.2f", r);
+    std::printf("\n");
+    for (int l = 0; l < p.n_layers(); ++l) {
+      std::printf("%5d", l);
+      for (int k = 0; k < p.n_ratios(); ++k)
+        std::printf("  %7.4f+-%6.4f", p.loss(l, k), p.loss_stderr.size() ? p.loss_stderr(l, k) : 0.0);
+      std::printf("\n");
+    }
+  }
+}
+
 void run_profile(const ProfileArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -42,21 +168,7 @@ void run_profile(const ProfileArgs& a) {
   for (const std::string& s : scorer_names) scorer_cfgs.push_back(a.sel.scorer(s));
   ProfilerOptions popt;
   popt.keep_ratios = parse_doubles(a.ratios, "--ratios");
-  // --metric: the loss metric of the curves (kl, dnll, top1) and/or infonce (representation
-  // metrics, issue 7); "infonce" alone skips the pruned runs.
-  std::string loss_metric;
-  bool want_infonce = false;
-  for (const std::string& m : split_list(a.metric)) {
-    if (m == "infonce") {
-      want_infonce = true;
-    } else {
-      parse_loss_metric(m);
-      DEPTHKV_CHECK(loss_metric.empty(), "--metric: give at most one of kl, dnll, top1");
-      loss_metric = m;
-    }
-  }
-  DEPTHKV_CHECK(want_infonce || !loss_metric.empty(), "--metric is empty");
-  const bool want_curves = !loss_metric.empty();
+  const MetricChoice metrics = parse_metrics(a.metric);
 
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
   const LlamaEngine engine(lm.model);
@@ -67,53 +179,11 @@ void run_profile(const ProfileArgs& a) {
   const std::string src = a.text.empty() ? a.tokens : a.text;
   std::vector<EvalWindow> windows = load_windows(src, lm.tokenizer.get(), a.context, a.continuation, a.skip, a.windows,
                                                  !a.tokens.empty(), lm.model.config.vocab_size);
+  ProfileFile out = start_profile(a, popt.keep_ratios, L, src, metrics);
 
-  ProfileFile out;
-  if (a.resume && std::ifstream(a.output).good()) {
-    out = load_profile(a.output, a.model);
-    DEPTHKV_CHECK(out.calibration.text_file == src && out.calibration.context == a.context &&
-                      out.calibration.continuation == a.continuation && out.calibration.skip == a.skip &&
-                      out.calibration.samples == a.windows && out.keep_ratios == popt.keep_ratios,
-                  "--resume: '" << a.output << "' was measured with other settings (text, windows or ratios)");
-    std::fprintf(stderr, "profile: resuming from %s\n", a.output.c_str());
-  } else {
-    out.model = model_identity(a.model);
-    out.n_layers = L;
-    out.keep_ratios = popt.keep_ratios;
-    out.metric = want_curves ? loss_metric : "kl";
-    out.calibration.text_file = src;
-    out.calibration.context = a.context;
-    out.calibration.continuation = a.continuation;
-    out.calibration.skip = a.skip;
-    out.calibration.samples = a.windows;
-    out.calibration.window_begin = a.skip;
-    out.calibration.window_end = a.skip + a.windows;
-    out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
-    out.calibration.selection = {a.sel.sinks, a.sel.window, a.sel.window, a.sel.kernel};
-  }
-
-  if (want_infonce) {
-    // Two forward passes per probe story (the story and a copy with 10% of its words dropped),
-    // stories taken right after the calibration windows.
-    DEPTHKV_CHECK(lm.tokenizer != nullptr, "--metric infonce needs text and a tokenizer");
-    DEPTHKV_CHECK(a.tokens.empty(), "--metric infonce needs --text (it perturbs words)");
-    const std::vector<std::string> stories = split_stories(read_text_file(a.text));
-    const int first = first_story_after(*lm.tokenizer, stories,
-                                        static_cast<long long>(a.skip + a.windows) * (a.context + a.continuation));
-    DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= first + static_cast<long long>(a.probe_samples),
-                  "'" << a.text << "' has " << stories.size() << " stories; the probe needs " << a.probe_samples
-                      << " after story " << first);
-    const std::vector<std::string> texts(stories.begin() + first, stories.begin() + first + a.probe_samples);
-    ProbeOptions po;
-    po.n_threads = a.threads;
-    Progress pbar("profile infonce");
-    po.progress = [&](int done, int total) { pbar.update(done, total); };
-    const auto tp = std::chrono::steady_clock::now();
-    write_layer_metrics(out, probe_representations(engine, *lm.tokenizer, texts, po));
-    std::printf("representation metrics (InfoNCE, effective rank, spectral entropy; 4 stages) on stories %d..%d: %.2f s\n",
-                first, first + a.probe_samples - 1, seconds_since(tp));
-    save_profile(out, a.output);
-    if (!want_curves) {
+  if (metrics.infonce) {
+    probe_into(a, engine, lm.tokenizer.get(), out);
+    if (metrics.loss_metric.empty()) {
       std::printf("profile written to %s (representation metrics only)\n", a.output.c_str());
       return;
     }
@@ -130,26 +200,8 @@ void run_profile(const ProfileArgs& a) {
   const auto t_full = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t_full);
-
-  const auto t_prof = std::chrono::steady_clock::now();
   const long long tokens_before = ev.layer_tokens_run();
-  for (std::size_t s = 0; s < scorer_names.size(); ++s) {
-    SensitivityProfiler prof(L, popt);
-    const auto it = out.scorers.find(scorer_names[s]);
-    if (it != out.scorers.end()) prof.resume(it->second);
-    if (prof.state().complete()) continue;
-    Progress bar("profile " + scorer_names[s]);
-    prof.options().progress = [&](int done, int total) {
-      bar.update(done, total);
-      out.scorers[scorer_names[s]] = prof.state();  // checkpoint: --resume continues from here
-      save_profile(out, a.output);
-      return true;
-    };
-    prof.run_batched(ev.layer_function(static_cast<int>(s)));
-    out.scorers[scorer_names[s]] = prof.state();
-  }
-  const double prof_s = seconds_since(t_prof);
-  save_profile(out, a.output);
+  const double prof_s = measure_curves(a, ev, L, scorer_names, popt, out);
 
   // Cost: layer-token products of the plan runs against one full pass (context + continuation
   // through all layers) over the same windows.
@@ -162,20 +214,7 @@ void run_profile(const ProfileArgs& a) {
   std::printf("cost: full evaluation pass %.3f s; profiling %.3f s = %.2f full passes for %d (layer, ratio, scorer) runs "
               "(naive: %d full passes); compute %.2f full-pass equivalents (layer-token products)\n",
               full_s, prof_s, prof_s / full_s, runs, runs, equiv);
-  for (const std::string& name : scorer_names) {
-    const SensitivityProfile p = out.profile(name);
-    std::printf("\nscorer %s: mean %s per layer (rows) and keep ratio (columns), +- standard error\n", name.c_str(),
-                out.metric.c_str());
-    std::printf("layer");
-    for (double r : p.keep_ratios) std::printf("  %15.2f", r);
-    std::printf("\n");
-    for (int l = 0; l < p.n_layers(); ++l) {
-      std::printf("%5d", l);
-      for (int k = 0; k < p.n_ratios(); ++k)
-        std::printf("  %7.4f+-%6.4f", p.loss(l, k), p.stderr_.size() ? p.stderr_(l, k) : 0.0);
-      std::printf("\n");
-    }
-  }
+  print_curves(out, scorer_names);
 }
 
 }  // namespace
@@ -184,7 +223,7 @@ void register_profile(CLI::App& app) {
   auto a = std::make_shared<ProfileArgs>();
   CLI::App* c = app.add_subcommand("profile", "measure per-layer loss curves on calibration text and write a profile file");
   c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
-  c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: tok512.bin beside a .bin)");
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
   c->add_option("--text", a->text, "calibration text (stories separated by blank lines)");
   c->add_option("--tokens", a->tokens, "pre-tokenized calibration input: a file of token ids (instead of --text)");
   c->add_option("-o,--output", a->output, "profile file to write (JSON)")->required();
@@ -201,7 +240,7 @@ void register_profile(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--probe-samples", a->probe_samples, "stories probed by --metric infonce (after the calibration windows)")
       ->capture_default_str();
-  a->sel.add_options(c, /*with_kernel=*/true);
+  a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");

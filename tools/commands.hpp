@@ -18,6 +18,8 @@ void register_allocate(CLI::App& app);
 
 /// `depthkv eval`: allocation policies against the full cache on held-out windows.
 void register_eval(CLI::App& app);
+
+/// `depthkv analyze`: rank correlation of representation metrics with the measured sensitivity.
 void register_analyze(CLI::App& app);
 
 }  // namespace depthkv_cli

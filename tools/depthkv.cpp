@@ -1,4 +1,5 @@
 // depthkv: the command-line program (subcommands in tools/cmd_*.cpp, declared in commands.hpp).
+// Exit code 0 on success, 1 on any error, reported on stderr as "depthkv: error: <message>".
 
 #include <cstdio>
 #include <exception>
@@ -13,6 +14,9 @@
 int main(int argc, char** argv) {
   CLI::App app{"depthkv: layer-wise KV-cache budgets for LLM inference", "depthkv"};
   app.require_subcommand(1);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("depthkv: error: ") + e.what() + "\nRun with --help for more information.\n";
+  });
   depthkv_cli::register_generate(app);
   depthkv_cli::register_profile(app);
   depthkv_cli::register_allocate(app);
@@ -21,13 +25,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 1;  // --help: 0; a usage error: its message, then 1 like every error
   } catch (const depthkv::Error& e) {
     std::fflush(stdout);
-    std::string what = e.what();
-    const std::string prefix = "depthkv: ";
-    if (what.compare(0, prefix.size(), prefix) == 0) what = what.substr(prefix.size());
-    std::cerr << "depthkv: error: " << what << "\n";
+    std::cerr << "depthkv: error: " << e.message() << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

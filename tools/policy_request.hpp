@@ -16,12 +16,6 @@ namespace depthkv_cli {
 /// The InfoNCE stage the InfoNCE-guided policies (mga, mlma*) read from a profile.
 inline const char* kInfoNCEKey = "infonce/post_attn";
 
-/// Default safeguard floor of the curve-based policies (optimal, proportional, mga, mlma*):
-/// protected tokens (sinks + window) plus this margin, in tokens. Chosen by measurement (with and
-/// without it, on stories and on non-story text), see
-/// README "Safeguard floor".
-inline constexpr int kSafeguardMargin = 8;
-
 /// Allocator inputs for one (policy, keep ratio) on layers of `lengths` tokens.
 struct PolicyInputs {
   depthkv::BudgetRequest req;
@@ -56,44 +50,45 @@ inline bool add_profile_inputs(depthkv::AllocationPolicy policy, const depthkv::
 }
 
 /// The token selection a profile was measured under: its `calibration.selection`, or for files
-/// written before that field existed, the "sinks=S window=W kernel=K" that `depthkv profile` put
-/// into the calibration description (SelectionSettings::describe; recent = window there).
+/// written before that field existed, the selection `depthkv profile` put at the start of the
+/// calibration description: "sinks=S window=W kernel=K" (recent = observation window = W, max
+/// pooling) or SelectionSettings::describe()'s "sinks=S recent=R obs_window=W kernel=K pooling=P".
 /// @return the record; not recorded() when neither says (a profile written by other code)
 inline depthkv::SelectionRecord measured_selection(const depthkv::ProfileFile& f) {
   if (f.calibration.selection.recorded()) return f.calibration.selection;
   depthkv::SelectionRecord r;
   const std::string& d = f.calibration.description;
   const std::size_t at = d.find("sinks=");
-  int sinks = 0, window = 0, kernel = 0;
-  if (at != std::string::npos &&
-      std::sscanf(d.c_str() + at, "sinks=%d window=%d kernel=%d", &sinks, &window, &kernel) == 3)
-    r = {sinks, window, window, kernel};
+  if (at == std::string::npos) return r;
+  int sinks = 0, recent = 0, window = 0, kernel = 0;
+  char pooling[8] = {};
+  if (std::sscanf(d.c_str() + at, "sinks=%d recent=%d obs_window=%d kernel=%d pooling=%7s", &sinks, &recent, &window,
+                  &kernel, pooling) == 5)
+    r = {sinks, recent, window, kernel, pooling};
+  else if (std::sscanf(d.c_str() + at, "sinks=%d window=%d kernel=%d", &sinks, &window, &kernel) == 3)
+    r = {sinks, window, window, kernel, "max"};
   return r;
 }
 
-/// A note for stderr when `policy` prunes by the profile's loss curves but this run's protection
-/// or scorer window differ from those the curves were measured under (curves measured under other
-/// protection describe another pruning); "" otherwise. The note names the options that match the
-/// profile: generate's `--sink --recent --window` (`generate_flags`), else eval's and allocate's
-/// `--sinks --window` (one window for the recent tokens and the scorer there).
-inline std::string selection_note(depthkv::AllocationPolicy policy, const depthkv::ProfileFile& f, int sinks,
-                                  int recent, int window, bool generate_flags) {
+/// A note for stderr when `policy` prunes by the profile's loss curves but this run's selection
+/// differs from the one the curves were measured under (curves measured under other protection
+/// describe another pruning); "" otherwise. The note names the flags that match the profile.
+inline std::string selection_note(depthkv::AllocationPolicy policy, const depthkv::ProfileFile& f,
+                                  const SelectionSettings& sel) {
   if (!depthkv::policy_needs_profile(policy)) return "";
   const depthkv::SelectionRecord m = measured_selection(f);
-  if (!m.differs(sinks, recent, window)) return "";
+  if (!m.differs(sel.record())) return "";
   std::ostringstream os;
-  os << "depthkv: note: the profile was measured keeping " << m.n_sink << " sinks and " << m.n_recent
-     << " recent tokens (scorer window " << m.window << "); this run keeps " << sinks << " sinks and "
-     << recent << " recent tokens (scorer window " << window << "). Pass ";
-  if (generate_flags)
-    os << "--sink " << m.n_sink << " --recent " << m.n_recent << " --window " << m.window;
-  else
-    os << "--sinks " << m.n_sink << " --window " << m.n_recent;
-  os << " to prune as the profile measured.\n";
+  os << "depthkv: note: the profile was measured with " << m.describe() << "; this run uses " << sel.describe()
+     << ". Pass --sinks " << m.sinks << " --recent " << m.recent << " --obs-window " << m.obs_window << " --kernel "
+     << m.kernel << " --pooling " << m.pooling << " to prune as the profile measured.\n";
   return os.str();
 }
 
-/// @param min_tokens safeguard floor (-1: sinks + window + kSafeguardMargin)
+/// Allocator inputs of a curve-based or rule-based policy on layers of `lengths` tokens: floors
+/// from the protection (depthkv::protection_floors), the safeguard floor, pyramid's window (the
+/// observation window) and what the policy reads from the profile file.
+/// @param min_tokens safeguard floor (-1: sinks + recent + depthkv::kSafeguardMargin; 0: off)
 /// @throws depthkv::Error when the policy needs data the profile lacks
 inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep,
                                   const std::vector<int>& lengths, const depthkv::ProfileFile* file,
@@ -101,11 +96,9 @@ inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep,
   PolicyInputs in;
   in.req.lengths = lengths;
   in.req.keep_ratio = keep;
-  in.req.floors.resize(lengths.size());
-  for (std::size_t l = 0; l < lengths.size(); ++l)
-    in.req.floors[l] = std::min(lengths[l], sel.sinks + sel.window);
-  in.req.window = sel.window;
-  in.req.min_tokens = min_tokens >= 0 ? min_tokens : sel.sinks + sel.window + kSafeguardMargin;
+  in.req.floors = depthkv::protection_floors(lengths, sel.protection());
+  in.req.window = sel.obs_window;
+  in.req.min_tokens = depthkv::safeguard_floor(sel.protection(), min_tokens);
   in.has_profile = add_profile_inputs(policy, file, scorer, in.req, in.profile);
   return in;
 }

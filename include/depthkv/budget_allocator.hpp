@@ -66,10 +66,10 @@
 /// ## The safeguard floor (`min_tokens`, proportional/optimal/mga/mlma*)
 /// Curve-optimal budgets can starve a layer, and a starved layer can collapse on text unlike the
 /// calibration text. `min_tokens` raises every layer's floor to min(min_tokens, cap) (e.g. sinks +
-/// the scorer's window + a margin). The default (0, off) is to be chosen by the measurement of
-/// issue 4. A safeguard never makes a request infeasible: when the budget cannot give every
-/// layer its safeguard floor, the result is the `uniform` allocation (the safeguard takes the
-/// whole budget) and `AllocationInfo::safeguard_fallback` is set.
+/// the scorer's window + a margin). The default is 0 (off). A safeguard never makes a request
+/// infeasible: when the budget cannot give every layer its safeguard floor, the result is the
+/// `uniform` allocation (the safeguard takes the whole budget) and
+/// `AllocationInfo::safeguard_fallback` is set.
 ///
 /// @code
 /// depthkv::BudgetRequest req;
@@ -92,6 +92,7 @@
 
 #include "depthkv/detail/allocator_math.hpp"
 #include "depthkv/error.hpp"
+#include "depthkv/selection.hpp"
 #include "depthkv/sensitivity_profile.hpp"
 
 namespace depthkv {
@@ -136,6 +137,13 @@ inline std::vector<AllocationPolicy> all_allocation_policies() {
           AllocationPolicy::kMLP};
 }
 
+/// @return the names of every policy, in enum order, joined by `sep` ("uniform, pyramid, ...")
+inline std::string allocation_policy_names(const std::string& sep = ", ") {
+  std::string out;
+  for (AllocationPolicy p : all_allocation_policies()) out += (out.empty() ? "" : sep) + to_string(p);
+  return out;
+}
+
 /// @param name one of the names `to_string(AllocationPolicy)` returns
 /// @return the policy
 /// @throws Error on an unknown name (the message lists the valid ones)
@@ -143,8 +151,7 @@ inline AllocationPolicy parse_allocation_policy(const std::string& name) {
   for (AllocationPolicy p : all_allocation_policies()) {
     if (to_string(p) == name) return p;
   }
-  DEPTHKV_FAIL("unknown allocation policy '"
-               << name << "' (expected uniform, pyramid, proportional, middle, optimal, mga, mlma2, mlma4, mlma6, mlp)");
+  DEPTHKV_FAIL("unknown allocation policy '" << name << "' (expected " << allocation_policy_names() << ")");
 }
 
 /// @return true when `policy` reads a `SensitivityProfile` (optimal; proportional without
@@ -180,6 +187,23 @@ struct BudgetRequest {
   double sensitivity_keep_ratio = 0.0;
   std::vector<double> infonce;      ///< mga/mlma*: per-layer InfoNCE loss (>= 0)
 };
+
+/// Tokens the default safeguard floor adds to the protected ones (README "Safeguard floor").
+inline constexpr int kSafeguardMargin = 8;
+
+/// The floors eviction under `prot` implies for `BudgetRequest::floors`: a head never keeps fewer
+/// than its protected tokens, so floor[l] = min(lengths[l], n_sink + n_recent).
+inline std::vector<int> protection_floors(const std::vector<int>& lengths, const Protection& prot) {
+  std::vector<int> floors(lengths.size());
+  for (std::size_t l = 0; l < lengths.size(); ++l) floors[l] = std::min(lengths[l], prot.n_sink + prot.n_recent);
+  return floors;
+}
+
+/// The safeguard floor for `BudgetRequest::min_tokens`: `min_tokens` when >= 0, else (-1) the
+/// default n_sink + n_recent + kSafeguardMargin.
+inline int safeguard_floor(const Protection& prot, int min_tokens = -1) {
+  return min_tokens >= 0 ? min_tokens : prot.n_sink + prot.n_recent + kSafeguardMargin;
+}
 
 /// What an allocation did besides the budgets (for reports).
 struct AllocationInfo {
@@ -533,49 +557,60 @@ class BudgetAllocator {
       case AllocationPolicy::kMGA:
       case AllocationPolicy::kMLMA2:
       case AllocationPolicy::kMLMA4:
-      case AllocationPolicy::kMLMA6: {
-        DEPTHKV_CHECK(std::isfinite(req.max_prune_ratio) && req.max_prune_ratio >= 0.0 && req.max_prune_ratio <= 1.0,
-                      name << ": max_prune_ratio " << req.max_prune_ratio << " is outside [0, 1]");
-        std::vector<double> s;
-        if (policy == AllocationPolicy::kProportional) {
-          if (!req.robustness.empty()) {
-            s = detail::checked_scores(req.robustness, c.n, "robustness", name.c_str());
-          } else {
-            detail::check_profile(profile, c.n, name.c_str());
-            DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
-                          name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
-            const double r = req.sensitivity_keep_ratio;
-            DEPTHKV_CHECK(std::isfinite(r) && r <= 1.0,
-                          name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
-            for (int l = 0; l < c.n; ++l) {
-              const double sens = r > 0.0 ? profile->loss_at(l, r) : profile->loss.row(l).mean();
-              s.push_back(1.0 / (sens + req.sensitivity_eps));
-            }
-          }
-        } else {
-          s = detail::checked_scores(req.infonce, c.n, "infonce", name.c_str());
-        }
-        if (info) info->scores = s;
-        std::vector<bool> prot(static_cast<std::size_t>(c.n), false);
-        if (req.protect_layer0 && c.n > 0) prot[0] = true;
-        const int k = policy == AllocationPolicy::kMLMA2 ? 2
-                      : policy == AllocationPolicy::kMLMA4 ? 4
-                      : policy == AllocationPolicy::kMLMA6 ? 6 : 0;
-        for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
-        const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens);
-        if (info) info->floors = e;
-        if (detail::sum_of(e) > c.total) return fallback(c, info);
-        return detail::allocate_with_protected(
-            c, e, prot, info, [&](const std::vector<int>& idx, double budget, std::vector<double>& t) {
-              detail::proportional_targets(c, e, s, req.max_prune_ratio, idx, budget, t, info, name.c_str());
-            });
-      }
+      case AllocationPolicy::kMLMA6:
+        return allocate_proportional_family(policy, c, req, profile, info);
     }
     DEPTHKV_FAIL("unknown allocation policy " << static_cast<int>(policy));
     return {};
   }
 
  private:
+  /// The proportional family (proportional, mga, mlma2/4/6): robustness scores s_l (the request's,
+  /// 1 / (sens_l + eps) from the profile, or the InfoNCE losses), protected layers (layer 0 and
+  /// the middle layers of mlma*), the safeguard floors, then the capped proportional rule on the
+  /// unprotected layers (see the file comment).
+  static std::vector<int> allocate_proportional_family(AllocationPolicy policy, const detail::AllocContext& c,
+                                                       const BudgetRequest& req,
+                                                       const SensitivityProfile* profile,
+                                                       AllocationInfo* info) {
+    const std::string name = to_string(policy);
+    DEPTHKV_CHECK(std::isfinite(req.max_prune_ratio) && req.max_prune_ratio >= 0.0 && req.max_prune_ratio <= 1.0,
+                  name << ": max_prune_ratio " << req.max_prune_ratio << " is outside [0, 1]");
+    std::vector<double> s;
+    if (policy == AllocationPolicy::kProportional) {
+      if (!req.robustness.empty()) {
+        s = detail::checked_scores(req.robustness, c.n, "robustness", name.c_str());
+      } else {
+        detail::check_profile(profile, c.n, name.c_str());
+        DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
+                      name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
+        const double r = req.sensitivity_keep_ratio;
+        DEPTHKV_CHECK(std::isfinite(r) && r <= 1.0,
+                      name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
+        for (int l = 0; l < c.n; ++l) {
+          const double sens = r > 0.0 ? profile->loss_at(l, r) : profile->loss.row(l).mean();
+          s.push_back(1.0 / (sens + req.sensitivity_eps));
+        }
+      }
+    } else {
+      s = detail::checked_scores(req.infonce, c.n, "infonce", name.c_str());
+    }
+    if (info) info->scores = s;
+    std::vector<bool> prot(static_cast<std::size_t>(c.n), false);
+    if (req.protect_layer0 && c.n > 0) prot[0] = true;
+    const int k = policy == AllocationPolicy::kMLMA2 ? 2
+                  : policy == AllocationPolicy::kMLMA4 ? 4
+                  : policy == AllocationPolicy::kMLMA6 ? 6 : 0;
+    for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
+    const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens);
+    if (info) info->floors = e;
+    if (detail::sum_of(e) > c.total) return fallback(c, info);
+    return detail::allocate_with_protected(
+        c, e, prot, info, [&](const std::vector<int>& idx, double budget, std::vector<double>& t) {
+          detail::proportional_targets(c, e, s, req.max_prune_ratio, idx, budget, t, info, name.c_str());
+        });
+  }
+
   static std::vector<int> fallback(const detail::AllocContext& c, AllocationInfo* info) {
     if (info) {
       info->safeguard_fallback = true;

@@ -16,11 +16,18 @@
 
 namespace depthkv {
 
-/// Thrown for every invalid input: the message names what was wrong and where.
+/// Thrown for every invalid input: the message names what was wrong and where. `what()` is
+/// "depthkv: " + `message()`.
 class Error : public std::runtime_error {
  public:
-  /// @param what human-readable description, e.g. "evict: layer 3 head 1: keep 40 < 48 protected tokens"
-  explicit Error(const std::string& what) : std::runtime_error("depthkv: " + what) {}
+  /// @param message human-readable description, e.g. "evict: layer 3 head 1: keep 40 < 48 protected tokens"
+  explicit Error(const std::string& message) : std::runtime_error("depthkv: " + message), message_(message) {}
+  /// @return the description without the "depthkv: " of `what()` (for wrapping it in another
+  ///   message, e.g. the command-line program's "depthkv: error: ...")
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string message_;
 };
 
 namespace detail {

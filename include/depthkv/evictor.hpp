@@ -26,25 +26,38 @@
 /// `evict_layer` and `evict` validate every layer and head (shapes, NaN scores, keep ranges)
 /// before any memory is touched: when they throw, the cache is unchanged.
 ///
+/// ## Options
+/// `EvictOptions` (the last argument, by value) holds what a call may tune: `shrink` (release the
+/// freed capacity), `n_threads` and `streaming_min_bytes` (the non-temporal store threshold of the
+/// compaction). The instruction-set cap of the NaN checks, selection and compaction is the
+/// process-wide `depthkv::set_max_simd_level` (simd_level.hpp). No option changes the result.
+///
 /// ## Threads
-/// The trailing `n_threads` argument (default 1: the calling thread only) spreads the
-/// (layer, KV head) rows over up to `n_threads` std::threads for the call (0 = hardware
-/// concurrency); results are identical for every thread count. The library keeps no threads
-/// between calls. With n_threads != 1, `Layer::compact` on different heads of a layer must be
-/// safe to run concurrently (true for HostLayer and LayerView) and `shrink_to_fit` on different
-/// layers likewise.
+/// `EvictOptions::n_threads` (default 1: the calling thread only) spreads the (layer, KV head)
+/// rows over up to `n_threads` std::threads for the call (0 = hardware concurrency); results are
+/// identical for every thread count. The library keeps no threads between calls. With
+/// n_threads != 1, `Layer::compact` on different heads of a layer must be safe to run
+/// concurrently (true for HostLayer and LayerView) and `shrink_to_fit` on different layers
+/// likewise.
 ///
 /// @code
-/// depthkv::TokenScorer scorer({depthkv::ScorerKind::kH2O}, n_heads, n_kv_heads);   // per layer
+/// std::vector<depthkv::TokenScorer> scorers;                    // one per layer
 /// // ... observe attention rows, then:
-/// std::vector<depthkv::LayerScores> scores = ...;               // scorer[l].scores(cache.layer(l))
+/// std::vector<depthkv::LayerScores> scores = ...;               // scorers[l].scores(cache.layer(l))
 /// std::vector<int> keep = allocator.allocate(...);              // tokens per layer
-/// auto ev = depthkv::evict(cache, scores, keep, {/*n_sink=*/4, /*n_recent=*/32});
-/// // ev[l].kept_slots[h]: surviving old slots; ev[l].kept_positions[h]: their positions
+/// depthkv::EvictOptions opt;
+/// opt.n_threads = 4;                                            // optional: same result, 4 threads
+/// auto ev = depthkv::evict(cache, scores, keep, {/*n_sink=*/4, /*n_recent=*/32}, opt);
+/// // ev[l].kept_slots[h]: surviving old slots; ev[l].kept_positions[h]: their positions.
+/// // The scorers must follow the new slots before they score again:
+/// for (int l = 0; l < n_layers; ++l)
+///   for (int h = 0; h < n_kv_heads; ++h)
+///     scorers[l].compact(h, ev[l].kept_slots[h].data(), static_cast<int>(ev[l].kept_slots[h].size()));
 /// @endcode
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -56,7 +69,7 @@
 #include "depthkv/detail/select_common.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/kv_cache.hpp"
-#include "depthkv/token_scorer.hpp"
+#include "depthkv/selection.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -69,6 +82,21 @@ namespace depthkv {
 struct LayerEviction {
   std::vector<std::vector<std::int32_t>> kept_slots;      ///< [head][i]
   std::vector<std::vector<std::int32_t>> kept_positions;  ///< [head][i]
+};
+
+/// Options of one `evict` / `evict_layer` call (passed by value; the defaults suit most calls).
+/// No option changes which tokens are kept.
+struct EvictOptions {
+  /// Release the freed capacity after compaction (`Layer::shrink_to_fit`: HostLayer reallocates
+  /// to its largest head, LayerView does nothing).
+  bool shrink = true;
+  /// Threads for this call: 1 the calling thread only, 0 hardware concurrency, n > 1 up to n
+  /// std::threads (see the file comment); negative is an error.
+  int n_threads = 1;
+  /// Heads whose slots span at least this many bytes (per array: K or V) are compacted with
+  /// non-temporal stores (x86, 32-byte aligned tokens; detail/compact_runs.hpp for the reason
+  /// behind the 256 KiB default). 0 streams every aligned head, SIZE_MAX none.
+  std::size_t streaming_min_bytes = detail::kDefaultStreamingMinBytes;
 };
 
 namespace detail {
@@ -124,10 +152,10 @@ inline int first_nan(const float* s, int n) {
 }
 
 /// Index of the first NaN of 16-bit float bit patterns whose infinity pattern is `inf_bits`
-/// (0x7C00 IEEE half, 0x7F80 bfloat16), or -1.
+/// (kHalfInfBits or kBFloat16InfBits, select_common.hpp), or -1.
 inline int first_nan16(const std::uint16_t* s, int n, std::uint16_t inf_bits) {
   for (int i = 0; i < n; ++i)
-    if ((s[i] & 0x7FFFu) > inf_bits) return i;
+    if (is_nan16(s[i], inf_bits)) return i;
   return -1;
 }
 
@@ -212,7 +240,7 @@ std::vector<std::int32_t> select_keep(const T16* scores, const std::int32_t* pos
                                       Protection prot) {
   return detail::select_keep16(
       scores, positions, n, k, prot,
-      std::is_same<T16, Eigen::half>::value ? std::uint16_t{0x7C00u} : std::uint16_t{0x7F80u});
+      std::is_same<T16, Eigen::half>::value ? detail::kHalfInfBits : detail::kBFloat16InfBits);
 }
 
 namespace detail {
@@ -222,7 +250,7 @@ template <class Layer>
 std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
                                         const std::vector<const LayerScores*>& scores,
                                         const std::vector<std::vector<int>>& keep, Protection prot,
-                                        bool shrink, int n_threads, bool label_layers) {
+                                        const EvictOptions& opt, bool label_layers) {
   DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
                 "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
   const int n_layers = static_cast<int>(layers.size());
@@ -266,7 +294,7 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
     l = static_cast<int>(std::upper_bound(row0.begin(), row0.end(), r) - row0.begin()) - 1;
     h = r - row0[static_cast<std::size_t>(l)];
   };
-  const int workers = resolve_threads(n_threads, n_rows);
+  const int workers = resolve_threads(opt.n_threads, n_rows);
   std::vector<SelectWorkspace> ws(static_cast<std::size_t>(workers));
 
   // 2. NaN checks and selection (reads only): an error here leaves everything unchanged
@@ -298,10 +326,11 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
     const std::vector<std::int32_t>& kept =
         result[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
     Layer& L = *layers[static_cast<std::size_t>(l)];
-    if (static_cast<int>(kept.size()) != L.size(h)) L.compact(h, kept.data(), static_cast<int>(kept.size()));
+    if (static_cast<int>(kept.size()) != L.size(h))
+      L.compact(h, kept.data(), static_cast<int>(kept.size()), opt.streaming_min_bytes);
   });
-  if (shrink)
-    parallel_for(n_layers, resolve_threads(n_threads, n_layers),
+  if (opt.shrink)
+    parallel_for(n_layers, resolve_threads(opt.n_threads, n_layers),
                  [&](int, int l) { layers[static_cast<std::size_t>(l)]->shrink_to_fit(); });
   return result;
 }
@@ -311,16 +340,15 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
 /// Evicts one layer: head h keeps `keep_per_head[h]` tokens (protected ones included; more than
 /// it holds keeps all), compacted in place in position order.
 /// @param scores scores[h][slot], row h of length layer.size(h) (e.g. TokenScorer::scores)
-/// @param shrink release the freed capacity (HostLayer reallocates; LayerView: no-op)
-/// @param n_threads threads for this call (1: calling thread; 0: hardware concurrency)
+/// @param opt shrinking, threads and streaming threshold (`EvictOptions`)
 /// @return kept old slots and their positions, per head
-/// @throws Error on shape mismatch, NaN scores, negative keep or keep below the protected count;
-///   the layer is unchanged then
+/// @throws Error on shape mismatch, NaN scores, negative keep, keep below the protected count or
+///   negative `opt.n_threads`; the layer is unchanged then
 template <class Layer>
 LayerEviction evict_layer(Layer& layer, const LayerScores& scores, const std::vector<int>& keep_per_head,
-                          Protection prot, bool shrink = true, int n_threads = 1) {
+                          Protection prot, EvictOptions opt = {}) {
   std::vector<LayerEviction> r =
-      detail::evict_layers<Layer>({&layer}, {&scores}, {keep_per_head}, prot, shrink, n_threads, false);
+      detail::evict_layers<Layer>({&layer}, {&scores}, {keep_per_head}, prot, opt, false);
   return std::move(r.front());
 }
 
@@ -329,15 +357,15 @@ LayerEviction evict_layer(Layer& layer, const LayerScores& scores, const std::ve
 /// @throws Error as evict_layer, or when the layer counts differ; the cache is unchanged then
 template <class Layer>
 std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerScores>& scores,
-                                 const std::vector<int>& keep_per_layer, Protection prot, bool shrink = true,
-                                 int n_threads = 1) {
+                                 const std::vector<int>& keep_per_layer, Protection prot,
+                                 EvictOptions opt = {}) {
   DEPTHKV_CHECK(static_cast<int>(keep_per_layer.size()) == cache.n_layers(),
                 "keep has " << keep_per_layer.size() << " layers, cache " << cache.n_layers());
   std::vector<std::vector<int>> keep(keep_per_layer.size());
   for (int l = 0; l < cache.n_layers(); ++l)
     keep[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(cache.layer(l).n_kv_heads()),
                                              keep_per_layer[static_cast<std::size_t>(l)]);
-  return evict(cache, scores, keep, prot, shrink, n_threads);
+  return evict(cache, scores, keep, prot, opt);
 }
 
 /// Evicts every layer with per-head budgets: head h of layer l keeps `keep_per_head[l][h]` tokens.
@@ -346,7 +374,7 @@ std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerS
 template <class Layer>
 std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerScores>& scores,
                                  const std::vector<std::vector<int>>& keep_per_head, Protection prot,
-                                 bool shrink = true, int n_threads = 1) {
+                                 EvictOptions opt = {}) {
   DEPTHKV_CHECK(static_cast<int>(scores.size()) == cache.n_layers(),
                 "scores have " << scores.size() << " layers, cache " << cache.n_layers());
   DEPTHKV_CHECK(static_cast<int>(keep_per_head.size()) == cache.n_layers(),
@@ -357,7 +385,7 @@ std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerS
     layers.push_back(&cache.layer(l));
     s.push_back(&scores[static_cast<std::size_t>(l)]);
   }
-  return detail::evict_layers(layers, s, keep_per_head, prot, shrink, n_threads, true);
+  return detail::evict_layers(layers, s, keep_per_head, prot, opt, true);
 }
 
 }  // namespace depthkv

@@ -8,13 +8,22 @@
 /// A `Layer` stores the keys and values of one transformer layer, per KV head, in position
 /// order. Each KV head may hold a different number of tokens (per-head budgets). It provides:
 /// - `using Scalar` (the stored element type: `float`, `Eigen::half`, `Eigen::bfloat16`, ...);
-/// - `n_kv_heads()`, `head_dim()`, `capacity()` (slots per head), `size(h)` (tokens held by head h);
+/// - `n_kv_heads()`, `head_dim()`, `capacity()` (slots per head), `size(h)` (tokens held by head
+///   h), `max_size()` (the largest `size(h)`; `KVCache::lengths`);
 /// - `key(h, slot)`, `value(h, slot)`: pointers to `head_dim()` contiguous elements;
+///   `token_stride()`: elements from one slot's key (or value) to the next slot's in the same head
+///   (>= `head_dim()`; the engine reads a head as a `size(h) x head_dim` matrix with this stride);
 /// - `positions(h)`: the original sequence positions of the held tokens, ascending;
 /// - `append(k, v, pos)`: one token for every head (`k`, `v` are `[n_kv_heads][head_dim]` floats);
-/// - `compact(h, kept_slots, n_kept)`: keep only the given slots (ascending) of head h, in order;
+/// - `compact(h, kept_slots, n_kept, streaming_min_bytes)`: keep only the given slots (ascending)
+///   of head h, in order (`streaming_min_bytes`: the non-temporal store threshold,
+///   `EvictOptions::streaming_min_bytes`; HostLayer and LayerView default it);
 /// - `shrink_to_fit()`: release or return unused capacity;
 /// - `bytes()`: bytes of K and V really held; `bytes_allocated()`: bytes of storage reserved.
+/// Who uses what: the evictor `n_kv_heads`, `size`, `positions`, `compact`, `shrink_to_fit`; the
+/// scorers `n_kv_heads`, `size`, `key`, `value`, `head_dim`; the engine `n_kv_heads`, `head_dim`,
+/// `size`, `positions`, `append`, `key`, `value`, `token_stride`; `KVCache` `max_size`, `bytes`,
+/// `bytes_allocated`, `shrink_to_fit`.
 ///
 /// @code
 /// depthkv::KVCache<depthkv::HostLayer<float>> cache;
@@ -32,21 +41,12 @@
 
 #include "depthkv/detail/compact_runs.hpp"
 #include "depthkv/detail/large_page_allocator.hpp"
+#include "depthkv/detail/scalar.hpp"
 #include "depthkv/error.hpp"
 
 namespace depthkv {
 
 namespace detail {
-
-/// Converts between float and a storage scalar (float, Eigen::half, Eigen::bfloat16, ...).
-template <typename T>
-inline T to_scalar(float x) {
-  return static_cast<T>(x);
-}
-template <typename T>
-inline float to_float(const T& x) {
-  return static_cast<float>(x);
-}
 
 /// Checks that `kept` (length n_kept) is strictly ascending and inside [0, size).
 inline void check_kept_slots(const std::int32_t* kept, int n_kept, int size, int head) {
@@ -143,13 +143,16 @@ class HostLayer {
 
   /// Keeps only slots `kept[0..n_kept)` of head h (strictly ascending), moved to the front in
   /// order. Validates before any change.
+  /// @param streaming_min_bytes heads whose slots span at least this many bytes (per array) are
+  ///   written with non-temporal stores (SIZE_MAX: never; detail/compact_runs.hpp)
   /// @throws Error on out-of-range or unsorted slots
-  void compact(int h, const std::int32_t* kept, int n_kept) {
+  void compact(int h, const std::int32_t* kept, int n_kept,
+               std::size_t streaming_min_bytes = detail::kDefaultStreamingMinBytes) {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
     detail::check_kept_slots(kept, n_kept, size(h), h);
     std::int32_t* pos = positions_.data() + static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_);
-    detail::compact_runs(key(h, 0), token_stride(), head_dim_, kept, n_kept);
-    detail::compact_runs(value(h, 0), token_stride(), head_dim_, kept, n_kept);
+    detail::compact_runs(key(h, 0), token_stride(), head_dim_, kept, n_kept, streaming_min_bytes);
+    detail::compact_runs(value(h, 0), token_stride(), head_dim_, kept, n_kept, streaming_min_bytes);
     detail::compact_runs(pos, 1, 1, kept, n_kept);
     sizes_[static_cast<std::size_t>(h)] = n_kept;
   }
@@ -302,12 +305,13 @@ class LayerView {
   }
 
   /// See HostLayer::compact.
-  void compact(int h, const std::int32_t* kept, int n_kept) {
+  void compact(int h, const std::int32_t* kept, int n_kept,
+               std::size_t streaming_min_bytes = detail::kDefaultStreamingMinBytes) {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
     detail::check_kept_slots(kept, n_kept, size(h), h);
     std::int32_t* pos = positions_.data() + static_cast<std::size_t>(h) * capacity_;
-    detail::compact_runs(key(h, 0), token_stride_, head_dim_, kept, n_kept);
-    detail::compact_runs(value(h, 0), token_stride_, head_dim_, kept, n_kept);
+    detail::compact_runs(key(h, 0), token_stride_, head_dim_, kept, n_kept, streaming_min_bytes);
+    detail::compact_runs(value(h, 0), token_stride_, head_dim_, kept, n_kept, streaming_min_bytes);
     detail::compact_runs(pos, 1, 1, kept, n_kept);
     sizes_[static_cast<std::size_t>(h)] = n_kept;
   }

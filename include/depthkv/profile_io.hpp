@@ -15,7 +15,8 @@
 ///   "metric": "kl",                                   // the matrix allocate/eval use by default
 ///   "calibration": {"text_file": "tinystories_valid.txt", "context": 384, "continuation": 128,
 ///                   "skip": 0, "samples": 24, "window_begin": 0, "window_end": 24, "description": "",
-///                   "selection": {"n_sink": 4, "n_recent": 16, "window": 16, "kernel": 7}},  // optional
+///                   "selection": {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7,
+///                                 "pooling": "max"}},                                  // optional
 ///   "scorers": {
 ///     "h2o": {"n_samples": 24,
 ///             "kl":   {"mean": [[...n_ratios...], ...n_layers...], "stderr": [[...]]},
@@ -28,8 +29,11 @@
 /// @endcode
 /// `calibration.selection` (optional; files written before it existed lack it) records the token
 /// selection the curves were measured under: protected sinks and recent tokens per head, and the
-/// scorer's observation window and pooling kernel. Curves measured under other protection describe
-/// another pruning, so tools compare it with their own settings (`SelectionRecord::differs`).
+/// scorer's observation window, pooling kernel and pooling (the names of the CLI's `--sinks`,
+/// `--recent`, `--obs-window`, `--kernel` and `--pooling`). Curves measured under other protection
+/// describe another pruning, so tools compare it with their own settings (`SelectionRecord::differs`).
+/// Files that spell it `{"n_sink", "n_recent", "window", "kernel"}` are read too: `window` is the
+/// observation window and the pooling is "max" there.
 /// Every problem on load (invalid JSON, another format or version, a missing key, a wrong type or
 /// shape, a NaN/null or negative loss, unsorted ratios, another model) throws `depthkv::Error`
 /// naming the file and the key.
@@ -99,27 +103,37 @@ inline ModelIdentity model_identity(const std::string& path, std::uint64_t heade
   return id;
 }
 
-/// The token selection a profile's loss curves were measured under (all -1: not recorded).
+/// The token selection a profile's loss curves were measured under (sinks -1: not recorded).
 struct SelectionRecord {
-  int n_sink = -1;    ///< protected attention-sink tokens per head (Protection::n_sink)
-  int n_recent = -1;  ///< protected recent tokens per head (Protection::n_recent)
-  int window = -1;    ///< the scorer's observation window (ScorerConfig::window)
-  int kernel = -1;    ///< the scorer's pooling kernel (ScorerConfig::kernel)
+  int sinks = -1;        ///< protected attention-sink tokens per head (Protection::n_sink)
+  int recent = -1;       ///< protected recent tokens per head (Protection::n_recent)
+  int obs_window = -1;   ///< the scorer's observation window (ScorerConfig::window)
+  int kernel = -1;       ///< the scorer's pooling kernel (ScorerConfig::kernel)
+  std::string pooling;   ///< the scorer's pooling: "none", "max" or "avg" ("": not recorded)
 
   /// @return whether the settings were recorded
-  bool recorded() const { return n_sink >= 0; }
-  /// @return whether recorded settings differ from these (a kernel of -1 is not compared)
-  bool differs(int sinks, int recent, int win, int kern = -1) const {
-    return recorded() &&
-           (n_sink != sinks || n_recent != recent || window != win || (kern >= 0 && kernel != kern));
+  bool recorded() const { return sinks >= 0; }
+  /// @return whether these settings are recorded and differ from `other` in any field
+  bool differs(const SelectionRecord& other) const {
+    return recorded() && (sinks != other.sinks || recent != other.recent || obs_window != other.obs_window ||
+                          kernel != other.kernel || pooling != other.pooling);
   }
-  /// @throws Error unless unrecorded (all -1) or valid (sinks, recent >= 0; window, kernel >= 1)
+  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P"
+  std::string describe() const {
+    std::ostringstream os;
+    os << "sinks=" << sinks << " recent=" << recent << " obs_window=" << obs_window << " kernel=" << kernel
+       << " pooling=" << pooling;
+    return os.str();
+  }
+  /// @throws Error unless unrecorded (all -1, pooling "") or valid (sinks, recent >= 0;
+  ///   obs_window, kernel >= 1; pooling none, max or avg)
   void validate() const {
-    if (n_sink == -1 && n_recent == -1 && window == -1 && kernel == -1) return;
-    DEPTHKV_CHECK(n_sink >= 0 && n_recent >= 0 && window >= 1 && kernel >= 1,
-                  "bad selection settings n_sink " << n_sink << ", n_recent " << n_recent << ", window "
-                                                   << window << ", kernel " << kernel
-                                                   << " (n_sink, n_recent >= 0; window, kernel >= 1)");
+    if (sinks == -1 && recent == -1 && obs_window == -1 && kernel == -1 && pooling.empty()) return;
+    DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 &&
+                      (pooling == "none" || pooling == "max" || pooling == "avg"),
+                  "bad selection settings " << describe()
+                                            << " (sinks, recent >= 0; obs_window, kernel >= 1; pooling none, max "
+                                               "or avg)");
   }
 };
 
@@ -136,7 +150,7 @@ struct CalibrationInfo {
   SelectionRecord selection;  ///< the token selection measured under (optional in the file)
 };
 
-/// Per-layer values of a representation metric (issue 7: InfoNCE per stage) with a confidence interval.
+/// Per-layer values of a representation metric (e.g. InfoNCE per stage) with a confidence interval.
 struct LayerMetric {
   std::vector<double> mean, ci_low, ci_high;  ///< one entry per layer (ci_* may be empty)
 };
@@ -191,7 +205,7 @@ struct ProfileFile {
       try {
         kv.second.validate();
       } catch (const Error& e) {
-        DEPTHKV_FAIL("scorer '" << kv.first << "': " << detail::error_text(e));
+        DEPTHKV_FAIL("scorer '" << kv.first << "': " << e.message());
       }
       DEPTHKV_CHECK(kv.second.n_layers() == n_layers,
                     "scorer '" << kv.first << "' has " << kv.second.n_layers() << " layers, the file " << n_layers);
@@ -287,17 +301,18 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
                       {"skip", c.skip},           {"samples", c.samples},     {"window_begin", c.window_begin},
                       {"window_end", c.window_end}, {"description", c.description}};
   if (c.selection.recorded())
-    j["calibration"]["selection"] = {{"n_sink", c.selection.n_sink},
-                                     {"n_recent", c.selection.n_recent},
-                                     {"window", c.selection.window},
-                                     {"kernel", c.selection.kernel}};
+    j["calibration"]["selection"] = {{"sinks", c.selection.sinks},
+                                     {"recent", c.selection.recent},
+                                     {"obs_window", c.selection.obs_window},
+                                     {"kernel", c.selection.kernel},
+                                     {"pooling", c.selection.pooling}};
   j["scorers"] = nlohmann::json::object();
   for (const auto& kv : f.scorers) {
     const ProfilerState& s = kv.second;
     nlohmann::json e;
     e["n_samples"] = s.metrics.n_samples;
     auto put = [&](const char* name, const SensitivityProfile& p) {
-      e[name] = {{"mean", detail::matrix_to_json(p.loss)}, {"stderr", detail::matrix_to_json(p.stderr_)}};
+      e[name] = {{"mean", detail::matrix_to_json(p.loss)}, {"stderr", detail::matrix_to_json(p.loss_stderr)}};
     };
     put("kl", s.metrics.kl);
     put("dnll", s.metrics.dnll);
@@ -363,10 +378,19 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       return static_cast<int>(v);
     };
     SelectionRecord& r = f.calibration.selection;
-    r.n_sink = get("n_sink");
-    r.n_recent = get("n_recent");
-    r.window = get("window");
-    r.kernel = get("kernel");
+    if (sel.is_object() && !sel.contains("sinks") && sel.contains("n_sink")) {  // the older spelling
+      r.sinks = get("n_sink");
+      r.recent = get("n_recent");
+      r.obs_window = get("window");
+      r.kernel = get("kernel");
+      r.pooling = "max";
+    } else {
+      r.sinks = get("sinks");
+      r.recent = get("recent");
+      r.obs_window = get("obs_window");
+      r.kernel = get("kernel");
+      r.pooling = json_string(json_at(sel, "pooling", "calibration.selection"), "calibration.selection.pooling");
+    }
   }
   const auto& sc = json_at(j, "scorers", "");
   DEPTHKV_CHECK(sc.is_object(), "'scorers' is not an object");
@@ -380,7 +404,7 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       const std::string we = w + "." + name;
       p.keep_ratios = f.keep_ratios;
       p.loss = json_matrix(json_at(e, "mean", we), we + ".mean", f.n_layers, R);
-      p.stderr_ = json_matrix(json_at(e, "stderr", we), we + ".stderr", f.n_layers, R);
+      p.loss_stderr = json_matrix(json_at(e, "stderr", we), we + ".stderr", f.n_layers, R);
     };
     get("kl", s.metrics.kl);
     get("dnll", s.metrics.dnll);
@@ -445,7 +469,7 @@ inline ProfileFile load_profile(const std::string& path) {
   try {
     return profile_from_json(j);
   } catch (const Error& e) {
-    DEPTHKV_FAIL("profile file '" << path << "': " << detail::error_text(e));
+    DEPTHKV_FAIL("profile file '" << path << "': " << e.message());
   }
   return {};
 }
@@ -469,7 +493,7 @@ inline ProfileFile load_profile(const std::string& path, const std::string& mode
   try {
     check_model(f, model_identity(model_path, f.model.header_bytes));
   } catch (const Error& e) {
-    DEPTHKV_FAIL("profile file '" << path << "': " << detail::error_text(e));
+    DEPTHKV_FAIL("profile file '" << path << "': " << e.message());
   }
   return f;
 }

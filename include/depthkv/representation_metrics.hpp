@@ -6,7 +6,7 @@
 /// correlation (with p-value) used to compare a metric with measured sensitivity.
 /// Engine-agnostic (Eigen only): the engine hands over hidden states.
 ///
-/// ## InfoNCE (as issue 7 defines it; the paper gives no tau or batch size)
+/// ## InfoNCE (depthkv's definition; the paper gives no tau or batch size)
 /// For each sample i, z_i is the hidden states of text i at one layer and stage, mean-pooled over
 /// tokens and L2-normalised (`pooled_embedding`); z'_i is the same for the perturbed copy of the
 /// text (`drop_words`: 10% of its whitespace-separated words dropped). With cosine similarity

@@ -34,14 +34,6 @@
 
 namespace depthkv {
 
-namespace detail {
-/// An Error's message without the leading "depthkv: " (for wrapping it in another Error).
-inline std::string error_text(const Error& e) {
-  const std::string w = e.what();
-  return w.compare(0, 9, "depthkv: ") == 0 ? w.substr(9) : w;
-}
-}  // namespace detail
-
 /// Quality metric of a pruned run against the full-cache run, over the continuation tokens.
 enum class LossMetric {
   kKL,            ///< mean KL(full || pruned) of the next-token distributions ("kl"; default)
@@ -82,7 +74,7 @@ inline LossMetric parse_loss_metric(const std::string& name) {
 struct SensitivityProfile {
   std::vector<double> keep_ratios;  ///< probed keep ratios, strictly ascending, each in (0, 1)
   Eigen::MatrixXd loss;             ///< [n_layers][n_ratios] mean loss increase (>= 0)
-  Eigen::MatrixXd stderr_;          ///< same shape: standard error of each mean (may be empty)
+  Eigen::MatrixXd loss_stderr;      ///< same shape: standard error of each mean (may be empty)
 
   /// @return number of layers (rows of `loss`)
   int n_layers() const { return static_cast<int>(loss.rows()); }
@@ -92,7 +84,7 @@ struct SensitivityProfile {
   /// Checks the profile. @param allow_negative_loss accept finite negative means (the raw NLL
   /// increase can be negative by noise); the allocator never passes it.
   /// @throws Error naming what is wrong: no ratios, a ratio outside (0, 1), unsorted or repeated
-  ///         ratios, `loss` columns != number of ratios, `stderr_` shape != `loss` shape, a NaN /
+  ///         ratios, `loss` columns != number of ratios, `loss_stderr` shape != `loss` shape, a NaN /
   ///         infinite / negative loss (with its layer and ratio), a NaN or negative standard error.
   void validate(bool allow_negative_loss = false) const {
     DEPTHKV_CHECK(!keep_ratios.empty(), "profile has no keep ratios");
@@ -107,9 +99,10 @@ struct SensitivityProfile {
     DEPTHKV_CHECK(loss.cols() == static_cast<Eigen::Index>(keep_ratios.size()),
                   "loss matrix has " << loss.cols() << " columns for " << keep_ratios.size()
                                      << " keep ratios (shape mismatch)");
-    DEPTHKV_CHECK(stderr_.size() == 0 || (stderr_.rows() == loss.rows() && stderr_.cols() == loss.cols()),
-                  "stderr matrix is " << stderr_.rows() << "x" << stderr_.cols() << ", loss matrix is "
-                                      << loss.rows() << "x" << loss.cols() << " (shape mismatch)");
+    DEPTHKV_CHECK(
+        loss_stderr.size() == 0 || (loss_stderr.rows() == loss.rows() && loss_stderr.cols() == loss.cols()),
+        "stderr matrix is " << loss_stderr.rows() << "x" << loss_stderr.cols() << ", loss matrix is "
+                            << loss.rows() << "x" << loss.cols() << " (shape mismatch)");
     for (Eigen::Index l = 0; l < loss.rows(); ++l) {
       for (Eigen::Index k = 0; k < loss.cols(); ++k) {
         const double v = loss(l, k);
@@ -118,8 +111,8 @@ struct SensitivityProfile {
         DEPTHKV_CHECK(allow_negative_loss || v >= 0.0, "loss of layer " << l << " at keep ratio "
                                                                         << keep_ratios[k] << " is negative ("
                                                                         << v << ")");
-        if (stderr_.size() != 0) {
-          const double s = stderr_(l, k);
+        if (loss_stderr.size() != 0) {
+          const double s = loss_stderr(l, k);
           DEPTHKV_CHECK(std::isfinite(s) && s >= 0.0, "stderr of layer " << l << " at keep ratio "
                                                                           << keep_ratios[k]
                                                                           << " is NaN, infinite or negative (" << s
@@ -195,7 +188,7 @@ struct MetricProfiles {
       try {
         p.validate(allow_negative);
       } catch (const Error& e) {
-        DEPTHKV_FAIL("metric '" << name << "': " << detail::error_text(e));
+        DEPTHKV_FAIL("metric '" << name << "': " << e.message());
       }
       DEPTHKV_CHECK(p.keep_ratios == kl.keep_ratios && p.loss.rows() == kl.loss.rows(),
                     "metric '" << name << "' has other keep ratios or layer count than 'kl'");

@@ -138,7 +138,7 @@ class SensitivityProfiler {
     SensitivityProfile empty;
     empty.keep_ratios = opts_.keep_ratios;
     empty.loss = Eigen::MatrixXd::Zero(n_layers, static_cast<Eigen::Index>(opts_.keep_ratios.size()));
-    empty.stderr_ = empty.loss;
+    empty.loss_stderr = empty.loss;
     empty.validate();
     state_.metrics.kl = state_.metrics.dnll = state_.metrics.top1 = empty;
     state_.metrics.n_samples = 0;
@@ -249,7 +249,7 @@ class SensitivityProfiler {
     auto put = [&](SensitivityProfile& p, const std::vector<double>& v, bool clamp0) {
       const auto ms = mean_and_stderr(v);
       p.loss(l, k) = clamp0 ? std::max(0.0, ms.first) : ms.first;  // KL round-off below 0
-      p.stderr_(l, k) = ms.second;
+      p.loss_stderr(l, k) = ms.second;
     };
     put(state_.metrics.kl, m.kl, true);
     put(state_.metrics.dnll, m.dnll, false);

@@ -1,7 +1,7 @@
 #pragma once
 /// @file token_scorer.hpp
 /// @brief `TokenScorer`: per-layer token-importance accumulators fed with attention
-/// probabilities (GQA-aware), and the `Protection` of sink and recent tokens.
+/// probabilities (GQA-aware), producing the `LayerScores` (selection.hpp) that eviction reads.
 ///
 /// ## Scorer kinds (s_j is the score of slot j of one KV head; a_ij the attention probability of
 /// query i on slot j; the sums over i run over every observed query position and over every query
@@ -57,65 +57,12 @@
 #include <utility>
 #include <vector>
 
+#include "depthkv/detail/scalar.hpp"
 #include "depthkv/error.hpp"
-#include "depthkv/kv_cache.hpp"
+#include "depthkv/scorer_config.hpp"
+#include "depthkv/selection.hpp"
 
 namespace depthkv {
-
-/// Which token-importance score a `TokenScorer` computes (formulas in the file comment).
-enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm };
-
-/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm".
-inline std::string to_string(ScorerKind kind) {
-  switch (kind) {
-    case ScorerKind::kH2O:
-      return "h2o";
-    case ScorerKind::kH2OValueL1:
-      return "h2o-v1";
-    case ScorerKind::kH2OValueL2:
-      return "h2o-v2";
-    case ScorerKind::kSnapKV:
-      return "snapkv";
-    case ScorerKind::kTOVA:
-      return "tova";
-    case ScorerKind::kKeyNorm:
-      return "knorm";
-  }
-  return "unknown";
-}
-
-/// Inverse of `to_string(ScorerKind)`.
-/// @throws Error on an unknown name
-inline ScorerKind parse_scorer_kind(const std::string& name) {
-  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
-                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm})
-    if (to_string(k) == name) return k;
-  DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova or knorm)");
-}
-
-/// Pooling of SnapKV scores along the slots.
-enum class Pooling { kNone, kMax, kAvg };
-
-/// Configuration of a `TokenScorer`.
-struct ScorerConfig {
-  ScorerKind kind = ScorerKind::kH2O;
-  /// SnapKV observation window: the last `window` query positions (>= 1; checked for every kind).
-  int window = 32;
-  /// SnapKV pooling kernel (odd, >= 1; checked for every kind).
-  int kernel = 7;
-  /// SnapKV pooling (ignored by the other kinds).
-  Pooling pooling = Pooling::kMax;
-};
-
-/// Tokens that eviction always keeps: the first `n_sink` slots (attention sinks) and the last
-/// `n_recent` slots of each KV head. They count inside the keep budget.
-struct Protection {
-  int n_sink = 0;
-  int n_recent = 0;
-};
-
-/// Scores of one layer: scores[h][slot], one row per KV head, row length == layer.size(h).
-using LayerScores = std::vector<std::vector<float>>;
 
 /// Token-importance accumulator of one layer (see the file comment for the kinds, GQA and memory).
 ///

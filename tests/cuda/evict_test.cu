@@ -2,11 +2,25 @@
 //
 // Random shapes (1-32 layers, 1-8 KV heads, lengths 0..131072 per head, k from the protected
 // count to n and beyond, head_dim 64/128 plus odd sizes for the narrow-copy paths, K/V in
-// float/half/bfloat16, scores in float/half/bfloat16 with many ties), both launch paths, owning
+// float/half/bfloat16, scores in float/half/bfloat16 of every kind of support/adversarial_scores.hpp:
+// ties, constant rows, +/-inf, denormals, ...), both launch paths, owning
 // layers and strided views over raw device memory, select-only and select+compact; plus status
-// bits, parameter errors and DeviceLayer round trips. Exit codes: 0 pass, 1 mismatch, 77 no device.
+// bits, parameter errors (alignment, length limit), 16-bit NaN scores, two evictions in flight on
+// two streams, and DeviceLayer round trips.
+//
+// Overruns: every destination (K/V rows up to the layer's capacity including the padding of each
+// token's stride, positions up to capacity, kept slots up to the row's stride) is pre-filled with a
+// pattern; after the eviction the kept entries must be exact and everything past n_kept (and every
+// stride pad) must still hold the pattern. compute-sanitizer's memcheck sees only writes outside
+// allocations; these checks see writes into slack inside them.
+//
+// The reference ranks by definition (support/selection_reference.hpp: a full sort with plain
+// comparisons, score desc then position asc), cross-checked with the CPU evictor when present.
+// Exit codes: 0 pass, 1 mismatch or any CUDA error, 77 no CUDA device (support/cuda_device_probe.hpp).
 //
 // Usage: cuda_evict_test [--seed S] [--cases N] [--seconds T] [--budget-mb M (source K/V bytes per case)]
+//                        [--case ID (rerun only random case ID of this seed and budget; no directed tests)]
+//                        [--random-only (no directed tests: for the slow sanitizer tools)]
 
 // The CPU evictor includes Eigen; its host/device annotations are not needed in this CUDA
 // translation unit (and warn under nvcc), so Eigen is compiled as host-only code here.
@@ -33,8 +47,10 @@
 
 #include "depthkv/cuda/device_layer.cuh"
 #include "depthkv/cuda/evict.cuh"
-#include "depthkv/detail/select_common.hpp"
 #include "depthkv/kv_cache.hpp"
+#include "support/adversarial_scores.hpp"
+#include "support/cuda_device_probe.hpp"
+#include "support/selection_reference.hpp"
 
 #if !defined(DEPTHKV_TEST_NO_CPU_EVICTOR) && __has_include("depthkv/evictor.hpp")
 #include "depthkv/evictor.hpp"
@@ -57,6 +73,35 @@ namespace {
 int g_failures = 0;
 std::size_t g_budget_bytes = std::size_t{160} << 20;  // source K+V bytes per random case
 
+constexpr unsigned char kDstPattern = 0xa5;         // pre-fill of destination K/V bytes
+constexpr unsigned char kPosPattern = 0x5a;         // pre-fill of destination position bytes
+constexpr std::int32_t kPosSentinel = 0x5a5a5a5a;   // ... as int32
+constexpr std::int32_t kSlotSentinel = -1;          // pre-fill of kept slots (0xff bytes)
+
+/// Protected slots of a row (the first n_sink and the last n_recent), by definition.
+int protected_slots(int n, int n_sink, int n_recent) { return std::min(n, n_sink + n_recent); }
+
+/// Checks one head's destination rows after an eviction: token q < n_written holds the source
+/// token ref[q] (`row_bytes` of `src`, tokens `row_bytes` apart), the stride pad of every token and
+/// every token from n_written up to `cap` still hold kDstPattern. Returns "" or what differs.
+std::string check_dst_rows(const std::vector<unsigned char>& got, const unsigned char* src, const std::vector<std::int32_t>& ref,
+                           int n_written, int cap, std::size_t stride_bytes, std::size_t row_bytes) {
+  for (int q = 0; q < cap; ++q) {
+    const unsigned char* g = got.data() + static_cast<std::size_t>(q) * stride_bytes;
+    std::size_t from = 0;
+    if (q < n_written) {
+      if (std::memcmp(g, src + static_cast<std::size_t>(ref[static_cast<std::size_t>(q)]) * row_bytes, row_bytes) != 0)
+        return "kept token " + std::to_string(q) + " differs";
+      from = row_bytes;
+    }
+    for (std::size_t b = from; b < stride_bytes; ++b)
+      if (g[b] != kDstPattern)
+        return (q < n_written ? "stride pad of kept token " : "overrun: token ") + std::to_string(q) + " byte " +
+               std::to_string(b) + " written (n_kept " + std::to_string(n_written) + ", capacity " + std::to_string(cap) + ")";
+  }
+  return "";
+}
+
 void fail(const std::string& what) {
   if (g_failures < 30) std::fprintf(stderr, "MISMATCH: %s\n", what.c_str());
   ++g_failures;
@@ -64,36 +109,12 @@ void fail(const std::string& what) {
 
 // ---- the CPU path --------------------------------------------------------------------------------
 
-std::vector<std::int32_t> naive_select_keep(const float* s, const std::int32_t* pos, int n, int k, int sink, int recent) {
-  std::vector<std::int32_t> out;
-  if (k >= n) {
-    out.resize(static_cast<std::size_t>(n));
-    std::iota(out.begin(), out.end(), 0);
-    return out;
-  }
-  std::vector<std::int32_t> cand;
-  for (int i = 0; i < n; ++i) {
-    if (depthkv::detail::is_protected(i, n, sink, recent))
-      out.push_back(i);
-    else
-      cand.push_back(i);
-  }
-  const int take = k - static_cast<int>(out.size());
-  if (take < 0) return {};
-  std::nth_element(cand.begin(), cand.begin() + take, cand.end(), [&](std::int32_t a, std::int32_t b) {
-    return depthkv::detail::ranks_before(s[a], pos[a], s[b], pos[b]);
-  });
-  out.insert(out.end(), cand.begin(), cand.begin() + take);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 /// The CPU path for one row: depthkv::select_keep on the float scores (and on the raw 16-bit
 /// scores when the GPU ranked half/bfloat16 keys: `raw16`, `bf16`), cross-checked with the naive
 /// reference. Without evictor.hpp, the naive reference alone.
 std::vector<std::int32_t> cpu_select(const float* s, const std::int32_t* pos, int n, int k, int sink, int recent,
                                      const std::uint16_t* raw16 = nullptr, bool bf16 = false) {
-  std::vector<std::int32_t> ref = naive_select_keep(s, pos, n, k, sink, recent);
+  std::vector<std::int32_t> ref = depthkv_test::naive_select_keep(s, pos, n, k, sink, recent);
 #ifdef DEPTHKV_TEST_HAVE_EVICTOR
   depthkv::Protection prot;
   prot.n_sink = sink;
@@ -170,17 +191,6 @@ struct CaseSpec {
   std::uint64_t seed = 0;
 };
 
-float random_score(std::mt19937_64& rng, int mode) {
-  switch (mode) {
-    case 0: return std::uniform_real_distribution<float>(0.f, 1.f)(rng);
-    case 1: return static_cast<float>(rng() % 4) * 0.25f;  // 4 values: heavy ties
-    case 2: return 0.5f;                                   // all equal
-    case 3: return (rng() % 2) ? 0.0f : -0.0f;             // signed zeros
-    case 4: return static_cast<float>(rng() % 2);          // 2 values
-    default: return std::uniform_real_distribution<float>(-1e4f, 1e4f)(rng);
-  }
-}
-
 template <typename T, typename ScoreT>
 void run_case(const CaseSpec& c, int case_id, std::size_t smem_optin) {
   const int L = c.layers, H = c.heads, hd = c.head_dim;
@@ -213,7 +223,7 @@ void run_case(const CaseSpec& c, int case_id, std::size_t smem_optin) {
       for (int i = 0; i < n; ++i) {
         h_pos[r][static_cast<std::size_t>(i)] = p;
         p += 1 + static_cast<std::int32_t>(rng() % 3);
-        const ScoreT s = from_float<ScoreT>(random_score(rng, c.score_mode));
+        const ScoreT s = from_float<ScoreT>(depthkv_test::adversarial_score(c.score_mode, i, n, rng));
         h_scores[r * static_cast<std::size_t>(score_stride) + static_cast<std::size_t>(i)] = s;
         f_scores[r * static_cast<std::size_t>(score_stride) + static_cast<std::size_t>(i)] = to_float<ScoreT>(s);
       }
@@ -266,6 +276,20 @@ void run_case(const CaseSpec& c, int case_id, std::size_t smem_optin) {
     }
   }
 
+  // destinations pre-filled with patterns (checked after the eviction: nothing past n_kept written)
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      T* dk = c.views ? view_dst[static_cast<std::size_t>(l)].key(h, 0) : own_dst[static_cast<std::size_t>(l)].key(h, 0);
+      T* dv = c.views ? view_dst[static_cast<std::size_t>(l)].value(h, 0) : own_dst[static_cast<std::size_t>(l)].value(h, 0);
+      std::int32_t* dp = c.views ? view_dst[static_cast<std::size_t>(l)].positions(h) : own_dst[static_cast<std::size_t>(l)].positions(h);
+      const std::size_t tsd = static_cast<std::size_t>(c.views ? view_dst[static_cast<std::size_t>(l)].token_stride()
+                                                               : own_dst[static_cast<std::size_t>(l)].token_stride());
+      const std::size_t cl = static_cast<std::size_t>(cap[static_cast<std::size_t>(l)]);
+      CUDA_OK(cudaMemset(dk, kDstPattern, cl * tsd * sizeof(T)));
+      CUDA_OK(cudaMemset(dv, kDstPattern, cl * tsd * sizeof(T)));
+      CUDA_OK(cudaMemset(dp, kPosPattern, cl * sizeof(std::int32_t)));
+    }
+
   // rows: built by the host helper (validates like the CPU evictor), then uploaded
   std::vector<dc::EvictRow> rows;
   for (int l = 0; l < L; ++l) {
@@ -315,7 +339,7 @@ void run_case(const CaseSpec& c, int case_id, std::size_t smem_optin) {
 
   // compare every row with the CPU path
   std::vector<std::int32_t> got_slots, got_pos;
-  std::vector<T> got_k, got_v, row_k, row_v;
+  std::vector<unsigned char> got_k, got_v;
   std::size_t kept_total = 0;
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
@@ -334,43 +358,52 @@ void run_case(const CaseSpec& c, int case_id, std::size_t smem_optin) {
                                 std::to_string(n) + " k " + std::to_string(k);
       const int dst_size = c.views ? view_dst[static_cast<std::size_t>(l)].size(h) : own_dst[static_cast<std::size_t>(l)].size(h);
       if (dst_size != n_kept) fail(where + ": destination size " + std::to_string(dst_size) + " != " + std::to_string(n_kept));
-      got_slots.assign(static_cast<std::size_t>(n_kept), 0);
-      if (n_kept > 0)
-        CUDA_OK(cudaMemcpy(got_slots.data(), d_kept + r * static_cast<std::size_t>(score_stride),
-                           static_cast<std::size_t>(n_kept) * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
-      if (got_slots != ref) {
+      // kept slots: exact in [0, n_kept), the sentinel up to the row's stride
+      got_slots.assign(static_cast<std::size_t>(score_stride), 0);
+      CUDA_OK(cudaMemcpy(got_slots.data(), d_kept + r * static_cast<std::size_t>(score_stride),
+                         static_cast<std::size_t>(score_stride) * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+      if (!std::equal(ref.begin(), ref.end(), got_slots.begin())) {
         int first = 0;
         while (first < n_kept && got_slots[static_cast<std::size_t>(first)] == ref[static_cast<std::size_t>(first)]) ++first;
         fail(where + ": kept slots differ at index " + std::to_string(first));
         continue;
       }
-      const std::int32_t* dpos = c.views ? view_dst[static_cast<std::size_t>(l)].positions(h) : own_dst[static_cast<std::size_t>(l)].positions(h);
-      got_pos.assign(static_cast<std::size_t>(n_kept), 0);
-      if (n_kept > 0)
-        CUDA_OK(cudaMemcpy(got_pos.data(), dpos, static_cast<std::size_t>(n_kept) * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
-      for (int q = 0; q < n_kept; ++q)
-        if (got_pos[static_cast<std::size_t>(q)] != h_pos[r][static_cast<std::size_t>(ref[static_cast<std::size_t>(q)])]) {
-          fail(where + ": kept position " + std::to_string(q) + " differs");
+      for (int q = n_kept; q < score_stride; ++q)
+        if (got_slots[static_cast<std::size_t>(q)] != kSlotSentinel) {
+          fail(where + ": overrun: kept slot " + std::to_string(q) + " written past n_kept " + std::to_string(n_kept));
           break;
         }
-      if (c.select_only || n_kept == 0) continue;
-      const std::size_t row_elems = static_cast<std::size_t>(n_kept) * static_cast<std::size_t>(hd);
-      got_k.assign(row_elems, from_float<T>(0.f));
-      got_v.assign(row_elems, from_float<T>(0.f));
-      const std::size_t width = static_cast<std::size_t>(hd) * sizeof(T);
+      // positions: exact in [0, n_kept), the pattern up to the capacity
+      const int capd = c.views ? view_dst[static_cast<std::size_t>(l)].capacity() : own_dst[static_cast<std::size_t>(l)].capacity();
+      const std::size_t tsd = static_cast<std::size_t>(c.views ? view_dst[static_cast<std::size_t>(l)].token_stride()
+                                                               : own_dst[static_cast<std::size_t>(l)].token_stride());
+      const std::int32_t* dpos = c.views ? view_dst[static_cast<std::size_t>(l)].positions(h) : own_dst[static_cast<std::size_t>(l)].positions(h);
+      got_pos.assign(static_cast<std::size_t>(capd), 0);
+      CUDA_OK(cudaMemcpy(got_pos.data(), dpos, static_cast<std::size_t>(capd) * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+      for (int q = 0; q < capd; ++q) {
+        const bool kept = q < n_kept;
+        if (kept ? got_pos[static_cast<std::size_t>(q)] != h_pos[r][static_cast<std::size_t>(ref[static_cast<std::size_t>(q)])]
+                 : got_pos[static_cast<std::size_t>(q)] != kPosSentinel) {
+          fail(where + (kept ? ": kept position " : ": overrun: position ") + std::to_string(q) +
+               (kept ? " differs" : " written past n_kept " + std::to_string(n_kept)));
+          break;
+        }
+      }
+      // K/V: the kept rows exact (select-only: none written), every pad and everything past them the pattern
+      const int written = c.select_only ? 0 : n_kept;
+      const std::size_t stride_bytes = tsd * sizeof(T), row_bytes = static_cast<std::size_t>(hd) * sizeof(T);
       const T* dk = c.views ? view_dst[static_cast<std::size_t>(l)].key(h, 0) : own_dst[static_cast<std::size_t>(l)].key(h, 0);
       const T* dv = c.views ? view_dst[static_cast<std::size_t>(l)].value(h, 0) : own_dst[static_cast<std::size_t>(l)].value(h, 0);
-      CUDA_OK(cudaMemcpy2D(got_k.data(), width, dk, static_cast<std::size_t>(ts) * sizeof(T), width, static_cast<std::size_t>(n_kept), cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy2D(got_v.data(), width, dv, static_cast<std::size_t>(ts) * sizeof(T), width, static_cast<std::size_t>(n_kept), cudaMemcpyDeviceToHost));
-      row_k.resize(row_elems);
-      row_v.resize(row_elems);
-      for (int q = 0; q < n_kept; ++q) {
-        const std::size_t s = static_cast<std::size_t>(ref[static_cast<std::size_t>(q)]) * static_cast<std::size_t>(hd);
-        std::memcpy(row_k.data() + static_cast<std::size_t>(q) * static_cast<std::size_t>(hd), h_k[r].data() + s, width);
-        std::memcpy(row_v.data() + static_cast<std::size_t>(q) * static_cast<std::size_t>(hd), h_v[r].data() + s, width);
-      }
-      if (std::memcmp(row_k.data(), got_k.data(), row_elems * sizeof(T)) != 0) fail(where + ": compacted keys differ");
-      if (std::memcmp(row_v.data(), got_v.data(), row_elems * sizeof(T)) != 0) fail(where + ": compacted values differ");
+      got_k.resize(static_cast<std::size_t>(capd) * stride_bytes);
+      got_v.resize(got_k.size());
+      CUDA_OK(cudaMemcpy(got_k.data(), dk, got_k.size(), cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(got_v.data(), dv, got_v.size(), cudaMemcpyDeviceToHost));
+      const std::string ek = check_dst_rows(got_k, reinterpret_cast<const unsigned char*>(h_k[r].data()), ref, written, capd,
+                                            stride_bytes, row_bytes);
+      if (!ek.empty()) fail(where + ": keys: " + ek);
+      const std::string ev = check_dst_rows(got_v, reinterpret_cast<const unsigned char*>(h_v[r].data()), ref, written, capd,
+                                            stride_bytes, row_bytes);
+      if (!ev.empty()) fail(where + ": values: " + ev);
     }
   std::printf("  %s: %zu rows, %zu kept tokens%s%s -> %s\n", tag.c_str(), rows.size(), kept_total,
               c.select_only ? ", select-only" : "", c.views ? ", strided views" : "", g_failures ? "FAILURES SO FAR" : "ok");
@@ -423,7 +456,7 @@ CaseSpec make_case(std::mt19937_64& rng, int id, int& elem_type, int& score_type
   }
   c.n_sink = std::vector<int>{0, 1, 4, 16, 8200}[rng() % 5];  // 8200: the first middle slot is in chunk 1
   c.n_recent = std::vector<int>{0, 1, 32, 256}[rng() % 4];
-  c.score_mode = static_cast<int>(rng() % 6);
+  c.score_mode = static_cast<int>(rng() % depthkv_test::kScoreKinds);
   c.path = static_cast<dc::EvictPath>(id % 3);
   c.select_only = rng() % 5 == 0;
   c.views = rng() % 4 == 0;
@@ -442,7 +475,7 @@ CaseSpec make_case(std::mt19937_64& rng, int id, int& elem_type, int& score_type
       const int n = (per_head_len && !one_full_row) ? (regime == 3 ? static_cast<int>(rng() % 5) : static_cast<int>(rng() % static_cast<std::uint64_t>(base + 1)))
                                  : base;
       c.n[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = n;
-      const int pc = depthkv::detail::protected_count(n, c.n_sink, c.n_recent);
+      const int pc = protected_slots(n, c.n_sink, c.n_recent);
       int k;
       const double rr = per_head_k ? std::uniform_real_distribution<double>(0.0, 1.1)(rng) : ratio;
       switch (special) {
@@ -517,7 +550,7 @@ void test_status_and_errors() {
     CUDA_OK(cudaMemcpy(got.data(), d_kept + 3 * n, 20 * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
     std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
     std::iota(pos.begin(), pos.end(), 0);
-    if (got != naive_select_keep(s.data() + 3 * n, pos.data(), n, 20, 2, 4)) fail("valid row next to bad rows differs");
+    if (got != depthkv_test::naive_select_keep(s.data() + 3 * n, pos.data(), n, 20, 2, 4)) fail("valid row next to bad rows differs");
     // parameter errors
     dc::EvictParams bad = p;
     bad.n_sink = -1;
@@ -526,6 +559,17 @@ void test_status_and_errors() {
     if (ws > 0 && dc::Evict<float>(bad, d_ws, ws - 1) != cudaErrorInvalidValue) fail("small workspace accepted");
     bad.head_dim = 0;
     if (dc::Evict<float>(bad, d_ws, ws) != cudaErrorInvalidValue) fail("head_dim 0 accepted");
+    // workspace alignment and the length limit (gridDim.y <= 65535 chunks)
+    if (dc::EvictParamsError<float>(p, d_ws, ws) != nullptr) fail("valid parameters reported as an error");
+    void* misaligned = static_cast<unsigned char*>(d_ws) + 4;
+    if (dc::Evict<float>(p, misaligned, ws) != cudaErrorInvalidValue) fail("misaligned workspace accepted");
+    const char* why = dc::EvictParamsError<float>(p, misaligned, ws);
+    if (why == nullptr || std::strstr(why, "aligned") == nullptr) fail("misaligned workspace: no clear error");
+    bad = p;
+    bad.max_n = dc::detail::kEvictMaxN + 1;
+    if (dc::Evict<float>(bad, d_ws, std::size_t{1} << 40) != cudaErrorInvalidValue) fail("max_n above kEvictMaxN accepted");
+    why = dc::EvictParamsError<float>(bad, d_ws, std::size_t{1} << 40);
+    if (why == nullptr || std::strstr(why, "kEvictMaxN") == nullptr) fail("max_n above kEvictMaxN: no clear error");
     CUDA_OK(cudaFree(d_ws));
   }
   dc::EvictParams none;
@@ -537,6 +581,200 @@ void test_status_and_errors() {
   CUDA_OK(cudaFree(d_src));
   CUDA_OK(cudaFree(d_s));
   std::printf("  status bits and parameter errors: %s\n", g_failures ? "FAILURES SO FAR" : "ok");
+}
+
+/// 16-bit NaN scores on the device path: rows 0 and 2 hold a NaN (a middle slot; a recent-window
+/// slot), row 1 is valid with +/-inf. Both launch paths, a one-block-sized and a multi-block-sized
+/// length: kNaNScore is set, the valid row is exact; without the NaN rows no bit is set.
+template <typename ScoreT>
+void test_nan16(std::uint16_t nan_a, std::uint16_t nan_b) {
+  for (int n : {300, 20000}) {
+    const int k = n / 4, sink = 2, recent = 4, R = 3;
+    std::vector<ScoreT> s(static_cast<std::size_t>(R) * static_cast<std::size_t>(n));
+    std::vector<float> f(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const int v = static_cast<int>((i * 37u) % 23u) - 11;
+      s[i] = from_float<ScoreT>(v == 11 ? std::numeric_limits<float>::infinity()
+                                : v == -11 ? -std::numeric_limits<float>::infinity() : static_cast<float>(v) * 0.25f);
+      f[i] = to_float<ScoreT>(s[i]);
+    }
+    std::memcpy(static_cast<void*>(&s[static_cast<std::size_t>(n / 2)]), &nan_a, 2);                                     // row 0, middle
+    std::memcpy(static_cast<void*>(&s[2 * static_cast<std::size_t>(n) + static_cast<std::size_t>(n - 2)]), &nan_b, 2);  // row 2, recent window
+    ScoreT* d_s = nullptr;
+    std::int32_t* d_kept = nullptr;
+    std::uint32_t* d_status = nullptr;
+    dc::EvictRow* d_rows = nullptr;
+    CUDA_OK(cudaMalloc(&d_s, s.size() * sizeof(ScoreT)));
+    CUDA_OK(cudaMemcpy(d_s, s.data(), s.size() * sizeof(ScoreT), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&d_kept, s.size() * sizeof(std::int32_t)));
+    CUDA_OK(cudaMalloc(&d_status, sizeof(std::uint32_t)));
+    std::vector<dc::EvictRow> rows(static_cast<std::size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      rows[static_cast<std::size_t>(r)].scores = d_s + static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
+      rows[static_cast<std::size_t>(r)].kept_slots = d_kept + static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
+      rows[static_cast<std::size_t>(r)].n = n;
+      rows[static_cast<std::size_t>(r)].k = k;
+    }
+    CUDA_OK(cudaMalloc(&d_rows, rows.size() * sizeof(dc::EvictRow)));
+    CUDA_OK(cudaMemcpy(d_rows, rows.data(), rows.size() * sizeof(dc::EvictRow), cudaMemcpyHostToDevice));
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+    std::iota(pos.begin(), pos.end(), 0);
+    const std::vector<std::int32_t> ref = depthkv_test::naive_select_keep(f.data() + n, pos.data(), n, k, sink, recent);
+    for (dc::EvictPath path : {dc::EvictPath::kOneBlockPerRow, dc::EvictPath::kMultiBlock})
+      for (int with_nan = 1; with_nan >= 0; --with_nan) {
+        dc::EvictParams p;
+        p.rows = with_nan ? d_rows : d_rows + 1;  // without: row 1 alone
+        p.n_rows = with_nan ? R : 1;
+        p.max_n = n;
+        p.head_dim = 1;
+        p.n_sink = sink;
+        p.n_recent = recent;
+        p.status = d_status;
+        p.path = path;
+        const std::size_t ws = dc::EvictWorkspaceBytes(p);
+        void* d_ws = nullptr;
+        if (ws > 0) CUDA_OK(cudaMalloc(&d_ws, ws));
+        CUDA_OK(cudaMemset(d_kept, 0xff, s.size() * sizeof(std::int32_t)));
+        CUDA_OK((dc::Evict<float, ScoreT>(p, d_ws, ws)));
+        CUDA_OK(cudaDeviceSynchronize());
+        std::uint32_t st = 0;
+        CUDA_OK(cudaMemcpy(&st, d_status, sizeof st, cudaMemcpyDeviceToHost));
+        const std::string where = std::string(type_name<ScoreT>()) + " NaN scores, n " + std::to_string(n) + ", path " +
+                                  std::to_string(static_cast<int>(path)) + (with_nan ? "" : ", valid row alone");
+        const std::uint32_t want = with_nan ? dc::EvictStatus::kNaNScore : 0u;
+        if (st != want) fail(where + ": status " + std::to_string(st) + " != " + std::to_string(want));
+        std::vector<std::int32_t> got(static_cast<std::size_t>(n));
+        CUDA_OK(cudaMemcpy(got.data(), d_kept + n, static_cast<std::size_t>(n) * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+        if (!std::equal(ref.begin(), ref.end(), got.begin())) fail(where + ": valid row differs");
+        for (int q = static_cast<int>(ref.size()); q < n; ++q)
+          if (got[static_cast<std::size_t>(q)] != kSlotSentinel) {
+            fail(where + ": overrun past n_kept");
+            break;
+          }
+        if (d_ws != nullptr) CUDA_OK(cudaFree(d_ws));
+      }
+    CUDA_OK(cudaFree(d_rows));
+    CUDA_OK(cudaFree(d_status));
+    CUDA_OK(cudaFree(d_kept));
+    CUDA_OK(cudaFree(d_s));
+  }
+  std::printf("  16-bit NaN scores (%s): %s\n", type_name<ScoreT>(), g_failures ? "FAILURES SO FAR" : "ok");
+}
+
+/// One batched eviction of `R` rows of `n` tokens (float scores, float K of head_dim 8), its own buffers.
+struct StreamProblem {
+  int R = 0, n = 0, k = 0, hd = 8;
+  dc::EvictPath path = dc::EvictPath::kAuto;
+  std::vector<float> s, key;
+  float *d_s = nullptr, *d_src = nullptr, *d_dst = nullptr;
+  std::int32_t* d_kept = nullptr;
+  std::uint32_t* d_status = nullptr;
+  dc::EvictRow* d_rows = nullptr;
+  void* d_ws = nullptr;
+  std::size_t ws = 0;
+  dc::EvictParams p;
+
+  StreamProblem(int R_, int n_, int k_, dc::EvictPath path_, std::uint64_t seed) : R(R_), n(n_), k(k_), path(path_) {
+    const std::size_t N = static_cast<std::size_t>(R) * static_cast<std::size_t>(n);
+    std::mt19937_64 rng(seed);
+    s.resize(N);
+    for (float& x : s) x = static_cast<float>(rng() % 1000u) * 0.125f;  // many ties
+    key.resize(N * static_cast<std::size_t>(hd));
+    fill_random_bytes(key.data(), key.size() * sizeof(float), seed + 1);
+    CUDA_OK(cudaMalloc(&d_s, N * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d_s, s.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&d_src, key.size() * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d_src, key.data(), key.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&d_dst, key.size() * sizeof(float)));
+    CUDA_OK(cudaMemset(d_dst, kDstPattern, key.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&d_kept, N * sizeof(std::int32_t)));
+    CUDA_OK(cudaMemset(d_kept, 0xff, N * sizeof(std::int32_t)));
+    CUDA_OK(cudaMalloc(&d_status, sizeof(std::uint32_t)));
+    std::vector<dc::EvictRow> rows(static_cast<std::size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      dc::EvictRow& w = rows[static_cast<std::size_t>(r)];
+      const std::size_t o = static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
+      w.scores = d_s + o;
+      w.src_k = d_src + o * static_cast<std::size_t>(hd);
+      w.dst_k = d_dst + o * static_cast<std::size_t>(hd);
+      w.kept_slots = d_kept + o;
+      w.src_token_stride = hd;
+      w.dst_token_stride = hd;
+      w.n = n;
+      w.k = k;
+    }
+    CUDA_OK(cudaMalloc(&d_rows, rows.size() * sizeof(dc::EvictRow)));
+    CUDA_OK(cudaMemcpy(d_rows, rows.data(), rows.size() * sizeof(dc::EvictRow), cudaMemcpyHostToDevice));
+    p.rows = d_rows;
+    p.n_rows = R;
+    p.max_n = n;
+    p.head_dim = hd;
+    p.n_sink = 4;
+    p.n_recent = 16;
+    p.status = d_status;
+    p.path = path;
+    ws = dc::EvictWorkspaceBytes(p);
+    if (ws > 0) CUDA_OK(cudaMalloc(&d_ws, ws));
+  }
+  StreamProblem(const StreamProblem&) = delete;
+  StreamProblem& operator=(const StreamProblem&) = delete;
+  ~StreamProblem() {
+    for (void* q : {static_cast<void*>(d_s), static_cast<void*>(d_src), static_cast<void*>(d_dst), static_cast<void*>(d_kept),
+                    static_cast<void*>(d_status), static_cast<void*>(d_rows), d_ws})
+      if (q != nullptr) (void)cudaFree(q);
+  }
+  void launch(cudaStream_t stream) { CUDA_OK(dc::Evict<float>(p, d_ws, ws, stream)); }
+  /// Compares with the reference (kept slots, K rows, sentinels, status 0).
+  void check(const std::string& what) {
+    std::uint32_t st = 0;
+    CUDA_OK(cudaMemcpy(&st, d_status, sizeof st, cudaMemcpyDeviceToHost));
+    if (st != 0u) fail(what + ": status " + std::to_string(st));
+    const std::size_t N = static_cast<std::size_t>(R) * static_cast<std::size_t>(n);
+    std::vector<std::int32_t> kept(N);
+    std::vector<unsigned char> dst(key.size() * sizeof(float));
+    CUDA_OK(cudaMemcpy(kept.data(), d_kept, N * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(dst.data(), d_dst, dst.size(), cudaMemcpyDeviceToHost));
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+    std::iota(pos.begin(), pos.end(), 0);
+    const std::size_t row_bytes = static_cast<std::size_t>(hd) * sizeof(float);
+    for (int r = 0; r < R; ++r) {
+      const std::size_t o = static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
+      const std::vector<std::int32_t> ref = depthkv_test::naive_select_keep(s.data() + o, pos.data(), n, k, 4, 16);
+      bool ok = std::equal(ref.begin(), ref.end(), kept.begin() + static_cast<std::ptrdiff_t>(o));
+      for (std::size_t q = ref.size(); ok && q < static_cast<std::size_t>(n); ++q) ok = kept[o + q] == kSlotSentinel;
+      if (!ok) {
+        fail(what + ": row " + std::to_string(r) + " kept slots differ or overrun");
+        continue;
+      }
+      const std::vector<unsigned char> got(dst.begin() + static_cast<std::ptrdiff_t>(o * row_bytes),
+                                           dst.begin() + static_cast<std::ptrdiff_t>((o + static_cast<std::size_t>(n)) * row_bytes));
+      const std::string e = check_dst_rows(got, reinterpret_cast<const unsigned char*>(key.data() + o * static_cast<std::size_t>(hd)),
+                                           ref, static_cast<int>(ref.size()), n, row_bytes, row_bytes);
+      if (!e.empty()) fail(what + ": row " + std::to_string(r) + " keys: " + e);
+    }
+  }
+};
+
+/// Two evictions in flight at once on two streams (one per launch path, the one-block one above
+/// the default 48 KiB of shared memory, so its first call raises the kernel's limit while the
+/// other runs): both exact, with results equal to the reference.
+void test_two_streams() {
+  StreamProblem a(4, 100000, 30000, dc::EvictPath::kMultiBlock, 501);
+  StreamProblem b(96, 14000, 3000, dc::EvictPath::kOneBlockPerRow, 502);
+  cudaStream_t s1, s2;
+  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (int rep = 0; rep < 3; ++rep) {
+    a.launch(s1);
+    b.launch(s2);
+  }
+  CUDA_OK(cudaStreamSynchronize(s1));
+  CUDA_OK(cudaStreamSynchronize(s2));
+  a.check("two streams, multi-block");
+  b.check("two streams, one block per row");
+  CUDA_OK(cudaStreamDestroy(s1));
+  CUDA_OK(cudaStreamDestroy(s2));
+  std::printf("  two evictions in flight on two streams: %s\n", g_failures ? "FAILURES SO FAR" : "ok");
 }
 
 void test_device_layer() {
@@ -584,22 +822,37 @@ void test_device_layer() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return 77;
-  }
+  const int probe = depthkv_test::cuda_device_probe("cuda_evict_test");
+  if (probe != 0) return probe;
   std::uint64_t seed = 20241129;
   int max_cases = 150;
+  int only_case = -1;
   double seconds = 200.0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  int budget_mb = 160;
+  bool directed = true;
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--random-only") {
+      directed = false;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "FAIL: %s needs a value\n", a.c_str());
+      return 1;
+    }
     if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--cases") max_cases = std::atoi(argv[i + 1]);
+    else if (a == "--case") only_case = std::atoi(argv[i + 1]);
     else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
-    else if (a == "--budget-mb") g_budget_bytes = static_cast<std::size_t>(std::max(1, std::atoi(argv[i + 1]))) << 20;
+    else if (a == "--budget-mb") budget_mb = std::max(1, std::atoi(argv[i + 1]));
+    else {
+      std::fprintf(stderr, "FAIL: unknown argument %s\n", a.c_str());
+      return 1;
+    }
   }
+  g_budget_bytes = static_cast<std::size_t>(budget_mb) << 20;
+  if (only_case >= 0) max_cases = only_case + 1;
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   std::printf("cuda_evict_test: %s (sm_%d%d, %d SMs), seed %llu%s\n", prop.name, prop.major, prop.minor,
@@ -610,28 +863,43 @@ int main(int argc, char** argv) {
               ", CPU path: naive reference (evictor.hpp not present)"
 #endif
   );
-  test_status_and_errors();
-  test_device_layer();
+  if (only_case < 0 && directed) {
+    test_status_and_errors();
+    test_nan16<__half>(0x7e00u, 0xfc01u);
+    test_nan16<__nv_bfloat16>(0x7fc0u, 0xff81u);
+    test_two_streams();
+    test_device_layer();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::mt19937_64 rng(seed);
   int done = 0;
+  std::vector<int> failed_ids;
   for (int id = 0; id < max_cases; ++id) {
     int elem = 0, score = 0;
-    const CaseSpec c = make_case(rng, id, elem, score);
+    const CaseSpec c = make_case(rng, id, elem, score);  // every earlier case is drawn, so ids replay exactly
+    if (only_case >= 0 && id != only_case) continue;
+    const int before = g_failures;
     if (elem == 0) run_case_t<float>(c, id, score, prop.sharedMemPerBlockOptin);
     else if (elem == 1) run_case_t<__half>(c, id, score, prop.sharedMemPerBlockOptin);
     else run_case_t<__nv_bfloat16>(c, id, score, prop.sharedMemPerBlockOptin);
+    if (g_failures != before) failed_ids.push_back(id);
     ++done;
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (el > seconds && done >= std::min(15, max_cases)) {
+    if (only_case < 0 && el > seconds && done >= std::min(15, max_cases)) {
       std::printf("  time budget of %.0f s reached after %d cases\n", seconds, done);
       break;
     }
   }
+  for (int id : failed_ids)
+    std::printf("  rerun: cuda_evict_test --seed %llu --budget-mb %d --case %d\n", static_cast<unsigned long long>(seed),
+                budget_mb, id);
   if (g_failures) {
     std::printf("FAIL: %d mismatches (%d random cases)\n", g_failures, done);
     return 1;
   }
-  std::printf("PASS: %d random cases + directed tests, all identical to the CPU path\n", done);
+  if (only_case >= 0)
+    std::printf("PASS: random case %d of seed %llu identical to the CPU path\n", only_case, static_cast<unsigned long long>(seed));
+  else
+    std::printf("PASS: %d random cases + directed tests, all identical to the CPU path\n", done);
   return 0;
 }

@@ -2,7 +2,8 @@
 // probabilities as floats, observe_block per query head, heads ascending) and a naive loop in the
 // documented order. H2O cumulative (accumulated over several blocks of queries) and SnapKV windows
 // (no pooling, max, average), GQA groups 1..8, probabilities in float/half/bfloat16, plus the
-// bad-probability status bit and parameter errors. Exit codes: 0 pass, 1 mismatch, 77 no device.
+// bad-probability status bit and parameter errors. Exit codes: 0 pass, 1 mismatch or any CUDA
+// error, 77 no CUDA device (support/cuda_device_probe.hpp).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,6 +23,7 @@
 #include "depthkv/cuda/score.cuh"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/token_scorer.hpp"
+#include "support/cuda_device_probe.hpp"
 
 namespace dc = depthkv::cuda;
 
@@ -340,12 +342,8 @@ void test_errors_and_status() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return 77;
-  }
+  const int probe = depthkv_test::cuda_device_probe("cuda_score_test");
+  if (probe != 0) return probe;
   std::uint64_t seed = 77;
   int cases = 60;
   for (int i = 1; i + 1 < argc; i += 2) {

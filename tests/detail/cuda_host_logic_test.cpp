@@ -19,6 +19,8 @@
 #include "depthkv/cuda/detail/device_storage.hpp"
 #include "depthkv/cuda/detail/evict_plan.hpp"
 #include "depthkv/detail/select_common.hpp"
+#include "support/adversarial_scores.hpp"
+#include "support/selection_reference.hpp"
 
 #if !defined(DEPTHKV_TEST_NO_CPU_EVICTOR) && __has_include("depthkv/evictor.hpp")
 #include "depthkv/evictor.hpp"
@@ -32,37 +34,12 @@ namespace {
 
 // ---- references --------------------------------------------------------------------------------
 
-/// Naive select_keep: protected slots, then unprotected by (score desc, position asc), ascending.
-std::vector<std::int32_t> naive_select_keep(const float* s, const std::int32_t* pos, int n, int k, int sink, int recent) {
-  std::vector<std::int32_t> out;
-  if (k >= n) {
-    out.resize(static_cast<std::size_t>(n));
-    std::iota(out.begin(), out.end(), 0);
-    return out;
-  }
-  std::vector<std::int32_t> cand;
-  for (int i = 0; i < n; ++i) {
-    if (depthkv::detail::is_protected(i, n, sink, recent))
-      out.push_back(i);
-    else
-      cand.push_back(i);
-  }
-  const int take = k - static_cast<int>(out.size());
-  REQUIRE(take >= 0);
-  std::sort(cand.begin(), cand.end(), [&](std::int32_t a, std::int32_t b) {
-    return depthkv::detail::ranks_before(s[a], pos[a], s[b], pos[b]);
-  });
-  out.insert(out.end(), cand.begin(), cand.begin() + take);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 /// The CPU path: the naive reference, cross-checked with depthkv::select_keep when it exists.
 /// With 16-bit scores (`raw16` non-empty) the CPU evictor's 16-bit overload is checked too.
 std::vector<std::int32_t> cpu_select(const std::vector<float>& s, const std::vector<std::int32_t>& pos, int k, int sink,
                                      int recent, const std::vector<std::uint16_t>& raw16 = {}, bool bf16 = false) {
   const int n = static_cast<int>(s.size());
-  std::vector<std::int32_t> ref = naive_select_keep(s.data(), pos.data(), n, k, sink, recent);
+  std::vector<std::int32_t> ref = depthkv_test::naive_select_keep(s.data(), pos.data(), n, k, sink, recent);
 #ifdef DEPTHKV_TEST_HAVE_EVICTOR
   depthkv::Protection prot;
   prot.n_sink = sink;
@@ -81,6 +58,9 @@ std::vector<std::int32_t> cpu_select(const std::vector<float>& s, const std::vec
 #endif
   return ref;
 }
+
+/// The library's NaN test of a 16-bit score pattern in format f (kF16 or kBF16).
+bool nan16(std::uint16_t u, dd::ScoreFormat f) { return depthkv::detail::is_nan16(u, dd::inf_bits16(f)); }
 
 float half_to_float(std::uint16_t h) {
   const int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
@@ -191,8 +171,12 @@ std::vector<std::int32_t> emulate_one_block(const std::vector<std::uint32_t>& ke
 /// Emulates the multi-block path with chunk size C: histogram passes over chunks (each CTA one
 /// radix step from the stored state; the row's writer chunk stores the new state), the count
 /// pass (final threshold stored, per-chunk counts), then the emit pass reading the stored state.
+/// One CTA's output of an emulated eviction: its first destination index and its kept source
+/// slots in output order (the kernel's KeptMap).
+using CtaOutput = std::pair<std::int64_t, std::vector<std::int32_t>>;
+
 std::vector<std::int32_t> emulate_multi_block(const std::vector<std::uint32_t>& key_of_slot, int k, int sink, int recent,
-                                              int bits, int C, int NT) {
+                                              int bits, int C, int NT, std::vector<CtaOutput>* ctas = nullptr) {
   const int n = static_cast<int>(key_of_slot.size());
   const dd::RowPlan p = dd::plan_row(n, k, sink, recent, n, true);
   const int n_chunks = (n + C - 1) / C;
@@ -269,6 +253,7 @@ std::vector<std::int32_t> emulate_multi_block(const std::vector<std::uint32_t>& 
     for (int q = 0; q < s_cnt; ++q) chunk_out.push_back(c0 + q);
     for (int q = 0; q < m_kept; ++q) chunk_out.push_back(static_cast<std::int32_t>(keys[static_cast<std::size_t>(a + q)]));
     for (int q = 0; q < r_cnt; ++q) chunk_out.push_back(r_begin + q);
+    if (ctas != nullptr) ctas->emplace_back(base, chunk_out);
     bool ok = true;
     for (std::size_t q = 0; q < chunk_out.size() && ok; ++q) {
       const std::int64_t d = base + static_cast<std::int64_t>(q);
@@ -296,24 +281,14 @@ RandomRow random_row(std::mt19937_64& rng, int n, dd::ScoreFormat fmt) {
   RandomRow r;
   r.bits = dd::key_bits(fmt);
   r.bf16 = fmt == dd::ScoreFormat::kBF16;
-  const int mode = static_cast<int>(rng() % 5);
+  const int kind = static_cast<int>(rng() % depthkv_test::kScoreKinds);  // float rows
+  const int mode = kind % 5;                                                 // 16-bit rows
   std::int32_t pos = static_cast<std::int32_t>(rng() % 5);
   for (int i = 0; i < n; ++i) {
     r.positions.push_back(pos);
     pos += 1 + static_cast<std::int32_t>(rng() % 3);
     if (fmt == dd::ScoreFormat::kF32) {
-      float f = 0;
-      switch (mode) {
-        case 0: f = std::uniform_real_distribution<float>(-2.f, 2.f)(rng); break;
-        case 1: f = static_cast<float>(rng() % 4) * 0.5f; break;            // heavy ties
-        case 2: f = 1.0f; break;                                            // all equal
-        case 3: f = (rng() % 2) ? 0.0f : -0.0f; break;                      // signed zeros only
-        default: {                                                          // raw bit patterns (no NaN)
-          std::uint32_t u = static_cast<std::uint32_t>(rng());
-          if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;
-          std::memcpy(&f, &u, sizeof f);
-        }
-      }
+      const float f = depthkv_test::adversarial_score(kind, i, n, rng);
       r.scores.push_back(f);
       r.keys.push_back(depthkv::detail::ordered_key(f));
     } else {
@@ -325,7 +300,7 @@ RandomRow random_row(std::mt19937_64& rng, int n, dd::ScoreFormat fmt) {
         case 3: u = (rng() % 2) ? 0x0000u : 0x8000u; break;
         default: u = static_cast<std::uint16_t>(rng() % 16); break;
       }
-      if (dd::is_nan16(u, fmt)) u = static_cast<std::uint16_t>(u & 0x7c00u);  // keep it finite-or-inf, not NaN
+      if (nan16(u, fmt)) u = static_cast<std::uint16_t>(u & 0x7c00u);  // keep it finite-or-inf, not NaN
       const float f = fmt == dd::ScoreFormat::kF16 ? half_to_float(u) : bf16_to_float(u);
       REQUIRE(!std::isnan(f));
       r.scores.push_back(f);
@@ -350,7 +325,7 @@ TEST_CASE("ordered_key16 orders half and bfloat16 like their float values", "[ev
   for (dd::ScoreFormat fmt : {dd::ScoreFormat::kF16, dd::ScoreFormat::kBF16}) {
     std::vector<std::uint16_t> pats;
     for (std::uint32_t u = 0; u < 65536u; ++u)
-      if (!dd::is_nan16(static_cast<std::uint16_t>(u), fmt)) pats.push_back(static_cast<std::uint16_t>(u));
+      if (!nan16(static_cast<std::uint16_t>(u), fmt)) pats.push_back(static_cast<std::uint16_t>(u));
     auto val = [&](std::uint16_t u) { return fmt == dd::ScoreFormat::kF16 ? half_to_float(u) : bf16_to_float(u); };
     std::sort(pats.begin(), pats.end(), [](std::uint16_t a, std::uint16_t b) {
       return depthkv::detail::ordered_key16(a) < depthkv::detail::ordered_key16(b);
@@ -367,11 +342,11 @@ TEST_CASE("ordered_key16 orders half and bfloat16 like their float values", "[ev
     REQUIRE(bad == 0u);
   }
   std::uint32_t nan_count = 0;
-  for (std::uint32_t u = 0; u < 65536u; ++u) nan_count += dd::is_nan16(static_cast<std::uint16_t>(u), dd::ScoreFormat::kF16) ? 1u : 0u;
+  for (std::uint32_t u = 0; u < 65536u; ++u) nan_count += nan16(static_cast<std::uint16_t>(u), dd::ScoreFormat::kF16) ? 1u : 0u;
   REQUIRE(nan_count == 2u * 1023u);
-  REQUIRE(dd::is_nan16(0x7fc0u, dd::ScoreFormat::kBF16));
-  REQUIRE(!dd::is_nan16(0x7f80u, dd::ScoreFormat::kBF16));  // +inf
-  REQUIRE(!dd::is_nan16(0xfc00u, dd::ScoreFormat::kF16));   // -inf
+  REQUIRE(nan16(0x7fc0u, dd::ScoreFormat::kBF16));
+  REQUIRE(!nan16(0x7f80u, dd::ScoreFormat::kBF16));  // +inf
+  REQUIRE(!nan16(0xfc00u, dd::ScoreFormat::kF16));   // -inf
 }
 
 TEST_CASE("plan_row: protected ranges, keep-all, bad rows", "[evict][cuda][host]") {
@@ -518,7 +493,10 @@ TEST_CASE("tie rule helpers", "[evict][cuda][host]") {
 TEST_CASE("emulated one-block and multi-block selection match the CPU path", "[evict][cuda][host]") {
   std::mt19937_64 rng(20240601);
   const dd::ScoreFormat fmts[] = {dd::ScoreFormat::kF32, dd::ScoreFormat::kF16, dd::ScoreFormat::kBF16};
-  int cases = 0;
+  // Rows where the selection decides (some unprotected slots kept and some evicted), per score
+  // format; of those, rows where equal keys straddle the cut (the tie rule decides) and rows of
+  // more than one chunk.
+  int decided[3] = {0, 0, 0}, tie_at_cut = 0, multi_chunk = 0;
   for (int trial = 0; trial < 600; ++trial) {
     const dd::ScoreFormat fmt = fmts[trial % 3];
     int n;
@@ -550,9 +528,27 @@ TEST_CASE("emulated one-block and multi-block selection match the CPU path", "[e
     REQUIRE(emulate_multi_block(row.keys, k, sink, recent, row.bits, dd::kEvictChunk, NT) == ref);
     const int C = 1 + static_cast<int>(rng() % 300);
     REQUIRE(emulate_multi_block(row.keys, k, sink, recent, row.bits, C, NT) == ref);
-    ++cases;
+    if (pc < k && k < n) {
+      ++decided[trial % 3];
+      if (n > dd::kEvictChunk) ++multi_chunk;
+      std::vector<char> kept(static_cast<std::size_t>(n), 0);
+      for (std::int32_t i : ref) kept[static_cast<std::size_t>(i)] = 1;
+      std::uint32_t min_kept = ~0u, max_evicted = 0u;
+      for (int i = sink; i < n - recent; ++i) {
+        const std::uint32_t key = row.keys[static_cast<std::size_t>(i)];
+        if (kept[static_cast<std::size_t>(i)])
+          min_kept = std::min(min_kept, key);
+        else
+          max_evicted = std::max(max_evicted, key);
+      }
+      if (min_kept == max_evicted) ++tie_at_cut;
+    }
   }
-  REQUIRE(cases == 600);
+  INFO("decided rows f32/f16/bf16 " << decided[0] << "/" << decided[1] << "/" << decided[2] << ", tie at the cut "
+                                    << tie_at_cut << ", more than one chunk " << multi_chunk);
+  for (int f = 0; f < 3; ++f) REQUIRE(decided[f] >= 40);
+  REQUIRE(tie_at_cut >= 100);
+  REQUIRE(multi_chunk >= 40);
 }
 
 TEST_CASE("emulated selection on a full-length row of 131072 tokens", "[evict][cuda][host]") {
@@ -710,4 +706,209 @@ TEST_CASE("row validation and building over device-layer bookkeeping", "[evict][
                     depthkv::Error);
   REQUIRE_THROWS_AS(FakeLayer<float>(reinterpret_cast<float*>(ks[0]), reinterpret_cast<float*>(vs[0]), nullptr, 2, 8, 16, 17),
                     depthkv::Error);
+}
+
+// ---- robustness: failed digit search, parameter checks, overrun sentinels ----------------------
+
+namespace {
+
+/// Emulates warp_find_digit with its no-bin fallback: the lane whose 8 bins hold `rank` walks
+/// them; when no lane does (rank 0 or above the total), lane 0 writes {0, 0}. Returns the choice
+/// and how many lanes wrote it (exactly one, always).
+dd::DigitChoice emulate_warp_find_digit(const std::vector<std::uint32_t>& hist, std::uint32_t rank, int& writers) {
+  dd::DigitChoice out{0xdeadbeefu, 0xdeadbeefu};  // "uninitialised shared memory"
+  writers = 0;
+  std::uint32_t incl = 0;
+  bool any = false;
+  std::vector<std::uint32_t> above_of(32), incl_of(32);
+  for (int lane = 0; lane < 32; ++lane) {
+    std::uint32_t sum = 0;
+    for (int j = 0; j < 8; ++j) sum += hist[static_cast<std::size_t>(255 - 8 * lane - j)];
+    above_of[static_cast<std::size_t>(lane)] = incl;
+    incl += sum;
+    incl_of[static_cast<std::size_t>(lane)] = incl;
+    any = any || (above_of[static_cast<std::size_t>(lane)] < rank && rank <= incl);
+  }
+  if (!any) {
+    out = dd::DigitChoice{0u, 0u};
+    writers = 1;
+    return out;
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    std::uint32_t above = above_of[static_cast<std::size_t>(lane)];
+    if (!(above < rank && rank <= incl_of[static_cast<std::size_t>(lane)])) continue;
+    bool f = false;
+    for (int j = 0; j < 8; ++j) {
+      const std::uint32_t c = hist[static_cast<std::size_t>(255 - 8 * lane - j)];
+      if (!f && rank <= above + c) {
+        out = dd::DigitChoice{static_cast<std::uint32_t>(255 - 8 * lane - j), rank - above};
+        f = true;
+        ++writers;
+      }
+      above += c;
+    }
+  }
+  return out;
+}
+
+/// Replays copy_rows_unit's addressing for one CTA: output q (`slots[q]` its source slot) goes to
+/// destination token dst_base + q, in units of `unit` bytes, `row_bytes / unit` units per token.
+void replay_gather(const std::vector<unsigned char>& src, std::vector<unsigned char>& dst, const CtaOutput& cta,
+                   std::size_t row_bytes, std::size_t src_stride, std::size_t dst_stride, int unit) {
+  const std::uint32_t L = static_cast<std::uint32_t>(row_bytes) / static_cast<std::uint32_t>(unit);
+  const std::uint32_t total = static_cast<std::uint32_t>(cta.second.size()) * L;
+  for (std::uint32_t w = 0; w < total; ++w) {
+    const std::uint32_t tok = w / L, part = w - tok * L;
+    const std::size_t soff = static_cast<std::size_t>(cta.second[tok]) * src_stride + static_cast<std::size_t>(part) * static_cast<std::size_t>(unit);
+    const std::size_t doff = static_cast<std::size_t>(cta.first + static_cast<std::int64_t>(tok)) * dst_stride +
+                             static_cast<std::size_t>(part) * static_cast<std::size_t>(unit);
+    REQUIRE(doff + static_cast<std::size_t>(unit) <= dst.size());  // inside the destination allocation
+    std::memcpy(dst.data() + doff, src.data() + soff, static_cast<std::size_t>(unit));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("digit search without a bin: lane 0 writes the failed choice, the select fails visibly", "[evict][cuda][host]") {
+  REQUIRE(dc::EvictStatus::kSelectFailed != 0u);
+  REQUIRE((dc::EvictStatus::kSelectFailed &
+           (dc::EvictStatus::kNaNScore | dc::EvictStatus::kBadKeep | dc::EvictStatus::kBadRow)) == 0u);
+  std::vector<std::uint32_t> h(256, 0u);
+  h[255] = 2;
+  h[100] = 3;
+  h[0] = 1;  // total 6
+  for (std::uint32_t rank : {0u, 7u, 100u, 0xffffffffu}) {
+    INFO("rank " << rank);
+    REQUIRE(dd::digit_not_found(dd::find_digit(h.data(), rank)));
+    int writers = 0;
+    const dd::DigitChoice w = emulate_warp_find_digit(h, rank, writers);
+    REQUIRE(writers == 1);  // the shared choice is always written: no read of uninitialised memory
+    REQUIRE(dd::digit_not_found(w));
+    const dd::Threshold t = dd::radix_step(dd::Threshold{0u, rank}, w, 0, 32);
+    REQUIRE(dd::select_failed(t));
+  }
+  for (std::uint32_t rank = 1; rank <= 6; ++rank) {
+    int writers = 0;
+    const dd::DigitChoice w = emulate_warp_find_digit(h, rank, writers);
+    REQUIRE(writers == 1);
+    REQUIRE(!dd::digit_not_found(w));
+    REQUIRE(w.digit == dd::find_digit(h.data(), rank).digit);
+    REQUIRE(w.rank == dd::find_digit(h.data(), rank).rank);
+    REQUIRE(!dd::select_failed(dd::radix_step(dd::Threshold{0u, rank}, w, 0, 32)));
+  }
+  // a failed step stays failed through the later passes (they search for rank 0)
+  dd::Threshold t = dd::failed_threshold();
+  for (int pass = 1; pass < 4; ++pass) t = dd::radix_step(t, dd::find_digit(h.data(), t.need), pass, 32);
+  REQUIRE(dd::select_failed(t));
+  REQUIRE(t.key == 0xffffffffu);
+  // the failed threshold keeps no middle key, whatever the keys (even 0xffffffff) and counts
+  REQUIRE(!dd::keeps(0xffffffffu, t, 0u));
+  REQUIRE(!dd::keeps(0u, t, 0u));
+  REQUIRE(dd::mid_rank(0u, 12u, t.need) == 0u);
+  std::vector<std::uint32_t> keys = {5u, 0xffffffffu, 7u, 0xffffffffu, 0u};
+  REQUIRE(emulate_compact(keys, 0, 5, 10, t, 0u, 0u, 32) == 0);
+  // a row whose select fails keeps its protected tokens only, at the usual output indices
+  const dd::RowPlan p = dd::plan_row(100, 50, 4, 8, 100, true);
+  REQUIRE(p.select);
+  REQUIRE(dd::kept_before(p, p.hi, dd::mid_rank(0u, 0u, t.need)) == p.lo);
+}
+
+TEST_CASE("parameter checks: length limit of the grid, workspace alignment, clear reasons", "[evict][cuda][host]") {
+  REQUIRE(dd::kEvictMaxN == 65535 * 8192);
+  REQUIRE(dd::kEvictMaxN == 536862720);
+  REQUIRE(dd::evict_chunks(dd::kEvictMaxN) == 65535);  // gridDim.y <= 65535
+  REQUIRE(dd::evict_chunks(dd::kEvictMaxN + 1) == 65536);
+  const auto problem = [](int n_rows, int max_n, int head_dim, const void* ws, std::size_t bytes, int sink = 0,
+                          int recent = 0, bool rows_null = false) {
+    return dd::evict_params_problem(n_rows, rows_null, max_n, head_dim, 2, sink, recent, ws, bytes);
+  };
+  const std::size_t need = dd::evict_workspace_layout(4, 100000).total_bytes;
+  REQUIRE(need > 0);
+  REQUIRE(need % dd::kEvictWorkspaceAlignment == 0u);
+  const void* aligned = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+  REQUIRE(problem(4, 100000, 128, aligned, need) == nullptr);
+  REQUIRE(problem(4, dd::kEvictMaxN, 128, aligned, dd::evict_workspace_layout(4, dd::kEvictMaxN).total_bytes) == nullptr);
+  const auto has = [](const char* why, const char* word) { return why != nullptr && std::strstr(why, word) != nullptr; };
+  REQUIRE(has(problem(4, dd::kEvictMaxN + 1, 128, aligned, std::size_t{1} << 40), "kEvictMaxN"));
+  for (std::uintptr_t off : {1u, 4u, 16u, 128u})
+    REQUIRE(has(problem(4, 100000, 128, reinterpret_cast<const void*>((std::uintptr_t{1} << 20) + off), need), "aligned"));
+  REQUIRE(has(problem(4, 100000, 128, aligned, need - 1), "smaller"));
+  REQUIRE(has(problem(4, 100000, 128, nullptr, need), "null workspace"));
+  REQUIRE(has(problem(-1, 10, 128, aligned, need), "n_rows"));
+  REQUIRE(has(problem(4, -1, 128, aligned, need), "max_n"));
+  REQUIRE(has(problem(4, 10, 0, aligned, need), "head_dim"));
+  REQUIRE(has(problem(4, 10, 128, aligned, need, -1), "n_sink"));
+  REQUIRE(has(problem(4, 10, 128, aligned, need, 0, 0, true), "row table"));
+  REQUIRE(has(problem(4, 10, 0x40000000, aligned, need), "head_dim"));
+  // nothing to do: no workspace needed, any pointer (even null or misaligned) and head_dim 0 accepted
+  REQUIRE(problem(0, 0, 0, nullptr, 0) == nullptr);
+  REQUIRE(problem(0, 1000, 0, reinterpret_cast<const void*>(std::uintptr_t{3}), 0) == nullptr);
+  // host-side row validation rejects a row the grid cannot hold
+  dc::EvictRow r;
+  r.n = dd::kEvictMaxN + 1;
+  r.k = r.n;
+  REQUIRE_THROWS_AS(dd::check_evict_row(r, 0, 8, 0, 0), depthkv::Error);
+  r.n = dd::kEvictMaxN;
+  REQUIRE_NOTHROW(dd::check_evict_row(r, 0, 8, 0, 0));
+}
+
+TEST_CASE("replayed gather and kept-slot writes leave every sentinel past n_kept and every stride pad", "[evict][cuda][host]") {
+  std::mt19937_64 rng(1919);
+  constexpr unsigned char kPattern = 0xa5;
+  constexpr std::int32_t kSentinel = -1;
+  int checked = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 6000);
+    const int sink = static_cast<int>(rng() % 5), recent = static_cast<int>(rng() % 40);
+    const int pc = std::min(n, sink + recent);
+    const int k = pc + static_cast<int>(rng() % static_cast<std::uint64_t>(n - pc + 2));
+    const RandomRow row = random_row(rng, n, dd::ScoreFormat::kF32);
+    const std::vector<std::int32_t> ref = cpu_select(row.scores, row.positions, k, sink, recent);
+    const int n_kept = static_cast<int>(ref.size());
+    const std::size_t elem = (trial % 3 == 0) ? 4u : 2u;
+    const std::size_t hd = std::vector<std::size_t>{7, 64, 100, 128}[rng() % 4];
+    const std::size_t pad = std::vector<std::size_t>{0, 3, 8}[rng() % 3];
+    const std::size_t row_bytes = hd * elem, src_stride = row_bytes, dst_stride = (hd + pad) * elem;
+    const int cap = n + static_cast<int>(rng() % 50);  // destination capacity >= n_kept, with slack
+    const int unit = dd::copy_unit_bytes(static_cast<std::uint64_t>(row_bytes) | src_stride | dst_stride);
+    std::vector<unsigned char> src(static_cast<std::size_t>(n) * src_stride);
+    for (auto& b : src) b = static_cast<unsigned char>(rng());
+    const bool multi = trial % 2 == 1;
+    std::vector<CtaOutput> ctas;
+    std::vector<std::int32_t> sel;
+    if (multi) {
+      sel = emulate_multi_block(row.keys, k, sink, recent, 32, 512, 64, &ctas);
+    } else {
+      sel = emulate_one_block(row.keys, k, sink, recent, 32, 128);
+      ctas.emplace_back(0, sel);
+    }
+    REQUIRE(sel == ref);
+    std::vector<unsigned char> dst(static_cast<std::size_t>(cap) * dst_stride, kPattern);
+    std::vector<std::int32_t> kept_slots(static_cast<std::size_t>(cap), kSentinel);
+    for (const CtaOutput& cta : ctas) {
+      replay_gather(src, dst, cta, row_bytes, src_stride, dst_stride, unit);
+      for (std::size_t q = 0; q < cta.second.size(); ++q) {  // write_kept_meta
+        const std::size_t d = static_cast<std::size_t>(cta.first) + q;
+        REQUIRE(d < kept_slots.size());
+        kept_slots[d] = cta.second[q];
+      }
+    }
+    INFO("trial " << trial << " n " << n << " k " << k << " hd " << hd << " pad " << pad << " unit " << unit);
+    bool ok = true;
+    for (int q = 0; q < cap && ok; ++q) {
+      const unsigned char* g = dst.data() + static_cast<std::size_t>(q) * dst_stride;
+      std::size_t from = 0;
+      if (q < n_kept) {
+        ok = std::memcmp(g, src.data() + static_cast<std::size_t>(ref[static_cast<std::size_t>(q)]) * src_stride, row_bytes) == 0 &&
+             kept_slots[static_cast<std::size_t>(q)] == ref[static_cast<std::size_t>(q)];
+        from = row_bytes;
+      } else {
+        ok = kept_slots[static_cast<std::size_t>(q)] == kSentinel;
+      }
+      for (std::size_t b = from; b < dst_stride && ok; ++b) ok = g[b] == kPattern;
+    }
+    REQUIRE(ok);
+    ++checked;
+  }
+  REQUIRE(checked == 40);
 }

@@ -16,91 +16,33 @@
 #include <vector>
 
 #include "depthkv/detail/compact_runs.hpp"
+#include "support/adversarial_scores.hpp"
+#include "support/selection_reference.hpp"
+#include "support/simd_guard.hpp"
 
 namespace dd = depthkv::detail;
 using I32 = std::int32_t;
 
 namespace {
 
-// m best of [lo, hi) by (value desc, position asc, slot asc), ascending; plain float compares.
+// The m best of [lo, hi) by (value desc, position asc, slot asc), ascending
+// (support/selection_reference.hpp).
 std::vector<I32> naive(const std::vector<float>& v, const I32* pos, int lo, int hi, int m) {
-  std::vector<I32> idx;
-  for (int i = lo; i < hi; ++i) idx.push_back(i);
-  auto p = [&](I32 i) { return pos ? pos[i] : i; };
-  std::sort(idx.begin(), idx.end(), [&](I32 a, I32 b) {
-    const float x = v[static_cast<std::size_t>(a)], y = v[static_cast<std::size_t>(b)];
-    if (x != y) return x > y;
-    return p(a) != p(b) ? p(a) < p(b) : a < b;
-  });
-  idx.resize(static_cast<std::size_t>(std::max(0, std::min(m, hi - lo))));
-  std::sort(idx.begin(), idx.end());
-  return idx;
+  return depthkv_test::naive_best(v.data(), pos, lo, hi, m);
 }
 
-std::vector<float> adversarial(int n, int kind, std::mt19937& rng) {
-  std::vector<float> s(static_cast<std::size_t>(n));
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  const float inf = std::numeric_limits<float>::infinity();
-  const float den = std::numeric_limits<float>::denorm_min();
-  for (int i = 0; i < n; ++i) {
-    float& x = s[static_cast<std::size_t>(i)];
-    switch (kind) {
-      case 0:
-        x = u(rng);
-        break;
-      case 1:
-        x = 1.0f;
-        break;  // all equal
-      case 2:
-        x = static_cast<float>(i);
-        break;  // sorted
-      case 3:
-        x = static_cast<float>(-i);
-        break;  // reverse sorted
-      case 4:
-        x = (i % 3 == 0) ? inf : (i % 3 == 1 ? -inf : 0.0f);
-        break;  // +/-inf and 0
-      case 5:
-        x = den * static_cast<float>(i % 7) * (i % 2 ? 1.0f : -1.0f);
-        break;  // denormals, +/-0
-      case 6:
-        x = 1.0f + std::ldexp(static_cast<float>(i % 5), -23);
-        break;  // differ in low bits only
-      case 7:
-        x = std::ldexp(1.0f, (i % 60) - 30) * (u(rng) < 0.5f ? -1 : 1);
-        break;
-      default:
-        x = static_cast<float>(static_cast<int>(u(rng) * 3));
-        break;  // few values
-    }
-  }
-  return s;
-}
+using depthkv_test::adversarial_scores;
 
-// Caps the instruction set of the float passes for a scope (dd::max_simd_level).
-struct SimdLevel {
-  int saved;
-  explicit SimdLevel(int level) : saved(dd::max_simd_level.load()) { dd::max_simd_level = level; }
-  ~SimdLevel() { dd::max_simd_level = saved; }
-  SimdLevel(const SimdLevel&) = delete;
-  SimdLevel& operator=(const SimdLevel&) = delete;
-};
-
-// The levels this CPU and build really run: 0 (scalar) up to dd::simd_level() uncapped.
-std::vector<int> available_simd_levels() {
-  SimdLevel all(2);
-  std::vector<int> levels;
-  for (int l = 0; l <= dd::simd_level(); ++l) levels.push_back(l);
-  return levels;
-}
+using depthkv_test::available_simd_levels;
+using SimdLevel = depthkv_test::SimdLevelGuard;
 
 }  // namespace
 
 TEST_CASE("radix and nth_element selection equal the naive kept set (float keys)", "[evict][select]") {
   std::mt19937 rng(31337);
   for (int n : {1, 2, 3, 10, 100, 767, 768, 2047, 2048, 2049, 10000, 70000}) {
-    for (int kind = 0; kind < 9; ++kind) {
-      const std::vector<float> v = adversarial(n, kind, rng);
+    for (int kind = 0; kind < depthkv_test::kScoreKinds; ++kind) {
+      const std::vector<float> v = adversarial_scores(n, kind, rng);
       std::vector<I32> shuffled(static_cast<std::size_t>(n));
       std::iota(shuffled.begin(), shuffled.end(), 0);
       std::shuffle(shuffled.begin(), shuffled.end(), rng);
@@ -135,8 +77,8 @@ TEMPLATE_TEST_CASE("radix selection on 16-bit keys equals the naive kept set", "
                    Eigen::bfloat16) {
   std::mt19937 rng(4);
   for (int n : {1, 5, 800, 5000, 40000}) {
-    for (int kind = 0; kind < 9; ++kind) {
-      const std::vector<float> f = adversarial(n, kind, rng);
+    for (int kind = 0; kind < depthkv_test::kScoreKinds; ++kind) {
+      const std::vector<float> f = adversarial_scores(n, kind, rng);
       std::vector<std::uint16_t> bits(f.size());
       std::vector<float> v(f.size());  // the 16-bit values, as floats, for the reference
       for (std::size_t i = 0; i < f.size(); ++i) {
@@ -157,17 +99,6 @@ TEMPLATE_TEST_CASE("radix selection on 16-bit keys equals the naive kept set", "
     }
   }
 }
-
-// Sets dd::streaming_min_bytes for a scope.
-struct StreamingFrom {
-  std::size_t saved;
-  explicit StreamingFrom(std::size_t bytes) : saved(dd::streaming_min_bytes.load()) {
-    dd::streaming_min_bytes = bytes;
-  }
-  ~StreamingFrom() { dd::streaming_min_bytes = saved; }
-  StreamingFrom(const StreamingFrom&) = delete;
-  StreamingFrom& operator=(const StreamingFrom&) = delete;
-};
 
 TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evict][compact]", float,
                    Eigen::half) {
@@ -204,11 +135,11 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
             for (int level : available_simd_levels()) {
               for (std::size_t from : {std::numeric_limits<std::size_t>::max(), std::size_t{0}}) {
                 SimdLevel cap(level);
-                StreamingFrom streaming(from);
                 std::vector<TestType> got = buf;
                 std::vector<I32> got_pos = pos;
-                dd::compact_runs(got.data() + at, stride, hd, kept.data(), static_cast<int>(kept.size()));
-                dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()));
+                dd::compact_runs(got.data() + at, stride, hd, kept.data(), static_cast<int>(kept.size()),
+                                 from);
+                dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()), from);
                 INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep << " offset " << offset
                           << " level " << level << " streaming from " << from);
                 REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) ==
@@ -310,8 +241,8 @@ TEST_CASE("digit_histogram and keep_bucket: counts, the top digit, the chosen bu
 TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested ranks", "[evict][select]") {
   std::mt19937 rng(99);
   for (int c : {1, 2, 7, 300, 1448, 5000}) {
-    for (int kind = 0; kind < 9; ++kind) {
-      const std::vector<float> v = adversarial(c, kind, rng);
+    for (int kind = 0; kind < depthkv_test::kScoreKinds; ++kind) {
+      const std::vector<float> v = adversarial_scores(c, kind, rng);
       std::vector<std::uint32_t> keys(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) keys[i] = dd::ordered_key(v[i]);
       std::vector<std::uint32_t> sorted = keys;

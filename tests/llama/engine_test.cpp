@@ -201,7 +201,7 @@ TEST_CASE("engine: batched prefill equals the naive reference for every chunk si
       HostCache cache = engine.make_cache();
       ForwardOptions opt;
       opt.chunk_size = chunk;
-      const RowMatrix got = engine.prefill(tokens, cache, opt);
+      const RowMatrix got = engine.prefill(tokens, 0, cache, opt);
       REQUIRE(got.rows() == 37);
       REQUIRE(max_abs_diff(got, want) < 1e-4);
       REQUIRE(cache.lengths() == std::vector<int>(3, 37));
@@ -217,7 +217,7 @@ TEST_CASE("engine: decode steps equal chunked prefill; last-row logits option", 
   HostCache a = engine.make_cache();
   ForwardOptions opt;
   opt.chunk_size = 6;
-  const RowMatrix full = engine.prefill(tokens, a, opt);
+  const RowMatrix full = engine.prefill(tokens, 0, a, opt);
   HostCache b = engine.make_cache();
   double d = 0;
   for (int p = 0; p < 20; ++p) {
@@ -227,7 +227,7 @@ TEST_CASE("engine: decode steps equal chunked prefill; last-row logits option", 
   REQUIRE(d < 1e-4);
   HostCache c = engine.make_cache();
   opt.all_logits = false;
-  const RowMatrix last = engine.prefill(tokens, c, opt);
+  const RowMatrix last = engine.prefill(tokens, 0, c, opt);
   REQUIRE(last.rows() == 1);
   REQUIRE((last.row(0) - full.row(19)).cwiseAbs().maxCoeff() < 1e-5f);
 }
@@ -271,7 +271,7 @@ TEST_CASE("engine: attention over pruned caches with different sizes per layer a
   for (int chunk : {1, 4, 64}) {
     CAPTURE(chunk);
     HostCache cache = engine.make_cache();
-    engine.prefill(ctx, cache);
+    engine.prefill(ctx, 0, cache);
     for (int l = 0; l < 3; ++l)
       for (int h = 0; h < 3; ++h) {
         const auto& k = kept[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
@@ -296,8 +296,8 @@ TEST_CASE("engine: keeping every token through compaction leaves logits bit-iden
   const auto tokens = random_tokens(30, spec.vocab, 21);
   std::vector<int> ctx(tokens.begin(), tokens.begin() + 22), cont(tokens.begin() + 22, tokens.end());
   HostCache a = engine.make_cache(), b = engine.make_cache();
-  engine.prefill(ctx, a);
-  engine.prefill(ctx, b);
+  engine.prefill(ctx, 0, a);
+  engine.prefill(ctx, 0, b);
   std::vector<std::int32_t> all(22);
   for (int i = 0; i < 22; ++i) all[static_cast<std::size_t>(i)] = i;
   for (int l = 0; l < b.n_layers(); ++l)
@@ -351,7 +351,7 @@ TEST_CASE("engine: observed attention probabilities match the reference, masked 
       REQUIRE(done == next);
       REQUIRE(cache.layer(0).size(0) == done);
     };
-    engine.prefill(tokens, cache, opt);
+    engine.prefill(tokens, 0, cache, opt);
     REQUIRE(calls == spec.layers * spec.heads * ((n + chunk - 1) / chunk));
     REQUIRE(hook_calls == (n + chunk - 1) / chunk);
     REQUIRE(maxdiff < 1e-5);
@@ -377,7 +377,7 @@ TEST_CASE("engine: hidden-state capture points are consistent", "[engine]") {
     m.bottomRows(rows.rows()) = rows;
   };
   HostCache cache = engine.make_cache();
-  engine.prefill(tokens, cache, opt);
+  engine.prefill(tokens, 0, cache, opt);
   REQUIRE(got.size() == static_cast<std::size_t>(spec.layers * 6));
   for (int l = 0; l < spec.layers; ++l) {
     auto at = [&](CapturePoint p) { return got.at({l, static_cast<int>(p)}); };
@@ -398,7 +398,7 @@ TEST_CASE("engine: hidden-state capture points are consistent", "[engine]") {
   got.clear();
   opt.capture_points = depthkv::llama::capture_bit(CapturePoint::kAttnInput);
   HostCache c2 = engine.make_cache();
-  engine.prefill(tokens, c2, opt);
+  engine.prefill(tokens, 0, c2, opt);
   REQUIRE(got.size() == static_cast<std::size_t>(spec.layers));
 }
 
@@ -407,11 +407,11 @@ TEST_CASE("engine: invalid input throws depthkv::Error", "[engine]") {
   LlamaModel model = random_model(spec);
   const LlamaEngine engine(model);
   HostCache cache = engine.make_cache();
-  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1, spec.vocab}, cache), depthkv::Error);
-  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{-1}, cache), depthkv::Error);
-  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{}, cache), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1, spec.vocab}, 0, cache), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{-1}, 0, cache), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{}, 0, cache), depthkv::Error);
   HostCache c2 = engine.make_cache();
-  engine.prefill(std::vector<int>{1, 2, 3}, c2);
+  engine.prefill(std::vector<int>{1, 2, 3}, 0, c2);
   REQUIRE_THROWS_AS(engine.decode(4, 2, c2), depthkv::Error);  // position already held
   // a bad token in a later chunk leaves the cache untouched
   ForwardOptions small;
@@ -423,14 +423,14 @@ TEST_CASE("engine: invalid input throws depthkv::Error", "[engine]") {
   ForwardOptions bad;
   bad.chunk_size = 0;
   HostCache c3 = engine.make_cache();
-  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, c3, bad), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, 0, c3, bad), depthkv::Error);
   HostCache wrong;
   wrong.add_layer(HostLayer<float>(spec.kv_heads, spec.dim / spec.heads));
-  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, wrong), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, 0, wrong), depthkv::Error);
   HostCache wrong_heads;
   for (int l = 0; l < spec.layers; ++l)
     wrong_heads.add_layer(HostLayer<float>(spec.kv_heads + 1, spec.dim / spec.heads));
-  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, wrong_heads), depthkv::Error);
+  REQUIRE_THROWS_AS(engine.prefill(std::vector<int>{1}, 0, wrong_heads), depthkv::Error);
   LlamaModel broken = model;
   broken.layers[1].wk.resize(3, spec.dim);
   REQUIRE_THROWS_AS(LlamaEngine(broken), depthkv::Error);
@@ -457,7 +457,7 @@ TEST_CASE("engine: works over a LayerView cache (engine-owned memory)", "[engine
                                              0, -1, hd + 3));
   }
   HostCache host = engine.make_cache();
-  const RowMatrix a = engine.prefill(tokens, host), b = engine.prefill(tokens, view);
+  const RowMatrix a = engine.prefill(tokens, 0, host), b = engine.prefill(tokens, 0, view);
   REQUIRE((a - b).cwiseAbs().maxCoeff() < 1e-6f);
 }
 
@@ -495,7 +495,7 @@ double mean_window_nll(const LlamaEngine& engine, const std::vector<std::vector<
   for (int w = 0; w < static_cast<int>(windows.size()); ++w) {
     const auto& win = windows[static_cast<std::size_t>(w)];
     HostCache cache = engine.make_cache();
-    const Eigen::MatrixXd lp = depthkv::llama::log_softmax_rows(engine.prefill(win, cache));
+    const Eigen::MatrixXd lp = depthkv::llama::log_softmax_rows(engine.prefill(win, 0, cache));
     for (std::size_t i = 0; i + 1 < win.size(); ++i) {
       sum[static_cast<std::size_t>(w)] -= lp(static_cast<Eigen::Index>(i), win[i + 1]);
       ++cnt[static_cast<std::size_t>(w)];
@@ -543,7 +543,7 @@ TEST_CASE("engine [real]: stories260K.gguf gives the .bin model's logits and gre
   REQUIRE(gm.config.n_kv_heads == 4);
   const std::vector<int> ids = corpus_tokens(512);
   HostCache a = bin.make_cache(), b = gguf.make_cache();
-  const RowMatrix la = bin.prefill(ids, a), lb = gguf.prefill(ids, b);
+  const RowMatrix la = bin.prefill(ids, 0, a), lb = gguf.prefill(ids, 0, b);
   const double d = (la - lb).cwiseAbs().maxCoeff();
   INFO("max abs logit difference .bin vs .gguf: " << d);
   REQUIRE(d < 1e-5);
@@ -575,7 +575,7 @@ TEST_CASE("engine [real]: chunked prefill logits equal token-by-token decode log
     HostCache cache = engine.make_cache();
     ForwardOptions opt;
     opt.chunk_size = chunk;
-    const RowMatrix batched = engine.prefill(ids, cache, opt);
+    const RowMatrix batched = engine.prefill(ids, 0, cache, opt);
     const double d = (batched - step).cwiseAbs().maxCoeff();
     INFO("max abs difference " << d);
     REQUIRE(d < 1e-4);
@@ -591,11 +591,11 @@ TEST_CASE("engine [real]: a full budget through evict leaves the logits bit-iden
     depthkv::ScorerConfig sc;
     sc.kind = depthkv::parse_scorer_kind(kind);
     HostCache plain = engine.make_cache(), pruned = engine.make_cache();
-    engine.prefill(ctx, plain);
+    engine.prefill(ctx, 0, plain);
     auto scorers = depthkv::llama::make_scorers(engine.config(), sc);
     ForwardOptions opt;
     opt.observer = depthkv::llama::observe_into(scorers);
-    engine.prefill(ctx, pruned, opt);
+    engine.prefill(ctx, 0, pruned, opt);
     const auto scores = depthkv::llama::layer_scores(scorers, pruned);
     const auto ev = depthkv::evict(pruned, scores, std::vector<int>(5, 300), depthkv::Protection{4, 8});
     REQUIRE(ev[2].kept_slots[1].size() == 300u);

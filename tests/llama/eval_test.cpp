@@ -103,7 +103,7 @@ TEST_CASE("score_and_evict: budgets from the allocator, cache and scorers compac
     auto scorers = make_scorers(model.config, ScorerConfig{});
     ForwardOptions opt;
     opt.observer = observe_into(scorers);
-    engine.prefill(win.context, cache, opt);
+    engine.prefill(win.context, 0, cache, opt);
     PruneRequest req;
     req.policy = policy;
     req.budget.keep_ratio = 0.4;

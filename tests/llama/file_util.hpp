@@ -1,19 +1,17 @@
 #pragma once
-// Helpers for the loader tests: whole-file reads, writes into a private temporary folder
-// (never into ../shared), and little-endian byte building.
+// Helpers for the loader tests: whole-file reads and little-endian byte building (scratch
+// files: support/temp_dir.hpp).
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
+
+#include "support/temp_dir.hpp"
 
 namespace depthkv_test {
 
@@ -24,37 +22,6 @@ inline Bytes read_bytes(const std::string& path) {
   REQUIRE(f.good());
   return Bytes(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
-
-/// A fresh folder under the system temp dir, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = (std::filesystem::temp_directory_path() / "depthkv_llama_XXXXXX").string();
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    REQUIRE(::mkdtemp(buf.data()) != nullptr);
-    path_ = buf.data();
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  /// Writes `bytes` to `name` inside the folder and returns the full path.
-  std::string write(const std::string& name, const Bytes& bytes) const {
-    const std::string p = path_ + "/" + name;
-    std::ofstream f(p, std::ios::binary | std::ios::trunc);
-    REQUIRE(f.good());
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    REQUIRE(f.good());
-    return p;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 /// Appends the little-endian bytes of a trivially copyable value.
 template <class T>

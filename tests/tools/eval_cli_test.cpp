@@ -12,28 +12,28 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "depthkv/profile_io.hpp"
 #include "support/run_cli.hpp"
+#include "support/temp_dir.hpp"
 #include "support/test_data.hpp"
 
+using depthkv_test::require_error;
 using depthkv_test::run_cli;
 using depthkv_test::shell_quoted;
 
 namespace {
 
-std::string tmp_path(const std::string& name) {
-  const char* t = std::getenv("TMPDIR");
-  return std::string(t ? t : "/tmp") + "/depthkv_eval_cli_" + std::to_string(::getpid()) + "_" + name;
-}
+std::string tmp_path(const std::string& name) { return depthkv_test::scratch_dir().file(name); }
 
 struct Fixture {
   std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   std::string profile = tmp_path("profile.json");
   // 4 calibration windows (0..3) of 64 + 16 tokens, two ratios, two scorers.
-  std::string common = " --context 64 --continuation 16 --sinks 2 --window 4 --threads 1";
+  std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
   Fixture() {
     const auto r = run_cli("profile --model " + model + " --text " + text + common +
                            " --windows 4 --ratios 0.2,0.5 --scorers h2o,snapkv -o " + shell_quoted(profile));
@@ -56,10 +56,12 @@ TEST_CASE("profile writes a complete profile file describing its calibration win
   REQUIRE(f.calibration.window_end == 4);
   REQUIRE(f.calibration.context == 64);
   // the selection the curves were measured under, as structured fields
-  REQUIRE(f.calibration.selection.n_sink == 2);
-  REQUIRE(f.calibration.selection.n_recent == 4);
-  REQUIRE(f.calibration.selection.window == 4);
+  REQUIRE(f.calibration.selection.sinks == 2);
+  REQUIRE(f.calibration.selection.recent == 4);
+  REQUIRE(f.calibration.selection.obs_window == 4);
   REQUIRE(f.calibration.selection.kernel == 7);
+  REQUIRE(f.calibration.selection.pooling == "max");
+  REQUIRE(f.calibration.description == "sinks=2 recent=4 obs_window=4 kernel=7 pooling=max text");
   const depthkv::SensitivityProfile p = f.profile("h2o");
   // Keeping more of a layer never costs more in these measurements (loss at 0.5 <= loss at 0.2
   // for the mean over layers) and pruning costs something.
@@ -72,10 +74,10 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   Fixture fx;
   const std::string base =
       "eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
-      " --sinks 2 --window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
-  const auto overlap = run_cli(base + " --skip 2", "2>&1");
-  REQUIRE(overlap.status != 0);
-  REQUIRE(overlap.out.find("overlap") != std::string::npos);
+      " --sinks 2 --recent 4 --obs-window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
+  require_error(run_cli(base + " --skip 2", "2>&1"),
+                "evaluation windows (tokens 160..400 of tinystories_valid.txt) overlap the profile's calibration "
+                "windows (tokens 0..320): use --skip >= 4");
   const auto ok = run_cli(base + " --json");  // default skip: the first window after calibration
   REQUIRE(ok.status == 0);
   const nlohmann::json rows = nlohmann::json::parse(ok.out);
@@ -91,83 +93,160 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
     REQUIRE(r["bytes_kept"].get<double>() < r["bytes_full"].get<double>());
   }
   // A scorer the profile lacks, and a profile of another model, are refused.
-  const auto tova = run_cli(base + " --scorers tova", "2>&1");
-  REQUIRE(tova.status != 0);
-  REQUIRE(tova.out.find("tova") != std::string::npos);
+  require_error(run_cli(base + " --scorers tova", "2>&1"),
+                "the profile has no measurements for scorer 'tova': profile it first (depthkv profile --scorers tova)");
   const std::string other = shell_quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
-  const auto wrong = run_cli("eval --model " + other + " --text " + fx.text + " --profile " +
-                                 shell_quoted(fx.profile) + " --windows 1 --skip 10",
-                             "2>&1");
-  REQUIRE(wrong.status != 0);
-  REQUIRE(wrong.out.find("error") != std::string::npos);
+  require_error(run_cli("eval --model " + other + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
+                            " --windows 1 --skip 10",
+                        "2>&1"),
+                "the profile was measured on another model: profile 'stories260K.bin'");
+  // keep ratios outside (0, 1], and a malformed list
+  const std::string no_keep = "eval --model " + fx.model + " --text " + fx.text + " --profile " +
+                              shell_quoted(fx.profile) + " --threads 1 --policies uniform --windows 1";
+  require_error(run_cli(no_keep + " --keep 0.3,0", "2>&1"), "--keep: 0 outside (0, 1]");
+  require_error(run_cli(no_keep + " --keep 0.3,x", "2>&1"), "--keep: 'x' is not a number");
+}
+
+TEST_CASE("the selection flags are --sinks --recent --obs-window --kernel --pooling everywhere; --window is refused",
+          "[cli][real]") {
+  Fixture fx;
+  const std::string split = "--window is no longer an option: use --recent N --obs-window N (--window N set both)";
+  const std::string alloc = "allocate --profile " + shell_quoted(fx.profile) + " --keep 0.5 --json --policy optimal ";
+  require_error(run_cli(alloc + "--window 4", "2>&1"), split);
+  require_error(run_cli("eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
+                            " --window 4",
+                        "2>&1"),
+                split);
+  require_error(run_cli("profile --model " + fx.model + " --text " + fx.text + " --window 4 -o " +
+                            shell_quoted(tmp_path("unused.json")),
+                        "2>&1"),
+                split);
+  require_error(run_cli("generate --model " + fx.model + " --window 8", "2>&1"),
+                "--window is no longer an option: use --obs-window N");
+  require_error(run_cli("generate --model " + fx.model + " --sink 2", "2>&1"),
+                "--sink is no longer an option: use --sinks N");
+  // the new flags are checked
+  require_error(run_cli(alloc + "--sinks 2 --recent 4 --obs-window 4 --pooling mean", "2>&1"),
+                "--pooling: unknown pooling 'mean' (expected none, max or avg)");
+  require_error(run_cli(alloc + "--kernel 4", "2>&1"),
+                "bad selection settings: sinks=4 recent=16 obs_window=16 kernel=4 pooling=max (--sinks, --recent >= 0; "
+                "--obs-window >= 1; odd --kernel >= 1)");
+  require_error(run_cli(alloc + "--obs-window 0", "2>&1"), "bad selection settings");
+  require_error(run_cli(alloc + "--recent -1", "2>&1"), "bad selection settings");
+  // --help names the new flags and not the old ones
+  for (const char* cmd : {"profile", "eval", "allocate", "generate"}) {
+    const auto help = run_cli(std::string(cmd) + " --help");
+    INFO(cmd << ": " << help.out);
+    REQUIRE(help.status == 0);
+    for (const char* flag : {"--sinks", "--recent", "--obs-window", "--kernel", "--pooling"})
+      REQUIRE(help.out.find(flag) != std::string::npos);
+    REQUIRE(help.out.find("--window ") == std::string::npos);
+    REQUIRE(help.out.find("--sink ") == std::string::npos);
+  }
+  // a usage error is reported like every other error
+  require_error(run_cli("allocate --keep 0.5", "2>&1"), "--profile is required");
 }
 
 TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][allocate][real]") {
   Fixture fx;
   for (const char* policy : {"uniform", "pyramid", "proportional", "middle", "optimal"}) {
     const auto r = run_cli("allocate --profile " + shell_quoted(fx.profile) +
-                           " --keep 0.25 --sinks 2 --window 4 --json --policy " + policy);
+                           " --keep 0.25 --sinks 2 --recent 4 --obs-window 4 --json --policy " + policy);
     INFO(policy << ": " << r.out);
     REQUIRE(r.status == 0);
     const auto j = nlohmann::json::parse(r.out);
     const auto b = j["budgets"].get<std::vector<int>>();
     REQUIRE(std::accumulate(b.begin(), b.end(), 0) == 80);  // 0.25 * 64 tokens * 5 layers
   }
-  const auto bad =
-      run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1");
-  REQUIRE(bad.status != 0);
+  require_error(run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1"),
+                "unknown allocation policy 'nonsense' (expected uniform, pyramid, proportional, middle, optimal, mga, "
+                "mlma2, mlma4, mlma6, mlp)");
+  // one keep range, (0, 1], as eval and generate
+  require_error(run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0 --policy uniform", "2>&1"),
+                "--keep: 0 outside (0, 1]");
+  require_error(run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 1.5 --policy uniform", "2>&1"),
+                "--keep: 1.5 outside (0, 1]");
+  const auto one = run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 1 --json --policy optimal " +
+                           "--sinks 2 --recent 4 --obs-window 4");
+  REQUIRE(one.status == 0);
+  REQUIRE(nlohmann::json::parse(one.out)["budgets"].get<std::vector<int>>() == std::vector<int>(5, 64));
 }
 
 TEST_CASE("allocate and eval note protection other than the profile was measured with",
           "[cli][allocate][real]") {
   Fixture fx;
-  const std::string note =
-      "note: the profile was measured keeping 2 sinks and 4 recent tokens (scorer window 4)";
+  const std::string note = "depthkv: note: the profile was measured with sinks=2 recent=4 obs_window=4 kernel=7 "
+                           "pooling=max; this run uses ";
+  const std::string pass =
+      ". Pass --sinks 2 --recent 4 --obs-window 4 --kernel 7 --pooling max to prune as the profile measured.\n";
   const std::string alloc = "allocate --profile " + shell_quoted(fx.profile) + " --keep 0.5 --json ";
   // same settings, or a policy that does not read the curves: no note (stderr joined to stdout)
-  REQUIRE(run_cli(alloc + "--sinks 2 --window 4 --policy optimal", "2>&1").out.find("note:") ==
+  REQUIRE(run_cli(alloc + "--sinks 2 --recent 4 --obs-window 4 --policy optimal", "2>&1").out.find("note:") ==
           std::string::npos);
   REQUIRE(run_cli(alloc + "--sinks 3 --policy uniform", "2>&1").out.find("note:") == std::string::npos);
-  // other sinks or window: the note names the profile's settings and the flags that match them
-  for (const char* other : {"--sinks 3 --window 4", "--sinks 2 --window 8", ""}) {
-    const auto r = run_cli(alloc + other + " --policy optimal", "2>&1");
-    INFO(other << ": " << r.out);
+  // any other setting: the note names the profile's settings, this run's, and the flags that match
+  const std::string same = " --sinks 2 --recent 4 --obs-window 4";
+  for (const auto& other : std::vector<std::pair<std::string, std::string>>{
+           {" --sinks 3 --recent 4 --obs-window 4", "sinks=3 recent=4 obs_window=4 kernel=7 pooling=max"},
+           {" --sinks 2 --recent 8 --obs-window 4", "sinks=2 recent=8 obs_window=4 kernel=7 pooling=max"},
+           {" --sinks 2 --recent 4 --obs-window 8", "sinks=2 recent=4 obs_window=8 kernel=7 pooling=max"},
+           {same + " --kernel 5", "sinks=2 recent=4 obs_window=4 kernel=5 pooling=max"},
+           {same + " --pooling avg", "sinks=2 recent=4 obs_window=4 kernel=7 pooling=avg"},
+           {"", "sinks=4 recent=16 obs_window=16 kernel=7 pooling=max"}}) {  // allocate's defaults
+    const auto r = run_cli(alloc + other.first + " --policy optimal", "2>&1");
+    INFO(other.first << ": " << r.out);
     REQUIRE(r.status == 0);
-    REQUIRE(r.out.find(note) != std::string::npos);
-    REQUIRE(r.out.find("Pass --sinks 2 --window 4 to prune as the profile measured") != std::string::npos);
+    REQUIRE(r.out.find(note + other.second + pass) != std::string::npos);
   }
   // eval says so before it starts (here it then stops: its windows overlap the calibration windows)
   const auto ev = run_cli("eval --model " + fx.model + " --text " + fx.text + " --profile " +
                               shell_quoted(fx.profile) + " --keep 0.3 --policies uniform,optimal --skip 2",
                           "2>&1");
-  REQUIRE(ev.status != 0);
-  REQUIRE(ev.out.find(note) != std::string::npos);
-  // a profile written before calibration.selection existed: read from the calibration description
+  require_error(ev, "overlap the profile's calibration windows");
+  REQUIRE(ev.out.find(note + "sinks=4 recent=16 obs_window=16 kernel=7 pooling=max" + pass) != std::string::npos);
+  // profiles written before calibration.selection existed: read from the calibration description,
+  // in the older "sinks=S window=W kernel=K" (recent = observation window = W) and in today's spelling
   nlohmann::json j = depthkv::profile_to_json(depthkv::load_profile(fx.profile));
   j["calibration"].erase("selection");
-  REQUIRE(j["calibration"]["description"].get<std::string>().find("sinks=2 window=4 kernel=7") == 0);
   const std::string old_file = tmp_path("old_profile.json");
+  for (const char* description : {"sinks=2 window=4 kernel=7 text", "sinks=2 recent=4 obs_window=4 kernel=7 pooling=max text"}) {
+    j["calibration"]["description"] = description;
+    {
+      std::ofstream out(old_file);
+      out << j.dump();
+    }
+    REQUIRE_FALSE(depthkv::load_profile(old_file).calibration.selection.recorded());
+    const auto r = run_cli(
+        "allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --sinks 3 --policy optimal", "2>&1");
+    INFO(description << ": " << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(r.out.find(note + "sinks=3 recent=16 obs_window=16 kernel=7 pooling=max" + pass) != std::string::npos);
+  }
+  // and calibration.selection in the older spelling {n_sink, n_recent, window, kernel}
+  j["calibration"]["description"] = "";
+  j["calibration"]["selection"] = {{"n_sink", 2}, {"n_recent", 4}, {"window", 4}, {"kernel", 7}};
   {
     std::ofstream out(old_file);
     out << j.dump();
   }
-  REQUIRE_FALSE(depthkv::load_profile(old_file).calibration.selection.recorded());
-  const auto r = run_cli(
-      "allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --sinks 3 --policy optimal", "2>&1");
+  REQUIRE(depthkv::load_profile(old_file).calibration.selection.pooling == "max");
+  const auto r = run_cli("allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --policy optimal", "2>&1");
   REQUIRE(r.status == 0);
-  REQUIRE(r.out.find(note) != std::string::npos);
+  REQUIRE(r.out.find(note + "sinks=4 recent=16 obs_window=16 kernel=7 pooling=max" + pass) != std::string::npos);
+  REQUIRE(run_cli("allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --policy optimal" + same, "2>&1")
+              .out.find("note:") == std::string::npos);
   std::remove(old_file.c_str());
 }
 
 TEST_CASE("generate --profile prunes with the budgets allocate computes from the same profile",
           "[cli][generate][real]") {
   Fixture fx;
-  // protection and SnapKV window as the profile was measured (--sinks 2 --window 4)
+  // protection and SnapKV window as the profile was measured (--sinks 2 --recent 4 --obs-window 4)
   const std::string base =
       "generate --model " + fx.model +
       " --prompt 'Once upon a time there was a little girl named Lily. She loved to play outside"
-      " with her friends in the big park.' -t 0 -n 60 --scorer snapkv --sink 2 --recent 4"
-      " --window 4 --keep 0.4 ";
+      " with her friends in the big park.' -t 0 -n 60 --scorer snapkv --sinks 2 --recent 4"
+      " --obs-window 4 --keep 0.4 ";
   // stderr says "kv cache: snapkv/<policy> keep 0.400 -> per-layer tokens b0 ... b4 of N; ..."
   auto budgets_of = [](const std::string& out, int& n_prompt) {
     const std::size_t at = out.find("per-layer tokens ");
@@ -188,7 +267,7 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
     REQUIRE(got.size() == 5);
     REQUIRE(n_prompt > 20);
     const auto a =
-        run_cli("allocate --profile " + shell_quoted(fx.profile) + " --scorer snapkv --sinks 2 --window 4" +
+        run_cli("allocate --profile " + shell_quoted(fx.profile) + " --scorer snapkv --sinks 2 --recent 4 --obs-window 4" +
                 " --keep 0.4 --json --policy " + policy + " --length " + std::to_string(n_prompt));
     REQUIRE(a.status == 0);
     REQUIRE(got == nlohmann::json::parse(a.out)["budgets"].get<std::vector<int>>());
@@ -204,13 +283,11 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
               "2>&1");
   REQUIRE(other_prot.status == 0);
   REQUIRE(other_prot.out.find(
-              "note: the profile was measured keeping 2 sinks and 4 recent tokens (scorer "
-              "window 4); this run keeps 0 sinks and 0 recent tokens (scorer window 32). Pass "
-              "--sink 2 --recent 4 --window 4 to prune as the profile measured.") != std::string::npos);
+              "depthkv: note: the profile was measured with sinks=2 recent=4 obs_window=4 kernel=7 pooling=max; "
+              "this run uses sinks=0 recent=0 obs_window=32 kernel=7 pooling=max. Pass --sinks 2 --recent 4 "
+              "--obs-window 4 --kernel 7 --pooling max to prune as the profile measured.\n") != std::string::npos);
   // a curve-based policy without a profile, a scorer the profile lacks, a profile of another model
-  const auto none = run_cli(base + "--policy optimal", "2>&1");
-  REQUIRE(none.status == 1);
-  REQUIRE(none.out.find("needs --profile") != std::string::npos);
+  require_error(run_cli(base + "--policy optimal", "2>&1"), "policy 'optimal' needs --profile");
   const auto tova =
       run_cli("generate --model " + fx.model +
                   " -t 0 -n 40 --prompt 'Once upon a time, a cat sat"
@@ -218,13 +295,11 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
                   " --profile " +
                   shell_quoted(fx.profile),
               "2>&1");
-  REQUIRE(tova.status == 1);
-  REQUIRE(tova.out.find("tova") != std::string::npos);
+  require_error(tova, "the profile has no measurements for scorer 'tova' (it has: h2o, snapkv)");
   const std::string other = shell_quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
   const auto wrong =
       run_cli("generate --model " + other + " -t 0 -n 10 --keep 0.5 --policy optimal --profile " +
                   shell_quoted(fx.profile),
               "2>&1");
-  REQUIRE(wrong.status == 1);
-  REQUIRE(wrong.out.find("error") != std::string::npos);
+  require_error(wrong, "the profile was measured on another model: profile 'stories260K.bin'");
 }

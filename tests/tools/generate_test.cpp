@@ -12,6 +12,7 @@
 namespace {
 
 using Run = depthkv_test::CliRun;
+using depthkv_test::require_error;
 using depthkv_test::run_cli;
 
 std::string model() { return "'" + depthkv_test::data_path("models/stories260K/stories260K.bin") + "'"; }
@@ -48,7 +49,7 @@ TEST_CASE("generate: prompts, seeds and a pruned cache", "[generate][real]") {
                         " --prompt 'Once upon a time there was a little girl named Lily. She loved to play.' -t 0 -n 120 ";
   const Run full = run_cli(g), keep1 = run_cli(g + "--keep 1");
   REQUIRE(full.out == keep1.out);
-  const Run pruned = run_cli(g + "--keep 0.5 --policy pyramid --scorer snapkv --window 8 --sink 1 --recent 4");
+  const Run pruned = run_cli(g + "--keep 0.5 --policy pyramid --scorer snapkv --obs-window 8 --sinks 1 --recent 4");
   REQUIRE(pruned.status == 0);
   REQUIRE(pruned.out.rfind("Once upon a time there was a little girl named Lily.", 0) == 0);
   // steps shorter than the prompt print only the forced prompt tokens
@@ -58,16 +59,40 @@ TEST_CASE("generate: prompts, seeds and a pruned cache", "[generate][real]") {
 
 TEST_CASE("generate: errors are reported as 'depthkv: error: ...' with exit code 1", "[generate]") {
   const Run missing = run_cli("generate --model /nonexistent/model.bin", "2>&1");
-  REQUIRE(missing.status == 1);
   REQUIRE(missing.out.find("depthkv: error: ") == 0);
-  const Run bad_keep = run_cli("generate --model " + model() + " --keep 1.5", "2>&1");
-  REQUIRE(bad_keep.status == 1);
-  REQUIRE(bad_keep.out.find("--keep") != std::string::npos);
-  const Run bad_policy = run_cli("generate --model " + model() + " --keep 0.5 --policy nope", "2>&1");
-  REQUIRE(bad_policy.status == 1);
-  REQUIRE(bad_policy.out.find("nope") != std::string::npos);
-  const Run bad_scorer = run_cli("generate --model " + model() + " --keep 0.5 --scorer nope", "2>&1");
-  REQUIRE(bad_scorer.status == 1);
-  const Run no_model = run_cli("generate", "2>&1");
-  REQUIRE(no_model.status != 0);
+  require_error(missing, "cannot open model file '/nonexistent/model.bin'");
+  require_error(run_cli("generate --model " + model() + " --keep 1.5", "2>&1"), "--keep: 1.5 outside (0, 1]");
+  require_error(run_cli("generate --model " + model() + " --keep 0", "2>&1"), "--keep: 0 outside (0, 1]");
+  require_error(run_cli("generate --model " + model() + " --keep 0.5 --policy nope", "2>&1"),
+                "unknown allocation policy 'nope' (expected uniform, pyramid, proportional, middle, optimal, mga, "
+                "mlma2, mlma4, mlma6, mlp)");
+  require_error(run_cli("generate --model " + model() + " --keep 0.5 --scorer nope", "2>&1"),
+                "unknown scorer kind 'nope' (expected h2o, h2o-v1, h2o-v2, snapkv, tova or knorm)");
+  require_error(run_cli("generate --model " + model() + " --chunk 0", "2>&1"), "--chunk must be >= 1, got 0");
+  require_error(run_cli("generate", "2>&1"), "--model is required");
+  require_error(run_cli("generate --model " + model() + " --no-such-flag", "2>&1"),
+                "The following argument was not expected: --no-such-flag");
+  // the selection flags: the older spellings name their replacements, the new ones are checked
+  require_error(run_cli("generate --model " + model() + " --sink 1", "2>&1"),
+                "--sink is no longer an option: use --sinks N");
+  require_error(run_cli("generate --model " + model() + " --window 8", "2>&1"),
+                "--window is no longer an option: use --obs-window N");
+  require_error(run_cli("generate --model " + model() + " --keep 0.5 --kernel 2", "2>&1"),
+                "bad selection settings: sinks=0 recent=0 obs_window=32 kernel=2 pooling=max");
+  require_error(run_cli("generate --model " + model() + " --keep 0.5 --pooling sum", "2>&1"),
+                "--pooling: unknown pooling 'sum' (expected none, max or avg)");
+}
+
+TEST_CASE("generate: the selection flags are accepted, and its defaults spelled out give its default output",
+          "[generate][real]") {
+  const std::string g = "generate --model " + model() +
+                        " --prompt 'Once upon a time there was a little girl named Lily. She loved to play.' -t 0 -n 120 "
+                        "--keep 0.3 --policy uniform --scorer snapkv ";
+  const Run dflt = run_cli(g), spelled = run_cli(g + "--sinks 0 --recent 0 --obs-window 32 --kernel 7 --pooling max");
+  REQUIRE(dflt.status == 0);
+  REQUIRE(spelled.out == dflt.out);
+  for (const char* flag : {"--sinks 4", "--recent 2", "--obs-window 4", "--kernel 1", "--pooling avg", "--pooling none"}) {
+    INFO(flag);
+    REQUIRE(run_cli(g + flag).status == 0);
+  }
 }

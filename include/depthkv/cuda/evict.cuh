@@ -16,9 +16,16 @@
 ///   rows up to 16384 tokens);
 /// - several CTAs per row (`EvictHistogramKernel` per radix pass, `EvictCountKernel`,
 ///   `EvictEmitKernel`): `kEvictChunk` = 8192 slots per CTA; per-row global histograms, the
-///   select state after each pass and per-chunk counts live in the workspace (few long rows, up
-///   to 2^31 - 1 tokens); 4 (float scores) or 2 (16-bit scores) histogram launches, then one
-///   count and one emit launch.
+///   select state after each pass and per-chunk counts live in the workspace (few long rows);
+///   4 (float scores) or 2 (16-bit scores) histogram launches, then one count and one emit launch.
+///
+/// Limits: a row (and `max_n`) holds at most `detail::kEvictMaxN` = 65535 x 8192 = 536,862,720
+/// tokens, since the multi-block grid is (rows, chunks) and gridDim.y <= 65535; `Evict` rejects a
+/// larger `max_n` and `append_evict_rows` a longer row. The workspace must be aligned to
+/// `detail::kEvictWorkspaceAlignment` (256) bytes, as cudaMalloc returns it. `EvictParamsError`
+/// says why parameters are rejected. The one-block kernel's dynamic shared memory limit is raised
+/// once per device and process, to the device's opt-in maximum (the attribute is process-wide and
+/// not stream-ordered, so it is never changed per call).
 /// Both produce identical results. The scores are read once by the one-block path and
 /// passes + 2 times by the multi-block path; every kept K/V row is read and written once.
 ///
@@ -37,6 +44,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -58,8 +66,8 @@ enum class EvictPath {
 struct EvictParams {
   const EvictRow* rows = nullptr;  ///< device array of `n_rows` rows (see EvictRow for the layouts)
   int n_rows = 0;                  ///< rows (sequences x layers x KV heads)
-  int max_n = 0;                   ///< upper bound on every row's n (sizes workspace, grid, shared memory)
-  int head_dim = 0;                ///< elements per key/value token row (all rows)
+  int max_n = 0;                   ///< upper bound on every row's n (sizes workspace, grid, shared memory); <= detail::kEvictMaxN
+  int head_dim = 0;                ///< elements per key/value token row (all rows; >= 1 when n_rows > 0)
   int n_sink = 0;                  ///< protected first slots of every row
   int n_recent = 0;                ///< protected last slots of every row
   std::uint32_t* status = nullptr; ///< optional device word: zeroed, then OR of EvictStatus bits
@@ -85,7 +93,7 @@ struct ScoreOps<__half> {
   static constexpr int kKeyBits = 16;
   __device__ __forceinline__ static std::uint32_t key(const __half* s, std::int64_t i, bool& nan) {
     const std::uint16_t u = reinterpret_cast<const std::uint16_t*>(s)[i];
-    nan = nan || is_nan16(u, ScoreFormat::kF16);
+    nan = nan || depthkv::detail::is_nan16(u, depthkv::detail::kHalfInfBits);
     return depthkv::detail::ordered_key16(u);
   }
 };
@@ -94,7 +102,7 @@ struct ScoreOps<__nv_bfloat16> {
   static constexpr int kKeyBits = 16;
   __device__ __forceinline__ static std::uint32_t key(const __nv_bfloat16* s, std::int64_t i, bool& nan) {
     const std::uint16_t u = reinterpret_cast<const std::uint16_t*>(s)[i];
-    nan = nan || is_nan16(u, ScoreFormat::kBF16);
+    nan = nan || depthkv::detail::is_nan16(u, depthkv::detail::kBFloat16InfBits);
     return depthkv::detail::ordered_key16(u);
   }
 };
@@ -183,6 +191,7 @@ __global__ void __launch_bounds__(NT) EvictOneBlockPerRowKernel(const detail::Ev
     __syncthreads();
     const Threshold t = block_radix_select<NT>(s_keys, m, static_cast<std::uint32_t>(plan.keep_mid),
                                                ScoreOps<ScoreT>::kKeyBits, s_hist, &s_choice);
+    if (select_failed(t) && p.status != nullptr && threadIdx.x == 0) atomicOr(p.status, EvictStatus::kSelectFailed);
     m_kept = compact_mid<NT>(s_keys, m, plan.lo, t, 0u, 0u, s_scan);
   }
   if (p.status != nullptr) {
@@ -275,10 +284,13 @@ __global__ void __launch_bounds__(NT) EvictCountKernel(const detail::EvictKernel
   const std::int64_t c1 = lmin(c0 + kEvictChunk, plan.n);
   constexpr int kBits = ScoreOps<ScoreT>::kKeyBits;
   Threshold t{0xffffffffu, 0u};
-  if (plan.select)  // the final threshold, stored for the emit kernel by the row's writer CTA
+  if (plan.select) {  // the final threshold, stored for the emit kernel by the row's writer CTA
+    const bool writer = chunk == state_writer_chunk(plan, kEvictChunk);
     t = multi_block_state<NT>(p.hist + hist_index(row_id, 0), p.state + state_index(row_id, 0), radix_passes(kBits),
-                              static_cast<std::uint32_t>(plan.keep_mid), kBits,
-                              chunk == state_writer_chunk(plan, kEvictChunk), s_hist, &s_choice);
+                              static_cast<std::uint32_t>(plan.keep_mid), kBits, writer, s_hist, &s_choice);
+    if (writer && select_failed(t) && p.status != nullptr && threadIdx.x == 0)
+      atomicOr(p.status, EvictStatus::kSelectFailed);
+  }
   const ScoreT* scores = static_cast<const ScoreT*>(row.scores);
   const bool check_nan = p.status != nullptr && scores != nullptr;
   const std::int64_t a = plan.select ? lmax(c0, plan.lo) : c0;
@@ -377,31 +389,63 @@ __global__ void __launch_bounds__(NT, 2) EvictEmitKernel(const detail::EvictKern
 }
 
 /// Workspace bytes `Evict` needs for `params` (any T and ScoreT; 0 when there is nothing to do).
-/// Depends only on `n_rows` and `max_n`.
+/// Depends only on `n_rows` and `max_n`. The workspace must be aligned to
+/// `detail::kEvictWorkspaceAlignment` (256) bytes.
 inline std::size_t EvictWorkspaceBytes(const EvictParams& params) {
   return detail::evict_workspace_layout(params.n_rows, params.max_n).total_bytes;
 }
+
+/// Why `Evict<T>` would reject `params` with this workspace (it then returns
+/// cudaErrorInvalidValue), or null when they are accepted: negative sizes or protection, a null
+/// row table, head_dim < 1, max_n above `detail::kEvictMaxN`, a too small, null or misaligned
+/// workspace. (A forced one-block path whose rows do not fit in shared memory is checked by
+/// `Evict` against the device.)
+template <typename T>
+inline const char* EvictParamsError(const EvictParams& params, const void* d_workspace, std::size_t workspace_bytes) {
+  return detail::evict_params_problem(params.n_rows, params.rows == nullptr, params.max_n, params.head_dim, sizeof(T),
+                                      params.n_sink, params.n_recent, d_workspace, workspace_bytes);
+}
+
+namespace detail {
+
+/// Raises the dynamic shared memory limit of the one-block kernel for `ScoreT` on `device` to the
+/// opt-in maximum less its static shared memory, once per device and process (devices 0..63;
+/// others on every call). The attribute is process-wide and not stream-ordered, so it is set to
+/// one value that serves every max_n and never lowered: concurrent first callers write the same value.
+template <typename ScoreT>
+cudaError_t enable_one_block_smem(int device, int smem_optin) {
+  static std::atomic<std::uint64_t> s_done{0};
+  const std::uint64_t bit = device >= 0 && device < 64 ? (std::uint64_t{1} << device) : 0u;
+  if (bit != 0u && (s_done.load(std::memory_order_acquire) & bit) != 0u) return cudaSuccess;
+  const auto kernel = EvictOneBlockPerRowKernel<ScoreT, kOneBlockThreads>;
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+  if (e != cudaSuccess) return e;
+  const int max_dynamic = smem_optin - static_cast<int>(attr.sharedSizeBytes);
+  if (max_dynamic <= 0) return cudaErrorInvalidValue;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic);
+  if (e != cudaSuccess) return e;
+  s_done.fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
+
+}  // namespace detail
 
 /// Evicts every row of `params` (see EvictRow and the file comment) on `stream`.
 ///
 /// @tparam T K/V element type (`float`, `__half`, `__nv_bfloat16`): only its size matters
 /// @tparam ScoreT score type (`float`, `__half`, `__nv_bfloat16`)
 /// @param d_workspace caller-owned device memory of at least `EvictWorkspaceBytes(params)` bytes
-/// @return cudaErrorInvalidValue on bad parameters (negative sizes or protection, null rows, a too
-///   small workspace, a forced one-block path whose rows do not fit in shared memory), else the
+/// @return cudaErrorInvalidValue on bad parameters (see `EvictParamsError`: negative sizes or
+///   protection, null rows, max_n above `detail::kEvictMaxN`, a too small, null or misaligned
+///   workspace; or a forced one-block path whose rows do not fit in shared memory), else the
 ///   launch error. Per-row problems are reported through `params.status` (EvictStatus bits).
 template <typename T, typename ScoreT = float>
 [[nodiscard]] cudaError_t Evict(const EvictParams& params, void* d_workspace, std::size_t workspace_bytes,
                                 cudaStream_t stream = nullptr) {
   using namespace detail;
-  if (params.n_rows < 0 || params.max_n < 0 || params.head_dim < 1 || params.n_sink < 0 || params.n_recent < 0)
-    return cudaErrorInvalidValue;
-  if (params.n_rows > 0 && params.rows == nullptr) return cudaErrorInvalidValue;
-  if (static_cast<std::size_t>(params.head_dim) > static_cast<std::size_t>(0x7fffffff) / sizeof(T))
-    return cudaErrorInvalidValue;
+  if (EvictParamsError<T>(params, d_workspace, workspace_bytes) != nullptr) return cudaErrorInvalidValue;
   const EvictWorkspaceLayout layout = evict_workspace_layout(params.n_rows, params.max_n);
-  if (workspace_bytes < layout.total_bytes || (layout.total_bytes > 0 && d_workspace == nullptr))
-    return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
   if (params.status != nullptr) {
     e = cudaMemsetAsync(params.status, 0, sizeof(std::uint32_t), stream);
@@ -427,10 +471,8 @@ template <typename T, typename ScoreT = float>
     case EvictPath::kMultiBlock: one_block = false; break;
     default: one_block = auto_one_block_per_row(params.n_rows, params.max_n, n_sms, static_cast<std::size_t>(smem_optin));
   }
-  if (!one_block && (layout.n_chunks == 0 || layout.n_chunks > 65535)) {
-    if (layout.n_chunks > 65535) return cudaErrorInvalidValue;
-    one_block = true;  // max_n == 0: nothing to select, the one-block kernel flags bad rows
-  }
+  if (!one_block && layout.n_chunks == 0) one_block = true;  // max_n == 0: nothing to select, the one-block kernel flags bad rows
+  // layout.n_chunks <= kEvictMaxChunksPerRow (the grid's y limit) since max_n <= kEvictMaxN
 
   EvictKernelParams kp;
   kp.rows = params.rows;
@@ -448,9 +490,9 @@ template <typename T, typename ScoreT = float>
 
   if (one_block) {
     const std::size_t smem = one_block_smem_bytes(params.max_n);
-    auto kernel = EvictOneBlockPerRowKernel<ScoreT, kOneBlockThreads>;
+    const auto kernel = EvictOneBlockPerRowKernel<ScoreT, kOneBlockThreads>;
     if (smem + kOneBlockStaticSmem > 48u * 1024u) {  // static + dynamic above the default 48 KiB
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      e = enable_one_block_smem<ScoreT>(device, smem_optin);
       if (e != cudaSuccess) return e;
     }
     kernel<<<static_cast<unsigned>(params.n_rows), kOneBlockThreads, smem, stream>>>(kp, elem_bytes);

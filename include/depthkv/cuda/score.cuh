@@ -37,7 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "depthkv/token_scorer.hpp"
+#include "depthkv/scorer_config.hpp"
 
 namespace depthkv {
 namespace cuda {

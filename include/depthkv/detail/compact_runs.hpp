@@ -11,10 +11,9 @@
 /// `r * head_dim` elements; with padding between tokens each token is moved alone, so the padding
 /// (which may belong to the engine, e.g. interleaved K/V) is never written. A leading run already
 /// in place (kept[i] == i) is skipped. Survivors are prefetched ~4 KiB ahead, and heads of at
-/// least `streaming_min_bytes` are written with non-temporal (streaming) stores on x86 (both
-/// measured: benchmarks/RESULTS.md).
+/// least `streaming_min_bytes` (a parameter; `EvictOptions::streaming_min_bytes` per eviction) are
+/// written with non-temporal (streaming) stores on x86 (both measured: benchmarks/RESULTS.md).
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,15 +35,15 @@ inline void prefetch_bytes(const void* p, std::size_t bytes) {
 #endif
 }
 
-/// Heads whose slots span at least this many bytes (per array: K or V) are compacted with
-/// non-temporal stores. A compaction's destination lines are then written without being read
-/// first (a plain store reads each line before writing it), and do not push the cache out: worth
-/// it when the head is too large to be in the caches anyway (the layer's other heads, the next
-/// layer and the attention that follows all stream through memory), a loss when it is small and
-/// warm. 256 KiB: a head of 1K tokens of 128 fp16 dimensions (a layer of 8 such heads holds 4 MiB
-/// of K+V); measured at 4K and 32K tokens in benchmarks/RESULTS.md. Tests set 0 to run the
-/// streaming path on small heads; SIZE_MAX turns it off.
-inline std::atomic<std::size_t> streaming_min_bytes{std::size_t{256} << 10};
+/// Default streaming threshold: heads whose slots span at least this many bytes (per array: K or
+/// V) are compacted with non-temporal stores. A compaction's destination lines are then written
+/// without being read first (a plain store reads each line before writing it), and do not push the
+/// cache out: worth it when the head is too large to be in the caches anyway (the layer's other
+/// heads, the next layer and the attention that follows all stream through memory), a loss when it
+/// is small and warm. 256 KiB: a head of 1K tokens of 128 fp16 dimensions (a layer of 8 such heads
+/// holds 4 MiB of K+V); measurements at 4K and 32K tokens: benchmarks/RESULTS.md. 0 streams every
+/// aligned head; SIZE_MAX never streams.
+constexpr std::size_t kDefaultStreamingMinBytes = std::size_t{256} << 10;
 
 /// Copies `bytes` (a multiple of 32) from src to dst (32-byte aligned, dst <= src or the ranges
 /// disjoint) with non-temporal stores; the caller issues the store fence. Each 32- or 64-byte
@@ -108,13 +107,14 @@ inline void stream_fence(int level) {
 /// when the tokens are dense. `kept` must be strictly ascending and inside the head (not checked).
 /// Tokens of at least one cache line are prefetched `kPrefetchBytes` ahead of the copy: scattered
 /// survivors (low keep ratios) would otherwise be read at memory latency, one run at a time.
-/// Heads spanning at least `streaming_min_bytes` are written with streaming stores when every
-/// move is 32-byte aligned (token and stride sizes multiples of 32 bytes, `base` 32-byte aligned)
-/// and the CPU has SSE2 (AVX2 where present); otherwise with memmove.
-/// Single elements (positions) are moved by assignment instead of a memmove call each. (An inline
-/// copy in 64-byte chunks with plain stores instead of memmove was measured slower.)
+/// Heads spanning at least `streaming_min_bytes` bytes (0: every head; SIZE_MAX: none) are written
+/// with streaming stores when every move is 32-byte aligned (token and stride sizes multiples of
+/// 32 bytes, `base` 32-byte aligned) and the CPU has SSE2 (AVX2 where present); otherwise with
+/// memmove.
+/// Single elements (positions) are moved by assignment instead of a memmove call each.
 template <typename T>
-void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std::int32_t* kept, int n_kept) {
+void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std::int32_t* kept, int n_kept,
+                  std::size_t streaming_min_bytes = kDefaultStreamingMinBytes) {
   static_assert(std::is_trivially_copyable<T>::value, "compact_runs moves bytes");
   constexpr std::size_t kPrefetchBytes = 4096;
   const std::size_t tok = sizeof(T) * static_cast<std::size_t>(head_dim);
@@ -133,8 +133,8 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
   const std::size_t stride_bytes = sizeof(T) * static_cast<std::size_t>(token_stride);
   const std::size_t span = (static_cast<std::size_t>(kept[n_kept - 1]) + 1) * stride_bytes;
   // streaming stores for large heads when every move is 32-byte aligned (simd level 0: never)
-  const int level = span >= streaming_min_bytes.load(std::memory_order_relaxed) && tok % 32 == 0 &&
-                            stride_bytes % 32 == 0 && reinterpret_cast<std::uintptr_t>(base) % 32 == 0
+  const int level = span >= streaming_min_bytes && tok % 32 == 0 && stride_bytes % 32 == 0 &&
+                            reinterpret_cast<std::uintptr_t>(base) % 32 == 0
                         ? simd_level()
                         : 0;
   if (token_stride != head_dim) {

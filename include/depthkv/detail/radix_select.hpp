@@ -31,21 +31,15 @@
 /// order, -0.0 == +0.0 in both): 8 at a time with AVX2 (compiled with a target attribute and
 /// chosen at run time, so no -mavx2 is needed), 4 with SSE2 (every x86-64), else one at a time;
 /// the passing slots (and, in pass 2 with AVX2, their keys) are stored with one vector store from
-/// a table of compacted lane offsets. A variant that kept every slot at or above lo_T in pass 2
-/// and filtered those instead of pass 4 was measured no faster at keep 10-30 % and slower at 50 %.
+/// a table of compacted lane offsets.
 /// Cost: O(len) expected and worst case; the typical row is read twice (two streaming passes), plus
 /// O(sqrt(len)) for the sample and O(len / len^(1/4)) candidates.
 ///
 /// ## Crossover
 /// Rows shorter than `kRadixSelectMinLength` (64) use `std::nth_element` + a sort of the m
-/// selected slots instead (`select_best_nth`). Measured with benchmarks/evict_cpu_bench.cpp
-/// (BM_Select, keep 20 %, path 0 radix vs path 1 nth_element, medians of 3, AVX2; float keys):
-/// n = 16: 0.40 vs 0.15 us; n = 32: 0.50 vs 0.57; n = 48: 0.96 vs 1.05; n = 64: 1.22 vs 1.38 (an
-/// earlier run 0.98 vs 1.41); n = 96: 1.6 vs 2.2; n = 128: 1.6-1.8 vs 2.3-2.9; n = 256: 2.0 vs 5.4;
-/// n = 1024: 2.9 vs 23 us; n = 4096: 6.1 vs 86 us. 16-bit keys: n = 16: 0.36 vs 0.32, 32: 0.68 vs
-/// 0.70, 48: 0.85 vs 1.01, 64: 1.1 vs 1.4, 128: 1.3-1.7 vs 2.6-2.8, 1024: 5.5 vs 24, 4096: 14 vs
-/// 106 us. Radix leads from 64 on; at 32-48 the two are within noise.
-/// benchmarks/results/select_cpu.json and select_cpu_small.json.
+/// selected slots instead (`select_best_nth`): the radix path is the faster one from 64 tokens on,
+/// for float and 16-bit keys (`BM_Select` of benchmarks/evict_cpu_bench.cpp; figures in
+/// benchmarks/RESULTS.md).
 
 #include <algorithm>
 #include <cassert>
@@ -656,9 +650,7 @@ void select_best_histogram(const Keys& keys, const std::int32_t* positions, int 
 
 /// The bracket's sample: the keys of slots lo + (j len + len / 2) / s, j = 0..s-1 (evenly spread
 /// single slots, not blocks: scores are often correlated with their neighbours, and a sample of
-/// blocks misses the bracket far more often on such rows: measured with blocks of 8 adjacent slots,
-/// 10-25 % faster selection on independent scores, but the bracket missed on 5-12 % of AR(1) rows
-/// (correlation 0.9, n = 4K-32K, keep 10-50 %) against none of them with single slots), into smp. Quotient
+/// blocks misses the bracket far more often on such rows; benchmarks/RESULTS.md), into smp. Quotient
 /// and remainder are updated without a division or a branch per sample (the carry is unpredictable); float
 /// rows copy the raw bits first and turn them into keys in one vectorised pass.
 template <class Keys>

@@ -40,6 +40,17 @@ DEPTHKV_HOST_DEVICE std::uint16_t ordered_key16(std::uint16_t u) {
   return (u & 0x8000u) ? static_cast<std::uint16_t>(~u) : static_cast<std::uint16_t>(u | 0x8000u);
 }
 
+/// Bit patterns of +infinity of the 16-bit float formats (both sign-magnitude: `u & 0x7FFF` is the
+/// magnitude, NaNs are the magnitudes above infinity).
+constexpr std::uint16_t kHalfInfBits = 0x7C00u;      ///< IEEE half (`Eigen::half`, `__half`)
+constexpr std::uint16_t kBFloat16InfBits = 0x7F80u;  ///< bfloat16 (`Eigen::bfloat16`, `__nv_bfloat16`)
+
+/// True when the 16-bit float pattern `u` is a NaN in the format whose +infinity pattern is
+/// `inf_bits` (kHalfInfBits or kBFloat16InfBits). A bit test: safe under -ffast-math.
+DEPTHKV_HOST_DEVICE bool is_nan16(std::uint16_t u, std::uint16_t inf_bits) {
+  return (static_cast<std::uint32_t>(u) & 0x7FFFu) > inf_bits;
+}
+
 /// True when the token (score_a, pos_a) ranks before (score_b, pos_b): a higher score, or an
 /// equal score and an earlier position.
 DEPTHKV_HOST_DEVICE bool ranks_before(float score_a, std::int32_t pos_a, float score_b,

@@ -3,9 +3,9 @@
 /// @brief The instruction set the CPU passes use, chosen at run time: 0 scalar, 1 SSE2 (every
 /// x86-64), 2 AVX2. AVX2 code is compiled with a target attribute (no `-mavx2` needed) and only
 /// called when the CPU has it; `-DDEPTHKV_NO_AVX2_DISPATCH` leaves it out. Every level gives the
-/// same results; tests lower `max_simd_level` to run each path.
+/// same results; `depthkv::set_max_simd_level` (simd_level.hpp) caps the level.
 
-#include <atomic>
+#include "depthkv/simd_level.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -18,10 +18,8 @@
 namespace depthkv {
 namespace detail {
 
-/// Highest level `simd_level()` may return (tests lower it to cover every path).
-inline std::atomic<int> max_simd_level{2};
-
-/// The instruction set the vector passes use now: the highest the CPU has, at most max_simd_level.
+/// The instruction set the vector passes use now: the highest the CPU has, at most
+/// `depthkv::max_simd_level()`.
 inline int simd_level() {
   int level = 0;
 #if defined(__SSE2__)
@@ -34,7 +32,7 @@ inline int simd_level() {
   }();
   if (avx2) level = 2;
 #endif
-  const int cap = max_simd_level.load(std::memory_order_relaxed);
+  const int cap = depthkv::max_simd_level();
   return level < cap ? level : cap;
 }
 

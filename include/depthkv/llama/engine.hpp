@@ -11,6 +11,8 @@
 ///   `pos0, pos0 + 1, ...`; the caller owns the position counter (after an eviction the cache no
 ///   longer tells the sequence length). RoPE uses each token's original position: cached keys are
 ///   stored rotated with theirs, new tokens rotate with their true position.
+/// - `forward`, `prefill` and `teacher_force` take (tokens, first position, cache, options) in
+///   that order; `decode` takes (token, position, cache, stats).
 /// - Each layer's K/V of the new tokens are appended to the cache before attention; query `i` of
 ///   the call (position `pos0 + i`) attends, in KV head `h`, to the slots
 ///   `[0, size_before(h) + i]` (everything held before the call plus the causal part of the call).
@@ -22,7 +24,7 @@
 /// depthkv::llama::LlamaModel model = depthkv::llama::load_llama2c("stories260K.bin");
 /// depthkv::llama::LlamaEngine engine(model);
 /// auto cache = engine.make_cache();
-/// depthkv::llama::RowMatrix logits = engine.prefill(prompt, cache);    // [prompt.size() x vocab]
+/// depthkv::llama::RowMatrix logits = engine.prefill(prompt, /*pos0=*/0, cache);  // [prompt.size() x vocab]
 /// Eigen::VectorXf next = engine.decode(token, /*pos=*/static_cast<int>(prompt.size()), cache);
 /// @endcode
 
@@ -113,6 +115,47 @@ struct EngineStats {
   void reset() { *this = EngineStats{}; }
 };
 
+namespace detail {
+
+/// Charges wall-clock time (steady clock) to the phases of an `EngineStats`: the time from the
+/// construction, or from the last `to`, until the next `to` or the end of the scope goes to the
+/// current phase. Does nothing when `stats` is null.
+///
+/// @code
+/// detail::PhaseTimer timer(stats, &EngineStats::other_s);   // norms ...
+/// timer.to(&EngineStats::matmul_s);                          // ... then products, to the scope's end
+/// @endcode
+class PhaseTimer {
+ public:
+  using Phase = double EngineStats::*;
+  PhaseTimer(EngineStats* stats, Phase phase) : stats_(stats), phase_(phase) {
+    if (stats_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~PhaseTimer() { charge(); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+  /// Ends the current phase and starts `phase`.
+  void to(Phase phase) {
+    charge();
+    phase_ = phase;
+  }
+
+ private:
+  void charge() {
+    if (!stats_) return;
+    const auto t = std::chrono::steady_clock::now();
+    stats_->*phase_ += std::chrono::duration<double>(t - t0_).count();
+    t0_ = t;
+  }
+
+  EngineStats* stats_;
+  Phase phase_;
+  std::chrono::steady_clock::time_point t0_{};
+};
+
+}  // namespace detail
+
 /// Options of one forward call (prefill, teacher forcing, decode).
 struct ForwardOptions {
   /// Tokens per chunk: the call is processed in chunks of at most this many tokens, each chunk
@@ -151,7 +194,7 @@ inline unsigned capture_bit(CapturePoint point) { return 1u << static_cast<unsig
 /// opt.observer = [&](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
 ///   scorers[l].observe_block(q, p0, nq, pr, ld, n);
 /// };
-/// RowMatrix logits = engine.prefill(context, cache, opt);
+/// RowMatrix logits = engine.prefill(context, 0, cache, opt);
 /// // ... score, allocate, evict ...
 /// RowMatrix cont_logits = engine.teacher_force(continuation, static_cast<int>(context.size()), cache);
 /// @endcode
@@ -232,13 +275,14 @@ class LlamaEngine {
     return forward(tokens.data(), static_cast<int>(tokens.size()), pos0, cache, opt);
   }
 
-  /// Prefill: the prompt at positions `0..n-1` into an empty (or continued) cache, as batched
-  /// matrix products in chunks, with optional attention observation and per-chunk hook.
+  /// Prefill: the prompt at positions `pos0..pos0+n-1` (0 for a new sequence) into an empty (or
+  /// continued) cache, as batched matrix products in chunks, with optional attention observation
+  /// and per-chunk hook. The arguments are in the order of `forward` and `teacher_force`.
   /// @return logits `[n x vocab]` (or of the last token only, see `ForwardOptions::all_logits`)
   /// @throws Error as `forward`
   template <class Layer>
-  RowMatrix prefill(const std::vector<int>& prompt, KVCache<Layer>& cache,
-                    const ForwardOptions& opt = ForwardOptions(), std::int32_t pos0 = 0) const {
+  RowMatrix prefill(const std::vector<int>& prompt, std::int32_t pos0, KVCache<Layer>& cache,
+                    const ForwardOptions& opt = ForwardOptions()) const {
     return forward(prompt, pos0, cache, opt);
   }
 
@@ -269,27 +313,24 @@ class LlamaEngine {
   /// Embedding rows of `n` tokens `[n x dim]`.
   /// @throws Error on a token id outside `[0, vocab_size)`
   RowMatrix embed(const int* tokens, int n, EngineStats* stats = nullptr) const {
-    const auto t0 = now();
+    detail::PhaseTimer timer(stats, &EngineStats::other_s);
     RowMatrix x(n, config().dim);
     for (int i = 0; i < n; ++i) {
       DEPTHKV_CHECK(tokens[i] >= 0 && tokens[i] < config().vocab_size,
                     "token " << tokens[i] << " at index " << i << " outside [0, " << config().vocab_size << ")");
       x.row(i) = model_.token_embedding.row(tokens[i]);
     }
-    if (stats) stats->other_s += seconds_since(t0);
     return x;
   }
 
   /// Final RMSNorm and classifier of residual-stream rows `x` `[T x dim]`.
   /// @return logits `[T x vocab]`
   RowMatrix logits(const RowMatrix& x, EngineStats* stats = nullptr) const {
-    auto t0 = now();
+    detail::PhaseTimer timer(stats, &EngineStats::other_s);
     RowMatrix xn = rmsnorm(x, model_.final_norm);
-    if (stats) stats->other_s += seconds_since(t0);
-    t0 = now();
+    timer.to(&EngineStats::matmul_s);
     RowMatrix out(x.rows(), config().vocab_size);
     linear(model_.classifier, xn, out);
-    if (stats) stats->matmul_s += seconds_since(t0);
     return out;
   }
 
@@ -312,25 +353,22 @@ class LlamaEngine {
     const int hd = c.head_dim;
     const int q_dim = c.n_heads * hd;
     const int kv_dim = c.n_kv_heads * hd;
-    EngineStats* st = opt.stats;
     auto cap = [&](CapturePoint p, const RowMatrix& m) {
       if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0, m);
     };
+    detail::PhaseTimer timer(opt.stats, &EngineStats::other_s);
 
-    auto t0 = now();
     cap(CapturePoint::kLayerInput, x);
     RowMatrix xn = rmsnorm(x, w.attn_norm);
     cap(CapturePoint::kAttnInput, xn);
-    if (st) st->other_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::matmul_s);
     RowMatrix q(T, q_dim), k(T, kv_dim), v(T, kv_dim);
     linear(w.wq, xn, q);
     linear(w.wk, xn, k);
     linear(w.wv, xn, v);
-    if (st) st->matmul_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::other_s);
     if (w.bq.size()) q.rowwise() += w.bq.transpose();
     if (w.bk.size()) k.rowwise() += w.bk.transpose();
     if (w.bv.size()) v.rowwise() += w.bv.transpose();
@@ -339,26 +377,22 @@ class LlamaEngine {
     std::vector<int> size_before(static_cast<std::size_t>(c.n_kv_heads));
     for (int h = 0; h < c.n_kv_heads; ++h) size_before[static_cast<std::size_t>(h)] = kv.size(h);
     for (int i = 0; i < T; ++i) kv.append(k.row(i).data(), v.row(i).data(), pos0 + i);
-    if (st) st->other_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::attention_s);
     RowMatrix att(T, q_dim);
     attention(l, q, kv, size_before, pos0, att, opt);
-    if (st) st->attention_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::matmul_s);
     RowMatrix o(T, c.dim);
     linear(w.wo, att, o);
-    if (st) st->matmul_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::other_s);
     cap(CapturePoint::kAttnOutput, o);
     x += o;
     cap(CapturePoint::kAttnResidual, x);
     xn = rmsnorm(x, w.ffn_norm);
-    if (st) st->other_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::matmul_s);
     RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
     linear(w.w1, xn, h1);
     linear(w.w3, xn, h3);
@@ -368,13 +402,11 @@ class LlamaEngine {
       h1.data()[i] = g * h3.data()[i];
     }
     linear(w.w2, h1, o);
-    if (st) st->matmul_s += seconds_since(t0);
 
-    t0 = now();
+    timer.to(&EngineStats::other_s);
     cap(CapturePoint::kMlpOutput, o);
     x += o;
     cap(CapturePoint::kLayerOutput, x);
-    if (st) st->other_s += seconds_since(t0);
   }
 
   /// RMSNorm of each row: `w * x / sqrt(mean(x^2) + eps)` (as llama2.c computes it).
@@ -487,12 +519,6 @@ class LlamaEngine {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  static Clock::time_point now() { return Clock::now(); }
-  static double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-
   /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row; small
   /// products single-threaded.
   static void linear(const RowMatrix& W, const RowMatrix& x, RowMatrix& y) {

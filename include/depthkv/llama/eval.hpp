@@ -34,7 +34,7 @@
 /// auto scorers = llama::make_scorers(model.config, ScorerConfig{});            // H2O
 /// llama::ForwardOptions opt;
 /// opt.observer = llama::observe_into(scorers);
-/// engine.prefill(context, cache, opt);
+/// engine.prefill(context, 0, cache, opt);
 /// llama::PruneRequest req;                                                     // uniform, keep 30%
 /// req.policy = AllocationPolicy::kUniform;
 /// req.budget.keep_ratio = 0.3;
@@ -63,6 +63,7 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/text_windows.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
 #include "depthkv/token_scorer.hpp"
 
@@ -127,7 +128,7 @@ struct PruneRequest {
   BudgetRequest budget;
   const SensitivityProfile* profile = nullptr;
   Protection protection;
-  /// When `budget.floors` is empty, use `min(length, n_sink + n_recent)` per layer as floors
+  /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
   /// (eviction cannot go below the protected count).
   bool floors_from_protection = true;
 };
@@ -156,11 +157,7 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
   rep.bytes_before = cache.bytes();
   BudgetRequest br = req.budget;
   br.lengths = rep.lengths;
-  if (br.floors.empty() && req.floors_from_protection) {
-    br.floors.resize(rep.lengths.size());
-    for (std::size_t l = 0; l < rep.lengths.size(); ++l)
-      br.floors[l] = std::min(rep.lengths[l], req.protection.n_sink + req.protection.n_recent);
-  }
+  if (br.floors.empty() && req.floors_from_protection) br.floors = protection_floors(rep.lengths, req.protection);
   rep.budgets = BudgetAllocator().allocate(req.policy, br, req.profile);
   const std::vector<LayerScores> scores = layer_scores(scorers, cache);
   rep.evictions = evict(cache, scores, rep.budgets, req.protection);
@@ -252,12 +249,6 @@ inline std::vector<int> continuation_targets(const std::vector<int>& continuatio
 }
 
 // ---- the evaluator with activation reuse --------------------------------------------------------
-
-/// A context and the continuation teacher-forced after it (positions continue from the context).
-struct EvalWindow {
-  std::vector<int> context;       ///< >= 1 token
-  std::vector<int> continuation;  ///< >= 1 token
-};
 
 /// Settings of a `PruningEvaluator`.
 struct EvalConfig {
@@ -475,7 +466,7 @@ class PruningEvaluator {
     opt.chunk_size = cfg_.chunk_size;
     opt.all_logits = false;
     opt.observer = observe_into(sets);
-    engine_.prefill(win.context, r.cache, opt);
+    engine_.prefill(win.context, 0, r.cache, opt);
     for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache));
     // Continuation on a copy (the stored cache stays context-only), capturing layer inputs.
     HostCache work = r.cache;
@@ -564,14 +555,14 @@ class PruningEvaluator {
     opt.all_logits = false;
     // full run from scratch
     HostCache full = engine_.make_cache();
-    engine_.prefill(win.context, full, opt);
+    engine_.prefill(win.context, 0, full, opt);
     const RowMatrix lf = engine_.teacher_force(win.continuation, n_ctx, full, opt);
     // pruned run from scratch
     HostCache cache = engine_.make_cache();
     std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
     ForwardOptions po = opt;
     po.observer = observe_into(sc);
-    engine_.prefill(win.context, cache, po);
+    engine_.prefill(win.context, 0, cache, po);
     WindowResult res;
     res.budgets = keep;
     res.bytes_full = cache.bytes();

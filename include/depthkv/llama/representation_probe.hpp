@@ -1,6 +1,6 @@
 #pragma once
 /// @file llama/representation_probe.hpp
-/// @brief The reference engine's side of issue 7: per-layer, per-stage representation metrics
+/// @brief The reference engine's side of the representation metrics: per-layer, per-stage metrics
 /// (InfoNCE with a bootstrap confidence interval, effective rank, spectral entropy) of a model
 /// on a set of texts, computed without any pruning run, and stored in a profile file's
 /// `layer_metrics` (what `mga`/`mlma*` allocate from).
@@ -244,7 +244,7 @@ inline ProbeResult probe_representations(const LlamaEngine& engine, const Tokeni
   auto run_pass = [&](const std::vector<int>& ids, int sample, std::array<std::vector<Eigen::MatrixXd>, 4>& out) {
     for (auto& v : sums) v.setZero();
     HostCache cache = engine.make_cache(static_cast<int>(ids.size()));
-    engine.prefill(ids, cache, fo);
+    engine.prefill(ids, 0, cache, fo);
     ++r.forward_passes;
     const double count = static_cast<double>(ids.size()) - static_cast<double>(first_pos);
     for (int s = 0; s < 4; ++s) {

@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
-#include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
 namespace depthkv {
@@ -95,6 +94,12 @@ inline std::vector<std::vector<int>> token_windows(const std::vector<int>& ids, 
   }
   return out;
 }
+
+/// A context and the continuation teacher-forced after it (positions continue from the context).
+struct EvalWindow {
+  std::vector<int> context;       ///< >= 1 token
+  std::vector<int> continuation;  ///< >= 1 token
+};
 
 /// Splits each window into its first `context` tokens and the rest (the continuation).
 /// @throws Error when a window is not longer than `context` or context < 1

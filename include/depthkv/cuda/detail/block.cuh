@@ -73,8 +73,10 @@ __device__ __forceinline__ void warp_hist_add(std::uint32_t* hist, bool match, s
 
 /// Warp-parallel `find_digit`: lane l owns bins 255-8l .. 248-8l (descending); an exclusive scan
 /// over lanes gives the count above each lane's bins and the one lane whose range holds `rank`
-/// walks its 8 bins. Called by the 32 lanes of one warp; writes `*out`. Precondition:
-/// 1 <= rank <= sum(hist).
+/// walks its 8 bins. Called by the 32 lanes of one warp; always writes `*out`: when no lane's
+/// range holds `rank` (rank 0 or above sum(hist), a broken invariant) lane 0 writes {0, 0}, which
+/// `radix_step` turns into the failed threshold (EvictStatus::kSelectFailed), so no thread ever
+/// reads an unwritten choice.
 __device__ __forceinline__ void warp_find_digit(const std::uint32_t* hist, std::uint32_t rank, DigitChoice* out) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   std::uint32_t c[8];
@@ -91,7 +93,15 @@ __device__ __forceinline__ void warp_find_digit(const std::uint32_t* hist, std::
     if (lane >= o) incl += y;
   }
   std::uint32_t above = incl - s;
-  if (above < rank && rank <= incl) {
+  const bool mine = above < rank && rank <= incl;
+  if (__ballot_sync(kFullMask, mine) == 0u) {
+    if (lane == 0) {
+      out->digit = 0u;
+      out->rank = 0u;
+    }
+    return;
+  }
+  if (mine) {
     bool found = false;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -106,11 +116,12 @@ __device__ __forceinline__ void warp_find_digit(const std::uint32_t* hist, std::
 }
 
 /// Radix select over `len` keys in shared memory: the threshold of the `rank`-th largest key
-/// (1 <= rank <= len). 8-bit digits, most significant first; `key_bits_` is 32 or 16.
+/// (1 <= rank <= len). 8-bit digits, most significant first; `key_bits_` is 32 or 16. Returns
+/// `failed_threshold()` (`select_failed`) when a digit search finds no bin.
 template <int NT>
 __device__ Threshold block_radix_select(const std::uint32_t* keys, int len, std::uint32_t rank, int key_bits_,
                                         std::uint32_t* s_hist, DigitChoice* s_choice) {
-  std::uint32_t prefix = 0;
+  Threshold t{0u, rank};
   const int passes = radix_passes(key_bits_);
   for (int pass = 0; pass < passes; ++pass) {
     for (int b = static_cast<int>(threadIdx.x); b < static_cast<int>(kRadixBins); b += NT) s_hist[b] = 0;
@@ -128,17 +139,15 @@ __device__ Threshold block_radix_select(const std::uint32_t* keys, int len, std:
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        warp_hist_add(s_hist, v4[u] && (k4[u] & mask) == prefix, (k4[u] >> shift) & (kRadixBins - 1u));
+        warp_hist_add(s_hist, v4[u] && (k4[u] & mask) == t.key, (k4[u] >> shift) & (kRadixBins - 1u));
     }
     __syncthreads();
-    if (threadIdx.x < 32) warp_find_digit(s_hist, rank, s_choice);
+    if (threadIdx.x < 32) warp_find_digit(s_hist, t.need, s_choice);
     __syncthreads();
-    const DigitChoice c = *s_choice;
-    prefix |= c.digit << shift;
-    rank = c.rank;
+    t = radix_step(t, *s_choice, pass, key_bits_);
     __syncthreads();  // s_hist and s_choice are rewritten by the next pass
   }
-  return Threshold{prefix, rank};
+  return t;
 }
 
 /// One radix step of the multi-block path: the select state after `pass + 1` digits from the

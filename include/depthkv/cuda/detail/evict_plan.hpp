@@ -41,6 +41,10 @@ struct EvictStatus {
   static constexpr std::uint32_t kBadKeep = 2u;
   /// Some row has n < 0 or n > max_n, or null scores where a selection is needed: the row is skipped.
   static constexpr std::uint32_t kBadRow = 4u;
+  /// The radix digit search of some row found no bin holding the wanted rank (the histogram summed
+  /// to less than the rank: a broken invariant, e.g. scores changed while the kernels ran). That
+  /// row keeps its protected tokens only; its middle tokens are not emitted.
+  static constexpr std::uint32_t kSelectFailed = 8u;
 };
 
 /// One row of a batched eviction: the tokens of one (sequence, layer, KV head).
@@ -84,6 +88,13 @@ constexpr int kEvictChunk = 8192;                ///< slots per CTA in the multi
 constexpr int kOneBlockMaxN = 16384;             ///< longest row the auto rule sends to one block when rows are many
 constexpr std::size_t kOneBlockStaticSmem = 4096;  ///< static shared memory reserve of the one-block kernel
 constexpr int kMaxRadixPasses = 4;               ///< 32-bit keys; 16-bit keys use 2
+constexpr int kEvictMaxChunksPerRow = 65535;     ///< the multi-block grid's y extent (CUDA: gridDim.y <= 65535)
+/// Longest row (and largest `max_n`) a batched eviction accepts: 65535 chunks of kEvictChunk slots
+/// = 536,862,720 tokens (the multi-block grid is rows x chunks; the one-block path is far shorter).
+constexpr int kEvictMaxN = kEvictMaxChunksPerRow * kEvictChunk;
+/// Alignment in bytes the eviction workspace must have (what cudaMalloc returns; the areas inside
+/// are laid out at multiples of it).
+constexpr std::size_t kEvictWorkspaceAlignment = 256;
 
 // ---- 16-bit score formats ----------------------------------------------------------------------
 /// Storage formats of scores. IEEE half and bfloat16 are both sign-magnitude, so
@@ -93,10 +104,9 @@ enum class ScoreFormat : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 /// Bits of the order-preserving key of a score format (32 for float, 16 otherwise).
 DEPTHKV_HOST_DEVICE int key_bits(ScoreFormat f) { return f == ScoreFormat::kF32 ? 32 : 16; }
 
-/// True when the 16-bit pattern `u` is a NaN in format `f` (kF16 or kBF16).
-DEPTHKV_HOST_DEVICE bool is_nan16(std::uint16_t u, ScoreFormat f) {
-  const std::uint32_t mag = static_cast<std::uint32_t>(u) & 0x7fffu;
-  return f == ScoreFormat::kF16 ? mag > 0x7c00u : mag > 0x7f80u;
+/// The +infinity bit pattern of a 16-bit format (kF16 or kBF16), for `depthkv::detail::is_nan16`.
+DEPTHKV_HOST_DEVICE std::uint16_t inf_bits16(ScoreFormat f) {
+  return f == ScoreFormat::kF16 ? depthkv::detail::kHalfInfBits : depthkv::detail::kBFloat16InfBits;
 }
 
 // ---- the row plan ------------------------------------------------------------------------------
@@ -177,7 +187,8 @@ struct DigitChoice {
 };
 
 /// Serial digit search: walks the 256 bins from the top and returns the bin where the running
-/// count reaches `rank` (1 <= rank <= total), with `rank` minus the count above that bin.
+/// count reaches `rank` (1 <= rank <= total), with `rank` minus the count above that bin; {0, 0}
+/// (rank 0: no bin) when `rank` is 0 or above the total.
 /// The CUDA kernels do the same walk with one warp (8 bins per lane, descending).
 DEPTHKV_HOST_DEVICE DigitChoice find_digit(const std::uint32_t* hist, std::uint32_t rank) {
   std::uint32_t above = 0;
@@ -189,6 +200,9 @@ DEPTHKV_HOST_DEVICE DigitChoice find_digit(const std::uint32_t* hist, std::uint3
   return DigitChoice{0u, 0u};  // rank > total: the caller broke the invariant
 }
 
+/// Whether a digit search found no bin (its rank is 0; a found bin always has rank >= 1).
+DEPTHKV_HOST_DEVICE bool digit_not_found(DigitChoice c) { return c.rank == 0u; }
+
 /// The result of the radix select: keep middle keys > `key`, and the first `need` middle slots
 /// with key == `key`.
 struct Threshold {
@@ -196,9 +210,17 @@ struct Threshold {
   std::uint32_t need;
 };
 
+/// The threshold of a failed select (`need == 0`; a valid one has need >= 1): no key is above
+/// 0xffffffff and none equal to it is kept, so the row's middle keeps nothing (EvictStatus::kSelectFailed).
+DEPTHKV_HOST_DEVICE Threshold failed_threshold() { return Threshold{0xffffffffu, 0u}; }
+/// Whether a threshold is the failed one (a digit search of some pass found no bin).
+DEPTHKV_HOST_DEVICE bool select_failed(Threshold t) { return t.need == 0u; }
+
 /// One step of the radix select: the threshold after `pass + 1` digits from the one after `pass`
-/// digits and the digit chosen in pass `pass`.
+/// digits and the digit chosen in pass `pass`. A failed step (no bin found), or any step after
+/// one, gives `failed_threshold()`.
 DEPTHKV_HOST_DEVICE Threshold radix_step(Threshold prev, DigitChoice c, int pass, int key_bits_) {
+  if (select_failed(prev) || digit_not_found(c)) return failed_threshold();
   return Threshold{prev.key | (c.digit << radix_shift(pass, key_bits_)), c.rank};
 }
 
@@ -289,6 +311,30 @@ inline bool auto_one_block_per_row(int n_rows, int max_n, int n_sms, std::size_t
   return max_n <= kOneBlockMaxN && n_rows >= n_sms;
 }
 
+/// Why a batched eviction's parameters are rejected (the CUDA `Evict` then returns
+/// cudaErrorInvalidValue; `EvictParamsError` gives this text), or null when they are accepted.
+/// @param rows_null whether the row table pointer is null, @param elem_bytes sizeof(T) of the K/V
+/// elements, @param d_workspace / @param workspace_bytes the caller's workspace
+inline const char* evict_params_problem(int n_rows, bool rows_null, int max_n, int head_dim, std::size_t elem_bytes,
+                                        int n_sink, int n_recent, const void* d_workspace,
+                                        std::size_t workspace_bytes) {
+  if (n_rows < 0) return "n_rows < 0";
+  if (max_n < 0) return "max_n < 0";
+  if (max_n > kEvictMaxN)
+    return "max_n above kEvictMaxN = 536862720 tokens (65535 chunks of 8192: the CUDA grid's y limit)";
+  if (n_sink < 0 || n_recent < 0) return "n_sink or n_recent < 0";
+  if (n_rows > 0 && rows_null) return "null row table";
+  if (n_rows > 0 && head_dim < 1) return "head_dim < 1";
+  if (elem_bytes == 0 || static_cast<std::size_t>(head_dim > 0 ? head_dim : 0) > std::size_t{0x7fffffff} / elem_bytes)
+    return "head_dim * sizeof(T) above 2^31 - 1 bytes";
+  const std::size_t need = evict_workspace_layout(n_rows, max_n).total_bytes;
+  if (workspace_bytes < need) return "workspace smaller than EvictWorkspaceBytes(params)";
+  if (need > 0 && d_workspace == nullptr) return "null workspace";
+  if (need > 0 && reinterpret_cast<std::uintptr_t>(d_workspace) % kEvictWorkspaceAlignment != 0u)
+    return "workspace not aligned to kEvictWorkspaceAlignment = 256 bytes";
+  return nullptr;
+}
+
 /// Largest copy unit (16, 8, 4, 2 or 1 bytes) dividing every byte quantity OR-ed into `or_bits`
 /// (row bytes, strides in bytes, base addresses).
 DEPTHKV_HOST_DEVICE int copy_unit_bytes(std::uint64_t or_bits) {
@@ -302,6 +348,8 @@ DEPTHKV_HOST_DEVICE int copy_unit_bytes(std::uint64_t or_bits) {
 inline void check_evict_row(const EvictRow& r, int row, int head_dim, int n_sink, int n_recent) {
   DEPTHKV_CHECK(n_sink >= 0 && n_recent >= 0, "protection must be >= 0, got sink " << n_sink << " recent " << n_recent);
   DEPTHKV_CHECK(r.n >= 0, "row " << row << ": n = " << r.n << " < 0");
+  DEPTHKV_CHECK(r.n <= kEvictMaxN, "row " << row << ": n = " << r.n << " above the CUDA eviction's limit kEvictMaxN = "
+                                          << kEvictMaxN << " tokens (65535 chunks of " << kEvictChunk << ")");
   DEPTHKV_CHECK(r.k >= 0, "row " << row << ": keep count " << r.k << " < 0");
   if (r.k < r.n) {
     const int pc = depthkv::detail::protected_count(r.n, n_sink, n_recent);

@@ -1,0 +1,58 @@
+#pragma once
+/// @file scorer_config.hpp
+/// @brief What a token scorer computes: `ScorerKind` (with its short names), the SnapKV
+/// `Pooling`, and `ScorerConfig`. Shared by the host `TokenScorer` (token_scorer.hpp, where the
+/// formulas are) and the GPU score kernels (cuda/score.cuh).
+
+#include <string>
+
+#include "depthkv/error.hpp"
+
+namespace depthkv {
+
+/// Which token-importance score a `TokenScorer` computes (formulas: token_scorer.hpp).
+enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm };
+
+/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm".
+inline std::string to_string(ScorerKind kind) {
+  switch (kind) {
+    case ScorerKind::kH2O:
+      return "h2o";
+    case ScorerKind::kH2OValueL1:
+      return "h2o-v1";
+    case ScorerKind::kH2OValueL2:
+      return "h2o-v2";
+    case ScorerKind::kSnapKV:
+      return "snapkv";
+    case ScorerKind::kTOVA:
+      return "tova";
+    case ScorerKind::kKeyNorm:
+      return "knorm";
+  }
+  return "unknown";
+}
+
+/// Inverse of `to_string(ScorerKind)`.
+/// @throws Error on an unknown name
+inline ScorerKind parse_scorer_kind(const std::string& name) {
+  for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+    if (to_string(k) == name) return k;
+  DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova or knorm)");
+}
+
+/// Pooling of SnapKV scores along the slots.
+enum class Pooling { kNone, kMax, kAvg };
+
+/// Configuration of a `TokenScorer`.
+struct ScorerConfig {
+  ScorerKind kind = ScorerKind::kH2O;
+  /// SnapKV observation window: the last `window` query positions (>= 1; checked for every kind).
+  int window = 32;
+  /// SnapKV pooling kernel (odd, >= 1; checked for every kind).
+  int kernel = 7;
+  /// SnapKV pooling (ignored by the other kinds).
+  Pooling pooling = Pooling::kMax;
+};
+
+}  // namespace depthkv
