@@ -10,6 +10,13 @@
 //   2: build a Vocabulary from the rest (pieces separated by 0xFF, then after a 0xFE byte the
 //      text) and encode the text with it;
 //   3: parse the rest as a token-id list.
+// A first byte of 0xF0 or more picks a byte-level BPE mode instead:
+//   0xF0..0xF7: encode the rest with the llama-bpe vocabulary (DEPTHKV_FUZZ_BPE_FILE, env
+//      DEPTHKV_FUZZ_BPE overrides; a small built-in vocabulary when missing), special-token
+//      parsing on odd bytes; the ids must decode back to exactly the rest;
+//   0xF8..0xFF: build a byte-level vocabulary from the rest (extra tokens separated by 0xFF,
+//      then after 0xFE the merges, then after 0xFD the text; a pre-tokenizer picked by the first
+//      byte) and check the same round trip.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "depthkv/llama/bpe_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
 using depthkv::llama::Tokenizer;
@@ -156,6 +164,44 @@ void exercise(const Tokenizer& t, const std::string& text, bool prefix, bool lla
   }
 }
 
+std::string gpt2_char(int b) {
+  std::string s;
+  depthkv::llama::detail::append_utf8(s, depthkv::llama::detail::gpt2_byte_to_codepoint()[static_cast<std::size_t>(b)]);
+  return s;
+}
+
+depthkv::llama::Vocabulary bpe_byte_vocab(const std::string& pre) {
+  depthkv::llama::Vocabulary v;
+  v.model = "gpt2";
+  v.pre = pre;
+  v.has_merges = true;
+  for (int b = 0; b < 256; ++b) v.tokens.push_back(gpt2_char(b));
+  return v;
+}
+
+std::unique_ptr<depthkv::llama::BpeTokenizer> base_bpe() {
+  const char* env = std::getenv("DEPTHKV_FUZZ_BPE");
+  std::string path = env ? env : "";
+#ifdef DEPTHKV_FUZZ_BPE_FILE
+  if (path.empty()) path = DEPTHKV_FUZZ_BPE_FILE;
+#endif
+  if (!path.empty() && std::ifstream(path).good())
+    return std::make_unique<depthkv::llama::BpeTokenizer>(depthkv::llama::load_gguf_vocabulary(path));
+  depthkv::llama::Vocabulary v = bpe_byte_vocab("llama-bpe");
+  for (const char* t : {"he", "hel", "hell", "hello", "\xC4\xA0t", "<|bos|>"}) v.tokens.push_back(t);
+  v.merges = {"h e", "he l", "hel l", "hell o", "\xC4\xA0 t"};
+  v.token_types.assign(v.tokens.size(), 1);
+  v.token_types.back() = 3;
+  v.bos_id = static_cast<int>(v.tokens.size()) - 1;
+  return std::make_unique<depthkv::llama::BpeTokenizer>(v);
+}
+
+void bpe_round_trip(const depthkv::llama::BpeTokenizer& t, const std::string& text, bool special) {
+  const std::vector<int> ids = t.encode(text, false, false, special);
+  for (int id : ids) check(id >= 0 && id < t.vocab_size());
+  check(t.decode(ids) == text);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -164,7 +210,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int mode = data[0] % 4;
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
-    if (mode == 0) {
+    if (data[0] >= 0xF0 && data[0] < 0xF8) {
+      static const std::unique_ptr<depthkv::llama::BpeTokenizer> bpe = base_bpe();
+      bpe_round_trip(*bpe, rest, (data[0] & 1) != 0);
+    } else if (data[0] >= 0xF8) {
+      const std::vector<std::string> names = depthkv::llama::PreTokenizer::names();
+      depthkv::llama::Vocabulary v = bpe_byte_vocab(names[data[0] % names.size()]);
+      const std::size_t m = rest.find('\xFE');
+      const std::size_t x = rest.find('\xFD', m == std::string::npos ? 0 : m);
+      const std::string extra = rest.substr(0, std::min(m, x));
+      std::size_t s = 0;
+      while (!extra.empty()) {
+        const std::size_t e = extra.find('\xFF', s);
+        v.tokens.push_back(extra.substr(s, e == std::string::npos ? std::string::npos : e - s));
+        if (e == std::string::npos) break;
+        s = e + 1;
+      }
+      if (m != std::string::npos) {
+        const std::string merges = rest.substr(m + 1, x == std::string::npos ? std::string::npos : x - m - 1);
+        std::size_t p = 0;
+        while (true) {
+          const std::size_t e = merges.find('\n', p);
+          v.merges.push_back(merges.substr(p, e == std::string::npos ? std::string::npos : e - p));
+          if (e == std::string::npos) break;
+          p = e + 1;
+        }
+      }
+      const std::string text = x == std::string::npos ? std::string("hello world") : rest.substr(x + 1);
+      const depthkv::llama::BpeTokenizer t(v);
+      bpe_round_trip(t, text, true);
+    } else if (mode == 0) {
       static const PieceMap base_pieces = piece_map(*base);
       exercise(*base, rest, true, g_base_from_file, rest.size() <= 128, &base_pieces);
       // Round trip: every byte string (up to its first NUL) decodes back exactly after BOS.

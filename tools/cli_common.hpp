@@ -14,6 +14,7 @@
 #include "depthkv/detail/timer.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/llama/text_windows.hpp"
+#include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/profile_io.hpp"
 #include "depthkv/token_scorer.hpp"
@@ -134,9 +135,9 @@ struct SelectionSettings {
 /// depthkv/llama/text_windows.hpp), window indices [skip, skip + n).
 /// @throws depthkv::Error when the text yields fewer windows than asked for
 /// With `pre_tokenized`, `text_path` is a file of token ids (for models whose tokenizer depthkv
-/// cannot run, e.g. a GGUF `gpt2` vocabulary) and `tok` may be null.
+/// cannot run) and `tok` may be null.
 inline std::vector<depthkv::llama::EvalWindow> load_windows(const std::string& text_path,
-                                                            const depthkv::llama::Tokenizer* tok, int context,
+                                                            const depthkv::llama::TextTokenizer* tok, int context,
                                                             int continuation, int skip, int n,
                                                             bool pre_tokenized = false, int vocab_size = 0) {
   DEPTHKV_CHECK(context >= 1 && continuation >= 2, "--context must be >= 1 and --continuation >= 2");
@@ -158,7 +159,7 @@ inline std::vector<depthkv::llama::EvalWindow> load_windows(const std::string& t
 
 /// Index of the first story starting at or after token `end` of the story stream (stories
 /// encoded with BOS, as the windows are): the first story wholly after the calibration windows.
-inline int first_story_after(const depthkv::llama::Tokenizer& tok, const std::vector<std::string>& stories,
+inline int first_story_after(const depthkv::llama::TextTokenizer& tok, const std::vector<std::string>& stories,
                              long long end) {
   long long pos = 0;
   for (std::size_t i = 0; i < stories.size(); ++i) {

@@ -61,7 +61,7 @@ void run_generate(const GenerateArgs& a) {
   DEPTHKV_CHECK(
       !profile_file || profile_file->n_layers == lm.model.config.n_layers,
       "the profile has " << profile_file->n_layers << " layers, the model " << lm.model.config.n_layers);
-  const Tokenizer& tok = *lm.tokenizer;
+  const TextTokenizer& tok = *lm.tokenizer;
   const LlamaEngine engine(lm.model);
   const LlamaConfig& cfg = lm.model.config;
 
@@ -126,8 +126,8 @@ void run_generate(const GenerateArgs& a) {
       ++decoded;
     }
     ++pos;
-    if (next == tok.bos_id()) break;  // BOS (=1) delimits sequences
-    const std::string piece = Tokenizer::safe_piece(tok.decode(token, next));
+    if (next == tok.bos_id() || tok.ends_generation(next)) break;  // BOS (=1) delimits sequences; BPE: EOS/EOT
+    const std::string piece = tok.printable(tok.decode(token, next));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     token = next;

@@ -87,7 +87,7 @@ depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<doubl
 /// The representation metrics (InfoNCE, effective rank, spectral entropy) into `out`: two
 /// forward passes per probe story (the story and a copy with 10% of its words dropped), stories
 /// taken right after the calibration windows. Saves `out`.
-void probe_into(const ProfileArgs& a, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::Tokenizer* tok,
+void probe_into(const ProfileArgs& a, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer* tok,
                 depthkv::ProfileFile& out) {
   using namespace depthkv;
   using namespace depthkv::llama;

@@ -19,6 +19,9 @@ void register_allocate(CLI::App& app);
 /// `depthkv eval`: allocation policies against the full cache on held-out windows.
 void register_eval(CLI::App& app);
 
+/// `depthkv tokenize`: the token ids of a text, as the model's vocabulary encodes it.
+void register_tokenize(CLI::App& app);
+
 /// `depthkv analyze`: rank correlation of representation metrics with the measured sensitivity.
 void register_analyze(CLI::App& app);
 

@@ -1,16 +1,19 @@
 #pragma once
 // Loading a model and its tokenizer for the subcommands: the file type is detected by its magic
 // ("GGUF" = GGUF, anything else = a llama2.c checkpoint); the tokenizer comes from --tokenizer,
-// else from the GGUF file's vocabulary, else tok512.bin beside a llama2.c model.
+// else from the GGUF file's vocabulary (kind `llama`: SentencePiece; kind `gpt2`: byte-level
+// BPE), else tok512.bin beside a llama2.c model.
 
 #include <fstream>
 #include <memory>
 #include <string>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/bpe_tokenizer.hpp"
 #include "depthkv/llama/gguf.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/model.hpp"
+#include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
 namespace depthkv_cli {
@@ -18,7 +21,7 @@ namespace depthkv_cli {
 /// A loaded model with its tokenizer (null when none could be found and none was required).
 struct LoadedModel {
   depthkv::llama::LlamaModel model;
-  std::unique_ptr<depthkv::llama::Tokenizer> tokenizer;
+  std::unique_ptr<depthkv::llama::TextTokenizer> tokenizer;
   std::string tokenizer_source;  ///< where the tokenizer came from
   bool gguf = false;             ///< the model file is GGUF
 };
@@ -29,8 +32,15 @@ inline std::string dir_of(const std::string& path) {
   return s == std::string::npos ? std::string(".") : path.substr(0, s);
 }
 
+/// The tokenizer of a GGUF vocabulary: SentencePiece for kind `llama`, byte-level BPE for `gpt2`.
+/// @throws depthkv::Error from the tokenizers (e.g. another kind, an unknown pre-tokenizer)
+inline std::unique_ptr<depthkv::llama::TextTokenizer> make_tokenizer(const depthkv::llama::Vocabulary& v) {
+  if (v.model == "gpt2") return std::make_unique<depthkv::llama::BpeTokenizer>(v);
+  return std::make_unique<depthkv::llama::Tokenizer>(v);
+}
+
 /// Loads `model_path` and a tokenizer (`tokenizer_path` when non-empty).
-/// @param need_tokenizer throw when no tokenizer can be built (e.g. a GGUF `gpt2` vocabulary)
+/// @param need_tokenizer throw when no tokenizer can be built (e.g. a GGUF vocabulary of another kind)
 /// @throws depthkv::Error from the loaders, or when a needed tokenizer is missing
 inline LoadedModel load_model(const std::string& model_path, const std::string& tokenizer_path, bool need_tokenizer) {
   DEPTHKV_CHECK(std::ifstream(model_path, std::ios::binary).good(), "cannot open model file '" << model_path << "'");
@@ -42,7 +52,7 @@ inline LoadedModel load_model(const std::string& model_path, const std::string& 
     out.model = depthkv::llama::load_gguf(f);
     if (tokenizer_path.empty()) {
       try {
-        out.tokenizer = std::make_unique<depthkv::llama::Tokenizer>(depthkv::llama::read_vocabulary(f));
+        out.tokenizer = make_tokenizer(depthkv::llama::read_vocabulary(f));
         out.tokenizer_source = model_path;
       } catch (const depthkv::Error& e) {
         gguf_vocab_error = e.what();

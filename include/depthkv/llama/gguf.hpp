@@ -62,7 +62,12 @@ struct Vocabulary {
   int bos_id = -1;                       ///< `tokenizer.ggml.bos_token_id`, -1 when absent
   int eos_id = -1;                       ///< `tokenizer.ggml.eos_token_id`, -1 when absent
   int unk_id = -1;                       ///< `tokenizer.ggml.unknown_token_id`, -1 when absent
+  int eot_id = -1;                       ///< `tokenizer.ggml.eot_token_id` (end of turn), -1 when absent
+  std::vector<std::string> merges;       ///< `tokenizer.ggml.merges` ("left right" per rank; byte-level BPE)
+  bool has_merges = false;               ///< the file has a `tokenizer.ggml.merges` key (possibly empty)
   bool add_bos = true;                   ///< `tokenizer.ggml.add_bos_token` (default true)
+  bool add_bos_set = false;              ///< the file has a `tokenizer.ggml.add_bos_token` key
+  bool add_eos = false;                  ///< `tokenizer.ggml.add_eos_token` (default false)
   bool add_space_prefix = true;          ///< `tokenizer.ggml.add_space_prefix` (default true)
 
   /// @return number of tokens
@@ -690,7 +695,14 @@ inline Vocabulary read_vocabulary(const GgufFile& f) {
   v.bos_id = id("tokenizer.ggml.bos_token_id");
   v.eos_id = id("tokenizer.ggml.eos_token_id");
   v.unk_id = id("tokenizer.ggml.unknown_token_id");
+  v.eot_id = id("tokenizer.ggml.eot_token_id");
+  if (f.find("tokenizer.ggml.merges")) {
+    v.merges = f.get_string_array("tokenizer.ggml.merges");
+    v.has_merges = true;
+  }
+  v.add_bos_set = f.find("tokenizer.ggml.add_bos_token") != nullptr;
   v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", true);
+  v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
   v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", true);
   return v;
 }

@@ -156,7 +156,7 @@ inline std::uint64_t sample_seed(std::uint64_t seed, std::uint64_t index) {
 /// The longest prefix of whole words of `text` whose encoding (with BOS) has at most
 /// `max_tokens` tokens (binary search on the word count; encoding length grows with the prefix).
 /// Sets `cut` when the text had to be shortened.
-inline std::string fit_words(const Tokenizer& tok, const std::string& text, int max_tokens, bool& cut) {
+inline std::string fit_words(const TextTokenizer& tok, const std::string& text, int max_tokens, bool& cut) {
   cut = false;
   if (static_cast<int>(tok.encode(text, true, false).size()) <= max_tokens) return text;
   cut = true;
@@ -189,7 +189,7 @@ inline std::string fit_words(const Tokenizer& tok, const std::string& text, int 
 /// @return per-stage, per-layer metrics, token counts and timings
 /// @throws Error on fewer than 2 texts, a text without any word that fits, bad options, or
 ///         non-finite hidden states
-inline ProbeResult probe_representations(const LlamaEngine& engine, const Tokenizer& tok,
+inline ProbeResult probe_representations(const LlamaEngine& engine, const TextTokenizer& tok,
                                          const std::vector<std::string>& texts, const ProbeOptions& opt = ProbeOptions()) {
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
@@ -333,7 +333,7 @@ inline void write_layer_metrics(ProfileFile& f, const ProbeResult& r) {
 /// @param engine, tok, texts, opt as `probe_representations`
 /// @return the probe result (timings for the cost report)
 /// @throws Error as `probe_representations` and `write_layer_metrics` (f is unchanged then)
-inline ProbeResult add_representation_metrics(ProfileFile& f, const LlamaEngine& engine, const Tokenizer& tok,
+inline ProbeResult add_representation_metrics(ProfileFile& f, const LlamaEngine& engine, const TextTokenizer& tok,
                                               const std::vector<std::string>& texts,
                                               const ProbeOptions& opt = ProbeOptions()) {
   ProbeResult r = probe_representations(engine, tok, texts, opt);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
 namespace depthkv {
@@ -68,7 +69,7 @@ inline std::vector<std::string> split_stories(const std::string& text, const std
 
 /// Encodes every story with BOS before it and concatenates the tokens (rule 3).
 /// @throws Error from the tokenizer
-inline std::vector<int> encode_stories(const Tokenizer& tok, const std::vector<std::string>& stories) {
+inline std::vector<int> encode_stories(const TextTokenizer& tok, const std::vector<std::string>& stories) {
   std::vector<int> ids;
   for (const std::string& s : stories) {
     const std::vector<int> e = tok.encode(s, /*bos=*/true, /*eos=*/false);

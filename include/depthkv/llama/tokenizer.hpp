@@ -41,12 +41,13 @@
 #include "depthkv/error.hpp"
 #include "depthkv/llama/detail/mapped_file.hpp"
 #include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/text_tokenizer.hpp"
 
 namespace depthkv {
 namespace llama {
 
 /// llama2.c-compatible BPE tokenizer over a SentencePiece-style vocabulary (pieces + scores).
-class Tokenizer {
+class Tokenizer : public TextTokenizer {
  public:
   /// An empty tokenizer (vocab_size() == 0); every encode/decode throws.
   Tokenizer() = default;
@@ -69,16 +70,16 @@ class Tokenizer {
   /// piece becomes "\n<s>\n" and the EOS piece "\n</s>\n"; byte fallback uses the `<0xHH>`
   /// pieces. The dummy prefix follows `add_space_prefix`.
   /// @param vocab the vocabulary (see `load_gguf_vocabulary`)
-  /// @throws Error when the vocabulary is of another kind (e.g. `gpt2`: its text cannot be
-  ///   tokenized here and pre-tokenized input must be used, see `read_token_file`), has no or
+  /// @throws Error when the vocabulary is of another kind (e.g. `gpt2`: use `BpeTokenizer`
+  ///   from depthkv/llama/bpe_tokenizer.hpp, or pre-tokenized input, see `read_token_file`), has no or
   ///   mismatched scores, non-finite scores, or BOS/EOS ids out of range
   explicit Tokenizer(const Vocabulary& vocab) {
     DEPTHKV_CHECK(vocab.model == "llama",
                   "the model's vocabulary is of kind '"
                       << vocab.model
-                      << "' (tokenizer.ggml.model); depthkv tokenizes only SentencePiece vocabularies (kind 'llama'), "
-                         "so it cannot tokenize this model's text: use pre-tokenized input (a file of token ids, "
-                         "see read_token_file) instead");
+                      << "' (tokenizer.ggml.model); Tokenizer handles only SentencePiece vocabularies (kind 'llama'): "
+                         "use BpeTokenizer (depthkv/llama/bpe_tokenizer.hpp) for kind 'gpt2', or pre-tokenized input "
+                         "(a file of token ids, see read_token_file)");
     DEPTHKV_CHECK(!vocab.tokens.empty(), "GGUF vocabulary has no tokens");
     DEPTHKV_CHECK(vocab.scores.size() == vocab.tokens.size(),
                   "GGUF vocabulary of kind 'llama' needs one score per token: " << vocab.tokens.size() << " tokens, "
@@ -124,11 +125,11 @@ class Tokenizer {
   }
 
   /// @return number of tokens
-  int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  int vocab_size() const override { return static_cast<int>(pieces_.size()); }
   /// @return id of the beginning-of-sequence token (1 in llama2.c)
-  int bos_id() const { return bos_id_; }
+  int bos_id() const override { return bos_id_; }
   /// @return id of the end-of-sequence token (2 in llama2.c)
-  int eos_id() const { return eos_id_; }
+  int eos_id() const override { return eos_id_; }
   /// @return the longest piece in bytes (as stored in llama2.c files, else computed)
   int max_token_length() const { return max_token_length_; }
 
@@ -155,7 +156,7 @@ class Tokenizer {
   /// @return token ids
   /// @throws Error when the tokenizer is empty, the vocabulary has no " " piece for the dummy
   ///   prefix, or a byte has no byte-fallback token
-  std::vector<int> encode(const std::string& text_in, bool bos, bool eos) const {
+  std::vector<int> encode(const std::string& text_in, bool bos, bool eos) const override {
     DEPTHKV_CHECK(!pieces_.empty(), "encode on an empty tokenizer");
     const std::string text = text_in.substr(0, text_in.find('\0'));
     std::vector<int> tokens;
@@ -200,7 +201,7 @@ class Tokenizer {
   /// @param token the token to decode
   /// @return its text
   /// @throws Error when `token` is out of range
-  std::string decode(int prev_token, int token) const {
+  std::string decode(int prev_token, int token) const override {
     check_id(token, "decode");
     const std::string& p = cpieces_[static_cast<std::size_t>(token)];
     std::size_t start = 0;
@@ -233,6 +234,13 @@ class Tokenizer {
   /// @param os output stream
   /// @param piece a decoded piece
   static void safe_print(std::ostream& os, const std::string& piece) { os << safe_piece(piece); }
+
+  /// @param piece a decoded piece
+  /// @return `safe_piece(piece)` (what run.c prints)
+  std::string printable(const std::string& piece) const override { return safe_piece(piece); }
+
+  /// @return false: llama2.c's generation loop stops at BOS only
+  bool ends_generation(int /*token*/) const override { return false; }
 
  private:
   static std::string replace_all(std::string s, const std::string& from, const std::string& to) {
@@ -479,7 +487,7 @@ inline std::vector<int> parse_token_ids(const std::string& text, int vocab_size,
 }
 
 /// Reads a file of pre-tokenized input: token ids separated by whitespace and/or commas (the
-/// way to feed models whose vocabulary `Tokenizer` cannot handle, e.g. GGUF `gpt2` kinds).
+/// way to feed models whose vocabulary no tokenizer of depthkv handles).
 /// @param path the file
 /// @param vocab_size every id must lie in [0, vocab_size)
 /// @return the ids

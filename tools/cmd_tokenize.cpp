@@ -1,0 +1,86 @@
+// depthkv tokenize: the token ids of a text as the model's vocabulary encodes it, to check a
+// tokenization (and to script the checks against llama.cpp's test vocabularies). Only the
+// vocabulary is read, so a vocabulary-only GGUF file (no tensors) works too.
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/llama/bpe_tokenizer.hpp"
+#include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/text_windows.hpp"
+#include "depthkv/llama/tokenizer.hpp"
+#include "model_io.hpp"
+
+namespace depthkv_cli {
+namespace {
+
+struct TokenizeArgs {
+  std::string model, tokenizer, text_file, prompt;
+  bool has_prompt = false, special = false, no_bos = false, json = false;
+};
+
+void run_tokenize(const TokenizeArgs& a) {
+  using namespace depthkv::llama;
+  DEPTHKV_CHECK(a.text_file.empty() != !a.has_prompt, "tokenize: give exactly one of --text-file FILE and --prompt TEXT");
+  DEPTHKV_CHECK(std::ifstream(a.model, std::ios::binary).good(), "cannot open model file '" << a.model << "'");
+  const std::string text = a.has_prompt ? a.prompt : read_text_file(a.text_file);
+  std::vector<int> ids;
+  if (is_gguf_file(a.model) && a.tokenizer.empty()) {
+    const Vocabulary v = read_vocabulary(GgufFile::open(a.model));
+    if (v.model == "gpt2") {
+      const BpeTokenizer tok(v);
+      ids = tok.encode(text, !a.no_bos && tok.add_bos(), !a.no_bos && tok.add_eos(), a.special);
+    } else {
+      DEPTHKV_CHECK(!a.special, "tokenize: --special needs a byte-level BPE vocabulary (kind 'gpt2'); this one is of kind '"
+                                    << v.model << "'");
+      const Tokenizer tok(v);
+      ids = tok.encode(text, !a.no_bos && v.add_bos, false);
+    }
+  } else {
+    DEPTHKV_CHECK(!a.special, "tokenize: --special needs a byte-level BPE vocabulary in a GGUF file");
+    std::string path = a.tokenizer;
+    if (path.empty()) path = dir_of(a.model) + "/tok512.bin";
+    const Tokenizer tok(path);
+    ids = tok.encode(text, !a.no_bos, false);
+  }
+  std::string out = a.json ? "[" : "";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += a.json ? ", " : " ";
+    out += std::to_string(ids[i]);
+  }
+  out += a.json ? "]\n" : "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+}
+
+}  // namespace
+
+void register_tokenize(CLI::App& app) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* c = app.add_subcommand(
+      "tokenize", "print the token ids of a text (exactly its bytes) as the model's vocabulary encodes it");
+  c->add_option("-m,--model", args->model,
+                "GGUF file with a vocabulary (a vocabulary-only file works), or a llama2.c model (.bin)")
+      ->required();
+  c->add_option("-z,--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: tok512.bin beside a .bin model)");
+  c->add_option("--text-file", args->text_file, "file whose bytes are tokenized (nothing stripped or added)");
+  c->add_option_function<std::string>(
+      "-p,--prompt",
+      [args](const std::string& s) {
+        args->prompt = s;
+        args->has_prompt = true;
+      },
+      "text to tokenize");
+  c->add_flag("--special", args->special,
+              "match control tokens written in the text (e.g. <|begin_of_text|>) as single tokens");
+  c->add_flag("--no-bos", args->no_bos, "add no BOS/EOS, whatever the vocabulary asks for");
+  c->add_flag("--json", args->json, "print a JSON array instead of space-separated ids");
+  c->callback([args]() { run_tokenize(*args); });
+}
+
+}  // namespace depthkv_cli
