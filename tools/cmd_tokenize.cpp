@@ -1,10 +1,12 @@
 // depthkv tokenize: the token ids of a text as the model's vocabulary encodes it, to check a
 // tokenization (and to script the checks against llama.cpp's test vocabularies). Only the
-// vocabulary is read, so a vocabulary-only GGUF file (no tensors) works too.
+// vocabulary is read, so a vocabulary-only GGUF file (no tensors) works too. Several
+// --text-file options give one line of ids per file, in order (the vocabulary is loaded once).
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,41 +23,58 @@ namespace depthkv_cli {
 namespace {
 
 struct TokenizeArgs {
-  std::string model, tokenizer, text_file, prompt;
+  std::string model, tokenizer, prompt;
+  std::vector<std::string> text_files;
   bool has_prompt = false, special = false, no_bos = false, json = false;
 };
 
 void run_tokenize(const TokenizeArgs& a) {
   using namespace depthkv::llama;
-  DEPTHKV_CHECK(a.text_file.empty() != !a.has_prompt, "tokenize: give exactly one of --text-file FILE and --prompt TEXT");
+  DEPTHKV_CHECK(a.text_files.empty() != !a.has_prompt,
+                "tokenize: give --prompt TEXT or --text-file FILE (one or more), not both and not neither");
   DEPTHKV_CHECK(std::ifstream(a.model, std::ios::binary).good(), "cannot open model file '" << a.model << "'");
-  const std::string text = a.has_prompt ? a.prompt : read_text_file(a.text_file);
-  std::vector<int> ids;
+  std::vector<std::string> texts;
+  if (a.has_prompt) texts.push_back(a.prompt);
+  for (const std::string& f : a.text_files) texts.push_back(read_text_file(f));
+  // encode(text) with the vocabulary's own BOS/EOS rule (none with --no-bos)
+  std::function<std::vector<int>(const std::string&)> encode;
+  std::unique_ptr<BpeTokenizer> bpe;
+  std::unique_ptr<Tokenizer> spm;
   if (is_gguf_file(a.model) && a.tokenizer.empty()) {
     const Vocabulary v = read_vocabulary(GgufFile::open(a.model));
     if (v.model == "gpt2") {
-      const BpeTokenizer tok(v);
-      ids = tok.encode(text, !a.no_bos && tok.add_bos(), !a.no_bos && tok.add_eos(), a.special);
+      bpe = std::make_unique<BpeTokenizer>(v);
+      const BpeTokenizer& t = *bpe;
+      encode = [&t, &a](const std::string& s) {
+        return t.encode(s, !a.no_bos && t.add_bos(), !a.no_bos && t.add_eos(), a.special);
+      };
     } else {
       DEPTHKV_CHECK(!a.special, "tokenize: --special needs a byte-level BPE vocabulary (kind 'gpt2'); this one is of kind '"
                                     << v.model << "'");
-      const Tokenizer tok(v);
-      ids = tok.encode(text, !a.no_bos && v.add_bos, false);
+      spm = std::make_unique<Tokenizer>(v);
+      const bool bos = !a.no_bos && v.add_bos;
+      const Tokenizer& t = *spm;
+      encode = [&t, bos](const std::string& s) { return t.encode(s, bos, false); };
     }
   } else {
     DEPTHKV_CHECK(!a.special, "tokenize: --special needs a byte-level BPE vocabulary in a GGUF file");
     std::string path = a.tokenizer;
     if (path.empty()) path = dir_of(a.model) + "/tok512.bin";
-    const Tokenizer tok(path);
-    ids = tok.encode(text, !a.no_bos, false);
+    spm = std::make_unique<Tokenizer>(path);
+    const bool bos = !a.no_bos;
+    const Tokenizer& t = *spm;
+    encode = [&t, bos](const std::string& s) { return t.encode(s, bos, false); };
   }
-  std::string out = a.json ? "[" : "";
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) out += a.json ? ", " : " ";
-    out += std::to_string(ids[i]);
+  for (const std::string& text : texts) {
+    const std::vector<int> ids = encode(text);
+    std::string out = a.json ? "[" : "";
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) out += a.json ? ", " : " ";
+      out += std::to_string(ids[i]);
+    }
+    out += a.json ? "]\n" : "\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
   }
-  out += a.json ? "]\n" : "\n";
-  std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
 }  // namespace
@@ -68,7 +87,8 @@ void register_tokenize(CLI::App& app) {
                 "GGUF file with a vocabulary (a vocabulary-only file works), or a llama2.c model (.bin)")
       ->required();
   c->add_option("-z,--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: tok512.bin beside a .bin model)");
-  c->add_option("--text-file", args->text_file, "file whose bytes are tokenized (nothing stripped or added)");
+  c->add_option("--text-file", args->text_files,
+                "file whose bytes are tokenized (nothing stripped or added); repeat it for one line per file");
   c->add_option_function<std::string>(
       "-p,--prompt",
       [args](const std::string& s) {

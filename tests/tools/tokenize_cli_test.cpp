@@ -43,26 +43,39 @@ TEST_CASE("tokenize: reproduces every .out line of llama.cpp's test vocabularies
   std::istringstream out(slurp(model + ".out"));
   const std::string sep = "\n__ggml_vocab_test__\n";
   depthkv_test::TempDir tmp;
-  std::size_t p = 0;
-  int n = 0, pass = 0;
-  std::string expected;
-  while (p < inp.size() && std::getline(out, expected)) {
+  std::vector<std::string> texts, expected;
+  std::string args = "tokenize --model " + shell_quoted(model) + " --no-bos";
+  for (std::size_t p = 0; p < inp.size();) {  // one file per case
     const std::size_t q = inp.find(sep, p);
     REQUIRE(q != std::string::npos);
-    const std::string text = inp.substr(p, q - p);
+    texts.push_back(inp.substr(p, q - p));
     p = q + sep.size();
-    const std::string file = tmp.file("case.txt");
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
-    const depthkv_test::CliRun r =
-        run_cli("tokenize --model " + shell_quoted(model) + " --text-file " + shell_quoted(file) + " --no-bos");
-    INFO(name << " case " << n << ": '" << text << "'");
-    REQUIRE(r.status == 0);
-    CHECK(r.out == normalized(expected) + "\n");
-    pass += r.out == normalized(expected) + "\n";
-    ++n;
+    const std::string file = tmp.file("case" + std::to_string(texts.size()) + ".txt");
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << texts.back();
+    args += " --text-file " + shell_quoted(file);
   }
-  CHECK(n == 46);
-  WARN("depthkv tokenize, " << name << ": " << pass << " of " << n << " lines byte-exact");
+  for (std::string line; std::getline(out, line);) expected.push_back(normalized(line));
+  REQUIRE(texts.size() == 46);
+  REQUIRE(expected.size() == texts.size());
+  // one run, one line per file
+  const depthkv_test::CliRun r = run_cli(args);
+  REQUIRE(r.status == 0);
+  std::istringstream lines(r.out);
+  int pass = 0;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    std::string line;
+    INFO(name << " case " << i << ": '" << texts[i] << "'");
+    REQUIRE(std::getline(lines, line));
+    CHECK(line == expected[i]);
+    pass += line == expected[i];
+  }
+  std::string rest;
+  CHECK_FALSE(std::getline(lines, rest));
+  WARN("depthkv tokenize, " << name << ": " << pass << " of " << texts.size() << " lines byte-exact");
+  // a case on its own gives its line alone, with exactly one newline
+  const depthkv_test::CliRun one =
+      run_cli("tokenize --model " + shell_quoted(model) + " --no-bos --text-file " + shell_quoted(tmp.file("case1.txt")));
+  CHECK(one.out == expected[0] + "\n");
 }
 
 TEST_CASE("tokenize: BOS, --special, --json, --prompt and errors", "[tokenize][real]") {
@@ -72,7 +85,7 @@ TEST_CASE("tokenize: BOS, --special, --json, --prompt and errors", "[tokenize][r
   CHECK(run_cli("tokenize --model " + model + " --prompt '<|begin_of_text|>Hello' --no-bos --special").out ==
         "128000 9906\n");
   CHECK(run_cli("tokenize --model " + model + " --prompt '' --no-bos").out == "\n");
-  require_error(run_cli("tokenize --model " + model, "2>&1"), "exactly one of --text-file");
+  require_error(run_cli("tokenize --model " + model, "2>&1"), "give --prompt TEXT or --text-file FILE");
   const std::string spm = shell_quoted(depthkv_test::data_path("vocab/ggml-vocab-llama-spm.gguf"));
   CHECK(run_cli("tokenize --model " + spm + " --prompt 'Hello world' --no-bos").status == 0);
 }
