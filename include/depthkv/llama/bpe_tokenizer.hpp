@@ -353,7 +353,11 @@ class BpeTokenizer : public TextTokenizer {
     std::vector<int> prev, next;
     std::vector<Cand> heap;
     std::string mapped;
+    // the ids of short pieces already encoded in this call (a text repeats its words)
+    std::unordered_map<std::string, std::vector<int>> cache;
   };
+  static constexpr std::size_t kCachedPieceBytes = 32;
+  static constexpr std::size_t kCacheEntries = 1 << 16;
 
   static std::string check_vocab(const Vocabulary& v) {
     DEPTHKV_CHECK(v.model == "gpt2", "BpeTokenizer needs a vocabulary of kind 'gpt2' (byte-level BPE), got '"
@@ -418,6 +422,24 @@ class BpeTokenizer : public TextTokenizer {
     if (n == 0) return;
     DEPTHKV_CHECK(n < static_cast<std::size_t>(std::numeric_limits<int>::max()),
                   "a pre-tokenizer piece of " << n << " bytes is too long for BPE");
+    if (n > 1 && n <= kCachedPieceBytes) {
+      std::string key(s, n);
+      const auto hit = w.cache.find(key);
+      if (hit != w.cache.end()) {
+        out.insert(out.end(), hit->second.begin(), hit->second.end());
+        return;
+      }
+      const std::size_t before = out.size();
+      encode_uncached(s, n, w, out);
+      if (w.cache.size() < kCacheEntries)
+        w.cache.emplace(std::move(key), std::vector<int>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+      return;
+    }
+    encode_uncached(s, n, w, out);
+  }
+
+  // Steps 3-4 without the cache.
+  void encode_uncached(const char* s, std::size_t n, Work& w, std::vector<int>& out) const {
     const auto& b2c = detail::gpt2_byte_to_codepoint();
     if (pre_.ignore_merges() && n > 1) {
       w.mapped.clear();

@@ -659,7 +659,8 @@ inline bool is_gguf_file(const std::string& path) {
 /// @param f a parsed GGUF file
 /// @return the vocabulary; ids equal to 0xFFFFFFFF (or negative) mean "absent" (-1)
 /// @throws Error when the file has no `tokenizer.ggml.model` / `tokenizer.ggml.tokens`, when
-///   scores or token types do not have one entry per token, or when an id is out of range
+///   scores or token types do not have one entry per token, when an id is out of range, or when
+///   `tokenizer.ggml.merges` is present but not an array of strings
 inline Vocabulary read_vocabulary(const GgufFile& f) {
   Vocabulary v;
   const std::string& src = f.source();
