@@ -16,3 +16,4 @@
 #include "depthkv/sensitivity_profile.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "depthkv/eviction_schedule.hpp"

@@ -60,6 +60,7 @@
 
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/error.hpp"
+#include "depthkv/eviction_schedule.hpp"
 #include "depthkv/evictor.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/engine.hpp"
@@ -72,103 +73,21 @@ namespace llama {
 
 // ---- the decode-loop integration --------------------------------------------------------------
 
+// The engine-neutral glue (scorers, observers, `score_and_evict`) lives in the core header
+// eviction_schedule.hpp; these names keep working as `llama::...`.
+using depthkv::keep_tokens;
+using depthkv::layer_scores;
+using depthkv::observe_into;
+using depthkv::PruneReport;
+using depthkv::PruneRequest;
+using depthkv::score_and_evict;
+
 /// One `TokenScorer` per layer of the model.
 /// @throws Error on an invalid scorer configuration
 inline std::vector<TokenScorer> make_scorers(const LlamaConfig& config, const ScorerConfig& scorer) {
-  std::vector<TokenScorer> s;
-  s.reserve(static_cast<std::size_t>(config.n_layers));
-  for (int l = 0; l < config.n_layers; ++l) s.emplace_back(scorer, config.n_heads, config.n_kv_heads);
-  return s;
+  return depthkv::make_scorers(config.n_layers, scorer, config.n_heads, config.n_kv_heads);
 }
-
-/// An observer for `ForwardOptions::observer` that feeds `scorers[layer].observe_block` (the
-/// vector must outlive the forward call and hold one scorer per layer).
-inline AttentionObserver observe_into(std::vector<TokenScorer>& scorers) {
-  return [&scorers](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
-    scorers[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
-  };
-}
-
-/// An observer feeding several scorer sets at once (`sets[k][layer]`), e.g. H2O and SnapKV from
-/// one prefill.
-inline AttentionObserver observe_into(std::vector<std::vector<TokenScorer>>& sets) {
-  return [&sets](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
-    for (auto& s : sets) s[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
-  };
-}
-
-/// Scores of every layer of `cache` (`scorers[l].scores(cache.layer(l))`).
-/// @throws Error when the counts or shapes disagree
-template <class Layer>
-std::vector<LayerScores> layer_scores(const std::vector<TokenScorer>& scorers, const KVCache<Layer>& cache) {
-  DEPTHKV_CHECK(static_cast<int>(scorers.size()) == cache.n_layers(),
-                scorers.size() << " scorers for " << cache.n_layers() << " layers");
-  std::vector<LayerScores> s;
-  s.reserve(scorers.size());
-  for (int l = 0; l < cache.n_layers(); ++l) s.push_back(scorers[static_cast<std::size_t>(l)].scores(cache.layer(l)));
-  return s;
-}
-
-/// Tokens kept of a row of `n` at keep ratio `ratio`: `round(ratio * n)`, at least the protected
-/// count (sinks + recent window, capped at n), at most n; ratio >= 1 keeps all.
-/// @throws Error on a negative or NaN ratio
-inline int keep_tokens(double ratio, int n, Protection prot) {
-  DEPTHKV_CHECK(ratio >= 0.0, "keep ratio must be >= 0, got " << ratio);
-  if (ratio >= 1.0) return n;
-  const int prot_n = std::min(n, prot.n_sink + prot.n_recent);
-  const long long k = std::llround(ratio * static_cast<double>(n));
-  return static_cast<int>(std::max<long long>(prot_n, std::min<long long>(k, n)));
-}
-
-/// What `score_and_evict` does: the allocation policy, the global budget (`budget.keep_ratio`
-/// or `budget.total_tokens`, plus the policy parameters; `budget.lengths` is filled from the
-/// cache), the profile for the curve-based policies, and the protected tokens.
-struct PruneRequest {
-  AllocationPolicy policy = AllocationPolicy::kUniform;
-  BudgetRequest budget;
-  const SensitivityProfile* profile = nullptr;
-  Protection protection;
-  /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
-  /// (eviction cannot go below the protected count).
-  bool floors_from_protection = true;
-};
-
-/// What `score_and_evict` did.
-struct PruneReport {
-  std::vector<int> lengths;     ///< tokens per layer before (largest head)
-  std::vector<int> budgets;     ///< tokens kept per layer (every head)
-  std::size_t bytes_before = 0; ///< KV bytes held before
-  std::size_t bytes_after = 0;  ///< and after
-  std::vector<LayerEviction> evictions;
-};
-
-/// Scores every layer, splits the budget across layers with `BudgetAllocator`, evicts, and
-/// compacts the scorers (so that a chunked prefill can continue observing).
-/// @param cache the cache after (part of) the prefill
-/// @param scorers one per layer, fed during the prefill
-/// @param req policy, budget, profile and protection
-/// @return the per-layer budgets and the bytes held before and after
-/// @throws Error from the allocator (infeasible budget, missing profile, ...) or the evictor;
-///   the cache is unchanged then
-template <class Layer>
-PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const PruneRequest& req) {
-  PruneReport rep;
-  rep.lengths = cache.lengths();
-  rep.bytes_before = cache.bytes();
-  BudgetRequest br = req.budget;
-  br.lengths = rep.lengths;
-  if (br.floors.empty() && req.floors_from_protection) br.floors = protection_floors(rep.lengths, req.protection);
-  rep.budgets = BudgetAllocator().allocate(req.policy, br, req.profile);
-  const std::vector<LayerScores> scores = layer_scores(scorers, cache);
-  rep.evictions = evict(cache, scores, rep.budgets, req.protection);
-  for (int l = 0; l < cache.n_layers(); ++l)
-    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
-      const auto& kept = rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
-      scorers[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
-    }
-  rep.bytes_after = cache.bytes();
-  return rep;
-}
+using depthkv::make_scorers;
 
 // ---- metrics ----------------------------------------------------------------------------------
 

@@ -1,0 +1,359 @@
+#pragma once
+/// @file eviction_schedule.hpp
+/// @brief The loop an engine runs to keep a sequence's KV cache bounded: per-layer token scorers
+/// fed by the engine's attention, scoring, the `BudgetAllocator` split of a global budget, and
+/// eviction (Eigen only, engine-agnostic). `score_and_evict` evicts once (after the whole
+/// context: "oneshot"); `EvictionSchedule` evicts after every prefill chunk and every `interval`
+/// decoded tokens, so that the cache never holds much more than its budget.
+///
+/// ## The schedule
+/// One `EvictionSchedule` per sequence. It owns one `TokenScorer` per layer (fed through
+/// `observer()`), the budget (a fixed total of KV tokens over all layers, or a keep ratio of the
+/// tokens seen so far), the allocation policy and profile, and the protected tokens. The engine
+/// calls `after_chunk(cache)` after each prefill chunk and `after_decode_step(cache)` after each
+/// decode step (both do the same thing). A call counts the tokens appended since the last call
+/// (every layer must have grown by the same number); once `interval` tokens have been appended
+/// since the last eviction and the layers hold more than the global budget B, it
+/// 1. re-runs the allocator with `lengths` = the tokens seen by every layer (as oneshot eviction
+///    would at this point), `caps` = what each layer holds now (a layer cannot grow back) and
+///    floors from the protection, so that the layers sum exactly to B;
+/// 2. scores every layer and evicts it to its budget (`evict`, `EvictOptions`);
+/// 3. compacts the scorers' state to the kept slots (`TokenScorer::compact`).
+/// Between evictions a layer holds at most its budget plus `interval - 1` tokens (plus the last
+/// chunk when a chunk is longer than `interval`). With `interval = 1` every call that finds the
+/// cache over budget evicts (DepthKV: prune after each prefill chunk); `interval = M` evicts every
+/// M decoded tokens, as kvpress's DecodingPress does.
+///
+/// B = `total_tokens`, or `llround(keep_ratio * L * seen)`, and never below the protected tokens
+/// (sum over layers of min(held, n_sink + n_recent)). A schedule whose only call comes after the
+/// whole context ("chunked" with one chunk) evicts exactly as `score_and_evict` does.
+///
+/// ## Errors
+/// Invalid input throws `depthkv::Error`; a call that throws leaves the cache, the scorers and
+/// the schedule's counters unchanged (everything is validated before the first change).
+///
+/// @code
+/// depthkv::ScheduleConfig sc;
+/// sc.budget.keep_ratio = 0.2;                       // or sc.budget.total_tokens = 4096
+/// sc.protection = {4, 16};
+/// depthkv::EvictionSchedule schedule(sc, n_layers, n_heads, n_kv_heads);
+/// opt.observer = schedule.observer();              // the engine calls it with attention rows
+/// for (int c0 = 0; c0 < n_ctx; c0 += chunk) {
+///   engine.prefill(chunk_tokens(c0), c0, cache, opt);
+///   schedule.after_chunk(cache);                   // evicts when over budget
+/// }
+/// for (int t = 0; t < n_new; ++t) {
+///   engine.decode(token, pos++, cache, opt);
+///   schedule.after_decode_step(cache);             // evicts every `interval` tokens
+/// }
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "depthkv/budget_allocator.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/evictor.hpp"
+#include "depthkv/kv_cache.hpp"
+#include "depthkv/scorer_config.hpp"
+#include "depthkv/selection.hpp"
+#include "depthkv/sensitivity_profile.hpp"
+#include "depthkv/token_scorer.hpp"
+
+namespace depthkv {
+
+/// Called with `(layer, q_head, q_pos0, n_queries, probs, ld, n)`: `TokenScorer::observe_block`'s
+/// arguments after the layer index (the same type as `llama::AttentionObserver`).
+using AttentionObserver =
+    std::function<void(int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n)>;
+
+/// One `TokenScorer` per layer.
+/// @throws Error on n_layers < 0 or an invalid scorer configuration / head counts
+inline std::vector<TokenScorer> make_scorers(int n_layers, const ScorerConfig& scorer, int n_heads, int n_kv_heads) {
+  DEPTHKV_CHECK(n_layers >= 0, "n_layers must be >= 0, got " << n_layers);
+  std::vector<TokenScorer> s;
+  s.reserve(static_cast<std::size_t>(n_layers));
+  for (int l = 0; l < n_layers; ++l) s.emplace_back(scorer, n_heads, n_kv_heads);
+  return s;
+}
+
+/// An observer that feeds `scorers[layer].observe_block` (the vector must outlive the observer
+/// and hold one scorer per layer).
+inline AttentionObserver observe_into(std::vector<TokenScorer>& scorers) {
+  return [&scorers](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
+    scorers[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
+  };
+}
+
+/// An observer feeding several scorer sets at once (`sets[k][layer]`), e.g. H2O and SnapKV from
+/// one prefill.
+inline AttentionObserver observe_into(std::vector<std::vector<TokenScorer>>& sets) {
+  return [&sets](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
+    for (auto& s : sets) s[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
+  };
+}
+
+/// Scores of every layer of `cache` (`scorers[l].scores(cache.layer(l))`).
+/// @throws Error when the counts or shapes disagree
+template <class Layer>
+std::vector<LayerScores> layer_scores(const std::vector<TokenScorer>& scorers, const KVCache<Layer>& cache) {
+  DEPTHKV_CHECK(static_cast<int>(scorers.size()) == cache.n_layers(),
+                scorers.size() << " scorers for " << cache.n_layers() << " layers");
+  std::vector<LayerScores> s;
+  s.reserve(scorers.size());
+  for (int l = 0; l < cache.n_layers(); ++l) s.push_back(scorers[static_cast<std::size_t>(l)].scores(cache.layer(l)));
+  return s;
+}
+
+/// Tokens kept of a row of `n` at keep ratio `ratio`: `round(ratio * n)`, at least the protected
+/// count (sinks + recent window, capped at n), at most n; ratio >= 1 keeps all.
+/// @throws Error on a negative or NaN ratio
+inline int keep_tokens(double ratio, int n, Protection prot) {
+  DEPTHKV_CHECK(ratio >= 0.0, "keep ratio must be >= 0, got " << ratio);
+  if (ratio >= 1.0) return n;
+  const int prot_n = std::min(n, prot.n_sink + prot.n_recent);
+  const long long k = std::llround(ratio * static_cast<double>(n));
+  return static_cast<int>(std::max<long long>(prot_n, std::min<long long>(k, n)));
+}
+
+/// What `score_and_evict` does: the allocation policy, the global budget (`budget.keep_ratio`
+/// or `budget.total_tokens`, plus the policy parameters; `budget.lengths` is filled from the
+/// cache), the profile for the curve-based policies, and the protected tokens.
+struct PruneRequest {
+  AllocationPolicy policy = AllocationPolicy::kUniform;
+  BudgetRequest budget;
+  const SensitivityProfile* profile = nullptr;
+  Protection protection;
+  /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
+  /// (eviction cannot go below the protected count).
+  bool floors_from_protection = true;
+};
+
+/// What `score_and_evict` (or one eviction of an `EvictionSchedule`) did.
+struct PruneReport {
+  std::vector<int> lengths;     ///< tokens per layer before (largest head)
+  std::vector<int> budgets;     ///< tokens kept per layer (every head)
+  std::size_t bytes_before = 0; ///< KV bytes held before
+  std::size_t bytes_after = 0;  ///< and after
+  std::vector<LayerEviction> evictions;
+};
+
+namespace detail {
+
+/// Allocates `br` (lengths, caps and floors set), scores, evicts and compacts the scorers.
+template <class Layer>
+PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, AllocationPolicy policy,
+                               const BudgetRequest& br, const SensitivityProfile* profile, Protection prot,
+                               const EvictOptions& opt) {
+  PruneReport rep;
+  rep.lengths = cache.lengths();
+  rep.bytes_before = cache.bytes();
+  rep.budgets = BudgetAllocator().allocate(policy, br, profile);
+  const std::vector<LayerScores> scores = layer_scores(scorers, cache);
+  rep.evictions = evict(cache, scores, rep.budgets, prot, opt);  // validates everything first
+  for (int l = 0; l < cache.n_layers(); ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+      const auto& kept = rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
+      scorers[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
+    }
+  rep.bytes_after = cache.bytes();
+  return rep;
+}
+
+}  // namespace detail
+
+/// Scores every layer, splits the budget across layers with `BudgetAllocator`, evicts, and
+/// compacts the scorers (so that a chunked prefill can continue observing).
+/// @param cache the cache after (part of) the prefill
+/// @param scorers one per layer, fed during the prefill
+/// @param req policy, budget, profile and protection
+/// @param opt eviction options (shrinking, threads)
+/// @return the per-layer budgets and the bytes held before and after
+/// @throws Error from the allocator (infeasible budget, missing profile, ...) or the evictor;
+///   the cache and the scorers are unchanged then
+template <class Layer>
+PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const PruneRequest& req,
+                            const EvictOptions& opt = {}) {
+  BudgetRequest br = req.budget;
+  br.lengths = cache.lengths();
+  if (br.floors.empty() && req.floors_from_protection) br.floors = protection_floors(br.lengths, req.protection);
+  return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt);
+}
+
+/// Settings of an `EvictionSchedule`.
+struct ScheduleConfig {
+  AllocationPolicy policy = AllocationPolicy::kUniform;
+  /// The global budget: `total_tokens` (fixed KV tokens over all layers) or `keep_ratio` (of the
+  /// tokens seen so far, times the layer count), exactly one set; plus the policy's parameters.
+  /// `lengths`, `caps` and `floors` are filled by the schedule (must be empty).
+  BudgetRequest budget;
+  const SensitivityProfile* profile = nullptr;  ///< for the curve-based policies (must outlive the schedule)
+  Protection protection;                        ///< tokens every head keeps (inside the budget)
+  ScorerConfig scorer;                          ///< the token scorer of every layer
+  int interval = 1;                             ///< evict once this many tokens were appended (>= 1)
+  EvictOptions evict;                           ///< shrinking and threads of each eviction
+};
+
+/// Bounded KV memory for one sequence: scorers, budget and eviction after every prefill chunk and
+/// decode step (see the file comment). Not copyable safely while an `observer()` is in use (the
+/// observer references this object's scorers: keep the schedule in place).
+///
+/// @code
+/// depthkv::ScheduleConfig sc;
+/// sc.budget.total_tokens = 2048;   // over all layers
+/// sc.interval = 32;
+/// depthkv::EvictionSchedule s(sc, n_layers, n_heads, n_kv_heads);
+/// opt.observer = s.observer();
+/// engine.prefill(chunk, pos0, cache, opt);
+/// s.after_chunk(cache);            // cache.bytes() now <= budget + 31 tokens per layer
+/// @endcode
+class EvictionSchedule {
+ public:
+  /// @param cfg budget, policy, profile, protection, scorer and interval
+  /// @param n_layers, n_heads, n_kv_heads the model's shape (every layer the same heads)
+  /// @throws Error on a budget with neither or both of total_tokens / keep_ratio, a ratio outside
+  ///   [0, 1], a negative total, preset lengths/caps/floors, interval < 1, a curve-based policy
+  ///   without a profile, or an invalid scorer / head counts
+  EvictionSchedule(ScheduleConfig cfg, int n_layers, int n_heads, int n_kv_heads) : cfg_(std::move(cfg)) {
+    DEPTHKV_CHECK(n_layers >= 1, "n_layers must be >= 1, got " << n_layers);
+    const BudgetRequest& b = cfg_.budget;
+    const bool has_total = b.total_tokens != -1, has_ratio = !(b.keep_ratio == -1.0);
+    DEPTHKV_CHECK(has_total != has_ratio, "set exactly one of budget.total_tokens and budget.keep_ratio");
+    DEPTHKV_CHECK(!has_total || b.total_tokens >= 0, "total_tokens " << b.total_tokens << " is negative");
+    DEPTHKV_CHECK(!has_ratio || (std::isfinite(b.keep_ratio) && b.keep_ratio >= 0.0 && b.keep_ratio <= 1.0),
+                  "keep_ratio " << b.keep_ratio << " is outside [0, 1]");
+    DEPTHKV_CHECK(b.lengths.empty() && b.caps.empty() && b.floors.empty(),
+                  "budget.lengths, caps and floors are set by the schedule; leave them empty");
+    DEPTHKV_CHECK(cfg_.interval >= 1, "interval must be >= 1, got " << cfg_.interval);
+    DEPTHKV_CHECK(cfg_.protection.n_sink >= 0 && cfg_.protection.n_recent >= 0,
+                  "protection must be >= 0, got n_sink " << cfg_.protection.n_sink << ", n_recent "
+                                                         << cfg_.protection.n_recent);
+    DEPTHKV_CHECK(cfg_.profile != nullptr || !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
+                  "policy " << to_string(cfg_.policy) << " needs a sensitivity profile");
+    DEPTHKV_CHECK(cfg_.evict.n_threads >= 0, "evict.n_threads must be >= 0, got " << cfg_.evict.n_threads);
+    scorers_ = make_scorers(n_layers, cfg_.scorer, n_heads, n_kv_heads);
+    held_.assign(static_cast<std::size_t>(n_layers), 0);
+  }
+
+  const ScheduleConfig& config() const { return cfg_; }
+  int n_layers() const { return static_cast<int>(scorers_.size()); }
+  /// The observer to put in the engine's forward options (references this schedule).
+  AttentionObserver observer() { return observe_into(scorers_); }
+  std::vector<TokenScorer>& scorers() { return scorers_; }
+  const std::vector<TokenScorer>& scorers() const { return scorers_; }
+  /// Tokens appended to every layer so far (the sequence length).
+  long long tokens_seen() const { return seen_; }
+  /// Tokens appended since the last eviction.
+  long long pending() const { return pending_; }
+  /// Evictions done so far.
+  int n_evictions() const { return n_evictions_; }
+  /// Per-layer budgets of the last eviction (empty before the first).
+  const std::vector<int>& budgets() const { return last_.budgets; }
+  /// What the last eviction did (empty before the first).
+  const PruneReport& last_report() const { return last_; }
+  /// The global budget B for `seen` tokens per layer and the current holdings (see the file comment).
+  long long global_budget(long long seen, const std::vector<int>& held) const {
+    long long b = cfg_.budget.total_tokens != -1
+                      ? cfg_.budget.total_tokens
+                      : std::llround(cfg_.budget.keep_ratio * static_cast<double>(seen) * static_cast<double>(held.size()));
+    return std::max(b, protected_total(held));
+  }
+
+  /// Forgets the sequence (scorers, counters): the next call expects an empty cache.
+  void reset() {
+    for (TokenScorer& s : scorers_) s.reset();
+    std::fill(held_.begin(), held_.end(), 0);
+    seen_ = pending_ = 0;
+    n_evictions_ = 0;
+    last_ = PruneReport();
+  }
+
+  /// After a prefill chunk: counts the appended tokens and evicts when `interval` tokens were
+  /// appended since the last eviction and the cache holds more than the budget.
+  /// @return true when it evicted
+  /// @throws Error when the cache's layer count differs, a layer shrank or layers grew by
+  ///   different counts since the last call, or from the allocator / evictor; the cache, the
+  ///   scorers and the counters are unchanged then
+  template <class Layer>
+  bool after_chunk(KVCache<Layer>& cache) {
+    return step(cache);
+  }
+  /// After a decode step (the same as `after_chunk`).
+  template <class Layer>
+  bool after_decode_step(KVCache<Layer>& cache) {
+    return step(cache);
+  }
+
+ private:
+  long long protected_total(const std::vector<int>& held) const {
+    long long p = 0;
+    for (int n : held) p += std::min(n, cfg_.protection.n_sink + cfg_.protection.n_recent);
+    return p;
+  }
+
+  template <class Layer>
+  bool step(KVCache<Layer>& cache) {
+    DEPTHKV_CHECK(cache.n_layers() == n_layers(),
+                  "cache has " << cache.n_layers() << " layers, schedule " << n_layers());
+    const std::vector<int> held = cache.lengths();
+    const int grown = held[0] - held_[0];
+    for (int l = 0; l < n_layers(); ++l) {
+      const int g = held[static_cast<std::size_t>(l)] - held_[static_cast<std::size_t>(l)];
+      DEPTHKV_CHECK(g >= 0, "layer " << l << " holds " << held[static_cast<std::size_t>(l)]
+                                     << " tokens, fewer than the " << held_[static_cast<std::size_t>(l)]
+                                     << " after the last call (evicted outside the schedule?)");
+      DEPTHKV_CHECK(g == grown, "layer " << l << " grew by " << g << " tokens since the last call, layer 0 by "
+                                         << grown);
+    }
+    const long long seen = seen_ + grown, pending = pending_ + grown;
+    long long sum_held = 0;
+    for (int n : held) sum_held += n;
+    const long long total = global_budget(seen, held);
+    if (pending < cfg_.interval || total >= sum_held) {  // nothing to do yet
+      seen_ = seen;
+      pending_ = pending;
+      held_ = held;
+      return false;
+    }
+    DEPTHKV_CHECK(seen <= static_cast<long long>(std::numeric_limits<int>::max()),
+                  "sequence of " << seen << " tokens is too long");
+    BudgetRequest br = cfg_.budget;
+    br.lengths.assign(held.size(), static_cast<int>(seen));
+    bool all_full = true;
+    for (int n : held) all_full = all_full && n == seen;
+    if (!all_full) br.caps = held;
+    br.floors = protection_floors(held, cfg_.protection);
+    const long long raw = cfg_.budget.total_tokens != -1
+                              ? cfg_.budget.total_tokens
+                              : std::llround(cfg_.budget.keep_ratio * static_cast<double>(seen) *
+                                             static_cast<double>(held.size()));
+    if (raw != total || cfg_.budget.total_tokens != -1) {  // raised to the protected tokens, or fixed
+      br.keep_ratio = -1.0;
+      br.total_tokens = total;
+    }
+    PruneReport rep =
+        detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict);
+    // commit (nothing below throws)
+    held_ = cache.lengths();
+    seen_ = seen;
+    pending_ = 0;
+    ++n_evictions_;
+    last_ = std::move(rep);
+    return true;
+  }
+
+  ScheduleConfig cfg_;
+  std::vector<TokenScorer> scorers_;
+  std::vector<int> held_;  // lengths after the last call
+  long long seen_ = 0, pending_ = 0;
+  int n_evictions_ = 0;
+  PruneReport last_;
+};
+
+}  // namespace depthkv

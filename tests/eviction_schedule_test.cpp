@@ -1,0 +1,347 @@
+// Tests of depthkv/eviction_schedule.hpp: EvictionSchedule on the reference engine with random
+// models (budget bounds after every chunk and interval, exact totals, one chunk == oneshot bit for
+// bit, H2O state after compaction, all-or-nothing errors) and score_and_evict's move to the core.
+
+#include "depthkv/eviction_schedule.hpp"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/eval.hpp"
+#include "support/random_model.hpp"
+
+using namespace depthkv;
+using depthkv::llama::ForwardOptions;
+using depthkv::llama::LlamaEngine;
+using depthkv::llama::LlamaModel;
+
+namespace {
+
+LlamaModel model_of(unsigned seed, int layers = 4) {
+  depthkv_test::RandomSpec s;
+  s.seed = seed;
+  s.layers = layers;
+  s.hidden = 64;
+  s.vocab = 40;
+  s.seq_len = 512;
+  s.qk_gain = 3.0f;
+  return depthkv_test::random_model(s);
+}
+
+std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(0, vocab - 1);
+  std::vector<int> t(static_cast<std::size_t>(n));
+  for (int& x : t) x = u(rng);
+  return t;
+}
+
+long long sum_of(const std::vector<int>& v) {
+  long long s = 0;
+  for (int x : v) s += x;
+  return s;
+}
+
+bool same_layer(const HostLayer<float>& a, const HostLayer<float>& b) {
+  if (a.n_kv_heads() != b.n_kv_heads() || a.head_dim() != b.head_dim()) return false;
+  for (int h = 0; h < a.n_kv_heads(); ++h) {
+    if (a.size(h) != b.size(h)) return false;
+    const std::size_t bytes = static_cast<std::size_t>(a.head_dim()) * sizeof(float);
+    for (int j = 0; j < a.size(h); ++j) {
+      if (a.positions(h)[j] != b.positions(h)[j]) return false;
+      if (std::memcmp(a.key(h, j), b.key(h, j), bytes) != 0) return false;
+      if (std::memcmp(a.value(h, j), b.value(h, j), bytes) != 0) return false;
+    }
+  }
+  return true;
+}
+
+bool same_cache(const llama::HostCache& a, const llama::HostCache& b) {
+  if (a.n_layers() != b.n_layers()) return false;
+  for (int l = 0; l < a.n_layers(); ++l)
+    if (!same_layer(a.layer(l), b.layer(l))) return false;
+  return true;
+}
+
+bool same_scores(const std::vector<TokenScorer>& a, const std::vector<TokenScorer>& b, const llama::HostCache& cache) {
+  return layer_scores(a, cache) == layer_scores(b, cache);
+}
+
+// Prefills `tokens` in chunks of `chunk`, calling the schedule after each; checks the bounds.
+void run_chunked(const LlamaEngine& engine, EvictionSchedule& s, llama::HostCache& cache, const std::vector<int>& tokens,
+                 int chunk, int interval) {
+  ForwardOptions opt;
+  opt.chunk_size = chunk;
+  opt.all_logits = false;
+  opt.observer = s.observer();
+  opt.after_chunk = [&](int, std::int32_t) {
+    const bool evicted = s.after_chunk(cache);
+    const std::vector<int> held = cache.lengths();
+    const long long B = s.global_budget(s.tokens_seen(), held);
+    if (evicted) {
+      REQUIRE(sum_of(held) == B);  // total exact
+      REQUIRE(held == s.budgets());
+    }
+    if (!s.budgets().empty())
+      for (std::size_t l = 0; l < held.size(); ++l)  // budget plus at most one interval (or chunk)
+        REQUIRE(held[l] <= s.budgets()[l] + std::max(interval - 1, evicted ? 0 : chunk));
+  };
+  engine.prefill(tokens, 0, cache, opt);
+}
+
+}  // namespace
+
+TEST_CASE("EvictionSchedule: one chunk equals score_and_evict bit for bit", "[schedule]") {
+  const LlamaModel model = model_of(11);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  const std::vector<int> tokens = random_tokens(96, c.vocab_size, 1);
+  for (double keep : {0.0, 0.1, 0.3, 1.0}) {
+    CAPTURE(keep);
+    // oneshot
+    llama::HostCache a = engine.make_cache();
+    std::vector<TokenScorer> sa = llama::make_scorers(c, ScorerConfig{});
+    ForwardOptions opt;
+    opt.observer = observe_into(sa);
+    opt.all_logits = false;
+    engine.prefill(tokens, 0, a, opt);
+    PruneRequest req;
+    req.budget.keep_ratio = keep;
+    req.protection = {2, 4};
+    if (keep < 0.1) req.budget.keep_ratio = 0.1;  // 0.0 is below the protected tokens: raised by the schedule only
+    score_and_evict(a, sa, req);
+    // schedule, one chunk
+    ScheduleConfig sc;
+    sc.budget.keep_ratio = req.budget.keep_ratio;
+    sc.protection = req.protection;
+    EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    llama::HostCache b = engine.make_cache();
+    run_chunked(engine, s, b, tokens, 1024, 1);
+    REQUIRE(same_cache(a, b));
+    REQUIRE(same_scores(sa, s.scorers(), a));
+  }
+}
+
+TEST_CASE("EvictionSchedule: bounds after every chunk, exact totals (ratio and fixed budgets)", "[schedule]") {
+  const LlamaModel model = model_of(12);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  const std::vector<int> tokens = random_tokens(200, c.vocab_size, 2);
+  for (int chunk : {1, 7, 32, 64})
+    for (int interval : {1, 5, 32})
+      for (int fixed : {0, 1}) {
+        CAPTURE(chunk, interval, fixed);
+        ScheduleConfig sc;
+        if (fixed)
+          sc.budget.total_tokens = 120;
+        else
+          sc.budget.keep_ratio = 0.2;
+        sc.protection = {1, 3};
+        sc.interval = interval;
+        EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+        llama::HostCache cache = engine.make_cache();
+        run_chunked(engine, s, cache, tokens, chunk, interval);
+        REQUIRE(s.tokens_seen() == 200);
+        REQUIRE(s.n_evictions() > 0);
+        // every layer ends within its budget plus one interval (or chunk)
+        const std::vector<int> held = cache.lengths();
+        for (std::size_t l = 0; l < held.size(); ++l) REQUIRE(held[l] <= s.budgets()[l] + std::max(interval, chunk));
+        // the cache is still usable: decode steps with the schedule keep it bounded
+        ForwardOptions opt;
+        opt.observer = s.observer();
+        for (int t = 0; t < 40; ++t) {
+          const int tok = t % c.vocab_size;
+          engine.forward(&tok, 1, 200 + t, cache, opt);
+          const bool ev = s.after_decode_step(cache);
+          const std::vector<int> h = cache.lengths();
+          if (ev) REQUIRE(sum_of(h) == s.global_budget(s.tokens_seen(), h));
+          for (std::size_t l = 0; l < h.size(); ++l)
+            REQUIRE(h[l] <= s.budgets()[l] + std::max(interval - 1, t == 0 ? chunk : 0) + 1);
+        }
+        if (fixed) {
+          REQUIRE(sum_of(s.budgets()) == 120);
+        }
+      }
+}
+
+TEST_CASE("EvictionSchedule: decode-time eviction every interval tokens", "[schedule]") {
+  const LlamaModel model = model_of(13, 3);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  ScheduleConfig sc;
+  sc.budget.total_tokens = 3 * 20;
+  sc.interval = 8;
+  sc.protection = {1, 2};
+  EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache cache = engine.make_cache();
+  ForwardOptions opt;
+  opt.observer = s.observer();
+  int evictions = 0;
+  for (int t = 0; t < 100; ++t) {
+    const int tok = (t * 7) % c.vocab_size;
+    engine.forward(&tok, 1, t, cache, opt);
+    if (s.after_decode_step(cache)) {
+      ++evictions;
+      REQUIRE(cache.lengths() == std::vector<int>(3, 20));
+      REQUIRE(s.pending() == 0);
+    }
+    for (int n : cache.lengths()) REQUIRE(n <= 20 + sc.interval - 1);
+  }
+  // first eviction once the cache exceeds 20 tokens per layer (t = 20), then every 8 tokens
+  REQUIRE(evictions == 1 + (100 - 21) / 8);
+}
+
+TEST_CASE("EvictionSchedule: H2O state after compaction equals a scorer fed only the kept history", "[schedule]") {
+  // H2O: s_j = sum_i a_ij, so after eviction the survivors' accumulators are exactly the sums of
+  // the probability columns of the kept slots; later rows (over the compacted cache) add on top.
+  const LlamaModel model = model_of(14, 2);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  ScheduleConfig sc;
+  sc.budget.keep_ratio = 0.4;
+  sc.interval = 1;
+  EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache cache = engine.make_cache();
+  // record every attention row the engine produces, per layer and query head, with the cache's
+  // positions at the time (to replay only the kept columns)
+  struct Rec {
+    int layer, q_head, n;
+    std::vector<float> row;
+    std::vector<std::int32_t> pos;  // position of each column
+  };
+  std::vector<Rec> recs;
+  const AttentionObserver inner = s.observer();
+  ForwardOptions opt;
+  opt.chunk_size = 16;
+  opt.all_logits = false;
+  opt.observer = [&](int layer, int q_head, std::int32_t q_pos0, int nq, const float* probs, int ld, int n) {
+    inner(layer, q_head, q_pos0, nq, probs, ld, n);
+    const int kvh = q_head / (c.n_heads / c.n_kv_heads);
+    for (int i = 0; i < nq; ++i) {
+      Rec r{layer, q_head, n, std::vector<float>(probs + i * ld, probs + i * ld + n), {}};
+      r.pos.assign(cache.layer(layer).positions(kvh), cache.layer(layer).positions(kvh) + n);
+      recs.push_back(std::move(r));
+    }
+  };
+  opt.after_chunk = [&](int, std::int32_t) { s.after_chunk(cache); };
+  engine.prefill(random_tokens(80, c.vocab_size, 3), 0, cache, opt);
+  REQUIRE(s.n_evictions() == 5);
+  // reference: per layer and KV head, the sum over every recorded row of the columns whose
+  // position is still held
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerScores got = s.scorers()[static_cast<std::size_t>(l)].scores(cache.layer(l));
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const auto& L = cache.layer(l);
+      std::vector<double> want(static_cast<std::size_t>(L.size(h)), 0.0);
+      for (const Rec& r : recs) {
+        if (r.layer != l || r.q_head / (c.n_heads / c.n_kv_heads) != h) continue;
+        for (int j = 0; j < r.n; ++j)
+          for (int k = 0; k < L.size(h); ++k)
+            if (L.positions(h)[k] == r.pos[static_cast<std::size_t>(j)]) want[static_cast<std::size_t>(k)] += r.row[static_cast<std::size_t>(j)];
+      }
+      for (int k = 0; k < L.size(h); ++k)
+        REQUIRE(got[static_cast<std::size_t>(h)][static_cast<std::size_t>(k)] ==
+                Approx(want[static_cast<std::size_t>(k)]).epsilon(1e-5).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("EvictionSchedule: errors leave the cache, the scorers and the counters unchanged", "[schedule]") {
+  const LlamaModel model = model_of(15, 3);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  SECTION("bad configurations") {
+    ScheduleConfig sc;
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);  // no budget
+    sc.budget.keep_ratio = 0.5;
+    sc.budget.total_tokens = 10;
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);  // both
+    sc.budget.total_tokens = -1;
+    sc.budget.keep_ratio = 1.5;
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);
+    sc.budget.keep_ratio = 0.5;
+    sc.interval = 0;
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);
+    sc.interval = 1;
+    sc.policy = AllocationPolicy::kOptimal;
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);  // no profile
+    sc.policy = AllocationPolicy::kUniform;
+    sc.budget.lengths = {1, 2, 3};
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);
+    sc.budget.lengths.clear();
+    REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, 3), Error);  // heads not a multiple
+    REQUIRE_NOTHROW(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads));
+  }
+  SECTION("bad calls") {
+    ScheduleConfig sc;
+    sc.budget.keep_ratio = 0.5;
+    sc.interval = 4;
+    EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    llama::HostCache cache = engine.make_cache();
+    ForwardOptions opt;
+    opt.observer = s.observer();
+    opt.all_logits = false;
+    engine.prefill(random_tokens(10, c.vocab_size, 4), 0, cache, opt);
+    const llama::HostCache before = cache;
+    const std::vector<TokenScorer> scorers_before = s.scorers();
+    auto unchanged = [&] {
+      REQUIRE(same_cache(cache, before));
+      REQUIRE(same_scores(s.scorers(), scorers_before, before));
+      REQUIRE(s.tokens_seen() == 0);
+      REQUIRE(s.n_evictions() == 0);
+    };
+    // a cache of another depth
+    llama::HostCache other(std::vector<HostLayer<float>>(2, HostLayer<float>(c.n_kv_heads, c.head_dim)));
+    REQUIRE_THROWS_AS(s.after_chunk(other), Error);
+    unchanged();
+    // layers grown by different counts
+    const std::vector<float> kv(static_cast<std::size_t>(c.head_dim), 0.5f);
+    llama::HostCache uneven = cache;
+    for (int h = 0; h < c.n_kv_heads; ++h) uneven.layer(1).append_head(h, kv.data(), kv.data(), 10);
+    REQUIRE_THROWS_AS(s.after_chunk(uneven), Error);
+    unchanged();
+    // a score the evictor rejects (NaN attention observed): nothing changes
+    std::vector<float> nan_row(10, 0.0f);
+    nan_row[3] = std::numeric_limits<float>::quiet_NaN();
+    REQUIRE_THROWS_AS(s.scorers()[0].observe(0, 9, nan_row.data(), 10), Error);  // rejected at the source
+    unchanged();
+    // an infeasible fixed budget cannot happen (raised to the protected tokens); a valid call works
+    REQUIRE(s.after_chunk(cache));
+    REQUIRE(s.tokens_seen() == 10);
+    REQUIRE(cache.lengths() == std::vector<int>(static_cast<std::size_t>(c.n_layers), 5));
+    // evicted outside the schedule: the layer shrank
+    llama::HostCache shrunk = cache;
+    std::vector<std::int32_t> keep = {0, 1};
+    for (int h = 0; h < c.n_kv_heads; ++h) shrunk.layer(0).compact(h, keep.data(), 2);
+    const llama::HostCache after = cache;
+    REQUIRE_THROWS_AS(s.after_chunk(shrunk), Error);
+    REQUIRE(s.tokens_seen() == 10);
+    REQUIRE(same_cache(cache, after));
+  }
+}
+
+TEST_CASE("EvictionSchedule: keep-all and protection-raised budgets", "[schedule]") {
+  const LlamaModel model = model_of(16, 2);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  ScheduleConfig sc;
+  sc.budget.keep_ratio = 1.0;
+  EvictionSchedule full(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache a = engine.make_cache();
+  run_chunked(engine, full, a, random_tokens(50, c.vocab_size, 5), 8, 1);
+  REQUIRE(full.n_evictions() == 0);
+  REQUIRE(a.lengths() == std::vector<int>(2, 50));
+  sc.budget.keep_ratio = 0.0;
+  sc.protection = {2, 3};
+  EvictionSchedule none(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache b = engine.make_cache();
+  run_chunked(engine, none, b, random_tokens(50, c.vocab_size, 5), 8, 1);
+  REQUIRE(b.lengths() == std::vector<int>(2, 5));  // only the protected tokens
+  for (int h = 0; h < c.n_kv_heads; ++h) {
+    const std::int32_t* p = b.layer(0).positions(h);
+    REQUIRE(std::vector<std::int32_t>(p, p + 5) == std::vector<std::int32_t>{0, 1, 47, 48, 49});
+  }
+}
