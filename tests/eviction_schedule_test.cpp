@@ -345,3 +345,51 @@ TEST_CASE("EvictionSchedule: keep-all and protection-raised budgets", "[schedule
     REQUIRE(std::vector<std::int32_t>(p, p + 5) == std::vector<std::int32_t>{0, 1, 47, 48, 49});
   }
 }
+
+TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot; chunked peak within budget + one chunk",
+          "[schedule][eval]") {
+  const LlamaModel model = model_of(17, 3);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  std::vector<llama::EvalWindow> windows(3);
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    windows[w].context = random_tokens(96, c.vocab_size, 20 + static_cast<unsigned>(w));
+    windows[w].continuation = random_tokens(24, c.vocab_size, 30 + static_cast<unsigned>(w));
+  }
+  const std::size_t token_bytes =
+      static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim) * 2 * sizeof(float);
+  for (int chunk : {1024, 16}) {
+    CAPTURE(chunk);
+    llama::EvalConfig cfg;
+    cfg.protection = {1, 2};
+    cfg.chunk_size = chunk;
+    cfg.n_threads = 1;
+    const llama::PruningEvaluator ev(engine, windows, cfg);
+    ScheduleConfig sc;
+    sc.budget.keep_ratio = 0.25;
+    const std::vector<llama::WindowResult> sched = ev.evaluate_schedule(sc);
+    BudgetRequest br;
+    br.lengths.assign(3, 96);
+    br.keep_ratio = 0.25;
+    br.floors = protection_floors(br.lengths, cfg.protection);
+    const std::vector<int> plan = BudgetAllocator().allocate(AllocationPolicy::kUniform, br);
+    const std::vector<llama::WindowResult> once = ev.evaluate_budgets(plan);
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      CAPTURE(w);
+      REQUIRE(sched[w].budgets == plan);  // same final budget
+      REQUIRE(sched[w].bytes_kept == once[w].bytes_kept);
+      REQUIRE(sched[w].bytes_full_peak == token_bytes * 120);
+      REQUIRE(once[w].bytes_full_peak == token_bytes * 120);
+      REQUIRE(once[w].bytes_peak == token_bytes * 96);  // the full context, before the eviction
+      const std::size_t end = once[w].bytes_kept + token_bytes * 24;
+      if (chunk == 1024) {
+        REQUIRE(sched[w].bytes_peak == once[w].bytes_peak);
+        REQUIRE(sched[w].metrics.loss.kl == Approx(once[w].metrics.loss.kl).margin(1e-9));
+        REQUIRE(sched[w].metrics.loss.dnll == Approx(once[w].metrics.loss.dnll).margin(1e-9));
+      } else {  // never more than the budget of the tokens seen plus one chunk, or the end state
+        REQUIRE(sched[w].bytes_peak <= std::max(end, once[w].bytes_kept + token_bytes * 16));
+        REQUIRE(sched[w].bytes_peak < once[w].bytes_peak);
+      }
+    }
+  }
+}

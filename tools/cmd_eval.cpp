@@ -2,6 +2,7 @@
 // from the profile's calibration windows, for every (scorer, keep ratio, policy): mean KL, NLL
 // increase, top-1 agreement and KV bytes; as a table, JSON, CSV and a gnuplot SVG.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +35,8 @@ struct EvalArgs {
                                                       policies = "uniform,pyramid,proportional,middle,optimal", scorers;
   std::string csv, plot;
   int context = 0, continuation = 0, windows = 64, skip = -1, threads = 0, chunk = 1024, min_tokens = -1;
+  std::string schedule = "oneshot";  ///< oneshot: evict once after the context; chunked: after every chunk
+  int interval = 1;                  ///< chunked: evict once this many tokens were appended
   bool json = false;
   SelectionSettings sel;
 };
@@ -44,6 +47,7 @@ struct Row {
   std::vector<int> budgets;
   double kl = 0, kl_se = 0, dnll = 0, top1 = 0, nll_full = 0;
   double bytes_kept = 0, bytes_full = 0;
+  double peak_kv_bytes = 0, full_kv_bytes = 0;  ///< most KV bytes held at once: pruned run, full run
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -211,13 +215,29 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.policy = to_string(policy);
   r.keep = keep;
   r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
-  std::vector<double> kl, dnll, top1, kept, full;
-  for (const llama::WindowResult& wr : ev.evaluate_budgets(r.budgets, scorer_index)) {
+  std::vector<llama::WindowResult> results;
+  if (a.schedule == "chunked") {  // the budgets above stay the one-shot plan; each window re-allocates
+    ScheduleConfig sc;
+    sc.policy = policy;
+    sc.budget = in.req;
+    sc.budget.lengths.clear();
+    sc.budget.floors.clear();
+    sc.budget.caps.clear();
+    sc.profile = in.has_profile ? &in.profile : nullptr;
+    sc.interval = a.interval;
+    results = ev.evaluate_schedule(sc, scorer_index);
+  } else {
+    results = ev.evaluate_budgets(r.budgets, scorer_index);
+  }
+  std::vector<double> kl, dnll, top1, kept, full, peak, full_peak;
+  for (const llama::WindowResult& wr : results) {
     kl.push_back(wr.metrics.loss.kl);
     dnll.push_back(wr.metrics.loss.dnll);
     top1.push_back(1.0 - wr.metrics.loss.top1_disagree);
     kept.push_back(static_cast<double>(wr.bytes_kept));
     full.push_back(static_cast<double>(wr.bytes_full));
+    peak.push_back(static_cast<double>(wr.bytes_peak));
+    full_peak.push_back(static_cast<double>(wr.bytes_full_peak));
   }
   std::tie(r.kl, r.kl_se) = mean_and_stderr(kl);
   r.dnll = mean_of(dnll);
@@ -225,6 +245,8 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.nll_full = nll_full;
   r.bytes_kept = mean_of(kept);
   r.bytes_full = mean_of(full);
+  r.peak_kv_bytes = *std::max_element(peak.begin(), peak.end());
+  r.full_kv_bytes = *std::max_element(full_peak.begin(), full_peak.end());
   return r;
 }
 
@@ -240,7 +262,9 @@ void print_json(const std::vector<Row>& rows) {
                    {"top1", r.top1},
                    {"nll_full", r.nll_full},
                    {"bytes_kept", r.bytes_kept},
-                   {"bytes_full", r.bytes_full}});
+                   {"bytes_full", r.bytes_full},
+                   {"peak_kv_bytes", r.peak_kv_bytes},
+                   {"full_kv_bytes", r.full_kv_bytes}});
   std::printf("%s\n", arr.dump(2).c_str());
 }
 
@@ -253,6 +277,9 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   std::printf("profile: %s (%d calibration windows %lld..%lld of %s), %s\n", base_name(a.profile).c_str(),
               f.calibration.samples, f.calibration.window_begin, f.calibration.window_end - 1,
               base_name(f.calibration.text_file).c_str(), a.sel.describe().c_str());
+  if (a.schedule == "chunked")
+    std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: the one-shot plan\n",
+                a.chunk, a.interval);
   std::printf("%-7s %-12s %5s  %-24s %9s %8s %8s %7s %10s\n", "scorer", "policy", "keep", "budgets/layer", "KL",
               "+-se", "dNLL", "top1", "KV kept");
   for (const Row& r : rows)
@@ -279,6 +306,9 @@ void run_eval(const EvalArgs& a) {
   using namespace depthkv::llama;
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
+  DEPTHKV_CHECK(a.schedule == "oneshot" || a.schedule == "chunked",
+                "--schedule must be oneshot or chunked, got '" << a.schedule << "'");
+  DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
   const EvalPlan plan = plan_eval(a, f);
   const WindowPlan w = plan_windows(a, f);
@@ -358,7 +388,12 @@ void register_eval(CLI::App& app) {
                 "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8; 0: off)")
       ->capture_default_str();
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
-  c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")->capture_default_str();
+  c->add_option("--schedule", a->schedule,
+                "oneshot: evict once after the context; chunked: after every prefill chunk (EvictionSchedule)")
+      ->capture_default_str();
+  c->add_option("--interval", a->interval, "chunked: evict once this many tokens were appended since the last eviction")
+      ->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--json", a->json, "print the rows as one JSON array");
   c->add_option("--csv", a->csv, "write the rows (and the profile's sensitivity curves to *-sensitivity.csv)");

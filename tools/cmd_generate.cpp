@@ -3,6 +3,7 @@
 // Timings go to stderr only.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -19,6 +20,7 @@
 #include "commands.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/error.hpp"
+#include "depthkv/eviction_schedule.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/sampler.hpp"
@@ -38,6 +40,8 @@ struct GenerateArgs {
   double keep = 1.0;
   std::string policy = "uniform", scorer = "h2o";
   int chunk = 1024, threads = 0;
+  long long max_kv_tokens = -1;  ///< bounded memory: KV tokens over all layers (-1: off)
+  int interval = 32;             ///< with max_kv_tokens: evict every this many tokens
   SelectionSettings sel = SelectionSettings::generate();
 };
 
@@ -48,6 +52,9 @@ void run_generate(const GenerateArgs& a) {
   a.sel.check();
   DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
   DEPTHKV_CHECK(a.threads >= 0, "--threads must be >= 0, got " << a.threads);
+  const bool bounded = a.max_kv_tokens >= 0;
+  DEPTHKV_CHECK(!bounded || a.keep >= 1.0, "give --keep or --max-kv-tokens, not both");
+  DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
 #ifdef _OPENMP
   if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
@@ -87,6 +94,31 @@ void run_generate(const GenerateArgs& a) {
     scorers = make_scorers(cfg, scfg);
     opt.observer = observe_into(scorers);
   }
+  // bounded memory: an EvictionSchedule evicting after every prefill chunk and every `interval`
+  // decoded tokens down to --max-kv-tokens
+  SensitivityProfile bounded_curves;
+  std::unique_ptr<EvictionSchedule> schedule;
+  std::size_t peak_bytes = 0;
+  if (bounded) {
+    ScheduleConfig sc;
+    sc.policy = policy;
+    sc.budget.total_tokens = a.max_kv_tokens;
+    sc.budget.window = a.sel.obs_window;
+    sc.protection = a.sel.protection();
+    sc.budget.min_tokens = safeguard_floor(sc.protection);
+    sc.scorer = scfg;
+    sc.interval = a.interval;
+    if (add_profile_inputs(policy, profile_file.get(), a.scorer, sc.budget, bounded_curves)) {
+      sc.profile = &bounded_curves;
+      std::fputs(selection_note(policy, *profile_file, a.sel).c_str(), stderr);
+    }
+    schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
+    opt.observer = schedule->observer();
+    opt.after_chunk = [&](int, std::int32_t) {
+      peak_bytes = std::max(peak_bytes, cache.bytes());
+      schedule->after_chunk(cache);
+    };
+  }
   const auto t_prefill = std::chrono::steady_clock::now();
   const RowMatrix prefill_logits =
       engine.prefill(std::vector<int>(prompt.begin(), prompt.begin() + n_feed), 0, cache, opt);
@@ -122,7 +154,16 @@ void run_generate(const GenerateArgs& a) {
     } else if (pos == n_feed - 1) {
       next = sampler.sample(prefill_logits.row(0).transpose());
     } else {
-      next = sampler.sample(engine.decode(token, pos, cache));
+      if (bounded) {
+        ForwardOptions dopt;
+        dopt.observer = schedule->observer();
+        const RowMatrix l = engine.forward(&token, 1, pos, cache, dopt);
+        peak_bytes = std::max(peak_bytes, cache.bytes());
+        schedule->after_decode_step(cache);
+        next = sampler.sample(l.row(0).transpose());
+      } else {
+        next = sampler.sample(engine.decode(token, pos, cache));
+      }
       ++decoded;
     }
     ++pos;
@@ -135,6 +176,16 @@ void run_generate(const GenerateArgs& a) {
   std::fputs("\n", stdout);
   std::fflush(stdout);
   const double decode_ms = 1000.0 * seconds_since(t_decode);
+  if (bounded) {
+    peak_bytes = std::max(peak_bytes, cache.bytes());
+    const std::size_t token_bytes = static_cast<std::size_t>(cfg.n_layers) * static_cast<std::size_t>(cfg.n_kv_heads) *
+                                    static_cast<std::size_t>(cfg.head_dim) * 2 * sizeof(float);
+    std::fprintf(stderr,
+                 "kv cache: max %lld tokens (interval %d), %d evictions; peak %zu bytes, full cache would hold %zu "
+                 "bytes (%lld positions)\n",
+                 a.max_kv_tokens, a.interval, schedule->n_evictions(), peak_bytes,
+                 token_bytes * static_cast<std::size_t>(schedule->tokens_seen()), schedule->tokens_seen());
+  }
   std::fprintf(stderr,
                "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
                n_feed, prefill_ms, prefill_ms > 0 ? 1000.0 * n_feed / prefill_ms : 0.0, decoded, decode_ms,
@@ -172,6 +223,11 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   args->sel.add_options(cmd, /*old_window=*/"--obs-window N", /*old_sink=*/true);
   cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str();
+  cmd->add_option("--max-kv-tokens", args->max_kv_tokens,
+                  "bounded memory: at most this many KV tokens over all layers (plus one interval), evicting after "
+                  "every prefill chunk and every --interval decoded tokens");
+  cmd->add_option("--interval", args->interval, "with --max-kv-tokens: evict every this many tokens")
+      ->capture_default_str();
   cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
       ->capture_default_str();
   cmd->callback([args]() { run_generate(*args); });

@@ -289,6 +289,14 @@ class EvictionSchedule {
   bool after_decode_step(KVCache<Layer>& cache) {
     return step(cache);
   }
+  /// Counts the appended tokens and evicts now when the cache holds more than the budget,
+  /// whatever the interval (e.g. at the end of the prefill, so that decoding starts on budget).
+  /// @return true when it evicted
+  /// @throws Error as `after_chunk`; nothing changes then
+  template <class Layer>
+  bool evict_now(KVCache<Layer>& cache) {
+    return step(cache, /*force=*/true);
+  }
 
  private:
   long long protected_total(const std::vector<int>& held) const {
@@ -298,7 +306,7 @@ class EvictionSchedule {
   }
 
   template <class Layer>
-  bool step(KVCache<Layer>& cache) {
+  bool step(KVCache<Layer>& cache, bool force = false) {
     DEPTHKV_CHECK(cache.n_layers() == n_layers(),
                   "cache has " << cache.n_layers() << " layers, schedule " << n_layers());
     const std::vector<int> held = cache.lengths();
@@ -315,7 +323,7 @@ class EvictionSchedule {
     long long sum_held = 0;
     for (int n : held) sum_held += n;
     const long long total = global_budget(seen, held);
-    if (pending < cfg_.interval || total >= sum_held) {  // nothing to do yet
+    if ((!force && pending < cfg_.interval) || total >= sum_held) {  // nothing to do yet
       seen_ = seen;
       pending_ = pending;
       held_ = held;

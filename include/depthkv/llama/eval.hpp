@@ -186,6 +186,11 @@ struct WindowResult {
   std::vector<int> budgets;      ///< tokens kept per layer (context part)
   std::size_t bytes_kept = 0;    ///< KV bytes of the context after eviction (all layers)
   std::size_t bytes_full = 0;    ///< KV bytes of the full context
+  /// Most KV bytes the pruned run's layers held at once (`cache.bytes()` at its largest: before
+  /// an eviction, or at the end of the continuation).
+  std::size_t bytes_peak = 0;
+  /// Most KV bytes the full run held (full context + continuation).
+  std::size_t bytes_full_peak = 0;
 };
 
 /// Evaluates per-layer budget plans on a fixed set of windows against the full cache. The full
@@ -270,6 +275,26 @@ class PruningEvaluator {
     });
   }
 
+  /// Evaluates a bounded-memory schedule: each window's context is prefilled in chunks of
+  /// `config().chunk_size` with an `EvictionSchedule` evicting after every chunk (and at the end
+  /// of the context, `evict_now`, so that the continuation starts on the final budget), then the
+  /// continuation is teacher-forced on the pruned cache (appended, not evicted), as in the
+  /// one-shot protocol. `sc.scorer` is replaced by `config().scorers[scorer]` and
+  /// `sc.protection` by `config().protection`. With one chunk per context this equals a one-shot
+  /// run of the same budget (`bytes_peak` aside). `budgets` are the final ones.
+  /// @throws Error on a bad scorer index or an invalid schedule
+  std::vector<WindowResult> evaluate_schedule(const ScheduleConfig& sc, int scorer = 0) const {
+    check_scorer(scorer);
+    ScheduleConfig cfg = sc;
+    cfg.scorer = cfg_.scorers[static_cast<std::size_t>(scorer)];
+    cfg.protection = cfg_.protection;
+    const LlamaConfig& c = engine_.config();
+    EvictionSchedule(cfg, c.n_layers, c.n_heads, c.n_kv_heads);  // validates (serial)
+    std::vector<WindowResult> out(windows_.size());
+    parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_schedule(w, cfg); });
+    return out;
+  }
+
   /// `evaluate_plan` reduced to the per-window losses.
   std::vector<SampleLoss> plan_losses(const std::vector<double>& plan, int scorer = 0) const {
     std::vector<SampleLoss> out;
@@ -338,6 +363,7 @@ class PruningEvaluator {
     HostCache cache;                         // full context cache
     std::vector<RowMatrix> inputs;           // [L + 1] continuation residual input of layer l (L: final)
     RowMatrix logits;                        // full continuation logits
+    std::size_t full_peak = 0;               // KV bytes of the full cache after the continuation
     std::vector<std::vector<LayerScores>> scores;  // [scorer][layer]
     std::vector<int> targets;
     double nll = 0;
@@ -401,6 +427,7 @@ class PruningEvaluator {
       r.inputs[static_cast<std::size_t>(idx)].middleRows(p0 - pos0, rows.rows()) = rows;
     };
     r.logits = engine_.teacher_force(win.continuation, pos0, work, fo);
+    r.full_peak = work.bytes();
     r.targets = continuation_targets(win.continuation);
     r.nll = compare_logits(r.logits, r.logits, r.targets).nll_full;
     return r;
@@ -441,6 +468,10 @@ class PruningEvaluator {
     RowMatrix x = r.inputs[static_cast<std::size_t>(first)];
     ForwardOptions fo;
     const int tc = static_cast<int>(x.rows());
+    // bytes at the end: layers below `first` hold the full context + continuation
+    std::size_t bytes_end = 0;
+    for (int l = 0; l < first; ++l) bytes_end += r.cache.layer(l).bytes() + layer_bytes(tc);
+    res.bytes_full_peak = r.full_peak;
     for (int l = first; l < c.n_layers; ++l) {
       HostLayer<float> kv = r.cache.layer(l);
       const int k = keep[static_cast<std::size_t>(l)];
@@ -454,7 +485,9 @@ class PruningEvaluator {
         engine_.forward_layer(l, xc, n_ctx + c0, kv, fo);
         x.middleRows(c0, t) = xc;
       }
+      bytes_end += kv.bytes();
     }
+    res.bytes_peak = std::max(r.cache.bytes(), bytes_end);  // before the eviction, or at the end
     layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
     RowMatrix logits(tc, c.vocab_size);
     for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {  // per chunk, as the full run (same rounding)
@@ -485,11 +518,44 @@ class PruningEvaluator {
     WindowResult res;
     res.budgets = keep;
     res.bytes_full = cache.bytes();
+    res.bytes_full_peak = full.bytes();
     evict(cache, layer_scores(sc, cache), keep, cfg_.protection);
     res.bytes_kept = cache.bytes();
     const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
+    res.bytes_peak = std::max(res.bytes_full, cache.bytes());
     layer_tokens_ += static_cast<long long>(c.n_layers) * (2 * n_ctx + 2 * static_cast<long long>(win.continuation.size()));
     res.metrics = compare_logits(lf, lp, continuation_targets(win.continuation));
+    return res;
+  }
+
+  WindowResult run_schedule(int w, const ScheduleConfig& sc) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const Reference& r = refs_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    HostCache cache = engine_.make_cache();
+    WindowResult res;
+    res.bytes_full = r.cache.bytes();
+    res.bytes_full_peak = r.full_peak;
+    ForwardOptions po;
+    po.chunk_size = cfg_.chunk_size;
+    po.all_logits = false;
+    po.observer = schedule.observer();
+    po.after_chunk = [&](int, std::int32_t) {
+      res.bytes_peak = std::max(res.bytes_peak, cache.bytes());  // the chunk appended, not yet evicted
+      schedule.after_chunk(cache);
+    };
+    engine_.prefill(win.context, 0, cache, po);
+    schedule.evict_now(cache);
+    res.bytes_kept = cache.bytes();
+    res.budgets = cache.lengths();
+    ForwardOptions fo;
+    fo.chunk_size = cfg_.chunk_size;
+    const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, fo);
+    res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+    layer_tokens_ += static_cast<long long>(c.n_layers) * (n_ctx + static_cast<long long>(win.continuation.size()));
+    res.metrics = compare_logits(r.logits, lp, r.targets);
     return res;
   }
 
