@@ -1,0 +1,72 @@
+// Tests of the bounded-memory options of `depthkv eval` (--schedule, --interval, peak_kv_bytes) and
+// `depthkv generate` (--max-kv-tokens, --interval), run as separate processes on stories260K.
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/run_cli.hpp"
+#include "support/temp_dir.hpp"
+#include "support/test_data.hpp"
+
+using depthkv_test::require_error;
+using depthkv_test::run_cli;
+using depthkv_test::shell_quoted;
+
+namespace {
+std::string model() { return shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin")); }
+// stories260K: 5 layers x 4 KV heads x head_dim 8, K and V in float
+constexpr double kTokenBytes = 5 * 4 * 8 * 2 * 4;  // per position, all layers
+}  // namespace
+
+TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes within budget + one chunk",
+          "[cli][eval][schedule][real]") {
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string profile = depthkv_test::scratch_dir().file("schedule_profile.json");
+  const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  REQUIRE(run_cli("profile --model " + model() + " --text " + text + common +
+                  " --windows 4 --ratios 0.2,0.5 --scorers h2o -o " + shell_quoted(profile))
+              .status == 0);
+  const std::string base = "eval --model " + model() + " --text " + text + " --profile " + shell_quoted(profile) +
+                           common + " --keep 0.2 --policies uniform,optimal --windows 3 --json";
+  const auto once = run_cli(base), one_chunk = run_cli(base + " --schedule chunked"),
+             chunked = run_cli(base + " --schedule chunked --chunk 16"),
+             spaced = run_cli(base + " --schedule chunked --chunk 8 --interval 24");
+  REQUIRE(once.status == 0);
+  REQUIRE(one_chunk.status == 0);
+  REQUIRE(chunked.status == 0);
+  REQUIRE(spaced.status == 0);
+  const auto a = nlohmann::json::parse(once.out), b = nlohmann::json::parse(one_chunk.out),
+             c = nlohmann::json::parse(chunked.out), d = nlohmann::json::parse(spaced.out);
+  REQUIRE(a.size() == 2);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(a[i]["full_kv_bytes"].get<double>() == 80 * kTokenBytes);  // context + continuation
+    REQUIRE(a[i]["peak_kv_bytes"].get<double>() == 64 * kTokenBytes);   // the full context, before eviction
+    REQUIRE(b[i]["kl"].get<double>() == Approx(a[i]["kl"].get<double>()).margin(1e-9));
+    REQUIRE(b[i]["peak_kv_bytes"] == a[i]["peak_kv_bytes"]);
+    REQUIRE(c[i]["bytes_kept"] == a[i]["bytes_kept"]);  // same final budget
+    const double kept = a[i]["bytes_kept"].get<double>();
+    REQUIRE(c[i]["peak_kv_bytes"].get<double>() <= kept + 16 * kTokenBytes);  // budget + one chunk (or the continuation)
+    REQUIRE(c[i]["peak_kv_bytes"].get<double>() < a[i]["peak_kv_bytes"].get<double>());
+    REQUIRE(d[i]["peak_kv_bytes"].get<double>() <= kept + 24 * kTokenBytes);
+  }
+  require_error(run_cli(base + " --schedule sometimes", "2>&1"), "--schedule must be oneshot or chunked, got 'sometimes'");
+  require_error(run_cli(base + " --schedule chunked --interval 0", "2>&1"), "--interval must be >= 1, got 0");
+  std::remove(profile.c_str());
+}
+
+TEST_CASE("generate --max-kv-tokens: bounded cache; a budget never reached gives the default output",
+          "[cli][generate][schedule][real]") {
+  const std::string g = "generate --model " + model() + " --prompt 'Once upon a time' -t 0 -n 200 ";
+  const auto full = run_cli(g), big = run_cli(g + "--max-kv-tokens 100000");
+  REQUIRE(full.status == 0);
+  REQUIRE(big.out == full.out);
+  const auto bounded = run_cli(g + "--max-kv-tokens 300 --interval 16", "2>&1");
+  REQUIRE(bounded.status == 0);
+  // 300 tokens + one interval of 16 in each of the 5 layers, at 256 bytes per layer-token
+  REQUIRE(bounded.out.find("peak 97280 bytes") != std::string::npos);
+  require_error(run_cli(g + "--max-kv-tokens 300 --keep 0.5", "2>&1"), "give --keep or --max-kv-tokens, not both");
+  require_error(run_cli(g + "--max-kv-tokens 300 --interval 0", "2>&1"), "--interval must be >= 1, got 0");
+}
