@@ -16,6 +16,9 @@
 /// distributions computed while feeding continuation token i, all of which read the pruned
 /// cache: KL(full || pruned) and top-1 agreement over all `Tc` rows, and the NLL of the true next
 /// token over the `Tc - 1` rows that have one inside the window.
+/// `PruningEvaluator::evaluate_schedule` runs the bounded-memory variant instead: the pruned run
+/// prefills the context in chunks with an `EvictionSchedule` (eviction after every chunk, to the
+/// budget of the tokens seen so far) and reaches the same final budget before the continuation.
 ///
 /// ## Activation reuse
 /// When the first pruned layer of a plan is `l`, layers `< l` see exactly the full run's caches
