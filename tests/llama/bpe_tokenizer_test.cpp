@@ -196,7 +196,7 @@ TEST_CASE("bpe: round trips on random UTF-8, including invalid sequences", "[lla
   }
 }
 
-TEST_CASE("bpe: merges by rank, leftmost on ties; ignore_merges; byte tokens", "[llama][bpe]") {
+TEST_CASE("bpe: merges by rank, leftmost on ties, ignore_merges, byte tokens", "[llama][bpe]") {
   // ab (rank 0), then bb... only "ab" and "aab" exist.
   Vocabulary v = tiny_vocab({"ab", "aab", "bb"}, {"a b", "a ab", "b b"});
   const BpeTokenizer t(v);
