@@ -20,6 +20,8 @@ using depthkv::llama::LlamaModel;
 
 namespace {
 
+using depthkv_test::random_tokens;
+
 LlamaModel model_of(unsigned seed, int layers = 4) {
   depthkv_test::RandomSpec s;
   s.seed = seed;
@@ -29,14 +31,6 @@ LlamaModel model_of(unsigned seed, int layers = 4) {
   s.seq_len = 512;
   s.qk_gain = 3.0f;
   return depthkv_test::random_model(s);
-}
-
-std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, vocab - 1);
-  std::vector<int> t(static_cast<std::size_t>(n));
-  for (int& x : t) x = u(rng);
-  return t;
 }
 
 long long sum_of(const std::vector<int>& v) {

@@ -38,16 +38,10 @@ using depthkv::llama::RowMatrix;
 
 namespace {
 
+using depthkv_test::random_tokens;
+
 using depthkv_test::random_model;
 using depthkv_test::RandomSpec;
-
-std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, vocab - 1);
-  std::vector<int> t(static_cast<std::size_t>(n));
-  for (int& x : t) x = u(rng);
-  return t;
-}
 
 // ---- the naive reference: one token at a time, explicit loops, double accumulation ----------
 

@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "depthkv/llama/model.hpp"
 
@@ -74,6 +75,15 @@ inline depthkv::llama::LlamaModel random_model(const RandomSpec& s) {
   m.classifier = mat(s.vocab, s.dim, s.classifier_gain * sc);
   if (s.freq_factors) m.rope_freq_factors = vec(hd / 2, 2.0f, 0.5f).cwiseAbs();
   return m;
+}
+
+/// `n` token ids drawn uniformly from [0, vocab) with a fixed seed.
+inline std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(0, vocab - 1);
+  std::vector<int> t(static_cast<std::size_t>(n));
+  for (int& x : t) x = u(rng);
+  return t;
 }
 
 }  // namespace depthkv_test
