@@ -387,3 +387,128 @@ TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot; chunke
     }
   }
 }
+
+TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by token; peak within budget + interval",
+          "[schedule][eval]") {
+  const LlamaModel model = model_of(19, 3);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  std::vector<llama::EvalWindow> windows(2);
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    windows[w].context = random_tokens(32, c.vocab_size, 40 + static_cast<unsigned>(w));
+    windows[w].continuation = random_tokens(64, c.vocab_size, 50 + static_cast<unsigned>(w));
+  }
+  const std::size_t token_bytes =
+      static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim) * 2 * sizeof(float);
+  llama::EvalConfig cfg;
+  cfg.protection = {1, 2};
+  cfg.chunk_size = 16;
+  cfg.n_threads = 1;
+  const llama::PruningEvaluator ev(engine, windows, cfg);
+  for (const bool fixed : {false, true}) {
+    for (int interval : {1, 8, 13}) {
+      CAPTURE(fixed, interval);
+      ScheduleConfig sc;
+      if (fixed)
+        sc.budget.total_tokens = 3 * 40;  // above the context: the cache first grows to it
+      else
+        sc.budget.keep_ratio = 0.25;
+      sc.interval = interval;
+      const auto dec = ev.evaluate_schedule(sc, 0, llama::PruningEvaluator::ScheduleEval::kDecode);
+      const auto pre = ev.evaluate_schedule(sc, 0, llama::PruningEvaluator::ScheduleEval::kPrefill);
+      for (std::size_t w = 0; w < windows.size(); ++w) {
+        CAPTURE(w);
+        // the reference: the same schedule, the continuation decoded one token at a time
+        ScheduleConfig rc = sc;
+        rc.protection = cfg.protection;
+        EvictionSchedule s(rc, c.n_layers, c.n_heads, c.n_kv_heads);
+        llama::HostCache cache = engine.make_cache();
+        ForwardOptions po;
+        po.chunk_size = cfg.chunk_size;
+        po.all_logits = false;
+        po.observer = s.observer();
+        std::size_t peak = 0;
+        po.after_chunk = [&](int, std::int32_t) {
+          peak = std::max(peak, cache.bytes());
+          s.after_chunk(cache);
+        };
+        engine.prefill(windows[w].context, 0, cache, po);
+        s.evict_now(cache);
+        REQUIRE(dec[w].budgets == cache.lengths());
+        ForwardOptions fo;
+        fo.observer = s.observer();
+        llama::RowMatrix logits(64, c.vocab_size);
+        long long seen = 32;
+        for (int t = 0; t < 64; ++t) {
+          logits.row(t) = engine.forward(&windows[w].continuation[static_cast<std::size_t>(t)], 1, 32 + t, cache, fo);
+          peak = std::max(peak, cache.bytes());
+          ++seen;
+          s.after_decode_step(cache);
+          const long long B = s.global_budget(seen, cache.lengths());
+          for (int n : cache.lengths()) REQUIRE(n <= (B + 2) / 3 + interval);  // budget plus at most one interval
+        }
+        const auto ref = llama::compare_logits(ev.full_logits(static_cast<int>(w)), logits,
+                                               llama::continuation_targets(windows[w].continuation));
+        REQUIRE(dec[w].metrics.loss.kl == Approx(ref.loss.kl).margin(1e-6));
+        REQUIRE(dec[w].metrics.loss.dnll == Approx(ref.loss.dnll).margin(1e-6));
+        REQUIRE(dec[w].bytes_peak == peak);
+        REQUIRE(peak <= token_bytes * static_cast<std::size_t>(fixed ? 40 + interval : 24 + interval));
+        REQUIRE(dec[w].bytes_peak < pre[w].bytes_peak);  // the continuation is bounded too
+      }
+    }
+  }
+}
+
+TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot; chunks equal the uniform EvictionSchedule",
+          "[schedule][eval]") {
+  const LlamaModel model = model_of(23, 3);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  std::vector<llama::EvalWindow> windows(3);
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    windows[w].context = random_tokens(96, c.vocab_size, 60 + static_cast<unsigned>(w));
+    windows[w].continuation = random_tokens(24, c.vocab_size, 70 + static_cast<unsigned>(w));
+  }
+  llama::EvalConfig cfg;
+  cfg.protection = {1, 2};
+  cfg.n_threads = 1;
+  const std::vector<double> plan = {0.25, 0.25, 0.25};  // 0.25 * 16k tokens is an integer
+  const std::vector<double> one_layer = {1.0, 0.25, 1.0};
+  // one chunk: the same as eviction after the whole context
+  cfg.chunk_size = 1024;
+  const llama::PruningEvaluator once(engine, windows, cfg);
+  cfg.chunked_plans = true;
+  const llama::PruningEvaluator once_chunked(engine, windows, cfg);
+  for (const auto& p : {plan, one_layer}) {
+    const auto a = once.evaluate_plan(p), b = once_chunked.evaluate_plan(p);
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      REQUIRE(a[w].budgets == b[w].budgets);
+      REQUIRE(a[w].bytes_kept == b[w].bytes_kept);
+      REQUIRE(b[w].metrics.loss.kl == Approx(a[w].metrics.loss.kl).margin(1e-9));
+    }
+  }
+  // chunks of 16: every layer keeps a quarter of the tokens seen after each chunk, which is what the
+  // uniform schedule at keep 0.25 gives (independent code: allocator + EvictionSchedule)
+  cfg.chunk_size = 16;
+  const llama::PruningEvaluator chunked(engine, windows, cfg);
+  ScheduleConfig sc;
+  sc.budget.keep_ratio = 0.25;
+  const auto s = chunked.evaluate_schedule(sc);
+  const auto p = chunked.evaluate_plan(plan);
+  const auto q = chunked.evaluate_plan(one_layer);
+  const auto o = once.evaluate_plan(one_layer), op = once.evaluate_plan(plan);
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    CAPTURE(w);
+    REQUIRE(p[w].budgets == std::vector<int>(3, 24));
+    REQUIRE(s[w].budgets == p[w].budgets);
+    REQUIRE(p[w].bytes_kept == s[w].bytes_kept);
+    REQUIRE(p[w].bytes_peak == s[w].bytes_peak);
+    REQUIRE(p[w].metrics.loss.kl == Approx(s[w].metrics.loss.kl).margin(1e-9));
+    REQUIRE(q[w].bytes_kept == o[w].bytes_kept);   // the same final budget as oneshot
+    REQUIRE(p[w].bytes_peak < op[w].bytes_peak);   // no layer ever held the whole context
+  }
+  // the profiler's function runs under the chunked eviction as well
+  const auto m = chunked.layer_metrics(1, {0.25});
+  REQUIRE(m.size() == 1);
+  for (std::size_t w = 0; w < windows.size(); ++w) REQUIRE(m[0].kl[w] == Approx(q[w].metrics.loss.kl).margin(1e-12));
+}

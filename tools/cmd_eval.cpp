@@ -35,7 +35,9 @@ struct EvalArgs {
                                                       policies = "uniform,pyramid,proportional,middle,optimal", scorers;
   std::string csv, plot;
   int context = 0, continuation = 0, windows = 64, skip = -1, threads = 0, chunk = 1024, min_tokens = -1;
-  std::string schedule = "oneshot";  ///< oneshot: evict once after the context; chunked: after every chunk
+  /// oneshot: evict once after the context; chunked: after every prefill chunk; decode: chunked,
+  /// and every `interval` tokens of the continuation
+  std::string schedule = "oneshot";
   int interval = 1;                  ///< chunked: evict once this many tokens were appended
   bool json = false;
   SelectionSettings sel;
@@ -216,7 +218,7 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.keep = keep;
   r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
   std::vector<llama::WindowResult> results;
-  if (a.schedule == "chunked") {  // the budgets above stay the one-shot plan; each window re-allocates
+  if (a.schedule != "oneshot") {  // the budgets above stay the one-shot plan; each window re-allocates
     ScheduleConfig sc;
     sc.policy = policy;
     sc.budget = in.req;
@@ -225,7 +227,9 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
     sc.budget.caps.clear();
     sc.profile = in.has_profile ? &in.profile : nullptr;
     sc.interval = a.interval;
-    results = ev.evaluate_schedule(sc, scorer_index);
+    results = ev.evaluate_schedule(sc, scorer_index,
+                                   a.schedule == "decode" ? llama::PruningEvaluator::ScheduleEval::kDecode
+                                                          : llama::PruningEvaluator::ScheduleEval::kPrefill);
   } else {
     results = ev.evaluate_budgets(r.budgets, scorer_index);
   }
@@ -274,11 +278,19 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   std::printf("evaluation: %s, %d windows (%d..%d) of %s, context %d + continuation %d; full-cache NLL %.4f nats\n",
               base_name(a.model).c_str(), w.windows, w.skip, w.skip + w.windows - 1, base_name(w.source).c_str(),
               w.context, w.continuation, nll_full);
-  std::printf("profile: %s (%d calibration windows %lld..%lld of %s), %s\n", base_name(a.profile).c_str(),
+  std::printf("profile: %s (%d calibration windows %lld..%lld of %s%s), %s\n", base_name(a.profile).c_str(),
               f.calibration.samples, f.calibration.window_begin, f.calibration.window_end - 1,
-              base_name(f.calibration.text_file).c_str(), a.sel.describe().c_str());
+              base_name(f.calibration.text_file).c_str(),
+              f.calibration.eviction_chunk > 0
+                  ? ("; measured with eviction after every " + std::to_string(f.calibration.eviction_chunk) + "-token chunk").c_str()
+                  : "",
+              a.sel.describe().c_str());
   if (a.schedule == "chunked")
     std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: the one-shot plan\n",
+                a.chunk, a.interval);
+  if (a.schedule == "decode")
+    std::printf("schedule: decode, eviction after every %d-token prefill chunk and every %d continuation tokens; "
+                "budgets: the one-shot plan\n",
                 a.chunk, a.interval);
   std::printf("%-7s %-12s %5s  %-24s %9s %8s %8s %7s %10s\n", "scorer", "policy", "keep", "budgets/layer", "KL",
               "+-se", "dNLL", "top1", "KV kept");
@@ -306,8 +318,8 @@ void run_eval(const EvalArgs& a) {
   using namespace depthkv::llama;
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
-  DEPTHKV_CHECK(a.schedule == "oneshot" || a.schedule == "chunked",
-                "--schedule must be oneshot or chunked, got '" << a.schedule << "'");
+  DEPTHKV_CHECK(a.schedule == "oneshot" || a.schedule == "chunked" || a.schedule == "decode",
+                "--schedule must be oneshot, chunked or decode, got '" << a.schedule << "'");
   DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
   const EvalPlan plan = plan_eval(a, f);
@@ -390,9 +402,10 @@ void register_eval(CLI::App& app) {
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")->capture_default_str();
   c->add_option("--schedule", a->schedule,
-                "oneshot: evict once after the context; chunked: after every prefill chunk (EvictionSchedule)")
+                "oneshot: evict once after the context; chunked: after every prefill chunk (EvictionSchedule); "
+                "decode: chunked, and during the teacher-forced continuation every --interval tokens")
       ->capture_default_str();
-  c->add_option("--interval", a->interval, "chunked: evict once this many tokens were appended since the last eviction")
+  c->add_option("--interval", a->interval, "chunked, decode: evict once this many tokens were appended since the last eviction")
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--json", a->json, "print the rows as one JSON array");

@@ -26,6 +26,7 @@ namespace {
 struct ProfileArgs {
   std::string model, tokenizer, text, tokens, output, scorers = "h2o,snapkv", ratios = "0.05,0.1,0.2,0.3,0.5,0.75";
   std::string metric = "kl";
+  std::string schedule = "oneshot";  ///< oneshot: evict once after the context; chunked: after every chunk
   int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024, probe_samples = 64;
   bool resume = false;
   SelectionSettings sel;
@@ -53,6 +54,9 @@ MetricChoice parse_metrics(const std::string& list) {
   return c;
 }
 
+/// The recorded eviction chunk: 0 for oneshot, the chunk size for chunked.
+int eviction_chunk(const ProfileArgs& a) { return a.schedule == "chunked" ? a.chunk : 0; }
+
 /// The profile file to fill: the partial output file with --resume (checked to be measured with
 /// these settings), else a new one describing this calibration.
 depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<double>& keep_ratios, int n_layers,
@@ -63,8 +67,9 @@ depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<doubl
     out = load_profile(a.output, a.model);
     DEPTHKV_CHECK(out.calibration.text_file == src && out.calibration.context == a.context &&
                       out.calibration.continuation == a.continuation && out.calibration.skip == a.skip &&
-                      out.calibration.samples == a.windows && out.keep_ratios == keep_ratios,
-                  "--resume: '" << a.output << "' was measured with other settings (text, windows or ratios)");
+                      out.calibration.samples == a.windows && out.keep_ratios == keep_ratios &&
+                      out.calibration.eviction_chunk == eviction_chunk(a),
+                  "--resume: '" << a.output << "' was measured with other settings (text, windows, ratios or schedule)");
     std::fprintf(stderr, "profile: resuming from %s\n", a.output.c_str());
     return out;
   }
@@ -81,6 +86,7 @@ depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<doubl
   out.calibration.window_end = a.skip + a.windows;
   out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
   out.calibration.selection = a.sel.record();
+  out.calibration.eviction_chunk = eviction_chunk(a);
   return out;
 }
 
@@ -162,6 +168,8 @@ void run_profile(const ProfileArgs& a) {
   using namespace depthkv::llama;
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
+  DEPTHKV_CHECK(a.schedule == "oneshot" || a.schedule == "chunked",
+                "--schedule must be oneshot or chunked, got '" << a.schedule << "'");
   const std::vector<std::string> scorer_names = split_list(a.scorers);
   DEPTHKV_CHECK(!scorer_names.empty(), "--scorers is empty");
   std::vector<ScorerConfig> scorer_cfgs;
@@ -194,9 +202,11 @@ void run_profile(const ProfileArgs& a) {
   ecfg.protection = a.sel.protection();
   ecfg.chunk_size = a.chunk;
   ecfg.n_threads = a.threads;
-  std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s, scorers %s\n",
+  ecfg.chunked_plans = a.schedule == "chunked";
+  std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s, scorers %s%s\n",
                base_name(a.model).c_str(), L, a.windows, a.context, a.continuation, base_name(src).c_str(),
-               a.scorers.c_str());
+               a.scorers.c_str(),
+               ecfg.chunked_plans ? (", eviction after every " + std::to_string(a.chunk) + "-token chunk").c_str() : "");
   const auto t_full = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t_full);
@@ -241,7 +251,11 @@ void register_profile(CLI::App& app) {
   c->add_option("--probe-samples", a->probe_samples, "stories probed by --metric infonce (after the calibration windows)")
       ->capture_default_str();
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
-  c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")->capture_default_str();
+  c->add_option("--schedule", a->schedule,
+                "oneshot: measure each layer pruned once after the context; chunked: after every prefill chunk "
+                "(as eval --schedule chunked evicts)")
+      ->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");
   c->callback([a] { run_profile(*a); });

@@ -34,6 +34,9 @@
 /// describe another pruning, so tools compare it with their own settings (`SelectionRecord::differs`).
 /// Files that spell it `{"n_sink", "n_recent", "window", "kernel"}` are read too: `window` is the
 /// observation window and the pooling is "max" there.
+/// `calibration.eviction_chunk` (optional; absent = 0) is the prefill chunk after each of which
+/// the curves' pruned layers were evicted (`EvalConfig::chunked_plans`); 0 means one eviction
+/// after the whole context.
 /// Every problem on load (invalid JSON, another format or version, a missing key, a wrong type or
 /// shape, a NaN/null or negative loss, unsorted ratios, another model) throws `depthkv::Error`
 /// naming the file and the key.
@@ -52,6 +55,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -148,6 +152,7 @@ struct CalibrationInfo {
   long long window_end = 0;   ///< one past the last window index used
   std::string description;    ///< free text
   SelectionRecord selection;  ///< the token selection measured under (optional in the file)
+  int eviction_chunk = 0;     ///< 0: evicted once after the context; N: after every N-token prefill chunk
 };
 
 /// Per-layer values of a representation metric (e.g. InfoNCE per stage) with a confidence interval.
@@ -300,6 +305,7 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
   j["calibration"] = {{"text_file", c.text_file}, {"context", c.context},     {"continuation", c.continuation},
                       {"skip", c.skip},           {"samples", c.samples},     {"window_begin", c.window_begin},
                       {"window_end", c.window_end}, {"description", c.description}};
+  if (c.eviction_chunk != 0) j["calibration"]["eviction_chunk"] = c.eviction_chunk;
   if (c.selection.recorded())
     j["calibration"]["selection"] = {{"sinks", c.selection.sinks},
                                      {"recent", c.selection.recent},
@@ -369,6 +375,12 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
   f.calibration.window_begin = json_integer(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
   f.calibration.window_end = json_integer(json_at(c, "window_end", "calibration"), "calibration.window_end");
   f.calibration.description = json_string(json_at(c, "description", "calibration"), "calibration.description");
+  if (c.contains("eviction_chunk")) {
+    const long long v = json_integer(c["eviction_chunk"], "calibration.eviction_chunk");
+    DEPTHKV_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(),
+                  "calibration.eviction_chunk must be >= 0, got " << v);
+    f.calibration.eviction_chunk = static_cast<int>(v);
+  }
   if (c.contains("selection")) {
     const auto& sel = c["selection"];
     auto get = [&](const char* key) {

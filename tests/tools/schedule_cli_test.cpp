@@ -2,7 +2,9 @@
 // `depthkv generate` (--max-kv-tokens, --interval), run as separate processes on stories260K.
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -52,9 +54,61 @@ TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes with
     REQUIRE(c[i]["peak_kv_bytes"].get<double>() < a[i]["peak_kv_bytes"].get<double>());
     REQUIRE(d[i]["peak_kv_bytes"].get<double>() <= kept + 24 * kTokenBytes);
   }
-  require_error(run_cli(base + " --schedule sometimes", "2>&1"), "--schedule must be oneshot or chunked, got 'sometimes'");
+  // decode: a short context and a long continuation, evicted every --interval tokens
+  const std::string longer = "eval --model " + model() + " --text " + text + " --profile " + shell_quoted(profile) +
+                             " --context 32 --continuation 48 --sinks 2 --recent 4 --obs-window 4 --threads 1"
+                             " --keep 0.2 --policies uniform,optimal --windows 3 --json --chunk 16";
+  const auto pre = run_cli(longer + " --schedule chunked"), dec = run_cli(longer + " --schedule decode --interval 4");
+  REQUIRE(pre.status == 0);
+  REQUIRE(dec.status == 0);
+  const auto e = nlohmann::json::parse(dec.out), f = nlohmann::json::parse(pre.out);
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(e[i]["bytes_kept"] == f[i]["bytes_kept"]);  // the same budget after the context
+    // chunked: the kept context + all 48 continuation tokens. decode: the second prefill chunk on
+    // the 6 protected tokens left after the first, or at the end keep 0.2 of the 80 tokens seen
+    // (16 per layer) plus one interval
+    REQUIRE(f[i]["peak_kv_bytes"].get<double>() >= 48 * kTokenBytes);
+    REQUIRE(e[i]["peak_kv_bytes"].get<double>() <= std::max(6 + 16, 16 + 4) * kTokenBytes);
+  }
+  require_error(run_cli(base + " --schedule sometimes", "2>&1"),
+                "--schedule must be oneshot, chunked or decode, got 'sometimes'");
   require_error(run_cli(base + " --schedule chunked --interval 0", "2>&1"), "--interval must be >= 1, got 0");
   std::remove(profile.c_str());
+}
+
+TEST_CASE("profile --schedule chunked: recorded in the file; one chunk equals oneshot", "[cli][profile][schedule][real]") {
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const auto& dir = depthkv_test::scratch_dir();
+  const std::string p1 = dir.file("prof_once.json"), p2 = dir.file("prof_one_chunk.json"), p3 = dir.file("prof_chunked.json");
+  const std::string base = "profile --model " + model() + " --text " + text +
+                           " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1"
+                           " --windows 3 --ratios 0.2,0.5 --scorers h2o";
+  REQUIRE(run_cli(base + " -o " + shell_quoted(p1)).status == 0);
+  REQUIRE(run_cli(base + " --schedule chunked -o " + shell_quoted(p2)).status == 0);
+  REQUIRE(run_cli(base + " --schedule chunked --chunk 16 -o " + shell_quoted(p3)).status == 0);
+  const auto read = [](const std::string& f) {
+    std::ifstream in(f);
+    return nlohmann::json::parse(in);
+  };
+  const auto a = read(p1), b = read(p2), c = read(p3);
+  REQUIRE_FALSE(a["calibration"].contains("eviction_chunk"));
+  REQUIRE(b["calibration"]["eviction_chunk"] == 1024);
+  REQUIRE(c["calibration"]["eviction_chunk"] == 16);
+  const auto& ka = a["scorers"]["h2o"]["kl"]["mean"];
+  const auto& kb = b["scorers"]["h2o"]["kl"]["mean"];
+  const auto& kc = c["scorers"]["h2o"]["kl"]["mean"];
+  bool differs = false;
+  for (std::size_t l = 0; l < ka.size(); ++l)
+    for (std::size_t r = 0; r < ka[l].size(); ++r) {
+      REQUIRE(kb[l][r].get<double>() == Approx(ka[l][r].get<double>()).margin(1e-9));
+      differs = differs || std::abs(kc[l][r].get<double>() - ka[l][r].get<double>()) > 1e-6;
+    }
+  REQUIRE(differs);  // chunked eviction measures another pruning
+  require_error(run_cli(base + " --schedule sometimes -o " + shell_quoted(p1), "2>&1"),
+                "--schedule must be oneshot or chunked, got 'sometimes'");
+  require_error(run_cli(base + " --schedule chunked --chunk 16 --resume -o " + shell_quoted(p1), "2>&1"),
+                "--resume: '" + p1 + "' was measured with other settings (text, windows, ratios or schedule)");
 }
 
 TEST_CASE("generate --max-kv-tokens: bounded cache; a budget never reached gives the default output",

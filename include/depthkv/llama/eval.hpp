@@ -19,6 +19,10 @@
 /// `PruningEvaluator::evaluate_schedule` runs the bounded-memory variant instead: the pruned run
 /// prefills the context in chunks with an `EvictionSchedule` (eviction after every chunk, to the
 /// budget of the tokens seen so far) and reaches the same final budget before the continuation.
+/// `EvalConfig::chunked_plans` runs every plan (hence the profiler) under that chunked eviction.
+/// With `ScheduleEval::kDecode` it also evicts during the continuation, every `interval`
+/// teacher-forced tokens (decode-time eviction: the continuation is fed in blocks that end where
+/// the schedule evicts, which gives every token the cache it would see when decoded one by one).
 ///
 /// ## Activation reuse
 /// When the first pruned layer of a plan is `l`, layers `< l` see exactly the full run's caches
@@ -181,6 +185,12 @@ struct EvalConfig {
   int chunk_size = 1024;  ///< prefill chunk (computation only; eviction happens once after the context)
   int n_threads = 0;      ///< windows evaluated in parallel: 0 = OpenMP's default, 1 = serial
   bool reuse = true;      ///< reuse the full run's activations (false: recompute everything, for checks)
+  /// Plans (`evaluate_plan`, `evaluate_budgets`, `layer_metrics`, hence the profiler) evict after
+  /// every prefill chunk instead of once after the context, as `EvictionSchedule` with interval 1
+  /// does: after the chunk that brings a layer to `s` tokens seen, the layer with final budget
+  /// k of n context tokens keeps `keep_tokens(k / n, s, protection)` (= k at s = n). The context
+  /// is then recomputed for every plan (no activation reuse).
+  bool chunked_plans = false;
 };
 
 /// Result of one window under one plan.
@@ -278,15 +288,22 @@ class PruningEvaluator {
     });
   }
 
+  /// What `evaluate_schedule` evicts: the context only (kPrefill), or the continuation too (kDecode).
+  enum class ScheduleEval { kPrefill, kDecode };
+
   /// Evaluates a bounded-memory schedule: each window's context is prefilled in chunks of
   /// `config().chunk_size` with an `EvictionSchedule` evicting after every chunk (and at the end
   /// of the context, `evict_now`, so that the continuation starts on the final budget), then the
   /// continuation is teacher-forced on the pruned cache (appended, not evicted), as in the
-  /// one-shot protocol. `sc.scorer` is replaced by `config().scorers[scorer]` and
-  /// `sc.protection` by `config().protection`. With one chunk per context this equals a one-shot
-  /// run of the same budget (`bytes_peak` aside). `budgets` are the final ones.
+  /// one-shot protocol; with `mode = kDecode` the continuation is evicted too, every
+  /// `sc.interval` tokens (see the file comment). `sc.scorer` is replaced by
+  /// `config().scorers[scorer]` and `sc.protection` by `config().protection`. With one chunk per
+  /// context and kPrefill this equals a one-shot run of the same budget (`bytes_peak` aside).
+  /// `budgets` are the ones after the context; `bytes_peak` counts every chunk and block before
+  /// its eviction.
   /// @throws Error on a bad scorer index or an invalid schedule
-  std::vector<WindowResult> evaluate_schedule(const ScheduleConfig& sc, int scorer = 0) const {
+  std::vector<WindowResult> evaluate_schedule(const ScheduleConfig& sc, int scorer = 0,
+                                              ScheduleEval mode = ScheduleEval::kPrefill) const {
     check_scorer(scorer);
     ScheduleConfig cfg = sc;
     cfg.scorer = cfg_.scorers[static_cast<std::size_t>(scorer)];
@@ -294,7 +311,7 @@ class PruningEvaluator {
     const LlamaConfig& c = engine_.config();
     EvictionSchedule(cfg, c.n_layers, c.n_heads, c.n_kv_heads);  // validates (serial)
     std::vector<WindowResult> out(windows_.size());
-    parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_schedule(w, cfg); });
+    parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_schedule(w, cfg, mode); });
     return out;
   }
 
@@ -447,6 +464,7 @@ class PruningEvaluator {
   }
 
   WindowResult run_one(int w, int scorer, const std::vector<int>& keep) const {
+    if (cfg_.chunked_plans) return run_chunked_plan(w, scorer, keep);
     return cfg_.reuse ? run_reuse(w, scorer, keep) : run_naive(w, scorer, keep);
   }
 
@@ -531,11 +549,56 @@ class PruningEvaluator {
     return res;
   }
 
-  WindowResult run_schedule(int w, const ScheduleConfig& sc) const {
+  // A plan evicted after every prefill chunk (EvalConfig::chunked_plans).
+  WindowResult run_chunked_plan(int w, int scorer, const std::vector<int>& keep) const {
     const LlamaConfig& c = engine_.config();
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const Reference& r = refs_[static_cast<std::size_t>(w)];
     const int n_ctx = static_cast<int>(win.context.size());
+    HostCache cache = engine_.make_cache();
+    std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
+    WindowResult res;
+    res.budgets = keep;
+    res.bytes_full = r.cache.bytes();
+    res.bytes_full_peak = r.full_peak;
+    ForwardOptions po;
+    po.chunk_size = cfg_.chunk_size;
+    po.all_logits = false;
+    po.observer = observe_into(sc);
+    po.after_chunk = [&](int seen, std::int32_t) {
+      res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+      for (int l = 0; l < c.n_layers; ++l) {
+        const int k = keep[static_cast<std::size_t>(l)];
+        if (k >= n_ctx) continue;
+        const int target = seen == n_ctx ? k : keep_tokens(static_cast<double>(k) / n_ctx, seen, cfg_.protection);
+        auto& layer = cache.layer(l);
+        if (layer.max_size() <= target) continue;
+        const LayerEviction e = evict_layer(layer, sc[static_cast<std::size_t>(l)].scores(layer),
+                                            std::vector<int>(static_cast<std::size_t>(c.n_kv_heads), target),
+                                            cfg_.protection);
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+          const auto& kept = e.kept_slots[static_cast<std::size_t>(h)];
+          sc[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
+        }
+      }
+    };
+    engine_.prefill(win.context, 0, cache, po);
+    res.bytes_kept = cache.bytes();
+    ForwardOptions fo;
+    fo.chunk_size = cfg_.chunk_size;
+    const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, fo);
+    res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+    layer_tokens_ += static_cast<long long>(c.n_layers) * (n_ctx + static_cast<long long>(win.continuation.size()));
+    res.metrics = compare_logits(r.logits, lp, r.targets);
+    return res;
+  }
+
+  WindowResult run_schedule(int w, const ScheduleConfig& sc, ScheduleEval mode) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const Reference& r = refs_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    const int tc = static_cast<int>(win.continuation.size());
     EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
     HostCache cache = engine_.make_cache();
     WindowResult res;
@@ -555,9 +618,23 @@ class PruningEvaluator {
     res.budgets = cache.lengths();
     ForwardOptions fo;
     fo.chunk_size = cfg_.chunk_size;
-    const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, fo);
+    RowMatrix lp;
+    if (mode == ScheduleEval::kPrefill) {
+      lp = engine_.teacher_force(win.continuation, n_ctx, cache, fo);
+    } else {  // blocks that end where the schedule may evict: each token sees its decode-time cache
+      fo.observer = schedule.observer();
+      lp.resize(tc, c.vocab_size);
+      for (int t0 = 0; t0 < tc;) {
+        const int t = static_cast<int>(std::min<long long>(tc - t0, std::max<long long>(1, sc.interval - schedule.pending())));
+        const std::vector<int> block(win.continuation.begin() + t0, win.continuation.begin() + t0 + t);
+        lp.middleRows(t0, t) = engine_.teacher_force(block, n_ctx + t0, cache, fo);
+        res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+        schedule.after_decode_step(cache);
+        t0 += t;
+      }
+    }
     res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
-    layer_tokens_ += static_cast<long long>(c.n_layers) * (n_ctx + static_cast<long long>(win.continuation.size()));
+    layer_tokens_ += static_cast<long long>(c.n_layers) * (n_ctx + static_cast<long long>(tc));
     res.metrics = compare_logits(r.logits, lp, r.targets);
     return res;
   }
