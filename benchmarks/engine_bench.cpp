@@ -36,6 +36,7 @@
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "synthetic_models.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
 #define DEPTHKV_DEFAULT_DATA_DIR "../shared"
@@ -43,57 +44,12 @@
 
 using namespace depthkv::llama;
 using Clock = std::chrono::steady_clock;
+using depthkv_bench::rand_matrix;
+using depthkv_bench::synthetic_tinyllama;
 
 namespace {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-/// Fast deterministic fill (xorshift), uniform in [-scale, scale].
-void fill(float* p, std::size_t n, float scale, std::uint64_t& s) {
-  for (std::size_t i = 0; i < n; ++i) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    p[i] = scale * (static_cast<float>(s >> 40) / 8388608.0f - 1.0f);
-  }
-}
-RowMatrix rand_matrix(int r, int c, float scale, std::uint64_t& s) {
-  RowMatrix m(r, c);
-  fill(m.data(), static_cast<std::size_t>(m.size()), scale, s);
-  return m;
-}
-
-LlamaModel synthetic_tinyllama(int n_layers) {
-  LlamaModel m;
-  LlamaConfig& c = m.config;
-  c.dim = 2048;
-  c.hidden_dim = 5632;
-  c.n_layers = n_layers;
-  c.n_heads = 32;
-  c.n_kv_heads = 4;
-  c.vocab_size = 32000;
-  c.seq_len = 2048;
-  c.head_dim = 64;
-  std::uint64_t s = 0x9E3779B97F4A7C15ull;
-  const float a = 1.0f / std::sqrt(2048.0f), b = 1.0f / std::sqrt(5632.0f);
-  m.token_embedding = rand_matrix(c.vocab_size, c.dim, 1.0f, s);
-  for (int l = 0; l < n_layers; ++l) {
-    LlamaLayerWeights w;
-    w.attn_norm = Eigen::VectorXf::Ones(c.dim);
-    w.ffn_norm = Eigen::VectorXf::Ones(c.dim);
-    w.wq = rand_matrix(2048, 2048, a, s);
-    w.wk = rand_matrix(256, 2048, a, s);
-    w.wv = rand_matrix(256, 2048, a, s);
-    w.wo = rand_matrix(2048, 2048, a, s);
-    w.w1 = rand_matrix(5632, 2048, a, s);
-    w.w3 = rand_matrix(5632, 2048, a, s);
-    w.w2 = rand_matrix(2048, 5632, b, s);
-    m.layers.push_back(std::move(w));
-  }
-  m.final_norm = Eigen::VectorXf::Ones(c.dim);
-  m.classifier = rand_matrix(c.vocab_size, c.dim, a, s);
-  return m;
-}
 
 /// Weights of the matrix products (what decode reads per token, and 2x this = FLOPs per token).
 double linear_params(const LlamaConfig& c) {

@@ -1,24 +1,23 @@
-// decode_loop: the depthkv integration every engine copies, on the real stories260K model.
+// decode_loop: the loop an engine author copies. Prefill a prompt in chunks, let an
+// EvictionSchedule keep the KV cache within a fixed token budget after every chunk and every few
+// decoded tokens, and decode greedily on the bounded cache. The real stories260K model runs on the
+// reference engine; in your engine, `engine.forward` is your forward pass and `cache` your cache.
 //
-//   1. prefill the context, feeding each layer's attention probabilities to a TokenScorer;
-//   2. split a global KV budget across layers with the BudgetAllocator;
-//   3. evict each layer to its budget (physically: every layer holds only its budget);
-//   4. teacher-force a continuation (or decode) on the pruned cache, positions continuing.
-//
-// Usage: decode_loop [--keep 0.3] [--policy pyramid] [--scorer snapkv] [--data DIR]
+// Usage: decode_loop [--max-kv-tokens T] [--chunk N] [--interval M] [--steps N] [--policy P]
+//                    [--profile F] [--scorer S] [--data DIR]
 // (DIR holds models/stories260K and text/; default: the DEPTHKV_DATA_DIR environment variable,
-// else the folder configured at build time.)
+// else the folder configured at build time. --profile: a `depthkv profile` file, needed by the
+// curve-based policies such as optimal.)
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <string>
 #include <vector>
 
-#include "depthkv/budget_allocator.hpp"
+#include "depthkv/eviction_schedule.hpp"
 #include "depthkv/llama.hpp"
-#include "depthkv/token_scorer.hpp"
+#include "depthkv/profile_io.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
 #define DEPTHKV_DEFAULT_DATA_DIR "../shared"
@@ -27,79 +26,92 @@
 int main(int argc, char** argv) {
   using namespace depthkv;
   using namespace depthkv::llama;
-  double keep = 0.3;
-  std::string policy_name = "pyramid", scorer_name = "snapkv";
+  int max_kv_tokens = 640, chunk = 64, interval = 16, steps = 128;
+  std::string policy = "uniform", profile_file, scorer = "h2o";
   std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--keep")) keep = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--policy")) policy_name = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--scorer")) scorer_name = argv[i + 1];
+    if (!std::strcmp(argv[i], "--max-kv-tokens")) max_kv_tokens = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--interval")) interval = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--policy")) policy = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--profile")) profile_file = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--scorer")) scorer = argv[i + 1];
     else if (!std::strcmp(argv[i], "--data")) data = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: decode_loop [--keep R] [--policy NAME] [--scorer NAME] [--data DIR]\n");
+      std::fprintf(stderr, "usage: decode_loop [--max-kv-tokens T] [--chunk N] [--interval M] [--steps N] "
+                           "[--policy P] [--profile F] [--scorer S] [--data DIR]\n");
       return 2;
     }
   }
+  if (chunk < 1 || steps < 0) {
+    std::fprintf(stderr, "decode_loop: --chunk must be >= 1 and --steps >= 0\n");
+    return 2;
+  }
   try {
-    const LlamaModel model = load_llama2c(data + "/models/stories260K/stories260K.bin");
-    const Tokenizer tok(data + "/models/stories260K/tok512.bin", model.config.vocab_size);
+    const std::string model_file = data + "/models/stories260K/stories260K.bin";
+    const LlamaModel model = load_llama2c(model_file);
+    const LlamaConfig& c = model.config;  // 5 layers, 8 heads / 4 KV heads of 8, vocab 512, context 512
+    const Tokenizer tok(data + "/models/stories260K/tok512.bin", c.vocab_size);
     const LlamaEngine engine(model);
 
-    // A 384-token context and a 128-token continuation from the story corpus.
+    // The prompt: 384 tokens of stories (room for `steps` more in the model's 512-token context).
     const auto ids = encode_stories(tok, split_stories(read_text_file(data + "/text/tinystories_valid.txt")));
-    const std::vector<int> context(ids.begin() + 512, ids.begin() + 512 + 384);
-    const std::vector<int> continuation(ids.begin() + 512 + 384, ids.begin() + 1024);
-    const int n_ctx = static_cast<int>(context.size());
+    const int n_prompt = std::min(384, c.seq_len - steps);
+    const std::vector<int> prompt(ids.begin(), ids.begin() + n_prompt);
 
-    // Reference: the full cache.
-    HostCache full = engine.make_cache();
-    engine.prefill(context, 0, full);
-    const RowMatrix full_logits = engine.teacher_force(continuation, n_ctx, full);
-
-    // 1. Prefill with one scorer per layer observing the attention.
-    ScorerConfig sc;
-    sc.kind = parse_scorer_kind(scorer_name);
-    std::vector<TokenScorer> scorers = make_scorers(model.config, sc);
-    HostCache cache = engine.make_cache();
-    ForwardOptions opt;
-    opt.observer = observe_into(scorers);
-    engine.prefill(context, 0, cache, opt);
-
-    // 2 + 3. Per-layer budgets from the allocator, then eviction (keep 4 sink tokens).
-    PruneRequest req;
-    req.policy = parse_allocation_policy(policy_name);
-    req.budget.keep_ratio = keep;
-    req.protection = Protection{4, 0};
-    const PruneReport rep = score_and_evict(cache, scorers, req);
-
-    std::printf("stories260K, context %d tokens, %s scorer, %s policy, global keep %.2f\n", n_ctx, scorer_name.c_str(),
-                policy_name.c_str(), keep);
-    std::printf("layer  kept/held  bytes\n");
-    for (int l = 0; l < cache.n_layers(); ++l)
-      std::printf("%5d  %4d/%-4d  %zu\n", l, rep.budgets[static_cast<std::size_t>(l)], rep.lengths[static_cast<std::size_t>(l)],
-                  cache.bytes(l));
-    std::printf("KV bytes: %zu of %zu (%.1f%% saved)\n", rep.bytes_after, rep.bytes_before,
-                100.0 * (1.0 - static_cast<double>(rep.bytes_after) / static_cast<double>(rep.bytes_before)));
-
-    // 4a. Teacher-force the continuation on the pruned cache and compare with the full cache.
-    HostCache tf = cache;  // keep `cache` for the decoding below
-    const RowMatrix pruned_logits = engine.teacher_force(continuation, n_ctx, tf);
-    const ContinuationMetrics m = compare_logits(full_logits, pruned_logits, continuation_targets(continuation));
-    std::printf("continuation (%d tokens): KL(full||pruned) %.4f, NLL %.4f -> %.4f (%+.4f), top-1 agreement %.1f%%\n",
-                m.n_positions, m.loss.kl, m.nll_full, m.nll_pruned, m.loss.dnll, 100.0 * (1.0 - m.loss.top1_disagree));
-
-    // 4b. Greedy decoding on the pruned cache (the cache stays fixed; new tokens are appended).
-    int token = continuation.front();
-    std::string text = Tokenizer::safe_piece(tok.decode(context.back(), token));
-    Eigen::VectorXf logits = engine.decode(token, n_ctx, cache);
-    for (int pos = n_ctx + 1; pos < n_ctx + 40; ++pos) {
-      Eigen::Index next = 0;
-      logits.maxCoeff(&next);
-      text += Tokenizer::safe_piece(tok.decode(token, static_cast<int>(next)));
-      token = static_cast<int>(next);
-      logits = engine.decode(token, pos, cache);
+    // The schedule: one per sequence. It owns one scorer per layer, the budget and the policy.
+    ProfileFile pf;
+    SensitivityProfile profile;
+    ScheduleConfig sc;
+    sc.policy = parse_allocation_policy(policy);
+    sc.budget.total_tokens = max_kv_tokens;   // KV tokens over all layers and heads' rows: the memory bound
+    sc.protection = Protection{4, 16};        // 4 sink tokens and the 16 most recent tokens always stay
+    sc.scorer.kind = parse_scorer_kind(scorer);
+    sc.interval = interval;                   // evict once this many tokens arrived since the last eviction
+    if (!profile_file.empty()) {
+      pf = load_profile(profile_file, model_file);
+      profile = pf.profile(scorer, LossMetric::kKL);
+      sc.profile = &profile;
     }
-    std::printf("greedy on the pruned cache: ...%s\n", text.c_str());
+    EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+
+    HostCache cache = engine.make_cache();    // per layer: K and V [n_kv_heads][seq_len slots][head_dim] floats
+    ForwardOptions opt;
+    opt.all_logits = false;                   // the last row only: [1][vocab]
+    opt.observer = schedule.observer();       // each layer's softmax(QK^T) rows go to its scorer
+    std::size_t peak = 0;
+
+    // 1. Prefill in chunks; after each, the schedule evicts the layers down to their budgets.
+    RowMatrix logits;
+    for (int p0 = 0; p0 < n_prompt; p0 += chunk) {
+      const int n = std::min(chunk, n_prompt - p0);
+      logits = engine.forward(prompt.data() + p0, n, p0, cache, opt);  // appends n tokens to every layer
+      peak = std::max(peak, cache.bytes());
+      schedule.after_chunk(cache);
+    }
+    std::printf("prompt %d tokens in chunks of %d: %d evictions; layers hold", n_prompt, chunk, schedule.n_evictions());
+    for (int n : cache.lengths()) std::printf(" %d", n);
+    std::printf(" tokens (budget %d over %d layers)\n", max_kv_tokens, c.n_layers);
+
+    // 2. Decode greedily; the cache never holds more than the budget plus one interval per layer.
+    int prev = prompt.back(), token = 0;
+    std::string text;
+    for (int pos = n_prompt; pos < n_prompt + steps; ++pos) {
+      Eigen::Index next = 0;
+      logits.row(0).maxCoeff(&next);
+      token = static_cast<int>(next);
+      text += Tokenizer::safe_piece(tok.decode(prev, token));
+      logits = engine.forward(&token, 1, pos, cache, opt);  // appends one token to every layer
+      peak = std::max(peak, cache.bytes());
+      schedule.after_decode_step(cache);                   // evicts every `interval` tokens
+      prev = token;
+    }
+    const std::size_t full = static_cast<std::size_t>(n_prompt + steps) * c.n_layers * c.n_kv_heads * c.head_dim * 2 *
+                             sizeof(float);
+    std::printf("generated %d tokens: ...%s\n", steps, text.c_str());
+    std::printf("KV memory: peak %zu bytes, now %zu, against %zu for the full cache (%d evictions in all)\n", peak,
+                cache.bytes(), full, schedule.n_evictions());
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "decode_loop: %s\n", e.what());
     return 1;
