@@ -216,9 +216,8 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.scorer = scorer;
   r.policy = to_string(policy);
   r.keep = keep;
-  r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
   std::vector<llama::WindowResult> results;
-  if (a.schedule != "oneshot") {  // the budgets above stay the one-shot plan; each window re-allocates
+  if (a.schedule != "oneshot") {  // each window re-allocates as it goes; budgets: those after the context
     ScheduleConfig sc;
     sc.policy = policy;
     sc.budget = in.req;
@@ -230,7 +229,9 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
     results = ev.evaluate_schedule(sc, scorer_index,
                                    a.schedule == "decode" ? llama::PruningEvaluator::ScheduleEval::kDecode
                                                           : llama::PruningEvaluator::ScheduleEval::kPrefill);
+    r.budgets = results.front().budgets;  // the same in every window (same lengths, same schedule)
   } else {
+    r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
     results = ev.evaluate_budgets(r.budgets, scorer_index);
   }
   std::vector<double> kl, dnll, top1, kept, full, peak, full_peak;
@@ -286,11 +287,11 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
                   : "",
               a.sel.describe().c_str());
   if (a.schedule == "chunked")
-    std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: the one-shot plan\n",
+    std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: after the context\n",
                 a.chunk, a.interval);
   if (a.schedule == "decode")
     std::printf("schedule: decode, eviction after every %d-token prefill chunk and every %d continuation tokens; "
-                "budgets: the one-shot plan\n",
+                "budgets: after the context\n",
                 a.chunk, a.interval);
   std::printf("%-7s %-12s %5s  %-24s %9s %8s %8s %7s %10s\n", "scorer", "policy", "keep", "budgets/layer", "KL",
               "+-se", "dNLL", "top1", "KV kept");
