@@ -45,6 +45,19 @@ struct GenerateArgs {
   SelectionSettings sel = SelectionSettings::generate();
 };
 
+/// What both pruning modes (--keep, --max-kv-tokens) give the allocator besides the budget: the
+/// observation window, the safeguard floor (protected tokens + margin, as eval) and the profile's
+/// curves. @return the curves (in `curves`) for the curve-based policies, else nullptr
+const depthkv::SensitivityProfile* add_policy_inputs(const GenerateArgs& a, depthkv::AllocationPolicy policy,
+                                                     const depthkv::ProfileFile* file, depthkv::BudgetRequest& b,
+                                                     depthkv::SensitivityProfile& curves) {
+  b.window = a.sel.obs_window;
+  b.min_tokens = depthkv::safeguard_floor(a.sel.protection());
+  if (!add_profile_inputs(policy, file, a.scorer, b, curves)) return nullptr;
+  std::fputs(selection_note(policy, *file, a.sel).c_str(), stderr);
+  return &curves;
+}
+
 void run_generate(const GenerateArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -103,15 +116,10 @@ void run_generate(const GenerateArgs& a) {
     ScheduleConfig sc;
     sc.policy = policy;
     sc.budget.total_tokens = a.max_kv_tokens;
-    sc.budget.window = a.sel.obs_window;
     sc.protection = a.sel.protection();
-    sc.budget.min_tokens = safeguard_floor(sc.protection);
     sc.scorer = scfg;
     sc.interval = a.interval;
-    if (add_profile_inputs(policy, profile_file.get(), a.scorer, sc.budget, bounded_curves)) {
-      sc.profile = &bounded_curves;
-      std::fputs(selection_note(policy, *profile_file, a.sel).c_str(), stderr);
-    }
+    sc.profile = add_policy_inputs(a, policy, profile_file.get(), sc.budget, bounded_curves);
     schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
     opt.observer = schedule->observer();
     opt.after_chunk = [&](int, std::int32_t) {
@@ -127,14 +135,9 @@ void run_generate(const GenerateArgs& a) {
     PruneRequest req;
     req.policy = policy;
     req.budget.keep_ratio = a.keep;
-    req.budget.window = a.sel.obs_window;
     req.protection = a.sel.protection();
-    req.budget.min_tokens = safeguard_floor(req.protection);  // as eval: protected tokens + margin
     SensitivityProfile curves;
-    if (add_profile_inputs(policy, profile_file.get(), a.scorer, req.budget, curves)) {
-      req.profile = &curves;
-      std::fputs(selection_note(policy, *profile_file, a.sel).c_str(), stderr);
-    }
+    req.profile = add_policy_inputs(a, policy, profile_file.get(), req.budget, curves);
     const PruneReport rep = score_and_evict(cache, scorers, req);
     std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(),
                  a.keep);
