@@ -85,12 +85,20 @@ struct Reference {
     }
     return y;
   }
+  // qwen3: RMSNorm of every head's segment, weights [head_dim]
+  static void head_norm(std::vector<float>& v, int n_heads, const Eigen::VectorXf& w, const LlamaConfig& c) {
+    for (int h = 0; h < n_heads; ++h) {
+      std::vector<float> seg(v.begin() + h * c.head_dim, v.begin() + (h + 1) * c.head_dim);
+      seg = rmsnorm(seg, w, c.rms_eps);
+      std::copy(seg.begin(), seg.end(), v.begin() + h * c.head_dim);
+    }
+  }
   void rope(std::vector<float>& v, int n_heads, int pos) const {
     const LlamaConfig& c = m.config;
     const int hd = c.head_dim, half = hd / 2;
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < half; ++i) {
-        double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / hd);
+        double freq = c.rope_freq_scale * std::pow(static_cast<double>(c.rope_theta), -2.0 * i / hd);
         if (m.rope_freq_factors.size()) freq /= m.rope_freq_factors[i];
         const double a = pos * freq;
         const int ia = h * hd + (c.rope_neox ? i : 2 * i);
@@ -114,6 +122,8 @@ struct Reference {
       auto q = matvec(w.wq, xn, w.bq);
       auto k = matvec(w.wk, xn, w.bk);
       auto v = matvec(w.wv, xn, w.bv);
+      if (w.q_norm.size()) head_norm(q, c.n_heads, w.q_norm, c);
+      if (w.k_norm.size()) head_norm(k, c.n_kv_heads, w.k_norm, c);
       rope(q, c.n_heads, pos);
       rope(k, c.n_kv_heads, pos);
       keys[static_cast<std::size_t>(l)].push_back(k);
@@ -173,7 +183,7 @@ double max_abs_diff(const RowMatrix& a, const std::vector<std::vector<double>>& 
 }  // namespace
 
 TEST_CASE("engine: batched prefill equals the naive reference for every chunk size", "[engine]") {
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 6; ++variant) {
     RandomSpec spec;
     spec.seed = 11 + static_cast<unsigned>(variant);
     if (variant == 1) spec.neox = true;
@@ -183,6 +193,16 @@ TEST_CASE("engine: batched prefill equals the naive reference for every chunk si
       spec.theta = 500000.0f;
     }
     if (variant == 3) spec.kv_heads = 4;  // plain multi-head attention
+    if (variant == 4) {                   // qwen3: per-head q/k norms, NeoX RoPE
+      spec.qk_norm = true;
+      spec.neox = true;
+      spec.theta = 1000000.0f;
+    }
+    if (variant == 5) {  // Llama 3 style: frequency factors and linear position scaling
+      spec.freq_factors = true;
+      spec.rope_freq_scale = 0.25f;
+      spec.theta = 500000.0f;
+    }
     CAPTURE(variant);
     const LlamaModel model = random_model(spec);
     const LlamaEngine engine(model);

@@ -92,7 +92,7 @@ Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::v
 struct Synth {
   int dim = 32, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 8, vocab = 20, ctx = 64;
   std::string arch = "llama";
-  bool tied = false, biases = false, rope_freqs = false;
+  bool tied = false, biases = false, rope_freqs = false, qk_norm = false;
   // type per tensor name suffix (default F32)
   std::map<std::string, std::uint32_t> types;
   std::map<std::string, std::vector<float>> ref;  // filled by build()
@@ -135,6 +135,10 @@ struct Synth {
         add(b + "attn_q.bias", {Q});
         add(b + "attn_k.bias", {KV});
         add(b + "attn_v.bias", {KV});
+      }
+      if (qk_norm) {
+        add(b + "attn_q_norm.weight", {static_cast<std::uint64_t>(head_dim)});
+        add(b + "attn_k_norm.weight", {static_cast<std::uint64_t>(head_dim)});
       }
       add(b + "ffn_norm.weight", {D});
       add(b + "ffn_gate.weight", {D, H});
@@ -183,6 +187,13 @@ void check_synth(const LlamaModel& m, Synth& s) {
       CHECK(max_abs_diff(w.bv, ref_vector(s.ref[b + "attn_v.bias"])) == 0.0f);
     } else {
       CHECK(w.bq.size() == 0);
+    }
+    if (s.qk_norm) {
+      CHECK(max_abs_diff(w.q_norm, ref_vector(s.ref[b + "attn_q_norm.weight"])) == 0.0f);
+      CHECK(max_abs_diff(w.k_norm, ref_vector(s.ref[b + "attn_k_norm.weight"])) == 0.0f);
+    } else {
+      CHECK(w.q_norm.size() == 0);
+      CHECK(w.k_norm.size() == 0);
     }
   }
   CHECK(max_abs_diff(m.final_norm, ref_vector(s.ref["output_norm.weight"])) == 0.0f);
@@ -411,6 +422,48 @@ TEST_CASE("gguf: qwen2 models (biases, NeoX RoPE, tied output)", "[llama][gguf]"
   nb.arch = "qwen2";
   const Bytes bn = nb.writer().build();
   CHECK(contains(error_of([&] { load_gguf_from_memory(bn.data(), bn.size()); }), "attn_q.bias"));
+}
+
+TEST_CASE("gguf: qwen3 models (per-head q/k norms, NeoX RoPE) and linear RoPE scaling", "[llama][gguf]") {
+  Synth s;
+  s.arch = "qwen3";
+  s.qk_norm = true;
+  s.head_dim = 16;  // key_length 16 with 4 heads: q width 64 != dim 32, as in Qwen3
+  const Bytes b = s.writer().build();
+  const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
+  CHECK(m.config.architecture == "qwen3");
+  CHECK(m.config.rope_neox);
+  CHECK(m.config.rope_freq_scale == 1.0f);
+  check_synth(m, s);
+  {  // with biases too
+    Synth sb = s;
+    sb.biases = true;
+    const Bytes bb = sb.writer().build();
+    check_synth(load_gguf_from_memory(bb.data(), bb.size()), sb);
+  }
+  {  // qwen3 without q/k norms is rejected, naming the tensor
+    Synth nn = s;
+    nn.qk_norm = false;
+    const Bytes bn = nn.writer().build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bn.data(), bn.size()); }), "attn_q_norm.weight"));
+  }
+  {  // llama with q/k norms: unexpected tensors
+    Synth ln;
+    ln.qk_norm = true;
+    const Bytes bl = ln.writer().build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bl.data(), bl.size()); }), "unexpected tensor 'blk.0.attn_q_norm.weight'"));
+  }
+  // linear RoPE scaling: positions divided by the factor; the older rope.scale_linear key too
+  Synth l;
+  GgufWriter w = l.writer();
+  w.kv_str("llama.rope.scaling.type", "linear");
+  w.kv_f32("llama.rope.scaling.factor", 4.0f);
+  const Bytes bw = w.build();
+  CHECK(load_gguf_from_memory(bw.data(), bw.size()).config.rope_freq_scale == 0.25f);
+  GgufWriter w2 = l.writer();
+  w2.kv_f32("llama.rope.scale_linear", 2.0f);
+  const Bytes bw2 = w2.build();
+  CHECK(load_gguf_from_memory(bw2.data(), bw2.size()).config.rope_freq_scale == 0.5f);
 }
 
 TEST_CASE("gguf: metadata of every value type, nested arrays, alignment", "[llama][gguf]") {
@@ -681,9 +734,15 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
   }
   {
     GgufWriter w = s.writer();
-    w.kv_str("llama.rope.scaling.type", "linear");
+    w.kv_str("llama.rope.scaling.type", "yarn");
     w.kv_f32("llama.rope.scaling.factor", 4.0f);
-    CHECK(contains(load_err(w), "RoPE scaling"));
+    CHECK(contains(load_err(w), "RoPE scaling 'yarn' (factor 4) is not supported"));
+  }
+  {
+    GgufWriter w = s.writer();
+    w.kv_str("llama.rope.scaling.type", "linear");
+    w.kv_f32("llama.rope.scaling.factor", -1.0f);
+    CHECK(contains(load_err(w), "RoPE scaling factor -1 is out of range"));
   }
   {
     GgufWriter w = s.writer();

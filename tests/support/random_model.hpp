@@ -2,7 +2,8 @@
 // A small Llama model with random weights for the engine, evaluator and probe tests. Every weight
 // is drawn from one std::mt19937 in a fixed order (token embedding; per layer the two norms, wq,
 // wk, wv, wo, w1, w3, w2 and the optional biases; final norm, classifier; optional RoPE
-// frequency factors), so a spec and its seed always give the same model.
+// frequency factors; optional per-layer q/k norms), so a spec and its seed always give the same
+// model.
 
 #include <Eigen/Core>
 #include <cmath>
@@ -16,7 +17,9 @@ namespace depthkv_test {
 struct RandomSpec {
   int dim = 32, hidden = 48, layers = 3, heads = 4, kv_heads = 2, vocab = 50, seq_len = 256;
   bool neox = false, freq_factors = false, biases = false;
+  bool qk_norm = false;          ///< per-head q/k RMSNorm weights (qwen3), drawn after everything else
   float theta = 10000.0f;
+  float rope_freq_scale = 1.0f;  ///< linear RoPE scaling (positions times this)
   float qk_gain = 2.0f;          ///< wq, wk: N(0, 1) * qk_gain / sqrt(dim) (sharper attention when larger)
   float w2_gain = 0.0f;          ///< w2: N(0, 1) * w2_gain / sqrt(dim); 0: 1 / sqrt(hidden)
   float classifier_gain = 1.0f;  ///< classifier: N(0, 1) * classifier_gain / sqrt(dim)
@@ -74,6 +77,12 @@ inline depthkv::llama::LlamaModel random_model(const RandomSpec& s) {
   m.final_norm = vec(s.dim, 1.0f, 0.1f);
   m.classifier = mat(s.vocab, s.dim, s.classifier_gain * sc);
   if (s.freq_factors) m.rope_freq_factors = vec(hd / 2, 2.0f, 0.5f).cwiseAbs();
+  c.rope_freq_scale = s.rope_freq_scale;
+  if (s.qk_norm)
+    for (auto& w : m.layers) {
+      w.q_norm = vec(hd, 1.0f, 0.3f);
+      w.k_norm = vec(hd, 1.0f, 0.3f);
+    }
   return m;
 }
 

@@ -372,6 +372,8 @@ class LlamaEngine {
     if (w.bq.size()) q.rowwise() += w.bq.transpose();
     if (w.bk.size()) k.rowwise() += w.bk.transpose();
     if (w.bv.size()) v.rowwise() += w.bv.transpose();
+    if (w.q_norm.size()) head_rmsnorm(q, c.n_heads, w.q_norm);
+    if (w.k_norm.size()) head_rmsnorm(k, c.n_kv_heads, w.k_norm);
     apply_rope(q, c.n_heads, pos0);
     apply_rope(k, c.n_kv_heads, pos0);
     std::vector<int> size_before(static_cast<std::size_t>(c.n_kv_heads));
@@ -423,9 +425,21 @@ class LlamaEngine {
     return out;
   }
 
+  /// RMSNorm of each of the `n_heads` head segments of every row of `m` `[T x n_heads*head_dim]`:
+  /// `v * w / sqrt(mean(v^2) + rms_eps)` per segment (qwen3's q/k norms).
+  void head_rmsnorm(RowMatrix& m, int n_heads, const Eigen::VectorXf& w) const {
+    const int hd = config().head_dim;
+    for (Eigen::Index r = 0; r < m.rows(); ++r)
+      for (int h = 0; h < n_heads; ++h) {
+        auto seg = m.row(r).segment(static_cast<Eigen::Index>(h) * hd, hd);
+        const float inv = 1.0f / std::sqrt(seg.squaredNorm() / static_cast<float>(hd) + config().rms_eps);
+        seg = (seg.array() * w.transpose().array() * inv).matrix();
+      }
+  }
+
   /// Rotates the `n_heads` head segments of each row of `m` `[T x n_heads*head_dim]` by RoPE
   /// for positions `pos0 + row`: llama2.c pairing (2i, 2i+1) or NeoX halves (i, i + head_dim/2)
-  /// when `config().rope_neox`; frequency `theta^(-2i/head_dim)`, divided by
+  /// when `config().rope_neox`; angle `pos * rope_freq_scale * theta^(-2i/head_dim)`, divided by
   /// `rope_freq_factors[i]` when the model has them.
   void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0) const {
     const LlamaConfig& c = config();
@@ -433,7 +447,7 @@ class LlamaEngine {
     const int half = hd / 2;
     std::vector<float> freq(static_cast<std::size_t>(half));
     for (int i = 0; i < half; ++i) {
-      float f = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+      float f = c.rope_freq_scale / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
       if (model_.rope_freq_factors.size()) f /= model_.rope_freq_factors[i];
       freq[static_cast<std::size_t>(i)] = f;
     }
@@ -485,6 +499,8 @@ class LlamaEngine {
                   "n_heads " << c.n_heads << " is not a multiple of n_kv_heads " << c.n_kv_heads);
     DEPTHKV_CHECK(c.head_dim % 2 == 0, "head_dim " << c.head_dim << " is odd (RoPE needs pairs)");
     DEPTHKV_CHECK(c.rope_theta > 0 && c.rms_eps >= 0, "bad rope_theta " << c.rope_theta << " or rms_eps " << c.rms_eps);
+    DEPTHKV_CHECK(std::isfinite(c.rope_freq_scale) && c.rope_freq_scale > 0,
+                  "bad rope_freq_scale " << c.rope_freq_scale);
     auto shape = [](const char* what, int l, const RowMatrix& w, Eigen::Index r, Eigen::Index cols) {
       DEPTHKV_CHECK(w.rows() == r && w.cols() == cols, what << " of layer " << l << " is [" << w.rows() << " x "
                                                           << w.cols() << "], expected [" << r << " x " << cols << "]");
@@ -515,6 +531,8 @@ class LlamaEngine {
       vec("bq", l, w.bq, qd, true);
       vec("bk", l, w.bk, kd, true);
       vec("bv", l, w.bv, kd, true);
+      vec("q_norm", l, w.q_norm, c.head_dim, true);
+      vec("k_norm", l, w.k_norm, c.head_dim, true);
     }
   }
 

@@ -780,31 +780,35 @@ inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t l
 
 /// Builds a Llama-family model from a parsed GGUF file.
 ///
-/// Architectures: `llama` (adjacent RoPE pairs, optional q/k/v biases) and `qwen2` (q/k/v
-/// biases, NeoX RoPE: `config.rope_neox = true`). Hyper-parameters: `<arch>.embedding_length`
+/// Architectures: `llama` (adjacent RoPE pairs, optional q/k/v biases), `qwen2` (q/k/v
+/// biases, NeoX RoPE: `config.rope_neox = true`) and `qwen3` (NeoX RoPE, optional biases,
+/// per-head q/k RMSNorm `blk.N.attn_q_norm` / `attn_k_norm` `[head_dim]`). Hyper-parameters: `<arch>.embedding_length`
 /// (dim), `feed_forward_length`, `block_count`, `attention.head_count`,
 /// `attention.head_count_kv` (default: head_count), `attention.key_length` (head_dim, default
 /// dim / head_count; `attention.value_length` and `rope.dimension_count` must equal it),
-/// `rope.freq_base` (default 10000), `attention.layer_norm_rms_epsilon` (default 1e-5),
+/// `rope.freq_base` (default 10000), `rope.scaling.type` none or linear with
+/// `rope.scaling.factor` (or the older `rope.scale_linear`; positions divided by the factor),
+/// `attention.layer_norm_rms_epsilon` (default 1e-5),
 /// `context_length` (seq_len, as the file states it). Tensors: token_embd, blk.N.{attn_norm,
 /// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up}.weight,
 /// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Types F32, F16,
 /// BF16, Q8_0 are converted to float32.
 /// @param f a parsed GGUF file
 /// @return the model (`source_path`, `file_size`, `header_hash` describe the file)
-/// @throws Error for another architecture, mixture-of-experts or RoPE-scaled models, missing
+/// @throws Error for another architecture, mixture-of-experts models, RoPE scaling other than
+///   linear (YaRN, LongRoPE), missing
 ///   or out-of-range hyper-parameters, missing, misshapen, unsupported-type or unexpected
 ///   tensors, and non-finite weights
 inline LlamaModel load_gguf(const GgufFile& f) {
   const std::string& src = f.source();
   const std::string arch = f.get_string("general.architecture");
-  DEPTHKV_CHECK(arch == "llama" || arch == "qwen2",
-                src << ": unsupported architecture '" << arch << "' (depthkv's engine supports llama and qwen2)");
+  DEPTHKV_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3",
+                src << ": unsupported architecture '" << arch << "' (depthkv's engine supports llama, qwen2 and qwen3)");
   const std::string p = arch + ".";
   LlamaModel m;
   LlamaConfig& c = m.config;
   c.architecture = arch;
-  c.rope_neox = arch == "qwen2";
+  c.rope_neox = arch != "llama";
   DEPTHKV_CHECK(f.get_int(p + "expert_count", 0) == 0,
                 src << ": mixture-of-experts models (" << p << "expert_count > 0) are not supported");
   c.dim = detail::gguf_hparam(f, p + "embedding_length", 1, 1 << 16);
@@ -835,9 +839,15 @@ inline LlamaModel load_gguf(const GgufFile& f) {
                                         << c.head_dim << " (partial RoPE is not supported)");
   }
   const std::string scaling = f.get_string(p + "rope.scaling.type", "none");
-  const double scale_factor = f.get_float(p + "rope.scaling.factor", 1.0);
-  DEPTHKV_CHECK(scaling == "none" || scale_factor == 1.0,
-                src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor << ") is not supported");
+  double scale_factor = f.get_float(p + "rope.scaling.factor", 1.0);
+  if (!f.find(p + "rope.scaling.factor") && f.find(p + "rope.scale_linear")) scale_factor = f.get_float(p + "rope.scale_linear");
+  DEPTHKV_CHECK(std::isfinite(scale_factor) && scale_factor > 0 && scale_factor < 1e6,
+                src << ": RoPE scaling factor " << scale_factor << " is out of range");
+  DEPTHKV_CHECK(scaling == "none" || scaling == "linear" || scale_factor == 1.0,
+                src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor
+                    << ") is not supported (supported: none, linear, and rope_freqs.weight factors)");
+  if (scaling == "linear" || (scaling == "none" && f.find(p + "rope.scale_linear")))
+    c.rope_freq_scale = static_cast<float>(1.0 / scale_factor);
   const double theta = f.get_float(p + "rope.freq_base", 10000.0);
   DEPTHKV_CHECK(std::isfinite(theta) && theta > 1.0 && theta < 1e12, src << ": rope.freq_base " << theta << " is out of range");
   c.rope_theta = static_cast<float>(theta);
@@ -870,6 +880,10 @@ inline LlamaModel load_gguf(const GgufFile& f) {
       detail::gguf_vector(f, b + "attn_q.bias", q_dim, w.bq, used);
       detail::gguf_vector(f, b + "attn_k.bias", kv_dim, w.bk, used);
       detail::gguf_vector(f, b + "attn_v.bias", kv_dim, w.bv, used);
+    }
+    if (arch == "qwen3") {
+      detail::gguf_vector(f, b + "attn_q_norm.weight", c.head_dim, w.q_norm, used);
+      detail::gguf_vector(f, b + "attn_k_norm.weight", c.head_dim, w.k_norm, used);
     }
     detail::gguf_vector(f, b + "ffn_norm.weight", c.dim, w.ffn_norm, used);
     detail::gguf_matrix(f, b + "ffn_gate.weight", c.hidden_dim, c.dim, w.w1, used);

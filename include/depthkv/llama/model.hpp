@@ -33,7 +33,9 @@ struct LlamaConfig {
   /// RoPE pairing: false = adjacent pairs (2i, 2i+1) as llama2.c and GGUF `llama`;
   /// true = NeoX halves (i, i + head_dim/2), as GGUF `qwen2`.
   bool rope_neox = false;
-  std::string architecture = "llama";  ///< "llama" or "qwen2"
+  /// Positions are multiplied by this before RoPE (linear RoPE scaling: 1 / rope.scaling.factor).
+  float rope_freq_scale = 1.0f;
+  std::string architecture = "llama";  ///< "llama", "qwen2" or "qwen3"
 };
 
 /// Weights of one transformer layer.
@@ -44,6 +46,9 @@ struct LlamaLayerWeights {
   RowMatrix wv;               ///< [n_kv_heads * head_dim][dim]
   RowMatrix wo;               ///< [dim][n_heads * head_dim]
   Eigen::VectorXf bq, bk, bv; ///< optional biases (empty when absent; present in qwen2)
+  /// Optional per-head RMSNorm weights `[head_dim]` of q and k, applied to every head's segment
+  /// after the biases and before RoPE (qwen3); empty when absent.
+  Eigen::VectorXf q_norm, k_norm;
   Eigen::VectorXf ffn_norm;   ///< [dim]
   RowMatrix w1;               ///< gate [hidden_dim][dim]
   RowMatrix w2;               ///< down [dim][hidden_dim]
