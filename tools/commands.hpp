@@ -22,6 +22,9 @@ void register_eval(CLI::App& app);
 /// `depthkv tokenize`: the token ids of a text, as the model's vocabulary encodes it.
 void register_tokenize(CLI::App& app);
 
+/// `depthkv perplexity`: mean NLL and perplexity of the full cache over consecutive windows.
+void register_perplexity(CLI::App& app);
+
 /// `depthkv analyze`: rank correlation of representation metrics with the measured sensitivity.
 void register_analyze(CLI::App& app);
 

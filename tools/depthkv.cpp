@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   depthkv_cli::register_eval(app);
   depthkv_cli::register_analyze(app);
   depthkv_cli::register_tokenize(app);
+  depthkv_cli::register_perplexity(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
