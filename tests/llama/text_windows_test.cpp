@@ -40,7 +40,8 @@ std::uint64_t hash_windows(const std::vector<std::vector<int>>& windows) {
 
 }  // namespace
 
-TEST_CASE("the default split is the TinyStories rule: stories and windows unchanged", "[text_windows][real]") {
+TEST_CASE("the default split is the TinyStories rule: stories and windows unchanged",
+          "[text_windows][real]") {
   const std::string& text = tinystories();
   const Docs stories = split_documents(text);
   REQUIRE(stories == split_stories(text));
@@ -77,8 +78,8 @@ TEST_CASE("a literal separator: pieces between separators, trimmed, empty ones d
   CHECK(split_documents("One.\n<|endoftext|>\nTwo\n\nparagraphs.\n<|endoftext|>\n", eot) ==
         Docs{"One.", "Two\n\nparagraphs."});
   // separators at both ends, repeated, and pieces of whitespace only
-  CHECK(split_documents("<|endoftext|>a<|endoftext|><|endoftext|> \t\r\n<|endoftext|>b c<|endoftext|>", eot) ==
-        Docs{"a", "b c"});
+  CHECK(split_documents("<|endoftext|>a<|endoftext|><|endoftext|> \t\r\n<|endoftext|>b c<|endoftext|>",
+                        eot) == Docs{"a", "b c"});
   // inner whitespace and non-ASCII bytes stay; only ASCII whitespace around a piece is removed
   CHECK(split_documents("\xC2\xA0x  y\xC2\xA0<|endoftext|>z", eot) == Docs{"\xC2\xA0x  y\xC2\xA0", "z"});
   // a multi-line separator; overlapping occurrences are taken left to right
@@ -108,7 +109,8 @@ TEST_CASE("a separator absent from the text, or empty, is an error", "[text_wind
   CHECK_THROWS_WITH(split_documents("a", empty), Catch::Contains("separator is empty"));
 }
 
-TEST_CASE("no splitting: the whole text byte for byte; an empty separator means no splitting", "[text_windows]") {
+TEST_CASE("no splitting: the whole text byte for byte; an empty separator means no splitting",
+          "[text_windows]") {
   REQUIRE(DocumentSplit::separator("") == DocumentSplit::whole());
   const std::string t = "\n Once upon a time.\n\nOnce upon a time.\n";
   CHECK(split_documents(t, DocumentSplit::whole()) == Docs{t});
