@@ -3,7 +3,8 @@
 
 usage: make_seeds.py OUT_DIR [DATA_DIR]
 Creates OUT_DIR/llama2c, OUT_DIR/gguf, OUT_DIR/tokenizer. DATA_DIR (the shared/ folder,
-optional) adds the real tok512.bin as a tokenizer seed.
+optional) adds the real tok512.bin and the cases of vocab/ggml-vocab-llama-bpe.gguf.inp as
+tokenizer seeds.
 """
 import os
 import struct
@@ -119,11 +120,26 @@ def main():
     w("tokenizer", "vocab", b"\2" + b"\xff".join([b"<unk>", b"<s>", b"</s>", b"\xe2\x96\x81", b"a", b"\xe2\x96\x81a", b"<0x62>"])
       + b"\xfe" + b"a b a")
     w("tokenizer", "ids", b"\3" + b"1, 403 407\n261 378")
+    # Byte-level BPE: the llama-bpe vocabulary (0xF0 plain, 0xF1 with special tokens), and a
+    # vocabulary built from the input (0xF8.. picks the pre-tokenizer; extra tokens, 0xFE, merges,
+    # 0xFD, text). GPT-2 maps "h"->h, " "->\u0120 (C4 A0).
+    w("tokenizer", "bpe_text", b"\xf0Hello world! I'm 3.14159 sure\n\n\tit's \xe2\x82\xac\xf0\x9f\x98\x80 \x80\xc3(")
+    w("tokenizer", "bpe_special", b"\xf1<|begin_of_text|>Hi <|eot_id|> there<|end_of_text|>")
+    w("tokenizer", "bpe_vocab", b"\xf8" + b"\xff".join([b"he", b"hel", b"hell", b"hello", b"\xc4\xa0w", b"<|x|>"])
+      + b"\xfe" + b"\n".join([b"h e", b"he l", b"hel l", b"hell o", b"\xc4\xa0 w"]) + b"\xfd" + b"hello world<|x|> \xff")
     if data:
         p = os.path.join(data, "models", "stories260K", "tok512.bin")
         if os.path.exists(p):
             with open(p, "rb") as f:
                 w("tokenizer", "tok512", b"\1" + f.read())
+        # llama.cpp's own test cases of the llama-bpe vocabulary, one seed each (BPE mode 0xF0).
+        p = os.path.join(data, "vocab", "ggml-vocab-llama-bpe.gguf.inp")
+        if os.path.exists(p):
+            with open(p, "rb") as f:
+                cases = f.read().split(b"\n__ggml_vocab_test__\n")
+            for i, c in enumerate(cases):
+                if c:
+                    w("tokenizer", "bpe_case%02d" % i, b"\xf0" + c)
 
 
 if __name__ == "__main__":
