@@ -109,7 +109,7 @@ TEST_CASE("a separator absent from the text, or empty, is an error", "[text_wind
   CHECK_THROWS_WITH(split_documents("a", empty), Catch::Contains("separator is empty"));
 }
 
-TEST_CASE("no splitting: the whole text byte for byte; an empty separator means no splitting",
+TEST_CASE("no splitting: the whole text byte for byte, and an empty separator means no splitting",
           "[text_windows]") {
   REQUIRE(DocumentSplit::separator("") == DocumentSplit::whole());
   const std::string t = "\n Once upon a time.\n\nOnce upon a time.\n";

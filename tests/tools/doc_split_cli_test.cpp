@@ -64,7 +64,7 @@ std::string profile(const std::string& text, const std::string& flags, const std
 }  // namespace
 
 TEST_CASE(
-    "profile: the default split writes no documents record; --doc-opening of the default is the default",
+    "profile: the default split writes no documents record and --doc-opening of the default is the default",
     "[cli][profile][doc_split][real]") {
   const std::string a = profile(tinystories(), "", "default.json");
   const std::string b = profile(tinystories(), " --doc-opening 'Once upon a time'", "opening.json");
@@ -114,7 +114,7 @@ TEST_CASE("profile and eval with --doc-separator: the same documents give the sa
   }
 }
 
-TEST_CASE("--doc-separator absent from the text, a bad escape, and with --tokens are errors",
+TEST_CASE("profile: --doc-separator absent from the text, a bad escape, and with --tokens are errors",
           "[cli][profile][doc_split][real]") {
   const std::string base =
       "profile" + model() + kSmall + kProfile + " -o " + shell_quoted(tmp_path("err.json"));
@@ -133,7 +133,7 @@ TEST_CASE("--doc-separator absent from the text, a bad escape, and with --tokens
   REQUIRE_THAT(two.out, Catch::Contains("excludes"));
 }
 
-TEST_CASE("--doc-separator '': no splitting, windows over the whole text",
+TEST_CASE("profile --doc-separator '': no splitting, windows over the whole text",
           "[cli][profile][doc_split][real]") {
   const std::string out = tmp_path("whole.json");
   const auto r = run_cli("profile" + model() + " --text " + shell_quoted(tinystories()) + kSmall + kProfile +
@@ -147,7 +147,7 @@ TEST_CASE("--doc-separator '': no splitting, windows over the whole text",
   REQUIRE(j["scorers"] != read_json(profile(tinystories(), "", "default2.json"))["scorers"]);
 }
 
-TEST_CASE("--help of profile and eval documents both flags", "[cli][doc_split]") {
+TEST_CASE("profile and eval: --help documents both flags", "[cli][doc_split]") {
   for (const char* cmd : {"profile", "eval"}) {
     const auto r = run_cli(std::string(cmd) + " --help");
     REQUIRE(r.status == 0);
