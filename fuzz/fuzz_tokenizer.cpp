@@ -11,12 +11,15 @@
 //      text) and encode the text with it;
 //   3: parse the rest as a token-id list.
 // A first byte of 0xF0 or more picks a byte-level BPE mode instead:
-//   0xF0..0xF7: encode the rest with the llama-bpe vocabulary (DEPTHKV_FUZZ_BPE_FILE, env
-//      DEPTHKV_FUZZ_BPE overrides; a small built-in vocabulary when missing), special-token
-//      parsing on odd bytes; the ids must decode back to exactly the rest;
-//   0xF8..0xFF: build a byte-level vocabulary from the rest (extra tokens separated by 0xFF,
-//      then after 0xFE the merges, then after 0xFD the text; a pre-tokenizer picked by the first
-//      byte) and check the same round trip.
+//   0xF0..0xF7: encode the rest with a real vocabulary, picked by bits 1-2 of the first byte:
+//      llama-bpe (0xF0, 0xF1, 0xF6, 0xF7; DEPTHKV_FUZZ_BPE_FILE, env DEPTHKV_FUZZ_BPE
+//      overrides), qwen2 (0xF2, 0xF3) or gpt-2 (0xF4, 0xF5), the last two from the same folder
+//      (ggml-vocab-qwen2.gguf, ggml-vocab-gpt-2.gguf); a small built-in vocabulary when a file
+//      is missing. Special-token parsing on odd bytes; the ids must decode back to exactly the
+//      rest;
+//   0xF8..0xFF: build a byte-level vocabulary from the rest: its first byte picks the
+//      pre-tokenizer (PreTokenizer::names()[byte % count]), then extra tokens separated by 0xFF,
+//      then after 0xFE the merges, then after 0xFD the text; and check the same round trip.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -179,12 +182,17 @@ depthkv::llama::Vocabulary bpe_byte_vocab(const std::string& pre) {
   return v;
 }
 
-std::unique_ptr<depthkv::llama::BpeTokenizer> base_bpe() {
+/// @param file "" for the llama-bpe file, else a file name beside it
+std::unique_ptr<depthkv::llama::BpeTokenizer> base_bpe(const std::string& file) {
   const char* env = std::getenv("DEPTHKV_FUZZ_BPE");
   std::string path = env ? env : "";
 #ifdef DEPTHKV_FUZZ_BPE_FILE
   if (path.empty()) path = DEPTHKV_FUZZ_BPE_FILE;
 #endif
+  if (!file.empty() && !path.empty()) {
+    const std::size_t slash = path.find_last_of('/');
+    path = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + file;
+  }
   if (!path.empty() && std::ifstream(path).good())
     return std::make_unique<depthkv::llama::BpeTokenizer>(depthkv::llama::load_gguf_vocabulary(path));
   depthkv::llama::Vocabulary v = bpe_byte_vocab("llama-bpe");
@@ -211,14 +219,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
     if (data[0] >= 0xF0 && data[0] < 0xF8) {
-      static const std::unique_ptr<depthkv::llama::BpeTokenizer> bpe = base_bpe();
-      bpe_round_trip(*bpe, rest, (data[0] & 1) != 0);
+      static const std::unique_ptr<depthkv::llama::BpeTokenizer> bpe[3] = {
+          base_bpe(""), base_bpe("ggml-vocab-qwen2.gguf"), base_bpe("ggml-vocab-gpt-2.gguf")};
+      const int which = (data[0] >> 1) & 3;
+      bpe_round_trip(*bpe[which == 3 ? 0 : which], rest, (data[0] & 1) != 0);
     } else if (data[0] >= 0xF8) {
-      const std::vector<std::string> names = depthkv::llama::PreTokenizer::names();
-      depthkv::llama::Vocabulary v = bpe_byte_vocab(names[data[0] % names.size()]);
-      const std::size_t m = rest.find('\xFE');
-      const std::size_t x = rest.find('\xFD', m == std::string::npos ? 0 : m);
-      const std::string extra = rest.substr(0, std::min(m, x));
+      if (rest.empty()) return 0;
+      static const std::vector<std::string> names = depthkv::llama::PreTokenizer::names();
+      depthkv::llama::Vocabulary v = bpe_byte_vocab(names[static_cast<unsigned char>(rest[0]) % names.size()]);
+      const std::string body = rest.substr(1);
+      const std::size_t m = body.find('\xFE');
+      const std::size_t x = body.find('\xFD', m == std::string::npos ? 0 : m);
+      const std::string extra = body.substr(0, std::min(m, x));
       std::size_t s = 0;
       while (!extra.empty()) {
         const std::size_t e = extra.find('\xFF', s);
@@ -227,7 +239,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         s = e + 1;
       }
       if (m != std::string::npos) {
-        const std::string merges = rest.substr(m + 1, x == std::string::npos ? std::string::npos : x - m - 1);
+        const std::string merges = body.substr(m + 1, x == std::string::npos ? std::string::npos : x - m - 1);
         std::size_t p = 0;
         while (true) {
           const std::size_t e = merges.find('\n', p);
@@ -236,7 +248,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           p = e + 1;
         }
       }
-      const std::string text = x == std::string::npos ? std::string("hello world") : rest.substr(x + 1);
+      const std::string text = x == std::string::npos ? std::string("hello world") : body.substr(x + 1);
       const depthkv::llama::BpeTokenizer t(v);
       bpe_round_trip(t, text, true);
     } else if (mode == 0) {

@@ -3,7 +3,8 @@
 
 usage: make_seeds.py OUT_DIR [DATA_DIR]
 Creates OUT_DIR/llama2c, OUT_DIR/gguf, OUT_DIR/tokenizer. DATA_DIR (the shared/ folder,
-optional) adds the real tok512.bin as a tokenizer seed.
+optional) adds the real tok512.bin and the cases of vocab/ggml-vocab-{llama-bpe,qwen2,gpt-2}.gguf.inp
+as tokenizer seeds.
 """
 import os
 import struct
@@ -119,11 +120,34 @@ def main():
     w("tokenizer", "vocab", b"\2" + b"\xff".join([b"<unk>", b"<s>", b"</s>", b"\xe2\x96\x81", b"a", b"\xe2\x96\x81a", b"<0x62>"])
       + b"\xfe" + b"a b a")
     w("tokenizer", "ids", b"\3" + b"1, 403 407\n261 378")
+    # Byte-level BPE: the real vocabularies (0xF0 llama-bpe, 0xF2 qwen2, 0xF4 gpt-2; +1 with
+    # special tokens), and a vocabulary built from the input (0xF8, then a byte picking the
+    # pre-tokenizer, extra tokens, 0xFE, merges, 0xFD, text), one seed per pre-tokenizer name
+    # (31 names). GPT-2 maps "h"->h, " "->\u0120 (C4 A0).
+    for first, name in ((0xF0, "llama_bpe"), (0xF2, "qwen2"), (0xF4, "gpt2")):
+        w("tokenizer", "bpe_%s_text" % name,
+          bytes([first]) + b"Hello world! I'm 3.14159 sure\n\n\tit's \xe2\x82\xac\xf0\x9f\x98\x80 \x80\xc3(")
+        w("tokenizer", "bpe_%s_special" % name, bytes([first + 1])
+          + b"<|begin_of_text|>Hi <|eot_id|> there<|end_of_text|><|im_start|>user\n<|endoftext|>")
+    body = (b"\xff".join([b"he", b"hel", b"hell", b"hello", b"\xc4\xa0w", b"<|x|>"])
+            + b"\xfe" + b"\n".join([b"h e", b"he l", b"hel l", b"hell o", b"\xc4\xa0 w"])
+            + b"\xfd" + b"hello world<|x|> 123 4567 \xe4\xbd\xa0\xe5\xa5\xbd it's \xff")
+    for pre in range(31):
+        w("tokenizer", "bpe_vocab%02d" % pre, b"\xf8" + bytes([pre]) + body)
     if data:
         p = os.path.join(data, "models", "stories260K", "tok512.bin")
         if os.path.exists(p):
             with open(p, "rb") as f:
                 w("tokenizer", "tok512", b"\1" + f.read())
+        # llama.cpp's own test cases of the three byte-level vocabularies, one seed each.
+        for first, name in ((0xF0, "llama-bpe"), (0xF2, "qwen2"), (0xF4, "gpt-2")):
+            p = os.path.join(data, "vocab", "ggml-vocab-%s.gguf.inp" % name)
+            if os.path.exists(p):
+                with open(p, "rb") as f:
+                    cases = f.read().split(b"\n__ggml_vocab_test__\n")
+                for i, c in enumerate(cases):
+                    if c:
+                        w("tokenizer", "bpe_%s_case%02d" % (name, i), bytes([first]) + c)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ ProfileFile sample_file() {
   f.model.header_bytes = 1234;
   f.n_layers = 3;
   f.keep_ratios = {0.1, 0.3, 0.6};
-  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7, "avg"}};
+  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7, "avg"}, 0, {}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   auto engine = [&](const depthkv::KeepPlan&) {
@@ -117,6 +117,33 @@ TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
   p.resume(g.scorers.at("snapkv"));
   REQUIRE(p.state().n_done() == 4);
   std::remove(path.c_str());
+}
+
+TEST_CASE("the document split of the calibration text: written only when recorded", "[profile_io]") {
+  ProfileFile f = sample_file();
+  // unrecorded (the default split): no key, so files of the default split are unchanged
+  REQUIRE_FALSE(f.calibration.documents.recorded());
+  REQUIRE_FALSE(depthkv::profile_to_json(f)["calibration"].contains("documents"));
+  REQUIRE_FALSE(depthkv::profile_from_json(depthkv::profile_to_json(f)).calibration.documents.recorded());
+  for (const depthkv::DocumentRecord& r : {depthkv::DocumentRecord{"separator", "<|endoftext|>"},
+                                           depthkv::DocumentRecord{"whole", ""},
+                                           depthkv::DocumentRecord{"opening", ""}}) {
+    f.calibration.documents = r;
+    const nlohmann::json j = depthkv::profile_to_json(f);
+    REQUIRE(j["calibration"]["documents"] == nlohmann::json({{"rule", r.rule}, {"marker", r.marker}}));
+    const depthkv::DocumentRecord back = depthkv::profile_from_json(j).calibration.documents;
+    REQUIRE(back.rule == r.rule);
+    REQUIRE(back.marker == r.marker);
+  }
+  nlohmann::json j = depthkv::profile_to_json(f);
+  j["calibration"]["documents"]["rule"] = "lines";
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("bad document split"));
+  j["calibration"]["documents"] = {{"rule", "separator"}, {"marker", ""}};
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("bad document split"));
+  j["calibration"]["documents"] = {{"rule", ""}, {"marker", ""}};
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("'calibration.documents.rule' is empty"));
+  j["calibration"]["documents"] = {{"rule", "whole"}};
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("missing key 'calibration.documents.marker'"));
 }
 
 TEST_CASE("model identity and mismatched models", "[profile_io]") {

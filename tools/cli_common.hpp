@@ -131,15 +131,103 @@ struct SelectionSettings {
   }
 };
 
-/// Token windows of `context + continuation` tokens from a story corpus (the splitting rule of
-/// depthkv/llama/text_windows.hpp), window indices [skip, skip + n).
+/// Decodes the escapes \n, \r, \t and \\ of a command-line value (so that a shell user can
+/// type a separator such as '\n\n\n').
+/// @throws depthkv::Error naming `flag` on another escape or a trailing backslash
+inline std::string unescape(const std::string& s, const std::string& flag) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\') {
+      out += s[i];
+      continue;
+    }
+    DEPTHKV_CHECK(i + 1 < s.size(), flag << ": '" << s << "' ends in a lone backslash (write \\\\ for one)");
+    const char c = s[++i];
+    if (c == 'n') out += '\n';
+    else if (c == 'r') out += '\r';
+    else if (c == 't') out += '\t';
+    else if (c == '\\') out += '\\';
+    else DEPTHKV_FAIL(flag << ": unknown escape '\\" << c << "' in '" << s << "' (known: \\n \\r \\t \\\\)");
+  }
+  return out;
+}
+
+/// The document split of a profile file's record (the default TinyStories rule when none is
+/// recorded).
+/// @throws depthkv::Error on an unknown rule
+inline depthkv::llama::DocumentSplit document_split(const depthkv::DocumentRecord& r) {
+  using depthkv::llama::DocumentSplit;
+  if (!r.recorded()) return DocumentSplit();
+  r.validate();
+  if (r.rule == "opening") return DocumentSplit::opening(r.marker);
+  if (r.rule == "separator") return DocumentSplit::separator(r.marker);
+  return DocumentSplit::whole();
+}
+
+/// The record of a split for a profile file (unrecorded for the default, so that files of the
+/// default split stay as they were).
+inline depthkv::DocumentRecord document_record(const depthkv::llama::DocumentSplit& s) {
+  if (s.is_default()) return {};
+  return {s.rule_name(), s.marker};
+}
+
+/// `--doc-separator` and `--doc-opening` of profile and eval: how a --text file is cut into
+/// documents (each encoded with BOS before it) before the token windows are cut.
+struct DocumentSettings {
+  depthkv::llama::DocumentSplit split;  ///< the TinyStories rule unless a flag was given
+  bool given = false;                   ///< --doc-separator or --doc-opening was given
+
+  /// Registers both flags (mutually exclusive, neither with --tokens) on a subcommand.
+  /// @param default_help what applies when neither is given
+  template <class App>
+  void add_options(App* c, const std::string& default_help) {
+    auto* sep = c->template add_option_function<std::string>(
+        "--doc-separator",
+        [this](const std::string& v) {
+          split = depthkv::llama::DocumentSplit::separator(unescape(v, "--doc-separator"));
+          given = true;
+        },
+        "documents of --text are the pieces between occurrences of STR (each trimmed of surrounding "
+        "whitespace; \\n \\r \\t \\\\ are decoded; e.g. '<|endoftext|>'); an error when STR is not in the "
+        "text. '' (empty): no splitting, windows over the whole text as one document");
+    sep->type_name("STR");
+    auto* open = c->template add_option_function<std::string>(
+        "--doc-opening",
+        [this](const std::string& v) {
+          split = depthkv::llama::DocumentSplit::opening(unescape(v, "--doc-opening"));
+          given = true;
+        },
+        "documents of --text start at blank-line-separated paragraphs beginning with STR (paragraphs "
+        "joined with one newline; '': every paragraph is a document). Default: " +
+            default_help);
+    open->type_name("STR");
+    sep->excludes(open);
+    sep->excludes("--tokens");
+    open->excludes("--tokens");
+  }
+};
+
+/// The documents of `text` (read from `path`) under `split`.
+/// @throws depthkv::Error naming the file and the flags when a separator is not in the text
+inline std::vector<std::string> split_text(const std::string& text, const std::string& path,
+                                           const depthkv::llama::DocumentSplit& split) {
+  DEPTHKV_CHECK(split.rule != depthkv::llama::SplitRule::kSeparator || text.empty() ||
+                    text.find(split.marker) != std::string::npos,
+                "'" << path << "' does not contain the document " << split.describe()
+                    << ": give the --doc-separator that is in it, or --doc-separator '' for no splitting");
+  return depthkv::llama::split_documents(text, split);
+}
+
+/// Token windows of `context + continuation` tokens from a corpus (the splitting rule of
+/// depthkv/llama/text_windows.hpp, documents cut by `split`), window indices [skip, skip + n).
 /// @throws depthkv::Error when the text yields fewer windows than asked for
 /// With `pre_tokenized`, `text_path` is a file of token ids (for models whose tokenizer depthkv
-/// cannot run) and `tok` may be null.
+/// cannot run), `tok` may be null and `split` is not used.
 inline std::vector<depthkv::llama::EvalWindow> load_windows(const std::string& text_path,
                                                             const depthkv::llama::TextTokenizer* tok, int context,
                                                             int continuation, int skip, int n,
-                                                            bool pre_tokenized = false, int vocab_size = 0) {
+                                                            bool pre_tokenized = false, int vocab_size = 0,
+                                                            const depthkv::llama::DocumentSplit& split = {}) {
   DEPTHKV_CHECK(context >= 1 && continuation >= 2, "--context must be >= 1 and --continuation >= 2");
   DEPTHKV_CHECK(n >= 1 && skip >= 0, "--windows must be >= 1 and --skip >= 0");
   std::vector<int> ids;
@@ -147,7 +235,7 @@ inline std::vector<depthkv::llama::EvalWindow> load_windows(const std::string& t
     ids = depthkv::llama::read_token_file(text_path, vocab_size);
   } else {
     DEPTHKV_CHECK(tok != nullptr, "no tokenizer for this model: pass --tokenizer FILE, or pre-tokenized input with --tokens FILE");
-    ids = depthkv::llama::encode_stories(*tok, depthkv::llama::split_stories(depthkv::llama::read_text_file(text_path)));
+    ids = depthkv::llama::encode_stories(*tok, split_text(depthkv::llama::read_text_file(text_path), text_path, split));
   }
   const auto windows = depthkv::llama::token_windows(ids, context + continuation, skip, n);
   const long long available = static_cast<long long>(ids.size()) / (context + continuation);

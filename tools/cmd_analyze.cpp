@@ -7,9 +7,10 @@
 //
 // Metrics: read from the profile's layer_metrics when all of them are present (written by
 // `depthkv profile --metric infonce` or by `--write` here), else computed with --samples stories
-// of --text. Probe texts: stories (split_stories) after skipping --skip stories; by default
-// (--skip -1) the first story that starts after the profile's last calibration window, so the
-// probe texts are disjoint from the calibration text (when --text is the calibration text).
+// of --text. Probe texts: documents of --text (split as the profile records; by default the
+// TinyStories rule) after skipping --skip of them; by default (--skip -1) the first one that
+// starts after the profile's last calibration window, so the probe texts are disjoint from the
+// calibration text (when --text is the calibration text).
 //
 // Reading the sign: the paper marks a layer with LOWER InfoNCE as MORE critical, so InfoNCE is a
 // good predictor when its rho with the sensitivity is NEGATIVE. With 4-6 layers the test has
@@ -83,7 +84,8 @@ std::string compute_metrics(const AnalyzeArgs& a, depthkv::ProfileFile& prof, nl
   DEPTHKV_CHECK(!a.text.empty(), "the profile has no representation metrics: give --text FILE to compute them");
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
   const LlamaEngine engine(lm.model);
-  const std::vector<std::string> stories = split_stories(read_text_file(a.text));
+  const std::vector<std::string> stories =  // split as the profile's calibration text was
+      split_text(read_text_file(a.text), a.text, document_split(prof.calibration.documents));
   int skip = a.skip;
   if (skip < 0) {
     const long long end = prof.calibration.window_end *

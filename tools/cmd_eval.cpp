@@ -41,6 +41,7 @@ struct EvalArgs {
   int interval = 1;                  ///< chunked: evict once this many tokens were appended
   bool json = false;
   SelectionSettings sel;
+  DocumentSettings docs;  ///< default: the profile's document split
 };
 
 struct Row {
@@ -179,14 +180,20 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
 /// `source`, from window `skip` on.
 struct WindowPlan {
   int context = 0, continuation = 0, skip = 0, windows = 0;
-  std::string source;  ///< --text or --tokens
+  std::string source;                    ///< --text or --tokens
+  depthkv::llama::DocumentSplit split;   ///< how --text is cut into documents
 };
 
 /// The evaluation windows of the arguments (context and continuation default to the profile's;
-/// skip defaults to the first window after the calibration windows when the text is the same).
-/// @throws depthkv::Error when they overlap the profile's calibration windows
+/// skip defaults to the first window after the calibration windows when the text is the same;
+/// the document split defaults to the profile's).
+/// @throws depthkv::Error when they overlap the profile's calibration windows, or when the
+///   calibration text is split into documents otherwise than the profile's (its token positions
+///   would not be comparable)
 WindowPlan plan_windows(const EvalArgs& a, const depthkv::ProfileFile& f) {
   WindowPlan w;
+  const depthkv::llama::DocumentSplit profile_split = document_split(f.calibration.documents);
+  w.split = a.docs.given ? a.docs.split : profile_split;
   w.context = a.context > 0 ? a.context : f.calibration.context;
   w.continuation = a.continuation > 0 ? a.continuation : f.calibration.continuation;
   w.windows = a.windows;
@@ -195,6 +202,11 @@ WindowPlan plan_windows(const EvalArgs& a, const depthkv::ProfileFile& f) {
   const long long le = static_cast<long long>(w.context) + w.continuation;
   const bool same_text = base_name(w.source) == base_name(f.calibration.text_file);
   const long long cal_begin = f.calibration.window_begin * lc, cal_end = f.calibration.window_end * lc;
+  DEPTHKV_CHECK(!same_text || !a.tokens.empty() || w.split == profile_split,
+                "--text is the profile's calibration text, split into documents by "
+                    << profile_split.describe() << " there; here by " << w.split.describe()
+                    << ": the windows' positions would not match (drop --doc-separator/--doc-opening, or use "
+                       "another text)");
   w.skip = a.skip;
   if (w.skip < 0) w.skip = same_text ? static_cast<int>((cal_end + le - 1) / le) : 0;
   const long long ev_begin = w.skip * le, ev_end = (w.skip + static_cast<long long>(w.windows)) * le;
@@ -276,9 +288,11 @@ void print_json(const std::vector<Row>& rows) {
 /// The table, each policy's KL against uniform's at the same budget, and the timing line.
 void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPlan& plan, const WindowPlan& w,
                  const std::vector<Row>& rows, double nll_full, double full_s, double eval_s) {
-  std::printf("evaluation: %s, %d windows (%d..%d) of %s, context %d + continuation %d; full-cache NLL %.4f nats\n",
+  const std::string docs =
+      w.split.is_default() || !a.tokens.empty() ? std::string() : " (documents: " + w.split.describe() + ")";
+  std::printf("evaluation: %s, %d windows (%d..%d) of %s%s, context %d + continuation %d; full-cache NLL %.4f nats\n",
               base_name(a.model).c_str(), w.windows, w.skip, w.skip + w.windows - 1, base_name(w.source).c_str(),
-              w.context, w.continuation, nll_full);
+              docs.c_str(), w.context, w.continuation, nll_full);
   std::printf("profile: %s (%d calibration windows %lld..%lld of %s%s), %s\n", base_name(a.profile).c_str(),
               f.calibration.samples, f.calibration.window_begin, f.calibration.window_end - 1,
               base_name(f.calibration.text_file).c_str(),
@@ -334,7 +348,7 @@ void run_eval(const EvalArgs& a) {
                 "context + continuation = " << w.context + w.continuation << " exceeds the model's trained context "
                                             << lm.model.config.seq_len);
   std::vector<EvalWindow> windows = load_windows(w.source, lm.tokenizer.get(), w.context, w.continuation, w.skip,
-                                                 w.windows, !a.tokens.empty(), lm.model.config.vocab_size);
+                                                 w.windows, !a.tokens.empty(), lm.model.config.vocab_size, w.split);
   std::fprintf(stderr, "eval: %s, %d windows of %d+%d tokens from %s (windows %d..%d), scorers %s\n",
                base_name(a.model).c_str(), w.windows, w.context, w.continuation, base_name(w.source).c_str(), w.skip,
                w.skip + w.windows - 1, a.scorers.empty() ? "(all in the profile)" : a.scorers.c_str());
@@ -386,8 +400,9 @@ void register_eval(CLI::App& app) {
   CLI::App* c = app.add_subcommand("eval", "evaluate allocation policies against the full cache on held-out windows");
   c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
   c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
-  c->add_option("--text", a->text, "evaluation text (stories separated by blank lines)");
+  c->add_option("--text", a->text, "evaluation text (cut into documents by --doc-opening or --doc-separator)");
   c->add_option("--tokens", a->tokens, "pre-tokenized evaluation input: a file of token ids (instead of --text)");
+  a->docs.add_options(c, "the profile's document split ('Once upon a time', TinyStories, unless it records another)");
   c->add_option("--profile", a->profile, "profile file of this model (from depthkv profile)")->required();
   c->add_option("--keep", a->keeps, "global keep ratios, each in (0, 1]")->capture_default_str();
   c->add_option("--policies", a->policies, "allocation policies, any of " + depthkv::allocation_policy_names())

@@ -30,6 +30,7 @@ struct ProfileArgs {
   int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024, probe_samples = 64;
   bool resume = false;
   SelectionSettings sel;
+  DocumentSettings docs;
 };
 
 /// What --metric asks for: the loss metric of the curves (kl, dnll or top1; "" for none) and/or
@@ -68,8 +69,10 @@ depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<doubl
     DEPTHKV_CHECK(out.calibration.text_file == src && out.calibration.context == a.context &&
                       out.calibration.continuation == a.continuation && out.calibration.skip == a.skip &&
                       out.calibration.samples == a.windows && out.keep_ratios == keep_ratios &&
-                      out.calibration.eviction_chunk == eviction_chunk(a),
-                  "--resume: '" << a.output << "' was measured with other settings (text, windows, ratios or schedule)");
+                      out.calibration.eviction_chunk == eviction_chunk(a) &&
+                      document_split(out.calibration.documents) == a.docs.split,
+                  "--resume: '" << a.output
+                                << "' was measured with other settings (text, document split, windows, ratios or schedule)");
     std::fprintf(stderr, "profile: resuming from %s\n", a.output.c_str());
     return out;
   }
@@ -87,6 +90,7 @@ depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<doubl
   out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
   out.calibration.selection = a.sel.record();
   out.calibration.eviction_chunk = eviction_chunk(a);
+  if (a.tokens.empty()) out.calibration.documents = document_record(a.docs.split);
   return out;
 }
 
@@ -99,7 +103,7 @@ void probe_into(const ProfileArgs& a, const depthkv::llama::LlamaEngine& engine,
   using namespace depthkv::llama;
   DEPTHKV_CHECK(tok != nullptr, "--metric infonce needs text and a tokenizer");
   DEPTHKV_CHECK(a.tokens.empty(), "--metric infonce needs --text (it perturbs words)");
-  const std::vector<std::string> stories = split_stories(read_text_file(a.text));
+  const std::vector<std::string> stories = split_text(read_text_file(a.text), a.text, a.docs.split);
   const int first =
       first_story_after(*tok, stories, static_cast<long long>(a.skip + a.windows) * (a.context + a.continuation));
   DEPTHKV_CHECK(static_cast<long long>(stories.size()) >= first + static_cast<long long>(a.probe_samples),
@@ -186,7 +190,7 @@ void run_profile(const ProfileArgs& a) {
                                             << lm.model.config.seq_len);
   const std::string src = a.text.empty() ? a.tokens : a.text;
   std::vector<EvalWindow> windows = load_windows(src, lm.tokenizer.get(), a.context, a.continuation, a.skip, a.windows,
-                                                 !a.tokens.empty(), lm.model.config.vocab_size);
+                                                 !a.tokens.empty(), lm.model.config.vocab_size, a.docs.split);
   ProfileFile out = start_profile(a, popt.keep_ratios, L, src, metrics);
 
   if (metrics.infonce) {
@@ -203,8 +207,9 @@ void run_profile(const ProfileArgs& a) {
   ecfg.chunk_size = a.chunk;
   ecfg.n_threads = a.threads;
   ecfg.chunked_plans = a.schedule == "chunked";
-  std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s, scorers %s%s\n",
+  std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s%s, scorers %s%s\n",
                base_name(a.model).c_str(), L, a.windows, a.context, a.continuation, base_name(src).c_str(),
+               a.docs.given && a.tokens.empty() ? (" (documents: " + a.docs.split.describe() + ")").c_str() : "",
                a.scorers.c_str(),
                ecfg.chunked_plans ? (", eviction after every " + std::to_string(a.chunk) + "-token chunk").c_str() : "");
   const auto t_full = std::chrono::steady_clock::now();
@@ -234,8 +239,9 @@ void register_profile(CLI::App& app) {
   CLI::App* c = app.add_subcommand("profile", "measure per-layer loss curves on calibration text and write a profile file");
   c->add_option("--model", a->model, "model file (llama2.c .bin or GGUF)")->required();
   c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
-  c->add_option("--text", a->text, "calibration text (stories separated by blank lines)");
+  c->add_option("--text", a->text, "calibration text (cut into documents by --doc-opening or --doc-separator)");
   c->add_option("--tokens", a->tokens, "pre-tokenized calibration input: a file of token ids (instead of --text)");
+  a->docs.add_options(c, "'Once upon a time' (TinyStories)");
   c->add_option("-o,--output", a->output, "profile file to write (JSON)")->required();
   c->add_option("--context", a->context, "context tokens per window (prefilled, then pruned)")->capture_default_str();
   c->add_option("--continuation", a->continuation, "continuation tokens per window (scored)")->capture_default_str();

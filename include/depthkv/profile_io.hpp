@@ -16,7 +16,8 @@
 ///   "calibration": {"text_file": "tinystories_valid.txt", "context": 384, "continuation": 128,
 ///                   "skip": 0, "samples": 24, "window_begin": 0, "window_end": 24, "description": "",
 ///                   "selection": {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7,
-///                                 "pooling": "max"}},                                  // optional
+///                                 "pooling": "max"},                                   // optional
+///                   "documents": {"rule": "separator", "marker": "<|endoftext|>"}},      // optional
 ///   "scorers": {
 ///     "h2o": {"n_samples": 24,
 ///             "kl":   {"mean": [[...n_ratios...], ...n_layers...], "stderr": [[...]]},
@@ -37,6 +38,10 @@
 /// `calibration.eviction_chunk` (optional; absent = 0) is the prefill chunk after each of which
 /// the curves' pruned layers were evicted (`EvalConfig::chunked_plans`); 0 means one eviction
 /// after the whole context.
+/// `calibration.documents` (optional) records how the calibration text was cut into documents
+/// before tokenization (`llama::DocumentSplit`, the CLI's `--doc-separator`/`--doc-opening`): rule
+/// "opening", "separator" or "whole" and its marker. It is written only when the split is not the
+/// default; a file without it was split by the default TinyStories rule (opening "Once upon a time").
 /// Every problem on load (invalid JSON, another format or version, a missing key, a wrong type or
 /// shape, a NaN/null or negative loss, unsorted ratios, another model) throws `depthkv::Error`
 /// naming the file and the key.
@@ -141,6 +146,24 @@ struct SelectionRecord {
   }
 };
 
+/// How the calibration text was cut into documents (rule "": not recorded, i.e. the default
+/// TinyStories rule). The names are llama::DocumentSplit's.
+struct DocumentRecord {
+  std::string rule;    ///< "opening", "separator", "whole", or "" (not recorded)
+  std::string marker;  ///< the opening or the separator ("" for "whole")
+
+  /// @return whether a split was recorded
+  bool recorded() const { return !rule.empty(); }
+  /// @throws Error unless unrecorded (both empty) or a known rule (a non-empty separator, no
+  ///   marker for "whole")
+  void validate() const {
+    if (rule.empty() && marker.empty()) return;
+    DEPTHKV_CHECK(rule == "opening" || (rule == "separator" && !marker.empty()) || (rule == "whole" && marker.empty()),
+                  "bad document split: rule '" << rule << "' with marker '" << marker
+                                               << "' (rule opening, separator with a non-empty marker, or whole)");
+  }
+};
+
 /// How the calibration samples were drawn (so that evaluation can refuse overlapping windows).
 struct CalibrationInfo {
   std::string text_file;      ///< calibration text file (as given on the command line)
@@ -153,6 +176,7 @@ struct CalibrationInfo {
   std::string description;    ///< free text
   SelectionRecord selection;  ///< the token selection measured under (optional in the file)
   int eviction_chunk = 0;     ///< 0: evicted once after the context; N: after every N-token prefill chunk
+  DocumentRecord documents;   ///< how the text was cut into documents (optional in the file)
 };
 
 /// Per-layer values of a representation metric (e.g. InfoNCE per stage) with a confidence interval.
@@ -206,6 +230,7 @@ struct ProfileFile {
     DEPTHKV_CHECK(n_layers >= 1, "n_layers " << n_layers << " must be >= 1");
     parse_loss_metric(metric);
     calibration.selection.validate();
+    calibration.documents.validate();
     for (const auto& kv : scorers) {
       try {
         kv.second.validate();
@@ -312,6 +337,8 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
                                      {"obs_window", c.selection.obs_window},
                                      {"kernel", c.selection.kernel},
                                      {"pooling", c.selection.pooling}};
+  if (c.documents.recorded())
+    j["calibration"]["documents"] = {{"rule", c.documents.rule}, {"marker", c.documents.marker}};
   j["scorers"] = nlohmann::json::object();
   for (const auto& kv : f.scorers) {
     const ProfilerState& s = kv.second;
@@ -403,6 +430,14 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       r.kernel = get("kernel");
       r.pooling = json_string(json_at(sel, "pooling", "calibration.selection"), "calibration.selection.pooling");
     }
+  }
+  if (c.contains("documents")) {
+    const auto& d = c["documents"];
+    f.calibration.documents.rule =
+        json_string(json_at(d, "rule", "calibration.documents"), "calibration.documents.rule");
+    f.calibration.documents.marker =
+        json_string(json_at(d, "marker", "calibration.documents"), "calibration.documents.marker");
+    DEPTHKV_CHECK(f.calibration.documents.recorded(), "'calibration.documents.rule' is empty");
   }
   const auto& sc = json_at(j, "scorers", "");
   DEPTHKV_CHECK(sc.is_object(), "'scorers' is not an object");

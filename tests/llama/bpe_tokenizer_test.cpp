@@ -196,6 +196,34 @@ TEST_CASE("bpe: round trips on random UTF-8, including invalid sequences", "[lla
   }
 }
 
+TEST_CASE("bpe: invalid UTF-8 is kept byte for byte through byte tokens, never replaced by U+FFFD",
+          "[llama][bpe][data]") {
+  const BpeTokenizer& tok = real_bpe("ggml-vocab-llama-bpe.gguf");
+  const auto byte_token = [&](unsigned char b) {
+    std::string s;
+    depthkv::llama::detail::append_utf8(s, depthkv::llama::detail::gpt2_byte_to_codepoint()[b]);
+    return tok.lookup(s);
+  };
+  const std::string fffd = "\xEF\xBF\xBD";
+  // a stray continuation byte, bytes never in UTF-8, overlong forms, a surrogate, beyond U+10FFFF,
+  // a truncated character, a five-byte form
+  for (const std::string bad : {"\x80", "\xFF", "\xFE\xFF", "\xC0\x80", "\xC1\xBF", "\xE0\x80\x80", "\xED\xA0\x80",
+                                "\xF4\x90\x80\x80", "\xE2\x82", "\xF8\x88\x80\x80\x80"}) {
+    INFO("bytes " << bad.size());
+    const std::vector<int> ids = tok.encode(bad, false, false);
+    REQUIRE(tok.decode(ids) == bad);
+    CHECK(tok.decode(ids).find(fffd) == std::string::npos);
+  }
+  CHECK(tok.encode("\xFF", false, false) == std::vector<int>{byte_token(0xFF)});
+  // an invalid byte is a piece of its own between the pieces around it (llama.cpp would encode
+  // U+FFFD there instead)
+  std::vector<int> expect = tok.encode("Hello", false, false);
+  expect.push_back(byte_token(0xFF));
+  for (int id : tok.encode("world", false, false)) expect.push_back(id);
+  CHECK(tok.encode("Hello\xFFworld", false, false) == expect);
+  CHECK(tok.decode(expect) == "Hello\xFFworld");
+}
+
 TEST_CASE("bpe: merges by rank, leftmost on ties, ignore_merges, byte tokens", "[llama][bpe]") {
   // ab (rank 0), then bb... only "ab" and "aab" exist.
   Vocabulary v = tiny_vocab({"ab", "aab", "bb"}, {"a b", "a ab", "b b"});

@@ -108,7 +108,7 @@ TEST_CASE("profile --schedule chunked: recorded in the file; one chunk equals on
   require_error(run_cli(base + " --schedule sometimes -o " + shell_quoted(p1), "2>&1"),
                 "--schedule must be oneshot or chunked, got 'sometimes'");
   require_error(run_cli(base + " --schedule chunked --chunk 16 --resume -o " + shell_quoted(p1), "2>&1"),
-                "--resume: '" + p1 + "' was measured with other settings (text, windows, ratios or schedule)");
+                "--resume: '" + p1 + "' was measured with other settings (text, document split, windows, ratios or schedule)");
 }
 
 TEST_CASE("generate --max-kv-tokens: bounded cache; a budget never reached gives the default output",
