@@ -14,11 +14,13 @@
 /// - `int n_kv_heads()`, `int head_dim()` (E, S, G, P);
 /// - `int size(int h)`: tokens held by head h, in slots `[0, size(h))` (E, S, G);
 /// - `int max_size()`: the largest `size(h)` (C: `KVCache::lengths`, used by P);
-/// - `int capacity()`: slots per head available without a new allocation (tests, CUDA planning);
+/// - `capacity()`: slots per head available without a new allocation (tests, CUDA planning;
+///   `PagedLayer::capacity(h)` per head);
 /// - `key(h, slot)`, `value(h, slot)`: pointers to `head_dim()` contiguous elements (S, G);
 /// - `std::ptrdiff_t token_stride()`: elements from one slot's key (or value) to the next slot's
 ///   in the same head, >= `head_dim()` (G reads a head as a `size(h) x head_dim` matrix with this
-///   stride);
+///   stride; strided layers only: `PagedLayer`, paged_cache.hpp, has none, so the engine does
+///   not take it, while the evictor, the scorers and `KVCache` do);
 /// - `const std::int32_t* positions(int h)`: the original positions of the held tokens,
 ///   ascending (E, G);
 /// - `append(k, v, pos)`: one token for every head, all-or-nothing (`k`, `v` are
@@ -30,8 +32,8 @@
 /// - `shrink_to_fit()`: release or return unused capacity (E, C);
 /// - `std::size_t bytes()`: bytes of K and V really held (C, P); `bytes_allocated()`: bytes of
 ///   storage reserved (C).
-/// `HostLayer` and `LayerView` share one implementation of the bookkeeping and of `append`,
-/// `append_head`, `compact`, `bytes` and `max_size` (detail/layer_core.hpp).
+/// `HostLayer`, `LayerView` and `PagedLayer` share one implementation of the bookkeeping and of
+/// `append`, `append_head`, `compact`, `bytes` and `max_size` (detail/layer_core.hpp).
 ///
 /// @code
 /// depthkv::KVCache<depthkv::HostLayer<float>> cache;

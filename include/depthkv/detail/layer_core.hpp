@@ -1,8 +1,9 @@
 #pragma once
 /// @file detail/layer_core.hpp
-/// @brief The storage core shared by the host layers of kv_cache.hpp (`HostLayer`, `LayerView`):
-/// shape, per-head original positions (whose count is the head's size), the checked `append`,
-/// `append_head` and `compact`, `bytes` and `max_size`. What differs between layer types, where a
+/// @brief The storage core shared by the host layers (`HostLayer`, `LayerView` of kv_cache.hpp,
+/// `PagedLayer` of paged_cache.hpp): shape, per-head original positions (whose count is the
+/// head's size), the checked `append`, `append_head` and `compact`, `bytes` and `max_size`.
+/// What differs between layer types, where a
 /// (head, slot) row lives and how a head makes room for one more token, is supplied by the
 /// derived class (CRTP, no virtual calls):
 /// - `T* key(int h, int slot)`, `T* value(int h, int slot)`: the rows of `head_dim` elements;
@@ -137,6 +138,14 @@ class LayerCore {
       DEPTHKV_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]),
                     "head " << h << ": positions not strictly ascending and non-negative at " << i);
     std::copy(pos, pos + n, positions_[static_cast<std::size_t>(h)].begin());
+  }
+  /// Keeps the first n positions of head h (n <= size(h)).
+  void truncate(int h, int n) { positions_[static_cast<std::size_t>(h)].resize(static_cast<std::size_t>(n)); }
+  /// Back to the empty default state (a moved-from layer).
+  void clear_core() noexcept {
+    n_kv_heads_ = 0;
+    head_dim_ = 0;
+    positions_.clear();
   }
   void check_head(int h) const {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
