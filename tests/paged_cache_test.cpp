@@ -381,4 +381,7 @@ TEST_CASE("append_page_table exports FlashInfer-style indices, indptr and last-p
   REQUIRE(q.indptr == std::vector<I32>{0, 2});
   REQUIRE(q.last_page_len == std::vector<I32>{1});
   REQUIRE(a.num_blocks_held() == 3);
+  REQUIRE_THROWS_AS(depthkv::append_page_table(q, PagedLayer<float>()), depthkv::Error);  // no pool
+  q.indptr.push_back(7);
+  REQUIRE_THROWS_AS(depthkv::append_page_table(q, a), depthkv::Error);  // indptr inconsistent
 }

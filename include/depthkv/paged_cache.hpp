@@ -42,9 +42,9 @@
 /// holding fewer leave stale rows at their end: mask them, or use per-head tables); per-head
 /// tables: one request per KV head (a kernel then sees one KV head per request).
 ///
-/// The paged layer satisfies the Layer concept of kv_cache.hpp for the evictor, the scorers and
-/// `KVCache` (it has no `token_stride()`: a head's rows are strided only inside a block, so the
-/// reference engine, which reads a head as one strided matrix, does not take it).
+/// The paged layer satisfies the Layer concept of kv_cache.hpp except `token_stride()` (a head's
+/// rows are strided only inside a block): the evictor, the scorers and `KVCache` take it, and the
+/// reference engine (llama/engine.hpp) gathers a head's rows through `key`/`value` before attention.
 ///
 /// @code
 /// depthkv::BlockPool<Eigen::half> pool(/*num_blocks=*/4096, /*block_size=*/16, n_kv, hd);
@@ -230,6 +230,7 @@ class BlockPool {
   void check_block(std::int32_t b) const {
     DEPTHKV_CHECK(b >= 0 && b < num_blocks_, "block " << b << " outside [0, " << num_blocks_ << ")");
   }
+
   int num_blocks_ = 0;
   int block_size_ = 0;
   int n_kv_heads_ = 0;
@@ -419,11 +420,13 @@ struct PageTable {
 
 /// Appends `layer`'s requests to `out`: one of `max_size()` tokens (per-layer tables) or one per
 /// KV head of `size(h)` tokens (per-head tables). Only the pages that hold tokens are listed.
+/// @throws Error when `out.indptr` does not end at `out.indices.size()` or the layer has no pool
 template <typename T>
 void append_page_table(PageTable& out, const PagedLayer<T>& layer) {
   DEPTHKV_CHECK(!out.indptr.empty() && out.indptr.back() == static_cast<std::int32_t>(out.indices.size()),
                 "indptr does not end at the number of indices");
   const int bs = layer.block_size();
+  DEPTHKV_CHECK(bs >= 1, "the layer has no block pool (default-constructed or moved from)");
   const int n_req = layer.tables() == PagedTables::kPerLayer ? 1 : layer.n_kv_heads();
   for (int r = 0; r < n_req; ++r) {
     const int n = layer.tables() == PagedTables::kPerLayer ? layer.max_size() : layer.size(r);
