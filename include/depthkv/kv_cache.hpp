@@ -19,8 +19,8 @@
 /// - `key(h, slot)`, `value(h, slot)`: pointers to `head_dim()` contiguous elements (S, G);
 /// - `std::ptrdiff_t token_stride()`: elements from one slot's key (or value) to the next slot's
 ///   in the same head, >= `head_dim()` (G reads a head as a `size(h) x head_dim` matrix with this
-///   stride; strided layers only: `PagedLayer`, paged_cache.hpp, has none, so the engine does
-///   not take it, while the evictor, the scorers and `KVCache` do);
+///   stride; strided layers only: `PagedLayer`, paged_cache.hpp, has none, and the engine then
+///   reads its rows one by one through `key`/`value`);
 /// - `const std::int32_t* positions(int h)`: the original positions of the held tokens,
 ///   ascending (E, G);
 /// - `append(k, v, pos)`: one token for every head, all-or-nothing (`k`, `v` are
