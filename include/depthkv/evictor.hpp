@@ -37,8 +37,8 @@
 /// rows over up to `n_threads` std::threads for the call (0 = hardware concurrency); results are
 /// identical for every thread count. The library keeps no threads between calls. With
 /// n_threads != 1, `Layer::compact` on different heads of a layer must be safe to run
-/// concurrently (true for HostLayer and LayerView) and `shrink_to_fit` on different layers
-/// likewise.
+/// concurrently (true for HostLayer and LayerView, in every layout) and `shrink_to_fit` on
+/// different layers likewise.
 ///
 /// @code
 /// std::vector<depthkv::TokenScorer> scorers;                    // one per layer

@@ -6,24 +6,34 @@
 ///
 /// ## The Layer concept
 /// A `Layer` stores the keys and values of one transformer layer, per KV head, in position
-/// order. Each KV head may hold a different number of tokens (per-head budgets). It provides:
-/// - `using Scalar` (the stored element type: `float`, `Eigen::half`, `Eigen::bfloat16`, ...);
-/// - `n_kv_heads()`, `head_dim()`, `capacity()` (slots per head), `size(h)` (tokens held by head
-///   h), `max_size()` (the largest `size(h)`; `KVCache::lengths`);
-/// - `key(h, slot)`, `value(h, slot)`: pointers to `head_dim()` contiguous elements;
-///   `token_stride()`: elements from one slot's key (or value) to the next slot's in the same head
-///   (>= `head_dim()`; the engine reads a head as a `size(h) x head_dim` matrix with this stride);
-/// - `positions(h)`: the original sequence positions of the held tokens, ascending;
-/// - `append(k, v, pos)`: one token for every head (`k`, `v` are `[n_kv_heads][head_dim]` floats);
-/// - `compact(h, kept_slots, n_kept, streaming_min_bytes)`: keep only the given slots (ascending)
-///   of head h, in order (`streaming_min_bytes`: the non-temporal store threshold,
-///   `EvictOptions::streaming_min_bytes`; HostLayer and LayerView default it);
-/// - `shrink_to_fit()`: release or return unused capacity;
-/// - `bytes()`: bytes of K and V really held; `bytes_allocated()`: bytes of storage reserved.
-/// Who uses what: the evictor `n_kv_heads`, `size`, `positions`, `compact`, `shrink_to_fit`; the
-/// scorers `n_kv_heads`, `size`, `key`, `value`, `head_dim`; the engine `n_kv_heads`, `head_dim`,
-/// `size`, `positions`, `append`, `key`, `value`, `token_stride`; `KVCache` `max_size`, `bytes`,
-/// `bytes_allocated`, `shrink_to_fit`.
+/// order. Each KV head may hold a different number of tokens (per-head budgets). Members, and who
+/// uses each (E: evictor, evictor.hpp; S: scorers, token_scorer.hpp; G: engine, llama/engine.hpp;
+/// C: `KVCache`; P: eviction schedule and evaluation, eviction_schedule.hpp and llama/eval.hpp,
+/// through `KVCache`):
+/// - `using Scalar`: the stored element type (`float`, `Eigen::half`, `Eigen::bfloat16`, ...) (G);
+/// - `int n_kv_heads()`, `int head_dim()` (E, S, G, P);
+/// - `int size(int h)`: tokens held by head h, in slots `[0, size(h))` (E, S, G);
+/// - `int max_size()`: the largest `size(h)` (C: `KVCache::lengths`, used by P);
+/// - `capacity()`: slots per head available without a new allocation (tests, CUDA planning;
+///   `PagedLayer::capacity(h)` per head);
+/// - `key(h, slot)`, `value(h, slot)`: pointers to `head_dim()` contiguous elements (S, G);
+/// - `std::ptrdiff_t token_stride()`: elements from one slot's key (or value) to the next slot's
+///   in the same head, >= `head_dim()` (G reads a head as a `size(h) x head_dim` matrix with this
+///   stride; strided layers only: `PagedLayer`, paged_cache.hpp, has none, and the engine then
+///   reads its rows one by one through `key`/`value`);
+/// - `const std::int32_t* positions(int h)`: the original positions of the held tokens,
+///   ascending (E, G);
+/// - `append(k, v, pos)`: one token for every head, all-or-nothing (`k`, `v` are
+///   `[n_kv_heads][head_dim]` floats) (G); `append_head(h, k, v, pos)`: one token for head h;
+/// - `compact(h, kept_slots, n_kept, streaming_min_bytes)`: keep only the given slots (strictly
+///   ascending) of head h, in order (`streaming_min_bytes`: the non-temporal store threshold,
+///   `EvictOptions::streaming_min_bytes`; HostLayer and LayerView default it) (E); with
+///   `EvictOptions::n_threads` != 1 it runs concurrently on different heads of a layer;
+/// - `shrink_to_fit()`: release or return unused capacity (E, C);
+/// - `std::size_t bytes()`: bytes of K and V really held (C, P); `bytes_allocated()`: bytes of
+///   storage reserved (C).
+/// `HostLayer`, `LayerView` and `PagedLayer` share one implementation of the bookkeeping and of
+/// `append`, `append_head`, `compact`, `bytes` and `max_size` (detail/layer_core.hpp).
 ///
 /// @code
 /// depthkv::KVCache<depthkv::HostLayer<float>> cache;
@@ -41,313 +51,173 @@
 
 #include "depthkv/detail/compact_runs.hpp"
 #include "depthkv/detail/large_page_allocator.hpp"
+#include "depthkv/detail/layer_core.hpp"
 #include "depthkv/detail/scalar.hpp"
+#include "depthkv/detail/strided_rows.hpp"
 #include "depthkv/error.hpp"
 
 namespace depthkv {
-
-namespace detail {
-
-/// Checks that `kept` (length n_kept) is strictly ascending and inside [0, size).
-inline void check_kept_slots(const std::int32_t* kept, int n_kept, int size, int head) {
-  DEPTHKV_CHECK(n_kept >= 0 && n_kept <= size,
-                "head " << head << ": " << n_kept << " kept slots for " << size << " tokens");
-  for (int i = 0; i < n_kept; ++i) {
-    DEPTHKV_CHECK(kept[i] >= 0 && kept[i] < size,
-                  "head " << head << ": kept slot " << kept[i] << " outside [0, " << size << ")");
-    DEPTHKV_CHECK(i == 0 || kept[i] > kept[i - 1],
-                  "head " << head << ": kept slots not strictly ascending at index " << i);
-  }
-}
-
-}  // namespace detail
 
 /// Owning host storage of one layer. Layout: keys and values each
 /// `[n_kv_heads][capacity][head_dim]`, row-major and contiguous; head h holds `size(h)` tokens
 /// in slots `[0, size(h))`, in ascending original position. Key and value blocks of 2 MiB or more
 /// are 2 MiB-aligned and advised for transparent huge pages (detail/large_page_allocator.hpp).
+/// `append`, `append_head`, `compact`, `bytes`, `max_size` and the addressing are the storage
+/// core's (detail/layer_core.hpp), shared with `LayerView`.
 ///
 /// @tparam T stored element type (`float`, `Eigen::half`, `Eigen::bfloat16`).
 template <typename T>
-class HostLayer {
- public:
-  using Scalar = T;
+class HostLayer : public detail::StridedCore<T, HostLayer<T>> {
+  using Core = detail::StridedCore<T, HostLayer<T>>;
+  friend class detail::LayerCore<T, HostLayer<T>>;
+  friend class detail::StridedCore<T, HostLayer<T>>;
 
+ public:
   HostLayer() = default;
   /// @param n_kv_heads number of KV heads (>= 1)
   /// @param head_dim elements per key/value vector (>= 1)
   /// @param capacity initial slots per head (grown on demand by append)
   /// @throws Error on non-positive dimensions or negative capacity
-  HostLayer(int n_kv_heads, int head_dim, int capacity = 0)
-      : n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
-    DEPTHKV_CHECK(n_kv_heads >= 1 && head_dim >= 1,
-                  "n_kv_heads and head_dim must be >= 1, got " << n_kv_heads << " and " << head_dim);
+  HostLayer(int n_kv_heads, int head_dim, int capacity = 0) {
+    this->init_core(n_kv_heads, head_dim, 0);
     DEPTHKV_CHECK(capacity >= 0, "capacity must be >= 0, got " << capacity);
-    sizes_.assign(static_cast<std::size_t>(n_kv_heads), 0);
     reallocate(capacity);
-  }
-
-  int n_kv_heads() const { return n_kv_heads_; }
-  int head_dim() const { return head_dim_; }
-  /// Slots allocated per head.
-  int capacity() const { return capacity_; }
-  /// Tokens held by KV head `h`.
-  int size(int h) const { return sizes_[static_cast<std::size_t>(h)]; }
-  /// Largest `size(h)` over the heads.
-  int max_size() const { return sizes_.empty() ? 0 : *std::max_element(sizes_.begin(), sizes_.end()); }
-  /// Elements between consecutive tokens of one head.
-  std::ptrdiff_t token_stride() const { return head_dim_; }
-
-  T* key(int h, int slot) { return keys_.data() + offset(h, slot); }
-  const T* key(int h, int slot) const { return keys_.data() + offset(h, slot); }
-  T* value(int h, int slot) { return values_.data() + offset(h, slot); }
-  const T* value(int h, int slot) const { return values_.data() + offset(h, slot); }
-  /// Original positions of the tokens held by head h (`size(h)` entries, ascending).
-  const std::int32_t* positions(int h) const {
-    return positions_.data() + static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_);
   }
 
   /// Reserves at least `capacity` slots per head (never shrinks).
   void reserve(int capacity) {
     DEPTHKV_CHECK(capacity >= 0, "capacity must be >= 0, got " << capacity);
-    if (capacity > capacity_) reallocate(capacity);
-  }
-
-  /// Appends one token to every head.
-  /// @param k keys, `[n_kv_heads][head_dim]` floats
-  /// @param v values, `[n_kv_heads][head_dim]` floats
-  /// @param position original sequence position; must exceed every position already held
-  /// @throws Error when the position does not increase
-  void append(const float* k, const float* v, std::int32_t position) {
-    for (int h = 0; h < n_kv_heads_; ++h) check_position(h, position);
-    for (int h = 0; h < n_kv_heads_; ++h)
-      append_head(h, k + static_cast<std::size_t>(h) * head_dim_, v + static_cast<std::size_t>(h) * head_dim_, position);
-  }
-
-  /// Appends one token to head `h` only (`k`, `v`: `head_dim` floats).
-  /// @throws Error when `h` is out of range or the position does not increase
-  void append_head(int h, const float* k, const float* v, std::int32_t position) {
-    DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
-    check_position(h, position);
-    int& n = sizes_[static_cast<std::size_t>(h)];
-    if (n == capacity_) reallocate(std::max(16, capacity_ * 2));
-    T* kd = key(h, n);
-    T* vd = value(h, n);
-    for (int d = 0; d < head_dim_; ++d) {
-      kd[d] = detail::to_scalar<T>(k[d]);
-      vd[d] = detail::to_scalar<T>(v[d]);
-    }
-    positions_[static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_) + static_cast<std::size_t>(n)] = position;
-    ++n;
-  }
-
-  /// Keeps only slots `kept[0..n_kept)` of head h (strictly ascending), moved to the front in
-  /// order. Validates before any change.
-  /// @param streaming_min_bytes heads whose slots span at least this many bytes (per array) are
-  ///   written with non-temporal stores (SIZE_MAX: never; detail/compact_runs.hpp)
-  /// @throws Error on out-of-range or unsorted slots
-  void compact(int h, const std::int32_t* kept, int n_kept,
-               std::size_t streaming_min_bytes = detail::kDefaultStreamingMinBytes) {
-    DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
-    detail::check_kept_slots(kept, n_kept, size(h), h);
-    std::int32_t* pos = positions_.data() + static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_);
-    detail::compact_runs(key(h, 0), token_stride(), head_dim_, kept, n_kept, streaming_min_bytes);
-    detail::compact_runs(value(h, 0), token_stride(), head_dim_, kept, n_kept, streaming_min_bytes);
-    detail::compact_runs(pos, 1, 1, kept, n_kept);
-    sizes_[static_cast<std::size_t>(h)] = n_kept;
+    if (capacity > this->capacity_) reallocate(capacity);
   }
 
   /// Reallocates to exactly `max_size()` slots per head, releasing the rest.
   void shrink_to_fit() {
-    if (max_size() != capacity_) reallocate(max_size());
+    if (this->max_size() != this->capacity_) reallocate(this->max_size());
+    this->shrink_positions();
   }
 
-  /// Bytes of keys and values held (sum over heads of size(h) * head_dim * 2 * sizeof(T)).
-  std::size_t bytes() const {
-    std::size_t tokens = 0;
-    for (int n : sizes_) tokens += static_cast<std::size_t>(n);
-    return tokens * static_cast<std::size_t>(head_dim_) * 2 * sizeof(T);
-  }
   /// Bytes of key/value storage allocated.
   std::size_t bytes_allocated() const { return (keys_.capacity() + values_.capacity()) * sizeof(T); }
 
  private:
-  std::size_t offset(int h, int slot) const {
-    return (static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_) + static_cast<std::size_t>(slot)) *
-           static_cast<std::size_t>(head_dim_);
-  }
-  void check_position(int h, std::int32_t position) const {
-    const int n = size(h);
-    DEPTHKV_CHECK(position >= 0, "position must be >= 0, got " << position);
-    DEPTHKV_CHECK(n == 0 || positions(h)[n - 1] < position,
-                  "head " << h << ": position " << position << " does not follow the last held position "
-                          << positions(h)[n - 1]);
-  }
-  void reallocate(int new_capacity) {
-    assert_fits(new_capacity);
-    const std::size_t hd = static_cast<std::size_t>(head_dim_);
-    Storage k(static_cast<std::size_t>(n_kv_heads_) * static_cast<std::size_t>(new_capacity) * hd);
-    Storage v(k.size());
-    std::vector<std::int32_t> p(static_cast<std::size_t>(n_kv_heads_) * static_cast<std::size_t>(new_capacity));
-    for (int h = 0; h < n_kv_heads_; ++h) {
-      const std::size_t n = static_cast<std::size_t>(size(h));
-      const std::size_t src = static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_);
-      const std::size_t dst = static_cast<std::size_t>(h) * static_cast<std::size_t>(new_capacity);
-      if (n == 0) continue;
-      std::memcpy(k.data() + dst * hd, keys_.data() + src * hd, n * hd * sizeof(T));
-      std::memcpy(v.data() + dst * hd, values_.data() + src * hd, n * hd * sizeof(T));
-      std::memcpy(p.data() + dst, positions_.data() + src, n * sizeof(std::int32_t));
-    }
-    keys_.swap(k);
-    values_.swap(v);
-    positions_.swap(p);
-    capacity_ = new_capacity;
-  }
-  void assert_fits(int new_capacity) const {
-    DEPTHKV_CHECK(new_capacity >= max_size(), "capacity " << new_capacity << " below held tokens " << max_size());
+  T* key_base() { return keys_.data(); }
+  const T* key_base() const { return keys_.data(); }
+  T* value_base() { return values_.data(); }
+  const T* value_base() const { return values_.data(); }
+
+  /// Room for one more token in head h (h < 0: every head): doubles the capacity (at least 16).
+  void reserve_append(int h) {
+    const int n = h < 0 ? this->max_size() : this->size(h);
+    if (n == this->capacity_) reallocate(std::max(16, this->capacity_ * 2));
   }
 
-  int n_kv_heads_ = 0;
-  int head_dim_ = 0;
-  int capacity_ = 0;
-  std::vector<int> sizes_;
+  void reallocate(int new_capacity) {
+    DEPTHKV_CHECK(new_capacity >= this->max_size(),
+                  "capacity " << new_capacity << " below held tokens " << this->max_size());
+    const std::size_t hd = static_cast<std::size_t>(this->head_dim_);
+    Storage k(static_cast<std::size_t>(this->n_kv_heads_) * static_cast<std::size_t>(new_capacity) * hd);
+    Storage v(k.size());
+    const std::size_t dst_head = static_cast<std::size_t>(new_capacity) * hd;
+    for (int h = 0; h < this->n_kv_heads_; ++h) {
+      const std::size_t n = static_cast<std::size_t>(this->size(h));
+      if (n == 0) continue;
+      std::memcpy(k.data() + static_cast<std::size_t>(h) * dst_head, this->key(h, 0), n * hd * sizeof(T));
+      std::memcpy(v.data() + static_cast<std::size_t>(h) * dst_head, this->value(h, 0), n * hd * sizeof(T));
+    }
+    this->reserve_positions(new_capacity);
+    keys_.swap(k);
+    values_.swap(v);
+    this->set_layout(new_capacity, static_cast<std::ptrdiff_t>(dst_head), static_cast<std::ptrdiff_t>(hd));
+  }
+
   using Storage = std::vector<T, detail::LargePageAllocator<T>>;  // 2 MiB pages for large layers
   Storage keys_;
   Storage values_;
-  std::vector<std::int32_t> positions_;
 };
 
 /// Non-owning view over key/value memory an engine already owns, so the engine adopts depthkv
 /// without copying its cache. Element `(h, slot, d)` of the keys is at
-/// `keys[h * head_stride + slot * token_stride + d]` (likewise values); the shape is
-/// `[n_kv_heads][capacity][head_dim]`, the elements of one token contiguous. The view owns only
-/// the small bookkeeping (per-head sizes and original positions). Appends beyond `capacity`
-/// throw; `shrink_to_fit()` is a no-op (the freed slots stay with the engine for reuse).
+/// `keys[h * head_stride + slot * token_stride + d]` (likewise values): any layout in which the
+/// `head_dim` elements of one (head, slot) row are contiguous and no two rows overlap, e.g.
+/// - HF per sequence, `[n_kv_heads][capacity][head_dim]`: the default strides
+///   (head_stride = capacity * token_stride, token_stride = head_dim);
+/// - llama.cpp, token-major `[capacity][n_kv_heads * head_dim]`: head_stride = head_dim,
+///   token_stride = n_kv_heads * head_dim;
+/// - either with padding, or K and V interleaved in one buffer (`values` between the key rows).
+/// The strides are checked (detail/strided_rows.hpp): two (head, slot) rows, or a key row and a
+/// value row, that overlap are an error naming the stride. The view owns only the small
+/// bookkeeping (per-head original positions, whose count is the head's size). Compaction moves
+/// only the rows of the compacted head (never padding or other heads' rows), so heads keep
+/// different tokens in any layout. Appends beyond `capacity` throw; `shrink_to_fit()` is a no-op
+/// (the freed slots stay with the engine for reuse).
 ///
 /// @code
-/// // engine memory: float k_cache[n_kv][max_seq][hd], v_cache likewise, `len` tokens filled
-/// depthkv::LayerView<float> view(k_cache, v_cache, n_kv, hd, max_seq, /*length=*/len);
+/// // HF: float k_cache[n_kv][max_seq][hd], v_cache likewise, `len` tokens filled
+/// depthkv::LayerView<float> hf(k_cache, v_cache, n_kv, hd, max_seq, /*length=*/len);
+/// // llama.cpp: k_l, v_l are [kv_size][n_kv * hd], `len` cells filled
+/// depthkv::LayerView<Eigen::half> lc(k_l, v_l, n_kv, hd, kv_size, len, /*head_stride=*/hd,
+///                                    /*token_stride=*/n_kv * hd);
 /// @endcode
 template <typename T>
-class LayerView {
- public:
-  using Scalar = T;
+class LayerView : public detail::StridedCore<T, LayerView<T>> {
+  friend class detail::LayerCore<T, LayerView<T>>;
+  friend class detail::StridedCore<T, LayerView<T>>;
 
+ public:
   LayerView() = default;
   /// @param keys, values the engine's storage (not owned, must outlive the view)
+  /// @param n_kv_heads KV heads (>= 1), @param head_dim elements per row (>= 1)
+  /// @param capacity slots per head (>= 0)
   /// @param length tokens already held by every head (positions 0..length-1)
-  /// @param head_stride elements between heads (default `capacity * head_dim`)
-  /// @param token_stride elements between tokens (default `head_dim`, must be >= head_dim)
-  /// @throws Error on null storage, non-positive dimensions or inconsistent strides
+  /// @param head_stride elements between heads, >= 0 (-1: `capacity * token_stride`)
+  /// @param token_stride elements between tokens of a head, >= 0 (-1: `head_dim`)
+  /// @throws Error on null storage, non-positive dimensions, a length outside [0, capacity], a
+  ///   negative stride, or strides under which two rows overlap (the message names the stride)
   LayerView(T* keys, T* values, int n_kv_heads, int head_dim, int capacity, int length = 0,
             std::ptrdiff_t head_stride = -1, std::ptrdiff_t token_stride = -1)
-      : keys_(keys), values_(values), n_kv_heads_(n_kv_heads), head_dim_(head_dim), capacity_(capacity) {
+      : keys_(keys), values_(values) {
     DEPTHKV_CHECK(keys != nullptr && values != nullptr, "null key or value storage");
     DEPTHKV_CHECK(n_kv_heads >= 1 && head_dim >= 1 && capacity >= 0,
                   "bad shape [" << n_kv_heads << "][" << capacity << "][" << head_dim << "]");
     DEPTHKV_CHECK(length >= 0 && length <= capacity, "length " << length << " outside [0, " << capacity << "]");
-    token_stride_ = token_stride < 0 ? head_dim : token_stride;
-    head_stride_ = head_stride < 0 ? static_cast<std::ptrdiff_t>(capacity) * token_stride_ : head_stride;
-    DEPTHKV_CHECK(token_stride_ >= head_dim, "token_stride " << token_stride_ << " < head_dim " << head_dim);
-    DEPTHKV_CHECK(n_kv_heads == 1 || head_stride_ >= static_cast<std::ptrdiff_t>(capacity) * token_stride_,
-                  "head_stride " << head_stride_ << " overlaps the previous head");
-    sizes_.assign(static_cast<std::size_t>(n_kv_heads), length);
-    positions_.resize(static_cast<std::size_t>(n_kv_heads) * static_cast<std::size_t>(capacity));
-    for (int h = 0; h < n_kv_heads; ++h)
-      for (int i = 0; i < length; ++i) positions_[static_cast<std::size_t>(h) * capacity + i] = i;
-  }
-
-  int n_kv_heads() const { return n_kv_heads_; }
-  int head_dim() const { return head_dim_; }
-  int capacity() const { return capacity_; }
-  int size(int h) const { return sizes_[static_cast<std::size_t>(h)]; }
-  int max_size() const { return sizes_.empty() ? 0 : *std::max_element(sizes_.begin(), sizes_.end()); }
-  std::ptrdiff_t token_stride() const { return token_stride_; }
-  std::ptrdiff_t head_stride() const { return head_stride_; }
-
-  T* key(int h, int slot) { return keys_ + h * head_stride_ + slot * token_stride_; }
-  const T* key(int h, int slot) const { return keys_ + h * head_stride_ + slot * token_stride_; }
-  T* value(int h, int slot) { return values_ + h * head_stride_ + slot * token_stride_; }
-  const T* value(int h, int slot) const { return values_ + h * head_stride_ + slot * token_stride_; }
-  const std::int32_t* positions(int h) const {
-    return positions_.data() + static_cast<std::size_t>(h) * static_cast<std::size_t>(capacity_);
+    const std::ptrdiff_t ts = token_stride == -1 ? head_dim : token_stride;
+    const std::ptrdiff_t hs = head_stride == -1 ? static_cast<std::ptrdiff_t>(capacity) * ts : head_stride;
+    detail::check_row_strides(n_kv_heads, head_dim, capacity, hs, ts);
+    detail::check_kv_rows_disjoint(keys, values, n_kv_heads, head_dim, capacity, hs, ts);
+    this->init_core(n_kv_heads, head_dim, length);
+    this->reserve_positions(capacity);
+    this->set_layout(capacity, hs, ts);
   }
 
   /// Sets head h's original positions (`size(h)` ascending values), e.g. after adopting a cache
   /// that was already pruned by the engine.
-  /// @throws Error when the positions are not strictly ascending and non-negative
-  void set_positions(int h, const std::int32_t* pos) {
-    DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
-    for (int i = 0; i < size(h); ++i)
-      DEPTHKV_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "positions not strictly ascending at " << i);
-    std::copy(pos, pos + size(h), positions_.begin() + static_cast<std::ptrdiff_t>(h) * capacity_);
-  }
-
-  /// Appends one token to every head; see HostLayer::append.
-  /// @throws Error when any head is full or the position does not increase
-  void append(const float* k, const float* v, std::int32_t position) {
-    for (int h = 0; h < n_kv_heads_; ++h) check_append(h, position);
-    for (int h = 0; h < n_kv_heads_; ++h)
-      append_head(h, k + static_cast<std::size_t>(h) * head_dim_, v + static_cast<std::size_t>(h) * head_dim_, position);
-  }
-  void append_head(int h, const float* k, const float* v, std::int32_t position) {
-    DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
-    check_append(h, position);
-    int& n = sizes_[static_cast<std::size_t>(h)];
-    T* kd = key(h, n);
-    T* vd = value(h, n);
-    for (int d = 0; d < head_dim_; ++d) {
-      kd[d] = detail::to_scalar<T>(k[d]);
-      vd[d] = detail::to_scalar<T>(v[d]);
-    }
-    positions_[static_cast<std::size_t>(h) * capacity_ + n] = position;
-    ++n;
-  }
-
-  /// See HostLayer::compact.
-  void compact(int h, const std::int32_t* kept, int n_kept,
-               std::size_t streaming_min_bytes = detail::kDefaultStreamingMinBytes) {
-    DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "head " << h << " outside [0, " << n_kv_heads_ << ")");
-    detail::check_kept_slots(kept, n_kept, size(h), h);
-    std::int32_t* pos = positions_.data() + static_cast<std::size_t>(h) * capacity_;
-    detail::compact_runs(key(h, 0), token_stride_, head_dim_, kept, n_kept, streaming_min_bytes);
-    detail::compact_runs(value(h, 0), token_stride_, head_dim_, kept, n_kept, streaming_min_bytes);
-    detail::compact_runs(pos, 1, 1, kept, n_kept);
-    sizes_[static_cast<std::size_t>(h)] = n_kept;
-  }
+  /// @throws Error when h is out of range or the positions are not strictly ascending and non-negative
+  void set_positions(int h, const std::int32_t* pos) { this->assign_positions(h, pos); }
 
   /// No-op: the engine owns the memory; slots past `size(h)` are free for its reuse.
   void shrink_to_fit() {}
 
-  std::size_t bytes() const {
-    std::size_t tokens = 0;
-    for (int n : sizes_) tokens += static_cast<std::size_t>(n);
-    return tokens * static_cast<std::size_t>(head_dim_) * 2 * sizeof(T);
-  }
-  /// Bytes of the engine's storage this view spans.
+  /// Bytes of the engine's key/value rows this view addresses
+  /// (n_kv_heads * capacity * head_dim * 2 * sizeof(T); padding not counted).
   std::size_t bytes_allocated() const {
-    return static_cast<std::size_t>(n_kv_heads_) * static_cast<std::size_t>(capacity_) *
-           static_cast<std::size_t>(head_dim_) * 2 * sizeof(T);
+    return static_cast<std::size_t>(this->n_kv_heads_) * static_cast<std::size_t>(this->capacity_) *
+           static_cast<std::size_t>(this->head_dim_) * 2 * sizeof(T);
   }
 
  private:
-  void check_append(int h, std::int32_t position) const {
-    const int n = size(h);
-    DEPTHKV_CHECK(n < capacity_, "head " << h << " is full (capacity " << capacity_ << ")");
-    DEPTHKV_CHECK(position >= 0, "position must be >= 0, got " << position);
-    DEPTHKV_CHECK(n == 0 || positions(h)[n - 1] < position,
-                  "head " << h << ": position " << position << " does not follow " << positions(h)[n - 1]);
+  T* key_base() { return keys_; }
+  const T* key_base() const { return keys_; }
+  T* value_base() { return values_; }
+  const T* value_base() const { return values_; }
+
+  /// Room for one more token in head h (h < 0: every head): an error when full.
+  void reserve_append(int h) {
+    for (int i = h < 0 ? 0 : h; i < (h < 0 ? this->n_kv_heads_ : h + 1); ++i)
+      DEPTHKV_CHECK(this->size(i) < this->capacity_, "head " << i << " is full (capacity " << this->capacity_ << ")");
   }
 
   T* keys_ = nullptr;
   T* values_ = nullptr;
-  int n_kv_heads_ = 0;
-  int head_dim_ = 0;
-  int capacity_ = 0;
-  std::ptrdiff_t head_stride_ = 0;
-  std::ptrdiff_t token_stride_ = 0;
-  std::vector<int> sizes_;
-  std::vector<std::int32_t> positions_;
 };
 
 /// The KV cache of one sequence: one `Layer` per transformer layer, each with its own capacity

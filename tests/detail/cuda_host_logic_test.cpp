@@ -314,8 +314,9 @@ RandomRow random_row(std::mt19937_64& rng, int n, dd::ScoreFormat fmt) {
 // A device-layer bookkeeping object over fake (never dereferenced) pointers.
 template <typename T>
 struct FakeLayer : dd::DeviceStorage<T> {
-  FakeLayer(T* k, T* v, std::int32_t* p, int nh, int hd, int cap, int len, std::ptrdiff_t token_stride = -1) {
-    this->init(k, v, p, nh, hd, cap, len, -1, token_stride, -1);
+  FakeLayer(T* k, T* v, std::int32_t* p, int nh, int hd, int cap, int len, std::ptrdiff_t token_stride = -1,
+            std::ptrdiff_t head_stride = -1) {
+    this->init(k, v, p, nh, hd, cap, len, head_stride, token_stride, -1);
   }
 };
 
@@ -706,6 +707,33 @@ TEST_CASE("row validation and building over device-layer bookkeeping", "[evict][
                     depthkv::Error);
   REQUIRE_THROWS_AS(FakeLayer<float>(reinterpret_cast<float*>(ks[0]), reinterpret_cast<float*>(vs[0]), nullptr, 2, 8, 16, 17),
                     depthkv::Error);
+}
+
+TEST_CASE("device-layer bookkeeping over a token-major (llama.cpp) layout", "[evict][cuda][host]") {
+  // [cap][n_kv_heads * head_dim] keys and values: head_stride = head_dim, token_stride = n_kv * head_dim
+  alignas(16) static float k[64 * 4 * 8], v[64 * 4 * 8], dk[4 * 32 * 8], dv[4 * 32 * 8];
+  FakeLayer<float> src(k, v, nullptr, 4, 8, 64, 64, /*token_stride=*/32, /*head_stride=*/8);
+  FakeLayer<float> dst(dk, dv, nullptr, 4, 8, 32, 0);
+  REQUIRE(src.key(2, 5) == k + 5 * 32 + 2 * 8);
+  REQUIRE(src.value(3, 63) == v + 63 * 32 + 3 * 8);
+  float fake_scores[4 * 64];
+  std::vector<dc::EvictRow> rows;
+  const int keep[4] = {20, 32, 1, 32};
+  dc::append_evict_rows(rows, src, dst, fake_scores, 64, keep, 0, 0);
+  REQUIRE(rows.size() == 4u);
+  REQUIRE(rows[2].src_k == k + 16);
+  REQUIRE(rows[2].src_token_stride == 32);
+  REQUIRE(rows[2].dst_token_stride == 8);
+  REQUIRE(dst.size(3) == 32);
+  // overlapping strides: named, as on the host (detail/strided_rows.hpp)
+  try {
+    FakeLayer<float> bad(k, v, nullptr, 4, 8, 64, 0, /*token_stride=*/31, /*head_stride=*/8);
+    FAIL("expected an error");
+  } catch (const depthkv::Error& e) {
+    REQUIRE(std::string(e.what()).find("head_stride 8") != std::string::npos);
+  }
+  REQUIRE_THROWS_AS(FakeLayer<float>(k, k + 4, nullptr, 4, 8, 64, 0, 32, 8), depthkv::Error);  // K/V overlap
+  REQUIRE_NOTHROW(FakeLayer<float>(k, k + 16, nullptr, 2, 8, 64, 0, 32, 8));  // [cap][K|V][2][8] in one buffer
 }
 
 // ---- robustness: failed digit search, parameter checks, overrun sentinels ----------------------

@@ -9,7 +9,13 @@
 /// kept[i] >= i and the moves only go towards the front). When tokens are dense
 /// (`token_stride == head_dim`) a run of r consecutive kept tokens is one move of
 /// `r * head_dim` elements; with padding between tokens each token is moved alone, so the padding
-/// (which may belong to the engine, e.g. interleaved K/V) is never written. A leading run already
+/// (which may belong to the engine, e.g. interleaved K/V) is never written. In a token-major
+/// layout (llama.cpp: token_stride = n_kv_heads * head_dim) the other heads' rows lie between a
+/// head's rows: they are that padding, so each head is compacted on its own, in any order or
+/// concurrently, and heads that keep different tokens never touch each other's rows. Within the
+/// head the moves go in increasing i and kept[i] >= i, so a row is overwritten only after the
+/// kept rows at or below it have moved (a row's bytes overlap no other row's: the layer checks
+/// its strides, detail/strided_rows.hpp). A leading run already
 /// in place (kept[i] == i) is skipped. Survivors are prefetched ~4 KiB ahead, and heads of at
 /// least `streaming_min_bytes` (a parameter; `EvictOptions::streaming_min_bytes` per eviction) are
 /// written with non-temporal (streaming) stores on x86 (both measured: benchmarks/RESULTS.md).

@@ -4,7 +4,8 @@
 /// RMSNorm, RoPE, grouped-query attention against per-layer, per-KV-head caches that may hold
 /// different numbers of tokens, SwiGLU; batched and chunked prefill with attention-probability
 /// capture (for the token scorers) and a hook after each chunk (for scoring and eviction), decode,
-/// teacher forcing, and hidden-state capture.
+/// teacher forcing, and hidden-state capture. Strided layers (`HostLayer`, `LayerView`) are read
+/// in place; a `PagedLayer` (paged_cache.hpp) is gathered head by head for each attention call.
 ///
 /// ## Conventions
 /// - Every forward call processes `n` tokens at consecutive sequence positions
@@ -35,6 +36,7 @@
 #include <functional>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -116,6 +118,13 @@ struct EngineStats {
 };
 
 namespace detail {
+
+/// Whether `Layer` has `token_stride()`, i.e. holds each head as one strided matrix (HostLayer,
+/// LayerView); a layer without it (PagedLayer) is read row by row.
+template <class Layer, class = void>
+struct HasTokenStride : std::false_type {};
+template <class Layer>
+struct HasTokenStride<Layer, std::void_t<decltype(std::declval<const Layer&>().token_stride())>> : std::true_type {};
 
 /// Charges wall-clock time (steady clock) to the phases of an `EngineStats`: the time from the
 /// construction, or from the last `to`, until the next `to` or the end of the scope goes to the
@@ -607,8 +616,27 @@ class LlamaEngine {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const int n = kv.size(h);
     const int n_old = size_before[static_cast<std::size_t>(h)];
-    ConstMap K(kv.key(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
-    ConstMap V(kv.value(h, 0), n, hd, Eigen::OuterStride<>(kv.token_stride()));
+    // a strided layer is read in place; a paged one (no token_stride) is gathered into [n x hd]
+    RowMatrix k_rows, v_rows;
+    const float* k0 = nullptr;
+    const float* v0 = nullptr;
+    std::ptrdiff_t ld = hd;
+    if constexpr (detail::HasTokenStride<Layer>::value) {
+      k0 = kv.key(h, 0);
+      v0 = kv.value(h, 0);
+      ld = kv.token_stride();
+    } else {
+      k_rows.resize(n, hd);
+      v_rows.resize(n, hd);
+      for (int i = 0; i < n; ++i) {
+        std::copy_n(kv.key(h, i), hd, k_rows.row(i).data());
+        std::copy_n(kv.value(h, i), hd, v_rows.row(i).data());
+      }
+      k0 = k_rows.data();
+      v0 = v_rows.data();
+    }
+    ConstMap K(k0, n, hd, Eigen::OuterStride<>(ld));
+    ConstMap V(v0, n, hd, Eigen::OuterStride<>(ld));
     auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
     auto out = att.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
     s.resize(T, n);

@@ -5,14 +5,16 @@
 /// token counts, which live on the host because the host plans every eviction.
 ///
 /// Layout: element `(h, slot, d)` of the keys is at `keys[h * head_stride + slot * token_stride + d]`
-/// (likewise values), the shape `[n_kv_heads][capacity][head_dim]`; the original position of
-/// `(h, slot)` is at `positions[h * position_head_stride + slot]` (device memory, may be absent).
+/// (likewise values), the shape `[n_kv_heads][capacity][head_dim]`, for any strides under which no
+/// two rows overlap (head-major, token-major as llama.cpp, padded: detail/strided_rows.hpp); the
+/// original position of `(h, slot)` is at `positions[h * position_head_stride + slot]` (device memory, may be absent).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "depthkv/detail/strided_rows.hpp"
 #include "depthkv/error.hpp"
 
 namespace depthkv {
@@ -100,8 +102,10 @@ class DeviceStorage {
     head_stride_ = head_stride < 0 ? static_cast<std::ptrdiff_t>(capacity) * token_stride_ : head_stride;
     position_head_stride_ = position_head_stride < 0 ? capacity : position_head_stride;
     DEPTHKV_CHECK(token_stride_ >= head_dim, "token_stride " << token_stride_ << " < head_dim " << head_dim);
-    DEPTHKV_CHECK(n_kv_heads == 1 || head_stride_ >= static_cast<std::ptrdiff_t>(capacity) * token_stride_,
-                  "head_stride " << head_stride_ << " overlaps the previous head");
+    depthkv::detail::check_row_strides(n_kv_heads, head_dim, capacity, head_stride_, token_stride_);
+    if (keys != nullptr && values != nullptr)
+      depthkv::detail::check_kv_rows_disjoint(keys, values, n_kv_heads, head_dim, capacity, head_stride_,
+                                              token_stride_);
     DEPTHKV_CHECK(positions == nullptr || n_kv_heads == 1 || position_head_stride_ >= capacity,
                   "position_head_stride " << position_head_stride_ << " < capacity " << capacity);
     sizes_.assign(static_cast<std::size_t>(n_kv_heads), length);

@@ -1,0 +1,75 @@
+// The reference engine over paged caches (paged_cache.hpp): prefill, eviction with per-head
+// budgets and decode on KVCache<PagedLayer<float>> give the logits of the owning HostLayer cache,
+// for NHD and HND blocks, per-layer and per-head tables and several block sizes, with every
+// sequence's blocks from one shared pool.
+#include <Eigen/Core>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "depthkv/evictor.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/paged_cache.hpp"
+#include "support/random_model.hpp"
+
+using depthkv::BlockPool;
+using depthkv::KVCache;
+using depthkv::PagedLayer;
+using depthkv::PagedLayout;
+using depthkv::PagedTables;
+using depthkv::llama::ForwardOptions;
+using depthkv::llama::LlamaEngine;
+using depthkv::llama::RowMatrix;
+
+TEST_CASE("engine: paged caches give the logits of the owning cache through prefill, eviction and decode",
+          "[engine][paged]") {
+  depthkv_test::RandomSpec spec;
+  const depthkv::llama::LlamaModel model = depthkv_test::random_model(spec);
+  const LlamaEngine engine(model);
+  const int hd = spec.dim / spec.heads, n_prompt = 23;
+  const std::vector<int> tokens = depthkv_test::random_tokens(n_prompt + 6, spec.vocab, 5);
+  const std::vector<int> prompt(tokens.begin(), tokens.begin() + n_prompt);
+  std::mt19937 rng(9);
+  for (PagedLayout layout : {PagedLayout::kNHD, PagedLayout::kHND})
+    for (PagedTables tables : {PagedTables::kPerLayer, PagedTables::kPerHead})
+      for (int bs : {1, 3, 8}) {
+        INFO("layout " << static_cast<int>(layout) << " tables " << static_cast<int>(tables) << " block_size " << bs);
+        BlockPool<float> pool(512, bs, tables == PagedTables::kPerLayer ? spec.kv_heads : 1, hd, layout);
+        {
+          KVCache<PagedLayer<float>> paged;
+          for (int l = 0; l < spec.layers; ++l) paged.add_layer(PagedLayer<float>(pool, spec.kv_heads, hd, tables));
+          auto host = engine.make_cache();
+          ForwardOptions opt;
+          opt.chunk_size = 7;  // chunked prefill: appends between attention calls
+          const RowMatrix a = engine.prefill(prompt, 0, host, opt), b = engine.prefill(prompt, 0, paged, opt);
+          REQUIRE((a - b).cwiseAbs().maxCoeff() < 1e-6f);
+          // per-head budgets, the same scores for both
+          std::vector<depthkv::LayerScores> scores(static_cast<std::size_t>(spec.layers));
+          std::vector<std::vector<int>> keep(static_cast<std::size_t>(spec.layers));
+          for (int l = 0; l < spec.layers; ++l)
+            for (int h = 0; h < spec.kv_heads; ++h) {
+              std::vector<float> s(static_cast<std::size_t>(n_prompt));
+              for (float& x : s) x = static_cast<float>(rng() % 1000);
+              scores[static_cast<std::size_t>(l)].push_back(s);
+              keep[static_cast<std::size_t>(l)].push_back(4 + static_cast<int>(rng() % 12));
+            }
+          const auto eh = depthkv::evict(host, scores, keep, {1, 2});
+          const auto ep = depthkv::evict(paged, scores, keep, {1, 2});
+          int held = 0;
+          for (int l = 0; l < spec.layers; ++l) {
+            REQUIRE(eh[static_cast<std::size_t>(l)].kept_positions == ep[static_cast<std::size_t>(l)].kept_positions);
+            held += paged.layer(l).num_blocks_held();
+          }
+          REQUIRE(host.bytes() == paged.bytes());
+          REQUIRE(pool.num_used() == held);
+          for (int p = n_prompt; p < static_cast<int>(tokens.size()); ++p) {
+            const Eigen::VectorXf x = engine.decode(tokens[static_cast<std::size_t>(p)], p, host);
+            const Eigen::VectorXf y = engine.decode(tokens[static_cast<std::size_t>(p)], p, paged);
+            REQUIRE((x - y).cwiseAbs().maxCoeff() < 1e-6f);
+          }
+          REQUIRE(host.lengths() == paged.lengths());
+        }
+        REQUIRE(pool.num_free() == pool.num_blocks());  // the sequence's blocks went back
+      }
+}
