@@ -650,7 +650,7 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
     CHECK(contains(load_err(a.writer()), "unsupported architecture 'gpt2'"));
   }
   {
-    // A Q4_K tensor (256 elements per block) needs rows of a multiple of 256.
+    // An IQ2_XXS tensor (256 elements per block, 66 bytes) needs rows of a multiple of 256.
     Synth q2 = s;
     q2.dim = 256;
     q2.heads = 4;
@@ -658,14 +658,14 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
     GgufWriter w2 = q2.writer();
     for (auto& t : w2.tensors) {
       if (t.name == "blk.1.ffn_up.weight") {
-        t.type = depthkv_test::kTQ4_K;
-        t.data.assign(static_cast<std::size_t>(64 * 144), 0);  // 64 rows x 1 block of 256
+        t.type = depthkv_test::kTIQ2_XXS;
+        t.data.assign(static_cast<std::size_t>(64 * 66), 0);  // 64 rows x 1 block of 256
       }
     }
     const std::string msg = load_err(w2);
     CHECK(contains(msg, "blk.1.ffn_up.weight"));
-    CHECK(contains(msg, "Q4_K"));
-    CHECK(contains(msg, "supported: F32, F16, BF16, Q8_0"));
+    CHECK(contains(msg, "IQ2_XXS"));
+    CHECK(contains(msg, "supported: F32, F16, BF16, Q4_0"));
   }
   {
     GgufWriter w = s.writer();
