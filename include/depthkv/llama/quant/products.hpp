@@ -1,0 +1,449 @@
+#pragma once
+/// @file llama/quant/products.hpp
+/// @brief Matrix products on weights stored in a ggml type, without a float copy of the matrix:
+/// `quant_matvec` (y = W x), `quant_matmul` (Y = X W^T) and `quant_row_dot`.
+///
+/// W is `rows x cols`, row-major, each row `ggml_row_bytes(type, cols)` bytes of blocks (as GGUF
+/// stores a tensor with ne = [cols, rows]); x has `cols` floats; X is `n x cols` and Y `n x rows`,
+/// both row-major floats. Types: every `ggml_type_dequantizable` type.
+///
+/// Two kernels (`QuantKernel`):
+/// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
+///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
+///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it, so the
+///   dequantization is shared by all n rows of X. Every type.
+/// - `kQ8Activations` (as llama.cpp's `ggml_vec_dot_q4_0_q8_0`): x is quantized per block of 32
+///   to int8 with a float scale (d = max|x| / 127), and blocks are multiplied as integers
+///   (AVX2 `maddubs`), one float multiply-add per block. Q4_0 and Q8_0 only; the activation
+///   rounding adds an error of up to |W| |x| / 254 per block to each dot product.
+/// - `kAuto` (default): the faster one by the measurements of benchmarks/quant_bench.cpp
+///   (benchmarks/RESULTS.md): `kQ8Activations` for matvec of Q4_0 / Q8_0 and `kDequantize`
+///   otherwise.
+///
+/// Accuracy (kDequantize): the result is the float product of the dequantized matrix, summed in a
+/// different order (8-lane FMA partial sums; Eigen's GEMM blocking), so it differs from
+/// `dequantize_row` followed by a float product by rounding only: |error| <= ~cols * 2^-23 *
+/// sum_k |w_k x_k| (the tests use 1e-5 relative to sum_k |w_k x_k|).
+///
+/// Instruction set: AVX2 + FMA + F16C paths chosen at run time, a scalar fallback otherwise or
+/// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both give the same
+/// results up to summation order.
+///
+/// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, 0 = all cores).
+/// With OpenMP, the tasks of quant_matmul run in an OpenMP parallel region, so Eigen's GEMM
+/// inside each task stays on its thread.
+///
+/// @code
+/// auto raw = file.raw_tensor(*file.find_tensor("blk.0.ffn_up.weight"));   // Q4_K, 5632 x 2048
+/// std::vector<float> y(raw.rows);
+/// depthkv::llama::quant_matvec(raw.type, raw.data, raw.rows, raw.cols, x.data(), y.data(), {2});
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "depthkv/detail/parallel_for.hpp"
+#include "depthkv/detail/simd.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/llama/quant/dequantize.hpp"
+#include "depthkv/llama/quant/ggml_type.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace depthkv {
+namespace llama {
+
+/// How a product multiplies the stored blocks (see the file comment).
+enum class QuantKernel {
+  kAuto,           ///< the measured faster kernel for the type and product
+  kDequantize,     ///< dequantize blocks (tiles) to float, then float FMA / GEMM
+  kQ8Activations,  ///< quantize activations to int8 per 32 values, integer block dot products
+};
+
+/// Options of the quantized products.
+struct QuantProductOptions {
+  int n_threads = 1;                       ///< 1 = calling thread, 0 = all cores
+  QuantKernel kernel = QuantKernel::kAuto; ///< kernel choice
+};
+
+/// Rows of W dequantized together by quant_matmul's kDequantize kernel.
+inline constexpr std::int64_t kQuantMatmulTile = 64;
+
+namespace detail {
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+#define DEPTHKV_QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+/// 2 when the AVX2 + FMA + F16C kernels may run now, else 0 (scalar).
+inline int quant_simd_level() {
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return ok && depthkv::detail::simd_level() >= 2 ? 2 : 0;
+#else
+  return 0;
+#endif
+}
+
+/// One block of 32 activations quantized to int8 (x ~= d * qs).
+struct ActQ8 {
+  float d;
+  std::int8_t qs[32];
+};
+
+/// Quantizes n (a multiple of 32) floats into n / 32 ActQ8 blocks (round to nearest).
+inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
+  for (std::int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int j = 0; j < 32; ++j) out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
+  }
+}
+
+// ---- float rows (F32 / F16 / BF16) and dequantize-then-FMA rows --------------------------------
+
+template <GgmlType T>
+inline float row_dot_deq_scalar(const std::uint8_t* row, const float* x, std::int64_t cols) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if constexpr (T == GgmlType::kF32 || T == GgmlType::kF16 || T == GgmlType::kBF16) {
+    constexpr int kChunk = 256;
+    float buf[kChunk];
+    constexpr int es = T == GgmlType::kF32 ? 4 : 2;
+    for (std::int64_t c = 0; c < cols; c += kChunk) {
+      const std::int64_t m = std::min<std::int64_t>(kChunk, cols - c);
+      dequantize_row(T, row + es * c, buf, m);
+      for (std::int64_t j = 0; j < m; ++j) acc[j & 7] += buf[j] * x[c + j];
+    }
+  } else {
+    using Block = typename QuantBlock<T>::type;
+    constexpr int K = QuantBlock<T>::kValues;
+    float buf[K];
+    for (std::int64_t i = 0; i < cols / K; ++i) {
+      Block b;
+      std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+      dequantize_block(b, buf);
+      for (int j = 0; j < K; ++j) acc[j & 7] += buf[j] * x[i * K + j];
+    }
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+DEPTHKV_QUANT_AVX2 inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+/// Converts 8 stored F32 / F16 / BF16 values at p to floats.
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline __m256 load8_avx2(const std::uint8_t* p) {
+  if constexpr (T == GgmlType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (T == GgmlType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline float row_dot_deq_avx2(const std::uint8_t* row, const float* x, std::int64_t cols) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  if constexpr (T == GgmlType::kF32 || T == GgmlType::kF16 || T == GgmlType::kBF16) {
+    constexpr int es = T == GgmlType::kF32 ? 4 : 2;
+    std::int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+      acc0 = _mm256_fmadd_ps(load8_avx2<T>(row + es * j), _mm256_loadu_ps(x + j), acc0);
+      acc1 = _mm256_fmadd_ps(load8_avx2<T>(row + es * (j + 8)), _mm256_loadu_ps(x + j + 8), acc1);
+    }
+    float tail = 0;
+    if (j < cols) tail = row_dot_deq_scalar<T>(row + es * j, x + j, cols - j);
+    return hsum_avx2(_mm256_add_ps(acc0, acc1)) + tail;
+  } else {
+    using Block = typename QuantBlock<T>::type;
+    constexpr int K = QuantBlock<T>::kValues;
+    alignas(32) float buf[K];
+    for (std::int64_t i = 0; i < cols / K; ++i, x += K) {
+      Block b;
+      std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+      dequantize_block(b, buf);
+      for (int j = 0; j < K; j += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(x + j), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_load_ps(buf + j + 8), _mm256_loadu_ps(x + j + 8), acc1);
+      }
+    }
+    return hsum_avx2(_mm256_add_ps(acc0, acc1));
+  }
+}
+
+/// Dequantizes `n` values of a row (F16 / BF16 with F16C / shifts; blocks as dequantize_row).
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline void dequantize_row_avx2(const std::uint8_t* row, float* out, std::int64_t n) {
+  if constexpr (T == GgmlType::kF16 || T == GgmlType::kBF16) {
+    std::int64_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, load8_avx2<T>(row + 2 * j));
+    if (j < n) dequantize_row(T, row + 2 * j, out + j, n - j);
+  } else if constexpr (T == GgmlType::kF32) {
+    dequantize_row(T, row, out, n);
+  } else {
+    dequantize_blocks<T>(row, n / QuantBlock<T>::kValues, out);
+  }
+}
+#endif
+
+// ---- int8 activations (Q4_0 / Q8_0) --------------------------------------------------------------
+
+template <GgmlType T>
+inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::int64_t nb) {
+  using Block = typename QuantBlock<T>::type;
+  float acc = 0;
+  for (std::int64_t i = 0; i < nb; ++i) {
+    Block b;
+    std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+    int s = 0;
+    if constexpr (T == GgmlType::kQ8_0) {
+      for (int j = 0; j < 32; ++j) s += b.qs[j] * xq[i].qs[j];
+    } else {
+      for (int j = 0; j < 16; ++j) s += ((b.qs[j] & 0xF) - 8) * xq[i].qs[j] + ((b.qs[j] >> 4) - 8) * xq[i].qs[j + 16];
+    }
+    acc += fp16_to_float(b.d) * xq[i].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const ActQ8* xq, std::int64_t nb) {
+  using Block = typename QuantBlock<T>::type;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < nb; ++i) {
+    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
+    std::uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    __m256i qx;
+    if constexpr (T == GgmlType::kQ8_0) {
+      qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    } else {
+      const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+      qx = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
+    }
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i].qs));
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128(dh));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dw) * xq[i].d), p, acc);
+  }
+  return hsum_avx2(acc);
+}
+#endif
+
+/// Per-type entry points, dispatched once per product.
+struct QuantRowOps {
+  float (*dot)(const std::uint8_t*, const float*, std::int64_t) = nullptr;           // kDequantize
+  void (*dequantize)(const std::uint8_t*, float*, std::int64_t) = nullptr;          // a row to float
+  float (*dot_q8)(const std::uint8_t*, const ActQ8*, std::int64_t) = nullptr;       // kQ8Activations
+};
+
+template <GgmlType T>
+inline QuantRowOps quant_row_ops_for(bool avx2) {
+  QuantRowOps ops;
+  ops.dot = &row_dot_deq_scalar<T>;
+  ops.dequantize = [](const std::uint8_t* row, float* out, std::int64_t n) { dequantize_row(T, row, out, n); };
+  if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ8_0) ops.dot_q8 = &row_dot_q8_scalar<T>;
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if (avx2) {
+    ops.dot = &row_dot_deq_avx2<T>;
+    ops.dequantize = &dequantize_row_avx2<T>;
+    if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ8_0) ops.dot_q8 = &row_dot_q8_avx2<T>;
+  }
+#else
+  (void)avx2;
+#endif
+  return ops;
+}
+
+inline QuantRowOps quant_row_ops(GgmlType type) {
+  DEPTHKV_CHECK(ggml_type_dequantizable(static_cast<std::uint32_t>(type)),
+                "quantized product: ggml type " << ggml_type_name(type)
+                                                << " is not supported (supported: " << ggml_dequantizable_names() << ")");
+  const bool avx2 = quant_simd_level() >= 2;
+  switch (type) {
+    case GgmlType::kF32: return quant_row_ops_for<GgmlType::kF32>(avx2);
+    case GgmlType::kF16: return quant_row_ops_for<GgmlType::kF16>(avx2);
+    case GgmlType::kBF16: return quant_row_ops_for<GgmlType::kBF16>(avx2);
+    case GgmlType::kQ4_0: return quant_row_ops_for<GgmlType::kQ4_0>(avx2);
+    case GgmlType::kQ4_1: return quant_row_ops_for<GgmlType::kQ4_1>(avx2);
+    case GgmlType::kQ5_0: return quant_row_ops_for<GgmlType::kQ5_0>(avx2);
+    case GgmlType::kQ5_1: return quant_row_ops_for<GgmlType::kQ5_1>(avx2);
+    case GgmlType::kQ8_0: return quant_row_ops_for<GgmlType::kQ8_0>(avx2);
+    case GgmlType::kQ2_K: return quant_row_ops_for<GgmlType::kQ2_K>(avx2);
+    case GgmlType::kQ3_K: return quant_row_ops_for<GgmlType::kQ3_K>(avx2);
+    case GgmlType::kQ4_K: return quant_row_ops_for<GgmlType::kQ4_K>(avx2);
+    case GgmlType::kQ5_K: return quant_row_ops_for<GgmlType::kQ5_K>(avx2);
+    case GgmlType::kQ6_K: return quant_row_ops_for<GgmlType::kQ6_K>(avx2);
+    case GgmlType::kIQ4_NL: return quant_row_ops_for<GgmlType::kIQ4_NL>(avx2);
+    case GgmlType::kIQ4_XS: return quant_row_ops_for<GgmlType::kIQ4_XS>(avx2);
+    default: break;
+  }
+  DEPTHKV_FAIL("quantized product: ggml type " << ggml_type_name(type) << " is not supported");
+  return {};
+}
+
+/// The kernel `kernel` resolves to for `type` (matvec: `is_matvec`).
+inline QuantKernel resolve_kernel(QuantKernel kernel, GgmlType type, bool is_matvec) {
+  const bool q8_ok = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0;
+  (void)is_matvec;
+  if (kernel == QuantKernel::kAuto) return q8_ok ? QuantKernel::kQ8Activations : QuantKernel::kDequantize;
+  DEPTHKV_CHECK(kernel != QuantKernel::kQ8Activations || q8_ok,
+                "quantized product: the int8-activation kernel supports Q4_0 and Q8_0, not " << ggml_type_name(type));
+  return kernel;
+}
+
+inline void check_product(GgmlType type, std::int64_t rows, std::int64_t cols) {
+  DEPTHKV_CHECK(rows >= 0 && cols >= 0, "quantized product: negative shape " << rows << " x " << cols);
+  (void)ggml_row_bytes(type, cols);  // throws on an unknown type or a partial block
+}
+
+/// Runs fn(task) for task in [0, n_tasks) on up to n_threads threads (OpenMP when available,
+/// so Eigen products inside a task stay on their thread).
+template <class Fn>
+inline void quant_parallel(int n_tasks, int n_threads, Fn&& fn) {
+  const int workers = depthkv::detail::resolve_threads(n_threads, n_tasks);
+#ifdef _OPENMP
+  if (workers > 1) {
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n_tasks));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+    for (int t = 0; t < n_tasks; ++t) {
+      try {
+        fn(t);
+      } catch (...) {
+        errors[static_cast<std::size_t>(t)] = std::current_exception();
+      }
+    }
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+    return;
+  }
+#endif
+  depthkv::detail::parallel_for(n_tasks, workers, [&](int, int t) { fn(t); });
+}
+
+}  // namespace detail
+
+/// Dot product of one stored row with x (kDequantize kernel).
+/// @param type the row's ggml type
+/// @param row its bytes (`ggml_row_bytes(type, cols)`, any alignment)
+/// @param x `cols` floats
+/// @param cols number of values, a multiple of the type's block size
+/// @return sum_k w_k x_k
+/// @throws Error for an unsupported type or a partial block
+inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::int64_t cols) {
+  detail::check_product(type, 1, cols);
+  return detail::quant_row_ops(type).dot(static_cast<const std::uint8_t*>(row), x, cols);
+}
+
+/// y = W x for a `rows x cols` matrix W stored as `type` (see the file comment).
+/// @param type the stored type
+/// @param w the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
+/// @param rows rows of W (= size of y)
+/// @param cols columns of W (= size of x), a multiple of the type's block size
+/// @param x `cols` floats
+/// @param y `rows` floats (written)
+/// @param opt threads and kernel
+/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, float* y,
+                         const QuantProductOptions& opt = {}) {
+  detail::check_product(type, rows, cols);
+  if (rows == 0) return;
+  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, true);
+  const std::size_t rb = ggml_row_bytes(type, cols);
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  constexpr std::int64_t kRowsPerTask = 32;
+  const int n_tasks = static_cast<int>((rows + kRowsPerTask - 1) / kRowsPerTask);
+  std::vector<detail::ActQ8> xq;
+  if (kernel == QuantKernel::kQ8Activations) {
+    xq.resize(static_cast<std::size_t>(cols / 32));
+    detail::quantize_act_q8(x, cols, xq.data());
+  }
+  detail::quant_parallel(n_tasks, opt.n_threads, [&](int t) {
+    const std::int64_t r1 = std::min(rows, (t + 1) * kRowsPerTask);
+    for (std::int64_t r = t * kRowsPerTask; r < r1; ++r) {
+      const std::uint8_t* row = base + static_cast<std::size_t>(r) * rb;
+      y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols / 32) : ops.dot(row, x, cols);
+    }
+  });
+}
+
+/// Y = X W^T for a `rows x cols` matrix W stored as `type`: Y[t][r] = sum_k X[t][k] W[r][k].
+/// @param type the stored type
+/// @param w the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
+/// @param rows rows of W (= columns of Y)
+/// @param cols columns of W (= columns of X), a multiple of the type's block size
+/// @param x `n x cols` floats, row-major
+/// @param n rows of X and Y
+/// @param y `n x rows` floats, row-major (written)
+/// @param opt threads and kernel
+/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t n,
+                         float* y, const QuantProductOptions& opt = {}) {
+  detail::check_product(type, rows, cols);
+  DEPTHKV_CHECK(n >= 0, "quantized product: negative number of rows of X " << n);
+  if (rows == 0 || n == 0) return;
+  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, false);
+  const std::size_t rb = ggml_row_bytes(type, cols);
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  if (kernel == QuantKernel::kQ8Activations) {
+    const std::int64_t nb = cols / 32;
+    std::vector<detail::ActQ8> xq(static_cast<std::size_t>(n * nb));
+    for (std::int64_t t = 0; t < n; ++t) detail::quantize_act_q8(x + t * cols, cols, xq.data() + t * nb);
+    constexpr std::int64_t kTile = 16;
+    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
+    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+      for (std::int64_t t = 0; t < n; ++t) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, nb);
+        }
+      }
+    });
+    return;
+  }
+  const int n_tasks = static_cast<int>((rows + kQuantMatmulTile - 1) / kQuantMatmulTile);
+  const Eigen::Map<const RowMat> X(x, n, cols);
+  detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+    const std::int64_t r0 = task * kQuantMatmulTile, nr = std::min(rows, r0 + kQuantMatmulTile) - r0;
+    RowMat tile(nr, cols);
+    for (std::int64_t r = 0; r < nr; ++r) {
+      ops.dequantize(base + static_cast<std::size_t>(r0 + r) * rb, tile.data() + r * cols, cols);
+    }
+    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + r0, n, nr, Eigen::OuterStride<>(rows));
+    Y.noalias() = X * tile.transpose();
+  });
+}
+
+}  // namespace llama
+}  // namespace depthkv
