@@ -167,17 +167,17 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       };
       // matvec
-      const double t_f32 = best_time([&] { y.noalias() = wf * x; }, 5, 0.2);
+      const double t_f32 = best_time([&] { y.noalias() = wf * x; }, 10, 0.5);
       report("matvec", "eigen_f32", t_f32, 1, static_cast<double>(wf.size()) * 4);
       depthkv::llama::QuantProductOptions opt;
       opt.n_threads = threads;
       opt.kernel = QuantKernel::kDequantize;
-      const double t_deq = best_time([&] { depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y.data(), opt); }, 5, 0.2);
+      const double t_deq = best_time([&] { depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y.data(), opt); }, 10, 0.5);
       report("matvec", "dequantize", t_deq, 1, wbytes);
-      const bool q8 = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0;
+      const bool q8 = type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16;
       if (q8) {
         opt.kernel = QuantKernel::kQ8Activations;
-        const double t_q8 = best_time([&] { depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y.data(), opt); }, 5, 0.2);
+        const double t_q8 = best_time([&] { depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y.data(), opt); }, 10, 0.5);
         report("matvec", "q8_act", t_q8, 1, wbytes);
       }
       if (!matmul) continue;

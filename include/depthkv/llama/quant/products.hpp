@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -97,9 +98,11 @@ inline int quant_simd_level() {
 #endif
 }
 
-/// One block of 32 activations quantized to int8 (x ~= d * qs).
+/// One block of 32 activations quantized to int8 (x ~= d * qs), with the sums of qs[0..15]
+/// and qs[16..31].
 struct ActQ8 {
   float d;
+  std::int16_t s[2];
   std::int8_t qs[32];
 };
 
@@ -112,7 +115,13 @@ inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
     const float d = amax / 127.0f;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     out[b].d = d;
-    for (int j = 0; j < 32; ++j) out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
+    int s0 = 0, s1 = 0;
+    for (int j = 0; j < 32; ++j) {
+      out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
+      (j < 16 ? s0 : s1) += out[b].qs[j];
+    }
+    out[b].s[0] = static_cast<std::int16_t>(s0);
+    out[b].s[1] = static_cast<std::int16_t>(s1);
   }
 }
 
@@ -210,72 +219,221 @@ DEPTHKV_QUANT_AVX2 inline void dequantize_row_avx2(const std::uint8_t* row, floa
 }
 #endif
 
-// ---- int8 activations (Q4_0 / Q8_0) --------------------------------------------------------------
+// ---- int8 activations ------------------------------------------------------------------------------
+//
+// Every block type is multiplied with activations quantized per 32 values (ActQ8). For each
+// chunk of 32 weights the kernels build the 32 integer codes u (unsigned, or signed for Q8_0,
+// Q4_0, IQ4_NL, IQ4_XS) and the chunk's integer (sub-)scales, compute sum u * q_x with AVX2
+// maddubs / madd, and apply the float factors of the chunk: d_w (* sub-scale) * d_x, with the
+// offsets and minimums folded in through the activation sums s (sum of q_x per 16 values).
+// The scalar path computes the same products from the dequantized weights in float.
 
 template <GgmlType T>
-inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::int64_t nb) {
+inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
   using Block = typename QuantBlock<T>::type;
+  constexpr int K = QuantBlock<T>::kValues;
+  float buf[K];
   float acc = 0;
-  for (std::int64_t i = 0; i < nb; ++i) {
+  for (std::int64_t i = 0; i < cols / K; ++i) {
     Block b;
     std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
-    int s = 0;
-    if constexpr (T == GgmlType::kQ8_0) {
-      for (int j = 0; j < 32; ++j) s += b.qs[j] * xq[i].qs[j];
-    } else {
-      for (int j = 0; j < 16; ++j) s += ((b.qs[j] & 0xF) - 8) * xq[i].qs[j] + ((b.qs[j] >> 4) - 8) * xq[i].qs[j + 16];
+    dequantize_block(b, buf);
+    for (int c = 0; c < K / 32; ++c) {
+      const ActQ8& a = xq[i * (K / 32) + c];
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += buf[32 * c + j] * static_cast<float>(a.qs[j]);
+      acc += s * a.d;
     }
-    acc += fp16_to_float(b.d) * xq[i].d * static_cast<float>(s);
   }
   return acc;
 }
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
-template <GgmlType T>
-DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const ActQ8* xq, std::int64_t nb) {
-  using Block = typename QuantBlock<T>::type;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (std::int64_t i = 0; i < nb; ++i) {
-    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
-    std::uint16_t dh;
-    std::memcpy(&dh, blk, 2);
-    __m256i qx;
-    if constexpr (T == GgmlType::kQ8_0) {
-      qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    } else {
-      const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-      qx = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
-    }
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i].qs));
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128(dh));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dw) * xq[i].d), p, acc);
-  }
-  return hsum_avx2(acc);
+/// 32 bytes: 0xFF where bit i of the 32 bits at p is set.
+DEPTHKV_QUANT_AVX2 inline __m256i bits_to_bytes_avx2(const std::uint8_t* p) {
+  std::uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
 }
+/// The 32 nibbles of 16 bytes in ggml order: low nibbles (values 0-15), then high (16-31).
+DEPTHKV_QUANT_AVX2 inline __m256i nibbles_avx2(const std::uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+/// 16 x int16 sums of pairs u * q (u unsigned 0..127 or, with `sign`, signed) of one chunk.
+DEPTHKV_QUANT_AVX2 inline __m256i pairs_u_avx2(__m256i u, const ActQ8& a) {
+  return _mm256_maddubs_epi16(u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)));
+}
+DEPTHKV_QUANT_AVX2 inline __m256i pairs_s_avx2(__m256i v, const ActQ8& a) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
+  return _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(q, v));
+}
+/// 8 x int32: pairs summed with int16 weights sc0 (values 0-15) and sc1 (values 16-31).
+DEPTHKV_QUANT_AVX2 inline __m256i scale_pairs_avx2(__m256i p16, int sc0, int sc1) {
+  return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(sc1)),
+                                                 _mm_set1_epi16(static_cast<short>(sc0))));
+}
+inline std::uint16_t load_u16(const std::uint8_t* p) {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+DEPTHKV_QUANT_AVX2 inline float half_avx2(std::uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+#define DEPTHKV_QF(field) (blk + offsetof(Block, field))  // a block field, read in place
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
+  using Block = typename QuantBlock<T>::type;
+  constexpr int K = QuantBlock<T>::kValues;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_s = 0;  // offsets and minimums (scalar)
+  for (std::int64_t i = 0; i < cols / K; ++i) {
+    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
+    const ActQ8* a = xq + i * (K / 32);
+    auto s32 = [&](int c) { return static_cast<int>(a[c].s[0]) + a[c].s[1]; };
+    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || T == GgmlType::kIQ4_NL) {
+      std::uint16_t dh;
+      std::memcpy(&dh, blk, 2);
+      __m256i v;
+      if constexpr (T == GgmlType::kQ8_0) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      } else if constexpr (T == GgmlType::kQ4_0) {
+        v = _mm256_sub_epi8(nibbles_avx2(blk + 2), _mm256_set1_epi8(8));
+      } else {
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+        v = _mm256_shuffle_epi8(table, nibbles_avx2(blk + 2));
+      }
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_s_avx2(v, a[0]), ones));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(half_avx2(dh) * a[0].d), p, acc);
+    } else if constexpr (T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
+      __m256i u = nibbles_avx2(DEPTHKV_QF(qs));
+      if constexpr (T != GgmlType::kQ4_1) u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes_avx2(DEPTHKV_QF(qh)), _mm256_set1_epi8(16)));
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d))) * a[0].d;
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[0]), ones));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+      if constexpr (T == GgmlType::kQ5_0) {
+        acc_s -= d * 16.0f * static_cast<float>(s32(0));
+      } else {
+        acc_s += half_avx2(load_u16(DEPTHKV_QF(m))) * a[0].d * static_cast<float>(s32(0));
+      }
+    } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d))), dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
+      __m256i hbits = _mm256_setzero_si256();
+      if constexpr (T == GgmlType::kQ5_K) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh)));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * j + h;
+          __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if constexpr (T == GgmlType::kQ5_K) {
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
+          }
+          std::uint8_t sc, m;
+          q4k_scale_min(c, DEPTHKV_QF(scales), sc, m);
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[c]), ones));
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * a[c].d), p, acc);
+          acc_s -= dmin * static_cast<float>(m) * a[c].d * static_cast<float>(s32(c));
+        }
+      }
+    } else if constexpr (T == GgmlType::kQ2_K || T == GgmlType::kQ3_K) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      int sc3[16];
+      if constexpr (T == GgmlType::kQ3_K) q3k_scales(DEPTHKV_QF(scales), sc3);
+      __m256i hm = _mm256_setzero_si256();
+      if constexpr (T == GgmlType::kQ3_K) hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(hmask)));
+      for (int n = 0; n < 2; ++n) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * n));
+        for (int s = 0; s < 4; ++s) {
+          const int c = 4 * n + s;
+          __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+          int sc0, sc1;
+          if constexpr (T == GgmlType::kQ2_K) {
+            sc0 = DEPTHKV_QF(scales)[2 * c] & 0xF;
+            sc1 = DEPTHKV_QF(scales)[2 * c + 1] & 0xF;
+            const float dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
+            acc_s -= dmin * a[c].d *
+                     static_cast<float>((DEPTHKV_QF(scales)[2 * c] >> 4) * a[c].s[0] + (DEPTHKV_QF(scales)[2 * c + 1] >> 4) * a[c].s[1]);
+          } else {
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
+            sc0 = sc3[2 * c];
+            sc1 = sc3[2 * c + 1];
+            acc_s -= d * a[c].d * 4.0f * static_cast<float>(sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+          }
+          const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[c]), sc0, sc1));
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c].d), p, acc);
+        }
+      }
+    } else if constexpr (T == GgmlType::kQ6_K) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      const __m256i m2 = _mm256_set1_epi8(3);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
+        for (int k = 0; k < 4; ++k) {
+          const int c = 4 * n + k;
+          const __m256i lo = k == 0 ? _mm256_and_si256(ql0, m4)
+                             : k == 1 ? _mm256_and_si256(ql1, m4)
+                             : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
+                                      : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
+          const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+          const int sc0 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k]),
+                    sc1 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k + 1]);
+          const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[c]), sc0, sc1));
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c].d), p, acc);
+          acc_s -= d * a[c].d * 32.0f * static_cast<float>(sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+        }
+      }
+    } else if constexpr (T == GgmlType::kIQ4_XS) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+      for (int c = 0; c < 8; ++c) {
+        const int ls = ((DEPTHKV_QF(scales_l)[c / 2] >> (4 * (c % 2))) & 0xF) | (((load_u16(DEPTHKV_QF(scales_h)) >> (2 * c)) & 3) << 4);
+        const __m256i v = _mm256_shuffle_epi8(table, nibbles_avx2(DEPTHKV_QF(qs) + 16 * c));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_s_avx2(v, a[c]), ones));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(ls - 32) * a[c].d), p, acc);
+      }
+    }
+  }
+  return hsum_avx2(acc) + acc_s;
+}
+#undef DEPTHKV_QF
 #endif
 
 /// Per-type entry points, dispatched once per product.
 struct QuantRowOps {
   float (*dot)(const std::uint8_t*, const float*, std::int64_t) = nullptr;           // kDequantize
   void (*dequantize)(const std::uint8_t*, float*, std::int64_t) = nullptr;          // a row to float
-  float (*dot_q8)(const std::uint8_t*, const ActQ8*, std::int64_t) = nullptr;       // kQ8Activations
+  float (*dot_q8)(const std::uint8_t*, const ActQ8*, std::int64_t) = nullptr;       // kQ8Activations (cols)
 };
+
+/// True for the block types (those with a QuantBlock).
+template <GgmlType T, class = void>
+struct QuantBlockType : std::false_type {};
+template <GgmlType T>
+struct QuantBlockType<T, std::void_t<typename QuantBlock<T>::type>> : std::true_type {};
 
 template <GgmlType T>
 inline QuantRowOps quant_row_ops_for(bool avx2) {
   QuantRowOps ops;
   ops.dot = &row_dot_deq_scalar<T>;
   ops.dequantize = [](const std::uint8_t* row, float* out, std::int64_t n) { dequantize_row(T, row, out, n); };
-  if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ8_0) ops.dot_q8 = &row_dot_q8_scalar<T>;
+  constexpr bool blocks = QuantBlockType<T>::value;
+  if constexpr (blocks) ops.dot_q8 = &row_dot_q8_scalar<T>;
 #if defined(DEPTHKV_AVX2_DISPATCH)
   if (avx2) {
     ops.dot = &row_dot_deq_avx2<T>;
     ops.dequantize = &dequantize_row_avx2<T>;
-    if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ8_0) ops.dot_q8 = &row_dot_q8_avx2<T>;
+    if constexpr (blocks) ops.dot_q8 = &row_dot_q8_avx2<T>;
   }
 #else
   (void)avx2;
@@ -312,11 +470,11 @@ inline QuantRowOps quant_row_ops(GgmlType type) {
 
 /// The kernel `kernel` resolves to for `type` (matvec: `is_matvec`).
 inline QuantKernel resolve_kernel(QuantKernel kernel, GgmlType type, bool is_matvec) {
-  const bool q8_ok = type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0;
+  const bool q8_ok = type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16;
   (void)is_matvec;
   if (kernel == QuantKernel::kAuto) return q8_ok ? QuantKernel::kQ8Activations : QuantKernel::kDequantize;
   DEPTHKV_CHECK(kernel != QuantKernel::kQ8Activations || q8_ok,
-                "quantized product: the int8-activation kernel supports Q4_0 and Q8_0, not " << ggml_type_name(type));
+                "quantized product: the int8-activation kernel is for block types, not " << ggml_type_name(type));
   return kernel;
 }
 
@@ -391,7 +549,7 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
     const std::int64_t r1 = std::min(rows, (t + 1) * kRowsPerTask);
     for (std::int64_t r = t * kRowsPerTask; r < r1; ++r) {
       const std::uint8_t* row = base + static_cast<std::size_t>(r) * rb;
-      y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols / 32) : ops.dot(row, x, cols);
+      y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols) : ops.dot(row, x, cols);
     }
   });
 }
@@ -426,7 +584,7 @@ inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::i
       const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
       for (std::int64_t t = 0; t < n; ++t) {
         for (std::int64_t r = r0; r < r1; ++r) {
-          y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, nb);
+          y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, cols);
         }
       }
     });
