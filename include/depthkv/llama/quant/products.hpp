@@ -8,22 +8,24 @@
 /// both row-major floats. Types: every `ggml_type_dequantizable` type.
 ///
 /// Two kernels (`QuantKernel`):
+/// - `kQ8Activations` (block types; as llama.cpp's `ggml_vec_dot_*_q8_*`): x is quantized per
+///   32 values to int8 with a float scale (d = max|x| / 127, round to nearest), and each chunk
+///   of 32 weights is multiplied as integers (AVX2 `maddubs`/`madd`) with its sub-block scales,
+///   then once in float by d_w * d_x; minimums and offsets go through the activation sums. The
+///   rounding of x adds at most sum_k |w_k| * max_k |x_k| / 254 per 32 values to a dot product.
+///   (llama.cpp uses one activation scale per 256 values for the K-quants, Q8_K; the per-32
+///   scale here is finer.)
 /// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
 ///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
-///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it, so the
-///   dequantization is shared by all n rows of X. Every type.
-/// - `kQ8Activations` (as llama.cpp's `ggml_vec_dot_q4_0_q8_0`): x is quantized per block of 32
-///   to int8 with a float scale (d = max|x| / 127), and blocks are multiplied as integers
-///   (AVX2 `maddubs`), one float multiply-add per block. Q4_0 and Q8_0 only; the activation
-///   rounding adds an error of up to |W| |x| / 254 per block to each dot product.
-/// - `kAuto` (default): the faster one by the measurements of benchmarks/quant_bench.cpp
-///   (benchmarks/RESULTS.md): `kQ8Activations` for matvec of Q4_0 / Q8_0 and `kDequantize`
-///   otherwise.
+///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it. Every type.
+/// - `kAuto` (default): `kQ8Activations` for the block types, `kDequantize` (conversion in
+///   registers, F16C for F16) for F32, F16 and BF16. The choice is measured by
+///   benchmarks/quant_bench.cpp (figures in benchmarks/RESULTS.md; reasons in quants.hpp).
 ///
-/// Accuracy (kDequantize): the result is the float product of the dequantized matrix, summed in a
-/// different order (8-lane FMA partial sums; Eigen's GEMM blocking), so it differs from
-/// `dequantize_row` followed by a float product by rounding only: |error| <= ~cols * 2^-23 *
-/// sum_k |w_k x_k| (the tests use 1e-5 relative to sum_k |w_k x_k|).
+/// Accuracy of kDequantize: the result is the float product of the dequantized matrix, summed
+/// in another order (8-lane FMA partial sums; Eigen's GEMM blocking), so it differs from
+/// `dequantize_row` followed by an exact product by rounding only (the tests allow
+/// 1e-5 * sum_k |w_k x_k|).
 ///
 /// Instruction set: AVX2 + FMA + F16C paths chosen at run time, a scalar fallback otherwise or
 /// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both give the same
@@ -56,6 +58,9 @@
 #include "depthkv/llama/quant/dequantize.hpp"
 #include "depthkv/llama/quant/ggml_type.hpp"
 
+#if defined(DEPTHKV_AVX2_DISPATCH)
+#include <cpuid.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -88,9 +93,9 @@ namespace detail {
 /// 2 when the AVX2 + FMA + F16C kernels may run now, else 0 (scalar).
 inline int quant_simd_level() {
 #if defined(DEPTHKV_AVX2_DISPATCH)
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool ok = [] {  // CPUID leaf 1, ECX: FMA bit 12, F16C bit 29 (AVX2 and OS support: simd_level)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 12)) != 0 && (c & (1u << 29)) != 0;
   }();
   return ok && depthkv::detail::simd_level() >= 2 ? 2 : 0;
 #else
@@ -285,21 +290,54 @@ inline std::uint16_t load_u16(const std::uint8_t* p) {
 DEPTHKV_QUANT_AVX2 inline float half_avx2(std::uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
 
 #define DEPTHKV_QF(field) (blk + offsetof(Block, field))  // a block field, read in place
-template <GgmlType T>
-DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
+/// acc[t] += f * d_x(t, c) * (sum of v * q_x over chunk c of token t), v signed int8.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_signed_avx2(__m256i v, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i av = _mm256_sign_epi8(v, v);
+  for (int t = 0; t < NT; ++t) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][c].qs));
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(q, v)), ones));
+    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
+  }
+}
+/// As acc_signed_avx2 for unsigned codes u (0..127).
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_unsigned_avx2(__m256i u, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < NT; ++t) {
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[t][c]), ones));
+    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
+  }
+}
+/// As acc_unsigned_avx2 with integer scales sc0 (values 0-15) and sc1 (values 16-31).
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, const ActQ8* const* a, std::int64_t c,
+                                                   float f, __m256* acc) {
+  for (int t = 0; t < NT; ++t) {
+    const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[t][c]), sc0, sc1));
+    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
+  }
+}
+
+/// out[t] = dot of one stored row with the quantized activations a[t] (NT tokens at once, so
+/// each chunk of weights is decoded once for NT tokens).
+template <GgmlType T, int NT>
+DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const ActQ8* const* a, std::int64_t cols,
+                                                float* out) {
   using Block = typename QuantBlock<T>::type;
   constexpr int K = QuantBlock<T>::kValues;
-  const __m256i ones = _mm256_set1_epi16(1);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_s = 0;  // offsets and minimums (scalar)
+  __m256 acc[NT];
+  float acc_s[NT];  // offsets and minimums (scalar)
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    acc_s[t] = 0;
+  }
   for (std::int64_t i = 0; i < cols / K; ++i) {
     const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
-    const ActQ8* a = xq + i * (K / 32);
-    auto s32 = [&](int c) { return static_cast<int>(a[c].s[0]) + a[c].s[1]; };
+    const std::int64_t c0 = i * (K / 32);  // first activation chunk of the block
     if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || T == GgmlType::kIQ4_NL) {
-      std::uint16_t dh;
-      std::memcpy(&dh, blk, 2);
       __m256i v;
       if constexpr (T == GgmlType::kQ8_0) {
         v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
@@ -309,18 +347,20 @@ DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const A
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
         v = _mm256_shuffle_epi8(table, nibbles_avx2(blk + 2));
       }
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_s_avx2(v, a[0]), ones));
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(half_avx2(dh) * a[0].d), p, acc);
+      acc_signed_avx2<NT>(v, a, c0, half_avx2(load_u16(blk)), acc);
     } else if constexpr (T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
       __m256i u = nibbles_avx2(DEPTHKV_QF(qs));
       if constexpr (T != GgmlType::kQ4_1) u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes_avx2(DEPTHKV_QF(qh)), _mm256_set1_epi8(16)));
-      const float d = half_avx2(load_u16(DEPTHKV_QF(d))) * a[0].d;
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[0]), ones));
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
-      if constexpr (T == GgmlType::kQ5_0) {
-        acc_s -= d * 16.0f * static_cast<float>(s32(0));
-      } else {
-        acc_s += half_avx2(load_u16(DEPTHKV_QF(m))) * a[0].d * static_cast<float>(s32(0));
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      acc_unsigned_avx2<NT>(u, a, c0, d, acc);
+      for (int t = 0; t < NT; ++t) {
+        const ActQ8& x = a[t][c0];
+        const float s = static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]) * x.d;
+        if constexpr (T == GgmlType::kQ5_0) {
+          acc_s[t] -= d * 16.0f * s;
+        } else {
+          acc_s[t] += half_avx2(load_u16(DEPTHKV_QF(m))) * s;
+        }
       }
     } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
       const float d = half_avx2(load_u16(DEPTHKV_QF(d))), dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
@@ -337,9 +377,12 @@ DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const A
           }
           std::uint8_t sc, m;
           q4k_scale_min(c, DEPTHKV_QF(scales), sc, m);
-          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[c]), ones));
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc) * a[c].d), p, acc);
-          acc_s -= dmin * static_cast<float>(m) * a[c].d * static_cast<float>(s32(c));
+          acc_unsigned_avx2<NT>(u, a, c0 + c, d * static_cast<float>(sc), acc);
+          const float fm = dmin * static_cast<float>(m);
+          for (int t = 0; t < NT; ++t) {
+            const ActQ8& x = a[t][c0 + c];
+            acc_s[t] -= fm * x.d * static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]);
+          }
         }
       }
     } else if constexpr (T == GgmlType::kQ2_K || T == GgmlType::kQ3_K) {
@@ -353,22 +396,29 @@ DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const A
         for (int s = 0; s < 4; ++s) {
           const int c = 4 * n + s;
           __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
-          int sc0, sc1;
+          int sc0, sc1, m0 = 0, m1 = 0;
+          float fcorr;
           if constexpr (T == GgmlType::kQ2_K) {
-            sc0 = DEPTHKV_QF(scales)[2 * c] & 0xF;
-            sc1 = DEPTHKV_QF(scales)[2 * c + 1] & 0xF;
-            const float dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
-            acc_s -= dmin * a[c].d *
-                     static_cast<float>((DEPTHKV_QF(scales)[2 * c] >> 4) * a[c].s[0] + (DEPTHKV_QF(scales)[2 * c + 1] >> 4) * a[c].s[1]);
+            const std::uint8_t* scales = DEPTHKV_QF(scales);
+            sc0 = scales[2 * c] & 0xF;
+            sc1 = scales[2 * c + 1] & 0xF;
+            m0 = scales[2 * c] >> 4;
+            m1 = scales[2 * c + 1] >> 4;
+            fcorr = half_avx2(load_u16(DEPTHKV_QF(dmin)));
           } else {
             const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
             u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
             sc0 = sc3[2 * c];
             sc1 = sc3[2 * c + 1];
-            acc_s -= d * a[c].d * 4.0f * static_cast<float>(sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+            m0 = 4 * sc0;
+            m1 = 4 * sc1;
+            fcorr = d;
           }
-          const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[c]), sc0, sc1));
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c].d), p, acc);
+          acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
+          for (int t = 0; t < NT; ++t) {
+            const ActQ8& x = a[t][c0 + c];
+            acc_s[t] -= fcorr * x.d * static_cast<float>(m0 * x.s[0] + m1 * x.s[1]);
+          }
         }
       }
     } else if constexpr (T == GgmlType::kQ6_K) {
@@ -386,25 +436,39 @@ DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const A
                                       : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
           const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
           const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-          const int sc0 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k]),
-                    sc1 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k + 1]);
-          const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[c]), sc0, sc1));
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[c].d), p, acc);
-          acc_s -= d * a[c].d * 32.0f * static_cast<float>(sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+          const int sc0 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k]);
+          const int sc1 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k + 1]);
+          acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
+          for (int t = 0; t < NT; ++t) {
+            const ActQ8& x = a[t][c0 + c];
+            acc_s[t] -= d * x.d * 32.0f * static_cast<float>(sc0 * x.s[0] + sc1 * x.s[1]);
+          }
         }
       }
     } else if constexpr (T == GgmlType::kIQ4_XS) {
       const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      const std::uint16_t sh = load_u16(DEPTHKV_QF(scales_h));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
       for (int c = 0; c < 8; ++c) {
-        const int ls = ((DEPTHKV_QF(scales_l)[c / 2] >> (4 * (c % 2))) & 0xF) | (((load_u16(DEPTHKV_QF(scales_h)) >> (2 * c)) & 3) << 4);
+        const int ls = ((DEPTHKV_QF(scales_l)[c / 2] >> (4 * (c % 2))) & 0xF) | (((sh >> (2 * c)) & 3) << 4);
         const __m256i v = _mm256_shuffle_epi8(table, nibbles_avx2(DEPTHKV_QF(qs) + 16 * c));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_s_avx2(v, a[c]), ones));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(ls - 32) * a[c].d), p, acc);
+        acc_signed_avx2<NT>(v, a, c0 + c, d * static_cast<float>(ls - 32), acc);
       }
     }
   }
-  return hsum_avx2(acc) + acc_s;
+  for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(acc[t]) + acc_s[t];
+}
+
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
+  float out;
+  rows_dot_q8_avx2<T, 1>(row, &xq, cols, &out);
+  return out;
+}
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline void row_dot4_q8_avx2(const std::uint8_t* row, const ActQ8* const* xq, std::int64_t cols,
+                                                float* out) {
+  rows_dot_q8_avx2<T, 4>(row, xq, cols, out);
 }
 #undef DEPTHKV_QF
 #endif
@@ -414,6 +478,7 @@ struct QuantRowOps {
   float (*dot)(const std::uint8_t*, const float*, std::int64_t) = nullptr;           // kDequantize
   void (*dequantize)(const std::uint8_t*, float*, std::int64_t) = nullptr;          // a row to float
   float (*dot_q8)(const std::uint8_t*, const ActQ8*, std::int64_t) = nullptr;       // kQ8Activations (cols)
+  void (*dot4_q8)(const std::uint8_t*, const ActQ8* const*, std::int64_t, float*) = nullptr;  // 4 tokens
 };
 
 /// True for the block types (those with a QuantBlock).
@@ -428,12 +493,20 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
   ops.dot = &row_dot_deq_scalar<T>;
   ops.dequantize = [](const std::uint8_t* row, float* out, std::int64_t n) { dequantize_row(T, row, out, n); };
   constexpr bool blocks = QuantBlockType<T>::value;
-  if constexpr (blocks) ops.dot_q8 = &row_dot_q8_scalar<T>;
+  if constexpr (blocks) {
+    ops.dot_q8 = &row_dot_q8_scalar<T>;
+    ops.dot4_q8 = [](const std::uint8_t* row, const ActQ8* const* xq, std::int64_t cols, float* out) {
+      for (int t = 0; t < 4; ++t) out[t] = row_dot_q8_scalar<T>(row, xq[t], cols);
+    };
+  }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   if (avx2) {
     ops.dot = &row_dot_deq_avx2<T>;
     ops.dequantize = &dequantize_row_avx2<T>;
-    if constexpr (blocks) ops.dot_q8 = &row_dot_q8_avx2<T>;
+    if constexpr (blocks) {
+      ops.dot_q8 = &row_dot_q8_avx2<T>;
+      ops.dot4_q8 = &row_dot4_q8_avx2<T>;
+    }
   }
 #else
   (void)avx2;
@@ -582,7 +655,17 @@ inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::i
     const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
     detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
       const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
-      for (std::int64_t t = 0; t < n; ++t) {
+      std::int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
+        const detail::ActQ8* xs[4] = {xq.data() + t * nb, xq.data() + (t + 1) * nb, xq.data() + (t + 2) * nb,
+                                      xq.data() + (t + 3) * nb};
+        for (std::int64_t r = r0; r < r1; ++r) {
+          float out[4];
+          ops.dot4_q8(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
+          for (int k = 0; k < 4; ++k) y[(t + k) * rows + r] = out[k];
+        }
+      }
+      for (; t < n; ++t) {
         for (std::int64_t r = r0; r < r1; ++r) {
           y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, cols);
         }
