@@ -14,7 +14,8 @@
 ///   then once in float by d_w * d_x; minimums and offsets go through the activation sums. The
 ///   rounding of x adds at most sum_k |w_k| * max_k |x_k| / 254 per 32 values to a dot product.
 ///   (llama.cpp uses one activation scale per 256 values for the K-quants, Q8_K; the per-32
-///   scale here is finer.)
+///   scale here is finer.) The activations must be finite (a NaN or infinity in x has no int8
+///   code; the float kernel would propagate it).
 /// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
 ///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
 ///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it. Every type.
