@@ -270,13 +270,9 @@ DEPTHKV_QUANT_AVX2 inline __m256i nibbles_avx2(const std::uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
 }
-/// 16 x int16 sums of pairs u * q (u unsigned 0..127 or, with `sign`, signed) of one chunk.
+/// 16 x int16 sums of pairs u * q (u unsigned, 0..127) of one chunk.
 DEPTHKV_QUANT_AVX2 inline __m256i pairs_u_avx2(__m256i u, const ActQ8& a) {
   return _mm256_maddubs_epi16(u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)));
-}
-DEPTHKV_QUANT_AVX2 inline __m256i pairs_s_avx2(__m256i v, const ActQ8& a) {
-  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
-  return _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(q, v));
 }
 /// 8 x int32: pairs summed with int16 weights sc0 (values 0-15) and sc1 (values 16-31).
 DEPTHKV_QUANT_AVX2 inline __m256i scale_pairs_avx2(__m256i p16, int sc0, int sc1) {
