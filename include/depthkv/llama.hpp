@@ -1,8 +1,8 @@
 #pragma once
 /// @file llama.hpp
 /// @brief Umbrella header of the reference Llama engine (Eigen only): model and loaders
-/// (llama2.c, GGUF), tokenizer, sampler, the engine, the decode-loop and evaluation helpers,
-/// and the text-window utilities.
+/// (llama2.c, GGUF), quantized tensors and their products, tokenizer, sampler, the engine, the
+/// decode-loop and evaluation helpers, and the text-window utilities.
 ///
 /// @code
 /// #include <depthkv/llama.hpp>
@@ -14,6 +14,7 @@
 #include "depthkv/llama/model.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/quants.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/llama/sampler.hpp"
 #include "depthkv/llama/engine.hpp"

@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,6 +85,34 @@ Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::v
         ref.push_back(static_cast<float>(depthkv_test::ref_half(d) * q));
       }
     }
+  } else if (depthkv::llama::ggml_type_dequantizable(type)) {
+    // Another block type: random bytes with every fp16 field a finite half; the reference
+    // values are the library's dequantize_row (checked against gguf.quants by
+    // tests/llama/quant/dequantize_test.cpp).
+    depthkv::llama::GgmlTypeInfo info{};
+    REQUIRE(depthkv::llama::ggml_type_info(type, info));
+    REQUIRE(n % info.block_size == 0);
+    std::vector<int> fields;
+    switch (type) {
+      case 2: case 6: case 20: case 23: fields = {0}; break;  // Q4_0, Q5_0, IQ4_NL, IQ4_XS
+      case 3: case 7: case 12: case 13: fields = {0, 2}; break;  // Q4_1, Q5_1, Q4_K, Q5_K
+      case 10: fields = {80, 82}; break;  // Q2_K
+      case 11: fields = {108}; break;  // Q3_K
+      case 14: fields = {208}; break;  // Q6_K
+      default: FAIL("random_tensor: no fp16 field table for type " << type);
+    }
+    for (std::size_t blk = 0; blk < n / info.block_size; ++blk) {
+      Bytes block(info.type_size);
+      for (auto& v : block) v = static_cast<std::uint8_t>(rng());
+      for (int f : fields) {
+        const std::uint16_t h = half_bits(5, 14);
+        std::memcpy(&block[static_cast<std::size_t>(f)], &h, 2);
+      }
+      b.insert(b.end(), block.begin(), block.end());
+    }
+    ref.resize(n);
+    depthkv::llama::dequantize_row(static_cast<depthkv::llama::GgmlType>(type), b.data(), ref.data(),
+                                   static_cast<std::int64_t>(n));
   } else {
     FAIL("random_tensor: unsupported type " << type);
   }
@@ -365,6 +395,75 @@ TEST_CASE("gguf: F32, F16, BF16 and Q8_0 tensors are dequantised exactly", "[lla
       REQUIRE(static_cast<double>(a) == r);
     }
   }
+}
+
+TEST_CASE("gguf: every block type reads as dequantize_row does, and its bytes in place", "[llama][gguf][quant]") {
+  for (std::uint32_t type : {2u, 3u, 6u, 7u, 8u, 10u, 11u, 12u, 13u, 14u, 20u, 23u}) {
+    INFO("type " << depthkv::llama::ggml_type_name(type));
+    std::mt19937 rng(2000 + type);
+    std::vector<float> ref;
+    GgufWriter w;
+    w.kv_str("general.architecture", "test");
+    w.f32_tensor("first", {3}, {1.0f, 2.0f, 3.0f});  // the tensor under test starts at a later offset
+    const Bytes data = random_tensor(type, 512 * 3, rng, ref);
+    w.tensor("t", {512, 3}, type, data);
+    const Bytes b = w.build();
+    std::shared_ptr<const void> keep;
+    GgufFile::RawTensor raw;
+    {
+      const GgufFile f = GgufFile::from_memory(b.data(), b.size());
+      const auto& info = *f.find_tensor("t");
+      CHECK(depthkv::llama::ggml_type_readable(type));
+      const std::vector<float> got = f.read_tensor(info);
+      REQUIRE(got.size() == ref.size());
+      CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+      raw = f.raw_tensor(info);
+      CHECK(raw.type == static_cast<depthkv::llama::GgmlType>(type));
+      CHECK(raw.data == f.tensor_data(info));
+      CHECK(raw.rows == 3);
+      CHECK(raw.cols == 512);
+      CHECK(raw.n_bytes == data.size());
+      CHECK(raw.row_bytes == depthkv::llama::ggml_row_bytes(raw.type, 512));
+      keep = f.keep_alive();
+    }
+    // The bytes outlive every GgufFile copy while keep_alive() is held.
+    REQUIRE(raw.n_bytes == data.size());
+    CHECK(std::memcmp(raw.data, data.data(), data.size()) == 0);
+    std::vector<float> row(512);
+    depthkv::llama::dequantize_row(raw.type, raw.data + 2 * raw.row_bytes, row.data(), 512);
+    CHECK(std::memcmp(row.data(), ref.data() + 1024, 512 * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("gguf: a synthetic model in K-quant and legacy block types loads to the dequantized weights", "[llama][gguf][quant]") {
+  Synth s;
+  s.dim = 256;
+  s.hidden = 512;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.types = {{"attn_q", 12}, {"attn_k", 13}, {"attn_v", 14}, {"attn_output", 11}, {"ffn_gate", 10},
+             {"ffn_down", 12}, {"ffn_up", 2}, {"token_embd", 12}, {"output.", 14}};
+  const Bytes b = s.writer().build();
+  const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
+  CHECK(m.config.dim == 256);
+  check_synth(m, s);
+}
+
+TEST_CASE("gguf: a truncated Q4_K tensor is a clear error", "[llama][gguf][quant][corrupt]") {
+  std::mt19937 rng(3);
+  std::vector<float> ref;
+  GgufWriter w;
+  w.kv_str("general.architecture", "test");
+  w.tensor("blk.0.ffn_up.weight", {256, 4}, depthkv_test::kTQ4_K, random_tensor(depthkv_test::kTQ4_K, 1024, rng, ref));
+  Bytes b = w.build();
+  CHECK_NOTHROW(GgufFile::from_memory(b.data(), b.size()));
+  b.resize(b.size() - 100);  // the last block loses its last 100 bytes
+  const std::string msg = error_of([&] { GgufFile::from_memory(b.data(), b.size()); });
+  CHECK(contains(msg, "blk.0.ffn_up.weight"));
+  CHECK(contains(msg, "Q4_K"));
+  CHECK(contains(msg, "576 bytes"));
+  CHECK(contains(msg, "extends past the end of the file"));
 }
 
 TEST_CASE("gguf: synthetic llama models in mixed tensor types load exactly", "[llama][gguf]") {
@@ -703,7 +802,7 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
     CHECK(contains(load_err(a.writer()), "unsupported architecture 'gpt2'"));
   }
   {
-    // A Q4_K tensor (256 elements per block) needs rows of a multiple of 256.
+    // An IQ2_XXS tensor (256 elements per block, 66 bytes) needs rows of a multiple of 256.
     Synth q2 = s;
     q2.dim = 256;
     q2.heads = 4;
@@ -711,14 +810,14 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
     GgufWriter w2 = q2.writer();
     for (auto& t : w2.tensors) {
       if (t.name == "blk.1.ffn_up.weight") {
-        t.type = depthkv_test::kTQ4_K;
-        t.data.assign(static_cast<std::size_t>(64 * 144), 0);  // 64 rows x 1 block of 256
+        t.type = depthkv_test::kTIQ2_XXS;
+        t.data.assign(static_cast<std::size_t>(64 * 66), 0);  // 64 rows x 1 block of 256
       }
     }
     const std::string msg = load_err(w2);
     CHECK(contains(msg, "blk.1.ffn_up.weight"));
-    CHECK(contains(msg, "Q4_K"));
-    CHECK(contains(msg, "supported: F32, F16, BF16, Q8_0"));
+    CHECK(contains(msg, "IQ2_XXS"));
+    CHECK(contains(msg, "supported: F32, F16, BF16, Q4_0"));
   }
   {
     GgufWriter w = s.writer();

@@ -14,7 +14,7 @@ namespace depthkv_test {
 // Value type numbers of the GGUF specification.
 enum : std::uint32_t { kU8 = 0, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kStr, kArr, kU64, kI64, kF64 };
 // ggml tensor type numbers.
-enum : std::uint32_t { kTF32 = 0, kTF16 = 1, kTQ8_0 = 8, kTQ4_K = 12, kTBF16 = 30 };
+enum : std::uint32_t { kTF32 = 0, kTF16 = 1, kTQ8_0 = 8, kTQ4_K = 12, kTIQ2_XXS = 16, kTBF16 = 30 };
 
 class GgufWriter {
  public:

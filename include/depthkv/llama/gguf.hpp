@@ -1,6 +1,7 @@
 #pragma once
 /// @file llama/gguf.hpp
-/// @brief GGUF (v2 and v3) reader: metadata, tensor table, F32/F16/BF16/Q8_0 tensors as float,
+/// @brief GGUF (v2 and v3) reader: metadata, tensor table, tensors as float (F32, F16, BF16 and
+/// the block formats Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) or as their stored bytes in place,
 /// Llama-family models (`llama`, `qwen2`) and their tokenizer vocabulary.
 ///
 /// File layout (little-endian): magic "GGUF", uint32 version, uint64 tensor count, uint64
@@ -12,10 +13,12 @@
 ///
 /// `GgufFile` parses the whole header and validates every length, count, shape and offset
 /// against the file size before anything is used: a truncated or corrupt file is a
-/// `depthkv::Error`, never an out-of-bounds read. Tensor data of type F32, F16, BF16 and Q8_0
-/// (blocks of 32 values: fp16 scale + 32 int8) is read as float; other types are listed
-/// (their names and sizes are known, so their extents are validated too) but reading them
-/// throws an Error naming the type.
+/// `depthkv::Error`, never an out-of-bounds read. Tensor data of the types `ggml_type_readable`
+/// lists is converted to float bit-exactly as llama.cpp does (`dequantize_row`,
+/// quant/dequantize.hpp); other types are listed (their names and sizes are known, so their
+/// extents are validated too) but reading them throws an Error naming the type.
+/// `GgufFile::raw_tensor` gives any tensor's stored bytes and type in place (a pointer into the
+/// mapped file), for products that work on the quantized blocks (quant/products.hpp).
 ///
 /// `load_gguf` builds a `LlamaModel` from a file of architecture `llama` (adjacent RoPE pairs)
 /// or `qwen2` (q/k/v biases, NeoX RoPE), with hyper-parameters from the `<arch>.*` keys; a GGUF
@@ -48,6 +51,8 @@
 #include "depthkv/error.hpp"
 #include "depthkv/llama/detail/mapped_file.hpp"
 #include "depthkv/llama/model.hpp"
+#include "depthkv/llama/quant/dequantize.hpp"
+#include "depthkv/llama/quant/ggml_type.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -100,84 +105,10 @@ inline const char* to_string(GgufType t) {
   return i < 13 ? names[i] : "unknown";
 }
 
-/// ggml tensor types depthkv can read as float (the others are recognised by name only).
-enum class GgmlType : std::uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
-
-/// Block layout of a ggml tensor type.
-struct GgmlTypeInfo {
-  const char* name;          ///< e.g. "Q4_K"
-  std::uint32_t block_size;  ///< elements per block (1 for plain types)
-  std::uint32_t type_size;   ///< bytes per block
-};
-
-/// @param type a ggml type number as stored in GGUF tensor infos
-/// @param out its layout when known
-/// @return true when the type is known (its size can be computed)
-inline bool ggml_type_info(std::uint32_t type, GgmlTypeInfo& out) {
-  struct Entry {
-    std::uint32_t id;
-    GgmlTypeInfo info;
-  };
-  static const Entry table[] = {
-      {0, {"F32", 1, 4}},         {1, {"F16", 1, 2}},        {2, {"Q4_0", 32, 18}},     {3, {"Q4_1", 32, 20}},
-      {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},     {8, {"Q8_0", 32, 34}},     {9, {"Q8_1", 32, 36}},
-      {10, {"Q2_K", 256, 84}},    {11, {"Q3_K", 256, 110}},  {12, {"Q4_K", 256, 144}},  {13, {"Q5_K", 256, 176}},
-      {14, {"Q6_K", 256, 210}},   {15, {"Q8_K", 256, 292}},  {16, {"IQ2_XXS", 256, 66}}, {17, {"IQ2_XS", 256, 74}},
-      {18, {"IQ3_XXS", 256, 98}}, {19, {"IQ1_S", 256, 50}},  {20, {"IQ4_NL", 32, 18}},  {21, {"IQ3_S", 256, 110}},
-      {22, {"IQ2_S", 256, 82}},   {23, {"IQ4_XS", 256, 136}}, {24, {"I8", 1, 1}},        {25, {"I16", 1, 2}},
-      {26, {"I32", 1, 4}},        {27, {"I64", 1, 8}},       {28, {"F64", 1, 8}},       {29, {"IQ1_M", 256, 56}},
-      {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},  {35, {"TQ2_0", 256, 66}},  {39, {"MXFP4", 32, 17}},
-  };
-  for (const Entry& e : table) {
-    if (e.id == type) {
-      out = e.info;
-      return true;
-    }
-  }
-  return false;
-}
-
 /// @param type a ggml type number
-/// @return its name ("Q4_K"), or "type N" when unknown
-inline std::string ggml_type_name(std::uint32_t type) {
-  GgmlTypeInfo info{};
-  return ggml_type_info(type, info) ? std::string(info.name) : "type " + std::to_string(type);
-}
-
-/// @param type a ggml type number
-/// @return true for the types `GgufFile::read_tensor` converts to float (F32, F16, BF16, Q8_0)
-inline bool ggml_type_readable(std::uint32_t type) { return type == 0 || type == 1 || type == 8 || type == 30; }
-
-/// IEEE half (binary16) bits to float, exact (subnormals, infinities and NaNs included).
-/// @param h the half's bits
-/// @return its value
-inline float fp16_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1Fu;
-  const std::uint32_t mant = h & 0x3FFu;
-  std::uint32_t bits;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal, exact
-    return sign ? -v : v;
-  } else if (exp == 31) {
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-/// bfloat16 bits to float (exact).
-/// @param b the bfloat16's bits
-/// @return its value
-inline float bf16_to_float(std::uint16_t b) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+/// @return true for the types `GgufFile::read_tensor` converts to float: F32, F16, BF16, Q4_0,
+///   Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (`ggml_type_dequantizable`)
+inline bool ggml_type_readable(std::uint32_t type) { return ggml_type_dequantizable(type); }
 
 /// One metadata value: a scalar, a string, or an array of values (possibly nested).
 struct GgufValue {
@@ -384,57 +315,52 @@ class GgufFile {
     return data_ + data_offset_ + t.offset;
   }
 
-  /// Converts a tensor of type F32, F16, BF16 or Q8_0 to float into `out` (n_elements values,
-  /// in storage order: ne[0] fastest).
+  /// A tensor's stored bytes in place (no copy) and how to walk them: `rows` rows of `cols`
+  /// values, each `row_bytes` long (see quant/dequantize.hpp for the block layouts). Valid while
+  /// the file (or a copy of it, or `keep_alive()`) lives.
+  struct RawTensor {
+    GgmlType type = GgmlType::kF32;     ///< the stored type
+    const std::uint8_t* data = nullptr; ///< first byte (no alignment beyond `alignment()` is implied)
+    std::uint64_t n_bytes = 0;          ///< size of the data
+    std::int64_t cols = 0;              ///< ne[0], values per row
+    std::int64_t rows = 0;              ///< product of ne[1..], the number of rows
+    std::uint64_t row_bytes = 0;        ///< bytes of one row
+  };
+
+  /// @param t a tensor of this file
+  /// @return its stored bytes and type, in place in the mapped (or copied) file
+  /// @throws Error when the tensor's type is unknown (its extent cannot be checked)
+  RawTensor raw_tensor(const GgufTensorInfo& t) const {
+    RawTensor r;
+    r.data = tensor_data(t);
+    r.type = static_cast<GgmlType>(t.type);
+    r.n_bytes = t.n_bytes;
+    r.cols = static_cast<std::int64_t>(t.dims.empty() ? 0 : t.dims[0]);
+    r.rows = r.cols > 0 ? static_cast<std::int64_t>(t.n_elements) / r.cols : 0;
+    r.row_bytes = r.rows > 0 ? t.n_bytes / static_cast<std::uint64_t>(r.rows) : 0;
+    return r;
+  }
+
+  /// @return the owner of the file's bytes (the mapping or the copy): holding it keeps
+  ///   `tensor_data` / `raw_tensor` pointers valid after every GgufFile copy is gone
+  std::shared_ptr<const void> keep_alive() const { return keep_alive_; }
+
+  /// Converts a tensor to float into `out` (n_elements values, in storage order: ne[0] fastest),
+  /// bit-exact with llama.cpp (see `dequantize_row`).
   /// @param t a tensor of this file
   /// @param out destination of `t.n_elements` floats
-  /// @throws Error when the type is not one of the four
+  /// @throws Error when the type is not one of `ggml_type_readable`
   void read_tensor_into(const GgufTensorInfo& t, float* out) const {
-    DEPTHKV_CHECK(ggml_type_readable(t.type),
-                  source_ << ": tensor '" << t.name << "' has type " << ggml_type_name(t.type)
-                          << ", which depthkv does not read (supported: F32, F16, BF16, Q8_0)");
-    const std::uint8_t* p = tensor_data(t);
-    const std::uint64_t n = t.n_elements;
-    switch (t.type) {
-      case 0:
-        if (n > 0) std::memcpy(out, p, n * sizeof(float));
-        break;
-      case 1:
-        for (std::uint64_t i = 0; i < n; ++i) {
-          std::uint16_t h;
-          std::memcpy(&h, p + 2 * i, 2);
-          out[i] = fp16_to_float(h);
-        }
-        break;
-      case 30:
-        for (std::uint64_t i = 0; i < n; ++i) {
-          std::uint16_t h;
-          std::memcpy(&h, p + 2 * i, 2);
-          out[i] = bf16_to_float(h);
-        }
-        break;
-      case 8:
-        for (std::uint64_t b = 0; b < n / 32; ++b) {
-          const std::uint8_t* blk = p + 34 * b;
-          std::uint16_t dh;
-          std::memcpy(&dh, blk, 2);
-          const float d = fp16_to_float(dh);
-          for (int j = 0; j < 32; ++j) out[32 * b + j] = static_cast<float>(static_cast<std::int8_t>(blk[2 + j])) * d;
-        }
-        break;
-      default:
-        assert(false);
-    }
+    check_readable(t);
+    dequantize_row(static_cast<GgmlType>(t.type), tensor_data(t), out, static_cast<std::int64_t>(t.n_elements));
   }
 
   /// Converts a tensor to float (see `read_tensor_into`).
   /// @param t a tensor of this file
   /// @return its `n_elements` values
-  /// @throws Error when the type is not F32, F16, BF16 or Q8_0
+  /// @throws Error when the type is not one of `ggml_type_readable`
   std::vector<float> read_tensor(const GgufTensorInfo& t) const {
-    DEPTHKV_CHECK(ggml_type_readable(t.type),
-                  source_ << ": tensor '" << t.name << "' has type " << ggml_type_name(t.type)
-                          << ", which depthkv does not read (supported: F32, F16, BF16, Q8_0)");
+    check_readable(t);
     std::vector<float> out(static_cast<std::size_t>(t.n_elements));
     read_tensor_into(t, out.data());
     return out;
@@ -442,6 +368,12 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+
+  void check_readable(const GgufTensorInfo& t) const {
+    DEPTHKV_CHECK(ggml_type_readable(t.type), source_ << ": tensor '" << t.name << "' has type " << ggml_type_name(t.type)
+                                                      << ", which depthkv does not read (supported: "
+                                                      << ggml_dequantizable_names() << ")");
+  }
 
   const GgufValue& require(const std::string& key) const {
     const GgufValue* v = find(key);
@@ -791,8 +723,8 @@ inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t l
 /// `attention.layer_norm_rms_epsilon` (default 1e-5),
 /// `context_length` (seq_len, as the file states it). Tensors: token_embd, blk.N.{attn_norm,
 /// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up}.weight,
-/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Types F32, F16,
-/// BF16, Q8_0 are converted to float32.
+/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Every type of
+/// `ggml_type_readable` is converted to float32 (weights are not kept quantized in memory).
 /// @param f a parsed GGUF file
 /// @return the model (`source_path`, `file_size`, `header_hash` describe the file)
 /// @throws Error for another architecture, mixture-of-experts models, RoPE scaling other than

@@ -1,0 +1,687 @@
+#pragma once
+/// @file llama/quant/products.hpp
+/// @brief Matrix products on weights stored in a ggml type, without a float copy of the matrix:
+/// `quant_matvec` (y = W x), `quant_matmul` (Y = X W^T) and `quant_row_dot`.
+///
+/// W is `rows x cols`, row-major, each row `ggml_row_bytes(type, cols)` bytes of blocks (as GGUF
+/// stores a tensor with ne = [cols, rows]); x has `cols` floats; X is `n x cols` and Y `n x rows`,
+/// both row-major floats. Types: every `ggml_type_dequantizable` type.
+///
+/// Two kernels (`QuantKernel`):
+/// - `kQ8Activations` (block types; as llama.cpp's `ggml_vec_dot_*_q8_*`): x is quantized per
+///   32 values to int8 with a float scale (d = max|x| / 127, round to nearest), and each chunk
+///   of 32 weights is multiplied as integers (AVX2 `maddubs`/`madd`) with its sub-block scales,
+///   then once in float by d_w * d_x; minimums and offsets go through the activation sums. The
+///   rounding of x adds at most sum_k |w_k| * max_k |x_k| / 254 per 32 values to a dot product.
+///   (llama.cpp uses one activation scale per 256 values for the K-quants, Q8_K; the per-32
+///   scale here is finer.) The activations must be finite (a NaN or infinity in x has no int8
+///   code; the float kernel would propagate it).
+/// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
+///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
+///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it. Every type.
+/// - `kAuto` (default): `kQ8Activations` for the block types, `kDequantize` (conversion in
+///   registers, F16C for F16) for F32, F16 and BF16. The choice is measured by
+///   benchmarks/quant_bench.cpp (figures in benchmarks/RESULTS.md; reasons in quants.hpp).
+///
+/// Accuracy of kDequantize: the result is the float product of the dequantized matrix, summed
+/// in another order (8-lane FMA partial sums; Eigen's GEMM blocking), so it differs from
+/// `dequantize_row` followed by an exact product by rounding only (the tests allow
+/// 1e-5 * sum_k |w_k x_k|).
+///
+/// Instruction set: AVX2 + FMA + F16C paths chosen at run time, a scalar fallback otherwise or
+/// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both give the same
+/// results up to summation order.
+///
+/// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, 0 = all cores).
+/// With OpenMP, the tasks of quant_matmul run in an OpenMP parallel region, so Eigen's GEMM
+/// inside each task stays on its thread.
+///
+/// @code
+/// auto raw = file.raw_tensor(*file.find_tensor("blk.0.ffn_up.weight"));   // Q4_K, 5632 x 2048
+/// std::vector<float> y(raw.rows);
+/// depthkv::llama::quant_matvec(raw.type, raw.data, raw.rows, raw.cols, x.data(), y.data(), {2});
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "depthkv/detail/parallel_for.hpp"
+#include "depthkv/detail/simd.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/llama/quant/dequantize.hpp"
+#include "depthkv/llama/quant/ggml_type.hpp"
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+#include <cpuid.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace depthkv {
+namespace llama {
+
+/// How a product multiplies the stored blocks (see the file comment).
+enum class QuantKernel {
+  kAuto,           ///< the measured faster kernel for the type and product
+  kDequantize,     ///< dequantize blocks (tiles) to float, then float FMA / GEMM
+  kQ8Activations,  ///< quantize activations to int8 per 32 values, integer block dot products
+};
+
+/// Options of the quantized products.
+struct QuantProductOptions {
+  int n_threads = 1;                       ///< 1 = calling thread, 0 = all cores
+  QuantKernel kernel = QuantKernel::kAuto; ///< kernel choice
+};
+
+/// Rows of W dequantized together by quant_matmul's kDequantize kernel.
+inline constexpr std::int64_t kQuantMatmulTile = 64;
+
+namespace detail {
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+#define DEPTHKV_QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+/// 2 when the AVX2 + FMA + F16C kernels may run now, else 0 (scalar).
+inline int quant_simd_level() {
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  static const bool ok = [] {  // CPUID leaf 1, ECX: FMA bit 12, F16C bit 29 (AVX2 and OS support: simd_level)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 12)) != 0 && (c & (1u << 29)) != 0;
+  }();
+  return ok && depthkv::detail::simd_level() >= 2 ? 2 : 0;
+#else
+  return 0;
+#endif
+}
+
+/// One block of 32 activations quantized to int8 (x ~= d * qs), with the sums of qs[0..15]
+/// and qs[16..31].
+struct ActQ8 {
+  float d;
+  std::int16_t s[2];
+  std::int8_t qs[32];
+};
+
+/// Quantizes n (a multiple of 32) floats into n / 32 ActQ8 blocks (round to nearest).
+inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
+  for (std::int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    int s0 = 0, s1 = 0;
+    for (int j = 0; j < 32; ++j) {
+      out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
+      (j < 16 ? s0 : s1) += out[b].qs[j];
+    }
+    out[b].s[0] = static_cast<std::int16_t>(s0);
+    out[b].s[1] = static_cast<std::int16_t>(s1);
+  }
+}
+
+// ---- float rows (F32 / F16 / BF16) and dequantize-then-FMA rows --------------------------------
+
+template <GgmlType T>
+inline float row_dot_deq_scalar(const std::uint8_t* row, const float* x, std::int64_t cols) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if constexpr (T == GgmlType::kF32 || T == GgmlType::kF16 || T == GgmlType::kBF16) {
+    constexpr int kChunk = 256;
+    float buf[kChunk];
+    constexpr int es = T == GgmlType::kF32 ? 4 : 2;
+    for (std::int64_t c = 0; c < cols; c += kChunk) {
+      const std::int64_t m = std::min<std::int64_t>(kChunk, cols - c);
+      dequantize_row(T, row + es * c, buf, m);
+      for (std::int64_t j = 0; j < m; ++j) acc[j & 7] += buf[j] * x[c + j];
+    }
+  } else {
+    using Block = typename QuantBlock<T>::type;
+    constexpr int K = QuantBlock<T>::kValues;
+    float buf[K];
+    for (std::int64_t i = 0; i < cols / K; ++i) {
+      Block b;
+      std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+      dequantize_block(b, buf);
+      for (int j = 0; j < K; ++j) acc[j & 7] += buf[j] * x[i * K + j];
+    }
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+DEPTHKV_QUANT_AVX2 inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+/// Converts 8 stored F32 / F16 / BF16 values at p to floats.
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline __m256 load8_avx2(const std::uint8_t* p) {
+  if constexpr (T == GgmlType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (T == GgmlType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+}
+
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline float row_dot_deq_avx2(const std::uint8_t* row, const float* x, std::int64_t cols) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  if constexpr (T == GgmlType::kF32 || T == GgmlType::kF16 || T == GgmlType::kBF16) {
+    constexpr int es = T == GgmlType::kF32 ? 4 : 2;
+    std::int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+      acc0 = _mm256_fmadd_ps(load8_avx2<T>(row + es * j), _mm256_loadu_ps(x + j), acc0);
+      acc1 = _mm256_fmadd_ps(load8_avx2<T>(row + es * (j + 8)), _mm256_loadu_ps(x + j + 8), acc1);
+    }
+    float tail = 0;
+    if (j < cols) tail = row_dot_deq_scalar<T>(row + es * j, x + j, cols - j);
+    return hsum_avx2(_mm256_add_ps(acc0, acc1)) + tail;
+  } else {
+    using Block = typename QuantBlock<T>::type;
+    constexpr int K = QuantBlock<T>::kValues;
+    alignas(32) float buf[K];
+    for (std::int64_t i = 0; i < cols / K; ++i, x += K) {
+      Block b;
+      std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+      dequantize_block(b, buf);
+      for (int j = 0; j < K; j += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(x + j), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_load_ps(buf + j + 8), _mm256_loadu_ps(x + j + 8), acc1);
+      }
+    }
+    return hsum_avx2(_mm256_add_ps(acc0, acc1));
+  }
+}
+
+/// Dequantizes `n` values of a row (F16 / BF16 with F16C / shifts; blocks as dequantize_row).
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline void dequantize_row_avx2(const std::uint8_t* row, float* out, std::int64_t n) {
+  if constexpr (T == GgmlType::kF16 || T == GgmlType::kBF16) {
+    std::int64_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, load8_avx2<T>(row + 2 * j));
+    if (j < n) dequantize_row(T, row + 2 * j, out + j, n - j);
+  } else if constexpr (T == GgmlType::kF32) {
+    dequantize_row(T, row, out, n);
+  } else {
+    dequantize_blocks<T>(row, n / QuantBlock<T>::kValues, out);
+  }
+}
+#endif
+
+// ---- int8 activations ------------------------------------------------------------------------------
+//
+// Every block type is multiplied with activations quantized per 32 values (ActQ8). For each
+// chunk of 32 weights the kernels build the 32 integer codes u (unsigned, or signed for Q8_0,
+// Q4_0, IQ4_NL, IQ4_XS) and the chunk's integer (sub-)scales, compute sum u * q_x with AVX2
+// maddubs / madd, and apply the float factors of the chunk: d_w (* sub-scale) * d_x, with the
+// offsets and minimums folded in through the activation sums s (sum of q_x per 16 values).
+// The scalar path computes the same products from the dequantized weights in float.
+
+template <GgmlType T>
+inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
+  using Block = typename QuantBlock<T>::type;
+  constexpr int K = QuantBlock<T>::kValues;
+  float buf[K];
+  float acc = 0;
+  for (std::int64_t i = 0; i < cols / K; ++i) {
+    Block b;
+    std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+    dequantize_block(b, buf);
+    for (int c = 0; c < K / 32; ++c) {
+      const ActQ8& a = xq[i * (K / 32) + c];
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += buf[32 * c + j] * static_cast<float>(a.qs[j]);
+      acc += s * a.d;
+    }
+  }
+  return acc;
+}
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+/// 32 bytes: 0xFF where bit i of the 32 bits at p is set.
+DEPTHKV_QUANT_AVX2 inline __m256i bits_to_bytes_avx2(const std::uint8_t* p) {
+  std::uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
+}
+/// The 32 nibbles of 16 bytes in ggml order: low nibbles (values 0-15), then high (16-31).
+DEPTHKV_QUANT_AVX2 inline __m256i nibbles_avx2(const std::uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+/// 16 x int16 sums of pairs u * q (u unsigned, 0..127) of one chunk.
+DEPTHKV_QUANT_AVX2 inline __m256i pairs_u_avx2(__m256i u, const ActQ8& a) {
+  return _mm256_maddubs_epi16(u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)));
+}
+/// 8 x int32: pairs summed with int16 weights sc0 (values 0-15) and sc1 (values 16-31).
+DEPTHKV_QUANT_AVX2 inline __m256i scale_pairs_avx2(__m256i p16, int sc0, int sc1) {
+  return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(sc1)),
+                                                 _mm_set1_epi16(static_cast<short>(sc0))));
+}
+inline std::uint16_t load_u16(const std::uint8_t* p) {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+DEPTHKV_QUANT_AVX2 inline float half_avx2(std::uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+#define DEPTHKV_QF(field) (blk + offsetof(Block, field))  // a block field, read in place
+/// acc[t] += f * d_x(t, c) * (sum of v * q_x over chunk c of token t), v signed int8.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_signed_avx2(__m256i v, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i av = _mm256_sign_epi8(v, v);
+  for (int t = 0; t < NT; ++t) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][c].qs));
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(q, v)), ones));
+    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
+  }
+}
+/// As acc_signed_avx2 for unsigned codes u (0..127).
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_unsigned_avx2(__m256i u, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < NT; ++t) {
+    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[t][c]), ones));
+    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
+  }
+}
+/// As acc_unsigned_avx2 with integer scales sc0 (values 0-15) and sc1 (values 16-31).
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, const ActQ8* const* a, std::int64_t c,
+                                                   float f, __m256* acc) {
+  for (int t = 0; t < NT; ++t) {
+    const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[t][c]), sc0, sc1));
+    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
+  }
+}
+
+/// out[t] = dot of one stored row with the quantized activations a[t] (NT tokens at once, so
+/// each chunk of weights is decoded once for NT tokens).
+template <GgmlType T, int NT>
+DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const ActQ8* const* a, std::int64_t cols,
+                                                float* out) {
+  using Block = typename QuantBlock<T>::type;
+  constexpr int K = QuantBlock<T>::kValues;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NT];
+  float acc_s[NT];  // offsets and minimums (scalar)
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    acc_s[t] = 0;
+  }
+  for (std::int64_t i = 0; i < cols / K; ++i) {
+    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
+    const std::int64_t c0 = i * (K / 32);  // first activation chunk of the block
+    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || T == GgmlType::kIQ4_NL) {
+      __m256i v;
+      if constexpr (T == GgmlType::kQ8_0) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      } else if constexpr (T == GgmlType::kQ4_0) {
+        v = _mm256_sub_epi8(nibbles_avx2(blk + 2), _mm256_set1_epi8(8));
+      } else {
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+        v = _mm256_shuffle_epi8(table, nibbles_avx2(blk + 2));
+      }
+      acc_signed_avx2<NT>(v, a, c0, half_avx2(load_u16(blk)), acc);
+    } else if constexpr (T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
+      __m256i u = nibbles_avx2(DEPTHKV_QF(qs));
+      if constexpr (T != GgmlType::kQ4_1) u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes_avx2(DEPTHKV_QF(qh)), _mm256_set1_epi8(16)));
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      acc_unsigned_avx2<NT>(u, a, c0, d, acc);
+      for (int t = 0; t < NT; ++t) {
+        const ActQ8& x = a[t][c0];
+        const float s = static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]) * x.d;
+        if constexpr (T == GgmlType::kQ5_0) {
+          acc_s[t] -= d * 16.0f * s;
+        } else {
+          acc_s[t] += half_avx2(load_u16(DEPTHKV_QF(m))) * s;
+        }
+      }
+    } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d))), dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
+      __m256i hbits = _mm256_setzero_si256();
+      if constexpr (T == GgmlType::kQ5_K) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh)));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * j + h;
+          __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if constexpr (T == GgmlType::kQ5_K) {
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
+          }
+          std::uint8_t sc, m;
+          q4k_scale_min(c, DEPTHKV_QF(scales), sc, m);
+          acc_unsigned_avx2<NT>(u, a, c0 + c, d * static_cast<float>(sc), acc);
+          const float fm = dmin * static_cast<float>(m);
+          for (int t = 0; t < NT; ++t) {
+            const ActQ8& x = a[t][c0 + c];
+            acc_s[t] -= fm * x.d * static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]);
+          }
+        }
+      }
+    } else if constexpr (T == GgmlType::kQ2_K || T == GgmlType::kQ3_K) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      int sc3[16];
+      if constexpr (T == GgmlType::kQ3_K) q3k_scales(DEPTHKV_QF(scales), sc3);
+      __m256i hm = _mm256_setzero_si256();
+      if constexpr (T == GgmlType::kQ3_K) hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(hmask)));
+      for (int n = 0; n < 2; ++n) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * n));
+        for (int s = 0; s < 4; ++s) {
+          const int c = 4 * n + s;
+          __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+          int sc0, sc1, m0 = 0, m1 = 0;
+          float fcorr;
+          if constexpr (T == GgmlType::kQ2_K) {
+            const std::uint8_t* scales = DEPTHKV_QF(scales);
+            sc0 = scales[2 * c] & 0xF;
+            sc1 = scales[2 * c + 1] & 0xF;
+            m0 = scales[2 * c] >> 4;
+            m1 = scales[2 * c + 1] >> 4;
+            fcorr = half_avx2(load_u16(DEPTHKV_QF(dmin)));
+          } else {
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
+            sc0 = sc3[2 * c];
+            sc1 = sc3[2 * c + 1];
+            m0 = 4 * sc0;
+            m1 = 4 * sc1;
+            fcorr = d;
+          }
+          acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
+          for (int t = 0; t < NT; ++t) {
+            const ActQ8& x = a[t][c0 + c];
+            acc_s[t] -= fcorr * x.d * static_cast<float>(m0 * x.s[0] + m1 * x.s[1]);
+          }
+        }
+      }
+    } else if constexpr (T == GgmlType::kQ6_K) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      const __m256i m2 = _mm256_set1_epi8(3);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
+        for (int k = 0; k < 4; ++k) {
+          const int c = 4 * n + k;
+          const __m256i lo = k == 0 ? _mm256_and_si256(ql0, m4)
+                             : k == 1 ? _mm256_and_si256(ql1, m4)
+                             : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
+                                      : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
+          const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+          const int sc0 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k]);
+          const int sc1 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k + 1]);
+          acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
+          for (int t = 0; t < NT; ++t) {
+            const ActQ8& x = a[t][c0 + c];
+            acc_s[t] -= d * x.d * 32.0f * static_cast<float>(sc0 * x.s[0] + sc1 * x.s[1]);
+          }
+        }
+      }
+    } else if constexpr (T == GgmlType::kIQ4_XS) {
+      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+      const std::uint16_t sh = load_u16(DEPTHKV_QF(scales_h));
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+      for (int c = 0; c < 8; ++c) {
+        const int ls = ((DEPTHKV_QF(scales_l)[c / 2] >> (4 * (c % 2))) & 0xF) | (((sh >> (2 * c)) & 3) << 4);
+        const __m256i v = _mm256_shuffle_epi8(table, nibbles_avx2(DEPTHKV_QF(qs) + 16 * c));
+        acc_signed_avx2<NT>(v, a, c0 + c, d * static_cast<float>(ls - 32), acc);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(acc[t]) + acc_s[t];
+}
+
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline float row_dot_q8_avx2(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
+  float out;
+  rows_dot_q8_avx2<T, 1>(row, &xq, cols, &out);
+  return out;
+}
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline void row_dot4_q8_avx2(const std::uint8_t* row, const ActQ8* const* xq, std::int64_t cols,
+                                                float* out) {
+  rows_dot_q8_avx2<T, 4>(row, xq, cols, out);
+}
+#undef DEPTHKV_QF
+#endif
+
+/// Per-type entry points, dispatched once per product.
+struct QuantRowOps {
+  float (*dot)(const std::uint8_t*, const float*, std::int64_t) = nullptr;           // kDequantize
+  void (*dequantize)(const std::uint8_t*, float*, std::int64_t) = nullptr;          // a row to float
+  float (*dot_q8)(const std::uint8_t*, const ActQ8*, std::int64_t) = nullptr;       // kQ8Activations (cols)
+  void (*dot4_q8)(const std::uint8_t*, const ActQ8* const*, std::int64_t, float*) = nullptr;  // 4 tokens
+};
+
+/// True for the block types (those with a QuantBlock).
+template <GgmlType T, class = void>
+struct QuantBlockType : std::false_type {};
+template <GgmlType T>
+struct QuantBlockType<T, std::void_t<typename QuantBlock<T>::type>> : std::true_type {};
+
+template <GgmlType T>
+inline QuantRowOps quant_row_ops_for(bool avx2) {
+  QuantRowOps ops;
+  ops.dot = &row_dot_deq_scalar<T>;
+  ops.dequantize = [](const std::uint8_t* row, float* out, std::int64_t n) { dequantize_row(T, row, out, n); };
+  constexpr bool blocks = QuantBlockType<T>::value;
+  if constexpr (blocks) {
+    ops.dot_q8 = &row_dot_q8_scalar<T>;
+    ops.dot4_q8 = [](const std::uint8_t* row, const ActQ8* const* xq, std::int64_t cols, float* out) {
+      for (int t = 0; t < 4; ++t) out[t] = row_dot_q8_scalar<T>(row, xq[t], cols);
+    };
+  }
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if (avx2) {
+    ops.dot = &row_dot_deq_avx2<T>;
+    ops.dequantize = &dequantize_row_avx2<T>;
+    if constexpr (blocks) {
+      ops.dot_q8 = &row_dot_q8_avx2<T>;
+      ops.dot4_q8 = &row_dot4_q8_avx2<T>;
+    }
+  }
+#else
+  (void)avx2;
+#endif
+  return ops;
+}
+
+inline QuantRowOps quant_row_ops(GgmlType type) {
+  DEPTHKV_CHECK(ggml_type_dequantizable(static_cast<std::uint32_t>(type)),
+                "quantized product: ggml type " << ggml_type_name(type)
+                                                << " is not supported (supported: " << ggml_dequantizable_names() << ")");
+  const bool avx2 = quant_simd_level() >= 2;
+  switch (type) {
+    case GgmlType::kF32: return quant_row_ops_for<GgmlType::kF32>(avx2);
+    case GgmlType::kF16: return quant_row_ops_for<GgmlType::kF16>(avx2);
+    case GgmlType::kBF16: return quant_row_ops_for<GgmlType::kBF16>(avx2);
+    case GgmlType::kQ4_0: return quant_row_ops_for<GgmlType::kQ4_0>(avx2);
+    case GgmlType::kQ4_1: return quant_row_ops_for<GgmlType::kQ4_1>(avx2);
+    case GgmlType::kQ5_0: return quant_row_ops_for<GgmlType::kQ5_0>(avx2);
+    case GgmlType::kQ5_1: return quant_row_ops_for<GgmlType::kQ5_1>(avx2);
+    case GgmlType::kQ8_0: return quant_row_ops_for<GgmlType::kQ8_0>(avx2);
+    case GgmlType::kQ2_K: return quant_row_ops_for<GgmlType::kQ2_K>(avx2);
+    case GgmlType::kQ3_K: return quant_row_ops_for<GgmlType::kQ3_K>(avx2);
+    case GgmlType::kQ4_K: return quant_row_ops_for<GgmlType::kQ4_K>(avx2);
+    case GgmlType::kQ5_K: return quant_row_ops_for<GgmlType::kQ5_K>(avx2);
+    case GgmlType::kQ6_K: return quant_row_ops_for<GgmlType::kQ6_K>(avx2);
+    case GgmlType::kIQ4_NL: return quant_row_ops_for<GgmlType::kIQ4_NL>(avx2);
+    case GgmlType::kIQ4_XS: return quant_row_ops_for<GgmlType::kIQ4_XS>(avx2);
+    default: break;
+  }
+  DEPTHKV_FAIL("quantized product: ggml type " << ggml_type_name(type) << " is not supported");
+  return {};
+}
+
+/// The kernel `kernel` resolves to for `type` (matvec: `is_matvec`).
+inline QuantKernel resolve_kernel(QuantKernel kernel, GgmlType type, bool is_matvec) {
+  const bool q8_ok = type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16;
+  (void)is_matvec;
+  if (kernel == QuantKernel::kAuto) return q8_ok ? QuantKernel::kQ8Activations : QuantKernel::kDequantize;
+  DEPTHKV_CHECK(kernel != QuantKernel::kQ8Activations || q8_ok,
+                "quantized product: the int8-activation kernel is for block types, not " << ggml_type_name(type));
+  return kernel;
+}
+
+inline void check_product(GgmlType type, std::int64_t rows, std::int64_t cols) {
+  DEPTHKV_CHECK(rows >= 0 && cols >= 0, "quantized product: negative shape " << rows << " x " << cols);
+  (void)ggml_row_bytes(type, cols);  // throws on an unknown type or a partial block
+}
+
+/// Runs fn(task) for task in [0, n_tasks) on up to n_threads threads (OpenMP when available,
+/// so Eigen products inside a task stay on their thread).
+template <class Fn>
+inline void quant_parallel(int n_tasks, int n_threads, Fn&& fn) {
+  const int workers = depthkv::detail::resolve_threads(n_threads, n_tasks);
+#ifdef _OPENMP
+  if (workers > 1) {
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n_tasks));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+    for (int t = 0; t < n_tasks; ++t) {
+      try {
+        fn(t);
+      } catch (...) {
+        errors[static_cast<std::size_t>(t)] = std::current_exception();
+      }
+    }
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+    return;
+  }
+#endif
+  depthkv::detail::parallel_for(n_tasks, workers, [&](int, int t) { fn(t); });
+}
+
+}  // namespace detail
+
+/// Dot product of one stored row with x (kDequantize kernel).
+/// @param type the row's ggml type
+/// @param row its bytes (`ggml_row_bytes(type, cols)`, any alignment)
+/// @param x `cols` floats
+/// @param cols number of values, a multiple of the type's block size
+/// @return sum_k w_k x_k
+/// @throws Error for an unsupported type or a partial block
+inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::int64_t cols) {
+  detail::check_product(type, 1, cols);
+  return detail::quant_row_ops(type).dot(static_cast<const std::uint8_t*>(row), x, cols);
+}
+
+/// y = W x for a `rows x cols` matrix W stored as `type` (see the file comment).
+/// @param type the stored type
+/// @param w the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
+/// @param rows rows of W (= size of y)
+/// @param cols columns of W (= size of x), a multiple of the type's block size
+/// @param x `cols` floats
+/// @param y `rows` floats (written)
+/// @param opt threads and kernel
+/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, float* y,
+                         const QuantProductOptions& opt = {}) {
+  detail::check_product(type, rows, cols);
+  if (rows == 0) return;
+  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, true);
+  const std::size_t rb = ggml_row_bytes(type, cols);
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  constexpr std::int64_t kRowsPerTask = 32;
+  const int n_tasks = static_cast<int>((rows + kRowsPerTask - 1) / kRowsPerTask);
+  std::vector<detail::ActQ8> xq;
+  if (kernel == QuantKernel::kQ8Activations) {
+    xq.resize(static_cast<std::size_t>(cols / 32));
+    detail::quantize_act_q8(x, cols, xq.data());
+  }
+  detail::quant_parallel(n_tasks, opt.n_threads, [&](int t) {
+    const std::int64_t r1 = std::min(rows, (t + 1) * kRowsPerTask);
+    for (std::int64_t r = t * kRowsPerTask; r < r1; ++r) {
+      const std::uint8_t* row = base + static_cast<std::size_t>(r) * rb;
+      y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols) : ops.dot(row, x, cols);
+    }
+  });
+}
+
+/// Y = X W^T for a `rows x cols` matrix W stored as `type`: Y[t][r] = sum_k X[t][k] W[r][k].
+/// @param type the stored type
+/// @param w the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
+/// @param rows rows of W (= columns of Y)
+/// @param cols columns of W (= columns of X), a multiple of the type's block size
+/// @param x `n x cols` floats, row-major
+/// @param n rows of X and Y
+/// @param y `n x rows` floats, row-major (written)
+/// @param opt threads and kernel
+/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t n,
+                         float* y, const QuantProductOptions& opt = {}) {
+  detail::check_product(type, rows, cols);
+  DEPTHKV_CHECK(n >= 0, "quantized product: negative number of rows of X " << n);
+  if (rows == 0 || n == 0) return;
+  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, false);
+  const std::size_t rb = ggml_row_bytes(type, cols);
+  const auto* base = static_cast<const std::uint8_t*>(w);
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  if (kernel == QuantKernel::kQ8Activations) {
+    const std::int64_t nb = cols / 32;
+    std::vector<detail::ActQ8> xq(static_cast<std::size_t>(n * nb));
+    for (std::int64_t t = 0; t < n; ++t) detail::quantize_act_q8(x + t * cols, cols, xq.data() + t * nb);
+    constexpr std::int64_t kTile = 16;
+    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
+    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+      std::int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
+        const detail::ActQ8* xs[4] = {xq.data() + t * nb, xq.data() + (t + 1) * nb, xq.data() + (t + 2) * nb,
+                                      xq.data() + (t + 3) * nb};
+        for (std::int64_t r = r0; r < r1; ++r) {
+          float out[4];
+          ops.dot4_q8(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
+          for (int k = 0; k < 4; ++k) y[(t + k) * rows + r] = out[k];
+        }
+      }
+      for (; t < n; ++t) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, cols);
+        }
+      }
+    });
+    return;
+  }
+  const int n_tasks = static_cast<int>((rows + kQuantMatmulTile - 1) / kQuantMatmulTile);
+  const Eigen::Map<const RowMat> X(x, n, cols);
+  detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+    const std::int64_t r0 = task * kQuantMatmulTile, nr = std::min(rows, r0 + kQuantMatmulTile) - r0;
+    RowMat tile(nr, cols);
+    for (std::int64_t r = 0; r < nr; ++r) {
+      ops.dequantize(base + static_cast<std::size_t>(r0 + r) * rb, tile.data() + r * cols, cols);
+    }
+    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + r0, n, nr, Eigen::OuterStride<>(rows));
+    Y.noalias() = X * tile.transpose();
+  });
+}
+
+}  // namespace llama
+}  // namespace depthkv

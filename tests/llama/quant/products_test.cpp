@@ -1,0 +1,206 @@
+// Quantized products against dequantize_row followed by a double-precision product, for every
+// type, both kernels, scalar and AVX2, on odd shapes.
+//
+// Tolerances (the file comment of products.hpp): kDequantize within 1e-5 * sum_k |w_k x_k| (float
+// rounding in another summation order); kQ8Activations additionally within the activation
+// rounding, sum over blocks of sum_k |w_k| * (max_k |x_k| / 127) / 2.
+#include "depthkv/llama/quant/products.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/simd_guard.hpp"
+
+using depthkv::llama::GgmlType;
+using depthkv::llama::QuantKernel;
+using depthkv::llama::QuantProductOptions;
+
+namespace {
+
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,  GgmlType::kQ4_1,
+                           GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K,  GgmlType::kQ3_K,
+                           GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+
+// Random stored bytes of a rows x cols matrix; every fp16 / bf16 / f32 field finite and small.
+std::vector<std::uint8_t> random_matrix(GgmlType type, std::int64_t rows, std::int64_t cols, std::mt19937& rng) {
+  const std::size_t n = depthkv::llama::ggml_row_bytes(type, cols) * static_cast<std::size_t>(rows);
+  std::vector<std::uint8_t> b(n);
+  for (auto& v : b) v = static_cast<std::uint8_t>(rng());
+  auto half = [&] { return static_cast<std::uint16_t>(((rng() & 1) << 15) | ((8 + rng() % 6) << 10) | (rng() & 1023)); };
+  std::vector<int> fields;
+  std::size_t stride = 0;
+  switch (type) {
+    case GgmlType::kF32:
+      for (std::size_t i = 0; i < n; i += 4) {
+        const float f = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+        std::memcpy(&b[i], &f, 4);
+      }
+      return b;
+    case GgmlType::kBF16:
+      for (std::size_t i = 0; i < n; i += 2) {
+        const auto h = static_cast<std::uint16_t>(((rng() & 1) << 15) | ((120 + rng() % 8) << 7) | (rng() & 127));
+        std::memcpy(&b[i], &h, 2);
+      }
+      return b;
+    case GgmlType::kF16: fields = {0}; stride = 2; break;
+    case GgmlType::kQ4_0: case GgmlType::kIQ4_NL: fields = {0}; stride = 18; break;
+    case GgmlType::kQ5_0: fields = {0}; stride = 22; break;
+    case GgmlType::kQ8_0: fields = {0}; stride = 34; break;
+    case GgmlType::kQ4_1: fields = {0, 2}; stride = 20; break;
+    case GgmlType::kQ5_1: fields = {0, 2}; stride = 24; break;
+    case GgmlType::kQ2_K: fields = {80, 82}; stride = 84; break;
+    case GgmlType::kQ3_K: fields = {108}; stride = 110; break;
+    case GgmlType::kQ4_K: fields = {0, 2}; stride = 144; break;
+    case GgmlType::kQ5_K: fields = {0, 2}; stride = 176; break;
+    case GgmlType::kQ6_K: fields = {208}; stride = 210; break;
+    case GgmlType::kIQ4_XS: fields = {0}; stride = 136; break;
+    default: FAIL("type"); break;
+  }
+  for (std::size_t blk = 0; blk < n; blk += stride) {
+    for (int f : fields) {
+      const std::uint16_t h = half();
+      std::memcpy(&b[blk + static_cast<std::size_t>(f)], &h, 2);
+    }
+  }
+  return b;
+}
+
+std::int64_t block_of(GgmlType t) {
+  depthkv::llama::GgmlTypeInfo info{};
+  depthkv::llama::ggml_type_info(t, info);
+  return info.block_size;
+}
+
+// Reference y = W x in double on the dequantized matrix, and the error bound of each row.
+void reference(GgmlType type, const std::vector<float>& wf, std::int64_t rows, std::int64_t cols, const float* x,
+               bool q8, std::vector<double>& y, std::vector<double>& tol) {
+  y.assign(static_cast<std::size_t>(rows), 0.0);
+  tol.assign(static_cast<std::size_t>(rows), 0.0);
+  (void)type;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double s = 0, a = 0, act = 0;
+    for (std::int64_t k = 0; k < cols; ++k) {
+      const double w = wf[static_cast<std::size_t>(r * cols + k)];
+      s += w * x[k];
+      a += std::fabs(w * x[k]);
+    }
+    if (q8) {
+      for (std::int64_t b0 = 0; b0 < cols; b0 += 32) {
+        double amax = 0, wsum = 0;
+        for (std::int64_t k = b0; k < b0 + 32; ++k) {
+          amax = std::max(amax, static_cast<double>(std::fabs(x[k])));
+          wsum += std::fabs(wf[static_cast<std::size_t>(r * cols + k)]);
+        }
+        act += wsum * amax / 127.0 / 2.0 * 1.0001;
+      }
+    }
+    y[static_cast<std::size_t>(r)] = s;
+    tol[static_cast<std::size_t>(r)] = 1e-5 * a + act + 1e-30;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every type", "[llama][quant]") {
+  std::mt19937 rng(14);
+  for (const int level : depthkv_test::available_simd_levels()) {
+    depthkv_test::SimdLevelGuard guard(level);
+    for (const GgmlType type : kTypes) {
+      const std::int64_t bs = block_of(type);
+      const std::int64_t col_blocks[] = {1, 3, bs == 1 ? 37 : 8};
+      for (const std::int64_t cb : col_blocks) {
+        const std::int64_t cols = cb * (bs == 1 ? 1 : bs);
+        for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{7}, std::int64_t{70}}) {
+          INFO("level " << level << " type " << depthkv::llama::ggml_type_name(type) << " " << rows << "x" << cols);
+          const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
+          std::vector<float> wf(static_cast<std::size_t>(rows * cols));
+          depthkv::llama::dequantize_row(type, w.data(), wf.data(), rows * cols);
+          const std::int64_t n = 5;
+          std::vector<float> X(static_cast<std::size_t>(n * cols));
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          for (float& v : X) v = nd(rng);
+          const bool q8_ok = block_of(type) > 1;
+          for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kDequantize, QuantKernel::kQ8Activations}) {
+            if (kernel == QuantKernel::kQ8Activations && !q8_ok) continue;
+            for (const int threads : {1, 3}) {
+              INFO("kernel " << static_cast<int>(kernel) << " threads " << threads);
+              QuantProductOptions opt;
+              opt.n_threads = threads;
+              opt.kernel = kernel;
+              // kAuto: int8 activations for the block types
+              std::vector<double> ref, tol;
+              const bool q8_mv = kernel == QuantKernel::kQ8Activations || (kernel == QuantKernel::kAuto && q8_ok);
+              reference(type, wf, rows, cols, X.data(), q8_mv, ref, tol);
+              std::vector<float> y(static_cast<std::size_t>(rows), NAN);
+              depthkv::llama::quant_matvec(type, w.data(), rows, cols, X.data(), y.data(), opt);
+              for (std::int64_t r = 0; r < rows; ++r) {
+                INFO("row " << r << " got " << y[r] << " want " << ref[r] << " tol " << tol[r]);
+                REQUIRE(std::fabs(y[r] - ref[r]) <= tol[r]);
+              }
+              // matmul
+              const bool q8_mm = q8_mv;
+              std::vector<float> Y(static_cast<std::size_t>(n * rows), NAN);
+              depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y.data(), opt);
+              for (std::int64_t t = 0; t < n; ++t) {
+                reference(type, wf, rows, cols, X.data() + t * cols, q8_mm, ref, tol);
+                for (std::int64_t r = 0; r < rows; ++r) {
+                  INFO("token " << t << " row " << r << " got " << Y[t * rows + r] << " want " << ref[r]);
+                  REQUIRE(std::fabs(Y[t * rows + r] - ref[r]) <= tol[r]);
+                }
+              }
+            }
+          }
+          // quant_row_dot is the kDequantize row of matvec.
+          std::vector<double> ref, tol;
+          reference(type, wf, 1, cols, X.data(), false, ref, tol);
+          CHECK(std::fabs(depthkv::llama::quant_row_dot(type, w.data(), X.data(), cols) - ref[0]) <= tol[0]);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works", "[llama][quant]") {
+  const std::vector<int> levels = depthkv_test::available_simd_levels();
+  if (levels.back() < 2) SUCCEED("no AVX2 on this CPU / build: only the scalar path runs");
+  std::mt19937 rng(5);
+  for (const GgmlType type : kTypes) {
+    INFO("type " << depthkv::llama::ggml_type_name(type));
+    const std::int64_t rows = 9, cols = 512;
+    const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
+    std::vector<std::uint8_t> shifted(w.size() + 1);
+    std::memcpy(shifted.data() + 1, w.data(), w.size());
+    std::vector<float> x(static_cast<std::size_t>(cols));
+    for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    std::vector<float> y0(rows), y2(rows);
+    {
+      depthkv_test::SimdLevelGuard g(0);
+      depthkv::llama::quant_matvec(type, shifted.data() + 1, rows, cols, x.data(), y0.data());
+    }
+    depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y2.data());
+    for (std::int64_t r = 0; r < rows; ++r) CHECK(y0[r] == Approx(y2[r]).epsilon(1e-4).margin(1e-4));
+  }
+}
+
+TEST_CASE("quantized products: empty shapes and invalid input", "[llama][quant]") {
+  std::vector<std::uint8_t> w(144 * 4);
+  std::vector<float> x(512), y(4, 7.0f);
+  depthkv::llama::quant_matvec(GgmlType::kQ4_K, w.data(), 0, 256, x.data(), y.data());
+  depthkv::llama::quant_matmul(GgmlType::kQ4_K, w.data(), 4, 256, x.data(), 0, y.data());
+  CHECK(y[0] == 7.0f);  // nothing written
+  depthkv::llama::quant_matvec(GgmlType::kF32, nullptr, 4, 0, nullptr, y.data());
+  CHECK(y[0] == 0.0f);  // zero columns: zero sums
+  CHECK_THROWS_WITH(depthkv::llama::quant_matvec(GgmlType::kQ4_K, w.data(), 2, 100, x.data(), y.data()),
+                    Catch::Contains("Q4_K") && Catch::Contains("256"));
+  CHECK_THROWS_WITH(depthkv::llama::quant_matvec(GgmlType::kIQ2_XXS, w.data(), 2, 256, x.data(), y.data()),
+                    Catch::Contains("IQ2_XXS"));
+  QuantProductOptions opt;
+  opt.kernel = QuantKernel::kQ8Activations;
+  CHECK_THROWS_WITH(depthkv::llama::quant_matmul(GgmlType::kF16, w.data(), 2, 256, x.data(), 1, y.data(), opt),
+                    Catch::Contains("F16"));
+}
