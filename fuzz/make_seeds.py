@@ -27,7 +27,13 @@ def gstr(s):
     return struct.pack("<Q", len(b)) + b
 
 
-def gguf(arch="llama", dim=8, hidden=8, layers=1, heads=2, kv=1, vocab=6, bias=False, tied=False, qtype=0):
+# ggml block types: type id -> (elements per block, bytes per block)
+BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 10: (256, 84), 11: (256, 110),
+          12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136)}
+
+
+def gguf(arch="llama", dim=8, hidden=8, layers=1, heads=2, kv=1, vocab=6, bias=False, tied=False, qtype=0,
+         qk_norm=False):
     kvs = []
 
     def kv_u32(k, v):
@@ -62,6 +68,8 @@ def gguf(arch="llama", dim=8, hidden=8, layers=1, heads=2, kv=1, vocab=6, bias=F
                     (b + "attn_output.weight", [heads * hd, dim])]
         if bias:
             tensors += [(b + "attn_q.bias", [heads * hd]), (b + "attn_k.bias", [kv * hd]), (b + "attn_v.bias", [kv * hd])]
+        if qk_norm:
+            tensors += [(b + "attn_q_norm.weight", [hd]), (b + "attn_k_norm.weight", [hd])]
         tensors += [(b + "ffn_norm.weight", [dim]), (b + "ffn_gate.weight", [dim, hidden]),
                     (b + "ffn_down.weight", [hidden, dim]), (b + "ffn_up.weight", [dim, hidden])]
     tensors.append(("output_norm.weight", [dim]))
@@ -77,6 +85,12 @@ def gguf(arch="llama", dim=8, hidden=8, layers=1, heads=2, kv=1, vocab=6, bias=F
             data = b"".join(struct.pack("<H", 0x3C00 + (j % 7)) for j in range(n))
         elif t == 30:
             data = b"".join(struct.pack("<H", 0x3F80 + (j % 7)) for j in range(n))
+        elif t in BLOCKS and dims[0] % BLOCKS[t][0] == 0:
+            # blocks whose first two bytes (the fp16 scale d of every type but Q2_K..Q5_K, where it
+            # follows the scales) are 1.0 and the rest small patterns: finite weights
+            per, nb = BLOCKS[t]
+            blk = bytes([0x00, 0x3C] + [(k * 37) & 0x77 for k in range(nb - 2)])
+            data = blk * (n // per)
         else:
             t, data = 0, f32s(n, i)
         infos += gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
@@ -115,6 +129,11 @@ def main():
     w("gguf", "llama_f16", gguf(qtype=1))
     w("gguf", "llama_bf16_tied", gguf(qtype=30, tied=True))
     w("gguf", "qwen2", gguf(arch="qwen2", bias=True, tied=True))
+    w("gguf", "qwen3", gguf(arch="qwen3", qk_norm=True))
+    for t in (2, 3, 6, 7, 8, 20):
+        w("gguf", "llama_q%d" % t, gguf(dim=32, hidden=32, heads=4, kv=2, qtype=t))
+    for t in (10, 11, 12, 13, 14, 23):
+        w("gguf", "llama_q%d" % t, gguf(dim=256, hidden=256, heads=4, kv=2, qtype=t))
     w("tokenizer", "text", b"\0Once upon a time, there was a little girl named Lily. \xe2\x82\xac\xf0\x9f\x98\x80 \x80")
     w("tokenizer", "tokfile", b"\1" + tokfile([b"<unk>", b"\n<s>\n", b"\n</s>\n", b" ", b"a", b" a", b"<0x41>"]))
     w("tokenizer", "vocab", b"\2" + b"\xff".join([b"<unk>", b"<s>", b"</s>", b"\xe2\x96\x81", b"a", b"\xe2\x96\x81a", b"<0x62>"])
