@@ -45,8 +45,9 @@
 //
 // Usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N]
 //                      [--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal]
-//                      [--scorer snapkv|h2o] [--quality N] [--skip N] [--profile FILE]
+//                      [--scorer snapkv|h2o] [--quality N] [--skip N] [--reps N] [--profile FILE]
 //                      [--data DIR] [--json]
+// --reps N repeats each mode's simulation N times and reports the fastest wall time (tokens/s).
 
 #include <algorithm>
 #include <chrono>
@@ -122,6 +123,7 @@ struct Row {
   int exhausted = 0;           ///< appends that found the pool short (must be 0)
   long long prefill_tokens = 0, decode_tokens = 0;
   double wall_s = 0;
+  double schedule_s = 0;       ///< inside after_chunk / after_decode_step (scoring, allocation, eviction)
   double kl = 0, kl_se = 0, top1 = 0;
   int quality_requests = 0;
   std::vector<int> final_budgets;  ///< per-layer budgets of the last eviction of request 0
@@ -262,8 +264,10 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
       row.peak_blocks = std::max(row.peak_blocks, pool.num_used());
       q->peak_blocks = std::max(q->peak_blocks, blocks_held(q->cache));
       if (q->schedule) {
+        const auto ts = Clock::now();
         if (prefill) q->schedule->after_chunk(q->cache);
         else q->schedule->after_decode_step(q->cache);
+        row.schedule_s += seconds(ts);
       }
       if (q->pos < s.context) continue;  // still prefilling
       q->next = argmax(lg.row(0));
@@ -343,6 +347,7 @@ std::string budgets_string(const std::vector<int>& b) {
 int main(int argc, char** argv) {
   Settings s;
   bool json = false;
+  int reps = 1;
   std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
   std::string profile_path;
   for (int i = 1; i < argc; ++i) {
@@ -366,6 +371,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--profile")) profile_path = next("--profile");
     else if (!std::strcmp(argv[i], "--data")) data = next("--data");
     else if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(next("--reps"));
     else if (!std::strcmp(argv[i], "--keep")) {
       s.keeps.clear();
       for (const std::string& k : split_list(next("--keep"))) s.keeps.push_back(std::atof(k.c_str()));
@@ -375,16 +381,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N] "
                    "[--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal] [--scorer snapkv|h2o] "
-                   "[--quality N] [--skip N] [--profile FILE] [--data DIR] [--json]\n");
+                   "[--quality N] [--skip N] [--reps N] [--profile FILE] [--data DIR] [--json]\n");
       return 2;
     }
   }
   bool keeps_ok = true;
   for (double k : s.keeps) keeps_ok = keeps_ok && k > 0 && k <= 1;
   if (s.pool_seqs < 1 || s.block_size < 1 || s.requests < 1 || s.context < 1 || s.gen < 1 || s.chunk < 1 ||
-      s.interval < 1 || s.quality < 0 || s.skip < 0 || !keeps_ok) {
+      s.interval < 1 || s.quality < 0 || s.skip < 0 || reps < 1 || !keeps_ok) {
     std::fprintf(stderr, "serving_bench: --pool-seqs, --block-size, --requests, --context, --gen, --chunk, --interval "
-                         "must be >= 1, --quality, --skip >= 0, --keep in (0, 1]\n");
+                         "--reps must be >= 1, --quality, --skip >= 0, --keep in (0, 1]\n");
     return 2;
   }
   if (profile_path.empty()) profile_path = std::string(DEPTHKV_SOURCE_DIR) + "/docs/results/stories260K.profile.json";
@@ -419,18 +425,28 @@ int main(int argc, char** argv) {
                   s.protection.n_sink, s.protection.n_recent, std::min(s.quality, s.requests));
     for (const Mode& m : modes) {
       rows.push_back(serve(engine, contexts, s, m, &profile));
+      Settings again = s;
+      again.quality = 0;  // the simulation is deterministic: only the wall time differs
+      for (int rep = 1; rep < reps; ++rep)
+      {
+        const Row t = serve(engine, contexts, again, m, &profile);
+        if (t.wall_s < rows.back().wall_s) {
+          rows.back().wall_s = t.wall_s;
+          rows.back().schedule_s = t.schedule_s;
+        }
+      }
       const Row& r = rows.back();
       if (!json) {
         if (rows.size() == 1)
-          std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %8s %8s %7s %s\n", "mode", "reserve",
+          std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %8s %8s %7s %6s %s\n", "mode", "reserve",
                       "req-peak", "x-none", "max", "mean", "peak-blocks", "peak-%", "tok/s", "done", "short", "over",
-                      "KL", "+-se", "top1", "budgets(req 0, last eviction)");
+                      "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
         const double x = static_cast<double>(r.max_active) / rows.front().max_active;
-        std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %8.5f %8.5f %7.4f %s\n",
+        std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %8.5f %8.5f %7.4f %5.1f%% %s\n",
                     r.mode.name().c_str(), r.reservation, r.peak_seq_blocks, x, r.max_active, r.mean_active,
                     r.peak_blocks, 100.0 * r.peak_blocks / r.pool_blocks,
                     static_cast<double>(r.prefill_tokens + r.decode_tokens) / r.wall_s, r.completed, s.requests,
-                    r.exhausted, r.over_reservation, r.kl, r.kl_se, r.top1, budgets_string(r.final_budgets).c_str());
+                    r.exhausted, r.over_reservation, r.kl, r.kl_se, r.top1, 100.0 * r.schedule_s / r.wall_s, budgets_string(r.final_budgets).c_str());
         std::fflush(stdout);
       }
     }
@@ -443,7 +459,8 @@ int main(int argc, char** argv) {
                     "\"reservation_blocks\": %d, \"max_active\": %d, \"mean_active\": %.4f, "
                     "\"concurrency_vs_none\": %.4f, \"peak_blocks\": %d, \"peak_pool_fraction\": %.4f, "
                     "\"peak_request_blocks\": %d, \"over_reservation\": %d, \"exhausted\": %d, "
-                    "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"wall_s\": %.4f, \"tokens_per_s\": %.1f, "
+                    "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"wall_s\": %.4f, \"schedule_s\": %.4f, "
+                    "\"tokens_per_s\": %.1f, "
                     "\"steps\": %d, \"completed\": %d, \"requests\": %d, \"quality_requests\": %d, \"kl\": %.6g, "
                     "\"kl_se\": %.6g, \"top1\": %.6g, \"final_budgets\": [%s]}%s\n",
                     r.mode.name().c_str(), r.mode.evict ? to_string(r.mode.policy).c_str() : "none",
@@ -451,7 +468,7 @@ int main(int argc, char** argv) {
                     r.pool_blocks, s.pool_seqs, r.reservation, r.max_active, r.mean_active,
                     static_cast<double>(r.max_active) / rows.front().max_active, r.peak_blocks,
                     static_cast<double>(r.peak_blocks) / r.pool_blocks, r.peak_seq_blocks, r.over_reservation,
-                    r.exhausted, r.prefill_tokens, r.decode_tokens, r.wall_s,
+                    r.exhausted, r.prefill_tokens, r.decode_tokens, r.wall_s, r.schedule_s,
                     static_cast<double>(r.prefill_tokens + r.decode_tokens) / r.wall_s, r.steps, r.completed,
                     s.requests, r.quality_requests, r.kl, r.kl_se, r.top1, budgets_string(r.final_budgets).c_str(),
                     i + 1 < rows.size() ? "," : "");
