@@ -24,7 +24,8 @@
 //                 each call, S the guaranteed token sum (a layer of n tokens holds ceil(n / bs) blocks).
 // The simulation checks that no request ever holds more than its reservation (`over_reservation`)
 // and that no append finds the pool short (`exhausted`: blocks_to_append() against num_free()
-// before each forward, and the pool's "pool exhausted" Error counted if it is thrown anyway).
+// before each forward, and the engine's "pool exhausted" Error, thrown before any layer is
+// touched, counted if it is thrown anyway: the request then retries in the next step).
 //
 // Continuous batching: one step gives every active request one unit of work, round robin: a
 // prefill chunk of --chunk tokens (64; the schedule's after_chunk after each) for a request still
