@@ -23,7 +23,7 @@
 //                 floor((S + layers x (block_size - 1)) / block_size) over the points just before
 //                 each call, S the guaranteed token sum (a layer of n tokens holds ceil(n / bs) blocks).
 // The simulation checks that no request ever holds more than its reservation (`over_reservation`)
-// and that no append finds the pool short (`exhausted`: blocks_to_append() against num_free()
+// and that no append finds the pool short (`exhausted`: blocks_for_tokens() against num_free()
 // before each forward, and the engine's "pool exhausted" Error, thrown before any layer is
 // touched, counted if it is thrown anyway: the request then retries in the next step).
 //
@@ -160,14 +160,10 @@ int reservation_blocks(const Mode& m, const Settings& s, int layers) {
   return peak;
 }
 
-/// Blocks the next forward of n tokens takes from the pool (per-layer tables).
+/// Blocks the next forward of n tokens takes from the pool.
 int blocks_for(const KVCache<PagedLayer<float>>& cache, int n) {
   int need = 0;
-  for (int l = 0; l < cache.n_layers(); ++l) {
-    const PagedLayer<float>& L = cache.layer(l);
-    const int bs = L.block_size();
-    need += std::max(0, (L.max_size() + n + bs - 1) / bs - L.num_blocks_held());
-  }
+  for (int l = 0; l < cache.n_layers(); ++l) need += cache.layer(l).blocks_for_tokens(n);
   return need;
 }
 
