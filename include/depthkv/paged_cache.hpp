@@ -23,7 +23,10 @@
 ///   `n_kv_heads` = 1; NHD and HND coincide); head h holds `ceil(size(h) / block_size)` blocks.
 /// `append` takes a block from the pool when a head's last block is full (all heads' blocks at
 /// once, all-or-nothing). A pool without enough free blocks is an `Error` ("pool exhausted"),
-/// never an overwrite; `blocks_to_append()` is the back-pressure signal an engine checks first.
+/// never an overwrite; `blocks_to_append()` (one token) and `blocks_for_tokens(n)` (n tokens) are
+/// the back-pressure signals an engine checks first. The reference engine checks
+/// `blocks_for_tokens` of every layer against its pool before a forward pass touches the cache,
+/// so that a short pool leaves the sequence as it was (llama/engine.hpp).
 /// `compact` (the evictor's) moves the survivors of a head to its first slots, in position order;
 /// `shrink_to_fit` (called by `evict` unless `EvictOptions::shrink` is false) then returns every
 /// block beyond the fewest that hold the survivors to the pool. `clear()` and the destructor
@@ -61,6 +64,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -319,6 +323,22 @@ class PagedLayer : public detail::LayerCore<T, PagedLayer<T>> {
     int need = 0;
     for (int i = h < 0 ? 0 : h; i < (h < 0 ? this->n_kv_heads_ : h + 1); ++i) need += this->size(i) == capacity(i);
     return need;
+  }
+
+  /// Blocks that appending `n` more tokens to every head takes from the pool (0 or more): what an
+  /// engine checks against `pool().num_free()` before a forward pass of `n` tokens, so that a
+  /// short pool is found before any layer is touched. 0 for a layer without a pool.
+  /// @throws Error when n < 0
+  int blocks_for_tokens(int n) const {
+    DEPTHKV_CHECK(n >= 0, "token count must be >= 0, got " << n);
+    if (pool_ == nullptr) return 0;
+    const long long bs = block_size();
+    long long need = 0;
+    for (std::size_t t = 0; t < tables_.size(); ++t) {
+      const int held = tables_mode_ == PagedTables::kPerLayer ? this->max_size() : this->size(static_cast<int>(t));
+      need += std::max(0LL, (held + static_cast<long long>(n) + bs - 1) / bs - static_cast<long long>(tables_[t].size()));
+    }
+    return static_cast<int>(std::min<long long>(need, std::numeric_limits<int>::max()));
   }
 
   /// Key row of head h at slot `slot` (`head_dim` contiguous elements).

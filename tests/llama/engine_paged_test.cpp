@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "depthkv/evictor.hpp"
@@ -72,4 +73,45 @@ TEST_CASE("engine: paged caches give the logits of the owning cache through pref
         }
         REQUIRE(pool.num_free() == pool.num_blocks());  // the sequence's blocks went back
       }
+}
+
+TEST_CASE("engine: a forward that finds the pool short throws before any layer is touched", "[engine][paged]") {
+  depthkv_test::RandomSpec spec;
+  const depthkv::llama::LlamaModel model = depthkv_test::random_model(spec);
+  const LlamaEngine engine(model);
+  const int hd = spec.dim / spec.heads, bs = 4, n_prompt = 6;
+  const std::vector<int> tokens = depthkv_test::random_tokens(n_prompt + 8, spec.vocab, 11);
+  const std::vector<int> prompt(tokens.begin(), tokens.begin() + n_prompt);
+  for (PagedTables tables : {PagedTables::kPerLayer, PagedTables::kPerHead}) {
+    INFO("tables " << static_cast<int>(tables));
+    const int tabs = tables == PagedTables::kPerLayer ? 1 : spec.kv_heads;  // tables per layer
+    // the prompt's blocks (2 per table) and one more: the first layer could take it, the others not
+    BlockPool<float> pool(spec.layers * tabs * 2 + 1, bs, tables == PagedTables::kPerLayer ? spec.kv_heads : 1, hd);
+    KVCache<PagedLayer<float>> paged;
+    for (int l = 0; l < spec.layers; ++l) paged.add_layer(PagedLayer<float>(pool, spec.kv_heads, hd, tables));
+    auto host = engine.make_cache();
+    engine.prefill(prompt, 0, host);
+    engine.prefill(prompt, 0, paged);
+    REQUIRE(paged.layer(0).blocks_for_tokens(0) == 0);
+    REQUIRE(paged.layer(0).blocks_for_tokens(2) == 0);      // slots 6, 7 of block 1
+    REQUIRE(paged.layer(0).blocks_for_tokens(3) == tabs);   // slot 8 opens block 2 of every table
+    REQUIRE(paged.layer(0).blocks_for_tokens(7) == 2 * tabs);
+    REQUIRE_THROWS_AS(paged.layer(0).blocks_for_tokens(-1), depthkv::Error);
+    const std::vector<int> lengths = paged.lengths();
+    const int used = pool.num_used();
+    try {
+      engine.forward(tokens.data() + n_prompt, 8, n_prompt, paged);
+      FAIL("the pool was short, the forward pass did not throw");
+    } catch (const depthkv::Error& e) {
+      REQUIRE(std::string(e.what()).find("pool exhausted") != std::string::npos);
+    }
+    REQUIRE(paged.lengths() == lengths);  // no layer appended anything
+    REQUIRE(pool.num_used() == used);
+    REQUIRE(pool.check());
+    for (int p = n_prompt; p < n_prompt + 2; ++p) {  // the sequence goes on where it was
+      const Eigen::VectorXf x = engine.decode(tokens[static_cast<std::size_t>(p)], p, host);
+      const Eigen::VectorXf y = engine.decode(tokens[static_cast<std::size_t>(p)], p, paged);
+      REQUIRE((x - y).cwiseAbs().maxCoeff() < 1e-6f);
+    }
+  }
 }

@@ -5,7 +5,9 @@
 /// different numbers of tokens, SwiGLU; batched and chunked prefill with attention-probability
 /// capture (for the token scorers) and a hook after each chunk (for scoring and eviction), decode,
 /// teacher forcing, and hidden-state capture. Strided layers (`HostLayer`, `LayerView`) are read
-/// in place; a `PagedLayer` (paged_cache.hpp) is gathered head by head for each attention call.
+/// in place; a `PagedLayer` (paged_cache.hpp) is gathered head by head for each attention call,
+/// and a forward pass whose tokens need more blocks than a layer's pool has free throws ("pool
+/// exhausted") before any layer is touched.
 ///
 /// ## Conventions
 /// - Every forward call processes `n` tokens at consecutive sequence positions
@@ -163,6 +165,14 @@ class PhaseTimer {
   std::chrono::steady_clock::time_point t0_{};
 };
 
+/// Whether a layer type takes its rows from a block pool (`blocks_for_tokens(n)` and `pool()`
+/// with `num_free()`, as `PagedLayer` does).
+template <class L, class = void>
+struct HasBlockPool : std::false_type {};
+template <class L>
+struct HasBlockPool<L, std::void_t<decltype(std::declval<const L&>().blocks_for_tokens(1)),
+                                   decltype(std::declval<const L&>().pool().num_free())>> : std::true_type {};
+
 }  // namespace detail
 
 /// Options of one forward call (prefill, teacher forcing, decode).
@@ -256,6 +266,7 @@ class LlamaEngine {
                       "layer " << l << " head " << h << " already holds position " << L.positions(h)[sz - 1]
                                << ", new tokens start at " << pos0);
       }
+    check_pool_room(cache, n);
     detail::ScopedThreads threads(opt.n_threads);
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
@@ -480,6 +491,40 @@ class LlamaEngine {
           v[b] = v0 * fs + v1 * fc;
         }
       }
+    }
+  }
+
+  /// Paged layers (a `blocks_for_tokens(n)` and a `pool()`): every pool must have the free
+  /// blocks that its layers take to append `n` tokens, checked before any layer is touched (an
+  /// append that found its pool short half-way through the layers would leave the sequence's
+  /// layers at different lengths). Other layers: nothing to check. Pools shared with sequences
+  /// that other threads run at the same time can still run short between this check and the
+  /// appends: the caller's admission must then reserve the blocks.
+  /// @throws Error ("pool exhausted") naming the blocks needed and free; the cache is unchanged
+  template <class Layer>
+  static void check_pool_room(const KVCache<Layer>& cache, int n) {
+    if constexpr (detail::HasBlockPool<Layer>::value) {
+      using Pool = std::remove_reference_t<decltype(std::declval<const Layer&>().pool())>;
+      std::vector<std::pair<const Pool*, long long>> need;  // per distinct pool
+      for (int l = 0; l < cache.n_layers(); ++l) {
+        const Layer& L = cache.layer(l);
+        const int b = L.blocks_for_tokens(n);
+        if (b == 0) continue;
+        const Pool* p = &L.pool();
+        auto it = std::find_if(need.begin(), need.end(), [p](const auto& e) { return e.first == p; });
+        if (it == need.end()) need.emplace_back(p, b);
+        else it->second += b;
+      }
+      for (const auto& e : need) {
+        const int free_blocks = e.first->num_free();
+        DEPTHKV_CHECK(e.second <= free_blocks, "pool exhausted: " << n << " tokens need " << e.second
+                                                                  << " blocks of the layers' pool, " << free_blocks
+                                                                  << " of " << e.first->num_blocks()
+                                                                  << " free; nothing was appended");
+      }
+    } else {
+      (void)cache;
+      (void)n;
     }
   }
 
