@@ -28,6 +28,18 @@ for ctx in 256 320 384 448; do
   done
 done
 
+# 1b. the same for aidreams260K (trained context 128: continuation 32, chunks 16/32/64)
+AOPT="--sinks 2 --recent 4 --obs-window 4"
+for ctx in 64 80 96; do
+  $DK eval --model "$A" --text "$TEXT" --profile "$AP" --windows 8 --context $ctx --continuation 32 $AOPT \
+    --keep 0.1,0.2,0.3 --policies uniform --scorers h2o --threads $T --json > "$OUT/peak_a_ctx${ctx}_oneshot.json"
+  for ch in 16 32 64; do
+    $DK eval --model "$A" --text "$TEXT" --profile "$AP" --windows 8 --context $ctx --continuation 32 $AOPT \
+      --keep 0.1,0.2,0.3 --policies uniform --scorers h2o --threads $T --json --schedule chunked --chunk $ch \
+      > "$OUT/peak_a_ctx${ctx}_chunk${ch}.json"
+  done
+done
+
 # 2. quality: chunked against oneshot at the same final budget, uniform vs optimal (H2O)
 $DK eval --model "$S" --text "$TEXT" --profile "$SP" --windows 64 --keep 0.1,0.2,0.3 --policies uniform,optimal \
   --scorers h2o --threads $T --json > "$OUT/kl_s_oneshot.json"
@@ -35,7 +47,6 @@ for ch in 32 64 128; do
   $DK eval --model "$S" --text "$TEXT" --profile "$SP" --windows 64 --keep 0.1,0.2,0.3 --policies uniform,optimal \
     --scorers h2o --threads $T --json --schedule chunked --chunk $ch > "$OUT/kl_s_chunk${ch}.json"
 done
-AOPT="--sinks 2 --recent 4 --obs-window 4"
 $DK eval --model "$A" --text "$TEXT" --profile "$AP" --windows 128 $AOPT --keep 0.1,0.2,0.3 --policies uniform,optimal \
   --scorers h2o --threads $T --json > "$OUT/kl_a_oneshot.json"
 for ch in 16 32 64; do
