@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/gguf.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
@@ -73,12 +74,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const LlamaModel m = load_gguf(f);
     const auto& c = m.config;
     check(m.layers.size() == static_cast<std::size_t>(c.n_layers));
-    check(m.token_embedding.rows() == c.vocab_size && m.token_embedding.cols() == c.dim);
-    check(m.classifier.rows() == c.vocab_size && m.classifier.cols() == c.dim);
-    check(m.layers[0].wq.rows() == static_cast<Eigen::Index>(c.n_heads) * c.head_dim);
-    check(m.layers[0].wk.rows() == static_cast<Eigen::Index>(c.n_kv_heads) * c.head_dim);
+    // a weight is float32 or kept in its stored blocks (QuantWeight), never both
+    auto rows_of = [&](const depthkv::llama::RowMatrix& w, const depthkv::llama::QuantWeight& q, Eigen::Index cols) {
+      if (q.empty()) {
+        check(w.cols() == cols);
+        return static_cast<std::int64_t>(w.rows());
+      }
+      check(w.size() == 0 && q.cols == cols && q.row_bytes == depthkv::llama::ggml_row_bytes(q.type, q.cols));
+      return q.rows;
+    };
+    check(rows_of(m.token_embedding, m.token_embedding_quant, c.dim) == c.vocab_size);
+    check(rows_of(m.classifier, m.classifier_quant, c.dim) == c.vocab_size);
+    check(rows_of(m.layers[0].wq, m.layers[0].wq_quant, c.dim) == static_cast<std::int64_t>(c.n_heads) * c.head_dim);
+    check(rows_of(m.layers[0].wk, m.layers[0].wk_quant, c.dim) == static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim);
     check(c.n_heads % c.n_kv_heads == 0 && c.head_dim % 2 == 0);
     check(m.token_embedding.allFinite() && m.classifier.allFinite() && m.final_norm.allFinite());
+    bool valid = true;  // the engine accepts what the loader built
+    try {
+      depthkv::llama::LlamaEngine::validate(m);
+    } catch (const depthkv::Error&) {
+      valid = false;
+    }
+    check(valid);
   } catch (const depthkv::Error&) {
   }
   return 0;

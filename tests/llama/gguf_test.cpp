@@ -1,5 +1,6 @@
 #include "depthkv/llama/gguf.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,7 +15,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/perplexity.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "llama/file_util.hpp"
 #include "llama/gguf_writer.hpp"
@@ -44,9 +47,19 @@ float max_abs_diff(const Eigen::VectorXf& a, const Eigen::VectorXf& b) {
   return a.size() == 0 ? 0.0f : (a - b).cwiseAbs().maxCoeff();
 }
 
+// Bits of a positive normal half close to v (truncated mantissa).
+std::uint16_t half_near(float v) {
+  int e = 0;
+  const float m = std::frexp(std::max(v, 6.2e-5f), &e);  // v = m 2^e, m in [0.5, 1)
+  return static_cast<std::uint16_t>(((e - 1 + 15) << 10) | static_cast<int>((2.0f * m - 1.0f) * 1024.0f));
+}
+
 // Random tensor data of a given type, with the reference float values computed from the bit
-// layouts by depthkv_test::ref_half / ref_bf16 (finite values only).
-Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::vector<float>& ref) {
+// layouts by depthkv_test::ref_half / ref_bf16 (finite values only). `tame`: values of a
+// trainable-looking model instead of the full range (F32 vectors 1 + N(0, 0.1^2), F32 matrices
+// N(0, 0.05^2); block types' fp16 scales fixed so that |w| <= ~0.15), for forward-pass tests.
+Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::vector<float>& ref, bool tame = false,
+                    bool is_vector = false) {
   Bytes b;
   ref.clear();
   std::uniform_int_distribution<int> bit(0, 1);
@@ -57,7 +70,7 @@ Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::v
   if (type == depthkv_test::kTF32) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (std::size_t i = 0; i < n; ++i) {
-      ref.push_back(nd(rng));
+      ref.push_back(!tame ? nd(rng) : is_vector ? 1.0f + 0.1f * nd(rng) : 0.05f * nd(rng));
       depthkv_test::put(b, ref.back());
     }
   } else if (type == depthkv_test::kTF16) {
@@ -77,7 +90,7 @@ Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::v
   } else if (type == depthkv_test::kTQ8_0) {
     REQUIRE(n % 32 == 0);
     for (std::size_t blk = 0; blk < n / 32; ++blk) {
-      const std::uint16_t d = half_bits(5, 20);
+      const std::uint16_t d = tame ? half_near(0.15f / 128.0f) : half_bits(5, 20);
       depthkv_test::put(b, d);
       for (int j = 0; j < 32; ++j) {
         const std::int8_t q = static_cast<std::int8_t>(static_cast<int>(rng() % 256) - 128);
@@ -104,9 +117,16 @@ Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::v
     for (std::size_t blk = 0; blk < n / info.block_size; ++blk) {
       Bytes block(info.type_size);
       for (auto& v : block) v = static_cast<std::uint8_t>(rng());
-      for (int f : fields) {
-        const std::uint16_t h = half_bits(5, 14);
-        std::memcpy(&block[static_cast<std::size_t>(f)], &h, 2);
+      for (std::size_t i = 0; i < fields.size(); ++i) {
+        std::uint16_t h = half_bits(5, 14);
+        if (tame) {  // largest multiplier of the scale: Q4_0/IQ4 8-127, Q4_K 15*63 (min 63), Q6_K 32*128
+          const float mult = type == 12 || type == 13 ? (i == 0 ? 15.0f * 63.0f : 3.0f * 63.0f)
+                             : type == 14           ? 32.0f * 128.0f
+                             : type == 20 || type == 23 ? 127.0f
+                                                        : 16.0f;
+          h = half_near(0.15f / mult);
+        }
+        std::memcpy(&block[static_cast<std::size_t>(fields[i])], &h, 2);
       }
       b.insert(b.end(), block.begin(), block.end());
     }
@@ -123,6 +143,7 @@ struct Synth {
   int dim = 32, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 8, vocab = 20, ctx = 64;
   std::string arch = "llama";
   bool tied = false, biases = false, rope_freqs = false, qk_norm = false;
+  bool tame = false;  // random_tensor's tame values (a model whose forward pass is well scaled)
   // type per tensor name suffix (default F32)
   std::map<std::string, std::uint32_t> types;
   std::map<std::string, std::vector<float>> ref;  // filled by build()
@@ -149,7 +170,7 @@ struct Synth {
         if (name.find(kv.first) != std::string::npos) type = kv.second;
       }
       std::vector<float> r;
-      w.tensor(name, dims, type, random_tensor(type, n, rng, r));
+      w.tensor(name, dims, type, random_tensor(type, n, rng, r, tame, dims.size() == 1));
       ref[name] = r;
     };
     const std::uint64_t D = dim, H = hidden, Q = heads * head_dim, KV = kv_heads * head_dim, V = vocab;
@@ -196,21 +217,32 @@ Eigen::VectorXf ref_vector(const std::vector<float>& v) {
   return Eigen::Map<const Eigen::VectorXf>(v.data(), static_cast<Eigen::Index>(v.size()));
 }
 
+// The float values of a weight held either as float32 or in place as stored blocks.
+RowMatrix weight_values(const RowMatrix& w, const depthkv::llama::QuantWeight& q) {
+  if (q.empty()) return w;
+  CHECK(w.size() == 0);
+  RowMatrix out(q.rows, q.cols);
+  for (std::int64_t r = 0; r < q.rows; ++r)
+    depthkv::llama::dequantize_row(q.type, q.data + static_cast<std::size_t>(r) * q.row_bytes, out.row(r).data(), q.cols);
+  return out;
+}
+
 void check_synth(const LlamaModel& m, Synth& s) {
   const int Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim;
-  CHECK(max_abs_diff(m.token_embedding, ref_matrix(s.ref["token_embd.weight"], s.vocab, s.dim)) == 0.0f);
+  CHECK(max_abs_diff(weight_values(m.token_embedding, m.token_embedding_quant),
+                     ref_matrix(s.ref["token_embd.weight"], s.vocab, s.dim)) == 0.0f);
   for (int l = 0; l < s.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     const auto& w = m.layers[static_cast<std::size_t>(l)];
     CHECK(max_abs_diff(w.attn_norm, ref_vector(s.ref[b + "attn_norm.weight"])) == 0.0f);
-    CHECK(max_abs_diff(w.wq, ref_matrix(s.ref[b + "attn_q.weight"], Q, s.dim)) == 0.0f);
-    CHECK(max_abs_diff(w.wk, ref_matrix(s.ref[b + "attn_k.weight"], KV, s.dim)) == 0.0f);
-    CHECK(max_abs_diff(w.wv, ref_matrix(s.ref[b + "attn_v.weight"], KV, s.dim)) == 0.0f);
-    CHECK(max_abs_diff(w.wo, ref_matrix(s.ref[b + "attn_output.weight"], s.dim, Q)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.wq, w.wq_quant), ref_matrix(s.ref[b + "attn_q.weight"], Q, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.wk, w.wk_quant), ref_matrix(s.ref[b + "attn_k.weight"], KV, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.wv, w.wv_quant), ref_matrix(s.ref[b + "attn_v.weight"], KV, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.wo, w.wo_quant), ref_matrix(s.ref[b + "attn_output.weight"], s.dim, Q)) == 0.0f);
     CHECK(max_abs_diff(w.ffn_norm, ref_vector(s.ref[b + "ffn_norm.weight"])) == 0.0f);
-    CHECK(max_abs_diff(w.w1, ref_matrix(s.ref[b + "ffn_gate.weight"], s.hidden, s.dim)) == 0.0f);
-    CHECK(max_abs_diff(w.w2, ref_matrix(s.ref[b + "ffn_down.weight"], s.dim, s.hidden)) == 0.0f);
-    CHECK(max_abs_diff(w.w3, ref_matrix(s.ref[b + "ffn_up.weight"], s.hidden, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.w1, w.w1_quant), ref_matrix(s.ref[b + "ffn_gate.weight"], s.hidden, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.w2, w.w2_quant), ref_matrix(s.ref[b + "ffn_down.weight"], s.dim, s.hidden)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(w.w3, w.w3_quant), ref_matrix(s.ref[b + "ffn_up.weight"], s.hidden, s.dim)) == 0.0f);
     if (s.biases) {
       CHECK(max_abs_diff(w.bq, ref_vector(s.ref[b + "attn_q.bias"])) == 0.0f);
       CHECK(max_abs_diff(w.bk, ref_vector(s.ref[b + "attn_k.bias"])) == 0.0f);
@@ -229,8 +261,10 @@ void check_synth(const LlamaModel& m, Synth& s) {
   CHECK(max_abs_diff(m.final_norm, ref_vector(s.ref["output_norm.weight"])) == 0.0f);
   if (s.tied) {
     CHECK(m.classifier == m.token_embedding);
+    CHECK(m.classifier_quant.data == m.token_embedding_quant.data);  // tied: the same bytes, no copy
   } else {
-    CHECK(max_abs_diff(m.classifier, ref_matrix(s.ref["output.weight"], s.vocab, s.dim)) == 0.0f);
+    CHECK(max_abs_diff(weight_values(m.classifier, m.classifier_quant), ref_matrix(s.ref["output.weight"], s.vocab, s.dim)) ==
+          0.0f);
   }
   if (s.rope_freqs) {
     CHECK(max_abs_diff(m.rope_freq_factors, ref_vector(s.ref["rope_freqs.weight"])) == 0.0f);
@@ -940,4 +974,175 @@ TEST_CASE("gguf: vocabulary errors and gpt2 vocabularies", "[llama][gguf][tokeni
   bad.kvs.erase(bad.kvs.begin() + 1);
   bad.kv_str_array("tokenizer.ggml.tokens", {});
   CHECK(contains(vocab_err(bad), "empty"));
+}
+
+// ---- weights kept in their stored blocks (QuantWeight) against the dequantized float32 twin ----
+
+namespace {
+
+// A tame synthetic llama model (dim 256 so that every K-quant fits) with every weight matrix,
+// the token embedding and the classifier stored as `type`.
+Synth quant_synth(std::uint32_t type) {
+  Synth s;
+  s.dim = 256;
+  s.hidden = 512;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.vocab = 48;
+  s.ctx = 64;
+  s.tame = true;
+  s.types = {{"attn_q", type}, {"attn_k", type}, {"attn_v", type}, {"attn_output", type}, {"ffn_gate", type},
+             {"ffn_down", type}, {"ffn_up", type}, {"token_embd", type}, {"output.", type}};
+  return s;
+}
+
+std::vector<int> test_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> t(static_cast<std::size_t>(n));
+  for (int& x : t) x = static_cast<int>(rng() % static_cast<unsigned>(vocab));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("gguf: block-quantized weights stay in place in the mapping; dequantize forces float32", "[llama][gguf][quant]") {
+  Synth s = quant_synth(depthkv_test::kTQ4_K);
+  s.types["ffn_up"] = depthkv_test::kTF16;   // F16 stays float32 (converted)
+  s.types["attn_v"] = depthkv_test::kTF32;   // F32 stays float32
+  depthkv_test::TempDir dir;
+  const std::string path = dir.write("q4k.gguf", s.writer().build());
+  const GgufFile f = GgufFile::open(path);
+  const LlamaModel m = load_gguf(f);
+  const LlamaModel twin = load_gguf(f, depthkv::llama::GgufLoadOptions{true});
+  const auto& w = m.layers[1];
+  CHECK(w.wq.size() == 0);
+  CHECK(w.wq_quant.type == depthkv::llama::GgmlType::kQ4_K);
+  CHECK(w.wq_quant.data == f.raw_tensor(*f.find_tensor("blk.1.attn_q.weight")).data);  // in place, no copy
+  CHECK(w.wq_quant.rows == 256);
+  CHECK(w.wq_quant.cols == 256);
+  CHECK(w.wq_quant.row_bytes == 144);
+  CHECK(w.wq_quant.keep_alive == f.keep_alive());
+  CHECK(w.w2_quant.cols == 512);
+  CHECK(w.w3_quant.empty());
+  CHECK(w.w3.rows() == 512);
+  CHECK(w.wv_quant.empty());
+  CHECK(w.wv.rows() == 128);
+  CHECK(m.token_embedding.size() == 0);
+  CHECK(m.token_embedding_quant.data == f.raw_tensor(*f.find_tensor("token_embd.weight")).data);
+  CHECK(m.classifier_quant.data == f.raw_tensor(*f.find_tensor("output.weight")).data);
+  check_synth(m, s);
+  for (const auto& l : twin.layers) {
+    CHECK(l.wq_quant.empty());
+    CHECK(l.w1_quant.empty());
+  }
+  CHECK(twin.token_embedding_quant.empty());
+  CHECK(twin.classifier_quant.empty());
+  check_synth(twin, s);
+
+  // The mapping outlives the GgufFile: a model loaded from a path runs after the file object is gone.
+  const LlamaModel from_path = load_gguf(path);
+  const depthkv::llama::LlamaEngine engine(from_path);
+  const depthkv::llama::LlamaEngine twin_engine(twin);
+  const std::vector<int> tokens = test_tokens(5, s.vocab, 1);
+  // the embedding rows of a quantized token_embd are dequantize_row of the stored row, exactly
+  CHECK(max_abs_diff(engine.embed(tokens.data(), 5), twin_engine.embed(tokens.data(), 5)) == 0.0f);
+}
+
+// Tolerance: the quantized engine multiplies the stored blocks with int8 activations (quant/
+// products.hpp), the twin multiplies exactly the same weight values in float32, so the only
+// difference is the activations' rounding. Each dot product is within sum_k |w_k| * max|x| / 254
+// per 32 values of the exact one; for weights of random sign sum_k |w_k x_k| is ~sqrt(cols) times
+// |sum_k w_k x_k|, so one projection's bound is ~sqrt(256..512) / 254 = 6-9% of its output's
+// scale (the typical error, a sum of independent roundings, is far smaller). Compounded over
+// 2 layers x 7 projections and the classifier, the logits must agree within 10% of the largest
+// logit (measured: 0.1% Q4_K, 2.2% Q8_0, 2.8% Q6_K, 0.3% Q4_0), and not bit-identically (the
+// quantized path really ran).
+TEST_CASE("gguf: the quantized engine's logits match its dequantized float32 twin", "[llama][gguf][quant][engine]") {
+  for (std::uint32_t type : std::vector<std::uint32_t>{depthkv_test::kTQ4_K, depthkv_test::kTQ8_0, 14 /* Q6_K */, 2 /* Q4_0 */}) {
+    CAPTURE(depthkv::llama::ggml_type_name(type));
+    Synth s = quant_synth(type);
+    const Bytes b = s.writer(11).build();
+    const LlamaModel qm = load_gguf_from_memory(b.data(), b.size());
+    const LlamaModel fm = load_gguf_from_memory(b.data(), b.size(), "twin", depthkv::llama::GgufLoadOptions{true});
+    REQUIRE_FALSE(qm.layers[0].w1_quant.empty());
+    REQUIRE(fm.layers[0].w1_quant.empty());
+    const depthkv::llama::LlamaEngine qe(qm), fe(fm);
+    const std::vector<int> tokens = test_tokens(20, s.vocab, 2);
+    const std::vector<int> prompt(tokens.begin(), tokens.begin() + 12);
+    auto qc = qe.make_cache(), fc = fe.make_cache();
+    // prefill: quant_matmul (several rows); decode: quant_matvec (one row)
+    RowMatrix ql = qe.prefill(prompt, 0, qc), fl = fe.prefill(prompt, 0, fc);
+    for (int i = 12; i < 20; ++i) {
+      const Eigen::VectorXf qd = qe.decode(tokens[static_cast<std::size_t>(i)], i, qc);
+      const Eigen::VectorXf fd = fe.decode(tokens[static_cast<std::size_t>(i)], i, fc);
+      ql.conservativeResize(ql.rows() + 1, Eigen::NoChange);
+      fl.conservativeResize(fl.rows() + 1, Eigen::NoChange);
+      ql.row(ql.rows() - 1) = qd.transpose();
+      fl.row(fl.rows() - 1) = fd.transpose();
+    }
+    REQUIRE(ql.allFinite());
+    const float scale = fl.cwiseAbs().maxCoeff();
+    const float diff = max_abs_diff(ql, fl);
+    CAPTURE(scale, diff);
+    CHECK(scale > 0.1f);
+    CHECK(diff <= 0.1f * scale);
+    CHECK(diff > 0.0f);
+  }
+}
+
+TEST_CASE("gguf: perplexity of a Q4_K model and its dequantized F32 twin agree within 1e-3", "[llama][gguf][quant][perplexity]") {
+  Synth s = quant_synth(depthkv_test::kTQ4_K);
+  const Bytes b = s.writer(5).build();
+  const LlamaModel qm = load_gguf_from_memory(b.data(), b.size());
+  const LlamaModel fm = load_gguf_from_memory(b.data(), b.size(), "twin", depthkv::llama::GgufLoadOptions{true});
+  const depthkv::llama::LlamaEngine qe(qm), fe(fm);
+  const std::vector<int> ids = test_tokens(96, s.vocab, 3);
+  const depthkv::llama::PerplexityResult q = depthkv::llama::perplexity(qe, ids, 32, 3, /*bos=*/1, 8, 1);
+  const depthkv::llama::PerplexityResult f = depthkv::llama::perplexity(fe, ids, 32, 3, /*bos=*/1, 8, 1);
+  CAPTURE(q.nll, f.nll);
+  REQUIRE(q.n_scored == f.n_scored);
+  CHECK(std::isfinite(q.nll));
+  CHECK(std::abs(q.nll - f.nll) <= 1e-3 * std::abs(f.nll));
+  // each window alone (16 scored tokens) is noisier: the rounding errors partly cancel in the mean
+  for (std::size_t w = 0; w < f.window_nll.size(); ++w)
+    CHECK(std::abs(q.window_nll[w] - f.window_nll[w]) <= 5e-3 * std::abs(f.window_nll[w]));
+}
+
+TEST_CASE("gguf: errors of quantized weights stay clear", "[llama][gguf][quant][corrupt]") {
+  Synth s = quant_synth(depthkv_test::kTQ4_K);
+  {
+    // the last tensor (output.weight, Q4_K) loses its last 100 bytes
+    Bytes b = s.writer().build();
+    b.resize(b.size() - 100);
+    const std::string msg = error_of([&] { load_gguf_from_memory(b.data(), b.size()); });
+    CHECK(contains(msg, "output.weight"));
+    CHECK(contains(msg, "Q4_K"));
+    CHECK(contains(msg, "extends past the end of the file"));
+  }
+  {
+    // a NaN fp16 scale in a block of a quantized matrix: the in-place load still rejects it
+    GgufWriter w = s.writer();
+    for (auto& t : w.tensors)
+      if (t.name == "blk.1.ffn_down.weight") depthkv_test::poke<std::uint16_t>(t.data, 144, 0x7E00);  // block 1's d
+    const Bytes b = w.build();
+    const std::string msg = error_of([&] { load_gguf_from_memory(b.data(), b.size()); });
+    CHECK(contains(msg, "'blk.1.ffn_down.weight' has a non-finite value at element 256"));
+  }
+  {
+    // a quantized matrix of the wrong shape is named by the loader and by the engine's validation
+    GgufWriter w = s.writer();
+    for (auto& t : w.tensors)
+      if (t.name == "blk.0.attn_k.weight") t.dims = {256, 64};
+    const Bytes b = w.build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(b.data(), b.size()); }),
+                   "'blk.0.attn_k.weight' has shape [256, 64], expected [256, 128]"));
+    const Bytes good = s.writer().build();
+    LlamaModel m = load_gguf_from_memory(good.data(), good.size());
+    m.layers[0].wk_quant.rows = 64;
+    CHECK(contains(error_of([&] { depthkv::llama::LlamaEngine e(m); }), "wk of layer 0 (Q4_K) is [64 x 256], expected [128 x 256]"));
+    m.layers[0].wk_quant.rows = 128;
+    m.layers[0].wk.resize(128, 256);
+    CHECK(contains(error_of([&] { depthkv::llama::LlamaEngine e(m); }), "wk of layer 0 has both a float and a quantized form"));
+  }
 }

@@ -50,6 +50,8 @@
 #include "depthkv/error.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/model.hpp"
+#include "depthkv/llama/quant/dequantize.hpp"
+#include "depthkv/llama/quant/products.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -338,7 +340,12 @@ class LlamaEngine {
     for (int i = 0; i < n; ++i) {
       DEPTHKV_CHECK(tokens[i] >= 0 && tokens[i] < config().vocab_size,
                     "token " << tokens[i] << " at index " << i << " outside [0, " << config().vocab_size << ")");
-      x.row(i) = model_.token_embedding.row(tokens[i]);
+      if (model_.token_embedding_quant.empty()) {
+        x.row(i) = model_.token_embedding.row(tokens[i]);
+      } else {
+        const QuantWeight& e = model_.token_embedding_quant;
+        dequantize_row(e.type, e.data + static_cast<std::size_t>(tokens[i]) * e.row_bytes, x.row(i).data(), e.cols);
+      }
     }
     return x;
   }
@@ -350,7 +357,7 @@ class LlamaEngine {
     RowMatrix xn = rmsnorm(x, model_.final_norm);
     timer.to(&EngineStats::matmul_s);
     RowMatrix out(x.rows(), config().vocab_size);
-    linear(model_.classifier, xn, out);
+    linear(model_.classifier, model_.classifier_quant, xn, out);
     return out;
   }
 
@@ -384,9 +391,9 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix q(T, q_dim), k(T, kv_dim), v(T, kv_dim);
-    linear(w.wq, xn, q);
-    linear(w.wk, xn, k);
-    linear(w.wv, xn, v);
+    linear(w.wq, w.wq_quant, xn, q);
+    linear(w.wk, w.wk_quant, xn, k);
+    linear(w.wv, w.wv_quant, xn, v);
 
     timer.to(&EngineStats::other_s);
     if (w.bq.size()) q.rowwise() += w.bq.transpose();
@@ -406,7 +413,7 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix o(T, c.dim);
-    linear(w.wo, att, o);
+    linear(w.wo, w.wo_quant, att, o);
 
     timer.to(&EngineStats::other_s);
     cap(CapturePoint::kAttnOutput, o);
@@ -416,14 +423,14 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
-    linear(w.w1, xn, h1);
-    linear(w.w3, xn, h3);
+    linear(w.w1, w.w1_quant, xn, h1);
+    linear(w.w3, w.w3_quant, xn, h3);
     for (Eigen::Index i = 0; i < h1.size(); ++i) {
       float g = h1.data()[i];
       g *= 1.0f / (1.0f + std::exp(-g));
       h1.data()[i] = g * h3.data()[i];
     }
-    linear(w.w2, h1, o);
+    linear(w.w2, w.w2_quant, h1, o);
 
     timer.to(&EngineStats::other_s);
     cap(CapturePoint::kMlpOutput, o);
@@ -555,9 +562,20 @@ class LlamaEngine {
     DEPTHKV_CHECK(c.rope_theta > 0 && c.rms_eps >= 0, "bad rope_theta " << c.rope_theta << " or rms_eps " << c.rms_eps);
     DEPTHKV_CHECK(std::isfinite(c.rope_freq_scale) && c.rope_freq_scale > 0,
                   "bad rope_freq_scale " << c.rope_freq_scale);
-    auto shape = [](const char* what, int l, const RowMatrix& w, Eigen::Index r, Eigen::Index cols) {
-      DEPTHKV_CHECK(w.rows() == r && w.cols() == cols, what << " of layer " << l << " is [" << w.rows() << " x "
-                                                          << w.cols() << "], expected [" << r << " x " << cols << "]");
+    // a matrix is either float (RowMatrix) or quantized (QuantWeight, RowMatrix empty)
+    auto shape = [](const char* what, int l, const RowMatrix& w, const QuantWeight& q, Eigen::Index r, Eigen::Index cols) {
+      if (q.empty()) {
+        DEPTHKV_CHECK(w.rows() == r && w.cols() == cols, what << " of layer " << l << " is [" << w.rows() << " x "
+                                                            << w.cols() << "], expected [" << r << " x " << cols << "]");
+        return;
+      }
+      DEPTHKV_CHECK(w.size() == 0, what << " of layer " << l << " has both a float and a quantized form");
+      DEPTHKV_CHECK(q.rows == r && q.cols == cols, what << " of layer " << l << " (" << ggml_type_name(q.type) << ") is ["
+                                                        << q.rows << " x " << q.cols << "], expected [" << r << " x "
+                                                        << cols << "]");
+      DEPTHKV_CHECK(q.row_bytes == ggml_row_bytes(q.type, q.cols),
+                    what << " of layer " << l << " has rows of " << q.row_bytes << " bytes, "
+                         << ggml_type_name(q.type) << " needs " << ggml_row_bytes(q.type, q.cols));
     };
     auto vec = [](const char* what, int l, const Eigen::VectorXf& v, Eigen::Index n, bool optional) {
       DEPTHKV_CHECK(v.size() == n || (optional && v.size() == 0),
@@ -567,21 +585,21 @@ class LlamaEngine {
     const Eigen::Index kd = static_cast<Eigen::Index>(c.n_kv_heads) * c.head_dim;
     DEPTHKV_CHECK(static_cast<int>(m.layers.size()) == c.n_layers,
                   m.layers.size() << " layer weight sets for " << c.n_layers << " layers");
-    shape("token_embedding", -1, m.token_embedding, c.vocab_size, c.dim);
-    shape("classifier", -1, m.classifier, c.vocab_size, c.dim);
+    shape("token_embedding", -1, m.token_embedding, m.token_embedding_quant, c.vocab_size, c.dim);
+    shape("classifier", -1, m.classifier, m.classifier_quant, c.vocab_size, c.dim);
     vec("final_norm", -1, m.final_norm, c.dim, false);
     vec("rope_freq_factors", -1, m.rope_freq_factors, c.head_dim / 2, true);
     for (int l = 0; l < c.n_layers; ++l) {
       const LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
       vec("attn_norm", l, w.attn_norm, c.dim, false);
       vec("ffn_norm", l, w.ffn_norm, c.dim, false);
-      shape("wq", l, w.wq, qd, c.dim);
-      shape("wk", l, w.wk, kd, c.dim);
-      shape("wv", l, w.wv, kd, c.dim);
-      shape("wo", l, w.wo, c.dim, qd);
-      shape("w1", l, w.w1, c.hidden_dim, c.dim);
-      shape("w3", l, w.w3, c.hidden_dim, c.dim);
-      shape("w2", l, w.w2, c.dim, c.hidden_dim);
+      shape("wq", l, w.wq, w.wq_quant, qd, c.dim);
+      shape("wk", l, w.wk, w.wk_quant, kd, c.dim);
+      shape("wv", l, w.wv, w.wv_quant, kd, c.dim);
+      shape("wo", l, w.wo, w.wo_quant, c.dim, qd);
+      shape("w1", l, w.w1, w.w1_quant, c.hidden_dim, c.dim);
+      shape("w3", l, w.w3, w.w3_quant, c.hidden_dim, c.dim);
+      shape("w2", l, w.w2, w.w2_quant, c.dim, c.hidden_dim);
       vec("bq", l, w.bq, qd, true);
       vec("bk", l, w.bk, kd, true);
       vec("bv", l, w.bv, kd, true);
@@ -592,8 +610,26 @@ class LlamaEngine {
 
  private:
   /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row; small
-  /// products single-threaded.
-  static void linear(const RowMatrix& W, const RowMatrix& x, RowMatrix& y) {
+  /// products single-threaded. With a quantized form `Q` (then `W` is empty) the stored blocks
+  /// are multiplied instead: `quant_matvec` for one row, `quant_matmul` for several (int8
+  /// activations, quant/products.hpp), on the current OpenMP thread count.
+  static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y) {
+    if (!Q.empty()) {
+      const double work = static_cast<double>(x.rows()) * static_cast<double>(Q.rows) * static_cast<double>(Q.cols);
+      int n_threads = 1;
+#ifdef _OPENMP
+      if (work >= kParallelGemmWork) n_threads = omp_get_max_threads();
+#else
+      (void)work;
+#endif
+      const QuantProductOptions qopt{n_threads, QuantKernel::kAuto};
+      if (x.rows() == 1) {
+        quant_matvec(Q.type, Q.data, Q.rows, Q.cols, x.data(), y.data(), qopt);
+      } else {
+        quant_matmul(Q.type, Q.data, Q.rows, Q.cols, x.data(), x.rows(), y.data(), qopt);
+      }
+      return;
+    }
     const double work = static_cast<double>(x.rows()) * static_cast<double>(W.rows()) * static_cast<double>(W.cols());
     detail::ScopedThreads threads(work < kParallelGemmWork ? 1 : 0);
     if (x.rows() == 1) {

@@ -24,7 +24,8 @@
 /// or `qwen2` (q/k/v biases, NeoX RoPE), with hyper-parameters from the `<arch>.*` keys; a GGUF
 /// dimension list [ne0, ne1] is the row-major matrix [ne1][ne0] (`[out][in]`). Any other
 /// architecture, an unsupported tensor type, a missing or misshapen tensor, or a tensor the
-/// engine would not use is an Error naming it.
+/// engine would not use is an Error naming it. Block-quantized weight matrices stay in their
+/// stored blocks in the mapping (`QuantWeight`) unless `GgufLoadOptions::dequantize` is set.
 ///
 /// @code
 /// depthkv::llama::GgufFile f = depthkv::llama::GgufFile::open("stories260K.gguf");
@@ -646,14 +647,20 @@ inline Vocabulary read_vocabulary(const GgufFile& f) {
 /// @throws Error when the file is invalid or has no tokenizer
 inline Vocabulary load_gguf_vocabulary(const std::string& path) { return read_vocabulary(GgufFile::open(path)); }
 
+/// Options of `load_gguf`.
+struct GgufLoadOptions {
+  /// false (default): block-quantized weight matrices (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) stay in
+  /// their stored blocks, in place in the mapped file (`QuantWeight`, no float copy); F32, F16
+  /// and BF16 matrices, norms and biases are float32. true: every tensor is converted to
+  /// float32 (the dequantized twin of the model, e.g. to check the quantized products).
+  bool dequantize = false;
+};
+
 namespace detail {
 
-// Loads the tensor `name` as a [rows][cols] row-major matrix (GGUF dims [cols, rows]) or a
-// vector (rows == 0: dims [cols]); trailing dimensions of 1 are allowed. Non-finite values are
-// rejected.
-inline void gguf_load(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols,
-                      float* (*resize)(void*, std::int64_t, std::int64_t), void* dst,
-                      std::set<std::string>& used) {
+// Checks that tensor `name` exists with GGUF dims [cols, rows] (rows == 0: [cols]); trailing
+// dimensions of 1 are allowed.
+inline const GgufTensorInfo& gguf_shaped(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols) {
   const GgufTensorInfo* t = f.find_tensor(name);
   DEPTHKV_CHECK(t != nullptr, f.source() << ": tensor '" << name << "' is missing");
   std::vector<std::uint64_t> want = {static_cast<std::uint64_t>(cols)};
@@ -667,6 +674,16 @@ inline void gguf_load(const GgufFile& f, const std::string& name, std::int64_t r
     DEPTHKV_FAIL(f.source() << ": tensor '" << name << "' has shape [" << got.str() << "], expected [" << exp.str()
                             << "] (GGUF order, ne[0] first)");
   }
+  return *t;
+}
+
+// Loads the tensor `name` as a [rows][cols] row-major matrix (GGUF dims [cols, rows]) or a
+// vector (rows == 0: dims [cols]); trailing dimensions of 1 are allowed. Non-finite values are
+// rejected.
+inline void gguf_load(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols,
+                      float* (*resize)(void*, std::int64_t, std::int64_t), void* dst,
+                      std::set<std::string>& used) {
+  const GgufTensorInfo* t = &gguf_shaped(f, name, rows, cols);
   float* out = resize(dst, rows > 0 ? rows : cols, rows > 0 ? cols : 1);
   f.read_tensor_into(*t, out);
   for (std::uint64_t i = 0; i < t->n_elements; ++i) {
@@ -684,6 +701,46 @@ inline void gguf_matrix(const GgufFile& f, const std::string& name, std::int64_t
               return mm->data();
             },
             &m, used);
+}
+
+// Whether a tensor of type `type` is kept in its stored blocks by the default load.
+inline bool gguf_keep_quantized(std::uint32_t type) {
+  return ggml_type_dequantizable(type) && type != static_cast<std::uint32_t>(GgmlType::kF32) &&
+         type != static_cast<std::uint32_t>(GgmlType::kF16) && type != static_cast<std::uint32_t>(GgmlType::kBF16);
+}
+
+// Loads the weight matrix `name` [rows][cols]: in place as a QuantWeight `q` (m left empty)
+// when its type is a block type and `opt.dequantize` is false, else as float32 into `m`.
+// The quantized rows are dequantized one at a time into a scratch row to reject non-finite
+// values (no copy of the matrix is kept).
+inline void gguf_weight(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols, RowMatrix& m,
+                        QuantWeight& q, const GgufLoadOptions& opt, std::set<std::string>& used) {
+  const GgufTensorInfo& t = gguf_shaped(f, name, rows, cols);
+  if (opt.dequantize || !gguf_keep_quantized(t.type)) {
+    gguf_matrix(f, name, rows, cols, m, used);
+    return;
+  }
+  const GgufFile::RawTensor raw = f.raw_tensor(t);
+  DEPTHKV_CHECK(raw.rows == rows && raw.cols == cols && raw.row_bytes == ggml_row_bytes(raw.type, cols) &&
+                    raw.n_bytes == raw.row_bytes * static_cast<std::uint64_t>(rows),
+                f.source() << ": tensor '" << name << "' (" << ggml_type_name(t.type) << ") has " << raw.n_bytes
+                           << " bytes for " << rows << " rows of " << cols << " values");
+  std::vector<float> scratch(static_cast<std::size_t>(cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    dequantize_row(raw.type, raw.data + static_cast<std::size_t>(r) * raw.row_bytes, scratch.data(), cols);
+    for (std::int64_t k = 0; k < cols; ++k) {
+      DEPTHKV_CHECK(std::isfinite(scratch[static_cast<std::size_t>(k)]),
+                    f.source() << ": tensor '" << name << "' has a non-finite value at element " << r * cols + k);
+    }
+  }
+  m.resize(0, 0);
+  q.type = raw.type;
+  q.data = raw.data;
+  q.rows = rows;
+  q.cols = cols;
+  q.row_bytes = raw.row_bytes;
+  q.keep_alive = f.keep_alive();
+  used.insert(name);
 }
 
 inline void gguf_vector(const GgufFile& f, const std::string& name, std::int64_t n, Eigen::VectorXf& v,
@@ -723,15 +780,20 @@ inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t l
 /// `attention.layer_norm_rms_epsilon` (default 1e-5),
 /// `context_length` (seq_len, as the file states it). Tensors: token_embd, blk.N.{attn_norm,
 /// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up}.weight,
-/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Every type of
-/// `ggml_type_readable` is converted to float32 (weights are not kept quantized in memory).
+/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Weight matrices of
+/// a block type (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) stay in their stored blocks in place in the
+/// file (`QuantWeight`s holding `f.keep_alive()`; the RowMatrix is left empty; a tied
+/// classifier shares the embedding's bytes); F32, F16 and BF16 matrices are converted to
+/// float32 (Eigen's float32 products; F16/BF16 are not yet kept in place), and so is every
+/// type with `opt.dequantize`.
 /// @param f a parsed GGUF file
+/// @param opt load options (`GgufLoadOptions::dequantize` forces float32 weights)
 /// @return the model (`source_path`, `file_size`, `header_hash` describe the file)
 /// @throws Error for another architecture, mixture-of-experts models, RoPE scaling other than
 ///   linear (YaRN, LongRoPE), missing
 ///   or out-of-range hyper-parameters, missing, misshapen, unsupported-type or unexpected
 ///   tensors, and non-finite weights
-inline LlamaModel load_gguf(const GgufFile& f) {
+inline LlamaModel load_gguf(const GgufFile& f, const GgufLoadOptions& opt = {}) {
   const std::string& src = f.source();
   const std::string arch = f.get_string("general.architecture");
   DEPTHKV_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3",
@@ -797,16 +859,16 @@ inline LlamaModel load_gguf(const GgufFile& f) {
   const std::int64_t q_dim = static_cast<std::int64_t>(c.n_heads) * c.head_dim;
   const std::int64_t kv_dim = static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim;
 
-  detail::gguf_matrix(f, "token_embd.weight", c.vocab_size, c.dim, m.token_embedding, used);
+  detail::gguf_weight(f, "token_embd.weight", c.vocab_size, c.dim, m.token_embedding, m.token_embedding_quant, opt, used);
   m.layers.resize(static_cast<std::size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
     detail::gguf_vector(f, b + "attn_norm.weight", c.dim, w.attn_norm, used);
-    detail::gguf_matrix(f, b + "attn_q.weight", q_dim, c.dim, w.wq, used);
-    detail::gguf_matrix(f, b + "attn_k.weight", kv_dim, c.dim, w.wk, used);
-    detail::gguf_matrix(f, b + "attn_v.weight", kv_dim, c.dim, w.wv, used);
-    detail::gguf_matrix(f, b + "attn_output.weight", c.dim, q_dim, w.wo, used);
+    detail::gguf_weight(f, b + "attn_q.weight", q_dim, c.dim, w.wq, w.wq_quant, opt, used);
+    detail::gguf_weight(f, b + "attn_k.weight", kv_dim, c.dim, w.wk, w.wk_quant, opt, used);
+    detail::gguf_weight(f, b + "attn_v.weight", kv_dim, c.dim, w.wv, w.wv_quant, opt, used);
+    detail::gguf_weight(f, b + "attn_output.weight", c.dim, q_dim, w.wo, w.wo_quant, opt, used);
     const bool has_bias = f.find_tensor(b + "attn_q.bias") || f.find_tensor(b + "attn_k.bias") || f.find_tensor(b + "attn_v.bias");
     if (has_bias || arch == "qwen2") {
       detail::gguf_vector(f, b + "attn_q.bias", q_dim, w.bq, used);
@@ -818,16 +880,17 @@ inline LlamaModel load_gguf(const GgufFile& f) {
       detail::gguf_vector(f, b + "attn_k_norm.weight", c.head_dim, w.k_norm, used);
     }
     detail::gguf_vector(f, b + "ffn_norm.weight", c.dim, w.ffn_norm, used);
-    detail::gguf_matrix(f, b + "ffn_gate.weight", c.hidden_dim, c.dim, w.w1, used);
-    detail::gguf_matrix(f, b + "ffn_down.weight", c.dim, c.hidden_dim, w.w2, used);
-    detail::gguf_matrix(f, b + "ffn_up.weight", c.hidden_dim, c.dim, w.w3, used);
+    detail::gguf_weight(f, b + "ffn_gate.weight", c.hidden_dim, c.dim, w.w1, w.w1_quant, opt, used);
+    detail::gguf_weight(f, b + "ffn_down.weight", c.dim, c.hidden_dim, w.w2, w.w2_quant, opt, used);
+    detail::gguf_weight(f, b + "ffn_up.weight", c.hidden_dim, c.dim, w.w3, w.w3_quant, opt, used);
     used.insert(b + "attn_rot_embd.weight");  // legacy RoPE tables of old conversions: recomputed, ignored
   }
   detail::gguf_vector(f, "output_norm.weight", c.dim, m.final_norm, used);
   if (f.find_tensor("output.weight")) {
-    detail::gguf_matrix(f, "output.weight", c.vocab_size, c.dim, m.classifier, used);
+    detail::gguf_weight(f, "output.weight", c.vocab_size, c.dim, m.classifier, m.classifier_quant, opt, used);
   } else {
     m.classifier = m.token_embedding;
+    m.classifier_quant = m.token_embedding_quant;
   }
   if (f.find_tensor("rope_freqs.weight")) {
     detail::gguf_vector(f, "rope_freqs.weight", c.head_dim / 2, m.rope_freq_factors, used);
@@ -852,17 +915,21 @@ inline LlamaModel load_gguf(const GgufFile& f) {
 /// @param path a GGUF file
 /// @return the model
 /// @throws Error when the file cannot be read, is invalid, or holds an unsupported model
-inline LlamaModel load_gguf(const std::string& path) { return load_gguf(GgufFile::open(path)); }
+/// @param opt load options
+inline LlamaModel load_gguf(const std::string& path, const GgufLoadOptions& opt = {}) {
+  return load_gguf(GgufFile::open(path), opt);
+}
 
 /// Loads a Llama-family GGUF model from memory (the bytes are copied).
 /// @param data the file's bytes
 /// @param size their number
 /// @param source name for `source_path` and error messages
+/// @param opt load options
 /// @return the model
 /// @throws Error as `load_gguf(const GgufFile&)`
 inline LlamaModel load_gguf_from_memory(const std::uint8_t* data, std::size_t size,
-                                        const std::string& source = "<memory>") {
-  return load_gguf(GgufFile::from_memory(data, size, source));
+                                        const std::string& source = "<memory>", const GgufLoadOptions& opt = {}) {
+  return load_gguf(GgufFile::from_memory(data, size, source), opt);
 }
 
 }  // namespace llama

@@ -1,16 +1,24 @@
 #pragma once
 /// @file llama/model.hpp
-/// @brief The reference engine's model: hyper-parameters and float32 weights of a Llama-family
+/// @brief The reference engine's model: hyper-parameters and weights of a Llama-family
 /// transformer, as filled by the llama2.c and GGUF loaders.
 ///
 /// All matrices are row-major `[out][in]` (as in llama2.c and GGUF), so `y = W x` is
 /// `W * x` with `W` an `Eigen::Matrix<float, Dynamic, Dynamic, RowMajor>`.
+///
+/// Each weight matrix has two forms: a float32 `RowMatrix`, or a `QuantWeight` (the stored
+/// ggml blocks in place in a memory-mapped GGUF file, e.g. Q4_K). Exactly one is set: when the
+/// `QuantWeight` is present the `RowMatrix` is empty, and the engine multiplies the blocks
+/// (quant/products.hpp) instead.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <Eigen/Core>
+
+#include "depthkv/llama/quant/ggml_type.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -38,7 +46,30 @@ struct LlamaConfig {
   std::string architecture = "llama";  ///< "llama", "qwen2" or "qwen3"
 };
 
-/// Weights of one transformer layer.
+/// A weight matrix kept in its stored ggml type (no float copy): `rows` rows of `cols` values,
+/// row `r` at `data + r * row_bytes` (block layouts in quant/dequantize.hpp). `keep_alive` owns
+/// the bytes (the file mapping), so the pointer stays valid as long as any copy of this lives.
+/// Empty (`data == nullptr`) when the matrix is held as float32 instead.
+///
+/// @code
+/// const QuantWeight& w = model.layers[0].w1_quant;   // e.g. Q4_K [hidden_dim][dim]
+/// if (!w.empty()) depthkv::llama::quant_matvec(w.type, w.data, w.rows, w.cols, x, y, {1});
+/// @endcode
+struct QuantWeight {
+  GgmlType type = GgmlType::kF32;       ///< the stored type (a block type: Q4_0 ... Q6_K, IQ4_*)
+  const std::uint8_t* data = nullptr;   ///< first byte of row 0 (no alignment implied)
+  std::int64_t rows = 0;                ///< output size
+  std::int64_t cols = 0;                ///< input size (a multiple of the type's block size)
+  std::uint64_t row_bytes = 0;          ///< bytes of one row
+  std::shared_ptr<const void> keep_alive;  ///< owner of the bytes (mapped file)
+  /// @return true when no quantized form is held (the float RowMatrix is used)
+  bool empty() const { return data == nullptr; }
+  /// @return the bytes of all rows
+  std::uint64_t n_bytes() const { return static_cast<std::uint64_t>(rows) * row_bytes; }
+};
+
+/// Weights of one transformer layer. Each matrix is either the float32 `RowMatrix` or its
+/// `*_quant` form (then the RowMatrix is empty).
 struct LlamaLayerWeights {
   Eigen::VectorXf attn_norm;  ///< [dim]
   RowMatrix wq;               ///< [n_heads * head_dim][dim]
@@ -53,15 +84,19 @@ struct LlamaLayerWeights {
   RowMatrix w1;               ///< gate [hidden_dim][dim]
   RowMatrix w2;               ///< down [dim][hidden_dim]
   RowMatrix w3;               ///< up   [hidden_dim][dim]
+  /// Quantized forms of wq, wk, wv, wo, w1, w2, w3 (same shapes); empty when float.
+  QuantWeight wq_quant, wk_quant, wv_quant, wo_quant, w1_quant, w2_quant, w3_quant;
 };
 
-/// Hyper-parameters and float32 weights of a whole model.
+/// Hyper-parameters and weights of a whole model.
 struct LlamaModel {
   LlamaConfig config;
   RowMatrix token_embedding;          ///< [vocab_size][dim]
   std::vector<LlamaLayerWeights> layers;
   Eigen::VectorXf final_norm;         ///< [dim]
   RowMatrix classifier;               ///< [vocab_size][dim] (a copy of the embedding when shared)
+  QuantWeight token_embedding_quant;  ///< quantized form of token_embedding (rows dequantized on lookup); empty when float
+  QuantWeight classifier_quant;       ///< quantized form of classifier (shares the embedding's bytes when tied); empty when float
   Eigen::VectorXf rope_freq_factors;  ///< optional [head_dim/2] divisors of the RoPE frequencies (Llama 3 `rope_freqs.weight`); empty when absent
   std::string source_path;            ///< file it was loaded from
   std::uint64_t file_size = 0;        ///< its size in bytes
