@@ -177,4 +177,5 @@ decode_table("Decode-time eviction: stories260K (32 windows, context 128 + conti
 decode_table("Decode-time eviction: aidreams260K (64 windows, context 32 + continuation 96, chunks of 16, sinks 2, "
              "recent 4)", "dec_a", (1, 8, 32), 96, "")
 print("The schedule's cost per prefill chunk and per decode step (TinyLlama-1.1B shape and stories260K) is "
-      "measured by `benchmarks/schedule_bench` and recorded in `benchmarks/RESULTS.md`.")
+      "measured by `benchmarks/schedule_bench` and recorded in `benchmarks/RESULTS.md` (decode at the "
+      "TinyLlama-1.1B shape, interval 32: -4.6% per token against the engine alone; the observer alone +4.2%).")
