@@ -473,6 +473,23 @@ TEST_CASE("engine: works over a LayerView cache (engine-owned memory)", "[engine
   HostCache host = engine.make_cache();
   const RowMatrix a = engine.prefill(tokens, 0, host), b = engine.prefill(tokens, 0, view);
   REQUIRE((a - b).cwiseAbs().maxCoeff() < 1e-6f);
+  // a call that does not fit the views' capacity is refused before any layer appends
+  const auto more = random_tokens(cap - 16 + 1, spec.vocab, 13);
+  const std::vector<float> k0 = kmem[0], v_last = vmem.back();
+  try {
+    engine.prefill(more, 16, view);
+    FAIL("no error for a call beyond the capacity");
+  } catch (const depthkv::Error& e) {
+    REQUIRE(std::string(e.what()).find("layer 0 head 0 holds 16 of its 32 slots: 17 more tokens do not fit; "
+                                       "nothing was appended") != std::string::npos);
+  }
+  REQUIRE(view.lengths() == std::vector<int>(static_cast<std::size_t>(spec.layers), 16));
+  REQUIRE(kmem[0] == k0);
+  REQUIRE(vmem.back() == v_last);
+  // exactly the capacity fits
+  const RowMatrix c = engine.prefill(std::vector<int>(more.begin(), more.end() - 1), 16, view);
+  REQUIRE(view.lengths() == std::vector<int>(static_cast<std::size_t>(spec.layers), cap));
+  REQUIRE(c.allFinite());
 }
 
 // ---- the real model (../shared) ---------------------------------------------------------------

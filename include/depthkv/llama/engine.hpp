@@ -175,6 +175,18 @@ template <class L>
 struct HasBlockPool<L, std::void_t<decltype(std::declval<const L&>().blocks_for_tokens(1)),
                                    decltype(std::declval<const L&>().pool().num_free())>> : std::true_type {};
 
+/// Whether a layer type has a fixed number of slots per head (`capacity()` and no `reserve(int)`
+/// to grow it, as `LayerView` over engine-owned memory).
+template <class L, class = void>
+struct Grows : std::false_type {};
+template <class L>
+struct Grows<L, std::void_t<decltype(std::declval<L&>().reserve(1))>> : std::true_type {};
+template <class L, class = void>
+struct HasFixedCapacity : std::false_type {};
+template <class L>
+struct HasFixedCapacity<L, std::void_t<decltype(std::declval<const L&>().capacity())>>
+    : std::bool_constant<!Grows<L>::value> {};
+
 }  // namespace detail
 
 /// Options of one forward call (prefill, teacher forcing, decode).
@@ -504,10 +516,12 @@ class LlamaEngine {
   /// Paged layers (a `blocks_for_tokens(n)` and a `pool()`): every pool must have the free
   /// blocks that its layers take to append `n` tokens, checked before any layer is touched (an
   /// append that found its pool short half-way through the layers would leave the sequence's
-  /// layers at different lengths). Other layers: nothing to check. Pools shared with sequences
+  /// layers at different lengths). Layers of a fixed capacity (`LayerView`): every head must have
+  /// `n` free slots. Growing layers (`HostLayer`): nothing to check. Pools shared with sequences
   /// that other threads run at the same time can still run short between this check and the
   /// appends: the caller's admission must then reserve the blocks.
-  /// @throws Error ("pool exhausted") naming the blocks needed and free; the cache is unchanged
+  /// @throws Error ("pool exhausted", or a full head) naming what is needed and free; the cache
+  ///   is unchanged
   template <class Layer>
   static void check_pool_room(const KVCache<Layer>& cache, int n) {
     if constexpr (detail::HasBlockPool<Layer>::value) {
@@ -529,6 +543,14 @@ class LlamaEngine {
                                                                   << " of " << e.first->num_blocks()
                                                                   << " free; nothing was appended");
       }
+    } else if constexpr (detail::HasFixedCapacity<Layer>::value) {
+      for (int l = 0; l < cache.n_layers(); ++l)
+        for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+          const Layer& L = cache.layer(l);
+          DEPTHKV_CHECK(static_cast<long long>(L.size(h)) + n <= L.capacity(),
+                        "layer " << l << " head " << h << " holds " << L.size(h) << " of its " << L.capacity()
+                                 << " slots: " << n << " more tokens do not fit; nothing was appended");
+        }
     } else {
       (void)cache;
       (void)n;
