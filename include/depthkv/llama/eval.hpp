@@ -549,24 +549,53 @@ class PruningEvaluator {
     return res;
   }
 
-  // A plan evicted after every prefill chunk (EvalConfig::chunked_plans).
-  WindowResult run_chunked_plan(int w, int scorer, const std::vector<int>& keep) const {
+  // The prefill of window `w` in chunks, `evict_chunk(seen, cache)` called after every chunk
+  // (`seen` context tokens appended; the peak is taken before it) and `after_prefill(cache)` once
+  // at its end, then the continuation by `continuation(cache, res)` (its logits, [tc][vocab]):
+  // the accounting shared by the chunked plans and the schedules.
+  template <class EvictFn, class AfterFn, class ContinuationFn>
+  WindowResult run_evicting(int w, AttentionObserver observer, EvictFn&& evict_chunk, AfterFn&& after_prefill,
+                            ContinuationFn&& continuation) const {
     const LlamaConfig& c = engine_.config();
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const Reference& r = refs_[static_cast<std::size_t>(w)];
-    const int n_ctx = static_cast<int>(win.context.size());
     HostCache cache = engine_.make_cache();
-    std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
     WindowResult res;
-    res.budgets = keep;
     res.bytes_full = r.cache.bytes();
     res.bytes_full_peak = r.full_peak;
     ForwardOptions po;
     po.chunk_size = cfg_.chunk_size;
     po.all_logits = false;
-    po.observer = observe_into(sc);
+    po.observer = std::move(observer);
     po.after_chunk = [&](int seen, std::int32_t) {
-      res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+      res.bytes_peak = std::max(res.bytes_peak, cache.bytes());  // the chunk appended, not yet evicted
+      evict_chunk(seen, cache);
+    };
+    engine_.prefill(win.context, 0, cache, po);
+    after_prefill(cache);
+    res.bytes_kept = cache.bytes();
+    res.budgets = cache.lengths();
+    const RowMatrix lp = continuation(cache, res);
+    res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+    layer_tokens_ += static_cast<long long>(c.n_layers) * static_cast<long long>(win.context.size() + win.continuation.size());
+    res.metrics = compare_logits(r.logits, lp, r.targets);
+    return res;
+  }
+
+  // The continuation teacher-forced in chunks, the cache not evicted.
+  RowMatrix continue_plain(int w, HostCache& cache) const {
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    ForwardOptions fo;
+    fo.chunk_size = cfg_.chunk_size;
+    return engine_.teacher_force(win.continuation, static_cast<std::int32_t>(win.context.size()), cache, fo);
+  }
+
+  // A plan evicted after every prefill chunk (EvalConfig::chunked_plans).
+  WindowResult run_chunked_plan(int w, int scorer, const std::vector<int>& keep) const {
+    const LlamaConfig& c = engine_.config();
+    const int n_ctx = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+    std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
+    const auto evict_chunk = [&](int seen, HostCache& cache) {
       for (int l = 0; l < c.n_layers; ++l) {
         const int k = keep[static_cast<std::size_t>(l)];
         if (k >= n_ctx) continue;
@@ -582,48 +611,26 @@ class PruningEvaluator {
         }
       }
     };
-    engine_.prefill(win.context, 0, cache, po);
-    res.bytes_kept = cache.bytes();
-    ForwardOptions fo;
-    fo.chunk_size = cfg_.chunk_size;
-    const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, fo);
-    res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
-    layer_tokens_ += static_cast<long long>(c.n_layers) * (n_ctx + static_cast<long long>(win.continuation.size()));
-    res.metrics = compare_logits(r.logits, lp, r.targets);
+    WindowResult res = run_evicting(
+        w, observe_into(sc), evict_chunk, [](HostCache&) {},
+        [&](HostCache& cache, WindowResult&) { return continue_plain(w, cache); });
+    res.budgets = keep;
     return res;
   }
 
   WindowResult run_schedule(int w, const ScheduleConfig& sc, ScheduleEval mode) const {
     const LlamaConfig& c = engine_.config();
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
-    const Reference& r = refs_[static_cast<std::size_t>(w)];
     const int n_ctx = static_cast<int>(win.context.size());
     const int tc = static_cast<int>(win.continuation.size());
     EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
-    HostCache cache = engine_.make_cache();
-    WindowResult res;
-    res.bytes_full = r.cache.bytes();
-    res.bytes_full_peak = r.full_peak;
-    ForwardOptions po;
-    po.chunk_size = cfg_.chunk_size;
-    po.all_logits = false;
-    po.observer = schedule.observer();
-    po.after_chunk = [&](int, std::int32_t) {
-      res.bytes_peak = std::max(res.bytes_peak, cache.bytes());  // the chunk appended, not yet evicted
-      schedule.after_chunk(cache);
-    };
-    engine_.prefill(win.context, 0, cache, po);
-    schedule.evict_now(cache);
-    res.bytes_kept = cache.bytes();
-    res.budgets = cache.lengths();
-    ForwardOptions fo;
-    fo.chunk_size = cfg_.chunk_size;
-    RowMatrix lp;
-    if (mode == ScheduleEval::kPrefill) {
-      lp = engine_.teacher_force(win.continuation, n_ctx, cache, fo);
-    } else {  // blocks that end where the schedule may evict: each token sees its decode-time cache
+    const auto continuation = [&](HostCache& cache, WindowResult& res) {
+      if (mode == ScheduleEval::kPrefill) return continue_plain(w, cache);
+      // blocks that end where the schedule may evict: each token sees its decode-time cache
+      ForwardOptions fo;
+      fo.chunk_size = cfg_.chunk_size;
       fo.observer = schedule.observer();
-      lp.resize(tc, c.vocab_size);
+      RowMatrix lp(tc, c.vocab_size);
       for (int t0 = 0; t0 < tc;) {
         const int t = static_cast<int>(std::min<long long>(tc - t0, std::max<long long>(1, sc.interval - schedule.pending())));
         const std::vector<int> block(win.continuation.begin() + t0, win.continuation.begin() + t0 + t);
@@ -632,11 +639,11 @@ class PruningEvaluator {
         schedule.after_decode_step(cache);
         t0 += t;
       }
-    }
-    res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
-    layer_tokens_ += static_cast<long long>(c.n_layers) * (n_ctx + static_cast<long long>(tc));
-    res.metrics = compare_logits(r.logits, lp, r.targets);
-    return res;
+      return lp;
+    };
+    return run_evicting(
+        w, schedule.observer(), [&](int, HostCache& cache) { schedule.after_chunk(cache); },
+        [&](HostCache& cache) { schedule.evict_now(cache); }, continuation);
   }
 
   const LlamaEngine& engine_;
