@@ -22,16 +22,7 @@ namespace {
 
 using depthkv_test::random_tokens;
 
-LlamaModel model_of(unsigned seed, int layers = 4) {
-  depthkv_test::RandomSpec s;
-  s.seed = seed;
-  s.layers = layers;
-  s.hidden = 64;
-  s.vocab = 40;
-  s.seq_len = 512;
-  s.qk_gain = 3.0f;
-  return depthkv_test::random_model(s);
-}
+LlamaModel model_of(unsigned seed, int layers = 4) { return depthkv_test::random_model(depthkv_test::eval_spec(seed, layers)); }
 
 long long sum_of(const std::vector<int>& v) {
   long long s = 0;
@@ -345,11 +336,7 @@ TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot; chunke
   const LlamaModel model = model_of(17, 3);
   const LlamaEngine engine(model);
   const auto& c = model.config;
-  std::vector<llama::EvalWindow> windows(3);
-  for (std::size_t w = 0; w < windows.size(); ++w) {
-    windows[w].context = random_tokens(96, c.vocab_size, 20 + static_cast<unsigned>(w));
-    windows[w].continuation = random_tokens(24, c.vocab_size, 30 + static_cast<unsigned>(w));
-  }
+  const std::vector<llama::EvalWindow> windows = depthkv_test::random_windows(3, 96, 24, c.vocab_size, 20);
   const std::size_t token_bytes =
       static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim) * 2 * sizeof(float);
   for (int chunk : {1024, 16}) {
@@ -393,11 +380,7 @@ TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by
   const LlamaModel model = model_of(19, 3);
   const LlamaEngine engine(model);
   const auto& c = model.config;
-  std::vector<llama::EvalWindow> windows(2);
-  for (std::size_t w = 0; w < windows.size(); ++w) {
-    windows[w].context = random_tokens(32, c.vocab_size, 40 + static_cast<unsigned>(w));
-    windows[w].continuation = random_tokens(64, c.vocab_size, 50 + static_cast<unsigned>(w));
-  }
+  const std::vector<llama::EvalWindow> windows = depthkv_test::random_windows(2, 32, 64, c.vocab_size, 40);
   const std::size_t token_bytes =
       static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim) * 2 * sizeof(float);
   llama::EvalConfig cfg;
@@ -464,11 +447,7 @@ TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot; chunks equa
   const LlamaModel model = model_of(23, 3);
   const LlamaEngine engine(model);
   const auto& c = model.config;
-  std::vector<llama::EvalWindow> windows(3);
-  for (std::size_t w = 0; w < windows.size(); ++w) {
-    windows[w].context = random_tokens(96, c.vocab_size, 60 + static_cast<unsigned>(w));
-    windows[w].continuation = random_tokens(24, c.vocab_size, 70 + static_cast<unsigned>(w));
-  }
+  const std::vector<llama::EvalWindow> windows = depthkv_test::random_windows(3, 96, 24, c.vocab_size, 60);
   llama::EvalConfig cfg;
   cfg.protection = {1, 2};
   cfg.n_threads = 1;

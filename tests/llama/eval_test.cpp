@@ -20,31 +20,15 @@ using namespace depthkv::llama;
 
 namespace {
 
-// 4 heads (2 KV heads) of 8 dimensions, vocabulary 40; sharper attention (qk gain 3) and a larger
-// classifier than the engine tests' model.
+// The evaluator tests' model with a larger second FFN matrix and classifier.
 LlamaModel random_model(unsigned seed, int layers = 4) {
-  depthkv_test::RandomSpec s;
-  s.seed = seed;
-  s.layers = layers;
-  s.hidden = 64;
-  s.vocab = 40;
-  s.seq_len = 512;
-  s.qk_gain = 3.0f;
+  depthkv_test::RandomSpec s = depthkv_test::eval_spec(seed, layers);
   s.w2_gain = 1.0f;
   s.classifier_gain = 2.0f;
   return depthkv_test::random_model(s);
 }
 
-std::vector<EvalWindow> random_windows(int n, int ctx, int cont, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, vocab - 1);
-  std::vector<EvalWindow> w(static_cast<std::size_t>(n));
-  for (auto& x : w) {
-    for (int i = 0; i < ctx; ++i) x.context.push_back(u(rng));
-    for (int i = 0; i < cont; ++i) x.continuation.push_back(u(rng));
-  }
-  return w;
-}
+using depthkv_test::random_windows;
 
 void require_same(const std::vector<WindowResult>& a, const std::vector<WindowResult>& b, double tol) {
   REQUIRE(a.size() == b.size());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "depthkv/llama/model.hpp"
+#include "depthkv/llama/text_windows.hpp"
 
 namespace depthkv_test {
 
@@ -93,6 +94,32 @@ inline std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
   std::vector<int> t(static_cast<std::size_t>(n));
   for (int& x : t) x = u(rng);
   return t;
+}
+
+/// The evaluator tests' model shape: 4 heads (2 KV heads) of 8 dimensions, ffn 64, vocabulary 40,
+/// 512 positions, sharper attention (qk gain 3) than the engine tests' default.
+inline RandomSpec eval_spec(unsigned seed, int layers) {
+  RandomSpec s;
+  s.seed = seed;
+  s.layers = layers;
+  s.hidden = 64;
+  s.vocab = 40;
+  s.seq_len = 512;
+  s.qk_gain = 3.0f;
+  return s;
+}
+
+/// `n` windows of `ctx` context and `cont` continuation ids uniform in [0, vocab), drawn in order
+/// from one generator seeded with `seed`.
+inline std::vector<depthkv::llama::EvalWindow> random_windows(int n, int ctx, int cont, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(0, vocab - 1);
+  std::vector<depthkv::llama::EvalWindow> w(static_cast<std::size_t>(n));
+  for (auto& x : w) {
+    for (int i = 0; i < ctx; ++i) x.context.push_back(u(rng));
+    for (int i = 0; i < cont; ++i) x.continuation.push_back(u(rng));
+  }
+  return w;
 }
 
 }  // namespace depthkv_test
