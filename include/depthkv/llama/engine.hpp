@@ -280,7 +280,7 @@ class LlamaEngine {
                       "layer " << l << " head " << h << " already holds position " << L.positions(h)[sz - 1]
                                << ", new tokens start at " << pos0);
       }
-    check_pool_room(cache, n);
+    check_room(cache, n);
     detail::ScopedThreads threads(opt.n_threads);
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
@@ -523,7 +523,7 @@ class LlamaEngine {
   /// @throws Error ("pool exhausted", or a full head) naming what is needed and free; the cache
   ///   is unchanged
   template <class Layer>
-  static void check_pool_room(const KVCache<Layer>& cache, int n) {
+  static void check_room(const KVCache<Layer>& cache, int n) {
     if constexpr (detail::HasBlockPool<Layer>::value) {
       using Pool = std::remove_reference_t<decltype(std::declval<const Layer&>().pool())>;
       std::vector<std::pair<const Pool*, long long>> need;  // per distinct pool
