@@ -36,6 +36,7 @@
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "bench_args.hpp"
 #include "synthetic_models.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
@@ -195,28 +196,11 @@ void bench_profiling(const LlamaModel& model, const std::string& data, int n_win
 int main(int argc, char** argv) {
   int layers = 22, prompt = 512, decode = 32, chunk = 1024, windows = 16;
   bool synthetic = true;
-  std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
-  for (int i = 1; i < argc; ++i) {
-    auto next = [&](const char* opt) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", opt);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (!std::strcmp(argv[i], "--layers")) layers = std::atoi(next("--layers"));
-    else if (!std::strcmp(argv[i], "--prompt")) prompt = std::atoi(next("--prompt"));
-    else if (!std::strcmp(argv[i], "--decode")) decode = std::atoi(next("--decode"));
-    else if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(next("--chunk"));
-    else if (!std::strcmp(argv[i], "--windows")) windows = std::atoi(next("--windows"));
-    else if (!std::strcmp(argv[i], "--skip-synthetic")) synthetic = false;
-    else if (!std::strcmp(argv[i], "--data")) data = next("--data");
-    else {
-      std::fprintf(stderr,
-                   "usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--windows N] [--skip-synthetic] [--data DIR]\n");
-      return 2;
-    }
-  }
+  std::string data = depthkv_bench::default_data_dir();
+  depthkv_bench::Args args("engine_bench");
+  args.option("--layers", layers).option("--prompt", prompt).option("--decode", decode).option("--chunk", chunk);
+  args.option("--windows", windows).flag("--skip-synthetic", synthetic, false).option("--data", data);
+  if (!args.parse(argc, argv)) return 2;
   if (layers < 1 || prompt < 1 || decode < 0 || chunk < 1 || windows < 1) {
     std::fprintf(stderr, "engine_bench: --layers, --prompt, --chunk, --windows must be >= 1 and --decode >= 0\n");
     return 2;

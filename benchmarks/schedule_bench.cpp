@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -31,6 +30,7 @@
 #include "depthkv/eviction_schedule.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
+#include "bench_args.hpp"
 #include "synthetic_models.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
@@ -174,32 +174,12 @@ int main(int argc, char** argv) {
   Settings s;
   int layers = 22;
   bool synthetic = true;
-  std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
-  for (int i = 1; i < argc; ++i) {
-    auto next = [&](const char* opt) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", opt);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (!std::strcmp(argv[i], "--layers")) layers = std::atoi(next("--layers"));
-    else if (!std::strcmp(argv[i], "--prompt")) s.prompt = std::atoi(next("--prompt"));
-    else if (!std::strcmp(argv[i], "--decode")) s.decode = std::atoi(next("--decode"));
-    else if (!std::strcmp(argv[i], "--chunk")) s.chunk = std::atoi(next("--chunk"));
-    else if (!std::strcmp(argv[i], "--interval")) s.interval = std::atoi(next("--interval"));
-    else if (!std::strcmp(argv[i], "--keep")) s.keep = std::atof(next("--keep"));
-    else if (!std::strcmp(argv[i], "--scorer")) s.scorer = next("--scorer");
-    else if (!std::strcmp(argv[i], "--reps")) s.reps = std::atoi(next("--reps"));
-    else if (!std::strcmp(argv[i], "--skip-synthetic")) synthetic = false;
-    else if (!std::strcmp(argv[i], "--data")) data = next("--data");
-    else {
-      std::fprintf(stderr,
-                   "usage: schedule_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--interval M] [--keep R] "
-                   "[--scorer h2o|snapkv] [--reps N] [--skip-synthetic] [--data DIR]\n");
-      return 2;
-    }
-  }
+  std::string data = depthkv_bench::default_data_dir();
+  depthkv_bench::Args args("schedule_bench");
+  args.option("--layers", layers).option("--prompt", s.prompt).option("--decode", s.decode).option("--chunk", s.chunk);
+  args.option("--interval", s.interval).option("--keep", s.keep).option("--scorer", s.scorer).option("--reps", s.reps);
+  args.flag("--skip-synthetic", synthetic, false).option("--data", data);
+  if (!args.parse(argc, argv)) return 2;
   if (layers < 1 || s.prompt < 1 || s.decode < 0 || s.chunk < 1 || s.interval < 1 || s.reps < 1 || !(s.keep > 0) ||
       s.keep > 1) {
     std::fprintf(stderr, "schedule_bench: --layers, --prompt, --chunk, --interval, --reps must be >= 1, --decode >= 0, "

@@ -74,6 +74,7 @@
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/paged_cache.hpp"
 #include "depthkv/profile_io.hpp"
+#include "bench_args.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
 #define DEPTHKV_DEFAULT_DATA_DIR "../shared"
@@ -345,43 +346,27 @@ int main(int argc, char** argv) {
   Settings s;
   bool json = false;
   int reps = 1;
-  std::string data = std::getenv("DEPTHKV_DATA_DIR") ? std::getenv("DEPTHKV_DATA_DIR") : DEPTHKV_DEFAULT_DATA_DIR;
+  std::string data = depthkv_bench::default_data_dir();
   std::string profile_path;
-  for (int i = 1; i < argc; ++i) {
-    auto next = [&](const char* opt) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", opt);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (!std::strcmp(argv[i], "--pool-seqs")) s.pool_seqs = std::atoi(next("--pool-seqs"));
-    else if (!std::strcmp(argv[i], "--block-size")) s.block_size = std::atoi(next("--block-size"));
-    else if (!std::strcmp(argv[i], "--requests")) s.requests = std::atoi(next("--requests"));
-    else if (!std::strcmp(argv[i], "--context")) s.context = std::atoi(next("--context"));
-    else if (!std::strcmp(argv[i], "--gen")) s.gen = std::atoi(next("--gen"));
-    else if (!std::strcmp(argv[i], "--chunk")) s.chunk = std::atoi(next("--chunk"));
-    else if (!std::strcmp(argv[i], "--interval")) s.interval = std::atoi(next("--interval"));
-    else if (!std::strcmp(argv[i], "--quality")) s.quality = std::atoi(next("--quality"));
-    else if (!std::strcmp(argv[i], "--skip")) s.skip = std::atoi(next("--skip"));
-    else if (!std::strcmp(argv[i], "--scorer")) s.scorer = next("--scorer");
-    else if (!std::strcmp(argv[i], "--profile")) profile_path = next("--profile");
-    else if (!std::strcmp(argv[i], "--data")) data = next("--data");
-    else if (!std::strcmp(argv[i], "--json")) json = true;
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(next("--reps"));
-    else if (!std::strcmp(argv[i], "--keep")) {
-      s.keeps.clear();
-      for (const std::string& k : split_list(next("--keep"))) s.keeps.push_back(std::atof(k.c_str()));
-    } else if (!std::strcmp(argv[i], "--policies")) {
-      s.policies = split_list(next("--policies"));
-    } else {
-      std::fprintf(stderr,
-                   "usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N] "
-                   "[--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal] [--scorer snapkv|h2o] "
-                   "[--quality N] [--skip N] [--reps N] [--profile FILE] [--data DIR] [--json]\n");
-      return 2;
+  depthkv_bench::Args args("serving_bench");
+  args.option("--pool-seqs", s.pool_seqs).option("--block-size", s.block_size).option("--requests", s.requests);
+  args.option("--context", s.context).option("--gen", s.gen).option("--chunk", s.chunk).option("--interval", s.interval);
+  args.option("--keep", "R,R,...", [&](const char* v) {
+    s.keeps.clear();
+    for (const std::string& k : split_list(v)) {
+      char* end = nullptr;
+      s.keeps.push_back(std::strtod(k.c_str(), &end));
+      if (end == k.c_str() || *end) return false;
     }
-  }
+    return true;
+  });
+  args.option("--policies", "uniform,optimal", [&](const char* v) {
+    s.policies = split_list(v);
+    return true;
+  });
+  args.option("--scorer", s.scorer).option("--quality", s.quality).option("--skip", s.skip).option("--reps", reps);
+  args.option("--profile", profile_path).option("--data", data).flag("--json", json);
+  if (!args.parse(argc, argv)) return 2;
   bool keeps_ok = true;
   for (double k : s.keeps) keeps_ok = keeps_ok && k > 0 && k <= 1;
   if (s.pool_seqs < 1 || s.block_size < 1 || s.requests < 1 || s.context < 1 || s.gen < 1 || s.chunk < 1 ||
