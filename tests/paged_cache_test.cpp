@@ -360,7 +360,9 @@ TEST_CASE("append_page_table exports FlashInfer-style indices, indptr and last-p
   BlockPool<float> pool(32, 4, 2, 2), single(32, 4, 1, 2);
   PagedLayer<float> a(pool, 2, 2), empty(pool, 2, 2), ph(single, 2, 2, PagedTables::kPerHead);
   const float kv[4] = {1, 2, 3, 4};
+  PagedLayer<float> b(pool, 2, 2);
   for (int t = 0; t < 9; ++t) a.append(kv, kv, t);
+  for (int t = 0; t < 9; ++t) b.append(kv, kv, t);
   for (int t = 0; t < 4; ++t) ph.append_head(0, kv, kv, t);
   for (int t = 0; t < 6; ++t) ph.append_head(1, kv, kv, t);
   depthkv::PageTable pt;
@@ -375,12 +377,18 @@ TEST_CASE("append_page_table exports FlashInfer-style indices, indptr and last-p
   // after eviction with shrink off only the pages holding tokens are listed
   depthkv::EvictOptions opt;
   opt.shrink = false;
-  depthkv::evict_layer(a, depthkv::LayerScores(2, std::vector<float>(9, 0.f)), {5, 2}, {0, 0}, opt);
+  depthkv::evict_layer(a, depthkv::LayerScores(2, std::vector<float>(9, 0.f)), {5, 5}, {0, 0}, opt);
   depthkv::PageTable q;
   depthkv::append_page_table(q, a);
   REQUIRE(q.indptr == std::vector<I32>{0, 2});
   REQUIRE(q.last_page_len == std::vector<I32>{1});
   REQUIRE(a.num_blocks_held() == 3);
+  // heads of different sizes cannot share one per-layer length: refused, q unchanged
+  depthkv::evict_layer(b, depthkv::LayerScores(2, std::vector<float>(9, 0.f)), {5, 2}, {0, 0}, opt);
+  const depthkv::PageTable before = q;
+  REQUIRE_THROWS_WITH(depthkv::append_page_table(q, b), Catch::Contains("KV head 1 holds 2 tokens"));
+  REQUIRE(q.indptr == before.indptr);
+  REQUIRE(q.indices == before.indices);
   REQUIRE_THROWS_AS(depthkv::append_page_table(q, PagedLayer<float>()), depthkv::Error);  // no pool
   q.indptr.push_back(7);
   REQUIRE_THROWS_AS(depthkv::append_page_table(q, a), depthkv::Error);  // indptr inconsistent

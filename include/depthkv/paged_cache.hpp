@@ -440,7 +440,11 @@ struct PageTable {
 
 /// Appends `layer`'s requests to `out`: one of `max_size()` tokens (per-layer tables) or one per
 /// KV head of `size(h)` tokens (per-head tables). Only the pages that hold tokens are listed.
-/// @throws Error when `out.indptr` does not end at `out.indices.size()` or the layer has no pool
+/// A per-layer table is one length for every head, so its heads must hold the same number of
+/// tokens (after per-head budgets the shorter heads' tail slots hold stale rows that a kernel
+/// would attend to: such layers need `PagedTables::kPerHead`).
+/// @throws Error when `out.indptr` does not end at `out.indices.size()`, the layer has no pool,
+///   or a per-layer table's heads hold different token counts; `out` is then unchanged
 template <typename T>
 void append_page_table(PageTable& out, const PagedLayer<T>& layer) {
   DEPTHKV_CHECK(!out.indptr.empty() && out.indptr.back() == static_cast<std::int32_t>(out.indices.size()),
@@ -448,6 +452,12 @@ void append_page_table(PageTable& out, const PagedLayer<T>& layer) {
   const int bs = layer.block_size();
   DEPTHKV_CHECK(bs >= 1, "the layer has no block pool (default-constructed or moved from)");
   const int n_req = layer.tables() == PagedTables::kPerLayer ? 1 : layer.n_kv_heads();
+  if (layer.tables() == PagedTables::kPerLayer)
+    for (int h = 0; h < layer.n_kv_heads(); ++h)
+      DEPTHKV_CHECK(layer.size(h) == layer.max_size(),
+                    "per-layer page table: KV head " << h << " holds " << layer.size(h) << " tokens, head 0 "
+                                                     << layer.size(0) << " (one length for all heads; heads of "
+                                                     << "different sizes need per-head tables)");
   for (int r = 0; r < n_req; ++r) {
     const int n = layer.tables() == PagedTables::kPerLayer ? layer.max_size() : layer.size(r);
     const int pages = (n + bs - 1) / bs;
