@@ -26,14 +26,15 @@
 /// slot. The kernel walks a head's survivors in tiles of `R` consecutive survivors, in order,
 /// with one CTA: a tile's units are all read (into registers), then `__syncthreads()`, then all
 /// written. Tile `t` covers survivors `[i0, i0 + R)`: it writes slots `< i0 + R` and reads slots
-/// `kept[j] >= j >= i0` . A later tile reads slots `kept[j] >= j >= i0 + R`, never one that tile
+/// `kept[j] >= j >= i0`. A later tile reads slots `kept[j] >= j >= i0 + R`, never one that tile
 /// `t` (or any earlier tile) writes, so no later read waits for an earlier write, and only the
 /// reads and writes of the same tile must be ordered (the barrier). A survivor with
 /// `kept[i] == i` is not moved. Rows of different heads never overlap (different blocks, or
 /// different head offsets of one block), so heads run concurrently, one CTA each.
-/// Contract: `kept` strictly ascending in `[0, n)`; no block listed twice in one table, and no
-/// block in two tables of the same launch unless their heads differ (per-layer tables);
-/// `plan_paged_compact` checks both for one layer.
+/// Contract: `kept` strictly ascending in `[0, n)`; no two heads of one launch share a row: a
+/// block is in one table only (per-head tables), and a per-layer table serves each of its KV
+/// heads once. `plan_paged_compact` checks the kept lists and the tables of one layer; the kernel
+/// checks each head's kept list and table entries again before it writes anything of that head.
 
 #include <cstddef>
 #include <cstdint>
