@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU check's programs into one folder, with nvcc directly (no CMake, no Catch2), so a
 # GPU machine runs them without compiling (scripts/gpu_check.sh --prebuilt DIR):
-#   cuda_score_test, cuda_evict_test, evict_cuda_bench
+#   cuda_score_test, cuda_evict_test, cuda_paged_compact_test, evict_cuda_bench
 # Code for sm_80 and sm_90 plus compute_90 PTX (JIT-compiled by newer drivers), static CUDA
 # runtime, static libstdc++/libgcc, -O3, warnings as errors (nvcc -Werror=all-warnings and the host
 # compiler's -Wall -Wextra -Werror). DIR also gets:
@@ -18,7 +18,8 @@
 #                 on-device fallback of gpu_check.sh; BUILD_INFO and the output say so)
 #   DEPTHKV_COMMIT the commit to record (default: git rev-parse, "(with local changes)" when dirty)
 # Without Eigen (/usr/include/eigen3 or EIGEN_INCLUDE) the eviction test is built with
-# -DDEPTHKV_TEST_NO_CPU_EVICTOR: its reference is then the naive one alone.
+# -DDEPTHKV_TEST_NO_CPU_EVICTOR: its reference is then the naive one alone (the paged compaction
+# test needs Eigen: its reference is PagedLayer with the CPU evictor).
 # Exit status: 0 when every program was built.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -94,7 +95,7 @@ build_one() {  # build_one NAME SRC: -Werror; without the CPU evictor if Eigen i
 T0=$(date +%s)
 i=0
 for prog in "cuda_score_test tests/cuda/score_test.cu" "cuda_evict_test tests/cuda/evict_test.cu" \
-            "evict_cuda_bench benchmarks/evict_cuda_bench.cu"; do
+            "cuda_paged_compact_test tests/cuda/paged_compact_test.cu" "evict_cuda_bench benchmarks/evict_cuda_bench.cu"; do
   set -- $prog
   build_one "$1" "$2" &
   i=$((i + 1))
@@ -114,7 +115,7 @@ wait
 rm -f "$DIR"/*.note
 cat "$DIR/BUILD_INFO"
 ok=0
-for t in cuda_score_test cuda_evict_test evict_cuda_bench; do
+for t in cuda_score_test cuda_evict_test cuda_paged_compact_test evict_cuda_bench; do
   if [ -x "$DIR/$t" ]; then
     echo "built $DIR/$t ($(du -h "$DIR/$t" | cut -f1))"
   else

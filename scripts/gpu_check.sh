@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check for a GPU machine, within a wall-time budget (default 300 s, sized for one
+# One prepared check for a GPU machine, within a wall-time budget (default 330 s, sized for one
 # H100/H200), that cannot waste the run: every step has its own timeout, the important steps run
 # first, and a step that cannot run is reported as SKIPPED with its reason, never as PASS or FAIL.
 #
@@ -13,13 +13,14 @@
 #   0. device info (nvidia-smi; 10)
 #   [build, fallback only: scripts/build_gpu_binaries.sh for the local GPU's architecture,
 #    BUILD_TIMEOUT per attempt (120), and if -Werror fails one retry without it, which the report
-#    names; the 300 s budget then starts after the build]
+#    names; the 330 s budget then starts after the build]
 #   1. cuda_score_test (40)
 #   2. cuda_evict_test --seconds EVICT_TEST_SECONDS (55; timeout +40)
-#   3. compute-sanitizer memcheck of cuda_evict_test, directed tests + a few small cases (60)
-#   4. evict_cuda_bench, BENCH_RUNS runs (5) per configuration (55)
-#   5. compute-sanitizer racecheck of small random cases (45), only if that much time is left
-#   6. torch.topk + gather baseline (benchmarks/torch_topk_baseline.py; 60), only if time is left
+#   3. cuda_paged_compact_test --seconds PAGED_TEST_SECONDS (15; timeout +15)
+#   4. compute-sanitizer memcheck of cuda_evict_test, directed tests + a few small cases (60)
+#   5. evict_cuda_bench, BENCH_RUNS runs (5) per configuration (55)
+#   6. compute-sanitizer racecheck of small random cases (45), only if that much time is left
+#   7. torch.topk + gather baseline (benchmarks/torch_topk_baseline.py; 60), only if time is left
 # A required step gets at most the time left; with under 10 s left it is SKIPPED (time).
 # Results: PASS; FAIL (non-zero exit, timeout, missing program; exit 77 "no device" counts as FAIL
 # on a machine that has a GPU); SKIPPED (time; compute-sanitizer missing or refusing the device,
@@ -34,7 +35,7 @@
 # tree copied to a GPU machine may have no .git.
 # Exit status: 0 when no step failed.
 #
-# Environment: BUDGET_S (300), EVICT_TEST_SECONDS (55), BENCH_TOKENS (4096,32768,131072),
+# Environment: BUDGET_S (330), EVICT_TEST_SECONDS (55), PAGED_TEST_SECONDS (15), BENCH_TOKENS (4096,32768,131072),
 # BENCH_RUNS (5), BUILD_TIMEOUT (120), BUILD_DIR (build/gpu-local), CUDA_ARCH (fallback build;
 # default the GPU's), SKIP_SANITIZER=1, COMPUTE_SANITIZER (path).
 set -u
@@ -56,8 +57,9 @@ done
 [ -z "$PREBUILT" ] || [ "$DRY" = 1 ] || [ -d "$PREBUILT" ] || { echo "gpu_check: no folder $PREBUILT" >&2; exit 2; }
 [ -n "$PREBUILT" ] && [ -d "$PREBUILT" ] && PREBUILT=$(cd "$PREBUILT" && pwd)
 
-BUDGET_S=${BUDGET_S:-300}
+BUDGET_S=${BUDGET_S:-330}
 EVICT_TEST_SECONDS=${EVICT_TEST_SECONDS:-55}
+PAGED_TEST_SECONDS=${PAGED_TEST_SECONDS:-15}
 BENCH_TOKENS=${BENCH_TOKENS:-4096,32768,131072}
 BENCH_RUNS=${BENCH_RUNS:-5}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-120}
@@ -69,6 +71,7 @@ MIN_STEP=10      # a required step with less time than this is skipped
 T_INFO=10
 T_SCORE=40
 T_EVICT=$((EVICT_TEST_SECONDS + 40))
+T_PAGED=$((PAGED_TEST_SECONDS + 15))
 T_MEMCHECK=60
 T_BENCH=55
 T_RACECHECK=45
@@ -80,6 +83,7 @@ BIN=${PREBUILT:-$BUILD_DIR}
 PLAN=(
   "cuda_score_test|$T_SCORE|required|\$BIN/cuda_score_test"
   "cuda_evict_test|$T_EVICT|required|\$BIN/cuda_evict_test --seconds $EVICT_TEST_SECONDS"
+  "cuda_paged_compact_test|$T_PAGED|required|\$BIN/cuda_paged_compact_test --seconds $PAGED_TEST_SECONDS"
   "memcheck|$T_MEMCHECK|required|\$SAN --tool memcheck --error-exitcode 3 \$BIN/cuda_evict_test --cases 4 --seconds 5 --budget-mb 4"
   "evict_cuda_bench|$T_BENCH|required|\$BIN/evict_cuda_bench --tokens $BENCH_TOKENS --runs $BENCH_RUNS"
   "racecheck|$T_RACECHECK|optional|\$SAN --tool racecheck --error-exitcode 3 \$BIN/cuda_evict_test --random-only --cases 3 --seconds 3 --budget-mb 2"
@@ -91,21 +95,21 @@ print_plan() {
   [ -n "$PREBUILT" ] || mode="fallback: compile on the device into $BUILD_DIR"
   echo "# gpu_check plan ($mode), budget ${BUDGET_S}s"
   local worst=$((T_INFO + KILL_GRACE)) opt=0 i=1
-  printf '%-3s %-20s %8s  %-9s %s\n' "#" step timeout kind command
-  printf '%-3s %-20s %7ss  %-9s %s\n' 0 device-info "$T_INFO" required "nvidia-smi"
+  printf '%-3s %-24s %8s  %-9s %s\n' "#" step timeout kind command
+  printf '%-3s %-24s %7ss  %-9s %s\n' 0 device-info "$T_INFO" required "nvidia-smi"
   if [ -z "$PREBUILT" ]; then
-    printf '%-3s %-20s %7ss  %-9s %s\n' "-" build "$((2 * BUILD_TIMEOUT))" required \
+    printf '%-3s %-24s %7ss  %-9s %s\n' "-" build "$((2 * BUILD_TIMEOUT))" required \
       "scripts/build_gpu_binaries.sh $BUILD_DIR (local arch; ${BUILD_TIMEOUT}s per attempt, one retry without -Werror; outside the budget)"
   fi
   for entry in "${PLAN[@]}"; do
     IFS='|' read -r name limit kind cmd <<<"$entry"
-    printf '%-3s %-20s %7ss  %-9s %s\n' "$i" "$name" "$limit" "$kind" "$cmd"
+    printf '%-3s %-24s %7ss  %-9s %s\n' "$i" "$name" "$limit" "$kind" "$cmd"
     if [ "$kind" = required ]; then worst=$((worst + limit + KILL_GRACE)); else opt=$((opt + limit + KILL_GRACE)); fi
     i=$((i + 1))
   done
   worst=$((worst + RESERVE))
   if [ -n "$PREBUILT" ]; then
-    for t in cuda_score_test cuda_evict_test evict_cuda_bench; do
+    for t in cuda_score_test cuda_evict_test cuda_paged_compact_test evict_cuda_bench; do
       if [ -x "$PREBUILT/$t" ]; then echo "program $t: present"; else echo "program $t: MISSING (its steps would FAIL)"; fi
     done
     [ -f "$PREBUILT/BUILD_INFO" ] && sed 's/^/prebuilt /' "$PREBUILT/BUILD_INFO"
