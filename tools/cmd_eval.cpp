@@ -33,7 +33,7 @@ namespace {
 struct EvalArgs {
   std::string model, tokenizer, text, tokens, profile, keeps = "0.1,0.2,0.3,0.5",
                                                       policies = "uniform,pyramid,proportional,middle,optimal", scorers;
-  std::string csv, plot;
+  std::string csv, plot, windows_out;
   int context = 0, continuation = 0, windows = 64, skip = -1, threads = 0, chunk = 1024, min_tokens = -1;
   /// oneshot: evict once after the context; chunked: after every prefill chunk; decode: chunked,
   /// and every `interval` tokens of the continuation
@@ -218,6 +218,24 @@ WindowPlan plan_windows(const EvalArgs& a, const depthkv::ProfileFile& f) {
   return w;
 }
 
+// The evaluation windows' token ids, for other engines to evaluate the same inputs
+// (benchmarks/kvpress_peer): {"model", "source", "context", "continuation", "skip",
+// "windows": [{"index", "context": [ids], "continuation": [ids]}]}.
+void write_windows(const std::string& path, const std::string& model, const WindowPlan& w,
+                   const std::vector<depthkv::llama::EvalWindow>& windows) {
+  nlohmann::json j = {{"model", base_name(model)},  {"source", base_name(w.source)},
+                      {"context", w.context},       {"continuation", w.continuation},
+                      {"skip", w.skip},             {"windows", nlohmann::json::array()}};
+  for (std::size_t i = 0; i < windows.size(); ++i)
+    j["windows"].push_back({{"index", w.skip + static_cast<int>(i)},
+                            {"context", windows[i].context},
+                            {"continuation", windows[i].continuation}});
+  std::ofstream out(path);
+  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "'");
+  out << j.dump() << '\n';
+  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "'");
+}
+
 /// One row: the budgets `policy` gives at `keep` and the means over the windows of pruning to them.
 Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, const depthkv::ProfileFile& f,
                  const std::string& scorer, int scorer_index, double keep, depthkv::AllocationPolicy policy,
@@ -352,6 +370,11 @@ void run_eval(const EvalArgs& a) {
   std::fprintf(stderr, "eval: %s, %d windows of %d+%d tokens from %s (windows %d..%d), scorers %s\n",
                base_name(a.model).c_str(), w.windows, w.context, w.continuation, base_name(w.source).c_str(), w.skip,
                w.skip + w.windows - 1, a.scorers.empty() ? "(all in the profile)" : a.scorers.c_str());
+  if (!a.windows_out.empty()) {
+    write_windows(a.windows_out, a.model, w, windows);
+    std::fprintf(stderr, "eval: wrote the windows' token ids to %s (nothing evaluated)\n", a.windows_out.c_str());
+    return;
+  }
 
   // The full-cache passes (once), then every (scorer, keep, policy) against them.
   EvalConfig ecfg;
@@ -425,6 +448,8 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--json", a->json, "print the rows as one JSON array");
+  c->add_option("--windows-out", a->windows_out,
+                "write the evaluation windows' token ids (JSON) to this file and stop, evaluating nothing");
   c->add_option("--csv", a->csv, "write the rows (and the profile's sensitivity curves to *-sensitivity.csv)");
   c->add_option("--plot", a->plot, "write quality-vs-budget and per-layer sensitivity curves (SVG, gnuplot)");
   c->callback([a] { run_eval(*a); });

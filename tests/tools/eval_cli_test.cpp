@@ -107,6 +107,36 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   require_error(run_cli(no_keep + " --keep 0.3,x", "2>&1"), "--keep: 'x' is not a number");
 }
 
+TEST_CASE("eval --windows-out writes the evaluation windows' ids and evaluates nothing", "[cli][eval][real]") {
+  Fixture fx;
+  const std::string out = tmp_path("windows.json");
+  const std::string base = "eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
+                           " --threads 1 --windows 3";
+  const auto r = run_cli(base + " --windows-out " + shell_quoted(out));
+  REQUIRE(r.status == 0);
+  REQUIRE(r.out.empty());  // no table printed
+  std::ifstream in(out);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  REQUIRE(j["model"] == "stories260K.bin");
+  REQUIRE(j["source"] == "tinystories_valid.txt");
+  REQUIRE(j["context"] == 64);
+  REQUIRE(j["continuation"] == 16);
+  REQUIRE(j["skip"] == 4);  // the first window after the 4 calibration windows
+  REQUIRE(j["windows"].size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    const auto& w = j["windows"][static_cast<std::size_t>(i)];
+    REQUIRE(w["index"] == 4 + i);
+    const auto c = w["context"].get<std::vector<int>>(), t = w["continuation"].get<std::vector<int>>();
+    REQUIRE(c.size() == 64);
+    REQUIRE(t.size() == 16);
+    for (const std::vector<int>* v : {&c, &t})
+      for (int id : *v) REQUIRE((id >= 0 && id < 512));
+  }
+  REQUIRE(j["windows"][0]["context"] != j["windows"][1]["context"]);
+  std::remove(out.c_str());
+  require_error(run_cli(base + " --windows-out /nonexistent-dir/w.json", "2>&1"), "cannot write '/nonexistent-dir/w.json'");
+}
+
 TEST_CASE("the selection flags are --sinks --recent --obs-window --kernel --pooling everywhere; --window is refused",
           "[cli][real]") {
   Fixture fx;
