@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""kvpress and depthkv side by side: the same model, windows and protocol as `depthkv eval`.
+
+For each model (stories260K, aidreams260K from the data folder):
+ 1. `depthkv eval --windows-out` writes the evaluation windows (the main job's settings: windows
+    after the profile's calibration windows, context + continuation as profiled) as token ids.
+ 2. The llama2.c checkpoint is converted to a Hugging Face `LlamaForCausalLM` (q/k rows permuted
+    from llama2.c's interleaved RoPE pairs to HF's rotate-half order) and checked: greedy text
+    from BOS equals `depthkv generate -t 0`'s, and the full-cache NLL of the windows equals the
+    one `depthkv eval` reports.
+ 3. Every kvpress press runs on every window at every keep ratio: the context is prefilled under
+    the press, then the continuation is teacher-forced on the compressed cache (positions after
+    the full context). Metric: mean over windows and continuation rows of KL(full || pruned), as
+    `depthkv eval` defines it (llama/eval.hpp `compare_logits`).
+ 4. `depthkv eval --json` runs depthkv's policies on the same windows; depthkv's per-layer budgets
+    are also applied inside kvpress with kvpress's own SnapKV scorer (and with AdaKV inside each
+    layer).
+ 5. The table and the plot go to docs/results/kvpress_peer.{md,json,svg}.
+
+Head-wise presses (AdaKV, CriticalAdaKV) and per-layer budgets are applied by masking: the
+pruned (head, token) pairs get -inf in the attention of every later query (an additive mask),
+which gives exactly the attention of a cache without them. kvpress's own mechanism ("fake keys"
+found by a hyperplane search) fails on heads of 8 dimensions, and its physical per-layer
+compression needs flash attention, which has no CPU kernel.
+
+Needs torch, transformers and kvpress (requirements.txt) in a virtual environment outside the
+repository, and a built `depthkv` CLI:
+
+    python3 -m venv /tmp/venv-kvpress && /tmp/venv-kvpress/bin/pip install -r benchmarks/kvpress_peer/requirements.txt
+    /tmp/venv-kvpress/bin/python benchmarks/kvpress_peer/run.py --depthkv build/release/tools/depthkv
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The main job's settings (scripts/main-job.sh): windows and protection per model.
+MODELS = {
+    "stories260K": {"windows": 64, "selection": []},
+    "aidreams260K": {"windows": 128, "selection": ["--sinks", "2", "--recent", "4", "--obs-window", "4"]},
+}
+
+
+# ---- the model -----------------------------------------------------------------------------------
+
+def read_llama2c(path):
+    """The tensors of a llama2.c checkpoint (legacy format: 7 int32 header, float32 weights)."""
+    with open(path, "rb") as f:
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack("7i", f.read(28))
+        data = np.fromfile(f, dtype=np.float32)
+    shared = vocab > 0
+    vocab = abs(vocab)
+    hd = dim // n_heads
+    off = 0
+
+    def take(*shape):
+        nonlocal off
+        n = int(np.prod(shape))
+        if off + n > data.size:
+            raise ValueError(f"{path}: truncated checkpoint")
+        t = data[off:off + n].reshape(shape)
+        off += n
+        return torch.from_numpy(t.copy())
+
+    w = {"emb": take(vocab, dim), "rms_att": take(n_layers, dim), "wq": take(n_layers, n_heads * hd, dim),
+         "wk": take(n_layers, n_kv * hd, dim), "wv": take(n_layers, n_kv * hd, dim),
+         "wo": take(n_layers, dim, n_heads * hd), "rms_ffn": take(n_layers, dim), "w1": take(n_layers, hidden, dim),
+         "w2": take(n_layers, dim, hidden), "w3": take(n_layers, hidden, dim), "rms_final": take(dim)}
+    take(seq_len * hd // 2)  # freq_cis_real
+    take(seq_len * hd // 2)  # freq_cis_imag
+    w["cls"] = w["emb"] if shared else take(vocab, dim)
+    cfg = dict(dim=dim, hidden=hidden, n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, vocab=vocab, seq_len=seq_len,
+               shared=shared)
+    return cfg, w
+
+
+def rope_halves(w, n_heads):
+    """Rows of a q/k projection from interleaved pairs (2j, 2j+1) to rotate-half pairs (j, j + hd/2)."""
+    rows, cols = w.shape
+    hd = rows // n_heads
+    return w.view(n_heads, hd // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def to_hf(path, attn="sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c, w = read_llama2c(path)
+    cfg = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["dim"], intermediate_size=c["hidden"],
+                      num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
+                      num_key_value_heads=c["n_kv"], head_dim=c["dim"] // c["n_heads"],
+                      max_position_embeddings=c["seq_len"], rms_norm_eps=1e-5, tie_word_embeddings=c["shared"],
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=1,
+                      eos_token_id=2, attn_implementation=attn)
+    m = LlamaForCausalLM(cfg).eval()
+    sd = {"model.embed_tokens.weight": w["emb"], "model.norm.weight": w["rms_final"], "lm_head.weight": w["cls"]}
+    for l in range(c["n_layers"]):
+        p = f"model.layers.{l}."
+        sd[p + "input_layernorm.weight"] = w["rms_att"][l]
+        sd[p + "post_attention_layernorm.weight"] = w["rms_ffn"][l]
+        sd[p + "self_attn.q_proj.weight"] = rope_halves(w["wq"][l], c["n_heads"])
+        sd[p + "self_attn.k_proj.weight"] = rope_halves(w["wk"][l], c["n_kv"])
+        sd[p + "self_attn.v_proj.weight"] = w["wv"][l]
+        sd[p + "self_attn.o_proj.weight"] = w["wo"][l]
+        sd[p + "mlp.gate_proj.weight"] = w["w1"][l]
+        sd[p + "mlp.down_proj.weight"] = w["w2"][l]
+        sd[p + "mlp.up_proj.weight"] = w["w3"][l]
+    missing, unexpected = m.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (c["shared"] and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    return m
+
+
+def read_vocab(path, n):
+    """llama2.c tokenizer file: max length, then per token a float score, an int length, bytes."""
+    pieces = []
+    with open(path, "rb") as f:
+        f.read(4)
+        for _ in range(n):
+            f.read(4)
+            (ln,) = struct.unpack("i", f.read(4))
+            pieces.append(f.read(ln))
+    return pieces
+
+
+def decode(pieces, ids):
+    """run.c's decode: a space after BOS is dropped, <0xXX> pieces are raw bytes."""
+    out = b""
+    prev = 1
+    for t in ids:
+        p = pieces[t]
+        if prev == 1 and p.startswith(b" "):
+            p = p[1:]
+        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):
+            p = bytes([int(p[3:5], 16)])
+        out += p
+        prev = t
+    return out.decode("utf-8", errors="replace")
+
+
+# ---- masking: head-wise and per-layer budgets -------------------------------------------------------
+
+def install_mask_patch():
+    """Wraps every attention function: a module with `masked_key_indices` (batch, kv_head, slot)
+    gets -inf added at those keys for every query of the call (kvpress's fake-key patch is then
+    bypassed)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def patch(func):
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            idx = getattr(module, "masked_key_indices", None)
+            if idx is None or query.shape[2] == key.shape[2]:
+                return func(module, query, key, value, attention_mask, *args, **kwargs)
+            bsz, nh, q_len, _ = query.shape
+            nkv, k_len = key.shape[1], key.shape[2]
+            add = torch.zeros(bsz, nkv, q_len, k_len, dtype=query.dtype)
+            b, h, s = idx
+            add[b, h, :, s] = float("-inf")
+            add = add.repeat_interleave(nh // nkv, dim=1)
+            if attention_mask is None:  # causal, the queries are the last q_len positions
+                i = torch.arange(q_len)[:, None]
+                j = torch.arange(k_len)[None, :]
+                base = torch.where(j <= k_len - q_len + i, 0.0, float("-inf")).to(query.dtype)
+            elif attention_mask.dtype == torch.bool:
+                base = torch.where(attention_mask, 0.0, float("-inf")).to(query.dtype)
+            else:
+                base = attention_mask
+            base = base[..., :k_len]
+            kwargs.pop("is_causal", None)
+            module.masked_key_indices = None
+            try:
+                return func(module, query, key, value, base + add, *args, **kwargs)
+            finally:
+                module.masked_key_indices = idx
+        return wrapper
+
+    for name, func in list(ALL_ATTENTION_FUNCTIONS.items()):
+        ALL_ATTENTION_FUNCTIONS[name] = patch(func)
+
+
+def make_budget_press(scorer, budgets, adaptive, alpha=0.2):
+    """A press keeping `budgets[layer]` tokens per KV head of each layer (depthkv's per-layer
+    budgets), chosen by `scorer`'s scores: top-k per head, or with `adaptive` top (k * heads)
+    across the layer's heads with AdaKV's floor of alpha * k per head. Applied by masking."""
+    from kvpress.presses.base_press import BasePress
+
+    class BudgetPress(BasePress):
+        def post_init_from_model(self, model):
+            scorer.post_init_from_model(model)
+
+        def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+            scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs).clone()
+            bsz, nkv, k_len = scores.shape
+            k = min(k_len, int(budgets[module.layer_idx]))
+            if k >= k_len:
+                module.masked_key_indices = None
+                return keys, values
+            big = torch.finfo(scores.dtype).max
+            if adaptive:
+                n_safe = max(1, int(k * alpha)) if k > 0 else 0
+                if n_safe:
+                    scores.scatter_(-1, torch.topk(scores, n_safe, dim=-1).indices, big)
+                n_pruned = nkv * (k_len - k)
+                flat = torch.topk(-scores.reshape(bsz, -1), n_pruned, dim=1).indices.flatten()
+                heads, slots = flat // k_len, flat % k_len
+                batch = torch.arange(bsz).repeat_interleave(n_pruned)
+            else:
+                drop = torch.topk(-scores, k_len - k, dim=-1).indices  # [bsz, nkv, k_len - k]
+                batch = torch.arange(bsz)[:, None, None].expand_as(drop).flatten()
+                heads = torch.arange(nkv)[None, :, None].expand_as(drop).flatten()
+                slots = drop.flatten()
+            module.masked_key_indices = (batch, heads, slots)
+            return keys, values
+
+    return BudgetPress()
+
+
+# ---- the protocol ----------------------------------------------------------------------------------
+
+def continuation_logits(model, ctx, cont, press):
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    for layer in model.model.layers:
+        layer.self_attn.masked_key_indices = None
+    with torch.no_grad():
+        with press(model) if press is not None else contextlib.nullcontext():
+            model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
+        pos = torch.arange(len(ctx), len(ctx) + len(cont))[None]
+        out = model(input_ids=torch.tensor([cont]), past_key_values=cache, position_ids=pos)
+    return torch.log_softmax(out.logits[0].double(), dim=-1)
+
+
+def greedy(model, steps):
+    """run.c's greedy loop from BOS: `steps` positions, stopping early at a BOS."""
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    ids = [1]
+    with torch.no_grad():
+        for pos in range(steps):
+            out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=cache, position_ids=torch.tensor([[pos]]))
+            nxt = int(out.logits[0, -1].argmax())
+            if nxt == 1:
+                break
+            ids.append(nxt)
+    return ids
+
+
+def kl_rows(full, pruned):
+    return (full.exp() * (full - pruned)).sum(-1)  # KL(full || pruned) per row
+
+
+def nll(logp, cont):
+    t = torch.tensor(cont[1:])
+    return float(-logp[:-1].gather(1, t[:, None]).mean())
+
+
+def run_depthkv(dk, args_common, extra):
+    r = subprocess.run([dk, "eval"] + args_common + extra + ["--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"depthkv eval failed: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def kvpress_presses(obs_window):
+    import kvpress as kp
+    snap = lambda: kp.SnapKVPress(window_size=obs_window, kernel_size=7)
+    p = {
+        "SnapKV": (snap(), "sdpa"),
+        "AdaKV+SnapKV": (kp.AdaKVPress(snap()), "sdpa"),
+        "CriticalKV+SnapKV": (kp.CriticalKVPress(snap()), "sdpa"),
+        "CriticalAdaKV+SnapKV": (kp.CriticalAdaKVPress(snap()), "sdpa"),
+        "PyramidKV": (kp.PyramidKVPress(window_size=obs_window, kernel_size=7), "sdpa"),
+        "TOVA": (kp.TOVAPress(), "sdpa"),
+        "StreamingLLM": (kp.StreamingLLMPress(n_sink=4), "sdpa"),
+        "ExpectedAttention": (kp.ExpectedAttentionPress(), "sdpa"),
+        "AdaKV+ExpectedAttention": (kp.AdaKVPress(kp.ExpectedAttentionPress(use_vnorm=True)), "sdpa"),
+        "KeyDiff": (kp.KeyDiffPress(), "sdpa"),
+        "Knorm": (kp.KnormPress(), "sdpa"),
+        "ObservedAttention (H2O)": (kp.ObservedAttentionPress(), "eager"),
+    }
+    return p
+
+
+def set_ratio(press, keep):
+    press.compression_ratio = 1.0 - keep
+
+
+def evaluate_model(name, a, out_rows):
+    import kvpress as kp
+    data = a.data
+    mdir = os.path.join(data, "models", name)
+    bin_path = os.path.join(mdir, name + ".bin")
+    text = os.path.join(data, "text", "tinystories_valid.txt")
+    profile = os.path.join(ROOT, "docs", "results", name + ".profile.json")
+    prof = json.load(open(profile))
+    sel = prof["calibration"]["selection"]
+    m = MODELS[name]
+    windows = a.windows or m["windows"]
+    common = ["--model", bin_path, "--text", text, "--profile", profile, "--windows", str(windows),
+              "--threads", str(a.threads)] + m["selection"]
+    wpath = os.path.join(a.work, name + ".windows.json")
+    r = subprocess.run([a.depthkv, "eval"] + common + ["--windows-out", wpath], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    W = json.load(open(wpath))
+    print(f"== {name}: {len(W['windows'])} windows ({W['skip']}..{W['skip'] + len(W['windows']) - 1}) of "
+          f"{W['context']}+{W['continuation']} tokens of {W['source']}", flush=True)
+
+    models = {"sdpa": to_hf(bin_path, "sdpa"), "eager": to_hf(bin_path, "eager")}
+    # checks: greedy text from BOS, full-cache NLL
+    cfg = models["sdpa"].config
+    steps = min(64, cfg.max_position_embeddings)
+    g = subprocess.run([a.depthkv, "generate", "-m", bin_path, "-t", "0", "-n", str(steps)], capture_output=True,
+                       text=True)
+    ids = greedy(models["sdpa"], steps)
+    pieces = read_vocab(os.path.join(mdir, "tok512.bin") if os.path.exists(os.path.join(mdir, "tok512.bin"))
+                        else [f for f in (os.path.join(mdir, x) for x in os.listdir(mdir)) if f.endswith(".bin") and
+                              "tok" in os.path.basename(f)][0], cfg.vocab_size)
+    hf_text = decode(pieces, ids[1:])
+    greedy_equal = hf_text.strip() == g.stdout.strip()
+    print(f"greedy from BOS ({steps} positions): {'equal' if greedy_equal else 'DIFFERENT'} to depthkv generate",
+          flush=True)
+    if not greedy_equal:
+        print(f"  hf:      {hf_text!r}\n  depthkv: {g.stdout.strip()!r}")
+
+    full = []
+    for w in W["windows"]:
+        full.append(continuation_logits(models["sdpa"], w["context"], w["continuation"], None))
+    nll_hf = float(np.mean([nll(f, w["continuation"]) for f, w in zip(full, W["windows"])]))
+
+    dk_rows = run_depthkv(a.depthkv, common, ["--keep", ",".join(map(str, a.keep)), "--policies",
+                                               "uniform,optimal", "--scorers", "snapkv,h2o"] + a.depthkv_extra)
+    nll_dk = dk_rows[0]["nll_full"]
+    print(f"full-cache NLL: HF {nll_hf:.5f}, depthkv {nll_dk:.5f}", flush=True)
+    res = {"model": name, "windows": [W["skip"], W["skip"] + len(W["windows"])], "context": W["context"],
+           "continuation": W["continuation"], "greedy_equal": greedy_equal, "nll_full_hf": nll_hf,
+           "nll_full_depthkv": nll_dk, "kl": {}}
+
+    def run(label, press, attn, keep):
+        t0 = time.time()
+        kls = []
+        for f, w in zip(full, W["windows"]):
+            p = continuation_logits(models[attn], w["context"], w["continuation"], press)
+            kls.append(float(kl_rows(f, p).mean()))
+        res["kl"].setdefault(label, {})[str(keep)] = float(np.mean(kls))
+        print(f"  {label:<34} keep {keep:.2f}: KL {np.mean(kls):.5f}  ({time.time() - t0:.1f} s)", flush=True)
+
+    for label, (press, attn) in kvpress_presses(sel["obs_window"]).items():
+        if a.presses and label not in a.presses:
+            continue
+        for keep in a.keep:
+            set_ratio(press, keep)
+            try:
+                run("kvpress " + label, press, attn, keep)
+            except Exception as e:  # a press that cannot run on this model is reported, not fatal
+                print(f"  kvpress {label}: failed at keep {keep}: {type(e).__name__}: {e}", flush=True)
+                res["kl"].setdefault("kvpress " + label, {})[str(keep)] = None
+                break
+    for row in dk_rows:
+        res["kl"].setdefault(f"depthkv {row['scorer']} {row['policy']}", {})[str(row["keep"])] = row["kl"]
+    # depthkv's budgets with kvpress's SnapKV scorer (per head, and AdaKV inside each layer)
+    for row in dk_rows:
+        if row["scorer"] != "snapkv" or row["policy"] not in ("optimal", "uniform"):
+            continue
+        for adaptive in (False, True):
+            scorer = kp.SnapKVPress(window_size=sel["obs_window"], kernel_size=7)
+            label = f"depthkv {row['policy']} budgets + kvpress SnapKV" + (" + AdaKV" if adaptive else "")
+            run(label, make_budget_press(scorer, row["budgets"], adaptive), "sdpa", row["keep"])
+    out_rows.append(res)
+
+
+def best_kvpress(res, keep):
+    best = None
+    for label, d in res["kl"].items():
+        v = d.get(str(keep))
+        if label.startswith("kvpress ") and v is not None and (best is None or v < best[1]):
+            best = (label[len("kvpress "):], v)
+    return best
+
+
+def write_results(rows, a):
+    md = ["# kvpress side by side with depthkv", "",
+          "Written by `benchmarks/kvpress_peer/run.py` (kvpress " + kvpress_version() + ", torch " + torch.__version__ +
+          ", CPU, float32). Mean KL(full || pruned) over the continuation of each evaluation window "
+          "(the windows after the profile's calibration windows, as `depthkv eval` takes them; context and "
+          "continuation as profiled). kvpress presses run on the model converted to Hugging Face Llama; "
+          "head-wise presses and per-layer budgets are applied by an additive attention mask (see the script).", ""]
+    for res in rows:
+        keeps = a.keep
+        md += [f"## {res['model']}", "",
+               f"Windows {res['windows'][0]}..{res['windows'][1] - 1}, context {res['context']} + continuation "
+               f"{res['continuation']}. Checks: greedy text from BOS {'equal to' if res['greedy_equal'] else 'DIFFERENT from'} "
+               f"`depthkv generate`; full-cache NLL {res['nll_full_hf']:.5f} (HF) vs {res['nll_full_depthkv']:.5f} (depthkv).", "",
+               "| method | " + " | ".join(f"keep {k}" for k in keeps) + " |",
+               "|---|" + "---|" * len(keeps)]
+        for label, d in res["kl"].items():
+            cells = []
+            for k in keeps:
+                v = d.get(str(k))
+                cells.append("failed" if v is None and str(k) in d else ("" if v is None else f"{v:.5f}"))
+            md.append(f"| {label} | " + " | ".join(cells) + " |")
+        best = [best_kvpress(res, k) for k in keeps]
+        md.append("| best kvpress press | " + " | ".join(f"{b[1]:.5f} ({b[0]})" if b else "" for b in best) + " |")
+        for label in [l for l in res["kl"] if l.startswith("depthkv ")]:
+            d = res["kl"][label]
+            md.append(f"| ratio {label} / best kvpress | " + " | ".join(
+                f"{d[str(k)] / b[1]:.2f}" if b and d.get(str(k)) is not None else "" for k, b in zip(keeps, best)) + " |")
+        md.append("")
+    out = os.path.join(ROOT, "docs", "results", a.out)
+    open(out + ".md", "w").write("\n".join(md) + "\n")
+    json.dump(rows, open(out + ".json", "w"), indent=1)
+    plot(rows, a, out)
+    print(f"wrote {out}.md, {out}.json")
+
+
+def kvpress_version():
+    try:
+        from importlib.metadata import version
+        return version("kvpress")
+    except Exception:
+        return "?"
+
+
+def plot(rows, a, out):
+    """KL against keep per model, log scale: depthkv's policies and the kvpress presses (gnuplot)."""
+    if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode != 0:
+        print("gnuplot not found: no plot")
+        return
+    gp = [f"set terminal svg size {560 * len(rows)},420 dynamic font 'sans,10'", f"set output '{out}.svg'",
+          f"set multiplot layout 1,{len(rows)}", "set logscale y", "set xlabel 'keep ratio'",
+          "set ylabel 'mean KL(full || pruned)'", "set key top right font ',8'", "set grid"]
+    dat = out + ".dat"
+    with open(dat, "w") as f:
+        for res in rows:
+            for label, d in res["kl"].items():
+                f.write(f"# {res['model']} | {label}\n")
+                for k in a.keep:
+                    v = d.get(str(k))
+                    if v is not None and v > 0:
+                        f.write(f"{k} {v}\n")
+                f.write("\n\n")
+    idx = 0
+    for res in rows:
+        cmds = []
+        for label in res["kl"]:
+            depthkv = label.startswith("depthkv")
+            style = "lp lw 2 pt 7" if depthkv else "lp lw 1 dt 2 pt 6"
+            cmds.append(f"'{dat}' index {idx} with {style} title '{label.replace(chr(39), '')}'")
+            idx += 1
+        gp.append(f"set title '{res['model']}'")
+        gp.append("plot " + ", ".join(cmds))
+    gp.append("unset multiplot")
+    open(out + ".gp", "w").write("\n".join(gp) + "\n")
+    subprocess.run(["gnuplot", out + ".gp"], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--depthkv", default=os.path.join(ROOT, "build", "release", "tools", "depthkv"))
+    ap.add_argument("--data", default=os.environ.get("DEPTHKV_DATA_DIR", os.path.join(ROOT, "..", "shared")))
+    ap.add_argument("--models", default="stories260K,aidreams260K")
+    ap.add_argument("--keep", default="0.1,0.2,0.3,0.5")
+    ap.add_argument("--windows", type=int, default=0, help="evaluation windows (default: the main job's)")
+    ap.add_argument("--presses", default="", help="kvpress presses to run (default: all), comma-separated labels")
+    ap.add_argument("--depthkv-extra", default="", help="extra flags for depthkv eval (space-separated)")
+    ap.add_argument("--threads", type=int, default=0, help="depthkv's threads (0: OpenMP default)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch's threads (1: fastest for this model size; more threads only add overhead)")
+    ap.add_argument("--work", default="/tmp/kvpress_peer")
+    ap.add_argument("--out", default="kvpress_peer", help="results name under docs/results/")
+    a = ap.parse_args()
+    a.keep = [float(k) for k in a.keep.split(",")]
+    a.presses = [p for p in a.presses.split(",") if p]
+    a.depthkv_extra = a.depthkv_extra.split()
+    os.makedirs(a.work, exist_ok=True)
+    torch.set_num_threads(a.torch_threads)
+    import kvpress  # noqa: F401  (patches the attention functions; ours goes around it)
+    install_mask_patch()
+    rows = []
+    for name in a.models.split(","):
+        evaluate_model(name, a, rows)
+    write_results(rows, a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
