@@ -436,7 +436,8 @@ def plot(rows, a, out):
     if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode != 0:
         print("gnuplot not found: no plot")
         return
-    gp = [f"set terminal svg size {560 * len(rows)},420 dynamic font 'sans,10'", f"set output '{out}.svg'",
+    name = os.path.basename(out)  # the .gp runs in its own folder
+    gp = [f"set terminal svg size {560 * len(rows)},420 dynamic font 'sans,10'", f"set output '{name}.svg'",
           f"set multiplot layout 1,{len(rows)}", "set logscale y", "set xlabel 'keep ratio'",
           "set ylabel 'mean KL(full || pruned)'", "set key top right font ',8'", "set grid"]
     dat = out + ".dat"
@@ -455,13 +456,13 @@ def plot(rows, a, out):
         for label in res["kl"]:
             depthkv = label.startswith("depthkv")
             style = "lp lw 2 pt 7" if depthkv else "lp lw 1 dt 2 pt 6"
-            cmds.append(f"'{dat}' index {idx} with {style} title '{label.replace(chr(39), '')}'")
+            cmds.append(f"'{name}.dat' index {idx} with {style} title '{label.replace(chr(39), '')}'")
             idx += 1
         gp.append(f"set title '{res['model']}'")
         gp.append("plot " + ", ".join(cmds))
     gp.append("unset multiplot")
     open(out + ".gp", "w").write("\n".join(gp) + "\n")
-    subprocess.run(["gnuplot", out + ".gp"], check=True)
+    subprocess.run(["gnuplot", name + ".gp"], check=True, cwd=os.path.dirname(out))
 
 
 def main():
@@ -478,10 +479,14 @@ def main():
                     help="torch's threads (1: fastest for this model size; more threads only add overhead)")
     ap.add_argument("--work", default="/tmp/kvpress_peer")
     ap.add_argument("--out", default="kvpress_peer", help="results name under docs/results/")
+    ap.add_argument("--from-json", default="", help="only rewrite the table and plot from this results JSON")
     a = ap.parse_args()
     a.keep = [float(k) for k in a.keep.split(",")]
     a.presses = [p for p in a.presses.split(",") if p]
     a.depthkv_extra = a.depthkv_extra.split()
+    if a.from_json:
+        write_results(json.load(open(a.from_json)), a)
+        return 0
     os.makedirs(a.work, exist_ok=True)
     torch.set_num_threads(a.torch_threads)
     import kvpress  # noqa: F401  (patches the attention functions; ours goes around it)
