@@ -368,6 +368,16 @@ def evaluate_model(name, a, out_rows):
                 break
     for row in dk_rows:
         res["kl"].setdefault(f"depthkv {row['scorer']} {row['policy']}", {})[str(row["keep"])] = row["kl"]
+    # depthkv's output-aware scores and adaptive heads, with curves measured under that setting
+    # (scripts/scoring-results.sh writes them) when present
+    own = os.path.join(ROOT, "docs", "results", "scoring", name + ".oa_ada.profile.json")
+    if os.path.exists(own) and not a.plain_only:
+        common_own = [x if x != profile else own for x in common]
+        for row in run_depthkv(a.depthkv, common_own, ["--keep", ",".join(map(str, a.keep)), "--policies",
+                                                       "uniform,optimal", "--scorers", "snapkv", "--output-aware",
+                                                       "--head-alloc", "adaptive"]):
+            label = f"depthkv {row['scorer']} + output-aware + adaptive heads {row['policy']}"
+            res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
     # depthkv's budgets with kvpress's SnapKV scorer (per head, and AdaKV inside each layer)
     for row in dk_rows:
         if row["scorer"] != "snapkv" or row["policy"] not in ("optimal", "uniform"):
@@ -475,6 +485,7 @@ def main():
     ap.add_argument("--presses", default="", help="kvpress presses to run (default: all), comma-separated labels")
     ap.add_argument("--depthkv-extra", default="", help="extra flags for depthkv eval (space-separated)")
     ap.add_argument("--threads", type=int, default=0, help="depthkv's threads (0: OpenMP default)")
+    ap.add_argument("--plain-only", action="store_true", help="only depthkv's plain scorers (no output-aware rows)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's threads (1: fastest for this model size; more threads only add overhead)")
     ap.add_argument("--work", default="/tmp/kvpress_peer")
