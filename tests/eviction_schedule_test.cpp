@@ -589,6 +589,24 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
   };
   engine.prefill(tokens, 0, m, o2);
   REQUIRE(many.n_evictions() >= 3);
+  // score_and_evict refuses a bad split or missing projections before touching the cache or the scorers
+  {
+    llama::HostCache d = engine.make_cache();
+    std::vector<TokenScorer> sd = llama::make_scorers(c, scfg);
+    ForwardOptions od = opt;
+    od.observer = observe_into(sd);
+    engine.prefill(tokens, 0, d, od);
+    const llama::HostCache copy = d;
+    const std::vector<LayerScores> before = layer_scores(sd, d, &wo);
+    PruneRequest r = req;
+    r.head_alpha = 1.5;
+    REQUIRE_THROWS_WITH(score_and_evict(d, sd, r), Catch::Contains("alpha 1.5 outside [0, 1]"));
+    r = req;
+    r.output_projections = nullptr;
+    REQUIRE_THROWS_WITH(score_and_evict(d, sd, r), Catch::Contains("no output projection"));
+    REQUIRE(same_cache(d, copy));
+    REQUIRE(layer_scores(sd, d, &wo) == before);
+  }
   // an output-aware scorer without projections is refused up front
   ScheduleConfig bad = sc;
   bad.output_projections = nullptr;
