@@ -491,3 +491,107 @@ TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot; chunks equa
   REQUIRE(m.size() == 1);
   for (std::size_t w = 0; w < windows.size(); ++w) REQUIRE(m[0].kl[w] == Approx(q[w].metrics.loss.kl).margin(1e-12));
 }
+
+TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chunk equals score_and_evict; "
+          "layer totals exact after every eviction",
+          "[schedule][head_budget]") {
+  const LlamaModel model = model_of(23);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  const std::vector<OutputProjection> wo = llama::output_projections(model);
+  const std::vector<int> tokens = random_tokens(96, c.vocab_size, 3);
+  ScorerConfig scfg;
+  scfg.kind = ScorerKind::kSnapKV;
+  scfg.window = 8;
+  scfg.kernel = 3;
+  scfg.output_aware = true;
+  // oneshot
+  llama::HostCache a = engine.make_cache();
+  std::vector<TokenScorer> sa = llama::make_scorers(c, scfg);
+  ForwardOptions opt;
+  opt.observer = observe_into(sa);
+  opt.all_logits = false;
+  engine.prefill(tokens, 0, a, opt);
+  PruneRequest req;
+  req.budget.keep_ratio = 0.2;
+  req.protection = {2, 4};
+  req.head_allocation = HeadAllocation::kAdaptive;
+  req.head_alpha = 0.1;
+  req.output_projections = &wo;
+  const PruneReport rep = score_and_evict(a, sa, req);
+  // schedule, one chunk
+  ScheduleConfig sc;
+  sc.budget.keep_ratio = 0.2;
+  sc.protection = req.protection;
+  sc.scorer = scfg;
+  sc.head_allocation = HeadAllocation::kAdaptive;
+  sc.head_alpha = 0.1;
+  sc.output_projections = &wo;
+  EvictionSchedule one(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache b = engine.make_cache();
+  ForwardOptions o1 = opt;
+  o1.observer = one.observer();
+  engine.prefill(tokens, 0, b, o1);
+  REQUIRE(one.evict_now(b));
+  REQUIRE(same_cache(a, b));
+  bool uneven = false;
+  for (int l = 0; l < c.n_layers; ++l) {
+    int sum = 0;
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      sum += a.layer(l).size(h);
+      uneven |= a.layer(l).size(h) != rep.budgets[static_cast<std::size_t>(l)];
+    }
+    REQUIRE(sum == c.n_kv_heads * rep.budgets[static_cast<std::size_t>(l)]);
+  }
+  REQUIRE(uneven);
+  // chunks of 16: after every eviction each layer holds its per-head budget times the heads, or
+  // all its heads hold when a head is shorter than the budget
+  EvictionSchedule many(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache m = engine.make_cache();
+  ForwardOptions o2 = opt;
+  o2.chunk_size = 16;
+  o2.observer = many.observer();
+  o2.after_chunk = [&](int, std::int32_t) {
+    std::vector<std::vector<int>> sizes(static_cast<std::size_t>(c.n_layers));
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int h = 0; h < c.n_kv_heads; ++h) sizes[static_cast<std::size_t>(l)].push_back(m.layer(l).size(h));
+    if (!many.after_chunk(m)) return;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const int k = many.budgets()[static_cast<std::size_t>(l)];
+      int want = 0, got = 0;
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        want += std::min(k, sizes[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)]);
+        got += m.layer(l).size(h);
+      }
+      REQUIRE(got == want);
+    }
+  };
+  engine.prefill(tokens, 0, m, o2);
+  REQUIRE(many.n_evictions() >= 3);
+  // score_and_evict refuses a bad split or missing projections before touching the cache or the scorers
+  {
+    llama::HostCache d = engine.make_cache();
+    std::vector<TokenScorer> sd = llama::make_scorers(c, scfg);
+    ForwardOptions od = opt;
+    od.observer = observe_into(sd);
+    engine.prefill(tokens, 0, d, od);
+    const llama::HostCache copy = d;
+    const std::vector<LayerScores> before = layer_scores(sd, d, &wo);
+    PruneRequest r = req;
+    r.head_alpha = 1.5;
+    REQUIRE_THROWS_WITH(score_and_evict(d, sd, r), Catch::Contains("alpha 1.5 outside [0, 1]"));
+    r = req;
+    r.output_projections = nullptr;
+    REQUIRE_THROWS_WITH(score_and_evict(d, sd, r), Catch::Contains("no output projection"));
+    REQUIRE(same_cache(d, copy));
+    REQUIRE(layer_scores(sd, d, &wo) == before);
+  }
+  // an output-aware scorer without projections is refused up front
+  ScheduleConfig bad = sc;
+  bad.output_projections = nullptr;
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads),
+                      Catch::Contains("needs one output projection per layer"));
+  bad = sc;
+  bad.head_alpha = -0.5;
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("head_alpha -0.5"));
+}

@@ -243,3 +243,54 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
   std::remove(path.c_str());
   REQUIRE_THROWS_WITH(depthkv::load_profile(temp_path("absent.json")), Contains("cannot open profile file"));
 }
+
+TEST_CASE("output-aware and cross-head settings: round trip, written only when set, refused when bad", "[profile_io]") {
+  ProfileFile f = sample_file();
+  // defaults: nothing new written, the JSON is what it was
+  const nlohmann::json plain = depthkv::profile_to_json(f);
+  REQUIRE_FALSE(plain["calibration"]["selection"].contains("output_aware"));
+  REQUIRE_FALSE(plain["calibration"]["selection"].contains("head_alloc"));
+  REQUIRE_FALSE(plain["calibration"]["selection"].contains("head_alpha"));
+  const ProfileFile old = depthkv::profile_from_json(plain);  // a file without the keys
+  REQUIRE_FALSE(old.calibration.selection.output_aware);
+  REQUIRE(old.calibration.selection.head_allocation == "uniform");
+  REQUIRE(old.calibration.selection.head_alpha == 0.2);
+  REQUIRE(old.calibration.selection.describe() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg");
+  REQUIRE(depthkv::profile_to_json(old) == plain);
+  // set: written, read back, described, compared
+  f.calibration.selection.output_aware = true;
+  f.calibration.selection.head_allocation = "adaptive";
+  f.calibration.selection.head_alpha = 0.25;
+  const std::string path = temp_path("head_settings.json");
+  depthkv::save_profile(f, path);
+  const ProfileFile g = depthkv::load_profile(path);
+  std::remove(path.c_str());
+  REQUIRE(g.calibration.selection.output_aware);
+  REQUIRE(g.calibration.selection.head_allocation == "adaptive");
+  REQUIRE(g.calibration.selection.head_alpha == 0.25);
+  REQUIRE(g.calibration.selection.describe() ==
+          "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg output_aware=1 head_alloc=adaptive head_alpha=0.25");
+  REQUIRE(g.calibration.selection.differs(old.calibration.selection));
+  REQUIRE_FALSE(g.calibration.selection.differs(f.calibration.selection));
+  depthkv::SelectionRecord r = f.calibration.selection;
+  r.output_aware = false;
+  REQUIRE(g.calibration.selection.differs(r));
+  r = f.calibration.selection;
+  r.head_alpha = 0.2;
+  REQUIRE(g.calibration.selection.differs(r));
+  // bad values
+  const nlohmann::json good = depthkv::profile_to_json(f);
+  auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
+    nlohmann::json j = good;
+    edit(j);
+    INFO(msg);
+    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
+  };
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = "ada"; }, "head_alloc 'ada'");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alpha"] = 1.5; }, "head_alpha 1.5");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alpha"] = "x"; },
+         "'calibration.selection.head_alpha' is not a number");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["output_aware"] = 1; },
+         "'calibration.selection.output_aware' must be a boolean");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = 3; }, "calibration.selection.head_alloc");
+}

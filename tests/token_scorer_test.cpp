@@ -353,3 +353,107 @@ TEST_CASE("reset forgets observations, key-norm needs none", "[scorer]") {
     CHECK(s[static_cast<std::size_t>(j)] == Approx(-std::sqrt(sq)));
   }
 }
+
+// ---- output-aware rescaling (CriticalKV) ----------------------------------------------------
+
+namespace {
+
+// n[h][j] = mean over the group's query heads q of sum_r |sum_d W(r, q*hd + d) * V_{h,j}[d]|,
+// W row-major [dim][n_heads*hd], in double with plain loops.
+std::vector<std::vector<double>> naive_output_norms(const depthkv::HostLayer<float>& L, const std::vector<float>& W,
+                                                    int dim, int n_heads) {
+  const int nkv = L.n_kv_heads(), hd = L.head_dim(), group = n_heads / nkv, cols = n_heads * hd;
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(nkv));
+  for (int h = 0; h < nkv; ++h)
+    for (int j = 0; j < L.size(h); ++j) {
+      double total = 0;
+      for (int q = h * group; q < (h + 1) * group; ++q)
+        for (int r = 0; r < dim; ++r) {
+          double y = 0;
+          for (int d = 0; d < hd; ++d)
+            y += static_cast<double>(W[static_cast<std::size_t>(r * cols + q * hd + d)]) * L.value(h, j)[d];
+          total += std::fabs(y);
+        }
+      out[static_cast<std::size_t>(h)].push_back(total / group);
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("output-aware scores are (s + eps) * mean_q ||W_o^(q) V||_1 for h2o, snapkv and tova", "[scorer][output]") {
+  std::mt19937 rng(1717);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  std::normal_distribution<float> nd;
+  for (ScorerKind kind : {ScorerKind::kH2O, ScorerKind::kSnapKV, ScorerKind::kTOVA})
+    for (int trial = 0; trial < 6; ++trial) {
+      const int n_kv = 1 + static_cast<int>(rng() % 3), group = 1 + static_cast<int>(rng() % 3);
+      const int n_heads = n_kv * group, hd = 1 + static_cast<int>(rng() % 6), dim = 1 + static_cast<int>(rng() % 9);
+      const int n = static_cast<int>(rng() % 300);  // crosses the 256-slot block of the product
+      ScorerConfig cfg;
+      cfg.kind = kind;
+      cfg.window = 1 + static_cast<int>(rng() % 5);
+      cfg.kernel = 3;
+      cfg.output_aware = true;
+      TokenScorer sc(cfg, n_heads, n_kv);
+      ScorerConfig base_cfg = cfg;
+      base_cfg.output_aware = false;
+      NaiveScorer ref{base_cfg, n_heads, n_kv, {}};
+      depthkv::HostLayer<float> L(n_kv, hd);
+      fill(L, n, rng);
+      for (int pos = std::max(0, n - 8); pos < n; ++pos)
+        for (int q = 0; q < n_heads; ++q) {
+          std::vector<float> p(static_cast<std::size_t>(pos + 1));
+          for (float& x : p) x = u01(rng);
+          sc.observe(q, pos, p.data(), pos + 1);
+          ref.observe(q, pos, p.data(), pos + 1);
+        }
+      std::vector<float> W(static_cast<std::size_t>(dim * n_heads * hd));
+      for (float& x : W) x = nd(rng);
+      INFO(depthkv::to_string(kind) << " n_kv " << n_kv << " group " << group << " hd " << hd << " dim " << dim
+                                    << " n " << n);
+      std::vector<std::vector<double>> want = ref.scores(L);
+      const std::vector<std::vector<double>> norms = naive_output_norms(L, W, dim, n_heads);
+      for (std::size_t h = 0; h < want.size(); ++h)
+        for (std::size_t j = 0; j < want[h].size(); ++j) want[h][j] = (want[h][j] + 1e-4) * norms[h][j];
+      const depthkv::OutputProjection wo{W.data(), dim, n_heads, hd};
+      check_close(sc.scores(L, &wo), want);
+      // the transposed layout [n_heads*hd][dim] row-major, through the strides
+      std::vector<float> Wt(W.size());
+      for (int r = 0; r < dim; ++r)
+        for (int c = 0; c < n_heads * hd; ++c)
+          Wt[static_cast<std::size_t>(c * dim + r)] = W[static_cast<std::size_t>(r * n_heads * hd + c)];
+      const depthkv::OutputProjection wt{Wt.data(), dim, n_heads, hd, /*row_stride=*/1, /*col_stride=*/dim};
+      check_close(sc.scores(L, &wt), want);
+      // the norms alone
+      check_close(depthkv::output_contribution_norms(L, wo), norms);
+    }
+}
+
+TEST_CASE("output-aware scoring refuses what it cannot compute", "[scorer][output]") {
+  for (ScorerKind kind : {ScorerKind::kKeyNorm, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2}) {
+    ScorerConfig cfg;
+    cfg.kind = kind;
+    cfg.output_aware = true;
+    CHECK_THROWS_WITH(TokenScorer(cfg, 2, 1), Catch::Contains("output-aware") && Catch::Contains(depthkv::to_string(kind)));
+  }
+  ScorerConfig cfg;
+  cfg.output_aware = true;
+  TokenScorer sc(cfg, 4, 2);
+  depthkv::HostLayer<float> L(2, 3);
+  std::mt19937 rng(3);
+  fill(L, 5, rng);
+  CHECK_THROWS_WITH(sc.scores(L), Catch::Contains("no output projection"));
+  std::vector<float> W(static_cast<std::size_t>(6 * 4 * 3), 1.0f);
+  const depthkv::OutputProjection heads{W.data(), 6, 2, 3};
+  CHECK_THROWS_WITH(sc.scores(L, &heads), Catch::Contains("2 query heads, scorer 4"));
+  const depthkv::OutputProjection hd{W.data(), 6, 4, 2};
+  CHECK_THROWS_WITH(sc.scores(L, &hd), Catch::Contains("head_dim 2, layer 3"));
+  const depthkv::OutputProjection null{nullptr, 6, 4, 3};
+  CHECK_THROWS_WITH(sc.scores(L, &null), Catch::Contains("null data"));
+  const depthkv::OutputProjection stride{W.data(), 6, 4, 3, 0, 0};
+  CHECK_THROWS_WITH(sc.scores(L, &stride), Catch::Contains("strides"));
+  // without output_aware the projection is not read
+  TokenScorer plain(ScorerConfig{}, 4, 2);
+  CHECK(plain.scores(L, &null).size() == 2);
+}

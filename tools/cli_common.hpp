@@ -13,6 +13,7 @@
 
 #include "depthkv/detail/timer.hpp"
 #include "depthkv/error.hpp"
+#include "depthkv/head_budget.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
@@ -65,8 +66,8 @@ inline depthkv::Pooling parse_pooling(const std::string& name) {
   DEPTHKV_FAIL("--pooling: unknown pooling '" << name << "' (expected none, max or avg)");
 }
 
-/// Token-selection settings of every subcommand: `--sinks`, `--recent`, `--obs-window`, `--kernel`
-/// and `--pooling`. A profile describes what eval, allocate and generate prune only when they
+/// Token-selection settings of every subcommand: `--sinks`, `--recent`, `--obs-window`, `--kernel`,
+/// `--pooling`, `--output-aware`, `--head-alloc` and `--head-alpha`. A profile describes what eval, allocate and generate prune only when they
 /// agree; profile files record them in `calibration.selection` (a depthkv::SelectionRecord, same
 /// names). The defaults are profile's, eval's and allocate's; generate starts from `generate()`.
 struct SelectionSettings {
@@ -75,6 +76,9 @@ struct SelectionSettings {
   int obs_window = 16;         ///< SnapKV's observation window (queries scored); pyramid's window
   int kernel = 7;              ///< SnapKV's pooling kernel (odd)
   std::string pooling = "max"; ///< SnapKV's pooling: none, max or avg
+  bool output_aware = false;   ///< output-aware (CriticalKV) rescaling of h2o, snapkv and tova scores
+  std::string head_alloc = "uniform";  ///< cross-head split of each layer's budget: uniform or adaptive
+  double head_alpha = depthkv::kDefaultHeadAlpha;  ///< the adaptive split's per-head floor fraction
 
   /// generate's defaults: nothing protected, an observation window of 32 (ScorerConfig's).
   static SelectionSettings generate() {
@@ -92,15 +96,23 @@ struct SelectionSettings {
     c.window = obs_window;
     c.kernel = kernel;
     c.pooling = parse_pooling(pooling);
+    c.output_aware = output_aware;
     return c;
   }
-  depthkv::SelectionRecord record() const { return {sinks, recent, obs_window, kernel, pooling}; }
-  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P"
+  depthkv::HeadAllocation head_allocation() const { return depthkv::parse_head_allocation(head_alloc); }
+  depthkv::SelectionRecord record() const {
+    return {sinks, recent, obs_window, kernel, pooling, output_aware, head_alloc, head_alpha};
+  }
+  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P" (and the output-aware / head
+  ///   settings when they are not the defaults: depthkv::SelectionRecord::describe)
   std::string describe() const { return record().describe(); }
   /// @throws depthkv::Error on negative counts, an observation window < 1, an even or
-  ///   non-positive kernel, or an unknown pooling
+  ///   non-positive kernel, an unknown pooling or head allocation, or --head-alpha outside [0, 1]
   void check() const {
     parse_pooling(pooling);
+    DEPTHKV_CHECK(head_alloc == "uniform" || head_alloc == "adaptive",
+                  "--head-alloc: unknown head allocation '" << head_alloc << "' (expected uniform or adaptive)");
+    DEPTHKV_CHECK(head_alpha >= 0.0 && head_alpha <= 1.0, "--head-alpha: " << head_alpha << " outside [0, 1]");
     DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 && kernel % 2 == 1,
                   "bad selection settings: " << describe()
                                              << " (--sinks, --recent >= 0; --obs-window >= 1; odd --kernel >= 1)");
@@ -116,6 +128,15 @@ struct SelectionSettings {
         ->capture_default_str();
     c->add_option("--kernel", kernel, "SnapKV pooling kernel (odd)")->capture_default_str();
     c->add_option("--pooling", pooling, "SnapKV pooling: none, max or avg")->capture_default_str();
+    c->add_flag("--output-aware", output_aware,
+                "output-aware scores (CriticalKV): h2o, snapkv and tova scores times ||W_o V||_1 per head");
+    c->add_option("--head-alloc", head_alloc,
+                  "split of each layer's budget across its KV heads: uniform, or adaptive (AdaKV: best tokens of "
+                  "all heads, per-head floor --head-alpha)")
+        ->capture_default_str();
+    c->add_option("--head-alpha", head_alpha, "adaptive --head-alloc: each head keeps at least this fraction of the "
+                                              "layer's per-head budget")
+        ->capture_default_str();
     renamed(c, "--window", old_window);
     if (old_sink) renamed(c, "--sink", "--sinks N");
   }

@@ -51,6 +51,11 @@ struct Row {
   double kl = 0, kl_se = 0, dnll = 0, top1 = 0, nll_full = 0;
   double bytes_kept = 0, bytes_full = 0;
   double peak_kv_bytes = 0, full_kv_bytes = 0;  ///< most KV bytes held at once: pruned run, full run
+  /// The output-aware / cross-head settings (SelectionSettings); written to the CSV and JSON
+  /// only when `head_settings` (not the defaults), so default runs write what they always did.
+  bool head_settings = false, output_aware = false;
+  std::string head_alloc = "uniform";
+  double head_alpha = 0.2;
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -73,11 +78,15 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const dept
                const std::vector<std::string>& scorers) {
   std::ofstream out(path);
   DEPTHKV_CHECK(out.good(), "cannot write '" << path << "'");
-  out << "scorer,policy,keep,kl,kl_stderr,dnll,top1,nll_full,bytes_kept,bytes_full,budgets\n";
-  for (const Row& r : rows)
+  const bool extra = !rows.empty() && rows.front().head_settings;
+  out << "scorer,policy,keep,kl,kl_stderr,dnll,top1,nll_full,bytes_kept,bytes_full,budgets"
+      << (extra ? ",output_aware,head_alloc,head_alpha" : "") << "\n";
+  for (const Row& r : rows) {
     out << r.scorer << ',' << r.policy << ',' << r.keep << ',' << r.kl << ',' << r.kl_se << ',' << r.dnll << ','
-        << r.top1 << ',' << r.nll_full << ',' << r.bytes_kept << ',' << r.bytes_full << ',' << join(r.budgets, ";")
-        << '\n';
+        << r.top1 << ',' << r.nll_full << ',' << r.bytes_kept << ',' << r.bytes_full << ',' << join(r.budgets, ";");
+    if (extra) out << ',' << (r.output_aware ? 1 : 0) << ',' << r.head_alloc << ',' << r.head_alpha;
+    out << '\n';
+  }
   const std::string spath = sibling(path, "-sensitivity");
   std::ofstream s(spath);
   DEPTHKV_CHECK(s.good(), "cannot write '" << spath << "'");
@@ -246,6 +255,11 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.scorer = scorer;
   r.policy = to_string(policy);
   r.keep = keep;
+  const SelectionRecord rec = a.sel.record();
+  r.head_settings = rec.has_head_settings();
+  r.output_aware = rec.output_aware;
+  r.head_alloc = rec.head_allocation;
+  r.head_alpha = rec.head_alpha;
   std::vector<llama::WindowResult> results;
   if (a.schedule != "oneshot") {  // each window re-allocates as it goes; budgets: those after the context
     ScheduleConfig sc;
@@ -287,7 +301,7 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
 
 void print_json(const std::vector<Row>& rows) {
   nlohmann::json arr = nlohmann::json::array();
-  for (const Row& r : rows)
+  for (const Row& r : rows) {
     arr.push_back({{"scorer", r.scorer},
                    {"policy", r.policy},
                    {"keep", r.keep},
@@ -300,6 +314,12 @@ void print_json(const std::vector<Row>& rows) {
                    {"bytes_full", r.bytes_full},
                    {"peak_kv_bytes", r.peak_kv_bytes},
                    {"full_kv_bytes", r.full_kv_bytes}});
+    if (r.head_settings) {
+      arr.back()["output_aware"] = r.output_aware;
+      arr.back()["head_alloc"] = r.head_alloc;
+      arr.back()["head_alpha"] = r.head_alpha;
+    }
+  }
   std::printf("%s\n", arr.dump(2).c_str());
 }
 
@@ -382,6 +402,8 @@ void run_eval(const EvalArgs& a) {
   ecfg.protection = a.sel.protection();
   ecfg.chunk_size = a.chunk;
   ecfg.n_threads = a.threads;
+  ecfg.head_allocation = a.sel.head_allocation();
+  ecfg.head_alpha = a.sel.head_alpha;
   const auto t0 = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t0);

@@ -73,6 +73,7 @@ void run_generate(const GenerateArgs& a) {
 #endif
   const AllocationPolicy policy = parse_allocation_policy(a.policy);
   const ScorerConfig scfg = a.sel.scorer(a.scorer);
+  const HeadAllocation head_alloc = a.sel.head_allocation();
 
   // the profile (curve-based and InfoNCE-guided policies), checked against the model first
   std::unique_ptr<ProfileFile> profile_file;
@@ -84,6 +85,7 @@ void run_generate(const GenerateArgs& a) {
   const TextTokenizer& tok = *lm.tokenizer;
   const LlamaEngine engine(lm.model);
   const LlamaConfig& cfg = lm.model.config;
+  const std::vector<OutputProjection> wo = scfg.output_aware ? output_projections(lm.model) : std::vector<OutputProjection>();
 
   // As run.c: negative temperature -> 0, topp outside [0,1] -> 0.9, seed 0 -> time, steps clamp.
   const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
@@ -119,6 +121,9 @@ void run_generate(const GenerateArgs& a) {
     sc.protection = a.sel.protection();
     sc.scorer = scfg;
     sc.interval = a.interval;
+    sc.head_allocation = head_alloc;
+    sc.head_alpha = a.sel.head_alpha;
+    sc.output_projections = scfg.output_aware ? &wo : nullptr;
     sc.profile = add_policy_inputs(a, policy, profile_file.get(), sc.budget, bounded_curves);
     schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
     opt.observer = schedule->observer();
@@ -136,6 +141,9 @@ void run_generate(const GenerateArgs& a) {
     req.policy = policy;
     req.budget.keep_ratio = a.keep;
     req.protection = a.sel.protection();
+    req.head_allocation = head_alloc;
+    req.head_alpha = a.sel.head_alpha;
+    req.output_projections = scfg.output_aware ? &wo : nullptr;
     SensitivityProfile curves;
     req.profile = add_policy_inputs(a, policy, profile_file.get(), req.budget, curves);
     const PruneReport rep = score_and_evict(cache, scorers, req);

@@ -207,6 +207,8 @@ void run_profile(const ProfileArgs& a) {
   ecfg.chunk_size = a.chunk;
   ecfg.n_threads = a.threads;
   ecfg.chunked_plans = a.schedule == "chunked";
+  ecfg.head_allocation = a.sel.head_allocation();
+  ecfg.head_alpha = a.sel.head_alpha;
   std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s%s, scorers %s%s\n",
                base_name(a.model).c_str(), L, a.windows, a.context, a.continuation, base_name(src).c_str(),
                a.docs.given && a.tokens.empty() ? (" (documents: " + a.docs.split.describe() + ")").c_str() : "",

@@ -81,7 +81,14 @@ inline std::string selection_note(depthkv::AllocationPolicy policy, const depthk
   std::ostringstream os;
   os << "depthkv: note: the profile was measured with " << m.describe() << "; this run uses " << sel.describe()
      << ". Pass --sinks " << m.sinks << " --recent " << m.recent << " --obs-window " << m.obs_window << " --kernel "
-     << m.kernel << " --pooling " << m.pooling << " to prune as the profile measured.\n";
+     << m.kernel << " --pooling " << m.pooling;
+  const depthkv::SelectionRecord r = sel.record();
+  if (m.has_head_settings() || r.has_head_settings()) {
+    if (m.output_aware) os << " --output-aware";
+    os << " --head-alloc " << m.head_allocation << " --head-alpha " << m.head_alpha;
+    if (r.output_aware && !m.output_aware) os << " (without --output-aware)";
+  }
+  os << " to prune as the profile measured.\n";
   return os.str();
 }
 

@@ -14,6 +14,7 @@
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/token_scorer.hpp"
 #include "depthkv/evictor.hpp"
+#include "depthkv/head_budget.hpp"
 #include "depthkv/sensitivity_profile.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/sensitivity_profiler.hpp"

@@ -17,7 +17,9 @@
 /// 1. re-runs the allocator with `lengths` = the tokens seen by every layer (as oneshot eviction
 ///    would at this point), `caps` = what each layer holds now (a layer cannot grow back) and
 ///    floors from the protection, so that the layers sum exactly to B;
-/// 2. scores every layer and evicts it to its budget (`evict`, `EvictOptions`);
+/// 2. scores every layer (`layer_scores`; output-aware scorers read `output_projections`), splits
+///    each layer's budget across its KV heads (`head_budgets`: `head_allocation`, uniform by
+///    default) and evicts (`evict`, `EvictOptions`);
 /// 3. compacts the scorers' state to the kept slots (`TokenScorer::compact`).
 /// Between evictions a layer holds at most its budget plus `interval - 1` tokens (plus the last
 /// chunk when a chunk is longer than `interval`). With `interval = 1` every call that finds the
@@ -60,6 +62,7 @@
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/evictor.hpp"
+#include "depthkv/head_budget.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/selection.hpp"
@@ -99,15 +102,22 @@ inline AttentionObserver observe_into(std::vector<std::vector<TokenScorer>>& set
   };
 }
 
-/// Scores of every layer of `cache` (`scorers[l].scores(cache.layer(l))`).
-/// @throws Error when the counts or shapes disagree
+/// Scores of every layer of `cache` (`scorers[l].scores(cache.layer(l), &(*wo)[l])`).
+/// @param wo one output projection per layer (`OutputProjection`, token_scorer.hpp), needed by
+///   output-aware scorers; null otherwise
+/// @throws Error when the counts or shapes disagree, or an output-aware scorer gets no projection
 template <class Layer>
-std::vector<LayerScores> layer_scores(const std::vector<TokenScorer>& scorers, const KVCache<Layer>& cache) {
+std::vector<LayerScores> layer_scores(const std::vector<TokenScorer>& scorers, const KVCache<Layer>& cache,
+                                      const std::vector<OutputProjection>* wo = nullptr) {
   DEPTHKV_CHECK(static_cast<int>(scorers.size()) == cache.n_layers(),
                 scorers.size() << " scorers for " << cache.n_layers() << " layers");
+  DEPTHKV_CHECK(wo == nullptr || static_cast<int>(wo->size()) == cache.n_layers(),
+                wo->size() << " output projections for " << cache.n_layers() << " layers");
   std::vector<LayerScores> s;
   s.reserve(scorers.size());
-  for (int l = 0; l < cache.n_layers(); ++l) s.push_back(scorers[static_cast<std::size_t>(l)].scores(cache.layer(l)));
+  for (int l = 0; l < cache.n_layers(); ++l)
+    s.push_back(scorers[static_cast<std::size_t>(l)].scores(
+        cache.layer(l), wo ? &(*wo)[static_cast<std::size_t>(l)] : nullptr));
   return s;
 }
 
@@ -133,12 +143,19 @@ struct PruneRequest {
   /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
   /// (eviction cannot go below the protected count).
   bool floors_from_protection = true;
+  /// How each layer's budget is split across its KV heads (head_budget.hpp) and the adaptive
+  /// split's floor fraction.
+  HeadAllocation head_allocation = HeadAllocation::kUniform;
+  double head_alpha = kDefaultHeadAlpha;
+  /// One output projection per layer, for output-aware scorers (`layer_scores`); null otherwise.
+  const std::vector<OutputProjection>* output_projections = nullptr;
 };
 
 /// What `score_and_evict` (or one eviction of an `EvictionSchedule`) did.
 struct PruneReport {
   std::vector<int> lengths;     ///< tokens per layer before (largest head)
-  std::vector<int> budgets;     ///< tokens kept per layer (every head)
+  std::vector<int> budgets;     ///< tokens kept per layer (every head; the layer's per-head budget
+                                ///< before the cross-head split when that is adaptive)
   std::size_t bytes_before = 0; ///< KV bytes held before
   std::size_t bytes_after = 0;  ///< and after
   std::vector<LayerEviction> evictions;
@@ -146,17 +163,28 @@ struct PruneReport {
 
 namespace detail {
 
-/// Allocates `br` (lengths, caps and floors set), scores, evicts and compacts the scorers.
+/// How the scores are taken and each layer's budget is split across its heads.
+struct HeadSplit {
+  HeadAllocation mode = HeadAllocation::kUniform;
+  double alpha = kDefaultHeadAlpha;
+  const std::vector<OutputProjection>* wo = nullptr;
+};
+
+/// Allocates `br` (lengths, caps and floors set), scores, splits each layer's budget across its
+/// heads, evicts and compacts the scorers.
 template <class Layer>
 PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, AllocationPolicy policy,
                                const BudgetRequest& br, const SensitivityProfile* profile, Protection prot,
-                               const EvictOptions& opt) {
+                               const EvictOptions& opt, const HeadSplit& split = {}) {
   PruneReport rep;
   rep.lengths = cache.lengths();
   rep.bytes_before = cache.bytes();
   rep.budgets = BudgetAllocator().allocate(policy, br, profile);
-  const std::vector<LayerScores> scores = layer_scores(scorers, cache);
-  rep.evictions = evict(cache, scores, rep.budgets, prot, opt);  // validates everything first
+  const std::vector<LayerScores> scores = layer_scores(scorers, cache, split.wo);
+  if (split.mode == HeadAllocation::kUniform)
+    rep.evictions = evict(cache, scores, rep.budgets, prot, opt);  // validates everything first
+  else  // head_budgets validates and only reads; then evict validates everything first
+    rep.evictions = evict(cache, scores, head_budgets(split.mode, cache, scores, rep.budgets, prot, split.alpha), prot, opt);
   for (int l = 0; l < cache.n_layers(); ++l)
     for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
       const auto& kept = rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
@@ -183,7 +211,8 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
   BudgetRequest br = req.budget;
   br.lengths = cache.lengths();
   if (br.floors.empty() && req.floors_from_protection) br.floors = protection_floors(br.lengths, req.protection);
-  return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt);
+  return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt,
+                                    {req.head_allocation, req.head_alpha, req.output_projections});
 }
 
 /// Settings of an `EvictionSchedule`.
@@ -198,6 +227,12 @@ struct ScheduleConfig {
   ScorerConfig scorer;                          ///< the token scorer of every layer
   int interval = 1;                             ///< evict once this many tokens were appended (>= 1)
   EvictOptions evict;                           ///< shrinking and threads of each eviction
+  /// How each layer's budget is split across its KV heads (head_budget.hpp), and the adaptive
+  /// split's floor fraction.
+  HeadAllocation head_allocation = HeadAllocation::kUniform;
+  double head_alpha = kDefaultHeadAlpha;
+  /// One output projection per layer for an output-aware scorer (must outlive the schedule).
+  const std::vector<OutputProjection>* output_projections = nullptr;
 };
 
 /// Bounded KV memory for one sequence: scorers, budget and eviction after every prefill chunk and
@@ -237,6 +272,10 @@ class EvictionSchedule {
     DEPTHKV_CHECK(cfg_.profile != nullptr || !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
                   "policy " << to_string(cfg_.policy) << " needs a sensitivity profile");
     DEPTHKV_CHECK(cfg_.evict.n_threads >= 0, "evict.n_threads must be >= 0, got " << cfg_.evict.n_threads);
+    DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
+    DEPTHKV_CHECK(!cfg_.scorer.output_aware ||
+                      (cfg_.output_projections != nullptr && static_cast<int>(cfg_.output_projections->size()) == n_layers),
+                  "an output-aware scorer needs one output projection per layer (output_projections)");
     scorers_ = make_scorers(n_layers, cfg_.scorer, n_heads, n_kv_heads);
     held_.assign(static_cast<std::size_t>(n_layers), 0);
   }
@@ -346,7 +385,8 @@ class EvictionSchedule {
       br.total_tokens = total;
     }
     PruneReport rep =
-        detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict);
+        detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict,
+                                   {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections});
     // commit (nothing below throws)
     held_ = cache.lengths();
     seen_ = seen;

@@ -33,6 +33,10 @@
 /// scorer's observation window, pooling kernel and pooling (the names of the CLI's `--sinks`,
 /// `--recent`, `--obs-window`, `--kernel` and `--pooling`). Curves measured under other protection
 /// describe another pruning, so tools compare it with their own settings (`SelectionRecord::differs`).
+/// Its keys `output_aware` (boolean), `head_alloc` ("uniform" or "adaptive") and `head_alpha`
+/// (the adaptive floor fraction) record the output-aware scoring (token_scorer.hpp) and the
+/// cross-head split (head_budget.hpp); they are written only when they differ from the defaults
+/// (false, "uniform", 0.2), and a file without them has the defaults.
 /// Files that spell it `{"n_sink", "n_recent", "window", "kernel"}` are read too: `window` is the
 /// observation window and the pooling is "max" there.
 /// `calibration.eviction_chunk` (optional; absent = 0) is the prefill chunk after each of which
@@ -119,25 +123,44 @@ struct SelectionRecord {
   int obs_window = -1;   ///< the scorer's observation window (ScorerConfig::window)
   int kernel = -1;       ///< the scorer's pooling kernel (ScorerConfig::kernel)
   std::string pooling;   ///< the scorer's pooling: "none", "max" or "avg" ("": not recorded)
+  bool output_aware = false;            ///< ScorerConfig::output_aware (absent in the file: false)
+  std::string head_allocation = "uniform";  ///< the cross-head split: "uniform" or "adaptive" (head_budget.hpp)
+  double head_alpha = 0.2;              ///< the adaptive split's floor fraction (kDefaultHeadAlpha)
 
   /// @return whether the settings were recorded
   bool recorded() const { return sinks >= 0; }
+  /// @return whether the output-aware / cross-head settings differ from the defaults (false,
+  ///   uniform, 0.2): only then are they written and described
+  bool has_head_settings() const { return output_aware || head_allocation != "uniform" || head_alpha != 0.2; }
   /// @return whether these settings are recorded and differ from `other` in any field
   bool differs(const SelectionRecord& other) const {
     return recorded() && (sinks != other.sinks || recent != other.recent || obs_window != other.obs_window ||
-                          kernel != other.kernel || pooling != other.pooling);
+                          kernel != other.kernel || pooling != other.pooling || output_aware != other.output_aware ||
+                          head_allocation != other.head_allocation || head_alpha != other.head_alpha);
   }
-  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P"
+  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P", followed by
+  ///   " output_aware=0|1 head_alloc=A head_alpha=X" when `has_head_settings()`
   std::string describe() const {
     std::ostringstream os;
     os << "sinks=" << sinks << " recent=" << recent << " obs_window=" << obs_window << " kernel=" << kernel
        << " pooling=" << pooling;
+    if (has_head_settings())
+      os << " output_aware=" << (output_aware ? 1 : 0) << " head_alloc=" << head_allocation
+         << " head_alpha=" << head_alpha;
     return os.str();
   }
-  /// @throws Error unless unrecorded (all -1, pooling "") or valid (sinks, recent >= 0;
-  ///   obs_window, kernel >= 1; pooling none, max or avg)
+  /// @throws Error unless unrecorded (all -1, pooling "", default head settings) or valid
+  ///   (sinks, recent >= 0; obs_window, kernel >= 1; pooling none, max or avg; head allocation
+  ///   uniform or adaptive; head_alpha in [0, 1])
   void validate() const {
-    if (sinks == -1 && recent == -1 && obs_window == -1 && kernel == -1 && pooling.empty()) return;
+    DEPTHKV_CHECK((head_allocation == "uniform" || head_allocation == "adaptive") && head_alpha >= 0.0 &&
+                      head_alpha <= 1.0,
+                  "bad selection settings: head_alloc '" << head_allocation << "', head_alpha " << head_alpha
+                                                         << " (uniform or adaptive; head_alpha in [0, 1])");
+    if (sinks == -1 && recent == -1 && obs_window == -1 && kernel == -1 && pooling.empty()) {
+      DEPTHKV_CHECK(!has_head_settings(), "selection settings: head settings recorded without the selection");
+      return;
+    }
     DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 &&
                       (pooling == "none" || pooling == "max" || pooling == "avg"),
                   "bad selection settings " << describe()
@@ -337,6 +360,11 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
                                      {"obs_window", c.selection.obs_window},
                                      {"kernel", c.selection.kernel},
                                      {"pooling", c.selection.pooling}};
+  if (c.selection.recorded() && c.selection.has_head_settings()) {
+    j["calibration"]["selection"]["output_aware"] = c.selection.output_aware;
+    j["calibration"]["selection"]["head_alloc"] = c.selection.head_allocation;
+    j["calibration"]["selection"]["head_alpha"] = c.selection.head_alpha;
+  }
   if (c.documents.recorded())
     j["calibration"]["documents"] = {{"rule", c.documents.rule}, {"marker", c.documents.marker}};
   j["scorers"] = nlohmann::json::object();
@@ -429,6 +457,14 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       r.obs_window = get("obs_window");
       r.kernel = get("kernel");
       r.pooling = json_string(json_at(sel, "pooling", "calibration.selection"), "calibration.selection.pooling");
+      if (sel.contains("output_aware")) {
+        DEPTHKV_CHECK(sel["output_aware"].is_boolean(),
+                      "'calibration.selection.output_aware' must be a boolean, got " << sel["output_aware"].dump());
+        r.output_aware = sel["output_aware"].get<bool>();
+      }
+      if (sel.contains("head_alloc"))
+        r.head_allocation = json_string(sel["head_alloc"], "calibration.selection.head_alloc");
+      if (sel.contains("head_alpha")) r.head_alpha = json_number(sel["head_alpha"], "calibration.selection.head_alpha");
     }
   }
   if (c.contains("documents")) {

@@ -53,6 +53,16 @@ struct ScorerConfig {
   int kernel = 7;
   /// SnapKV pooling (ignored by the other kinds).
   Pooling pooling = Pooling::kMax;
+  /// Output-aware rescaling (CriticalKV): the attention-based score of every slot is multiplied
+  /// by the L1 norm of the value's contribution to the attention output, (s_j + 1e-4) * n_j with
+  /// n_j the mean over the KV head's query heads q of ||W_o^{(q)} V_j||_1 (formula, shapes and
+  /// GQA rule: token_scorer.hpp). For h2o, snapkv and tova only; `TokenScorer::scores` then
+  /// needs the layer's output projection.
+  bool output_aware = false;
 };
+
+/// The epsilon of the output-aware rescaling (s_j + kOutputAwareEpsilon) * n_j (kvpress's
+/// CriticalKVPress default).
+constexpr float kOutputAwareEpsilon = 1e-4f;
 
 }  // namespace depthkv

@@ -22,6 +22,25 @@
 /// - `kKeyNorm` ("knorm"), key-norm (Devoto et al. 2024, arXiv 2406.11430): s_j = -||K_j||_2
 ///   (a low key norm means an important token); needs no observations.
 ///
+/// ## Output-aware rescaling (`ScorerConfig::output_aware`)
+/// CriticalKV (Feng et al. 2025, "Identify Critical KV Cache in LLM Inference from an Output
+/// Perturbation Perspective", arXiv 2502.03805): a token matters by its attention weight times
+/// the size of what its value adds to the attention output. With W_o the layer's output
+/// projection, `[dim][n_heads * head_dim]`, and W_o^{(q)} its `dim x head_dim` block of the
+/// columns [q * head_dim, (q + 1) * head_dim) (query head q's share of the output), slot j of KV
+/// head h gets
+///     n_j = (1 / G) * sum_{q in group(h)} ||W_o^{(q)} V_j||_1      (G = n_heads / n_kv_heads)
+///     s'_j = (s_j + kOutputAwareEpsilon) * n_j                      (kOutputAwareEpsilon = 1e-4)
+/// where s_j is the kind's score above (after SnapKV's pooling) and V_j the slot's value row
+/// (`head_dim`). `output_contribution_norms` computes n_j. It applies to h2o, snapkv and tova
+/// (attention-based, >= 0); h2o-v1/v2 already weight by ||V_j|| and knorm is not
+/// attention-based, so those combinations are refused. The epsilon, the L1 norm and the mean
+/// over the group's query heads are kvpress's (`CriticalKVPress.vwl1norm`). kvpress also keeps a
+/// first stage (`first_stage_ratio` 0.5: half of each head's budget goes to the best tokens by
+/// the unscaled score); depthkv does not: a scorer's scores do not depend on the budget (one set
+/// of scores serves every keep ratio of a profile and the cross-head split of head_budget.hpp),
+/// so the rescaled score alone ranks the tokens.
+///
 /// ## GQA
 /// With `n_heads` query heads and `n_kv_heads` KV heads, query head q belongs to KV head
 /// `q / (n_heads / n_kv_heads)`. Every accumulator lives per KV head: the rows of the group's query
@@ -44,6 +63,8 @@
 /// for (int q = 0; q < n_heads; ++q)   // probs: [n_queries][ld], row i for position pos0 + i
 ///   scorer.observe_block(q, pos0, n_queries, probs[q], ld, layer.size(q / group));
 /// depthkv::LayerScores s = scorer.scores(layer);            // s[kv_head][slot]
+/// // output-aware: scorer.scores(layer, &wo) with
+/// //   depthkv::OutputProjection wo{w_o.data(), dim, n_heads, head_dim};   // [dim][n_heads*head_dim]
 /// // ... evict with depthkv::evict_layer(layer, s, keep, prot), then for every KV head h:
 /// scorer.compact(h, ev.kept_slots[h].data(), static_cast<int>(ev.kept_slots[h].size()));
 /// @endcode
@@ -57,12 +78,75 @@
 #include <utility>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "depthkv/detail/scalar.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/selection.hpp"
 
 namespace depthkv {
+
+/// A non-owning view of one layer's attention output projection W_o, the matrix that maps the
+/// concatenated head outputs `[n_heads * head_dim]` to the model dimension `[dim]`. Element
+/// (r, c) (output r, input column c = q * head_dim + d) is `data[r * row_stride + c * col_stride]`.
+/// The defaults (`row_stride` 0 = n_heads * head_dim, `col_stride` 1) are the row-major
+/// `[dim][n_heads * head_dim]` layout of PyTorch's `o_proj.weight`, llama2.c's and GGUF's
+/// `wo`; an engine that stores the transpose `[n_heads * head_dim][dim]` row-major passes
+/// `row_stride = 1, col_stride = dim`.
+struct OutputProjection {
+  const float* data = nullptr;
+  int dim = 0;            ///< output rows (the model dimension)
+  int n_heads = 0;        ///< query heads
+  int head_dim = 0;       ///< columns per query head
+  std::int64_t row_stride = 0;  ///< elements between rows (0: n_heads * head_dim)
+  std::int64_t col_stride = 1;  ///< elements between columns
+};
+
+/// n_j of the output-aware rescaling for every slot of `layer` (file comment):
+/// n[h][j] = (1 / G) * sum_{q in group(h)} ||W_o^{(q)} V_{h,j}||_1, G = n_heads / n_kv_heads.
+/// @return n[h][slot], row h of length layer.size(h)
+/// @throws Error on a null matrix, dim < 1, a head_dim other than the layer's, a head count that
+///   is not a positive multiple of the layer's KV heads, or a non-positive stride
+template <class Layer>
+LayerScores output_contribution_norms(const Layer& layer, const OutputProjection& wo) {
+  DEPTHKV_CHECK(wo.data != nullptr, "output projection: null data");
+  DEPTHKV_CHECK(wo.dim >= 1, "output projection: dim must be >= 1, got " << wo.dim);
+  DEPTHKV_CHECK(wo.head_dim == layer.head_dim(),
+                "output projection: head_dim " << wo.head_dim << ", layer " << layer.head_dim());
+  DEPTHKV_CHECK(wo.n_heads >= 1 && wo.n_heads % layer.n_kv_heads() == 0,
+                "output projection: n_heads " << wo.n_heads << " is not a positive multiple of the layer's "
+                                              << layer.n_kv_heads() << " KV heads");
+  const std::int64_t rs = wo.row_stride == 0 ? static_cast<std::int64_t>(wo.n_heads) * wo.head_dim : wo.row_stride;
+  DEPTHKV_CHECK(rs >= 1 && wo.col_stride >= 1,
+                "output projection: strides must be >= 1, got row " << rs << ", column " << wo.col_stride);
+  using Strided = Eigen::Map<const Eigen::MatrixXf, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+  const int hd = wo.head_dim, group = wo.n_heads / layer.n_kv_heads();
+  constexpr int kBlock = 256;  // slots per product
+  LayerScores out(static_cast<std::size_t>(layer.n_kv_heads()));
+  Eigen::MatrixXf v(hd, kBlock), y;
+  for (int h = 0; h < layer.n_kv_heads(); ++h) {
+    const int n = layer.size(h);
+    std::vector<float>& o = out[static_cast<std::size_t>(h)];
+    o.assign(static_cast<std::size_t>(n), 0.0f);
+    for (int j0 = 0; j0 < n; j0 += kBlock) {
+      const int m = std::min(kBlock, n - j0);
+      for (int j = 0; j < m; ++j) {
+        const auto* row = layer.value(h, j0 + j);
+        for (int d = 0; d < hd; ++d) v(d, j) = detail::to_float(row[d]);
+      }
+      for (int g = 0; g < group; ++g) {
+        const int q = h * group + g;
+        const Strided w(wo.data + static_cast<std::int64_t>(q) * hd * wo.col_stride, wo.dim, hd,
+                        Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(wo.col_stride, rs));
+        y.noalias() = w * v.leftCols(m);
+        for (int j = 0; j < m; ++j) o[static_cast<std::size_t>(j0 + j)] += y.col(j).cwiseAbs().sum();
+      }
+      for (int j = 0; j < m; ++j) o[static_cast<std::size_t>(j0 + j)] /= static_cast<float>(group);
+    }
+  }
+  return out;
+}
 
 /// Token-importance accumulator of one layer (see the file comment for the kinds, GQA and memory).
 ///
@@ -83,6 +167,9 @@ class TokenScorer {
                   "n_heads " << n_heads << " must be a positive multiple of n_kv_heads " << n_kv_heads);
     DEPTHKV_CHECK(cfg.window >= 1, "window must be >= 1, got " << cfg.window);
     DEPTHKV_CHECK(cfg.kernel >= 1 && cfg.kernel % 2 == 1, "kernel must be odd and >= 1, got " << cfg.kernel);
+    DEPTHKV_CHECK(!cfg.output_aware || cfg.kind == ScorerKind::kH2O || cfg.kind == ScorerKind::kSnapKV ||
+                      cfg.kind == ScorerKind::kTOVA,
+                  "output-aware scoring applies to h2o, snapkv and tova, not " << to_string(cfg.kind));
     group_ = n_heads / n_kv_heads;
     reset();
   }
@@ -164,12 +251,20 @@ class TokenScorer {
   }
 
   /// Scores per KV head for the tokens the layer holds now (value-aware and key-norm scorers
-  /// read the layer's V / K).
+  /// read the layer's V / K; output-aware ones V and `wo`).
+  /// @param wo the layer's output projection (`OutputProjection`): required when
+  ///   `config().output_aware`, ignored otherwise (may be null then)
   /// @return scores[h][slot], row h of length layer.size(h)
-  /// @throws Error when the layer's KV head count differs from the scorer's, or a head holds fewer
-  ///   slots than were observed
+  /// @throws Error when the layer's KV head count differs from the scorer's, a head holds fewer
+  ///   slots than were observed, an output-aware scorer gets no projection, or the projection's
+  ///   shape does not match (n_heads, head_dim)
   template <class Layer>
-  LayerScores scores(const Layer& layer) const {
+  LayerScores scores(const Layer& layer, const OutputProjection* wo = nullptr) const {
+    if (cfg_.output_aware) {
+      DEPTHKV_CHECK(wo != nullptr, "output-aware scorer: no output projection given");
+      DEPTHKV_CHECK(wo->n_heads == n_heads_,
+                    "output projection has " << wo->n_heads << " query heads, scorer " << n_heads_);
+    }
     DEPTHKV_CHECK(layer.n_kv_heads() == n_kv_heads_,
                   "layer has " << layer.n_kv_heads() << " KV heads, scorer " << n_kv_heads_);
     for (int h = 0; h < n_kv_heads_; ++h)
@@ -221,6 +316,14 @@ class TokenScorer {
           }
           break;
         }
+      }
+    }
+    if (cfg_.output_aware) {
+      const LayerScores norms = output_contribution_norms(layer, *wo);
+      for (int h = 0; h < n_kv_heads_; ++h) {
+        std::vector<float>& s = out[static_cast<std::size_t>(h)];
+        const std::vector<float>& nh = norms[static_cast<std::size_t>(h)];
+        for (std::size_t j = 0; j < s.size(); ++j) s[j] = (s[j] + kOutputAwareEpsilon) * nh[j];
       }
     }
     return out;

@@ -230,3 +230,114 @@ TEST_CASE("PruningEvaluator [real]: reuse equals recomputation on stories260K", 
   REQUIRE(hi > 0.0);
   REQUIRE(std::abs(reuse.nll_full(0) - naive.evaluate_plan({1, 1, 1, 1, 1})[0].metrics.nll_full) < 1e-9);
 }
+
+TEST_CASE("output-aware scores and adaptive head budgets through score_and_evict and the evaluator", "[eval][head_budget]") {
+  const LlamaModel model = random_model(7);
+  const LlamaEngine engine(model);
+  const auto windows = random_windows(2, 40, 12, model.config.vocab_size, 4);
+  const std::vector<OutputProjection> wo = output_projections(model);
+  REQUIRE(wo.size() == 4);
+  REQUIRE(wo[1].data == model.layers[1].wo.data());
+
+  // score_and_evict: the kept slots are those of head_budgets + evict on the same scores
+  for (bool output_aware : {false, true}) {
+    ScorerConfig sc;
+    sc.kind = ScorerKind::kSnapKV;
+    sc.window = 8;
+    sc.kernel = 3;
+    sc.output_aware = output_aware;
+    HostCache a = engine.make_cache();
+    auto scorers = make_scorers(model.config, sc);
+    ForwardOptions opt;
+    opt.observer = observe_into(scorers);
+    engine.prefill(windows[0].context, 0, a, opt);
+    HostCache b = a;
+    PruneRequest req;
+    req.budget.keep_ratio = 0.3;
+    req.protection = Protection{1, 2};
+    req.head_allocation = HeadAllocation::kAdaptive;
+    req.head_alpha = 0.25;
+    req.output_projections = &wo;
+    const std::vector<LayerScores> s = layer_scores(scorers, b, &wo);
+    if (output_aware) CHECK_THROWS_WITH(layer_scores(scorers, b), Catch::Contains("no output projection"));
+    const PruneReport rep = score_and_evict(a, scorers, req);
+    const auto k = head_budgets(HeadAllocation::kAdaptive, b, s, rep.budgets, req.protection, 0.25);
+    const auto ev = evict(b, s, k, req.protection);
+    bool uneven = false;
+    for (int l = 0; l < 4; ++l) {
+      int sum = 0;
+      for (int h = 0; h < 2; ++h) {
+        REQUIRE(rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)] ==
+                ev[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)]);
+        sum += a.layer(l).size(h);
+        REQUIRE(scorers[static_cast<std::size_t>(l)].observed_size(h) == a.layer(l).size(h));
+        uneven |= a.layer(l).size(h) != rep.budgets[static_cast<std::size_t>(l)];
+      }
+      REQUIRE(sum == 2 * rep.budgets[static_cast<std::size_t>(l)]);
+    }
+    CHECK(uneven);  // the heads did get different budgets somewhere
+  }
+
+  // the evaluator: activation reuse equals recomputation and the chunked path; settings change results
+  EvalConfig cfg;
+  cfg.scorers.clear();
+  for (const char* k : {"h2o", "snapkv", "tova"})
+    for (bool oa : {false, true}) {
+      ScorerConfig s;
+      s.kind = parse_scorer_kind(k);
+      s.window = 8;
+      s.kernel = 3;
+      s.output_aware = oa;
+      cfg.scorers.push_back(s);
+    }
+  cfg.protection = Protection{1, 2};
+  cfg.chunk_size = 64;  // one chunk: the chunked plan evicts once, as the one-shot run
+  for (HeadAllocation ha : {HeadAllocation::kUniform, HeadAllocation::kAdaptive}) {
+    CAPTURE(to_string(ha));
+    cfg.head_allocation = ha;
+    EvalConfig naive_cfg = cfg, chunked_cfg = cfg;
+    naive_cfg.reuse = false;
+    chunked_cfg.chunked_plans = true;
+    const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg),
+        chunked(engine, windows, chunked_cfg);
+    const std::vector<double> plan = {1.0, 0.3, 0.2, 0.5};
+    for (int s = 0; s < reuse.n_scorers(); ++s) {
+      CAPTURE(s);
+      const auto a = reuse.evaluate_plan(plan, s);
+      require_same(a, naive.evaluate_plan(plan, s), 1e-5);
+      require_same(a, chunked.evaluate_plan(plan, s), 1e-5);
+      if (s % 2 == 1) {  // output-aware differs from its plain scorer
+        const auto p = reuse.evaluate_plan(plan, s - 1);
+        bool differs = false;
+        for (std::size_t w = 0; w < a.size(); ++w) differs |= a[w].metrics.loss.kl != p[w].metrics.loss.kl;
+        CHECK(differs);
+      }
+    }
+  }
+  EvalConfig bad = cfg;
+  bad.head_alpha = 1.5;
+  CHECK_THROWS_WITH(PruningEvaluator(engine, windows, bad), Catch::Contains("head_alpha 1.5"));
+}
+
+TEST_CASE("adaptive head budgets change the evaluation", "[eval][head_budget]") {
+  const LlamaModel model = random_model(8);
+  const LlamaEngine engine(model);
+  const auto windows = random_windows(2, 40, 12, model.config.vocab_size, 5);
+  EvalConfig cfg;
+  cfg.protection = Protection{1, 2};
+  const PruningEvaluator uni(engine, windows, cfg);
+  cfg.head_allocation = HeadAllocation::kAdaptive;
+  cfg.head_alpha = 0.0;
+  const PruningEvaluator ada(engine, windows, cfg);
+  const std::vector<double> plan = {0.2, 0.2, 0.2, 0.2};
+  const auto a = uni.evaluate_plan(plan), b = ada.evaluate_plan(plan);
+  bool differs = false;
+  for (std::size_t w = 0; w < a.size(); ++w) {
+    differs |= a[w].metrics.loss.kl != b[w].metrics.loss.kl;
+    CHECK(a[w].bytes_kept == b[w].bytes_kept);  // the same tokens per layer
+  }
+  CHECK(differs);
+  cfg.head_alpha = 1.0;  // alpha 1: the uniform split
+  const PruningEvaluator one(engine, windows, cfg);
+  require_same(one.evaluate_plan(plan), a, 1e-12);
+}

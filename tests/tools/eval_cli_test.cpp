@@ -333,3 +333,60 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
               "2>&1");
   require_error(wrong, "the profile was measured on another model: profile 'stories260K.bin'");
 }
+
+TEST_CASE("--output-aware, --head-alloc and --head-alpha: recorded in profiles and eval rows, checked",
+          "[cli][eval][real]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string profile = tmp_path("profile_oa.json");
+  const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  const std::string flags = " --output-aware --head-alloc adaptive --head-alpha 0.25";
+  REQUIRE(run_cli("profile --model " + model + " --text " + text + common + flags +
+                  " --windows 3 --ratios 0.2,0.5 --scorers snapkv -o " + shell_quoted(profile))
+              .status == 0);
+  const depthkv::ProfileFile f = depthkv::load_profile(profile);
+  REQUIRE(f.calibration.selection.output_aware);
+  REQUIRE(f.calibration.selection.head_allocation == "adaptive");
+  REQUIRE(f.calibration.selection.head_alpha == 0.25);
+  const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) +
+                           common + " --keep 0.3 --policies uniform,optimal --windows 2";
+  const std::string csv = tmp_path("oa.csv");
+  const auto r = run_cli(eval + flags + " --json --csv " + shell_quoted(csv), "2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  REQUIRE(rows.size() == 2);
+  for (const auto& row : rows) {
+    REQUIRE(row["output_aware"] == true);
+    REQUIRE(row["head_alloc"] == "adaptive");
+    REQUIRE(row["head_alpha"] == 0.25);
+  }
+  {
+    std::ifstream in(csv);
+    std::string header;
+    std::getline(in, header);
+    REQUIRE(header == "scorer,policy,keep,kl,kl_stderr,dnll,top1,nll_full,bytes_kept,bytes_full,budgets,"
+                      "output_aware,head_alloc,head_alpha");
+  }
+  // the defaults write the rows as before (no new keys), and note the profile's other settings
+  const auto plain = run_cli(eval + " --json", "2>&1");
+  REQUIRE(plain.status == 0);
+  REQUIRE(plain.out.find("\"output_aware\"") == std::string::npos);
+  REQUIRE(plain.out.find("--head-alloc adaptive --head-alpha 0.25") != std::string::npos);
+  REQUIRE(plain.out.find(" --output-aware") != std::string::npos);
+  // the results change with the settings
+  const nlohmann::json prow = nlohmann::json::parse(plain.out.substr(plain.out.find('[')));
+  REQUIRE(prow[0]["kl"] != rows[0]["kl"]);
+  // bad values are refused, naming the flag
+  require_error(run_cli(eval + " --head-alloc ada", "2>&1"),
+                "--head-alloc: unknown head allocation 'ada' (expected uniform or adaptive)");
+  require_error(run_cli(eval + " --head-alpha 1.5", "2>&1"), "--head-alpha: 1.5 outside [0, 1]");
+  require_error(run_cli("generate --model " + model + " --scorer knorm --keep 0.5 --output-aware --steps 4", "2>&1"),
+                "output-aware scoring applies to h2o, snapkv and tova, not knorm");
+  // generate prunes with them
+  const auto g = run_cli("generate --model " + model + " --scorer snapkv --keep 0.5 --steps 20 --temperature 0" + flags,
+                         "2>&1");
+  INFO(g.out);
+  REQUIRE(g.status == 0);
+  std::remove(profile.c_str());
+  std::remove(csv.c_str());
+}

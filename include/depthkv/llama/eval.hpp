@@ -69,6 +69,7 @@
 #include "depthkv/error.hpp"
 #include "depthkv/eviction_schedule.hpp"
 #include "depthkv/evictor.hpp"
+#include "depthkv/head_budget.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/text_windows.hpp"
@@ -95,6 +96,24 @@ inline std::vector<TokenScorer> make_scorers(const LlamaConfig& config, const Sc
   return depthkv::make_scorers(config.n_layers, scorer, config.n_heads, config.n_kv_heads);
 }
 using depthkv::make_scorers;
+
+/// The output projections of the model's layers for output-aware scorers: views of each layer's
+/// float `wo`, row-major `[dim][n_heads * head_dim]` (`OutputProjection`'s default layout). The
+/// model must outlive them.
+/// @throws Error when a layer's `wo` has no float form (quantized)
+inline std::vector<OutputProjection> output_projections(const LlamaModel& model) {
+  const LlamaConfig& c = model.config;
+  std::vector<OutputProjection> out;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const RowMatrix& wo = model.layers[static_cast<std::size_t>(l)].wo;
+    DEPTHKV_CHECK(wo.rows() == c.dim && wo.cols() == static_cast<Eigen::Index>(c.n_heads) * c.head_dim,
+                  "layer " << l << ": output-aware scoring needs the float output projection wo [" << c.dim << "]["
+                           << c.n_heads * c.head_dim << "], the model holds " << wo.rows() << " x " << wo.cols()
+                           << (model.layers[static_cast<std::size_t>(l)].wo_quant.empty() ? "" : " (quantized)"));
+    out.push_back({wo.data(), c.dim, c.n_heads, c.head_dim});
+  }
+  return out;
+}
 
 // ---- metrics ----------------------------------------------------------------------------------
 
@@ -191,6 +210,10 @@ struct EvalConfig {
   /// k of n context tokens keeps `keep_tokens(k / n, s, protection)` (= k at s = n). The context
   /// is then recomputed for every plan (no activation reuse).
   bool chunked_plans = false;
+  /// How each layer's budget is split across its KV heads (head_budget.hpp) in every plan and
+  /// schedule; the adaptive split's floor fraction.
+  HeadAllocation head_allocation = HeadAllocation::kUniform;
+  double head_alpha = kDefaultHeadAlpha;
 };
 
 /// Result of one window under one plan.
@@ -235,7 +258,13 @@ class PruningEvaluator {
     for (std::size_t w = 0; w < windows_.size(); ++w)
       DEPTHKV_CHECK(!windows_[w].context.empty() && !windows_[w].continuation.empty(),
                     "window " << w << " has an empty context or continuation");
-    for (const ScorerConfig& s : cfg_.scorers) TokenScorer(s, engine.config().n_heads, engine.config().n_kv_heads);
+    bool output_aware = false;
+    for (const ScorerConfig& s : cfg_.scorers) {
+      TokenScorer(s, engine.config().n_heads, engine.config().n_kv_heads);
+      output_aware = output_aware || s.output_aware;
+    }
+    DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
+    if (output_aware) wo_ = output_projections(engine.model());
     refs_.resize(windows_.size());
     parallel_windows([&](int w) { refs_[static_cast<std::size_t>(w)] = full_run(windows_[static_cast<std::size_t>(w)]); });
   }
@@ -308,6 +337,9 @@ class PruningEvaluator {
     ScheduleConfig cfg = sc;
     cfg.scorer = cfg_.scorers[static_cast<std::size_t>(scorer)];
     cfg.protection = cfg_.protection;
+    cfg.head_allocation = cfg_.head_allocation;
+    cfg.head_alpha = cfg_.head_alpha;
+    cfg.output_projections = wo();
     const LlamaConfig& c = engine_.config();
     EvictionSchedule(cfg, c.n_layers, c.n_heads, c.n_kv_heads);  // validates (serial)
     std::vector<WindowResult> out(windows_.size());
@@ -393,6 +425,14 @@ class PruningEvaluator {
     DEPTHKV_CHECK(w >= 0 && w < n_windows(), "window " << w << " outside [0, " << n_windows() << ")");
     return refs_[static_cast<std::size_t>(w)];
   }
+  const std::vector<OutputProjection>* wo() const { return wo_.empty() ? nullptr : &wo_; }
+  const OutputProjection* wo(int l) const { return wo_.empty() ? nullptr : &wo_[static_cast<std::size_t>(l)]; }
+  // Per-head budgets of a layer whose heads keep `k` each (EvalConfig::head_allocation).
+  template <class Layer>
+  std::vector<int> head_keep(const Layer& layer, const LayerScores& s, int k) const {
+    if (cfg_.head_allocation == HeadAllocation::kUniform) return std::vector<int>(static_cast<std::size_t>(layer.n_kv_heads()), k);
+    return head_budgets(cfg_.head_allocation, layer, s, k, cfg_.protection, cfg_.head_alpha);
+  }
   void check_scorer(int scorer) const {
     DEPTHKV_CHECK(scorer >= 0 && scorer < n_scorers(), "scorer " << scorer << " outside [0, " << n_scorers() << ")");
   }
@@ -432,7 +472,7 @@ class PruningEvaluator {
     opt.all_logits = false;
     opt.observer = observe_into(sets);
     engine_.prefill(win.context, 0, r.cache, opt);
-    for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache));
+    for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache, wo()));
     // Continuation on a copy (the stored cache stays context-only), capturing layer inputs.
     HostCache work = r.cache;
     const int tc = static_cast<int>(win.continuation.size());
@@ -496,9 +536,10 @@ class PruningEvaluator {
     for (int l = first; l < c.n_layers; ++l) {
       HostLayer<float> kv = r.cache.layer(l);
       const int k = keep[static_cast<std::size_t>(l)];
-      if (k < n_ctx)
-        evict_layer(kv, r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)],
-                    std::vector<int>(static_cast<std::size_t>(c.n_kv_heads), k), cfg_.protection);
+      if (k < n_ctx) {
+        const LayerScores& s = r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)];
+        evict_layer(kv, s, head_keep(kv, s, k), cfg_.protection);
+      }
       // the continuation in chunks, as the full run processed it
       for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {
         const int t = std::min(cfg_.chunk_size, tc - c0);
@@ -540,7 +581,12 @@ class PruningEvaluator {
     res.budgets = keep;
     res.bytes_full = cache.bytes();
     res.bytes_full_peak = full.bytes();
-    evict(cache, layer_scores(sc, cache), keep, cfg_.protection);
+    const std::vector<LayerScores> scores = layer_scores(sc, cache, wo());
+    if (cfg_.head_allocation == HeadAllocation::kUniform)
+      evict(cache, scores, keep, cfg_.protection);
+    else
+      evict(cache, scores, head_budgets(cfg_.head_allocation, cache, scores, keep, cfg_.protection, cfg_.head_alpha),
+            cfg_.protection);
     res.bytes_kept = cache.bytes();
     const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
     res.bytes_peak = std::max(res.bytes_full, cache.bytes());
@@ -602,9 +648,8 @@ class PruningEvaluator {
         const int target = seen == n_ctx ? k : keep_tokens(static_cast<double>(k) / n_ctx, seen, cfg_.protection);
         auto& layer = cache.layer(l);
         if (layer.max_size() <= target) continue;
-        const LayerEviction e = evict_layer(layer, sc[static_cast<std::size_t>(l)].scores(layer),
-                                            std::vector<int>(static_cast<std::size_t>(c.n_kv_heads), target),
-                                            cfg_.protection);
+        const LayerScores s = sc[static_cast<std::size_t>(l)].scores(layer, wo(l));
+        const LayerEviction e = evict_layer(layer, s, head_keep(layer, s, target), cfg_.protection);
         for (int h = 0; h < c.n_kv_heads; ++h) {
           const auto& kept = e.kept_slots[static_cast<std::size_t>(h)];
           sc[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
@@ -650,6 +695,7 @@ class PruningEvaluator {
   std::vector<EvalWindow> windows_;
   EvalConfig cfg_;
   std::vector<Reference> refs_;
+  std::vector<OutputProjection> wo_;  // per layer, when a scorer is output-aware
   mutable std::atomic<long long> layer_tokens_{0};
 };
 
