@@ -152,6 +152,45 @@ struct SelectionSettings {
   }
 };
 
+/// `--preset NAME`: a named configuration of the flags it sets. "best", the configuration the
+/// README recommends, was chosen on calibration windows only (docs/results/preset.md,
+/// scripts/preset-selection.sh): SnapKV scores with average pooling, output-aware (CriticalKV)
+/// rescaling, adaptive (AdaKV) cross-head budgets with per-head floor 0.2, optimal per-layer
+/// budgets under the default safeguard floor (`--min-tokens`). The protection (`--sinks`,
+/// `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval, allocate and generate: the
+/// profile's), since it depends on the context length. A flag the preset sets cannot be given
+/// with it.
+struct PresetSettings {
+  std::string name;  ///< empty: no preset
+
+  bool active() const { return !name.empty(); }
+
+  /// Registers `--preset` on a subcommand whose other options are already registered; `sets`
+  /// are the flags it excludes there (those of `apply` that the subcommand has).
+  template <class App>
+  void add_option(App* c, const std::vector<std::string>& sets) {
+    auto* o = c->add_option("--preset", name,
+                            "a named configuration: best (the README's: snapkv, --pooling avg, --output-aware, "
+                            "--head-alloc adaptive, optimal budgets; chosen on calibration windows, "
+                            "docs/results/preset.md)");
+    o->type_name("NAME");
+    for (const std::string& f : sets) o->excludes(f);
+  }
+
+  /// Sets the selection, the scorer(s) and the policy(-ies) to the preset's (each pointer may be null).
+  /// @throws depthkv::Error on an unknown preset name
+  void apply(SelectionSettings& sel, std::string* scorers, std::string* policies) const {
+    if (!active()) return;
+    DEPTHKV_CHECK(name == "best", "--preset: unknown preset '" << name << "' (expected best)");
+    sel.pooling = "avg";
+    sel.output_aware = true;
+    sel.head_alloc = "adaptive";
+    sel.head_alpha = depthkv::kDefaultHeadAlpha;
+    if (scorers) *scorers = "snapkv";
+    if (policies) *policies = "optimal";
+  }
+};
+
 /// Decodes the escapes \n, \r, \t and \\ of a command-line value (so that a shell user can
 /// type a separator such as '\n\n\n').
 /// @throws depthkv::Error naming `flag` on another escape or a trailing backslash

@@ -22,6 +22,7 @@ struct AllocateArgs {
   int length = 0, min_tokens = -1;
   bool json = false;
   SelectionSettings sel;
+  PresetSettings preset;
 };
 
 void run_allocate(const AllocateArgs& a) {
@@ -79,7 +80,11 @@ void register_allocate(CLI::App& app) {
       ->capture_default_str();
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_flag("--json", a->json, "print JSON");
-  c->callback([a] { run_allocate(*a); });
+  a->preset.add_option(c, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
+  c->callback([a] {
+    a->preset.apply(a->sel, &a->scorer, &a->policy);
+    run_allocate(*a);
+  });
 }
 
 }  // namespace depthkv_cli

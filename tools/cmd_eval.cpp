@@ -41,6 +41,7 @@ struct EvalArgs {
   int interval = 1;                  ///< chunked: evict once this many tokens were appended
   bool json = false;
   SelectionSettings sel;
+  PresetSettings preset;
   DocumentSettings docs;  ///< default: the profile's document split
 };
 
@@ -299,7 +300,8 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   return r;
 }
 
-void print_json(const std::vector<Row>& rows) {
+// With a preset, every row names it and carries the settings it resolved to.
+void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
   nlohmann::json arr = nlohmann::json::array();
   for (const Row& r : rows) {
     arr.push_back({{"scorer", r.scorer},
@@ -318,6 +320,19 @@ void print_json(const std::vector<Row>& rows) {
       arr.back()["output_aware"] = r.output_aware;
       arr.back()["head_alloc"] = r.head_alloc;
       arr.back()["head_alpha"] = r.head_alpha;
+    }
+    if (a.preset.active()) {
+      nlohmann::json& j = arr.back();
+      j["preset"] = a.preset.name;
+      j["output_aware"] = r.output_aware;
+      j["head_alloc"] = r.head_alloc;
+      j["head_alpha"] = r.head_alpha;
+      j["pooling"] = a.sel.pooling;
+      j["sinks"] = a.sel.sinks;
+      j["recent"] = a.sel.recent;
+      j["obs_window"] = a.sel.obs_window;
+      j["kernel"] = a.sel.kernel;
+      j["min_tokens"] = a.min_tokens;
     }
   }
   std::printf("%s\n", arr.dump(2).c_str());
@@ -426,7 +441,7 @@ void run_eval(const EvalArgs& a) {
   const double eval_s = seconds_since(t1);
 
   if (a.json)
-    print_json(rows);
+    print_json(rows, a);
   else
     print_table(a, f, plan, w, rows, nll_full_mean, full_s, eval_s);
   if (!a.csv.empty()) write_csv(a.csv, rows, f, plan.scorers);
@@ -474,7 +489,11 @@ void register_eval(CLI::App& app) {
                 "write the evaluation windows' token ids (JSON) to this file and stop, evaluating nothing");
   c->add_option("--csv", a->csv, "write the rows (and the profile's sensitivity curves to *-sensitivity.csv)");
   c->add_option("--plot", a->plot, "write quality-vs-budget and per-layer sensitivity curves (SVG, gnuplot)");
-  c->callback([a] { run_eval(*a); });
+  a->preset.add_option(c, {"--policies", "--scorers", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
+  c->callback([a] {
+    a->preset.apply(a->sel, &a->scorers, &a->policies);
+    run_eval(*a);
+  });
 }
 
 }  // namespace depthkv_cli

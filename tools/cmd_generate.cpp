@@ -43,6 +43,7 @@ struct GenerateArgs {
   long long max_kv_tokens = -1;  ///< bounded memory: KV tokens over all layers (-1: off)
   int interval = 32;             ///< with max_kv_tokens: evict every this many tokens
   SelectionSettings sel = SelectionSettings::generate();
+  PresetSettings preset;
 };
 
 /// What both pruning modes (--keep, --max-kv-tokens) give the allocator besides the budget: the
@@ -241,7 +242,11 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
       ->capture_default_str();
-  cmd->callback([args]() { run_generate(*args); });
+  args->preset.add_option(cmd, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
+  cmd->callback([args]() {
+    args->preset.apply(args->sel, &args->scorer, &args->policy);
+    run_generate(*args);
+  });
 }
 
 }  // namespace depthkv_cli

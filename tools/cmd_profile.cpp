@@ -30,6 +30,7 @@ struct ProfileArgs {
   int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024, probe_samples = 64;
   bool resume = false;
   SelectionSettings sel;
+  PresetSettings preset;
   DocumentSettings docs;
 };
 
@@ -266,7 +267,11 @@ void register_profile(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");
-  c->callback([a] { run_profile(*a); });
+  a->preset.add_option(c, {"--scorers", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
+  c->callback([a] {
+    a->preset.apply(a->sel, &a->scorers, nullptr);
+    run_profile(*a);
+  });
 }
 
 }  // namespace depthkv_cli

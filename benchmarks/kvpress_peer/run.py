@@ -368,15 +368,19 @@ def evaluate_model(name, a, out_rows):
                 break
     for row in dk_rows:
         res["kl"].setdefault(f"depthkv {row['scorer']} {row['policy']}", {})[str(row["keep"])] = row["kl"]
-    # depthkv's output-aware scores and adaptive heads, with curves measured under that setting
-    # (scripts/scoring-results.sh writes them) when present
-    own = os.path.join(ROOT, "docs", "results", "scoring", name + ".oa_ada.profile.json")
+    # `--preset best` (output-aware SnapKV with average pooling, adaptive heads, optimal budgets)
+    # and its uniform counterpart, with the curves measured under that setting (the main job's
+    # <model>.best.profile.json: the main profile's calibration windows and selection) when present
+    own = os.path.join(ROOT, "docs", "results", name + ".best.profile.json")
     if os.path.exists(own) and not a.plain_only:
         common_own = [x if x != profile else own for x in common]
-        for row in run_depthkv(a.depthkv, common_own, ["--keep", ",".join(map(str, a.keep)), "--policies",
-                                                       "uniform,optimal", "--scorers", "snapkv", "--output-aware",
-                                                       "--head-alloc", "adaptive"]):
-            label = f"depthkv {row['scorer']} + output-aware + adaptive heads {row['policy']}"
+        keeps = ["--keep", ",".join(map(str, a.keep))]
+        for row in run_depthkv(a.depthkv, common_own, keeps + ["--preset", "best"]):
+            res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
+        for row in run_depthkv(a.depthkv, common_own, keeps + ["--policies", "uniform", "--scorers", "snapkv",
+                                                               "--pooling", "avg", "--output-aware", "--head-alloc",
+                                                               "adaptive"]):
+            label = "depthkv snapkv (avg pooling) + output-aware + adaptive heads uniform"
             res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
     # depthkv's budgets with kvpress's SnapKV scorer (per head, and AdaKV inside each layer)
     for row in dk_rows:

@@ -390,3 +390,58 @@ TEST_CASE("--output-aware, --head-alloc and --head-alpha: recorded in profiles a
   std::remove(profile.c_str());
   std::remove(csv.c_str());
 }
+
+TEST_CASE("preset best sets scorer, pooling, output-aware, adaptive heads and optimal; rows name it",
+          "[cli][eval][real]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string profile = tmp_path("profile_best.json");
+  const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  REQUIRE(run_cli("profile --model " + model + " --text " + text + common + " --preset best --windows 3 --ratios 0.2,0.5 -o " +
+                  shell_quoted(profile))
+              .status == 0);
+  const depthkv::ProfileFile f = depthkv::load_profile(profile);
+  REQUIRE(f.has_scorer("snapkv"));
+  REQUIRE_FALSE(f.has_scorer("h2o"));
+  REQUIRE(f.calibration.selection.output_aware);
+  REQUIRE(f.calibration.selection.head_allocation == "adaptive");
+  REQUIRE(f.calibration.selection.pooling == "avg");
+  const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common +
+                           " --keep 0.3,0.5 --windows 2";
+  const auto r = run_cli(eval + " --preset best --json", "2>/dev/null");
+  REQUIRE(r.status == 0);
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  REQUIRE(rows.size() == 2);  // one scorer, one policy, two keeps
+  for (const auto& row : rows) {
+    REQUIRE(row["preset"] == "best");
+    REQUIRE(row["scorer"] == "snapkv");
+    REQUIRE(row["policy"] == "optimal");
+    REQUIRE(row["output_aware"] == true);
+    REQUIRE(row["head_alloc"] == "adaptive");
+    REQUIRE(row["head_alpha"] == 0.2);
+    REQUIRE(row["pooling"] == "avg");
+    REQUIRE(row["sinks"] == 2);
+    REQUIRE(row["recent"] == 4);
+  }
+  // the same flags spelled out give the same rows
+  const auto spelled = run_cli(eval + " --scorers snapkv --policies optimal --pooling avg --output-aware --head-alloc adaptive --json",
+                               "2>/dev/null");
+  REQUIRE(spelled.status == 0);
+  const nlohmann::json srows = nlohmann::json::parse(spelled.out);
+  REQUIRE(srows[0]["kl"] == rows[0]["kl"]);
+  REQUIRE(srows[1]["budgets"] == rows[1]["budgets"]);
+  // a flag the preset sets cannot be given with it; an unknown preset is refused
+  const auto both = run_cli(eval + " --preset best --scorers h2o", "2>&1");
+  REQUIRE(both.status != 0);
+  REQUIRE_THAT(both.out, Catch::Contains("excludes"));
+  require_error(run_cli(eval + " --preset fastest", "2>&1"), "--preset: unknown preset 'fastest' (expected best)");
+  // generate and allocate take it too
+  REQUIRE(run_cli("allocate --profile " + shell_quoted(profile) + " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.3 --length 64").status == 0);
+  const auto g = run_cli("generate --model " + model + " --profile " + shell_quoted(profile) +
+                             " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.8 --steps 60 --temperature 0"
+                             " --prompt 'Once upon a time, Lily found a red ball in the park. She was very happy.'",
+                         "2>&1");
+  INFO(g.out);
+  REQUIRE(g.status == 0);
+  std::remove(profile.c_str());
+}

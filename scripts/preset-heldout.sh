@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `--preset best` on data it was not chosen on: the evaluation windows of the main results
+# (TinyStories, after the calibration windows) and a licence text (GPL-3, another kind of text),
+# for both models, against depthkv's uniform budgets with the same scorer (plain SnapKV, and
+# SnapKV with the preset's pooling, output-aware scores and adaptive heads). The preset's curves
+# are the main profiles' calibration windows measured under its setting
+# (docs/results/<model>.best.profile.json, from scripts/main-job.sh). Writes
+# docs/results/preset-heldout.md.
+# Usage: scripts/preset-heldout.sh [build dir] (DEPTHKV_DATA_DIR: data folder)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build/release}
+DK="$BUILD/tools/depthkv"
+DATA=${DEPTHKV_DATA_DIR:-../shared}
+WORK=${TMPDIR:-/tmp}/depthkv-preset-heldout
+mkdir -p "$WORK"
+TEXT="$DATA/text/tinystories_valid.txt"
+OTHER=/usr/share/common-licenses/GPL-3
+KEEP=0.1,0.2,0.3,0.5
+
+# name, model, main profile, windows on stories, windows on GPL-3, selection flags
+check() {
+  local name=$1 model=$2 plain=$3 ws=$4 wo=$5
+  shift 5
+  local own="docs/results/$name.best.profile.json"
+  for src in stories other; do
+    local text=$TEXT win=$ws
+    [[ $src == other ]] && text=$OTHER win=$wo
+    $DK eval --model "$model" --text "$text" --profile "$plain" --windows "$win" "$@" --scorers snapkv \
+      --policies uniform --keep $KEEP --csv "$WORK/$name.$src.plain.csv" > /dev/null 2>&1
+    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv \
+      --pooling avg --output-aware --head-alloc adaptive --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa_ada.csv" \
+      > /dev/null 2>&1
+    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --preset best --keep $KEEP \
+      --csv "$WORK/$name.$src.best.csv" > /dev/null 2>&1
+  done
+}
+
+check stories260K "$DATA/models/stories260K/stories260K.bin" docs/results/stories260K.profile.json 64 16
+check aidreams260K "$DATA/models/aidreams260K/aidreams260K.bin" docs/results/aidreams260K.profile.json 128 16 \
+  --sinks 2 --recent 4 --obs-window 4
+
+python3 - "$WORK" > docs/results/preset-heldout.md <<'EOF'
+import csv, os, sys
+d = sys.argv[1]
+def kl(path):
+    with open(path) as f:
+        return {float(r["keep"]): (float(r["kl"]), float(r["kl_stderr"])) for r in csv.DictReader(f)}
+print("# `--preset best` on held-out data\n")
+print("Written by `scripts/preset-heldout.sh`. Mean KL(full || pruned) +- standard error over the windows. "
+      "Story text: the main results' evaluation windows (stories260K 24..87 of 384 + 128 tokens, aidreams260K "
+      "48..175 of 96 + 32); other text: 16 windows of `/usr/share/common-licenses/GPL-3` (same sizes). "
+      "`--preset best` reads curves measured under its setting on the main profiles' calibration windows "
+      "(`docs/results/<model>.best.profile.json`). The change is against uniform budgets with the same scorer.\n")
+for name in ("stories260K", "aidreams260K"):
+    for src, label in (("stories", "story text"), ("other", "GPL-3")):
+        p = {k: kl(os.path.join(d, f"{name}.{src}.{k}.csv")) for k in ("plain", "oa_ada", "best")}
+        keeps = sorted(p["best"])
+        print(f"## {name}, {label}\n")
+        print("| method | " + " | ".join(f"keep {k:g}" for k in keeps) + " |")
+        print("|---|" + "---|" * len(keeps))
+        names = {"plain": "snapkv uniform", "oa_ada": "snapkv (avg pooling) + output-aware + adaptive heads, uniform",
+                 "best": "--preset best"}
+        for k_ in ("plain", "oa_ada", "best"):
+            print(f"| {names[k_]} | " + " | ".join(f"{p[k_][k][0]:.5f} +- {p[k_][k][1]:.5f}" for k in keeps) + " |")
+        for ref in ("plain", "oa_ada"):
+            print(f"| best vs {names[ref]} | " + " | ".join(
+                f"{100 * (p['best'][k][0] / p[ref][k][0] - 1):+.0f}%" for k in keeps) + " |")
+        print()
+EOF
+echo "preset-heldout: docs/results/preset-heldout.md"
