@@ -5,6 +5,11 @@
 // bad-probability status bit and parameter errors. Exit codes: 0 pass, 1 mismatch or any CUDA
 // error, 77 no CUDA device (support/cuda_device_probe.hpp).
 
+// The CPU scorer includes Eigen; compiled as host-only code in this CUDA translation unit.
+#ifndef EIGEN_NO_CUDA
+#define EIGEN_NO_CUDA 1
+#endif
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
