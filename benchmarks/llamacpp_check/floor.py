@@ -11,6 +11,12 @@ depthkv and llama.cpp agree up to their activation rounding, the second is about
 third (llama.cpp's rounding) and the fourth (depthkv's). Same environment as run.py; the
 benchmark program from $DEPTHKV_BENCH (default build/benchmarks/gguf_engine_bench).
 """
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 src, t = sys.argv[1], sys.argv[2]
@@ -19,7 +25,8 @@ dst = src.replace("-F16", "-" + t) if "-F16" in src else src + "." + t
 if not os.path.exists(dst):
     p = llama_cpp.llama_model_quantize_default_params(); p.nthread = 2; p.ftype = FT[t]
     assert llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)) == 0
-ids = [int(x) for x in open(sys.argv[3] if len(sys.argv) > 3 else "/tmp/h14x_ids.txt").read().split()]
+IDS = sys.argv[3] if len(sys.argv) > 3 else "/tmp/h14x_ids.txt"
+ids = [int(x) for x in open(IDS).read().split()]
 N = 32
 def ls(x):
     x = x.astype(np.float64); m = x.max(-1, keepdims=True); return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
@@ -29,7 +36,7 @@ def lcpp(path):
     llm = Llama(model_path=path, n_ctx=256, n_batch=N, n_ubatch=N, n_threads=2, n_threads_batch=2, logits_all=True, verbose=False)
     llm.eval(ids[:N]); return np.array(llm.scores[:N])
 def dkv(path, extra):
-    subprocess.run([os.environ.get("DEPTHKV_BENCH", "build/benchmarks/gguf_engine_bench"), path, "--tokens", "/tmp/h14x_ids.txt", "--prompt", "8", "--decode", "0",
+    subprocess.run([os.environ.get("DEPTHKV_BENCH", "build/benchmarks/gguf_engine_bench"), path, "--tokens", IDS, "--prompt", "8", "--decode", "0",
                     "--threads", "2", "--logits-out", "/tmp/h14x_fl.f32", "--logits-tokens", str(N)] + extra, check=True, capture_output=True)
     return np.fromfile("/tmp/h14x_fl.f32", dtype=np.float32).reshape(N, -1)
 L16, Lt = lcpp(src), lcpp(dst)
