@@ -57,7 +57,8 @@ std::uint16_t half_near(float v) {
 // Random tensor data of a given type, with the reference float values computed from the bit
 // layouts by depthkv_test::ref_half / ref_bf16 (finite values only). `tame`: values of a
 // trainable-looking model instead of the full range (F32 vectors 1 + N(0, 0.1^2), F32 matrices
-// N(0, 0.05^2); block types' fp16 scales fixed so that |w| <= ~0.15), for forward-pass tests.
+// N(0, 0.05^2), F16/BF16 matrices the F32 ones' values truncated to the type (|v| >= 6.2e-5 for
+// F16); block types' fp16 scales fixed so that |w| <= ~0.15), for forward-pass tests.
 Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::vector<float>& ref, bool tame = false,
                     bool is_vector = false) {
   Bytes b;
@@ -72,6 +73,21 @@ Bytes random_tensor(std::uint32_t type, std::size_t n, std::mt19937& rng, std::v
     for (std::size_t i = 0; i < n; ++i) {
       ref.push_back(!tame ? nd(rng) : is_vector ? 1.0f + 0.1f * nd(rng) : 0.05f * nd(rng));
       depthkv_test::put(b, ref.back());
+    }
+  } else if (tame && (type == depthkv_test::kTF16 || type == depthkv_test::kTBF16)) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = is_vector ? 1.0f + 0.1f * nd(rng) : 0.05f * nd(rng);
+      std::uint16_t h = 0;
+      if (type == depthkv_test::kTF16) {
+        h = static_cast<std::uint16_t>(half_near(std::fabs(v)) | (v < 0 ? 0x8000 : 0));
+      } else {
+        std::uint32_t u = 0;
+        std::memcpy(&u, &v, 4);
+        h = static_cast<std::uint16_t>(u >> 16);
+      }
+      depthkv_test::put(b, h);
+      ref.push_back(static_cast<float>(type == depthkv_test::kTF16 ? depthkv_test::ref_half(h) : depthkv_test::ref_bf16(h)));
     }
   } else if (type == depthkv_test::kTF16) {
     for (std::size_t i = 0; i < n; ++i) {
@@ -1006,10 +1022,12 @@ std::vector<int> test_tokens(int n, int vocab, unsigned seed) {
 
 }  // namespace
 
-TEST_CASE("gguf: block-quantized weights stay in place in the mapping; dequantize forces float32", "[llama][gguf][quant]") {
+TEST_CASE("gguf: block-quantized, F16 and BF16 weights stay in place in the mapping; dequantize forces float32",
+          "[llama][gguf][quant]") {
   Synth s = quant_synth(depthkv_test::kTQ4_K);
-  s.types["ffn_up"] = depthkv_test::kTF16;   // F16 stays float32 (converted)
-  s.types["attn_v"] = depthkv_test::kTF32;   // F32 stays float32
+  s.types["ffn_up"] = depthkv_test::kTF16;    // F16 stays in place
+  s.types["ffn_gate"] = depthkv_test::kTBF16; // BF16 stays in place
+  s.types["attn_v"] = depthkv_test::kTF32;    // F32 is float32
   depthkv_test::TempDir dir;
   const std::string path = dir.write("q4k.gguf", s.writer().build());
   const GgufFile f = GgufFile::open(path);
@@ -1024,8 +1042,14 @@ TEST_CASE("gguf: block-quantized weights stay in place in the mapping; dequantiz
   CHECK(w.wq_quant.row_bytes == 144);
   CHECK(w.wq_quant.keep_alive == f.keep_alive());
   CHECK(w.w2_quant.cols == 512);
-  CHECK(w.w3_quant.empty());
-  CHECK(w.w3.rows() == 512);
+  CHECK(w.w3.size() == 0);
+  CHECK(w.w3_quant.type == depthkv::llama::GgmlType::kF16);
+  CHECK(w.w3_quant.data == f.raw_tensor(*f.find_tensor("blk.1.ffn_up.weight")).data);
+  CHECK(w.w3_quant.rows == 512);
+  CHECK(w.w3_quant.row_bytes == 2 * 256);
+  CHECK(w.w1.size() == 0);
+  CHECK(w.w1_quant.type == depthkv::llama::GgmlType::kBF16);
+  CHECK(w.w1_quant.data == f.raw_tensor(*f.find_tensor("blk.1.ffn_gate.weight")).data);
   CHECK(w.wv_quant.empty());
   CHECK(w.wv.rows() == 128);
   CHECK(m.token_embedding.size() == 0);
@@ -1035,6 +1059,7 @@ TEST_CASE("gguf: block-quantized weights stay in place in the mapping; dequantiz
   for (const auto& l : twin.layers) {
     CHECK(l.wq_quant.empty());
     CHECK(l.w1_quant.empty());
+    CHECK(l.w3_quant.empty());
   }
   CHECK(twin.token_embedding_quant.empty());
   CHECK(twin.classifier_quant.empty());
@@ -1088,6 +1113,41 @@ TEST_CASE("gguf: the quantized engine's logits match its dequantized float32 twi
     CHECK(scale > 0.1f);
     CHECK(diff <= 0.1f * scale);
     CHECK(diff > 0.0f);
+  }
+}
+
+// F16 and BF16 weights in place are converted in registers and multiplied in float (FMA, or
+// Eigen's GEMM on a converted tile), the twin multiplies the same values in float32: only the
+// summation order differs, so the logits agree to float rounding (measured: < 2e-6 of the largest
+// logit), and a tied F16 classifier uses the embedding's bytes.
+TEST_CASE("gguf: F16 and BF16 weights in place match their float32 twin", "[llama][gguf][quant][engine]") {
+  for (std::uint32_t type : {depthkv_test::kTF16, depthkv_test::kTBF16}) {
+    CAPTURE(depthkv::llama::ggml_type_name(type));
+    Synth s = quant_synth(type);
+    s.tied = true;
+    const Bytes b = s.writer(13).build();
+    const LlamaModel qm = load_gguf_from_memory(b.data(), b.size());
+    const LlamaModel fm = load_gguf_from_memory(b.data(), b.size(), "twin", depthkv::llama::GgufLoadOptions{true});
+    REQUIRE(qm.layers[0].w1_quant.type == static_cast<depthkv::llama::GgmlType>(type));
+    REQUIRE(qm.layers[0].w1.size() == 0);
+    REQUIRE(qm.classifier_quant.data == qm.token_embedding_quant.data);
+    REQUIRE(fm.layers[0].w1_quant.empty());
+    check_synth(qm, s);
+    const depthkv::llama::LlamaEngine qe(qm), fe(fm);
+    const std::vector<int> tokens = test_tokens(20, s.vocab, 4);
+    const std::vector<int> prompt(tokens.begin(), tokens.begin() + 12);
+    auto qc = qe.make_cache(), fc = fe.make_cache();
+    RowMatrix ql = qe.prefill(prompt, 0, qc), fl = fe.prefill(prompt, 0, fc);  // quant_matmul
+    REQUIRE(ql.allFinite());
+    const float scale = fl.cwiseAbs().maxCoeff();
+    CAPTURE(scale);
+    CHECK(scale > 0.1f);
+    CHECK(max_abs_diff(ql, fl) <= 1e-4f * scale);
+    for (int i = 12; i < 20; ++i) {  // quant_matvec
+      const Eigen::VectorXf qd = qe.decode(tokens[static_cast<std::size_t>(i)], i, qc);
+      const Eigen::VectorXf fd = fe.decode(tokens[static_cast<std::size_t>(i)], i, fc);
+      CHECK((qd - fd).cwiseAbs().maxCoeff() <= 1e-4f * scale);
+    }
   }
 }
 

@@ -632,9 +632,10 @@ class LlamaEngine {
 
  private:
   /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row; small
-  /// products single-threaded. With a quantized form `Q` (then `W` is empty) the stored blocks
-  /// are multiplied instead: `quant_matvec` for one row, `quant_matmul` for several (int8
-  /// activations, quant/products.hpp), on the current OpenMP thread count.
+  /// products single-threaded. With a stored form `Q` (then `W` is empty) the stored rows are
+  /// multiplied instead: `quant_matvec` for one row, `quant_matmul` for several (int8
+  /// activations for block types, F16/BF16 converted in registers; quant/products.hpp), on the
+  /// current OpenMP thread count.
   static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y) {
     if (!Q.empty()) {
       const double work = static_cast<double>(x.rows()) * static_cast<double>(Q.rows) * static_cast<double>(Q.cols);

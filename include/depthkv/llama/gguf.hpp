@@ -649,9 +649,9 @@ inline Vocabulary load_gguf_vocabulary(const std::string& path) { return read_vo
 
 /// Options of `load_gguf`.
 struct GgufLoadOptions {
-  /// false (default): block-quantized weight matrices (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) stay in
-  /// their stored blocks, in place in the mapped file (`QuantWeight`, no float copy); F32, F16
-  /// and BF16 matrices, norms and biases are float32. true: every tensor is converted to
+  /// false (default): weight matrices stored as F16, BF16 or a block type (Q4_0 ... Q6_K,
+  /// IQ4_NL, IQ4_XS) stay as stored, in place in the mapped file (`QuantWeight`, no float
+  /// copy); F32 matrices, norms and biases are float32. true: every tensor is converted to
   /// float32 (the dequantized twin of the model, e.g. to check the quantized products).
   bool dequantize = false;
 };
@@ -704,13 +704,15 @@ inline void gguf_matrix(const GgufFile& f, const std::string& name, std::int64_t
 }
 
 // Whether a tensor of type `type` is kept in its stored blocks by the default load.
+// Every stored type but F32 (F16 and BF16 rows are converted in registers by the products;
+// F32 matrices go to Eigen's float32 product, faster than the FMA loop on F32 rows).
 inline bool gguf_keep_quantized(std::uint32_t type) {
-  return ggml_type_dequantizable(type) && type != static_cast<std::uint32_t>(GgmlType::kF32) &&
-         type != static_cast<std::uint32_t>(GgmlType::kF16) && type != static_cast<std::uint32_t>(GgmlType::kBF16);
+  return ggml_type_dequantizable(type) && type != static_cast<std::uint32_t>(GgmlType::kF32);
 }
 
 // Loads the weight matrix `name` [rows][cols]: in place as a QuantWeight `q` (m left empty)
-// when its type is a block type and `opt.dequantize` is false, else as float32 into `m`.
+// when its type is a block type, F16 or BF16 and `opt.dequantize` is false, else as float32
+// into `m`.
 // The quantized rows are dequantized one at a time into a scratch row to reject non-finite
 // values (no copy of the matrix is kept).
 inline void gguf_weight(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols, RowMatrix& m,
@@ -780,12 +782,13 @@ inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t l
 /// `attention.layer_norm_rms_epsilon` (default 1e-5),
 /// `context_length` (seq_len, as the file states it). Tensors: token_embd, blk.N.{attn_norm,
 /// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up}.weight,
-/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Weight matrices of
-/// a block type (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) stay in their stored blocks in place in the
-/// file (`QuantWeight`s holding `f.keep_alive()`; the RowMatrix is left empty; a tied
-/// classifier shares the embedding's bytes); F32, F16 and BF16 matrices are converted to
-/// float32 (Eigen's float32 products; F16/BF16 are not yet kept in place), and so is every
-/// type with `opt.dequantize`.
+/// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Weight matrices
+/// stored as F16, BF16 or a block type (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) stay as stored, in
+/// place in the file (`QuantWeight`s holding `f.keep_alive()`; the RowMatrix is left empty; a
+/// tied classifier shares the embedding's bytes; F16/BF16 rows are converted to float in
+/// registers by the products, the block types multiplied with int8 activations, see
+/// quant/products.hpp); F32 matrices are float32 (Eigen's products), and so is every type with
+/// `opt.dequantize`.
 /// @param f a parsed GGUF file
 /// @param opt load options (`GgufLoadOptions::dequantize` forces float32 weights)
 /// @return the model (`source_path`, `file_size`, `header_hash` describe the file)

@@ -7,9 +7,9 @@
 /// `W * x` with `W` an `Eigen::Matrix<float, Dynamic, Dynamic, RowMajor>`.
 ///
 /// Each weight matrix has two forms: a float32 `RowMatrix`, or a `QuantWeight` (the stored
-/// ggml blocks in place in a memory-mapped GGUF file, e.g. Q4_K). Exactly one is set: when the
-/// `QuantWeight` is present the `RowMatrix` is empty, and the engine multiplies the blocks
-/// (quant/products.hpp) instead.
+/// ggml blocks or F16/BF16 rows in place in a memory-mapped GGUF file, e.g. Q4_K or F16).
+/// Exactly one is set: when the `QuantWeight` is present the `RowMatrix` is empty, and the
+/// engine multiplies the stored rows (quant/products.hpp) instead.
 
 #include <cstdint>
 #include <memory>
@@ -56,7 +56,7 @@ struct LlamaConfig {
 /// if (!w.empty()) depthkv::llama::quant_matvec(w.type, w.data, w.rows, w.cols, x, y, {1});
 /// @endcode
 struct QuantWeight {
-  GgmlType type = GgmlType::kF32;       ///< the stored type (a block type: Q4_0 ... Q6_K, IQ4_*)
+  GgmlType type = GgmlType::kF32;       ///< the stored type (F16, BF16 or a block type: Q4_0 ... Q6_K, IQ4_*)
   const std::uint8_t* data = nullptr;   ///< first byte of row 0 (no alignment implied)
   std::int64_t rows = 0;                ///< output size
   std::int64_t cols = 0;                ///< input size (a multiple of the type's block size)
