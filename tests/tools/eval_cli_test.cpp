@@ -334,7 +334,7 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
   require_error(wrong, "the profile was measured on another model: profile 'stories260K.bin'");
 }
 
-TEST_CASE("--output-aware, --head-alloc and --head-alpha: recorded in profiles and eval rows, checked",
+TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval rows, checked",
           "[cli][eval][real]") {
   const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
