@@ -50,6 +50,7 @@
 #include "depthkv/kv_cache.hpp"
 #include "support/adversarial_scores.hpp"
 #include "support/cuda_device_probe.hpp"
+#include "support/cuda_test_check.hpp"
 #include "support/selection_reference.hpp"
 
 #if !defined(DEPTHKV_TEST_NO_CPU_EVICTOR) && __has_include("depthkv/evictor.hpp")
@@ -59,18 +60,10 @@
 
 namespace dc = depthkv::cuda;
 
-#define CUDA_OK(...)                                                                                   \
-  do {                                                                                                  \
-    const cudaError_t e_ = (__VA_ARGS__);                                                                      \
-    if (e_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #__VA_ARGS__); \
-      std::exit(1);                                                                                     \
-    }                                                                                                   \
-  } while (0)
-
 namespace {
 
-int g_failures = 0;
+using depthkv_test::fail;
+using depthkv_test::g_failures;
 std::size_t g_budget_bytes = std::size_t{160} << 20;  // source K+V bytes per random case
 
 constexpr unsigned char kDstPattern = 0xa5;         // pre-fill of destination K/V bytes
@@ -100,11 +93,6 @@ std::string check_dst_rows(const std::vector<unsigned char>& got, const unsigned
                std::to_string(b) + " written (n_kept " + std::to_string(n_written) + ", capacity " + std::to_string(cap) + ")";
   }
   return "";
-}
-
-void fail(const std::string& what) {
-  if (g_failures < 30) std::fprintf(stderr, "MISMATCH: %s\n", what.c_str());
-  ++g_failures;
 }
 
 // ---- the CPU path --------------------------------------------------------------------------------

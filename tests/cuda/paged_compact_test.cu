@@ -36,6 +36,7 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/paged_cache.hpp"
 #include "support/cuda_device_probe.hpp"
+#include "support/cuda_test_check.hpp"
 
 namespace dc = depthkv::cuda;
 using depthkv::BlockPool;
@@ -45,24 +46,10 @@ using depthkv::PagedTables;
 using I32 = std::int32_t;
 using Bytes = std::vector<unsigned char>;
 
-#define CUDA_OK(...)                                                                                          \
-  do {                                                                                                        \
-    const cudaError_t e_ = (__VA_ARGS__);                                                                     \
-    if (e_ != cudaSuccess) {                                                                                  \
-      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, \
-                   #__VA_ARGS__);                                                                             \
-      std::exit(1);                                                                                           \
-    }                                                                                                         \
-  } while (0)
-
 namespace {
 
-int g_failures = 0;
-
-void fail(const std::string& what) {
-  if (g_failures < 30) std::fprintf(stderr, "MISMATCH: %s\n", what.c_str());
-  ++g_failures;
-}
+using depthkv_test::fail;
+using depthkv_test::g_failures;
 
 /// Device memory freed at scope end.
 struct DevBuf {

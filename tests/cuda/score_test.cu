@@ -29,26 +29,14 @@
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/token_scorer.hpp"
 #include "support/cuda_device_probe.hpp"
+#include "support/cuda_test_check.hpp"
 
 namespace dc = depthkv::cuda;
 
-#define CUDA_OK(...)                                                                                   \
-  do {                                                                                                  \
-    const cudaError_t e_ = (__VA_ARGS__);                                                                      \
-    if (e_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "FAIL: CUDA error '%s' at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #__VA_ARGS__); \
-      std::exit(1);                                                                                     \
-    }                                                                                                   \
-  } while (0)
-
 namespace {
 
-int g_failures = 0;
-void fail(const std::string& what) {
-  if (g_failures < 30) std::fprintf(stderr, "MISMATCH: %s\n", what.c_str());
-  ++g_failures;
-}
-
+using depthkv_test::fail;
+using depthkv_test::g_failures;
 template <typename P>
 P from_float(float f);
 template <>
