@@ -294,3 +294,86 @@ TEST_CASE("output-aware and cross-head settings: round trip, written only when s
          "'calibration.selection.output_aware' must be a boolean");
   expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = 3; }, "calibration.selection.head_alloc");
 }
+
+TEST_CASE("head curves: round trip beside the layer curves, older files load, malformed ones refused", "[profile_io]") {
+  ProfileFile f = sample_file();
+  // a file without head curves has no "heads" key and none are read back (older files)
+  const nlohmann::json plain = depthkv::profile_to_json(f);
+  REQUIRE_FALSE(plain["scorers"]["h2o"].contains("heads"));
+  REQUIRE(depthkv::profile_from_json(plain).head_curves.empty());
+  REQUIRE_FALSE(depthkv::profile_from_json(plain).has_head_curves("h2o"));
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(plain).head_profile("h2o"),
+                      Contains("no head curves for scorer 'h2o'") && Contains("--head-curves"));
+  // 3 layers x 2 KV heads, measured by the profiler over 6 units
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  auto engine = [&](int, const std::vector<double>& ratios) {
+    std::vector<depthkv::SampleMetrics> out(ratios.size());
+    for (auto& m : out)
+      for (int i = 0; i < 8; ++i) {
+        m.kl.push_back(u(rng));
+        m.dnll.push_back(u(rng) - 0.5);
+        m.top1_disagree.push_back(u(rng));
+      }
+    return out;
+  };
+  depthkv::ProfilerOptions o;
+  o.keep_ratios = f.keep_ratios;
+  depthkv::SensitivityProfiler heads(6, o);
+  REQUIRE(heads.run_batched(engine));
+  f.head_curves["h2o"] = {2, heads.state()};
+  o.progress = [](int done, int) { return done < 9; };
+  depthkv::SensitivityProfiler partial(6, o);
+  REQUIRE_FALSE(partial.run_batched(engine));
+  f.head_curves["snapkv"] = {2, partial.state()};
+  const std::string path = temp_path("heads.json");
+  depthkv::save_profile(f, path);
+  const ProfileFile g = depthkv::load_profile(path);
+  std::remove(path.c_str());
+  REQUIRE(g.head_curves.size() == 2);
+  REQUIRE(g.head_curves.at("h2o").n_kv_heads == 2);
+  REQUIRE(g.head_curves.at("h2o").state.metrics.kl.loss == heads.state().metrics.kl.loss);
+  REQUIRE(g.head_curves.at("h2o").state.metrics.dnll.loss_stderr == heads.state().metrics.dnll.loss_stderr);
+  REQUIRE(g.head_curves.at("snapkv").state.done == partial.state().done);
+  REQUIRE(g.has_head_curves("h2o"));
+  REQUIRE_FALSE(g.has_head_curves("snapkv"));
+  REQUIRE(g.head_profile("h2o").loss == heads.state().metrics.kl.loss);
+  REQUIRE(g.head_profile("h2o").n_layers() == 6);
+  REQUIRE_THROWS_WITH(g.head_profile("snapkv"), Contains("head curves of scorer 'snapkv' are incomplete (9 of 18 runs)"));
+  REQUIRE(g.profile("h2o").loss == f.scorers.at("h2o").metrics.kl.loss);  // the layer curves are untouched
+  // a partial head profile resumes
+  depthkv::SensitivityProfiler resumed(6, depthkv::ProfilerOptions{f.keep_ratios, nullptr, nullptr});
+  resumed.resume(g.head_curves.at("snapkv").state);
+  REQUIRE(resumed.state().n_done() == 9);
+  // malformed head curves are refused with the key named
+  const nlohmann::json good = depthkv::profile_to_json(f);
+  auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
+    nlohmann::json j = good;
+    edit(j);
+    INFO(msg);
+    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
+  };
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"].erase("n_kv_heads"); },
+         "missing key 'scorers.h2o.heads.n_kv_heads'");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"]["n_kv_heads"] = 0; },
+         "'scorers.h2o.heads.n_kv_heads' 0 is out of range");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"]["n_kv_heads"] = 3; },
+         "'scorers.h2o.heads.kl.mean' must be an array of 9 rows");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"].erase("top1"); }, "missing key 'scorers.h2o.heads.top1'");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"]["kl"]["mean"][4][1] = nullptr; },
+         "'scorers.h2o.heads.kl.mean[4][1]' is not a number (null)");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"]["kl"]["mean"][4][1] = -0.5; }, "'scorers.h2o.heads'");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"]["kl"]["mean"][4][1] = -0.5; },
+         "metric 'kl': validate: loss of layer 4 at keep ratio 0.3 is negative");
+  expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"]["dnll"]["stderr"][5].erase(0); },
+         "'scorers.h2o.heads.dnll.stderr[5]' has 2 entries, expected 3 (wrong shape)");
+  expect([](nlohmann::json& j) { j["scorers"]["snapkv"]["heads"]["done"][0][0] = 3; },
+         "'scorers.snapkv.heads.done' holds 3");
+  // the in-memory checks
+  ProfileFile orphan = f;
+  orphan.head_curves["tova"] = f.head_curves.at("h2o");
+  REQUIRE_THROWS_WITH(depthkv::profile_to_json(orphan), Contains("'scorers.tova.heads': head curves of a scorer without layer curves"));
+  ProfileFile rows = f;
+  rows.head_curves["h2o"].n_kv_heads = 4;
+  REQUIRE_THROWS_WITH(depthkv::profile_to_json(rows), Contains("has 6 rows, expected n_layers x n_kv_heads = 12"));
+}

@@ -25,11 +25,46 @@ struct AllocateArgs {
   PresetSettings preset;
 };
 
+// allocate --policy head-optimal: budgets per (layer, KV head) from the head curves.
+void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, const std::string& scorer,
+                      const PolicyInputs& in, int length) {
+  using namespace depthkv;
+  SensitivityProfile hp;
+  int H = 0;
+  const std::vector<std::vector<int>> k = head_level_budgets(f, scorer, in.req, hp, H);
+  std::vector<int> flat, lens;
+  long long total = 0;
+  for (const auto& row : k)
+    for (int x : row) {
+      flat.push_back(x);
+      lens.push_back(length);
+      total += x;
+    }
+  const double pred = predicted_loss(hp, flat, lens);
+  if (a.json) {
+    const nlohmann::json j = {{"policy", kHeadOptimal}, {"scorer", scorer},   {"keep", a.keep},
+                              {"length", length},      {"n_kv_heads", H},     {"head_budgets", k},
+                              {"total", total},        {"predicted_loss", pred}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("policy %s, scorer %s, keep %.3f of %d tokens x %d layers x %d KV heads = %lld tokens\n",
+              kHeadOptimal.c_str(), scorer.c_str(), a.keep, length, f.n_layers, H, total);
+  std::printf("layer  budget per KV head\n");
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    std::printf("%5zu ", l);
+    for (int x : k[l]) std::printf(" %6d", x);
+    std::printf("\n");
+  }
+  std::printf("predicted total loss (%s, convexified head curves): %.4f\n", f.metric.c_str(), pred);
+}
+
 void run_allocate(const AllocateArgs& a) {
   using namespace depthkv;
   a.sel.check();
   const ProfileFile f = load_profile(a.profile);
-  const AllocationPolicy policy = parse_allocation_policy(a.policy);
+  const PolicyChoice choice = parse_policy_choice(a.policy);
+  const AllocationPolicy policy = choice.policy;
   std::string scorer = a.scorer;
   if (scorer.empty()) {
     DEPTHKV_CHECK(!f.scorers.empty() || !policy_needs_profile(policy), "the profile holds no loss curves");
@@ -42,6 +77,10 @@ void run_allocate(const AllocateArgs& a) {
   const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   const PolicyInputs in = policy_inputs(policy, a.keep, lengths, &f, scorer, a.sel, a.min_tokens);
   std::fputs(selection_note(policy, f, a.sel).c_str(), stderr);
+  if (choice.head_level) {
+    print_head_level(a, f, scorer, in, length);
+    return;
+  }
   AllocationInfo info;
   const std::vector<int> b =
       BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr, &info);
@@ -71,7 +110,9 @@ void register_allocate(CLI::App& app) {
   CLI::App* c = app.add_subcommand("allocate", "print per-layer budgets for a global keep ratio");
   c->add_option("--profile", a->profile, "profile file (from depthkv profile)")->required();
   c->add_option("--keep", a->keep, "global keep ratio in (0, 1]")->capture_default_str();
-  c->add_option("--policy", a->policy, "allocation policy: " + depthkv::allocation_policy_names())
+  c->add_option("--policy", a->policy,
+                "allocation policy: " + depthkv::allocation_policy_names() + ", or " + kHeadOptimal +
+                    " (per KV head, from the profile's head curves: depthkv profile --head-curves)")
       ->capture_default_str();
   c->add_option("--scorer", a->scorer, "scorer whose loss curves to use (default: the profile's first)");
   c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)");

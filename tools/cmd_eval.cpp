@@ -102,6 +102,13 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const dept
   std::fprintf(stderr, "eval: wrote %s and %s\n", path.c_str(), spath.c_str());
 }
 
+// A gnuplot datablock name part: letters, digits and '_' ("head-optimal" -> "head_optimal").
+std::string block_name(std::string s) {
+  for (char& ch : s)
+    if (ch == '-') ch = '_';
+  return s;
+}
+
 void write_plot(const std::string& svg, const std::vector<Row>& rows, const depthkv::ProfileFile& f,
                 const std::vector<std::string>& scorers, const std::vector<std::string>& policies,
                 const std::string& title) {
@@ -115,7 +122,7 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
   g << "set grid\nset key top right\nset logscale y\nset format y '%g'\n";
   for (const std::string& sc : scorers) {
     for (const std::string& pol : policies) {
-      g << "$q_" << sc.substr(0, sc.find('-')) << "_" << pol << " << EOD\n";
+      g << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(pol) << " << EOD\n";
       for (const Row& r : rows)
         if (r.scorer == sc && r.policy == pol) g << r.keep << ' ' << std::max(r.kl, 1e-6) << '\n';
       g << "EOD\n";
@@ -124,7 +131,7 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
       << "set ylabel 'mean KL(full || pruned)'\n";
     g << "plot ";
     for (std::size_t i = 0; i < policies.size(); ++i)
-      g << (i ? ", " : "") << "$q_" << sc.substr(0, sc.find('-')) << "_" << policies[i]
+      g << (i ? ", " : "") << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(policies[i])
         << " using 1:2 with linespoints lw 2 title '" << policies[i] << "'";
     g << "\n";
     const depthkv::SensitivityProfile p = f.profile(sc);
@@ -152,7 +159,7 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
 /// profile.
 struct EvalPlan {
   std::vector<double> keeps;
-  std::vector<depthkv::AllocationPolicy> policies;
+  std::vector<PolicyChoice> policies;
   std::vector<std::string> policy_names;
   std::vector<std::string> scorers;  ///< --scorers, or every scorer of the profile
   std::vector<depthkv::ScorerConfig> scorer_configs;  ///< one per scorer
@@ -164,12 +171,14 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
   p.keeps = parse_doubles(a.keeps, "--keep");
   for (double k : p.keeps) check_keep(k);
   for (const std::string& name : split_list(a.policies)) {
-    p.policies.push_back(parse_allocation_policy(name));
-    p.policy_names.push_back(to_string(p.policies.back()));
+    p.policies.push_back(parse_policy_choice(name));
+    p.policy_names.push_back(p.policies.back().name);
+    DEPTHKV_CHECK(!p.policies.back().head_level || a.schedule == "oneshot",
+                  "--policies " << kHeadOptimal << " is evaluated with --schedule oneshot only");
   }
   DEPTHKV_CHECK(!p.policies.empty(), "--policies is empty");
-  for (AllocationPolicy policy : p.policies) {  // once, for the first policy that prunes by the curves
-    const std::string note = selection_note(policy, f, a.sel);
+  for (const PolicyChoice& policy : p.policies) {  // once, for the first policy that prunes by the curves
+    const std::string note = selection_note(policy.policy, f, a.sel);
     if (!note.empty()) {
       std::fputs(note.c_str(), stderr);
       break;
@@ -183,6 +192,9 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
                                        << s << "': profile it first (depthkv profile --scorers " << s << ")");
   DEPTHKV_CHECK(!p.scorers.empty(), "the profile holds no scorer");
   for (const std::string& s : p.scorers) p.scorer_configs.push_back(a.sel.scorer(s));
+  for (const PolicyChoice& policy : p.policies)
+    if (policy.head_level)
+      for (const std::string& s : p.scorers) f.head_profile(s);  // refuses missing head curves up front
   return p;
 }
 
@@ -248,13 +260,14 @@ void write_windows(const std::string& path, const std::string& model, const Wind
 
 /// One row: the budgets `policy` gives at `keep` and the means over the windows of pruning to them.
 Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, const depthkv::ProfileFile& f,
-                 const std::string& scorer, int scorer_index, double keep, depthkv::AllocationPolicy policy,
+                 const std::string& scorer, int scorer_index, double keep, const PolicyChoice& choice,
                  const std::vector<int>& lengths, double nll_full) {
   using namespace depthkv;
+  const AllocationPolicy policy = choice.policy;
   const PolicyInputs in = policy_inputs(policy, keep, lengths, &f, scorer, a.sel, a.min_tokens);
   Row r;
   r.scorer = scorer;
-  r.policy = to_string(policy);
+  r.policy = choice.name;
   r.keep = keep;
   const SelectionRecord rec = a.sel.record();
   r.head_settings = rec.has_head_settings();
@@ -262,7 +275,14 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.head_alloc = rec.head_allocation;
   r.head_alpha = rec.head_alpha;
   std::vector<llama::WindowResult> results;
-  if (a.schedule != "oneshot") {  // each window re-allocates as it goes; budgets: those after the context
+  if (choice.head_level) {  // per-head budgets from the head curves; adaptive re-splits each layer by the scores
+    SensitivityProfile hp;
+    int H = 0;
+    const std::vector<std::vector<int>> k = head_level_budgets(f, scorer, in.req, hp, H);
+    DEPTHKV_CHECK(H == ev.n_kv_heads(), "the head curves have " << H << " KV heads, the model " << ev.n_kv_heads());
+    results = ev.evaluate_head_budgets(k, scorer_index, /*resplit=*/a.sel.head_allocation() != HeadAllocation::kUniform);
+    r.budgets = results.front().budgets;
+  } else if (a.schedule != "oneshot") {  // each window re-allocates as it goes; budgets: those after the context
     ScheduleConfig sc;
     sc.policy = policy;
     sc.budget = in.req;
@@ -433,7 +453,7 @@ void run_eval(const EvalArgs& a) {
   const auto t1 = std::chrono::steady_clock::now();
   for (std::size_t s = 0; s < plan.scorers.size(); ++s)
     for (double keep : plan.keeps)
-      for (AllocationPolicy policy : plan.policies) {
+      for (const PolicyChoice& policy : plan.policies) {
         rows.push_back(evaluate_row(ev, a, f, plan.scorers[s], static_cast<int>(s), keep, policy, lengths,
                                     nll_full_mean));
         bar.update(static_cast<long long>(rows.size()), total);
@@ -465,7 +485,10 @@ void register_eval(CLI::App& app) {
   a->docs.add_options(c, "the profile's document split ('Once upon a time', TinyStories, unless it records another)");
   c->add_option("--profile", a->profile, "profile file of this model (from depthkv profile)")->required();
   c->add_option("--keep", a->keeps, "global keep ratios, each in (0, 1]")->capture_default_str();
-  c->add_option("--policies", a->policies, "allocation policies, any of " + depthkv::allocation_policy_names())
+  c->add_option("--policies", a->policies,
+                "allocation policies, any of " + depthkv::allocation_policy_names() + ", " + kHeadOptimal +
+                    " (per KV head, from the profile's head curves; with --head-alloc adaptive each layer's "
+                    "total is re-split by the scores with floors --head-alpha x each head's budget)")
       ->capture_default_str();
   c->add_option("--scorers", a->scorers, "scorers (default: all in the profile)");
   c->add_option("--context", a->context, "context tokens (default: the profile's)");

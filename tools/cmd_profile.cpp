@@ -29,6 +29,7 @@ struct ProfileArgs {
   std::string schedule = "oneshot";  ///< oneshot: evict once after the context; chunked: after every chunk
   int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024, probe_samples = 64;
   bool resume = false;
+  bool head_curves = false;  ///< also measure each scorer's per-(layer, KV head) curves
   SelectionSettings sel;
   PresetSettings preset;
   DocumentSettings docs;
@@ -122,32 +123,57 @@ void probe_into(const ProfileArgs& a, const depthkv::llama::LlamaEngine& engine,
   save_profile(out, a.output);
 }
 
-/// Runs the profiler of every scorer not yet complete in `out` (checkpointing `out` to the output
-/// file as it goes) and saves `out`.
-/// @return the seconds spent
-double measure_curves(const ProfileArgs& a, const depthkv::llama::PruningEvaluator& ev, int n_layers,
-                      const std::vector<std::string>& scorer_names, const depthkv::ProfilerOptions& popt,
-                      depthkv::ProfileFile& out) {
+/// One profiler run of `units` rows for the state `state` (resumed from it, checkpointed into it
+/// and the output file after every unit).
+void run_units(const ProfileArgs& a, int units, const depthkv::ProfilerOptions& popt, const std::string& label,
+               const depthkv::LayerRunFunction& fn, depthkv::ProfilerState* state, depthkv::ProfileFile& out) {
+  depthkv::SensitivityProfiler prof(units, popt);
+  if (!state->done.empty()) prof.resume(*state);
+  if (prof.state().complete()) return;
+  Progress bar(label);
+  prof.options().progress = [&](int done, int total) {
+    bar.update(done, total);
+    *state = prof.state();  // checkpoint: --resume continues from here
+    depthkv::save_profile(out, a.output);
+    return true;
+  };
+  prof.run_batched(fn);
+  *state = prof.state();
+}
+
+/// Seconds and layer-token products of the layer curves and of the head curves.
+struct CurveCost {
+  double layer_s = 0, head_s = 0;
+  long long layer_tokens = 0, head_tokens = 0;
+};
+
+/// Runs the profiler of every scorer not yet complete in `out`, and with --head-curves the head
+/// profiler (n_layers x n_kv_heads units), checkpointing `out` to the output file as it goes;
+/// saves `out`.
+CurveCost measure_curves(const ProfileArgs& a, const depthkv::llama::PruningEvaluator& ev, int n_layers,
+                         const std::vector<std::string>& scorer_names, const depthkv::ProfilerOptions& popt,
+                         depthkv::ProfileFile& out) {
   using namespace depthkv;
-  const auto t_prof = std::chrono::steady_clock::now();
+  CurveCost cost;
   for (std::size_t s = 0; s < scorer_names.size(); ++s) {
-    SensitivityProfiler prof(n_layers, popt);
-    const auto it = out.scorers.find(scorer_names[s]);
-    if (it != out.scorers.end()) prof.resume(it->second);
-    if (prof.state().complete()) continue;
-    Progress bar("profile " + scorer_names[s]);
-    prof.options().progress = [&](int done, int total) {
-      bar.update(done, total);
-      out.scorers[scorer_names[s]] = prof.state();  // checkpoint: --resume continues from here
-      save_profile(out, a.output);
-      return true;
-    };
-    prof.run_batched(ev.layer_function(static_cast<int>(s)));
-    out.scorers[scorer_names[s]] = prof.state();
+    const std::string& name = scorer_names[s];
+    auto t = std::chrono::steady_clock::now();
+    long long tok = ev.layer_tokens_run();
+    run_units(a, n_layers, popt, "profile " + name, ev.layer_function(static_cast<int>(s)), &out.scorers[name], out);
+    cost.layer_s += seconds_since(t);
+    cost.layer_tokens += ev.layer_tokens_run() - tok;
+    if (!a.head_curves) continue;
+    HeadCurves& hc = out.head_curves[name];
+    hc.n_kv_heads = ev.n_kv_heads();
+    t = std::chrono::steady_clock::now();
+    tok = ev.layer_tokens_run();
+    run_units(a, n_layers * ev.n_kv_heads(), popt, "profile " + name + " heads", ev.head_function(static_cast<int>(s)),
+              &hc.state, out);
+    cost.head_s += seconds_since(t);
+    cost.head_tokens += ev.layer_tokens_run() - tok;
   }
-  const double prof_s = seconds_since(t_prof);
   save_profile(out, a.output);
-  return prof_s;
+  return cost;
 }
 
 /// Each scorer's curves: mean loss per layer (rows) and keep ratio (columns) +- standard error.
@@ -218,20 +244,29 @@ void run_profile(const ProfileArgs& a) {
   const auto t_full = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t_full);
-  const long long tokens_before = ev.layer_tokens_run();
-  const double prof_s = measure_curves(a, ev, L, scorer_names, popt, out);
+  const CurveCost cost = measure_curves(a, ev, L, scorer_names, popt, out);
+  const double prof_s = cost.layer_s;
 
   // Cost: layer-token products of the plan runs against one full pass (context + continuation
   // through all layers) over the same windows.
   long long full_tokens = 0;
   for (const EvalWindow& w : ev.windows())
     full_tokens += static_cast<long long>(L) * static_cast<long long>(w.context.size() + w.continuation.size());
-  const double equiv = static_cast<double>(ev.layer_tokens_run() - tokens_before) / static_cast<double>(full_tokens);
+  const double equiv = static_cast<double>(cost.layer_tokens) / static_cast<double>(full_tokens);
   const int runs = L * static_cast<int>(popt.keep_ratios.size()) * static_cast<int>(scorer_names.size());
   std::printf("profile written to %s\n", a.output.c_str());
   std::printf("cost: full evaluation pass %.3f s; profiling %.3f s = %.2f full passes for %d (layer, ratio, scorer) runs "
               "(naive: %d full passes); compute %.2f full-pass equivalents (layer-token products)\n",
               full_s, prof_s, prof_s / full_s, runs, runs, equiv);
+  if (a.head_curves) {
+    const int H = lm.model.config.n_kv_heads;
+    std::printf("cost of the head curves (%d layers x %d KV heads x %zu ratios x %zu scorers = %d runs): %.3f s = "
+                "%.2f full passes, %.2fx the layer curves' time; compute %.2f full-pass equivalents (%.2fx the layer "
+                "curves')\n",
+                L, H, popt.keep_ratios.size(), scorer_names.size(), runs * H, cost.head_s, cost.head_s / full_s,
+                prof_s > 0 ? cost.head_s / prof_s : 0.0, static_cast<double>(cost.head_tokens) / full_tokens,
+                cost.layer_tokens > 0 ? static_cast<double>(cost.head_tokens) / static_cast<double>(cost.layer_tokens) : 0.0);
+  }
   print_curves(out, scorer_names);
 }
 
@@ -267,6 +302,9 @@ void register_profile(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");
+  c->add_flag("--head-curves", a->head_curves,
+              "also measure every scorer's per-(layer, KV head) curves (only that head pruned; n_kv_heads times "
+              "the runs), for eval/allocate's head-optimal policy");
   a->preset.add_option(c, {"--scorers", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   c->callback([a] {
     a->preset.apply(a->sel, &a->scorers, nullptr);

@@ -9,6 +9,7 @@
 
 #include "cli_common.hpp"
 #include "depthkv/budget_allocator.hpp"
+#include "depthkv/head_budget.hpp"
 #include "depthkv/profile_io.hpp"
 
 namespace depthkv_cli {
@@ -108,6 +109,39 @@ inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep,
   in.req.min_tokens = depthkv::safeguard_floor(sel.protection(), min_tokens);
   in.has_profile = add_profile_inputs(policy, file, scorer, in.req, in.profile);
   return in;
+}
+
+/// The CLI name of the head-level curve-optimal allocation (LU-KV, depthkv::head_optimal_budgets
+/// on the profile's head curves), accepted beside the layer policies by eval --policies and
+/// allocate --policy.
+inline const std::string kHeadOptimal = "head-optimal";
+
+/// A policy of the command line: a layer policy, or head-optimal (policy kOptimal, head_level).
+struct PolicyChoice {
+  depthkv::AllocationPolicy policy = depthkv::AllocationPolicy::kUniform;
+  bool head_level = false;
+  std::string name;  ///< as printed in tables and rows
+};
+
+/// @throws depthkv::Error on an unknown name (listing the valid ones)
+inline PolicyChoice parse_policy_choice(const std::string& name) {
+  if (name == kHeadOptimal) return {depthkv::AllocationPolicy::kOptimal, true, kHeadOptimal};
+  for (depthkv::AllocationPolicy p : depthkv::all_allocation_policies())
+    if (depthkv::to_string(p) == name) return {p, false, name};
+  DEPTHKV_FAIL("unknown allocation policy '" << name << "' (expected " << depthkv::allocation_policy_names() << " or "
+                                             << kHeadOptimal << ")");
+}
+
+/// The head-level optimal budgets k[l][h] of `scorer`'s head curves for the layer request `req`
+/// (floors, caps, safeguard floor per head as per layer), and the head curves used.
+/// @throws depthkv::Error when the profile holds no (complete) head curves of `scorer`, or the
+///   request is infeasible
+inline std::vector<std::vector<int>> head_level_budgets(const depthkv::ProfileFile& f, const std::string& scorer,
+                                                        const depthkv::BudgetRequest& req,
+                                                        depthkv::SensitivityProfile& head_profile, int& n_kv_heads) {
+  head_profile = f.head_profile(scorer);  // refuses a scorer without head curves
+  n_kv_heads = f.head_curves.at(scorer).n_kv_heads;
+  return depthkv::head_optimal_budgets(head_profile, n_kv_heads, req);
 }
 
 }  // namespace depthkv_cli

@@ -1,8 +1,10 @@
 #pragma once
 /// @file head_budget.hpp
 /// @brief Splitting one layer's budget across its KV heads: uniform (every head keeps the same
-/// count) or adaptive (AdaKV: the best tokens of all heads jointly, with a per-head floor).
-/// `head_budgets` returns the per-head keep counts that `evict_layer` / `evict` take.
+/// count) or adaptive (AdaKV: the best tokens of all heads jointly, with a per-head floor);
+/// and head-level curve-optimal budgets over all (layer, KV head) pairs from measured head
+/// curves (LU-KV, `head_optimal_budgets`). `head_budgets` returns the per-head keep counts that
+/// `evict_layer` / `evict` take.
 ///
 /// ## Definitions
 /// A layer with H KV heads, head h holding n_h tokens, gets the budget `keep` tokens per head
@@ -25,6 +27,15 @@
 /// Scores are compared across heads as they are: attention-based scores of a layer share one
 /// scale (each query row sums to 1 over the slots).
 ///
+/// The per-head form takes a starting budget keep_h per head instead of one `keep`
+/// (T = sum_h min(keep_h, n_h), f_h from alpha * keep_h).
+///
+/// ## Head-level optimal (`head_optimal_budgets`)
+/// Unit u = l * H + h is (layer l, KV head h), with the curve g_u(r) = loss when only that head
+/// keeps the fraction r (`SensitivityProfiler` over L * H units, e.g.
+/// `llama::PruningEvaluator::head_function`). The budgets minimise sum_u hull(g_u)(b_u / n_u)
+/// under sum_u b_u = H * B, exactly as `AllocationPolicy::kOptimal` does over layers.
+///
 /// ## Cost
 /// O(sum_h n_h): per head one selection of its floor, then one selection over the pooled
 /// candidates (detail/radix_select.hpp, the evictor's selection).
@@ -43,11 +54,13 @@
 #include <string>
 #include <vector>
 
+#include "depthkv/budget_allocator.hpp"
 #include "depthkv/detail/radix_select.hpp"
 #include "depthkv/detail/select_common.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/selection.hpp"
+#include "depthkv/sensitivity_profile.hpp"
 
 namespace depthkv {
 
@@ -68,22 +81,27 @@ inline HeadAllocation parse_head_allocation(const std::string& name) {
   DEPTHKV_FAIL("unknown head allocation '" << name << "' (expected uniform or adaptive)");
 }
 
-/// Per-head keep counts of one layer (file comment).
+/// Per-head keep counts of one layer from per-head starting budgets `keep[h]` (file comment,
+/// with `keep` per head: T = sum_h min(keep[h], n_h), and the adaptive floor of head h is
+/// f_h = min(n_h, max(p_h, floor(alpha * keep[h])))). With every keep[h] equal this is the
+/// layer split of the file comment; with the head-level curve-optimal budgets
+/// (`head_optimal_budgets`) as the start, kAdaptive keeps the fraction alpha of each head's
+/// measured budget and lets the input's scores place the rest among the layer's heads.
 /// @param scores scores[h][slot] (n_h = scores[h].size(); no NaN)
 /// @param positions positions[h]: n_h positions of head h's slots (ties: earlier stays), or an
 ///   empty vector for the slot order
-/// @param keep tokens per head (>= 0; >= every head's protected count unless it holds <= keep)
+/// @param keep keep[h] >= 0 tokens of head h (>= its protected count unless it holds <= keep[h])
 /// @param alpha the adaptive floor fraction, in [0, 1] (ignored by kUniform)
-/// @return k[h], summing to sum_h min(keep, n_h)
-/// @throws Error on no heads, a negative keep, a keep below a head's protected count, negative
-///   protection, alpha outside [0, 1] or NaN, a positions vector of the wrong size, or a NaN
-///   score (naming the head and slot)
+/// @return k[h], summing to sum_h min(keep[h], n_h)
+/// @throws Error on no heads, a keep vector of another size, a negative keep, a keep below a
+///   head's protected count, negative protection, alpha outside [0, 1] or NaN, a positions
+///   vector of the wrong size, or a NaN score (naming the head and slot)
 inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& scores,
-                                     const std::vector<const std::int32_t*>& positions, int keep, Protection prot,
-                                     double alpha = kDefaultHeadAlpha) {
+                                     const std::vector<const std::int32_t*>& positions, const std::vector<int>& keep,
+                                     Protection prot, double alpha = kDefaultHeadAlpha) {
   const int H = static_cast<int>(scores.size());
   DEPTHKV_CHECK(H >= 1, "no heads");
-  DEPTHKV_CHECK(keep >= 0, "keep must be >= 0, got " << keep);
+  DEPTHKV_CHECK(static_cast<int>(keep.size()) == H, "" << keep.size() << " head budgets for " << H << " heads");
   DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
                 "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
   DEPTHKV_CHECK(alpha >= 0.0 && alpha <= 1.0, "alpha " << alpha << " outside [0, 1]");  // false for NaN
@@ -92,9 +110,11 @@ inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& sco
   std::vector<int> k(static_cast<std::size_t>(H));
   for (int h = 0; h < H; ++h) {
     const int n = static_cast<int>(scores[static_cast<std::size_t>(h)].size());
+    const int kh = keep[static_cast<std::size_t>(h)];
+    DEPTHKV_CHECK(kh >= 0, "head " << h << ": keep must be >= 0, got " << kh);
     const int p = detail::protected_count(n, prot.n_sink, prot.n_recent);
-    DEPTHKV_CHECK(keep >= n || keep >= p,
-                  "head " << h << ": keep " << keep << " < " << p << " protected tokens (of " << n << ")");
+    DEPTHKV_CHECK(kh >= n || kh >= p,
+                  "head " << h << ": keep " << kh << " < " << p << " protected tokens (of " << n << ")");
     const int bad = [&] {  // bit test: safe under -ffast-math
       const std::vector<float>& s = scores[static_cast<std::size_t>(h)];
       for (int j = 0; j < n; ++j)
@@ -102,11 +122,10 @@ inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& sco
       return -1;
     }();
     DEPTHKV_CHECK(bad < 0, "head " << h << ": NaN score at slot " << bad);
-    k[static_cast<std::size_t>(h)] = std::min(keep, n);
+    k[static_cast<std::size_t>(h)] = std::min(kh, n);
   }
   if (mode == HeadAllocation::kUniform) return k;
 
-  const int floor_n = static_cast<int>(std::floor(alpha * static_cast<double>(keep)));
   long long remaining = 0;
   std::vector<float> pool_scores;      // the candidates of every head, head by head
   std::vector<std::int32_t> pool_pos;  // their positions
@@ -119,6 +138,7 @@ inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& sco
     const std::int32_t* pos = positions.empty() ? nullptr : positions[static_cast<std::size_t>(h)];
     DEPTHKV_CHECK(n == 0 || positions.empty() || pos != nullptr, "head " << h << ": null positions");
     const int p = detail::protected_count(n, prot.n_sink, prot.n_recent);
+    const int floor_n = static_cast<int>(std::floor(alpha * static_cast<double>(keep[static_cast<std::size_t>(h)])));
     const int f = std::min(n, std::max(p, floor_n));
     remaining += k[static_cast<std::size_t>(h)] - f;
     k[static_cast<std::size_t>(h)] = f;
@@ -147,10 +167,21 @@ inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& sco
   return k;
 }
 
-/// `head_budgets` for a layer's heads (the positions are the layer's).
+/// Per-head keep counts of one layer whose heads keep `keep` tokens each (file comment).
+/// @throws Error as the per-head form; a negative keep
+inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& scores,
+                                     const std::vector<const std::int32_t*>& positions, int keep, Protection prot,
+                                     double alpha = kDefaultHeadAlpha) {
+  DEPTHKV_CHECK(!scores.empty(), "no heads");
+  DEPTHKV_CHECK(keep >= 0, "keep must be >= 0, got " << keep);
+  return head_budgets(mode, scores, positions, std::vector<int>(scores.size(), keep), prot, alpha);
+}
+
+/// `head_budgets` for a layer's heads (the positions are the layer's); `keep` is one count for
+/// every head (int) or one per head (std::vector<int>).
 /// @throws Error as `head_budgets`, and when the scores' shape differs from the layer's
-template <class Layer>
-std::vector<int> head_budgets(HeadAllocation mode, const Layer& layer, const LayerScores& scores, int keep,
+template <class Layer, class Keep>
+std::vector<int> head_budgets(HeadAllocation mode, const Layer& layer, const LayerScores& scores, const Keep& keep,
                               Protection prot, double alpha = kDefaultHeadAlpha) {
   DEPTHKV_CHECK(static_cast<int>(scores.size()) == layer.n_kv_heads(),
                 "scores have " << scores.size() << " heads, layer " << layer.n_kv_heads());
@@ -164,23 +195,87 @@ std::vector<int> head_budgets(HeadAllocation mode, const Layer& layer, const Lay
   return head_budgets(mode, scores, pos, keep, prot, alpha);
 }
 
-/// `head_budgets` for every layer of a cache: layer l's heads split `keep_per_layer[l]`; the
-/// result is what the per-head `evict(cache, scores, keep_per_head, prot)` takes.
-/// @throws Error as `head_budgets` (naming the layer), or when the layer counts differ
-template <class Layer>
-std::vector<std::vector<int>> head_budgets(HeadAllocation mode, const KVCache<Layer>& cache,
-                                           const std::vector<LayerScores>& scores,
-                                           const std::vector<int>& keep_per_layer, Protection prot,
-                                           double alpha = kDefaultHeadAlpha) {
+/// The allocator request over (layer, KV head) units that `head_optimal_budgets` solves: unit
+/// u = l * n_kv_heads + h has layer l's length, floor and cap; the budget is n_kv_heads * B in
+/// tokens, B the layer request's budget (`total_tokens`, or llround(keep_ratio * sum(lengths))
+/// as the allocator resolves it: the layer request counts tokens per head, as every head of
+/// layer l keeps budget[l]); `min_tokens` and the other parameters are copied.
+/// @throws Error on n_kv_heads < 1 or floors / caps of another size than the lengths
+inline BudgetRequest head_unit_request(const BudgetRequest& layer_req, int n_kv_heads) {
+  DEPTHKV_CHECK(n_kv_heads >= 1, "n_kv_heads must be >= 1, got " << n_kv_heads);
+  const std::size_t L = layer_req.lengths.size();
+  DEPTHKV_CHECK(layer_req.floors.empty() || layer_req.floors.size() == L,
+                "floors has " << layer_req.floors.size() << " entries for " << L << " layers");
+  DEPTHKV_CHECK(layer_req.caps.empty() || layer_req.caps.size() == L,
+                "caps has " << layer_req.caps.size() << " entries for " << L << " layers");
+  BudgetRequest u = layer_req;
+  auto repeat = [&](const std::vector<int>& v) {
+    std::vector<int> out;
+    for (int x : v) out.insert(out.end(), static_cast<std::size_t>(n_kv_heads), x);
+    return out;
+  };
+  u.lengths = repeat(layer_req.lengths);
+  u.floors = repeat(layer_req.floors);
+  u.caps = repeat(layer_req.caps);
+  if (layer_req.total_tokens != -1) {
+    u.total_tokens = layer_req.total_tokens * n_kv_heads;
+  } else if (std::isfinite(layer_req.keep_ratio) && layer_req.keep_ratio >= 0.0 && layer_req.keep_ratio <= 1.0) {
+    long long sum = 0;  // the layer budget B as the allocator resolves it, then H * B
+    for (int len : layer_req.lengths) sum += len;
+    u.keep_ratio = -1.0;
+    u.total_tokens = std::llround(layer_req.keep_ratio * static_cast<double>(sum)) * n_kv_heads;
+  }  // otherwise the allocator refuses the ratio
+  u.robustness.clear();
+  u.infonce.clear();
+  return u;
+}
+
+/// Head-level curve-optimal budgets (LU-KV: per-(layer, KV head) loss curves and one optimal
+/// allocation over all heads under the global budget). `head_profile` row u = l * n_kv_heads + h
+/// is the curve "only head h of layer l keeps the fraction r, everything else full"; the
+/// allocation is `AllocationPolicy::kOptimal` on `head_unit_request(layer_req, n_kv_heads)`:
+/// it minimises sum_u hull_u(b_u / length_u) subject to sum_u b_u = n_kv_heads * B (B: the layer
+/// request's budget), the floors and caps of each unit's layer, and the safeguard floor
+/// `min_tokens` per head. Since every head of a layer keeping the same count is one of the
+/// allocations it chooses from, its predicted loss (sum of the head hulls) is never above that
+/// of any layer allocation under the same head curves.
+/// @param head_profile the head curves (n_layers * n_kv_heads rows)
+/// @param n_kv_heads KV heads per layer
+/// @param layer_req lengths per layer (tokens each head holds), the budget, floors, caps
+/// @param info optional: what the allocation did (per unit)
+/// @return k[l][h]: tokens head h of layer l keeps; sum == n_kv_heads * B
+/// @throws Error on a profile of another row count, an invalid profile or an infeasible request
+inline std::vector<std::vector<int>> head_optimal_budgets(const SensitivityProfile& head_profile, int n_kv_heads,
+                                                          const BudgetRequest& layer_req,
+                                                          AllocationInfo* info = nullptr) {
+  const BudgetRequest u = head_unit_request(layer_req, n_kv_heads);
+  const int L = static_cast<int>(layer_req.lengths.size());
+  DEPTHKV_CHECK(head_profile.n_layers() == L * n_kv_heads,
+                "head profile has " << head_profile.n_layers() << " rows for " << L << " layers x " << n_kv_heads
+                                    << " KV heads");
+  const std::vector<int> flat = BudgetAllocator().allocate(AllocationPolicy::kOptimal, u, &head_profile, info);
+  std::vector<std::vector<int>> k(static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l)
+    k[static_cast<std::size_t>(l)].assign(flat.begin() + static_cast<std::ptrdiff_t>(l) * n_kv_heads,
+                                          flat.begin() + static_cast<std::ptrdiff_t>(l + 1) * n_kv_heads);
+  return k;
+}
+
+namespace detail {
+
+template <class Layer, class Keep>
+std::vector<std::vector<int>> head_budgets_all(HeadAllocation mode, const KVCache<Layer>& cache,
+                                               const std::vector<LayerScores>& scores, const std::vector<Keep>& keep,
+                                               Protection prot, double alpha) {
   DEPTHKV_CHECK(static_cast<int>(scores.size()) == cache.n_layers(),
                 "scores have " << scores.size() << " layers, cache " << cache.n_layers());
-  DEPTHKV_CHECK(static_cast<int>(keep_per_layer.size()) == cache.n_layers(),
-                "keep has " << keep_per_layer.size() << " layers, cache " << cache.n_layers());
-  std::vector<std::vector<int>> out(keep_per_layer.size());
+  DEPTHKV_CHECK(static_cast<int>(keep.size()) == cache.n_layers(),
+                "keep has " << keep.size() << " layers, cache " << cache.n_layers());
+  std::vector<std::vector<int>> out(keep.size());
   for (int l = 0; l < cache.n_layers(); ++l) {
     try {
       out[static_cast<std::size_t>(l)] = head_budgets(mode, cache.layer(l), scores[static_cast<std::size_t>(l)],
-                                                      keep_per_layer[static_cast<std::size_t>(l)], prot, alpha);
+                                                      keep[static_cast<std::size_t>(l)], prot, alpha);
     } catch (const Error& e) {
       const std::string prefix = "head_budgets: ";
       std::string m = e.message();
@@ -189,6 +284,32 @@ std::vector<std::vector<int>> head_budgets(HeadAllocation mode, const KVCache<La
     }
   }
   return out;
+}
+
+}  // namespace detail
+
+/// `head_budgets` for every layer of a cache: layer l's heads split `keep_per_layer[l]` (one
+/// count for every head of the layer, e.g. `BudgetAllocator`'s budgets); the result is what the
+/// per-head `evict(cache, scores, keep_per_head, prot)` takes.
+/// @throws Error as `head_budgets` (naming the layer), or when the layer counts differ
+template <class Layer>
+std::vector<std::vector<int>> head_budgets(HeadAllocation mode, const KVCache<Layer>& cache,
+                                           const std::vector<LayerScores>& scores,
+                                           const std::vector<int>& keep_per_layer, Protection prot,
+                                           double alpha = kDefaultHeadAlpha) {
+  return detail::head_budgets_all(mode, cache, scores, keep_per_layer, prot, alpha);
+}
+
+/// `head_budgets` for every layer of a cache from per-head starting budgets keep[l][h] (e.g.
+/// `head_optimal_budgets`): kUniform returns them clipped to each head's length, kAdaptive
+/// re-splits each layer's total by the scores with floors alpha * keep[l][h].
+/// @throws Error as `head_budgets` (naming the layer), or when the layer counts differ
+template <class Layer>
+std::vector<std::vector<int>> head_budgets(HeadAllocation mode, const KVCache<Layer>& cache,
+                                           const std::vector<LayerScores>& scores,
+                                           const std::vector<std::vector<int>>& keep, Protection prot,
+                                           double alpha = kDefaultHeadAlpha) {
+  return detail::head_budgets_all(mode, cache, scores, keep, prot, alpha);
 }
 
 }  // namespace depthkv

@@ -23,7 +23,9 @@
 ///             "kl":   {"mean": [[...n_ratios...], ...n_layers...], "stderr": [[...]]},
 ///             "dnll": {"mean": [[...]], "stderr": [[...]]},
 ///             "top1": {"mean": [[...]], "stderr": [[...]]},
-///             "done": [[1, 1, ...], ...]}             // only in partial (resumable) files
+///             "done": [[1, 1, ...], ...],             // only in partial (resumable) files
+///             "heads": {"n_kv_heads": 4, "n_samples": 24, "kl": {...}, "dnll": {...}, "top1": {...},
+///                       "done": [[...]]}}              // optional: head curves, see below
 ///   },
 ///   "layer_metrics": {"infonce/post_attn": {"mean": [...], "ci_low": [...], "ci_high": [...]}}  // optional
 /// }
@@ -39,6 +41,10 @@
 /// (false, "uniform", 0.2), and a file without them has the defaults.
 /// Files that spell it `{"n_sink", "n_recent", "window", "kernel"}` are read too: `window` is the
 /// observation window and the pooling is "max" there.
+/// `scorers.<name>.heads` (optional; files without it have no head curves) holds the scorer's
+/// per-(layer, KV head) curves: the same matrices with `n_layers * n_kv_heads` rows, row
+/// l * n_kv_heads + h being "only KV head h of layer l keeps the ratio, everything else full"
+/// (`head_optimal_budgets` reads them; `done` only while partial).
 /// `calibration.eviction_chunk` (optional; absent = 0) is the prefill chunk after each of which
 /// the curves' pruned layers were evicted (`EvalConfig::chunked_plans`); 0 means one eviction
 /// after the whole context.
@@ -207,6 +213,13 @@ struct LayerMetric {
   std::vector<double> mean, ci_low, ci_high;  ///< one entry per layer (ci_* may be empty)
 };
 
+/// One scorer's head curves: the profiler state over n_layers * n_kv_heads units (row
+/// l * n_kv_heads + h).
+struct HeadCurves {
+  int n_kv_heads = 0;
+  ProfilerState state;
+};
+
 /// A whole profile file (see the schema in the file comment).
 ///
 /// @code
@@ -224,6 +237,7 @@ struct ProfileFile {
   CalibrationInfo calibration;
   std::map<std::string, ProfilerState> scorers;     ///< scorer name ("h2o", "snapkv", ...) -> measurements
   std::map<std::string, LayerMetric> layer_metrics; ///< e.g. "infonce/post_attn" -> per-layer values
+  std::map<std::string, HeadCurves> head_curves;    ///< scorer name -> its head curves (optional)
 
   /// @return whether the file holds measurements for `scorer`
   bool has_scorer(const std::string& scorer) const { return scorers.count(scorer) != 0; }
@@ -246,6 +260,31 @@ struct ProfileFile {
   /// @return the profile of `scorer` for the file's default metric
   SensitivityProfile profile(const std::string& scorer) const { return profile(scorer, parse_loss_metric(metric)); }
 
+  /// @return whether the file holds complete head curves for `scorer`
+  bool has_head_curves(const std::string& scorer) const {
+    const auto it = head_curves.find(scorer);
+    return it != head_curves.end() && it->second.state.complete();
+  }
+
+  /// @return the head curves of `scorer` for `metric` (n_layers * n_kv_heads rows), allocator-ready
+  ///   for `head_optimal_budgets`
+  /// @throws Error when the scorer has no head curves (the message says how to measure them) or
+  ///   they are incomplete
+  SensitivityProfile head_profile(const std::string& scorer, LossMetric metric) const {
+    const auto it = head_curves.find(scorer);
+    DEPTHKV_CHECK(it != head_curves.end(), "the profile has no head curves for scorer '"
+                                               << scorer << "': measure them with depthkv profile --head-curves");
+    DEPTHKV_CHECK(it->second.state.complete(), "the head curves of scorer '" << scorer << "' are incomplete ("
+                                                                             << it->second.state.n_done() << " of "
+                                                                             << it->second.state.done.size()
+                                                                             << " runs)");
+    return it->second.state.metrics.profile(metric);
+  }
+  /// @return the head curves of `scorer` for the file's default metric
+  SensitivityProfile head_profile(const std::string& scorer) const {
+    return head_profile(scorer, parse_loss_metric(metric));
+  }
+
   /// Checks consistency: layer count and ratios shared by every scorer, valid matrices, a known
   /// metric, layer metrics of n_layers entries.
   /// @throws Error naming what is wrong
@@ -263,6 +302,20 @@ struct ProfileFile {
       DEPTHKV_CHECK(kv.second.n_layers() == n_layers,
                     "scorer '" << kv.first << "' has " << kv.second.n_layers() << " layers, the file " << n_layers);
       DEPTHKV_CHECK(kv.second.keep_ratios() == keep_ratios, "scorer '" << kv.first << "' has other keep ratios");
+    }
+    for (const auto& kv : head_curves) {
+      const std::string w = "scorers." + kv.first + ".heads";
+      DEPTHKV_CHECK(scorers.count(kv.first) != 0, "'" << w << "': head curves of a scorer without layer curves");
+      DEPTHKV_CHECK(kv.second.n_kv_heads >= 1, "'" << w << ".n_kv_heads' " << kv.second.n_kv_heads << " must be >= 1");
+      try {
+        kv.second.state.validate();
+      } catch (const Error& e) {
+        DEPTHKV_FAIL("'" << w << "': " << e.message());
+      }
+      DEPTHKV_CHECK(kv.second.state.n_layers() == n_layers * kv.second.n_kv_heads,
+                    "'" << w << "' has " << kv.second.state.n_layers() << " rows, expected n_layers x n_kv_heads = "
+                        << n_layers * kv.second.n_kv_heads);
+      DEPTHKV_CHECK(kv.second.state.keep_ratios() == keep_ratios, "'" << w << "' has other keep ratios");
     }
     for (const auto& kv : layer_metrics) {
       const auto n = static_cast<std::size_t>(n_layers);
@@ -332,6 +385,59 @@ inline Eigen::MatrixXd json_matrix(const nlohmann::json& j, const std::string& w
   return m;
 }
 
+/// A profiler state as a scorer entry: {"n_samples", "kl", "dnll", "top1" ({"mean", "stderr"}),
+/// "done" only while incomplete}.
+inline nlohmann::json state_to_json(const ProfilerState& s) {
+  nlohmann::json e;
+  e["n_samples"] = s.metrics.n_samples;
+  auto put = [&](const char* name, const SensitivityProfile& p) {
+    e[name] = {{"mean", matrix_to_json(p.loss)}, {"stderr", matrix_to_json(p.loss_stderr)}};
+  };
+  put("kl", s.metrics.kl);
+  put("dnll", s.metrics.dnll);
+  put("top1", s.metrics.top1);
+  if (!s.complete()) {
+    nlohmann::json done = nlohmann::json::array();
+    for (int l = 0; l < s.n_layers(); ++l) {
+      nlohmann::json row = nlohmann::json::array();
+      for (std::size_t k = 0; k < s.keep_ratios().size(); ++k) row.push_back(s.is_done(l, static_cast<int>(k)) ? 1 : 0);
+      done.push_back(row);
+    }
+    e["done"] = done;
+  }
+  return e;
+}
+
+/// The inverse of `state_to_json` for matrices of `rows` rows; errors name keys under `w`.
+inline ProfilerState state_from_json(const nlohmann::json& j, const std::string& w, const std::vector<double>& ratios,
+                                     int rows) {
+  const int R = static_cast<int>(ratios.size());
+  ProfilerState s;
+  s.metrics.n_samples = static_cast<int>(json_integer(json_at(j, "n_samples", w), w + ".n_samples"));
+  auto get = [&](const char* name, SensitivityProfile& p) {
+    const auto& e = json_at(j, name, w);
+    const std::string we = w + "." + name;
+    p.keep_ratios = ratios;
+    p.loss = json_matrix(json_at(e, "mean", we), we + ".mean", rows, R);
+    p.loss_stderr = json_matrix(json_at(e, "stderr", we), we + ".stderr", rows, R);
+  };
+  get("kl", s.metrics.kl);
+  get("dnll", s.metrics.dnll);
+  get("top1", s.metrics.top1);
+  s.done.assign(static_cast<std::size_t>(rows) * static_cast<std::size_t>(R), 1);
+  if (j.contains("done")) {
+    const Eigen::MatrixXd d = json_matrix(j["done"], w + ".done", rows, R);
+    for (int l = 0; l < rows; ++l) {
+      for (int k = 0; k < R; ++k) {
+        DEPTHKV_CHECK(d(l, k) == 0.0 || d(l, k) == 1.0, "'" << w << ".done' holds " << d(l, k) << " (0 or 1 expected)");
+        s.done[static_cast<std::size_t>(l) * static_cast<std::size_t>(R) + static_cast<std::size_t>(k)] =
+            d(l, k) == 1.0 ? 1 : 0;
+      }
+    }
+  }
+  return s;
+}
+
 }  // namespace detail
 
 /// @param f the profile file
@@ -369,23 +475,11 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
     j["calibration"]["documents"] = {{"rule", c.documents.rule}, {"marker", c.documents.marker}};
   j["scorers"] = nlohmann::json::object();
   for (const auto& kv : f.scorers) {
-    const ProfilerState& s = kv.second;
-    nlohmann::json e;
-    e["n_samples"] = s.metrics.n_samples;
-    auto put = [&](const char* name, const SensitivityProfile& p) {
-      e[name] = {{"mean", detail::matrix_to_json(p.loss)}, {"stderr", detail::matrix_to_json(p.loss_stderr)}};
-    };
-    put("kl", s.metrics.kl);
-    put("dnll", s.metrics.dnll);
-    put("top1", s.metrics.top1);
-    if (!s.complete()) {
-      nlohmann::json done = nlohmann::json::array();
-      for (int l = 0; l < s.n_layers(); ++l) {
-        nlohmann::json row = nlohmann::json::array();
-        for (std::size_t k = 0; k < s.keep_ratios().size(); ++k) row.push_back(s.is_done(l, static_cast<int>(k)) ? 1 : 0);
-        done.push_back(row);
-      }
-      e["done"] = done;
+    nlohmann::json e = detail::state_to_json(kv.second);
+    const auto h = f.head_curves.find(kv.first);
+    if (h != f.head_curves.end()) {
+      e["heads"] = detail::state_to_json(h->second.state);
+      e["heads"]["n_kv_heads"] = h->second.n_kv_heads;
     }
     j["scorers"][kv.first] = e;
   }
@@ -477,33 +571,19 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
   }
   const auto& sc = json_at(j, "scorers", "");
   DEPTHKV_CHECK(sc.is_object(), "'scorers' is not an object");
-  const int R = static_cast<int>(f.keep_ratios.size());
   for (auto it = sc.begin(); it != sc.end(); ++it) {
     const std::string w = "scorers." + it.key();
-    ProfilerState s;
-    s.metrics.n_samples = static_cast<int>(json_integer(json_at(*it, "n_samples", w), w + ".n_samples"));
-    auto get = [&](const char* name, SensitivityProfile& p) {
-      const auto& e = json_at(*it, name, w);
-      const std::string we = w + "." + name;
-      p.keep_ratios = f.keep_ratios;
-      p.loss = json_matrix(json_at(e, "mean", we), we + ".mean", f.n_layers, R);
-      p.loss_stderr = json_matrix(json_at(e, "stderr", we), we + ".stderr", f.n_layers, R);
-    };
-    get("kl", s.metrics.kl);
-    get("dnll", s.metrics.dnll);
-    get("top1", s.metrics.top1);
-    s.done.assign(static_cast<std::size_t>(f.n_layers) * static_cast<std::size_t>(R), 1);
-    if (it->contains("done")) {
-      const Eigen::MatrixXd d = json_matrix((*it)["done"], w + ".done", f.n_layers, R);
-      for (int l = 0; l < f.n_layers; ++l) {
-        for (int k = 0; k < R; ++k) {
-          DEPTHKV_CHECK(d(l, k) == 0.0 || d(l, k) == 1.0, "'" << w << ".done' holds " << d(l, k) << " (0 or 1 expected)");
-          s.done[static_cast<std::size_t>(l) * static_cast<std::size_t>(R) + static_cast<std::size_t>(k)] =
-              d(l, k) == 1.0 ? 1 : 0;
-        }
-      }
+    f.scorers[it.key()] = state_from_json(*it, w, f.keep_ratios, f.n_layers);
+    if (it->contains("heads")) {
+      const auto& h = (*it)["heads"];
+      const std::string wh = w + ".heads";
+      const long long H = json_integer(json_at(h, "n_kv_heads", wh), wh + ".n_kv_heads");
+      DEPTHKV_CHECK(H >= 1 && H <= 4096, "'" << wh << ".n_kv_heads' " << H << " is out of range");
+      HeadCurves hc;
+      hc.n_kv_heads = static_cast<int>(H);
+      hc.state = state_from_json(h, wh, f.keep_ratios, f.n_layers * hc.n_kv_heads);
+      f.head_curves[it.key()] = hc;
     }
-    f.scorers[it.key()] = s;
   }
   if (j.contains("layer_metrics")) {
     const auto& lm = j["layer_metrics"];

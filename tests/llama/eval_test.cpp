@@ -341,3 +341,68 @@ TEST_CASE("adaptive head budgets change the evaluation", "[eval][head_budget]") 
   const PruningEvaluator one(engine, windows, cfg);
   require_same(one.evaluate_plan(plan), a, 1e-12);
 }
+
+TEST_CASE("PruningEvaluator: per-head budgets and head curves", "[eval][head_budget]") {
+  const LlamaModel model = random_model(11, 3);  // 2 KV heads per layer
+  const LlamaEngine engine(model);
+  const auto windows = random_windows(3, 40, 12, model.config.vocab_size, 4);
+  EvalConfig cfg;
+  cfg.protection = Protection{1, 2};
+  cfg.chunk_size = 16;
+  EvalConfig naive_cfg = cfg;
+  naive_cfg.reuse = false;
+  const PruningEvaluator ev(engine, windows, cfg), naive(engine, windows, naive_cfg);
+  REQUIRE(ev.n_kv_heads() == 2);
+  // every head of a layer at the same count is the layer plan
+  require_same(ev.evaluate_head_budgets({{40, 40}, {7, 7}, {3, 3}}), ev.evaluate_budgets({40, 7, 3}), 1e-12);
+  // unequal heads: reuse equals recomputation; budgets report the mean per head
+  const std::vector<std::vector<int>> uneven = {{40, 5}, {20, 9}, {3, 40}};
+  const auto a = ev.evaluate_head_budgets(uneven), b = naive.evaluate_head_budgets(uneven);
+  require_same(a, b, 1e-5);
+  REQUIRE(a[0].budgets == std::vector<int>{23, 15, 22});  // (40+5)/2 = 22.5 -> 23, 14.5 -> 15, 21.5 -> 22
+  const std::size_t per_token = 2 * sizeof(float) * static_cast<std::size_t>(model.config.head_dim);
+  REQUIRE(a[0].bytes_kept == per_token * (45 + 29 + 43));
+  // each head matters on its own: the two single-head plans of layer 0 give other losses
+  const auto h0 = ev.head_metrics(0, 0, {0.1}), h1 = ev.head_metrics(0, 1, {0.1});
+  REQUIRE(h0[0].kl != h1[0].kl);
+  // head_metrics is the per-head plan, and the head function numbers units layer * H + head
+  const int k01 = keep_tokens(0.1, 40, cfg.protection);
+  const auto direct = ev.evaluate_head_budgets({{40, 40}, {40, k01}, {40, 40}});
+  const auto unit = ev.head_function()(3, {0.1});
+  for (std::size_t w = 0; w < direct.size(); ++w) REQUIRE(unit[0].kl[w] == direct[w].metrics.loss.kl);
+  // a profiler over units gives L * H rows of curves, >= 0, lossless at ratio 1 by definition
+  SensitivityProfiler prof(3 * 2, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr});
+  REQUIRE(prof.run_batched(ev.head_function()));
+  REQUIRE(prof.result().kl.loss.rows() == 6);
+  REQUIRE(prof.result().kl.loss.minCoeff() >= 0.0);
+  REQUIRE(prof.result().kl.loss.maxCoeff() > 0.0);
+  // chunked plans take per-head budgets too: the full budgets are lossless
+  EvalConfig chunked = cfg;
+  chunked.chunked_plans = true;
+  const PruningEvaluator ch(engine, windows, chunked);
+  for (const auto& r : ch.evaluate_head_budgets({{40, 40}, {40, 40}, {40, 40}})) REQUIRE(r.metrics.loss.kl == 0.0);
+  const auto c1 = ch.evaluate_head_budgets(uneven);
+  bool lossy = false;
+  for (const auto& r : c1) lossy |= r.metrics.loss.kl > 0.0;
+  REQUIRE(lossy);
+  // with resplit, an adaptive evaluator moves tokens between the heads of a layer, same totals
+  EvalConfig ada = cfg;
+  ada.head_allocation = HeadAllocation::kAdaptive;
+  ada.head_alpha = 0.0;
+  const PruningEvaluator ad(engine, windows, ada);
+  require_same(ad.evaluate_head_budgets(uneven), a, 1e-12);  // no resplit: exact
+  const auto re = ad.evaluate_head_budgets(uneven, 0, /*resplit=*/true);
+  bool moved = false;
+  for (std::size_t w = 0; w < re.size(); ++w) {
+    REQUIRE(re[w].bytes_kept == a[w].bytes_kept);
+    moved |= re[w].metrics.loss.kl != a[w].metrics.loss.kl;
+  }
+  REQUIRE(moved);
+  // errors
+  REQUIRE_THROWS_AS(ev.evaluate_head_budgets({{40, 40}, {40, 40}}), Error);
+  REQUIRE_THROWS_AS(ev.evaluate_head_budgets({{40, 40}, {40}, {40, 40}}), Error);
+  REQUIRE_THROWS_AS(ev.evaluate_head_budgets({{40, 40}, {40, -1}, {40, 40}}), Error);
+  REQUIRE_THROWS_AS(ev.evaluate_head_budgets({{40, 40}, {40, 1}, {40, 40}}), Error);  // below 3 protected
+  REQUIRE_THROWS_AS(ev.head_metrics(0, 2, {0.5}), Error);
+  REQUIRE_THROWS_AS(ev.head_metrics(3, 0, {0.5}), Error);
+}

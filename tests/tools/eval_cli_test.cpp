@@ -445,3 +445,62 @@ TEST_CASE("preset best sets scorer, pooling, output-aware, adaptive heads and op
   REQUIRE(g.status == 0);
   std::remove(profile.c_str());
 }
+
+TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budgets per KV head", "[cli][eval][real]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string profile = tmp_path("profile_heads.json");
+  const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  const auto p = run_cli("profile --model " + model + " --text " + text + common +
+                         " --windows 3 --ratios 0.2,0.5 --scorers snapkv --head-curves -o " + shell_quoted(profile));
+  REQUIRE(p.status == 0);
+  REQUIRE_THAT(p.out, Catch::Contains("cost of the head curves (5 layers x 4 KV heads x 2 ratios x 1 scorers = 40 runs)"));
+  const depthkv::ProfileFile f = depthkv::load_profile(profile);
+  REQUIRE(f.has_head_curves("snapkv"));
+  REQUIRE(f.head_curves.at("snapkv").n_kv_heads == 4);
+  REQUIRE(f.head_profile("snapkv").n_layers() == 20);
+  REQUIRE(f.head_profile("snapkv").loss.maxCoeff() > 0.0);
+  // allocate: per-head budgets summing to heads x the layer budget
+  const auto a = run_cli("allocate --profile " + shell_quoted(profile) +
+                         " --sinks 2 --recent 4 --obs-window 4 --policy head-optimal --keep 0.3 --length 64 --json");
+  REQUIRE(a.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(a.out);
+  long long sum = 0;
+  for (const auto& row : j["head_budgets"]) {
+    REQUIRE(row.size() == 4);
+    for (const auto& k : row) {
+      REQUIRE(k.get<int>() >= 6);  // the protected tokens
+      sum += k.get<int>();
+    }
+  }
+  REQUIRE(sum == 4LL * std::llround(0.3 * 64 * 5));
+  REQUIRE(j["total"] == sum);
+  // eval: head-optimal rows beside the layer policies, at the same KV bytes
+  const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common +
+                           " --keep 0.3 --windows 2 --policies optimal,head-optimal --json";
+  const auto e = run_cli(eval, "2>/dev/null");
+  REQUIRE(e.status == 0);
+  const nlohmann::json rows = nlohmann::json::parse(e.out);
+  REQUIRE(rows.size() == 2);
+  REQUIRE(rows[1]["policy"] == "head-optimal");
+  REQUIRE(rows[1]["bytes_kept"] == rows[0]["bytes_kept"]);
+  REQUIRE(rows[1]["budgets"].size() == 5);
+  // adaptive heads re-split each layer's head-optimal total by the scores
+  const auto ad = run_cli(eval + " --head-alloc adaptive", "2>/dev/null");
+  REQUIRE(ad.status == 0);
+  REQUIRE(nlohmann::json::parse(ad.out)[1]["kl"] != rows[1]["kl"]);
+  // refused: head-optimal without head curves, or with a schedule; an unknown policy lists it
+  const std::string plain = tmp_path("profile_noheads.json");
+  REQUIRE(run_cli("profile --model " + model + " --text " + text + common +
+                  " --windows 3 --ratios 0.2,0.5 --scorers snapkv -o " + shell_quoted(plain))
+              .status == 0);
+  require_error(run_cli("eval --model " + model + " --text " + text + " --profile " + shell_quoted(plain) + common +
+                            " --keep 0.3 --windows 2 --policies head-optimal",
+                        "2>&1"),
+                "no head curves for scorer 'snapkv': measure them with depthkv profile --head-curves");
+  require_error(run_cli(eval + " --schedule chunked", "2>&1"), "head-optimal is evaluated with --schedule oneshot only");
+  require_error(run_cli("allocate --profile " + shell_quoted(profile) + " --policy heads", "2>&1"),
+                "unknown allocation policy 'heads' (expected uniform, pyramid");
+  std::remove(profile.c_str());
+  std::remove(plain.c_str());
+}

@@ -32,7 +32,9 @@
 /// token scores, and runs a plan from layer `l` on: layer `l` (and any later pruned layer) on a
 /// pruned copy of its context cache, the other layers on copies of their full caches. The context
 /// is never recomputed. Profiling "only layer l at ratio r" thus costs `(L - l) / L` of a
-/// continuation-only forward pass instead of a full context + continuation pass.
+/// continuation-only forward pass instead of a full context + continuation pass. The head
+/// curves ("only KV head h of layer l at ratio r", `head_metrics`, `head_function`) start from
+/// layer l's stored input in the same way.
 ///
 /// @code
 /// using namespace depthkv;
@@ -271,6 +273,7 @@ class PruningEvaluator {
 
   int n_windows() const { return static_cast<int>(windows_.size()); }
   int n_layers() const { return engine_.config().n_layers; }
+  int n_kv_heads() const { return engine_.config().n_kv_heads; }
   int n_scorers() const { return static_cast<int>(cfg_.scorers.size()); }
   const EvalConfig& config() const { return cfg_; }
   const std::vector<EvalWindow>& windows() const { return windows_; }
@@ -293,9 +296,10 @@ class PruningEvaluator {
     for (double r : plan) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
     return run_all(scorer, [&](int w) {
       const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-      std::vector<int> k(plan.size());
-      for (std::size_t l = 0; l < plan.size(); ++l) k[l] = keep_tokens(plan[l], n, cfg_.protection);
-      return k;
+      Budgets b;
+      b.layer.resize(plan.size());
+      for (std::size_t l = 0; l < plan.size(); ++l) b.layer[l] = keep_tokens(plan[l], n, cfg_.protection);
+      return b;
     });
   }
 
@@ -308,12 +312,42 @@ class PruningEvaluator {
                   "budgets for " << keep_per_layer.size() << " layers, model has " << n_layers());
     return run_all(scorer, [&](int w) {
       const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-      std::vector<int> k(keep_per_layer.size());
-      for (std::size_t l = 0; l < k.size(); ++l) {
+      Budgets b;
+      b.layer.resize(keep_per_layer.size());
+      for (std::size_t l = 0; l < b.layer.size(); ++l) {
         DEPTHKV_CHECK(keep_per_layer[l] >= 0, "negative budget " << keep_per_layer[l] << " for layer " << l);
-        k[l] = std::min(keep_per_layer[l], n);
+        b.layer[l] = std::min(keep_per_layer[l], n);
       }
-      return k;
+      return b;
+    });
+  }
+
+  /// Evaluates per-head token budgets: head h of layer l keeps `keep[l][h]` of the context
+  /// tokens (more than the context keeps all), e.g. `head_optimal_budgets`. With `resplit`,
+  /// each layer's total is split again by `config().head_allocation` with these as the
+  /// starting budgets (`head_budgets`' per-head form: kAdaptive keeps alpha * keep[l][h] per
+  /// head and places the rest by the scores); without it they are kept exactly.
+  /// `WindowResult::budgets` holds each layer's mean per head (rounded).
+  /// @throws Error on the wrong layer or head count, a negative budget, one below the protected
+  ///   count, or a bad scorer index
+  std::vector<WindowResult> evaluate_head_budgets(const std::vector<std::vector<int>>& keep, int scorer = 0,
+                                                  bool resplit = false) const {
+    DEPTHKV_CHECK(static_cast<int>(keep.size()) == n_layers(),
+                  "head budgets for " << keep.size() << " layers, model has " << n_layers());
+    for (std::size_t l = 0; l < keep.size(); ++l) {
+      DEPTHKV_CHECK(static_cast<int>(keep[l].size()) == n_kv_heads(),
+                    "layer " << l << ": " << keep[l].size() << " head budgets for " << n_kv_heads() << " KV heads");
+      for (std::size_t h = 0; h < keep[l].size(); ++h)
+        DEPTHKV_CHECK(keep[l][h] >= 0, "negative budget " << keep[l][h] << " for layer " << l << " head " << h);
+    }
+    return run_all(scorer, [&](int w) {
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      Budgets b;
+      b.heads = keep;
+      b.resplit = resplit;
+      for (auto& row : b.heads)
+        for (int& k : row) k = std::min(k, n);
+      return b;
     });
   }
 
@@ -372,15 +406,37 @@ class PruningEvaluator {
     parallel_tasks(R * W, [&](int t) {
       const int k = t / W, w = t % W;
       const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-      std::vector<int> keep(static_cast<std::size_t>(n_layers()), n);
-      keep[static_cast<std::size_t>(layer)] = keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection);
-      res[static_cast<std::size_t>(t)] = run_one(w, scorer, keep);
+      Budgets b;
+      b.layer.assign(static_cast<std::size_t>(n_layers()), n);
+      b.layer[static_cast<std::size_t>(layer)] = keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection);
+      res[static_cast<std::size_t>(t)] = run_one(w, scorer, b);
     });
-    std::vector<SampleMetrics> out;
-    for (int k = 0; k < R; ++k)
-      out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,
-                                                                res.begin() + static_cast<std::ptrdiff_t>(k + 1) * W)));
-    return out;
+    return per_ratio(res, R);
+  }
+
+  /// "Only KV head `head` of `layer` pruned, at each of `keep_ratios`" (every other head of
+  /// every layer full; the head's budget is kept exactly, whatever `config().head_allocation`):
+  /// one `SampleMetrics` per ratio, scheduled as `layer_metrics` and with the same activation
+  /// reuse (the runs start from the stored input of `layer`).
+  /// @throws Error on a bad layer, head, ratio or scorer index
+  std::vector<SampleMetrics> head_metrics(int layer, int head, const std::vector<double>& keep_ratios,
+                                          int scorer = 0) const {
+    DEPTHKV_CHECK(layer >= 0 && layer < n_layers(), "layer " << layer << " outside [0, " << n_layers() << ")");
+    DEPTHKV_CHECK(head >= 0 && head < n_kv_heads(), "KV head " << head << " outside [0, " << n_kv_heads() << ")");
+    check_scorer(scorer);
+    const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
+    for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
+    std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
+    parallel_tasks(R * W, [&](int t) {
+      const int k = t / W, w = t % W;
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      Budgets b;
+      b.heads.assign(static_cast<std::size_t>(n_layers()), std::vector<int>(static_cast<std::size_t>(n_kv_heads()), n));
+      b.heads[static_cast<std::size_t>(layer)][static_cast<std::size_t>(head)] =
+          keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection);
+      res[static_cast<std::size_t>(t)] = run_one(w, scorer, b);
+    });
+    return per_ratio(res, R);
   }
 
   /// The plan function to hand to `SensitivityProfiler::run` (references this evaluator, which
@@ -397,6 +453,17 @@ class PruningEvaluator {
   LayerRunFunction layer_function(int scorer = 0) const {
     check_scorer(scorer);
     return [this, scorer](int layer, const std::vector<double>& ratios) { return layer_metrics(layer, ratios, scorer); };
+  }
+
+  /// The batched function of the head curves for a `SensitivityProfiler` over
+  /// `n_layers() * n_kv_heads()` units: unit u is (layer u / n_kv_heads(), head u % n_kv_heads())
+  /// (`head_metrics`; the evaluator must outlive it).
+  /// @throws Error on a bad scorer index
+  LayerRunFunction head_function(int scorer = 0) const {
+    check_scorer(scorer);
+    return [this, scorer](int unit, const std::vector<double>& ratios) {
+      return head_metrics(unit / n_kv_heads(), unit % n_kv_heads(), ratios, scorer);
+    };
   }
 
   /// Per-window results in the profiler's form.
@@ -427,11 +494,55 @@ class PruningEvaluator {
   }
   const std::vector<OutputProjection>* wo() const { return wo_.empty() ? nullptr : &wo_; }
   const OutputProjection* wo(int l) const { return wo_.empty() ? nullptr : &wo_[static_cast<std::size_t>(l)]; }
-  // Per-head budgets of a layer whose heads keep `k` each (EvalConfig::head_allocation).
+  // A plan's context budgets: per layer (`layer[l]` for every head, split across the heads by
+  // EvalConfig::head_allocation), or per head (`heads[l][h]`, kept exactly unless `resplit`).
+  struct Budgets {
+    std::vector<int> layer;
+    std::vector<std::vector<int>> heads;
+    bool resplit = false;
+
+    bool per_head() const { return !heads.empty(); }
+    // the starting budget of every head of layer l
+    std::vector<int> start(int l, int n_heads) const {
+      return per_head() ? heads[static_cast<std::size_t>(l)]
+                        : std::vector<int>(static_cast<std::size_t>(n_heads), layer[static_cast<std::size_t>(l)]);
+    }
+    // whether layer l keeps fewer than n tokens in some head
+    bool prunes(int l, int n) const {
+      if (!per_head()) return layer[static_cast<std::size_t>(l)] < n;
+      for (int k : heads[static_cast<std::size_t>(l)])
+        if (k < n) return true;
+      return false;
+    }
+    // tokens layer l keeps over all heads of n each
+    long long tokens(int l, int n, int n_heads) const {
+      long long t = 0;
+      for (int k : start(l, n_heads)) t += std::min(k, n);
+      return t;
+    }
+    // WindowResult::budgets: per layer, the mean per head (rounded)
+    std::vector<int> per_layer(int n_layers, int n, int n_heads) const {
+      if (!per_head()) return layer;
+      std::vector<int> out(static_cast<std::size_t>(n_layers));
+      for (int l = 0; l < n_layers; ++l)
+        out[static_cast<std::size_t>(l)] = static_cast<int>(std::llround(static_cast<double>(tokens(l, n, n_heads)) / n_heads));
+      return out;
+    }
+  };
+  // Per-head budgets of layer l from the starting budgets `start`: split by
+  // EvalConfig::head_allocation for layer plans and resplit head plans, else as given.
   template <class Layer>
-  std::vector<int> head_keep(const Layer& layer, const LayerScores& s, int k) const {
-    if (cfg_.head_allocation == HeadAllocation::kUniform) return std::vector<int>(static_cast<std::size_t>(layer.n_kv_heads()), k);
-    return head_budgets(cfg_.head_allocation, layer, s, k, cfg_.protection, cfg_.head_alpha);
+  std::vector<int> head_keep(const Budgets& b, const Layer& layer, const LayerScores& s, std::vector<int> start) const {
+    if (cfg_.head_allocation == HeadAllocation::kUniform || (b.per_head() && !b.resplit)) return start;
+    return head_budgets(cfg_.head_allocation, layer, s, start, cfg_.protection, cfg_.head_alpha);
+  }
+  std::vector<SampleMetrics> per_ratio(const std::vector<WindowResult>& res, int R) const {
+    const int W = n_windows();
+    std::vector<SampleMetrics> out;
+    for (int k = 0; k < R; ++k)
+      out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,
+                                                                res.begin() + static_cast<std::ptrdiff_t>(k + 1) * W)));
+    return out;
   }
   void check_scorer(int scorer) const {
     DEPTHKV_CHECK(scorer >= 0 && scorer < n_scorers(), "scorer " << scorer << " outside [0, " << n_scorers() << ")");
@@ -497,13 +608,13 @@ class PruningEvaluator {
   std::vector<WindowResult> run_all(int scorer, KeepFn&& keep_of) const {
     check_scorer(scorer);
     std::vector<WindowResult> out(windows_.size());
-    std::vector<std::vector<int>> keeps(windows_.size());
+    std::vector<Budgets> keeps(windows_.size());
     for (int w = 0; w < n_windows(); ++w) keeps[static_cast<std::size_t>(w)] = keep_of(w);  // validates (serial)
     parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_one(w, scorer, keeps[static_cast<std::size_t>(w)]); });
     return out;
   }
 
-  WindowResult run_one(int w, int scorer, const std::vector<int>& keep) const {
+  WindowResult run_one(int w, int scorer, const Budgets& keep) const {
     if (cfg_.chunked_plans) return run_chunked_plan(w, scorer, keep);
     return cfg_.reuse ? run_reuse(w, scorer, keep) : run_naive(w, scorer, keep);
   }
@@ -512,19 +623,22 @@ class PruningEvaluator {
     return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().n_kv_heads) *
            static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
   }
+  std::size_t head_token_bytes(long long tokens) const {
+    return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
+  }
 
-  WindowResult run_reuse(int w, int scorer, const std::vector<int>& keep) const {
+  WindowResult run_reuse(int w, int scorer, const Budgets& keep) const {
     const LlamaConfig& c = engine_.config();
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const Reference& r = refs_[static_cast<std::size_t>(w)];
     const int n_ctx = static_cast<int>(win.context.size());
     WindowResult res;
-    res.budgets = keep;
+    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
     int first = c.n_layers;
     for (int l = 0; l < c.n_layers; ++l) {
       res.bytes_full += layer_bytes(n_ctx);
-      res.bytes_kept += layer_bytes(keep[static_cast<std::size_t>(l)]);
-      if (keep[static_cast<std::size_t>(l)] < n_ctx && first == c.n_layers) first = l;
+      res.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx, c.n_kv_heads));
+      if (keep.prunes(l, n_ctx) && first == c.n_layers) first = l;
     }
     RowMatrix x = r.inputs[static_cast<std::size_t>(first)];
     ForwardOptions fo;
@@ -535,10 +649,9 @@ class PruningEvaluator {
     res.bytes_full_peak = r.full_peak;
     for (int l = first; l < c.n_layers; ++l) {
       HostLayer<float> kv = r.cache.layer(l);
-      const int k = keep[static_cast<std::size_t>(l)];
-      if (k < n_ctx) {
+      if (keep.prunes(l, n_ctx)) {
         const LayerScores& s = r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)];
-        evict_layer(kv, s, head_keep(kv, s, k), cfg_.protection);
+        evict_layer(kv, s, head_keep(keep, kv, s, keep.start(l, c.n_kv_heads)), cfg_.protection);
       }
       // the continuation in chunks, as the full run processed it
       for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {
@@ -560,7 +673,7 @@ class PruningEvaluator {
     return res;
   }
 
-  WindowResult run_naive(int w, int scorer, const std::vector<int>& keep) const {
+  WindowResult run_naive(int w, int scorer, const Budgets& keep) const {
     const LlamaConfig& c = engine_.config();
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const int n_ctx = static_cast<int>(win.context.size());
@@ -578,15 +691,15 @@ class PruningEvaluator {
     po.observer = observe_into(sc);
     engine_.prefill(win.context, 0, cache, po);
     WindowResult res;
-    res.budgets = keep;
+    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
     res.bytes_full = cache.bytes();
     res.bytes_full_peak = full.bytes();
     const std::vector<LayerScores> scores = layer_scores(sc, cache, wo());
-    if (cfg_.head_allocation == HeadAllocation::kUniform)
-      evict(cache, scores, keep, cfg_.protection);
-    else
-      evict(cache, scores, head_budgets(cfg_.head_allocation, cache, scores, keep, cfg_.protection, cfg_.head_alpha),
-            cfg_.protection);
+    std::vector<std::vector<int>> per_head(static_cast<std::size_t>(c.n_layers));
+    for (int l = 0; l < c.n_layers; ++l)
+      per_head[static_cast<std::size_t>(l)] =
+          head_keep(keep, cache.layer(l), scores[static_cast<std::size_t>(l)], keep.start(l, c.n_kv_heads));
+    evict(cache, scores, per_head, cfg_.protection);
     res.bytes_kept = cache.bytes();
     const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
     res.bytes_peak = std::max(res.bytes_full, cache.bytes());
@@ -637,19 +750,22 @@ class PruningEvaluator {
   }
 
   // A plan evicted after every prefill chunk (EvalConfig::chunked_plans).
-  WindowResult run_chunked_plan(int w, int scorer, const std::vector<int>& keep) const {
+  WindowResult run_chunked_plan(int w, int scorer, const Budgets& keep) const {
     const LlamaConfig& c = engine_.config();
     const int n_ctx = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
     std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
     const auto evict_chunk = [&](int seen, HostCache& cache) {
       for (int l = 0; l < c.n_layers; ++l) {
-        const int k = keep[static_cast<std::size_t>(l)];
-        if (k >= n_ctx) continue;
-        const int target = seen == n_ctx ? k : keep_tokens(static_cast<double>(k) / n_ctx, seen, cfg_.protection);
+        if (!keep.prunes(l, n_ctx)) continue;
+        std::vector<int> target = keep.start(l, c.n_kv_heads);  // each head's budget of the `seen` tokens
+        for (int& k : target)
+          if (seen < n_ctx && k < n_ctx) k = keep_tokens(static_cast<double>(k) / n_ctx, seen, cfg_.protection);
         auto& layer = cache.layer(l);
-        if (layer.max_size() <= target) continue;
+        bool over = false;
+        for (int h = 0; h < c.n_kv_heads; ++h) over = over || layer.size(h) > target[static_cast<std::size_t>(h)];
+        if (!over) continue;
         const LayerScores s = sc[static_cast<std::size_t>(l)].scores(layer, wo(l));
-        const LayerEviction e = evict_layer(layer, s, head_keep(layer, s, target), cfg_.protection);
+        const LayerEviction e = evict_layer(layer, s, head_keep(keep, layer, s, target), cfg_.protection);
         for (int h = 0; h < c.n_kv_heads; ++h) {
           const auto& kept = e.kept_slots[static_cast<std::size_t>(h)];
           sc[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
@@ -659,7 +775,7 @@ class PruningEvaluator {
     WindowResult res = run_evicting(
         w, observe_into(sc), evict_chunk, [](HostCache&) {},
         [&](HostCache& cache, WindowResult&) { return continue_plain(w, cache); });
-    res.budgets = keep;
+    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
     return res;
   }
 
