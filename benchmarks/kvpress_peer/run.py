@@ -15,13 +15,24 @@ For each model (stories260K, aidreams260K from the data folder):
  4. `depthkv eval --json` runs depthkv's policies on the same windows; depthkv's per-layer budgets
     are also applied inside kvpress with kvpress's own SnapKV scorer (and with AdaKV inside each
     layer).
- 5. The table and the plot go to docs/results/kvpress_peer.{md,json,svg}.
+ 5. Head-level rows, when the <model>.best.profile.json (`own`, --best-profile-dir) holds head
+    curves (`scorers.snapkv.heads`, from `depthkv profile --head-curves`): depthkv's own
+    head-optimal policy (`depthkv eval --policies head-optimal`, per-head and adaptive re-split);
+    depthkv's head-optimal budgets [layer][head] (`depthkv allocate --policy head-optimal`)
+    applied inside kvpress with kvpress's SnapKV scorer; and kvpress's LUKVPress around
+    kvpress's SnapKV with its budget curve built from those budgets (`lukv_curves`). LUKV runs on
+    depthkv's curves, so it is not one of "kvpress's own presses" and is left out of the
+    "best kvpress press" row.
+ 6. The table and the plot go to docs/results/kvpress_peer.{md,json,svg} (--out).
 
-Head-wise presses (AdaKV, CriticalAdaKV) and per-layer budgets are applied by masking: the
-pruned (head, token) pairs get -inf in the attention of every later query (an additive mask),
-which gives exactly the attention of a cache without them. kvpress's own mechanism ("fake keys"
-found by a hyperplane search) fails on heads of 8 dimensions, and its physical per-layer
-compression needs flash attention, which has no CPU kernel.
+Head-wise presses (AdaKV, CriticalAdaKV, LUKV) and per-layer / per-head budgets are applied by
+masking: the pruned (head, token) pairs get -inf in the attention of every later query (an additive
+mask), which gives exactly the attention of a cache without them. kvpress's own mechanism ("fake
+keys" found by a hyperplane search) fails on heads of 8 dimensions, and its physical per-layer
+compression needs flash attention, which has no CPU kernel. LUKVPress (like AdaKVPress) only sets
+`module.masked_key_indices` in its compress(), so it runs unchanged: its scores, sink/window
+protection and per-head counts are its own, and only the application of its pruned indices is the
+mask's (its assertion against eager attention holds: it runs under sdpa).
 
 Needs torch, transformers and kvpress (requirements.txt) in a virtual environment outside the
 repository, and a built `depthkv` CLI:
@@ -191,7 +202,9 @@ def install_mask_patch():
 def make_budget_press(scorer, budgets, adaptive, alpha=0.2):
     """A press keeping `budgets[layer]` tokens per KV head of each layer (depthkv's per-layer
     budgets), chosen by `scorer`'s scores: top-k per head, or with `adaptive` top (k * heads)
-    across the layer's heads with AdaKV's floor of alpha * k per head. Applied by masking."""
+    across the layer's heads with AdaKV's floor of alpha * k per head. `budgets[layer]` may also
+    be a list, one budget per KV head (depthkv's head-optimal budgets): top-k_h per head h (not
+    with `adaptive`). Applied by masking."""
     from kvpress.presses.base_press import BasePress
 
     class BudgetPress(BasePress):
@@ -201,6 +214,20 @@ def make_budget_press(scorer, budgets, adaptive, alpha=0.2):
         def compress(self, module, hidden_states, keys, values, attentions, kwargs):
             scores = scorer.score(module, hidden_states, keys, values, attentions, kwargs).clone()
             bsz, nkv, k_len = scores.shape
+            if isinstance(budgets[module.layer_idx], (list, tuple)):
+                if adaptive:
+                    raise ValueError("per-head budgets with adaptive heads are not supported")
+                kh = torch.tensor([min(k_len, int(x)) for x in budgets[module.layer_idx]])
+                if kh.numel() != nkv:
+                    raise ValueError(f"{kh.numel()} head budgets for {nkv} KV heads")
+                if bool((kh >= k_len).all()):
+                    module.masked_key_indices = None
+                    return keys, values
+                order = torch.argsort(scores, dim=-1, descending=True, stable=True)
+                rank = torch.arange(k_len).view(1, 1, k_len).expand_as(order)
+                batch, heads, r = torch.where(rank >= kh.view(1, nkv, 1))
+                module.masked_key_indices = (batch, heads, order[batch, heads, r])
+                return keys, values
             k = min(k_len, int(budgets[module.layer_idx]))
             if k >= k_len:
                 module.masked_key_indices = None
@@ -223,6 +250,106 @@ def make_budget_press(scorer, budgets, adaptive, alpha=0.2):
             return keys, values
 
     return BudgetPress()
+
+
+# ---- head-level budgets: depthkv allocate --policy head-optimal, LUKV's curves ------------------------
+
+LUKV_LABEL = "kvpress LUKV+SnapKV (depthkv head curves)"
+# rows labelled "kvpress ..." that run on depthkv's measurements: not kvpress's own presses, so
+# never the "best kvpress press"
+NOT_KVPRESS_OWN = {LUKV_LABEL}
+
+
+def has_head_curves(profile_path):
+    try:
+        return bool(json.load(open(profile_path))["scorers"]["snapkv"].get("heads"))
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def selection_flags(sel):
+    """depthkv's selection flags for a profile's recorded selection (calibration.selection)."""
+    f = ["--sinks", str(sel["sinks"]), "--recent", str(sel["recent"]), "--obs-window", str(sel["obs_window"]),
+         "--kernel", str(sel["kernel"]), "--pooling", sel["pooling"]]
+    if sel.get("output_aware"):
+        f.append("--output-aware")
+    if "head_alloc" in sel:
+        f += ["--head-alloc", sel["head_alloc"], "--head-alpha", str(sel["head_alpha"])]
+    return f
+
+
+class HeadBudgets:
+    """depthkv's head-optimal budgets [layer][head] (tokens each KV head keeps of `length`) per
+    keep ratio, from `depthkv allocate --policy head-optimal --json` (cached; None where the
+    request is infeasible: a keep below the sinks + recent every head protects)."""
+
+    def __init__(self, dk, profile, length, sel):
+        self.cmd = [dk, "allocate", "--profile", profile, "--policy", "head-optimal", "--scorer", "snapkv",
+                    "--length", str(length)] + selection_flags(sel)
+        self.length = length
+        self.cache = {}
+
+    def get(self, keep):
+        key = f"{keep:.2f}"
+        if key not in self.cache:
+            r = subprocess.run(self.cmd + ["--keep", key, "--json"], capture_output=True, text=True)
+            if r.returncode != 0:
+                if "infeasible" not in r.stderr:
+                    raise RuntimeError(f"depthkv allocate failed: {r.stderr}")
+                self.cache[key] = None
+            else:
+                self.cache[key] = json.loads(r.stdout)["head_budgets"]
+        return self.cache[key]
+
+
+def lukv_curves(hb, n_layers, n_kv):
+    """LUKVPress's `_budget_curves` [99, layers, KV heads] from depthkv's head-optimal budgets.
+
+    LUKVPress.compress at compression ratio c reads row round(100 c) - 1 (so row i is c = (i+1)/100,
+    keep 1 - c) and takes each value as the head's *prune* ratio: head h keeps (1 - v[l][h]) * seq_len
+    tokens (rounded to the layer total, the remainder to the largest fractions). So v[l][h] =
+    1 - k[l][h] / length with k = depthkv's head budgets at keep 1 - c for the profile's context
+    length (the prefill's seq_len). Keeps depthkv finds infeasible (below the per-head protection)
+    get the uniform row v = c."""
+    curves = np.empty((99, n_layers, n_kv), dtype=np.float64)
+    n_fallback = 0
+    for i in range(99):
+        c = (i + 1) / 100
+        k = hb.get(1.0 - c)
+        if k is None:
+            curves[i] = c
+            n_fallback += 1
+        else:
+            k = np.asarray(k, dtype=np.float64)
+            if k.shape != (n_layers, n_kv):
+                raise ValueError(f"head budgets of shape {k.shape}, expected {(n_layers, n_kv)}")
+            curves[i] = 1.0 - k / hb.length
+    return curves, n_fallback
+
+
+def make_lukv_press(obs_window, sinks, recent, curves, hb, log):
+    """kvpress's LUKVPress(SnapKVPress) with `curves` set (no download), unchanged but for a check
+    after its compress(): the kept tokens per KV head (seq_len minus its masked indices) equal
+    depthkv's head budgets at the press's keep ratio."""
+    import kvpress as kp
+
+    class CheckedLUKV(kp.LUKVPress):
+        def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+            out = super().compress(module, hidden_states, keys, values, attentions, kwargs)
+            bsz, nkv, seq_len, _ = keys.shape
+            idx = getattr(module, "masked_key_indices", None)
+            pruned = torch.zeros(nkv, dtype=torch.long) if idx is None else torch.bincount(idx[1], minlength=nkv)
+            kept = (seq_len - pruned // bsz).tolist()
+            want = hb.get(1.0 - round(self.compression_ratio * 100) / 100) if seq_len == hb.length else None
+            if want is not None and kept != [min(seq_len, int(x)) for x in want[module.layer_idx]]:
+                raise AssertionError(f"LUKV layer {module.layer_idx} keeps {kept} per KV head, depthkv's head "
+                                     f"budgets are {want[module.layer_idx]}")
+            log[module.layer_idx] = (kept, want is not None)
+            return out
+
+    p = CheckedLUKV(press=kp.SnapKVPress(window_size=obs_window, kernel_size=7), sink=sinks, window=recent)
+    p._budget_curves = curves
+    return p
 
 
 # ---- the protocol ----------------------------------------------------------------------------------
@@ -371,7 +498,7 @@ def evaluate_model(name, a, out_rows):
     # `--preset best` (output-aware SnapKV with average pooling, adaptive heads, optimal budgets)
     # and its uniform counterpart, with the curves measured under that setting (the main job's
     # <model>.best.profile.json: the main profile's calibration windows and selection) when present
-    own = os.path.join(ROOT, "docs", "results", name + ".best.profile.json")
+    own = os.path.join(a.best_profile_dir, name + ".best.profile.json")
     if os.path.exists(own) and not a.plain_only:
         common_own = [x if x != profile else own for x in common]
         keeps = ["--keep", ",".join(map(str, a.keep))]
@@ -382,6 +509,48 @@ def evaluate_model(name, a, out_rows):
                                                                "adaptive"]):
             label = "depthkv snapkv (avg pooling) + output-aware + adaptive heads uniform"
             res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
+    heads = os.path.exists(own) and not a.plain_only and not a.no_heads and has_head_curves(own)
+    if os.path.exists(own) and not a.plain_only and not heads:
+        print(f"  {own}: no head curves (scorers.snapkv.heads): no head-level rows", flush=True)
+    if heads:
+        # depthkv's own head-optimal policy (head curves of `own`), per head and re-split adaptively
+        head_flags = ["--policies", "head-optimal", "--scorers", "snapkv", "--pooling", "avg", "--output-aware"]
+        for extra, label in (([], "depthkv head-optimal (snapkv avg, output-aware)"),
+                             (["--head-alloc", "adaptive"], "depthkv head-optimal + adaptive heads")):
+            for row in run_depthkv(a.depthkv, common_own, keeps + head_flags + extra):
+                res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
+        own_prof = json.load(open(own))
+        own_sel = own_prof["calibration"]["selection"]
+        n_kv = int(own_prof["scorers"]["snapkv"]["heads"]["n_kv_heads"])
+        hb = HeadBudgets(a.depthkv, own, W["context"], own_sel)
+        # depthkv's head-optimal budgets inside kvpress with kvpress's SnapKV scorer
+        for keep in a.keep:
+            k = hb.get(keep)
+            if k is None:
+                print(f"  depthkv head-optimal: infeasible at keep {keep}", flush=True)
+                continue
+            scorer = kp.SnapKVPress(window_size=own_sel["obs_window"], kernel_size=7)
+            run("depthkv head-optimal budgets + kvpress SnapKV", make_budget_press(scorer, k, False), "sdpa", keep)
+        # kvpress's LUKV around kvpress's SnapKV, its budget curve from depthkv's head-optimal budgets
+        t0 = time.time()
+        curves, n_fallback = lukv_curves(hb, cfg.num_hidden_layers, n_kv)
+        print(f"  LUKV curve [99, {cfg.num_hidden_layers}, {n_kv}] from depthkv allocate --policy head-optimal "
+              f"({n_fallback} infeasible keeps: uniform rows; {time.time() - t0:.1f} s)", flush=True)
+        res["lukv_curve_fallback_rows"] = n_fallback
+        log = {}
+        press = make_lukv_press(own_sel["obs_window"], own_sel["sinks"], own_sel["recent"], curves, hb, log)
+        for keep in a.keep:
+            set_ratio(press, keep)
+            log.clear()
+            try:
+                run(LUKV_LABEL, press, "sdpa", keep)
+            except Exception as e:
+                print(f"  {LUKV_LABEL}: failed at keep {keep}: {type(e).__name__}: {e}", flush=True)
+                res["kl"].setdefault(LUKV_LABEL, {})[str(keep)] = None
+                break
+            checked = all(c for _, c in log.values())
+            print(f"    LUKV kept per KV head (last window): {[log[l][0] for l in sorted(log)]}"
+                  f"{' = depthkv head budgets (checked every window and layer)' if checked else ''}", flush=True)
     # depthkv's budgets with kvpress's SnapKV scorer (per head, and AdaKV inside each layer)
     for row in dk_rows:
         if row["scorer"] != "snapkv" or row["policy"] not in ("optimal", "uniform"):
@@ -397,6 +566,8 @@ def best_kvpress(res, keep):
     best = None
     for label, d in res["kl"].items():
         v = d.get(str(keep))
+        if label in NOT_KVPRESS_OWN:  # runs on depthkv's curves: not one of kvpress's own presses
+            continue
         if label.startswith("kvpress ") and v is not None and (best is None or v < best[1]):
             best = (label[len("kvpress "):], v)
     return best
@@ -408,7 +579,10 @@ def write_results(rows, a):
           ", CPU, float32). Mean KL(full || pruned) over the continuation of each evaluation window "
           "(the windows after the profile's calibration windows, as `depthkv eval` takes them; context and "
           "continuation as profiled). kvpress presses run on the model converted to Hugging Face Llama; "
-          "head-wise presses and per-layer budgets are applied by an additive attention mask (see the script).", ""]
+          "head-wise presses and per-layer budgets are applied by an additive attention mask (see the script). "
+          "\"Best kvpress press\" is the best of kvpress's own presses: "
+          "\"kvpress LUKV+SnapKV (depthkv head curves)\" (kvpress's LUKVPress with its budget curve built from "
+          "depthkv's head-optimal budgets) is left out of it, as it runs on depthkv's measurements.", ""]
     for res in rows:
         keeps = a.keep
         md += [f"## {res['model']}", "",
@@ -424,8 +598,8 @@ def write_results(rows, a):
                 cells.append("failed" if v is None and str(k) in d else ("" if v is None else f"{v:.5f}"))
             md.append(f"| {label} | " + " | ".join(cells) + " |")
         best = [best_kvpress(res, k) for k in keeps]
-        md.append("| best kvpress press | " + " | ".join(f"{b[1]:.5f} ({b[0]})" if b else "" for b in best) + " |")
-        for label in [l for l in res["kl"] if l.startswith("depthkv ")]:
+        md.append("| best kvpress press (kvpress's own) | " + " | ".join(f"{b[1]:.5f} ({b[0]})" if b else "" for b in best) + " |")
+        for label in [l for l in res["kl"] if l.startswith("depthkv ") or l in NOT_KVPRESS_OWN]:
             d = res["kl"][label]
             md.append(f"| ratio {label} / best kvpress | " + " | ".join(
                 f"{d[str(k)] / b[1]:.2f}" if b and d.get(str(k)) is not None else "" for k, b in zip(keeps, best)) + " |")
@@ -493,7 +667,11 @@ def main():
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's threads (1: fastest for this model size; more threads only add overhead)")
     ap.add_argument("--work", default="/tmp/kvpress_peer")
-    ap.add_argument("--out", default="kvpress_peer", help="results name under docs/results/")
+    ap.add_argument("--out", default="kvpress_peer",
+                    help="results name under docs/results/ (an absolute path: written there instead)")
+    ap.add_argument("--best-profile-dir", default=os.path.join(ROOT, "docs", "results"),
+                    help="folder of the <model>.best.profile.json files (the `own` profiles, head curves included)")
+    ap.add_argument("--no-heads", action="store_true", help="no head-level rows (head-optimal, LUKV)")
     ap.add_argument("--from-json", default="", help="only rewrite the table and plot from this results JSON")
     a = ap.parse_args()
     a.keep = [float(k) for k in a.keep.split(",")]
