@@ -5,8 +5,8 @@
 # windows; aidreams260K: 0..23 and 24..47 of 48). The evaluation windows of the reported results
 # (stories260K 24..87, aidreams260K 48..175) and the GPL-3 text are never used here.
 # Candidates: SnapKV (max or avg pooling) and H2O, each plain, output-aware, adaptive heads, or
-# both; optimal per-layer budgets on curves measured under the candidate's own setting (uniform
-# rows alongside). Writes every eval's CSV rows to docs/results/preset/ and the table
+# both; optimal per-layer budgets on curves measured under the candidate's own setting, and
+# head-optimal per-(layer, KV head) budgets on head curves measured alongside (uniform rows too). Writes every eval's CSV rows to docs/results/preset/ and the table
 # docs/results/preset.md (scripts/preset-table.py).
 # Usage: scripts/preset-selection.sh [build dir] (DEPTHKV_DATA_DIR: data folder)
 set -euo pipefail
@@ -36,9 +36,9 @@ run_model() {
       [[ $setting == ada || $setting == oa_ada ]] && flags+=(--head-alloc adaptive)
       local tag="$name.$scorer.$setting"
       $DK profile --model "$model" --text "$TEXT" --context "$ctx" --continuation "$cont" --windows "$half" \
-        --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" -o "$WORK/$tag.profile.json" > /dev/null 2>&1
+        --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" --head-curves -o "$WORK/$tag.profile.json" > /dev/null 2>&1
       $DK eval --model "$model" --text "$TEXT" --profile "$WORK/$tag.profile.json" --skip "$half" --windows "$half" \
-        --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" --policies uniform,optimal --keep $KEEP \
+        --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" --policies uniform,optimal,head-optimal --keep $KEEP \
         --csv "$OUT/$tag.csv" > /dev/null 2>&1
       rm -f "$OUT/$tag-sensitivity.csv"
       echo "preset-selection: $tag done"

@@ -595,3 +595,100 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
   bad.head_alpha = -0.5;
   REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("head_alpha -0.5"));
 }
+
+TEST_CASE("head curves in score_and_evict and EvictionSchedule: the head-optimal budgets, one chunk equals oneshot, "
+          "exact totals per head after every eviction",
+          "[schedule][head_budget]") {
+  const LlamaModel model = model_of(29);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  const int H = c.n_kv_heads;
+  const std::vector<int> tokens = random_tokens(96, c.vocab_size, 5);
+  // head curves: odd heads of every layer far more sensitive than even ones
+  SensitivityProfile hp;
+  hp.keep_ratios = {0.1, 0.3, 0.6};
+  hp.loss.resize(c.n_layers * H, 3);
+  for (int u = 0; u < c.n_layers * H; ++u) {
+    const double s = (u % 2 ? 1.0 : 0.01) * (1.0 + 0.1 * u);
+    hp.loss.row(u) << 0.9 * s, 0.5 * s, 0.2 * s;
+  }
+  for (HeadAllocation mode : {HeadAllocation::kUniform, HeadAllocation::kAdaptive}) {
+    CAPTURE(to_string(mode));
+    llama::HostCache a = engine.make_cache();
+    std::vector<TokenScorer> sa = llama::make_scorers(c, ScorerConfig{});
+    ForwardOptions opt;
+    opt.observer = observe_into(sa);
+    opt.all_logits = false;
+    engine.prefill(tokens, 0, a, opt);
+    PruneRequest req;
+    req.budget.keep_ratio = 0.25;
+    req.protection = {2, 4};
+    req.head_profile = &hp;
+    req.head_allocation = mode;
+    req.head_alpha = 0.5;
+    const PruneReport rep = score_and_evict(a, sa, req);
+    // the budgets are head_optimal_budgets' on the same request
+    BudgetRequest br;
+    br.lengths.assign(static_cast<std::size_t>(c.n_layers), 96);
+    br.keep_ratio = 0.25;
+    br.floors = protection_floors(br.lengths, req.protection);
+    REQUIRE(rep.head_budgets == head_optimal_budgets(hp, H, br));
+    long long kept = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      long long layer_total = 0;
+      for (int h = 0; h < H; ++h) {
+        kept += a.layer(l).size(h);
+        layer_total += rep.head_budgets[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+        if (mode == HeadAllocation::kUniform)
+          REQUIRE(a.layer(l).size(h) == rep.head_budgets[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)]);
+        if (h % 2 == 0 && mode == HeadAllocation::kUniform)  // the insensitive heads give tokens away
+          REQUIRE(a.layer(l).size(h) < a.layer(l).size(h + 1));
+      }
+      int held = 0;
+      for (int h = 0; h < H; ++h) held += a.layer(l).size(h);
+      REQUIRE(held == layer_total);  // an adaptive re-split keeps each layer's total
+    }
+    REQUIRE(kept == static_cast<long long>(H) * std::llround(0.25 * 96 * c.n_layers));
+    // the schedule with one chunk evicts exactly the same
+    ScheduleConfig sc;
+    sc.budget.keep_ratio = 0.25;
+    sc.protection = req.protection;
+    sc.head_profile = &hp;
+    sc.head_allocation = mode;
+    sc.head_alpha = 0.5;
+    EvictionSchedule one(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    llama::HostCache b = engine.make_cache();
+    ForwardOptions o1 = opt;
+    o1.observer = one.observer();
+    engine.prefill(tokens, 0, b, o1);
+    REQUIRE(one.evict_now(b));
+    REQUIRE(same_cache(a, b));
+    REQUIRE(one.last_report().head_budgets == rep.head_budgets);
+    // chunks of 16 with a fixed budget: after every eviction the heads hold exactly H * B
+    sc.budget.keep_ratio = -1.0;
+    sc.budget.total_tokens = 40 * c.n_layers;
+    EvictionSchedule many(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    llama::HostCache m = engine.make_cache();
+    ForwardOptions o2 = opt;
+    o2.chunk_size = 16;
+    o2.observer = many.observer();
+    int evictions = 0;
+    o2.after_chunk = [&](int, std::int32_t) {
+      if (!many.after_chunk(m)) return;
+      ++evictions;
+      long long held = 0;
+      for (int l = 0; l < c.n_layers; ++l)
+        for (int h = 0; h < H; ++h) held += m.layer(l).size(h);
+      REQUIRE(held == static_cast<long long>(H) * 40 * c.n_layers);
+    };
+    engine.prefill(tokens, 0, m, o2);
+    REQUIRE(evictions >= 3);
+  }
+  // a head profile of the wrong shape is refused
+  ScheduleConfig bad;
+  bad.budget.keep_ratio = 0.3;
+  SensitivityProfile small = hp;
+  small.loss.conservativeResize(c.n_layers, 3);
+  bad.head_profile = &small;
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("head profile has"));
+}

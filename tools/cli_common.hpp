@@ -154,12 +154,13 @@ struct SelectionSettings {
 
 /// `--preset NAME`: a named configuration of the flags it sets. "best", the configuration the
 /// README recommends, was chosen on calibration windows only (docs/results/preset.md,
-/// scripts/preset-selection.sh): SnapKV scores with average pooling, output-aware (CriticalKV)
-/// rescaling, adaptive (AdaKV) cross-head budgets with per-head floor 0.2, optimal per-layer
-/// budgets under the default safeguard floor (`--min-tokens`). The protection (`--sinks`,
-/// `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval, allocate and generate: the
-/// profile's), since it depends on the context length. A flag the preset sets cannot be given
-/// with it.
+/// scripts/preset-selection.sh): SnapKV scores with max pooling, output-aware (CriticalKV)
+/// rescaling, head-optimal per-(layer, KV head) budgets from head curves (LU-KV;
+/// `head_optimal_budgets`; profile measures them: `--head-curves`) under the default safeguard
+/// floor per head (`--min-tokens`), each head keeping exactly its budget (`--head-alloc uniform`).
+/// The protection (`--sinks`, `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval,
+/// allocate and generate: the profile's), since it depends on the context length. A flag the
+/// preset sets cannot be given with it.
 struct PresetSettings {
   std::string name;  ///< empty: no preset
 
@@ -170,24 +171,26 @@ struct PresetSettings {
   template <class App>
   void add_option(App* c, const std::vector<std::string>& sets) {
     auto* o = c->add_option("--preset", name,
-                            "a named configuration: best (the README's: snapkv, --pooling avg, --output-aware, "
-                            "--head-alloc adaptive, optimal budgets; chosen on calibration windows, "
-                            "docs/results/preset.md)");
+                            "a named configuration: best (the README's: snapkv, --pooling max, --output-aware, "
+                            "head-optimal budgets per KV head from head curves (profile: --head-curves), "
+                            "--head-alloc uniform; chosen on calibration windows, docs/results/preset.md)");
     o->type_name("NAME");
     for (const std::string& f : sets) o->excludes(f);
   }
 
-  /// Sets the selection, the scorer(s) and the policy(-ies) to the preset's (each pointer may be null).
+  /// Sets the selection, the scorer(s), the policy(-ies) and profile's head curves to the
+  /// preset's (each pointer may be null).
   /// @throws depthkv::Error on an unknown preset name
-  void apply(SelectionSettings& sel, std::string* scorers, std::string* policies) const {
+  void apply(SelectionSettings& sel, std::string* scorers, std::string* policies, bool* head_curves = nullptr) const {
     if (!active()) return;
     DEPTHKV_CHECK(name == "best", "--preset: unknown preset '" << name << "' (expected best)");
-    sel.pooling = "avg";
+    sel.pooling = "max";
     sel.output_aware = true;
-    sel.head_alloc = "adaptive";
+    sel.head_alloc = "uniform";
     sel.head_alpha = depthkv::kDefaultHeadAlpha;
     if (scorers) *scorers = "snapkv";
-    if (policies) *policies = "optimal";
+    if (policies) *policies = "head-optimal";
+    if (head_curves) *head_curves = true;
   }
 };
 

@@ -173,8 +173,6 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
   for (const std::string& name : split_list(a.policies)) {
     p.policies.push_back(parse_policy_choice(name));
     p.policy_names.push_back(p.policies.back().name);
-    DEPTHKV_CHECK(!p.policies.back().head_level || a.schedule == "oneshot",
-                  "--policies " << kHeadOptimal << " is evaluated with --schedule oneshot only");
   }
   DEPTHKV_CHECK(!p.policies.empty(), "--policies is empty");
   for (const PolicyChoice& policy : p.policies) {  // once, for the first policy that prunes by the curves
@@ -275,7 +273,9 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   r.head_alloc = rec.head_allocation;
   r.head_alpha = rec.head_alpha;
   std::vector<llama::WindowResult> results;
-  if (choice.head_level) {  // per-head budgets from the head curves; adaptive re-splits each layer by the scores
+  SensitivityProfile head_curves;  // head-optimal: the scorer's head curves
+  if (choice.head_level) head_curves = f.head_profile(scorer);
+  if (choice.head_level && a.schedule == "oneshot") {  // per-head budgets; adaptive re-splits each layer by the scores
     SensitivityProfile hp;
     int H = 0;
     const std::vector<std::vector<int>> k = head_level_budgets(f, scorer, in.req, hp, H);
@@ -290,6 +290,7 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
     sc.budget.floors.clear();
     sc.budget.caps.clear();
     sc.profile = in.has_profile ? &in.profile : nullptr;
+    sc.head_profile = choice.head_level ? &head_curves : nullptr;
     sc.interval = a.interval;
     results = ev.evaluate_schedule(sc, scorer_index,
                                    a.schedule == "decode" ? llama::PruningEvaluator::ScheduleEval::kDecode

@@ -72,7 +72,8 @@ void run_generate(const GenerateArgs& a) {
 #ifdef _OPENMP
   if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
-  const AllocationPolicy policy = parse_allocation_policy(a.policy);
+  const PolicyChoice choice = parse_policy_choice(a.policy);
+  const AllocationPolicy policy = choice.policy;
   const ScorerConfig scfg = a.sel.scorer(a.scorer);
   const HeadAllocation head_alloc = a.sel.head_allocation();
 
@@ -87,6 +88,13 @@ void run_generate(const GenerateArgs& a) {
   const LlamaEngine engine(lm.model);
   const LlamaConfig& cfg = lm.model.config;
   const std::vector<OutputProjection> wo = scfg.output_aware ? output_projections(lm.model) : std::vector<OutputProjection>();
+  // head-optimal: the profile's head curves of the scorer
+  SensitivityProfile head_curves;
+  if (choice.head_level) {
+    DEPTHKV_CHECK(profile_file, "policy " << kHeadOptimal << " needs --profile with head curves");
+    head_curves = profile_file->head_profile(a.scorer);
+  }
+  const SensitivityProfile* head_profile = choice.head_level ? &head_curves : nullptr;
 
   // As run.c: negative temperature -> 0, topp outside [0,1] -> 0.9, seed 0 -> time, steps clamp.
   const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
@@ -126,6 +134,7 @@ void run_generate(const GenerateArgs& a) {
     sc.head_alpha = a.sel.head_alpha;
     sc.output_projections = scfg.output_aware ? &wo : nullptr;
     sc.profile = add_policy_inputs(a, policy, profile_file.get(), sc.budget, bounded_curves);
+    sc.head_profile = head_profile;
     schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
     opt.observer = schedule->observer();
     opt.after_chunk = [&](int, std::int32_t) {
@@ -147,6 +156,7 @@ void run_generate(const GenerateArgs& a) {
     req.output_projections = scfg.output_aware ? &wo : nullptr;
     SensitivityProfile curves;
     req.profile = add_policy_inputs(a, policy, profile_file.get(), req.budget, curves);
+    req.head_profile = head_profile;
     const PruneReport rep = score_and_evict(cache, scorers, req);
     std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(),
                  a.keep);
@@ -225,8 +235,9 @@ void register_generate(CLI::App& app) {
                   "global KV keep ratio in (0, 1] after the prompt's prefill (1: no eviction)")
       ->capture_default_str();
   cmd->add_option("--policy", args->policy,
-                  "per-layer budget policy: " + depthkv::allocation_policy_names() +
-                      " (proportional, optimal, mga and mlma* need --profile)")
+                  "per-layer budget policy: " + depthkv::allocation_policy_names() + ", or " + kHeadOptimal +
+                      " (per KV head; proportional, optimal, mga, mlma* and head-optimal need --profile, "
+                      "head-optimal one with head curves)")
       ->capture_default_str();
   cmd->add_option("--profile", args->profile,
                   "profile file of this model (from depthkv profile) for the curve-based policies, measured "

@@ -305,9 +305,9 @@ void register_profile(CLI::App& app) {
   c->add_flag("--head-curves", a->head_curves,
               "also measure every scorer's per-(layer, KV head) curves (only that head pruned; n_kv_heads times "
               "the runs), for eval/allocate's head-optimal policy");
-  a->preset.add_option(c, {"--scorers", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
+  a->preset.add_option(c, {"--scorers", "--pooling", "--output-aware", "--head-alloc", "--head-alpha", "--head-curves"});
   c->callback([a] {
-    a->preset.apply(a->sel, &a->scorers, nullptr);
+    a->preset.apply(a->sel, &a->scorers, nullptr, &a->head_curves);
     run_profile(*a);
   });
 }

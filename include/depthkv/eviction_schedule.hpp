@@ -20,6 +20,11 @@
 /// 2. scores every layer (`layer_scores`; output-aware scorers read `output_projections`), splits
 ///    each layer's budget across its KV heads (`head_budgets`: `head_allocation`, uniform by
 ///    default) and evicts (`evict`, `EvictOptions`);
+///    with `head_profile` (per-(layer, KV head) curves) step 1 allocates per head instead: the
+///    head-level optimal over all (layer, head) units (`head_optimal_budgets`' problem) with
+///    lengths = tokens seen, caps = what each head holds now, floors = each head's protected
+///    count, and n_kv_heads * B tokens; `head_allocation` adaptive then re-splits each layer's
+///    total by the scores with those budgets as the start (`head_budgets`' per-head form);
 /// 3. compacts the scorers' state to the kept slots (`TokenScorer::compact`).
 /// Between evictions a layer holds at most its budget plus `interval - 1` tokens (plus the last
 /// chunk when a chunk is longer than `interval`). With `interval = 1` every call that finds the
@@ -139,6 +144,10 @@ struct PruneRequest {
   AllocationPolicy policy = AllocationPolicy::kUniform;
   BudgetRequest budget;
   const SensitivityProfile* profile = nullptr;
+  /// Per-(layer, KV head) curves (n_layers * n_kv_heads rows, row l * n_kv_heads + h): when set,
+  /// the budgets are head-level optimal (`head_optimal_budgets`; `policy` and `profile` are not
+  /// used), then split again by `head_allocation` when that is adaptive.
+  const SensitivityProfile* head_profile = nullptr;
   Protection protection;
   /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
   /// (eviction cannot go below the protected count).
@@ -155,7 +164,9 @@ struct PruneRequest {
 struct PruneReport {
   std::vector<int> lengths;     ///< tokens per layer before (largest head)
   std::vector<int> budgets;     ///< tokens kept per layer (every head; the layer's per-head budget
-                                ///< before the cross-head split when that is adaptive)
+                                ///< before the cross-head split when that is adaptive; with head
+                                ///< curves the mean of the layer's head budgets, rounded)
+  std::vector<std::vector<int>> head_budgets;  ///< with head curves: budget[l][h] before the cross-head split
   std::size_t bytes_before = 0; ///< KV bytes held before
   std::size_t bytes_after = 0;  ///< and after
   std::vector<LayerEviction> evictions;
@@ -168,7 +179,50 @@ struct HeadSplit {
   HeadAllocation mode = HeadAllocation::kUniform;
   double alpha = kDefaultHeadAlpha;
   const std::vector<OutputProjection>* wo = nullptr;
+  const SensitivityProfile* head_profile = nullptr;  ///< head-level optimal budgets when set
 };
+
+/// Tokens every head of the cache holds, summed.
+template <class Layer>
+long long head_tokens(const KVCache<Layer>& cache) {
+  long long n = 0;
+  for (int l = 0; l < cache.n_layers(); ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) n += cache.layer(l).size(h);
+  return n;
+}
+
+/// Head-level optimal budgets k[l][h] for the cache now: `br` (lengths set; its budget counted
+/// per head of a layer) over (layer, head) units with caps = each head's size and floors = each
+/// head's protected count.
+template <class Layer>
+std::vector<std::vector<int>> head_level_budgets(const KVCache<Layer>& cache, const BudgetRequest& br,
+                                                 const SensitivityProfile& head_profile, Protection prot) {
+  const int H = cache.layer(0).n_kv_heads();
+  BudgetRequest layer_req = br;
+  layer_req.caps.clear();
+  layer_req.floors.clear();
+  BudgetRequest u = head_unit_request(layer_req, H);
+  u.caps.clear();
+  u.floors.clear();
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    DEPTHKV_CHECK(cache.layer(l).n_kv_heads() == H, "layer " << l << " has " << cache.layer(l).n_kv_heads()
+                                                             << " KV heads, layer 0 " << H);
+    for (int h = 0; h < H; ++h) {
+      const int n = cache.layer(l).size(h);
+      u.caps.push_back(std::min(n, u.lengths[u.caps.size()]));
+      u.floors.push_back(std::min(n, prot.n_sink + prot.n_recent));
+    }
+  }
+  DEPTHKV_CHECK(head_profile.n_layers() == cache.n_layers() * H,
+                "head profile has " << head_profile.n_layers() << " rows for " << cache.n_layers() << " layers x "
+                                    << H << " KV heads");
+  const std::vector<int> flat = BudgetAllocator().allocate(AllocationPolicy::kOptimal, u, &head_profile);
+  std::vector<std::vector<int>> k(static_cast<std::size_t>(cache.n_layers()));
+  for (int l = 0; l < cache.n_layers(); ++l)
+    k[static_cast<std::size_t>(l)].assign(flat.begin() + static_cast<std::ptrdiff_t>(l) * H,
+                                          flat.begin() + static_cast<std::ptrdiff_t>(l + 1) * H);
+  return k;
+}
 
 /// Allocates `br` (lengths, caps and floors set), scores, splits each layer's budget across its
 /// heads, evicts and compacts the scorers.
@@ -179,12 +233,27 @@ PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& 
   PruneReport rep;
   rep.lengths = cache.lengths();
   rep.bytes_before = cache.bytes();
-  rep.budgets = BudgetAllocator().allocate(policy, br, profile);
+  std::vector<std::vector<int>> keep;  // per head, before the cross-head split
+  if (split.head_profile != nullptr) {  // head-level optimal budgets
+    rep.head_budgets = head_level_budgets(cache, br, *split.head_profile, prot);
+    keep = rep.head_budgets;
+    for (const auto& row : keep) {
+      long long t = 0;
+      for (int x : row) t += x;
+      rep.budgets.push_back(static_cast<int>(std::llround(static_cast<double>(t) / static_cast<double>(row.size()))));
+    }
+  } else {
+    rep.budgets = BudgetAllocator().allocate(policy, br, profile);
+  }
   const std::vector<LayerScores> scores = layer_scores(scorers, cache, split.wo);
-  if (split.mode == HeadAllocation::kUniform)
+  if (split.head_profile == nullptr && split.mode == HeadAllocation::kUniform)
     rep.evictions = evict(cache, scores, rep.budgets, prot, opt);  // validates everything first
-  else  // head_budgets validates and only reads; then evict validates everything first
+  else if (split.head_profile == nullptr)  // head_budgets validates and only reads; then evict validates first
     rep.evictions = evict(cache, scores, head_budgets(split.mode, cache, scores, rep.budgets, prot, split.alpha), prot, opt);
+  else if (split.mode == HeadAllocation::kUniform)
+    rep.evictions = evict(cache, scores, keep, prot, opt);
+  else
+    rep.evictions = evict(cache, scores, head_budgets(split.mode, cache, scores, keep, prot, split.alpha), prot, opt);
   for (int l = 0; l < cache.n_layers(); ++l)
     for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
       const auto& kept = rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
@@ -212,7 +281,7 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
   br.lengths = cache.lengths();
   if (br.floors.empty() && req.floors_from_protection) br.floors = protection_floors(br.lengths, req.protection);
   return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt,
-                                    {req.head_allocation, req.head_alpha, req.output_projections});
+                                    {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile});
 }
 
 /// Settings of an `EvictionSchedule`.
@@ -223,6 +292,9 @@ struct ScheduleConfig {
   /// `lengths`, `caps` and `floors` are filled by the schedule (must be empty).
   BudgetRequest budget;
   const SensitivityProfile* profile = nullptr;  ///< for the curve-based policies (must outlive the schedule)
+  /// Per-(layer, KV head) curves: head-level optimal budgets instead of `policy` (file comment;
+  /// must outlive the schedule).
+  const SensitivityProfile* head_profile = nullptr;
   Protection protection;                        ///< tokens every head keeps (inside the budget)
   ScorerConfig scorer;                          ///< the token scorer of every layer
   int interval = 1;                             ///< evict once this many tokens were appended (>= 1)
@@ -269,8 +341,15 @@ class EvictionSchedule {
     DEPTHKV_CHECK(cfg_.protection.n_sink >= 0 && cfg_.protection.n_recent >= 0,
                   "protection must be >= 0, got n_sink " << cfg_.protection.n_sink << ", n_recent "
                                                          << cfg_.protection.n_recent);
-    DEPTHKV_CHECK(cfg_.profile != nullptr || !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
+    DEPTHKV_CHECK(cfg_.head_profile != nullptr || cfg_.profile != nullptr ||
+                      !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
                   "policy " << to_string(cfg_.policy) << " needs a sensitivity profile");
+    if (cfg_.head_profile != nullptr) {
+      cfg_.head_profile->validate();
+      DEPTHKV_CHECK(cfg_.head_profile->n_layers() == n_layers * n_kv_heads,
+                    "head profile has " << cfg_.head_profile->n_layers() << " rows for " << n_layers << " layers x "
+                                        << n_kv_heads << " KV heads");
+    }
     DEPTHKV_CHECK(cfg_.evict.n_threads >= 0, "evict.n_threads must be >= 0, got " << cfg_.evict.n_threads);
     DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
     DEPTHKV_CHECK(!cfg_.scorer.output_aware ||
@@ -362,7 +441,10 @@ class EvictionSchedule {
     long long sum_held = 0;
     for (int n : held) sum_held += n;
     const long long total = global_budget(seen, held);
-    if ((!force && pending < cfg_.interval) || total >= sum_held) {  // nothing to do yet
+    // with head curves the budget counts per head: over budget when the heads hold more than H * B
+    const long long H = cache.layer(0).n_kv_heads();
+    const bool within = cfg_.head_profile != nullptr ? H * total >= detail::head_tokens(cache) : total >= sum_held;
+    if ((!force && pending < cfg_.interval) || within) {  // nothing to do yet
       seen_ = seen;
       pending_ = pending;
       held_ = held;
@@ -386,7 +468,7 @@ class EvictionSchedule {
     }
     PruneReport rep =
         detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict,
-                                   {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections});
+                                   {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, cfg_.head_profile});
     // commit (nothing below throws)
     held_ = cache.lengths();
     seen_ = seen;

@@ -391,7 +391,7 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
   std::remove(csv.c_str());
 }
 
-TEST_CASE("preset best sets scorer, pooling, output-aware, adaptive heads and optimal; rows name it",
+TEST_CASE("preset best sets scorer, pooling, output-aware, head curves and head-optimal; rows name it",
           "[cli][eval][real]") {
   const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
@@ -404,8 +404,9 @@ TEST_CASE("preset best sets scorer, pooling, output-aware, adaptive heads and op
   REQUIRE(f.has_scorer("snapkv"));
   REQUIRE_FALSE(f.has_scorer("h2o"));
   REQUIRE(f.calibration.selection.output_aware);
-  REQUIRE(f.calibration.selection.head_allocation == "adaptive");
-  REQUIRE(f.calibration.selection.pooling == "avg");
+  REQUIRE(f.calibration.selection.head_allocation == "uniform");
+  REQUIRE(f.calibration.selection.pooling == "max");
+  REQUIRE(f.has_head_curves("snapkv"));
   const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common +
                            " --keep 0.3,0.5 --windows 2";
   const auto r = run_cli(eval + " --preset best --json", "2>/dev/null");
@@ -415,16 +416,16 @@ TEST_CASE("preset best sets scorer, pooling, output-aware, adaptive heads and op
   for (const auto& row : rows) {
     REQUIRE(row["preset"] == "best");
     REQUIRE(row["scorer"] == "snapkv");
-    REQUIRE(row["policy"] == "optimal");
+    REQUIRE(row["policy"] == "head-optimal");
     REQUIRE(row["output_aware"] == true);
-    REQUIRE(row["head_alloc"] == "adaptive");
+    REQUIRE(row["head_alloc"] == "uniform");
     REQUIRE(row["head_alpha"] == 0.2);
-    REQUIRE(row["pooling"] == "avg");
+    REQUIRE(row["pooling"] == "max");
     REQUIRE(row["sinks"] == 2);
     REQUIRE(row["recent"] == 4);
   }
   // the same flags spelled out give the same rows
-  const auto spelled = run_cli(eval + " --scorers snapkv --policies optimal --pooling avg --output-aware --head-alloc adaptive --json",
+  const auto spelled = run_cli(eval + " --scorers snapkv --policies head-optimal --pooling max --output-aware --json",
                                "2>/dev/null");
   REQUIRE(spelled.status == 0);
   const nlohmann::json srows = nlohmann::json::parse(spelled.out);
@@ -434,6 +435,11 @@ TEST_CASE("preset best sets scorer, pooling, output-aware, adaptive heads and op
   const auto both = run_cli(eval + " --preset best --scorers h2o", "2>&1");
   REQUIRE(both.status != 0);
   REQUIRE_THAT(both.out, Catch::Contains("excludes"));
+  const auto curves = run_cli("profile --model " + model + " --text " + text + common +
+                                  " --preset best --head-curves --windows 3 -o " + shell_quoted(tmp_path("never.json")),
+                              "2>&1");
+  REQUIRE(curves.status != 0);
+  REQUIRE_THAT(curves.out, Catch::Contains("excludes"));
   require_error(run_cli(eval + " --preset fastest", "2>&1"), "--preset: unknown preset 'fastest' (expected best)");
   // generate and allocate take it too
   REQUIRE(run_cli("allocate --profile " + shell_quoted(profile) + " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.3 --length 64").status == 0);
@@ -498,7 +504,24 @@ TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budge
                             " --keep 0.3 --windows 2 --policies head-optimal",
                         "2>&1"),
                 "no head curves for scorer 'snapkv': measure them with depthkv profile --head-curves");
-  require_error(run_cli(eval + " --schedule chunked", "2>&1"), "head-optimal is evaluated with --schedule oneshot only");
+  // the chunked schedule with one chunk per context evicts once, as oneshot; with 16-token chunks it bounds memory
+  const auto one = run_cli(eval + " --schedule chunked --chunk 1024", "2>/dev/null");
+  REQUIRE(one.status == 0);
+  REQUIRE(std::abs(nlohmann::json::parse(one.out)[1]["kl"].get<double>() - rows[1]["kl"].get<double>()) < 1e-12);
+  const auto chunked = run_cli(eval + " --schedule chunked --chunk 16", "2>/dev/null");
+  REQUIRE(chunked.status == 0);
+  const nlohmann::json crow = nlohmann::json::parse(chunked.out)[1];
+  REQUIRE(crow["peak_kv_bytes"].get<double>() < rows[1]["full_kv_bytes"].get<double>());
+  // generate takes it, after the prompt and bounded
+  const std::string prompt = " --prompt 'Once upon a time, Lily found a red ball in the park. She was very happy.'";
+  for (const std::string mode : {" --keep 0.5", " --max-kv-tokens 100 --interval 4"}) {
+    const auto g = run_cli("generate --model " + model + " --profile " + shell_quoted(profile) +
+                               " --scorer snapkv --policy head-optimal --sinks 2 --recent 4 --obs-window 4 --steps 60 -t 0" +
+                               mode + prompt,
+                           "2>&1");
+    INFO(g.out);
+    REQUIRE(g.status == 0);
+  }
   require_error(run_cli("allocate --profile " + shell_quoted(profile) + " --policy heads", "2>&1"),
                 "unknown allocation policy 'heads' (expected uniform, pyramid");
   std::remove(profile.c_str());
