@@ -190,7 +190,7 @@ TEST_CASE("allocate prints budgets that sum to the global budget", "[cli][alloca
   }
   require_error(run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0.25 --policy nonsense", "2>&1"),
                 "unknown allocation policy 'nonsense' (expected uniform, pyramid, proportional, middle, optimal, mga, "
-                "mlma2, mlma4, mlma6, mlp)");
+                "mlma2, mlma4, mlma6, mlp or head-optimal)");
   // one keep range, (0, 1], as eval and generate
   require_error(run_cli("allocate --profile " + shell_quoted(fx.profile) + " --keep 0 --policy uniform", "2>&1"),
                 "--keep: 0 outside (0, 1]");
