@@ -194,7 +194,7 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
     for (std::int64_t r = 0; r < rows; ++r) CHECK(y0[r] == Approx(y2[r]).epsilon(1e-4).margin(1e-4));
     // matmul, every int8 kernel of the type: both levels quantize the activations alike, so they
     // differ by float rounding only (far inside the activation-rounding tolerance of the test above)
-    const std::int64_t n = 6;
+    const std::int64_t n = 11;  // a full 8-token tile and a tail
     std::vector<float> X(static_cast<std::size_t>(n * cols));
     for (float& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kQ8Activations, QuantKernel::kQ8KActivations}) {
