@@ -1,6 +1,8 @@
 // Quantized matrix products (llama/quant/products.hpp) at the TinyLlama-1.1B shapes: matvec
 // (decode) and a 512-token matmul (prefill) per ggml type and kernel, against Eigen's float32
-// product of the dequantized matrix. Weights are random blocks with valid fp16 scales.
+// product of the dequantized matrix. Weights are random blocks with valid fp16 scales. Kernels:
+// eigen_f32, dequantize, q8_act (int8 activations per 32 values), q8k_act (per 256 values; Q4_K,
+// Q5_K, Q6_K).
 //
 //   quant_bench [--threads 2] [--tokens 512] [--types Q4_0,Q4_K,...] [--no-matmul]
 //
@@ -180,6 +182,12 @@ int main(int argc, char** argv) {
         const double t_q8 = best_time([&] { depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y.data(), opt); }, 10, 0.5);
         report("matvec", "q8_act", t_q8, 1, wbytes);
       }
+      const bool q8k = depthkv::llama::detail::q8k_type(type);
+      if (q8k) {
+        opt.kernel = QuantKernel::kQ8KActivations;
+        const double t_q8k = best_time([&] { depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y.data(), opt); }, 10, 0.5);
+        report("matvec", "q8k_act", t_q8k, 1, wbytes);
+      }
       if (!matmul) continue;
       const double n = static_cast<double>(tokens);
       const double tm_f32 = best_time([&] { Y.noalias() = X * wf.transpose(); }, 2, 0.0);
@@ -191,6 +199,11 @@ int main(int argc, char** argv) {
         opt.kernel = QuantKernel::kQ8Activations;
         const double tm_q8 = best_time([&] { depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), tokens, Y.data(), opt); }, 2, 0.0);
         report("matmul", "q8_act", tm_q8, n, wbytes);
+      }
+      if (q8k) {
+        opt.kernel = QuantKernel::kQ8KActivations;
+        const double tm_q8k = best_time([&] { depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), tokens, Y.data(), opt); }, 2, 0.0);
+        report("matmul", "q8k_act", tm_q8k, n, wbytes);
       }
     }
   }

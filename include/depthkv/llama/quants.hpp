@@ -9,7 +9,8 @@
 /// the gguf Python package's `gguf.quants.dequantize`.
 ///
 /// Products: for the block types, `quant_matvec` and `quant_matmul` quantize the activations
-/// to int8 per 32 values and multiply blocks as integers (AVX2 `maddubs`), as llama.cpp does;
+/// to int8 per 32 values (per 256 values for Q4_K, Q5_K, Q6_K, summing a whole block in int32)
+/// and multiply blocks as integers (AVX2 `maddubs`), as llama.cpp does;
 /// the float types (F32, F16, BF16) are converted in registers and multiplied with FMA. Why:
 /// benchmarks/quant_bench.cpp measures both kernels per type at the TinyLlama-1.1B shapes
 /// (benchmarks/RESULTS.md). Dequantizing each block to a float buffer first costs more
@@ -20,7 +21,8 @@
 /// a tile and running Eigen's GEMM is at best as fast as float32 (the GEMM is the cost); the int8
 /// kernel was ahead or level in all but three of the 36 type x shape cells. The int8 kernel's
 /// cost is the activation rounding (each dot product is within sum |w| * max|x| / 254 per 32
-/// values of the exact one); `QuantKernel::kDequantize` keeps the float-exact products for
+/// values of the exact one; per 256 values for Q4_K, Q5_K, Q6_K, whose per-256 kernel ran 2-3x
+/// the per-32 one in the 512-token matmul); `QuantKernel::kDequantize` keeps the float-exact products for
 /// checks. F16/BF16 rows converted in registers beat the float32 matvec (half the bytes); for
 /// F32 weights Eigen's own product is faster than this FMA loop.
 ///

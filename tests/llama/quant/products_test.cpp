@@ -1,9 +1,12 @@
 // Quantized products against dequantize_row followed by a double-precision product, for every
-// type, both kernels, scalar and AVX2, on odd shapes.
+// type, every kernel, scalar and AVX2, on odd shapes.
 //
 // Tolerances (the file comment of products.hpp): kDequantize within 1e-5 * sum_k |w_k x_k| (float
 // rounding in another summation order); kQ8Activations additionally within the activation
-// rounding, sum over blocks of sum_k |w_k| * (max_k |x_k| / 127) / 2.
+// rounding, sum over blocks of 32 values of sum_k |w_k| * (max_k |x_k| / 127) / 2, and
+// kQ8KActivations (Q4_K, Q5_K, Q6_K) the same over blocks of 256 values. 11 tokens and 70 rows
+// leave tails of the token tiles (4 for kQ8Activations, kQ8KTokens = 8) and of the row tile (16)
+// of quant_matmul.
 #include "depthkv/llama/quant/products.hpp"
 
 #include <cmath>
@@ -77,8 +80,9 @@ std::int64_t block_of(GgmlType t) {
 }
 
 // Reference y = W x in double on the dequantized matrix, and the error bound of each row.
+// act_block: 0 (float activations), 32 (kQ8Activations) or 256 (kQ8KActivations).
 void reference(GgmlType type, const std::vector<float>& wf, std::int64_t rows, std::int64_t cols, const float* x,
-               bool q8, std::vector<double>& y, std::vector<double>& tol) {
+               int act_block, std::vector<double>& y, std::vector<double>& tol) {
   y.assign(static_cast<std::size_t>(rows), 0.0);
   tol.assign(static_cast<std::size_t>(rows), 0.0);
   (void)type;
@@ -89,10 +93,10 @@ void reference(GgmlType type, const std::vector<float>& wf, std::int64_t rows, s
       s += w * x[k];
       a += std::fabs(w * x[k]);
     }
-    if (q8) {
-      for (std::int64_t b0 = 0; b0 < cols; b0 += 32) {
+    if (act_block > 0) {
+      for (std::int64_t b0 = 0; b0 < cols; b0 += act_block) {
         double amax = 0, wsum = 0;
-        for (std::int64_t k = b0; k < b0 + 32; ++k) {
+        for (std::int64_t k = b0; k < b0 + act_block; ++k) {
           amax = std::max(amax, static_cast<double>(std::fabs(x[k])));
           wsum += std::fabs(wf[static_cast<std::size_t>(r * cols + k)]);
         }
@@ -120,22 +124,27 @@ TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every t
           const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
           std::vector<float> wf(static_cast<std::size_t>(rows * cols));
           depthkv::llama::dequantize_row(type, w.data(), wf.data(), rows * cols);
-          const std::int64_t n = 5;
+          const std::int64_t n = 11;
           std::vector<float> X(static_cast<std::size_t>(n * cols));
           std::normal_distribution<float> nd(0.0f, 1.0f);
           for (float& v : X) v = nd(rng);
           const bool q8_ok = block_of(type) > 1;
-          for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kDequantize, QuantKernel::kQ8Activations}) {
+          const bool q8k_ok = depthkv::llama::detail::q8k_type(type);
+          for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kDequantize, QuantKernel::kQ8Activations,
+                                           QuantKernel::kQ8KActivations}) {
             if (kernel == QuantKernel::kQ8Activations && !q8_ok) continue;
+            if (kernel == QuantKernel::kQ8KActivations && !q8k_ok) continue;
             for (const int threads : {1, 3}) {
               INFO("kernel " << static_cast<int>(kernel) << " threads " << threads);
               QuantProductOptions opt;
               opt.n_threads = threads;
               opt.kernel = kernel;
-              // kAuto: int8 activations for the block types
+              // kAuto: per-256 int8 activations for Q4_K, Q5_K, Q6_K, per-32 for the other block types
               std::vector<double> ref, tol;
-              const bool q8_mv = kernel == QuantKernel::kQ8Activations || (kernel == QuantKernel::kAuto && q8_ok);
-              reference(type, wf, rows, cols, X.data(), q8_mv, ref, tol);
+              const int act = kernel == QuantKernel::kQ8KActivations || (kernel == QuantKernel::kAuto && q8k_ok) ? 256
+                              : kernel == QuantKernel::kQ8Activations || (kernel == QuantKernel::kAuto && q8_ok) ? 32
+                                                                                                               : 0;
+              reference(type, wf, rows, cols, X.data(), act, ref, tol);
               std::vector<float> y(static_cast<std::size_t>(rows), NAN);
               depthkv::llama::quant_matvec(type, w.data(), rows, cols, X.data(), y.data(), opt);
               for (std::int64_t r = 0; r < rows; ++r) {
@@ -143,11 +152,10 @@ TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every t
                 REQUIRE(std::fabs(y[r] - ref[r]) <= tol[r]);
               }
               // matmul
-              const bool q8_mm = q8_mv;
               std::vector<float> Y(static_cast<std::size_t>(n * rows), NAN);
               depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y.data(), opt);
               for (std::int64_t t = 0; t < n; ++t) {
-                reference(type, wf, rows, cols, X.data() + t * cols, q8_mm, ref, tol);
+                reference(type, wf, rows, cols, X.data() + t * cols, act, ref, tol);
                 for (std::int64_t r = 0; r < rows; ++r) {
                   INFO("token " << t << " row " << r << " got " << Y[t * rows + r] << " want " << ref[r]);
                   REQUIRE(std::fabs(Y[t * rows + r] - ref[r]) <= tol[r]);
@@ -157,7 +165,7 @@ TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every t
           }
           // quant_row_dot is the kDequantize row of matvec.
           std::vector<double> ref, tol;
-          reference(type, wf, 1, cols, X.data(), false, ref, tol);
+          reference(type, wf, 1, cols, X.data(), 0, ref, tol);
           CHECK(std::fabs(depthkv::llama::quant_row_dot(type, w.data(), X.data(), cols) - ref[0]) <= tol[0]);
         }
       }
@@ -184,6 +192,25 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
     }
     depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y2.data());
     for (std::int64_t r = 0; r < rows; ++r) CHECK(y0[r] == Approx(y2[r]).epsilon(1e-4).margin(1e-4));
+    // matmul, every int8 kernel of the type: both levels quantize the activations alike, so they
+    // differ by float rounding only (far inside the activation-rounding tolerance of the test above)
+    const std::int64_t n = 11;  // a full 8-token tile and a tail
+    std::vector<float> X(static_cast<std::size_t>(n * cols));
+    for (float& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kQ8Activations, QuantKernel::kQ8KActivations}) {
+      if (block_of(type) == 1 && kernel != QuantKernel::kAuto) continue;
+      if (kernel == QuantKernel::kQ8KActivations && !depthkv::llama::detail::q8k_type(type)) continue;
+      INFO("kernel " << static_cast<int>(kernel));
+      QuantProductOptions opt;
+      opt.kernel = kernel;
+      std::vector<float> Y0(static_cast<std::size_t>(n * rows)), Y2(static_cast<std::size_t>(n * rows));
+      {
+        depthkv_test::SimdLevelGuard g(0);
+        depthkv::llama::quant_matmul(type, shifted.data() + 1, rows, cols, X.data(), n, Y0.data(), opt);
+      }
+      depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y2.data(), opt);
+      for (std::int64_t i = 0; i < n * rows; ++i) CHECK(Y0[i] == Approx(Y2[i]).epsilon(1e-4).margin(1e-4));
+    }
   }
 }
 
@@ -203,4 +230,9 @@ TEST_CASE("quantized products: empty shapes and invalid input", "[llama][quant]"
   opt.kernel = QuantKernel::kQ8Activations;
   CHECK_THROWS_WITH(depthkv::llama::quant_matmul(GgmlType::kF16, w.data(), 2, 256, x.data(), 1, y.data(), opt),
                     Catch::Contains("F16"));
+  opt.kernel = QuantKernel::kQ8KActivations;  // Q4_K, Q5_K, Q6_K only
+  CHECK_THROWS_WITH(depthkv::llama::quant_matvec(GgmlType::kQ4_0, w.data(), 2, 256, x.data(), y.data(), opt),
+                    Catch::Contains("Q4_0"));
+  CHECK_THROWS_WITH(depthkv::llama::quant_matmul(GgmlType::kQ2_K, w.data(), 2, 256, x.data(), 1, y.data(), opt),
+                    Catch::Contains("Q2_K"));
 }

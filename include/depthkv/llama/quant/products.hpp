@@ -7,21 +7,34 @@
 /// stores a tensor with ne = [cols, rows]); x has `cols` floats; X is `n x cols` and Y `n x rows`,
 /// both row-major floats. Types: every `ggml_type_dequantizable` type.
 ///
-/// Two kernels (`QuantKernel`):
+/// Kernels (`QuantKernel`):
 /// - `kQ8Activations` (block types; as llama.cpp's `ggml_vec_dot_*_q8_*`): x is quantized per
 ///   32 values to int8 with a float scale (d = max|x| / 127, round to nearest), and each chunk
 ///   of 32 weights is multiplied as integers (AVX2 `maddubs`/`madd`) with its sub-block scales,
 ///   then once in float by d_w * d_x; minimums and offsets go through the activation sums. The
-///   rounding of x adds at most sum_k |w_k| * max_k |x_k| / 254 per 32 values to a dot product.
-///   (llama.cpp uses one activation scale per 256 values for the K-quants, Q8_K; the per-32
-///   scale here is finer.) The activations must be finite (a NaN or infinity in x has no int8
-///   code; the float kernel would propagate it).
+///   rounding of x adds at most sum_k |w_k| * max_k |x_k| / 254 per 32 values to a dot product
+///   (the max over each 32 values).
+/// - `kQ8KActivations` (Q4_K, Q5_K, Q6_K; as llama.cpp's `ggml_vec_dot_q*_K_q8_K`): x is
+///   quantized per 256 values (one K-quant block) to int8 with one float scale
+///   (d = max|x| / 127 over the 256 values) and the sums of each 16 codes; the integer products
+///   of all the sub-blocks of a block are summed with their 6-bit (Q6_K: 8-bit) scales in
+///   int32, the minimums (Q6_K: the offset 32) folded in with one multiply-add of those sums,
+///   and converted to float once per block and token. Coarser than kQ8Activations: the rounding
+///   of x adds at most sum_k |w_k| * max_k |x_k| / 254 per 256 values, the max over each 256
+///   values (up to 8x the per-32 bound where the magnitudes of x vary across a block, the same
+///   where they do not).
+/// - Both int8 kernels need finite activations: a NaN or infinity in x has no int8 code (the
+///   result is then unspecified; the float kernel would propagate it).
 /// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
 ///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
 ///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it. Every type.
-/// - `kAuto` (default): `kQ8Activations` for the block types, `kDequantize` (conversion in
-///   registers, F16C for F16) for F32, F16 and BF16. The choice is measured by
-///   benchmarks/quant_bench.cpp (figures in benchmarks/RESULTS.md; reasons in quants.hpp).
+/// - `kAuto` (default): `kQ8KActivations` for Q4_K, Q5_K and Q6_K, `kQ8Activations` for the
+///   other block types, `kDequantize` (conversion in registers, F16C for F16) for F32, F16 and
+///   BF16. The choice is measured by benchmarks/quant_bench.cpp (figures in
+///   benchmarks/RESULTS.md; reasons in quants.hpp): for the three K-quants the per-256 kernel
+///   ran at 2.0-2.8x the per-32 one in the 512-token matmul and 1.3-2.6x in matvec (1 thread,
+///   every TinyLlama shape; 2 threads: matmul 1.1-2.6x), which pays for the coarser activation
+///   rounding (llama.cpp rounds the activations of these types per 256 values too).
 ///
 /// Accuracy of kDequantize: the result is the float product of the dequantized matrix, summed
 /// in another order (8-lane FMA partial sums; Eigen's GEMM blocking), so it differs from
@@ -29,8 +42,8 @@
 /// 1e-5 * sum_k |w_k x_k|).
 ///
 /// Instruction set: AVX2 + FMA + F16C paths chosen at run time, a scalar fallback otherwise or
-/// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both give the same
-/// results up to summation order.
+/// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both quantize the
+/// activations with the same code and give the same results up to summation order.
 ///
 /// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, 0 = all cores).
 /// With OpenMP, the tasks of quant_matmul run in an OpenMP parallel region, so Eigen's GEMM
@@ -74,6 +87,7 @@ enum class QuantKernel {
   kAuto,           ///< the measured faster kernel for the type and product
   kDequantize,     ///< dequantize blocks (tiles) to float, then float FMA / GEMM
   kQ8Activations,  ///< quantize activations to int8 per 32 values, integer block dot products
+  kQ8KActivations, ///< Q4_K, Q5_K, Q6_K: int8 activations per 256 values, integer sums per block
 };
 
 /// Options of the quantized products.
@@ -130,6 +144,46 @@ inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
     out[b].s[1] = static_cast<std::int16_t>(s1);
   }
 }
+
+/// One block of 256 activations quantized to int8 (x ~= d * qs), with the sums of qs over each
+/// 16 values (`bsums[g]` = sum of qs[16 g .. 16 g + 15], |bsums| <= 2032); the layout of
+/// llama.cpp's block_q8_K, 32-byte aligned so that the kernels' loads of qs stay in one line.
+struct alignas(32) ActQ8K {
+  std::int8_t qs[256];
+  std::int16_t bsums[16];
+  float d;
+};
+
+/// Quantizes n (a multiple of 256) floats into n / 256 ActQ8K blocks: d = max|x| / 127 over
+/// the 256 values, qs = round to nearest of x / d (|qs| <= 127). Each value is off by at most
+/// d / 2 = max|x| / 254 of its block. Both instruction sets run this same code, so the
+/// kernels see the same codes at every SIMD level.
+inline void quantize_act_q8k(const float* x, std::int64_t n, ActQ8K* out) {
+  for (std::int64_t b = 0; b < n / 256; ++b) {
+    const float* v = x + 256 * b;
+    float amax = 0;
+    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    out[b].d = d;
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int j = 16 * g; j < 16 * g + 16; ++j) {
+        out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
+        s += out[b].qs[j];
+      }
+      out[b].bsums[g] = static_cast<std::int16_t>(s);
+    }
+  }
+}
+
+/// Tokens per call of the kQ8KActivations matmul kernel (each decoded weight block serves them;
+/// 8 ran 0-10 % faster than 4 in quant_bench's Q4_K matmul; 16-row tasks were level with or faster
+/// than 64-row ones).
+inline constexpr int kQ8KTokens = 8;
+
+/// True for the types of the kQ8KActivations kernel (Q4_K, Q5_K, Q6_K).
+inline constexpr bool q8k_type(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K; }
 
 // ---- float rows (F32 / F16 / BF16) and dequantize-then-FMA rows --------------------------------
 
@@ -252,6 +306,28 @@ inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::in
     }
   }
   return acc;
+}
+
+/// out[t] = dot of one stored row (Q4_K, Q5_K or Q6_K) with the per-256 quantized activations
+/// a[t], t < nt: sum over blocks of d_x * sum_k w_k q_x,k with w_k the dequantized weights
+/// (exactly `dequantize_block`), in float. The scalar path of kQ8KActivations.
+template <GgmlType T>
+inline void rows_dot_q8k_scalar(const std::uint8_t* row, const ActQ8K* const* a, int nt, std::int64_t cols,
+                                float* out) {
+  using Block = typename QuantBlock<T>::type;
+  float buf[256];
+  for (int t = 0; t < nt; ++t) out[t] = 0;
+  for (std::int64_t i = 0; i < cols / 256; ++i) {
+    Block b;
+    std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
+    dequantize_block(b, buf);
+    for (int t = 0; t < nt; ++t) {
+      const ActQ8K& x = a[t][i];
+      float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; j < 256; ++j) s[j & 7] += buf[j] * static_cast<float>(x.qs[j]);
+      out[t] += (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))) * x.d;
+    }
+  }
 }
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
@@ -467,6 +543,120 @@ DEPTHKV_QUANT_AVX2 inline void row_dot4_q8_avx2(const std::uint8_t* row, const A
                                                 float* out) {
   rows_dot_q8_avx2<T, 4>(row, xq, cols, out);
 }
+
+// ---- int8 activations per 256 values (Q4_K, Q5_K, Q6_K) ---------------------------------------
+//
+// A K-quant block of 256 weights is w_k = d * sc_g(k) * u_k - dmin * m_g(k) (Q4_K, Q5_K: 8 groups
+// of 32, 6-bit sc and m, u < 32) or w_k = d * sc_g(k) * (u_k - 32) (Q6_K: 16 groups of 16, int8
+// sc, u < 64). With x_k ~= d_x * q_k for the block's 256 activations (ActQ8K):
+//   sum_k w_k x_k ~= d * d_x * sum_g sc_g * (sum_{k in g} u_k q_k) - dmin * d_x * sum_g m_g * S_g
+// (S_g = the sum of q over group g, from bsums; Q6_K: the second term is d * d_x * 32 * sum_g
+// sc_g S_g and is subtracted in integer). Per token and block the kernel accumulates the whole
+// first sum in int32 (maddubs u * q, each pair at most 2 * 63 * 127 < 2^15 so never saturated,
+// then madd with the int16 group scales; the block at most 256 * 63 * 127 * 128 < 2^31 in
+// magnitude), the minimums with one madd of bsums and the int16
+// minimums, and converts to float once: two FMAs per token per 256 weights instead of one
+// per 32 weights with kQ8Activations. The weight codes, scales and minimums of a block are
+// decoded once for the NT tokens of a call.
+
+/// Scales (int16 lanes 0-7) and minimums (lanes 8-15) of the 8 groups of a Q4_K / Q5_K block,
+/// from its 12 packed bytes (the values of `q4k_scale_min`).
+DEPTHKV_QUANT_AVX2 inline __m256i q4k_scales_mins_avx2(const std::uint8_t* packed) {
+  constexpr std::uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  std::uint32_t u[4] = {0, 0, 0, 0};
+  std::memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);  // minimums 4-7
+  const std::uint32_t m03 = u[1] & kLow6;                           // minimums 0-3
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);           // scales 4-7
+  u[2] = m03;
+  u[0] &= kLow6;  // scales 0-3
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
+                                            static_cast<int>(u[0])));
+}
+
+/// sumi[t] += madd(maddubs(u, q), sc) for chunk c (32 values) of block i of every token: u the
+/// chunk's unsigned weight codes (< 64), sc its int16 group scales per pair of values.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void q8k_chunk_avx2(__m256i u, __m256i sc, const ActQ8K* const* a, std::int64_t i, int c,
+                                              __m256i* sumi) {
+  for (int t = 0; t < NT; ++t) {
+    const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[t][i].qs + 32 * c));
+    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), sc));
+  }
+}
+
+/// out[t] = dot of one stored Q4_K / Q5_K / Q6_K row with the activations a[t] (NT tokens at
+/// once; see the section comment). Equals rows_dot_q8k_scalar up to float rounding (the
+/// integer sums are exact; the float steps are d * d_x * sum and the sum over blocks).
+template <GgmlType T, int NT>
+DEPTHKV_QUANT_AVX2 inline void rows_dot_q8k_avx2(const std::uint8_t* row, const ActQ8K* const* a, std::int64_t cols,
+                                                 float* out) {
+  using Block = typename QuantBlock<T>::type;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < cols / 256; ++i) {
+    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
+    const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
+    __m256i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
+    if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+      const __m256i sm = q4k_scales_mins_avx2(DEPTHKV_QF(scales));
+      const __m256i sc8 = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+      const __m128i mn = _mm256_extracti128_si256(sm, 1);
+      const __m256i mins16 = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));  // per bsum
+      __m256i hbits = _mm256_setzero_si256();
+      if constexpr (T == GgmlType::kQ5_K) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh)));
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * j + h;
+          __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if constexpr (T == GgmlType::kQ5_K) {
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
+          }
+          const __m256i sc = _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
+          q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
+        }
+      }
+      const float dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
+      for (int t = 0; t < NT; ++t) {
+        const ActQ8K& x = a[t][i];
+        const __m256i mins = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), mins16);
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * x.d), _mm256_cvtepi32_ps(mins), acc[t]);
+      }
+    } else {  // Q6_K
+      const __m256i m2 = _mm256_set1_epi8(3);
+      for (int n = 0; n < 2; ++n) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
+        for (int k = 0; k < 4; ++k) {
+          const int c = 4 * n + k;
+          const __m256i lo = k == 0 ? _mm256_and_si256(ql0, m4)
+                             : k == 1 ? _mm256_and_si256(ql1, m4)
+                             : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
+                                      : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
+          const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+          const auto* scales = reinterpret_cast<const std::int8_t*>(DEPTHKV_QF(scales));
+          const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * c + 1]), _mm_set1_epi16(scales[2 * c]));
+          q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
+        }
+      }
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(DEPTHKV_QF(scales))));
+      for (int t = 0; t < NT; ++t) {
+        const ActQ8K& x = a[t][i];
+        const __m256i offs = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), sc16);
+        const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(offs, 5));  // u - 32
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(s), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(acc[t]);
+}
 #undef DEPTHKV_QF
 #endif
 
@@ -476,6 +666,8 @@ struct QuantRowOps {
   void (*dequantize)(const std::uint8_t*, float*, std::int64_t) = nullptr;          // a row to float
   float (*dot_q8)(const std::uint8_t*, const ActQ8*, std::int64_t) = nullptr;       // kQ8Activations (cols)
   void (*dot4_q8)(const std::uint8_t*, const ActQ8* const*, std::int64_t, float*) = nullptr;  // 4 tokens
+  void (*dot_q8k)(const std::uint8_t*, const ActQ8K* const*, std::int64_t, float*) = nullptr;  // kQ8KActivations, 1 token
+  void (*dotn_q8k)(const std::uint8_t*, const ActQ8K* const*, std::int64_t, float*) = nullptr;  // kQ8KTokens tokens
 };
 
 /// True for the block types (those with a QuantBlock).
@@ -496,6 +688,14 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
       for (int t = 0; t < 4; ++t) out[t] = row_dot_q8_scalar<T>(row, xq[t], cols);
     };
   }
+  if constexpr (q8k_type(T)) {
+    ops.dot_q8k = [](const std::uint8_t* row, const ActQ8K* const* xq, std::int64_t cols, float* out) {
+      rows_dot_q8k_scalar<T>(row, xq, 1, cols, out);
+    };
+    ops.dotn_q8k = [](const std::uint8_t* row, const ActQ8K* const* xq, std::int64_t cols, float* out) {
+      rows_dot_q8k_scalar<T>(row, xq, kQ8KTokens, cols, out);
+    };
+  }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   if (avx2) {
     ops.dot = &row_dot_deq_avx2<T>;
@@ -503,6 +703,10 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
     if constexpr (blocks) {
       ops.dot_q8 = &row_dot_q8_avx2<T>;
       ops.dot4_q8 = &row_dot4_q8_avx2<T>;
+    }
+    if constexpr (q8k_type(T)) {
+      ops.dot_q8k = &rows_dot_q8k_avx2<T, 1>;
+      ops.dotn_q8k = &rows_dot_q8k_avx2<T, kQ8KTokens>;
     }
   }
 #else
@@ -542,9 +746,15 @@ inline QuantRowOps quant_row_ops(GgmlType type) {
 inline QuantKernel resolve_kernel(QuantKernel kernel, GgmlType type, bool is_matvec) {
   const bool q8_ok = type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16;
   (void)is_matvec;
-  if (kernel == QuantKernel::kAuto) return q8_ok ? QuantKernel::kQ8Activations : QuantKernel::kDequantize;
+  if (kernel == QuantKernel::kAuto) {
+    if (q8k_type(type)) return QuantKernel::kQ8KActivations;
+    return q8_ok ? QuantKernel::kQ8Activations : QuantKernel::kDequantize;
+  }
   DEPTHKV_CHECK(kernel != QuantKernel::kQ8Activations || q8_ok,
                 "quantized product: the int8-activation kernel is for block types, not " << ggml_type_name(type));
+  DEPTHKV_CHECK(kernel != QuantKernel::kQ8KActivations || q8k_type(type),
+                "quantized product: the per-256 int8-activation kernel is for Q4_K, Q5_K and Q6_K, not "
+                    << ggml_type_name(type));
   return kernel;
 }
 
@@ -611,15 +821,24 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
   constexpr std::int64_t kRowsPerTask = 32;
   const int n_tasks = static_cast<int>((rows + kRowsPerTask - 1) / kRowsPerTask);
   std::vector<detail::ActQ8> xq;
+  std::vector<detail::ActQ8K> xk;
   if (kernel == QuantKernel::kQ8Activations) {
     xq.resize(static_cast<std::size_t>(cols / 32));
     detail::quantize_act_q8(x, cols, xq.data());
+  } else if (kernel == QuantKernel::kQ8KActivations) {
+    xk.resize(static_cast<std::size_t>(cols / 256));
+    detail::quantize_act_q8k(x, cols, xk.data());
   }
+  const detail::ActQ8K* const xk0 = xk.data();
   detail::quant_parallel(n_tasks, opt.n_threads, [&](int t) {
     const std::int64_t r1 = std::min(rows, (t + 1) * kRowsPerTask);
     for (std::int64_t r = t * kRowsPerTask; r < r1; ++r) {
       const std::uint8_t* row = base + static_cast<std::size_t>(r) * rb;
-      y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols) : ops.dot(row, x, cols);
+      if (kernel == QuantKernel::kQ8KActivations) {
+        ops.dot_q8k(row, &xk0, cols, y + r);
+      } else {
+        y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols) : ops.dot(row, x, cols);
+      }
     }
   });
 }
@@ -644,6 +863,36 @@ inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::i
   const std::size_t rb = ggml_row_bytes(type, cols);
   const auto* base = static_cast<const std::uint8_t*>(w);
   using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  if (kernel == QuantKernel::kQ8KActivations) {
+    const std::int64_t nb = cols / 256;
+    std::vector<detail::ActQ8K> xk(static_cast<std::size_t>(n * nb));
+    constexpr std::int64_t kTokensPerTask = 16;
+    detail::quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), opt.n_threads, [&](int task) {
+      for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
+        detail::quantize_act_q8k(x + t * cols, cols, xk.data() + t * nb);
+    });
+    constexpr int NT = detail::kQ8KTokens;
+    constexpr std::int64_t kTile = 16;
+    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
+    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+      const detail::ActQ8K* xs[NT];
+      float out[NT];
+      std::int64_t t = 0;
+      for (; t + NT <= n; t += NT) {  // NT tokens per decoded weight row
+        for (int k = 0; k < NT; ++k) xs[k] = xk.data() + (t + k) * nb;
+        for (std::int64_t r = r0; r < r1; ++r) {
+          ops.dotn_q8k(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
+          for (int k = 0; k < NT; ++k) y[(t + k) * rows + r] = out[k];
+        }
+      }
+      for (; t < n; ++t) {
+        xs[0] = xk.data() + t * nb;
+        for (std::int64_t r = r0; r < r1; ++r) ops.dot_q8k(base + static_cast<std::size_t>(r) * rb, xs, cols, y + t * rows + r);
+      }
+    });
+    return;
+  }
   if (kernel == QuantKernel::kQ8Activations) {
     const std::int64_t nb = cols / 32;
     std::vector<detail::ActQ8> xq(static_cast<std::size_t>(n * nb));
