@@ -64,4 +64,15 @@ $DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windo
   $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.best.profile.json" --windows 128 \
     --sinks 2 --recent 4 --obs-window 4 --preset best --keep 0.1,0.2,0.3,0.5
 } | tee "$OUT/best.eval.txt"
+
+echo "== 7. head-level budgets (the best profiles' head curves): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive)"
+{
+  for ha in uniform adaptive; do
+    $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.best.profile.json" --windows 64 \
+      --scorers snapkv --output-aware --head-alloc $ha --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+    $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.best.profile.json" --windows 128 \
+      --sinks 2 --recent 4 --obs-window 4 --scorers snapkv --output-aware --head-alloc $ha \
+      --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+  done
+} | tee "$OUT/heads.eval.txt"
 echo "main-job: results in $OUT/"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `--preset best` on data it was not chosen on: the evaluation windows of the main results
 # (TinyStories, after the calibration windows) and a licence text (GPL-3, another kind of text),
-# for both models, against depthkv's uniform budgets with the same scorer (plain SnapKV, and
-# SnapKV with the preset's pooling, output-aware scores and adaptive heads). The preset's curves
+# for both models, against depthkv's uniform budgets (plain SnapKV, and the preset's own scorer:
+# SnapKV with output-aware scores). The preset's curves
 # are the main profiles' calibration windows measured under its setting
 # (docs/results/<model>.best.profile.json, from scripts/main-job.sh). Writes
 # docs/results/preset-heldout.md.
@@ -29,8 +29,7 @@ check() {
     $DK eval --model "$model" --text "$text" --profile "$plain" --windows "$win" "$@" --scorers snapkv \
       --policies uniform --keep $KEEP --csv "$WORK/$name.$src.plain.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv \
-      --pooling avg --output-aware --head-alloc adaptive --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa_ada.csv" \
-      > /dev/null 2>&1
+      --output-aware --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --preset best --keep $KEEP \
       --csv "$WORK/$name.$src.best.csv" > /dev/null 2>&1
   done
@@ -54,16 +53,16 @@ print("Written by `scripts/preset-heldout.sh`. Mean KL(full || pruned) +- standa
       "(`docs/results/<model>.best.profile.json`). The change is against uniform budgets with the same scorer.\n")
 for name in ("stories260K", "aidreams260K"):
     for src, label in (("stories", "story text"), ("other", "GPL-3")):
-        p = {k: kl(os.path.join(d, f"{name}.{src}.{k}.csv")) for k in ("plain", "oa_ada", "best")}
+        p = {k: kl(os.path.join(d, f"{name}.{src}.{k}.csv")) for k in ("plain", "oa", "best")}
         keeps = sorted(p["best"])
         print(f"## {name}, {label}\n")
         print("| method | " + " | ".join(f"keep {k:g}" for k in keeps) + " |")
         print("|---|" + "---|" * len(keeps))
-        names = {"plain": "snapkv uniform", "oa_ada": "snapkv (avg pooling) + output-aware + adaptive heads, uniform",
+        names = {"plain": "snapkv uniform", "oa": "snapkv + output-aware, uniform (the preset's scorer)",
                  "best": "--preset best"}
-        for k_ in ("plain", "oa_ada", "best"):
+        for k_ in ("plain", "oa", "best"):
             print(f"| {names[k_]} | " + " | ".join(f"{p[k_][k][0]:.5f} +- {p[k_][k][1]:.5f}" for k in keeps) + " |")
-        for ref in ("plain", "oa_ada"):
+        for ref in ("plain", "oa"):
             print(f"| best vs {names[ref]} | " + " | ".join(
                 f"{100 * (p['best'][k][0] / p[ref][k][0] - 1):+.0f}%" for k in keeps) + " |")
         print()

@@ -495,30 +495,29 @@ def evaluate_model(name, a, out_rows):
                 break
     for row in dk_rows:
         res["kl"].setdefault(f"depthkv {row['scorer']} {row['policy']}", {})[str(row["keep"])] = row["kl"]
-    # `--preset best` (output-aware SnapKV with average pooling, adaptive heads, optimal budgets)
-    # and its uniform counterpart, with the curves measured under that setting (the main job's
-    # <model>.best.profile.json: the main profile's calibration windows and selection) when present
+    # `--preset best` (output-aware SnapKV, head-optimal budgets from head curves) and the same
+    # scorer with uniform and per-layer optimal budgets, with the curves measured under that setting
+    # (the main job's <model>.best.profile.json: the main profile's calibration windows and
+    # selection) when present
     own = os.path.join(a.best_profile_dir, name + ".best.profile.json")
     if os.path.exists(own) and not a.plain_only:
         common_own = [x if x != profile else own for x in common]
         keeps = ["--keep", ",".join(map(str, a.keep))]
         for row in run_depthkv(a.depthkv, common_own, keeps + ["--preset", "best"]):
             res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
-        for row in run_depthkv(a.depthkv, common_own, keeps + ["--policies", "uniform", "--scorers", "snapkv",
-                                                               "--pooling", "avg", "--output-aware", "--head-alloc",
-                                                               "adaptive"]):
-            label = "depthkv snapkv (avg pooling) + output-aware + adaptive heads uniform"
+        for row in run_depthkv(a.depthkv, common_own, keeps + ["--policies", "uniform,optimal", "--scorers", "snapkv",
+                                                               "--output-aware"]):
+            label = f"depthkv snapkv + output-aware {row['policy']}"
             res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
     heads = os.path.exists(own) and not a.plain_only and not a.no_heads and has_head_curves(own)
     if os.path.exists(own) and not a.plain_only and not heads:
         print(f"  {own}: no head curves (scorers.snapkv.heads): no head-level rows", flush=True)
     if heads:
-        # depthkv's own head-optimal policy (head curves of `own`), per head and re-split adaptively
-        head_flags = ["--policies", "head-optimal", "--scorers", "snapkv", "--pooling", "avg", "--output-aware"]
-        for extra, label in (([], "depthkv head-optimal (snapkv avg, output-aware)"),
-                             (["--head-alloc", "adaptive"], "depthkv head-optimal + adaptive heads")):
-            for row in run_depthkv(a.depthkv, common_own, keeps + head_flags + extra):
-                res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
+        # depthkv's head-optimal budgets (head curves of `own`; per head exactly, that is the
+        # preset's row) re-split across each layer's heads by the scores (adaptive)
+        head_flags = ["--policies", "head-optimal", "--scorers", "snapkv", "--output-aware", "--head-alloc", "adaptive"]
+        for row in run_depthkv(a.depthkv, common_own, keeps + head_flags):
+            res["kl"].setdefault("depthkv snapkv + output-aware head-optimal + adaptive heads", {})[str(row["keep"])] = row["kl"]
         own_prof = json.load(open(own))
         own_sel = own_prof["calibration"]["selection"]
         n_kv = int(own_prof["scorers"]["snapkv"]["heads"]["n_kv_heads"])
