@@ -65,14 +65,17 @@ $DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windo
     --sinks 2 --recent 4 --obs-window 4 --preset best --keep 0.1,0.2,0.3,0.5
 } | tee "$OUT/best.eval.txt"
 
-echo "== 7. head-level budgets (the best profiles' head curves): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive)"
+echo "== 7. head-level budgets (the best profiles' head curves): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive); story text and GPL-3"
 {
   for ha in uniform adaptive; do
-    $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.best.profile.json" --windows 64 \
-      --scorers snapkv --output-aware --head-alloc $ha --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
-    $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.best.profile.json" --windows 128 \
-      --sinks 2 --recent 4 --obs-window 4 --scorers snapkv --output-aware --head-alloc $ha \
-      --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+    for src in "$TEXT 64 128" "$OTHER 16 16"; do
+      set -- $src
+      $DK eval --model "$STORIES" --text "$1" --profile "$OUT/stories260K.best.profile.json" --windows "$2" \
+        --scorers snapkv --output-aware --head-alloc $ha --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+      $DK eval --model "$AID" --text "$1" --profile "$OUT/aidreams260K.best.profile.json" --windows "$3" \
+        --sinks 2 --recent 4 --obs-window 4 --scorers snapkv --output-aware --head-alloc $ha \
+        --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+    done
   done
 } | tee "$OUT/heads.eval.txt"
 echo "main-job: results in $OUT/"
