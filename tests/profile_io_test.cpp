@@ -26,6 +26,18 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
 }
 
+/// Random metrics of 8 samples.
+depthkv::SampleMetrics random_metrics(std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  depthkv::SampleMetrics m;
+  for (int i = 0; i < 8; ++i) {
+    m.kl.push_back(u(rng));
+    m.dnll.push_back(u(rng) - 0.5);
+    m.top1_disagree.push_back(u(rng));
+  }
+  return m;
+}
+
 /// A profile of two scorers (one partial), filled by the profiler with random metrics.
 ProfileFile sample_file() {
   ProfileFile f;
@@ -37,16 +49,7 @@ ProfileFile sample_file() {
   f.keep_ratios = {0.1, 0.3, 0.6};
   f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7, "avg"}, 0, {}};
   std::mt19937 rng(1);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  auto engine = [&](const depthkv::KeepPlan&) {
-    depthkv::SampleMetrics m;
-    for (int i = 0; i < 8; ++i) {
-      m.kl.push_back(u(rng));
-      m.dnll.push_back(u(rng) - 0.5);
-      m.top1_disagree.push_back(u(rng));
-    }
-    return m;
-  };
+  auto engine = [&](const depthkv::KeepPlan&) { return random_metrics(rng); };
   depthkv::ProfilerOptions o;
   o.keep_ratios = f.keep_ratios;
   depthkv::SensitivityProfiler a(3, o);
@@ -306,15 +309,9 @@ TEST_CASE("head curves: round trip beside the layer curves, older files load, ma
                       Contains("no head curves for scorer 'h2o'") && Contains("--head-curves"));
   // 3 layers x 2 KV heads, measured by the profiler over 6 units
   std::mt19937 rng(7);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   auto engine = [&](int, const std::vector<double>& ratios) {
-    std::vector<depthkv::SampleMetrics> out(ratios.size());
-    for (auto& m : out)
-      for (int i = 0; i < 8; ++i) {
-        m.kl.push_back(u(rng));
-        m.dnll.push_back(u(rng) - 0.5);
-        m.top1_disagree.push_back(u(rng));
-      }
+    std::vector<depthkv::SampleMetrics> out;
+    for (std::size_t i = 0; i < ratios.size(); ++i) out.push_back(random_metrics(rng));
     return out;
   };
   depthkv::ProfilerOptions o;

@@ -399,19 +399,12 @@ class PruningEvaluator {
   /// @throws Error on a bad layer, ratio or scorer index
   std::vector<SampleMetrics> layer_metrics(int layer, const std::vector<double>& keep_ratios, int scorer = 0) const {
     DEPTHKV_CHECK(layer >= 0 && layer < n_layers(), "layer " << layer << " outside [0, " << n_layers() << ")");
-    check_scorer(scorer);
-    const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
-    for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
-    std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
-    parallel_tasks(R * W, [&](int t) {
-      const int k = t / W, w = t % W;
-      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+    return per_ratio(keep_ratios, scorer, [&](int n, int k) {
       Budgets b;
       b.layer.assign(static_cast<std::size_t>(n_layers()), n);
-      b.layer[static_cast<std::size_t>(layer)] = keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection);
-      res[static_cast<std::size_t>(t)] = run_one(w, scorer, b);
+      b.layer[static_cast<std::size_t>(layer)] = k;
+      return b;
     });
-    return per_ratio(res, R);
   }
 
   /// "Only KV head `head` of `layer` pruned, at each of `keep_ratios`" (every other head of
@@ -423,20 +416,12 @@ class PruningEvaluator {
                                           int scorer = 0) const {
     DEPTHKV_CHECK(layer >= 0 && layer < n_layers(), "layer " << layer << " outside [0, " << n_layers() << ")");
     DEPTHKV_CHECK(head >= 0 && head < n_kv_heads(), "KV head " << head << " outside [0, " << n_kv_heads() << ")");
-    check_scorer(scorer);
-    const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
-    for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
-    std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
-    parallel_tasks(R * W, [&](int t) {
-      const int k = t / W, w = t % W;
-      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+    return per_ratio(keep_ratios, scorer, [&](int n, int k) {
       Budgets b;
       b.heads.assign(static_cast<std::size_t>(n_layers()), std::vector<int>(static_cast<std::size_t>(n_kv_heads()), n));
-      b.heads[static_cast<std::size_t>(layer)][static_cast<std::size_t>(head)] =
-          keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection);
-      res[static_cast<std::size_t>(t)] = run_one(w, scorer, b);
+      b.heads[static_cast<std::size_t>(layer)][static_cast<std::size_t>(head)] = k;
+      return b;
     });
-    return per_ratio(res, R);
   }
 
   /// The plan function to hand to `SensitivityProfiler::run` (references this evaluator, which
@@ -536,8 +521,20 @@ class PruningEvaluator {
     if (cfg_.head_allocation == HeadAllocation::kUniform || (b.per_head() && !b.resplit)) return start;
     return head_budgets(cfg_.head_allocation, layer, s, start, cfg_.protection, cfg_.head_alpha);
   }
-  std::vector<SampleMetrics> per_ratio(const std::vector<WindowResult>& res, int R) const {
-    const int W = n_windows();
+  // One SampleMetrics per keep ratio: every (window, ratio) run in parallel, with the budgets
+  // budgets_of(context tokens n, keep_tokens(ratio, n, protection)).
+  template <class BudgetsOf>
+  std::vector<SampleMetrics> per_ratio(const std::vector<double>& keep_ratios, int scorer, BudgetsOf&& budgets_of) const {
+    check_scorer(scorer);
+    const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
+    for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
+    std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
+    parallel_tasks(R * W, [&](int t) {
+      const int k = t / W, w = t % W;
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      res[static_cast<std::size_t>(t)] =
+          run_one(w, scorer, budgets_of(n, keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection)));
+    });
     std::vector<SampleMetrics> out;
     for (int k = 0; k < R; ++k)
       out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,

@@ -393,6 +393,18 @@ DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, 
   }
 }
 
+/// The 32 unsigned 6-bit codes (0..63) of chunk k (0..3) of one 128-value half of a Q6_K block,
+/// from its 64 low-nibble bytes (ql0, ql1) and 32 high-bit bytes (qh).
+DEPTHKV_QUANT_AVX2 inline __m256i q6k_codes_avx2(__m256i ql0, __m256i ql1, __m256i qh, int k) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i lo = k == 0   ? _mm256_and_si256(ql0, m4)
+                     : k == 1 ? _mm256_and_si256(ql1, m4)
+                     : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
+                              : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+  const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
 /// out[t] = dot of one stored row with the quantized activations a[t] (NT tokens at once, so
 /// each chunk of weights is decoded once for NT tokens).
 template <GgmlType T, int NT>
@@ -496,19 +508,13 @@ DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const A
       }
     } else if constexpr (T == GgmlType::kQ6_K) {
       const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
-      const __m256i m2 = _mm256_set1_epi8(3);
       for (int n = 0; n < 2; ++n) {
         const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
         const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
         for (int k = 0; k < 4; ++k) {
           const int c = 4 * n + k;
-          const __m256i lo = k == 0 ? _mm256_and_si256(ql0, m4)
-                             : k == 1 ? _mm256_and_si256(ql1, m4)
-                             : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
-                                      : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
-          const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+          const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
           const int sc0 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k]);
           const int sc1 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k + 1]);
           acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
@@ -628,19 +634,13 @@ DEPTHKV_QUANT_AVX2 inline void rows_dot_q8k_avx2(const std::uint8_t* row, const 
         acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * x.d), _mm256_cvtepi32_ps(mins), acc[t]);
       }
     } else {  // Q6_K
-      const __m256i m2 = _mm256_set1_epi8(3);
       for (int n = 0; n < 2; ++n) {
         const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
         const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
         for (int k = 0; k < 4; ++k) {
           const int c = 4 * n + k;
-          const __m256i lo = k == 0 ? _mm256_and_si256(ql0, m4)
-                             : k == 1 ? _mm256_and_si256(ql1, m4)
-                             : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
-                                      : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
-          const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+          const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
           const auto* scales = reinterpret_cast<const std::int8_t*>(DEPTHKV_QF(scales));
           const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * c + 1]), _mm_set1_epi16(scales[2 * c]));
           q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
