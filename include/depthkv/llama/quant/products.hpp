@@ -27,7 +27,9 @@
 ///   result is then unspecified; the float kernel would propagate it).
 /// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
 ///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
-///   dequantizes a tile of `kQuantMatmulTile` rows and runs Eigen's float GEMM on it. Every type.
+///   dequantizes a tile of `kQuantMatmulTile` rows and multiplies it with X by 4-token x 2-row
+///   tiles of AVX2 FMA accumulators (Eigen's float GEMM at the scalar level: Eigen is compiled
+///   for the build's baseline instruction set). Every type.
 /// - `kAuto` (default): `kQ8KActivations` for Q4_K, Q5_K and Q6_K, `kQ8Activations` for the
 ///   other block types, `kDequantize` (conversion in registers, F16C for F16) for F32, F16 and
 ///   BF16. The choice is measured by benchmarks/quant_bench.cpp (figures in
@@ -37,7 +39,7 @@
 ///   rounding (llama.cpp rounds the activations of these types per 256 values too).
 ///
 /// Accuracy of kDequantize: the result is the float product of the dequantized matrix, summed
-/// in another order (8-lane FMA partial sums; Eigen's GEMM blocking), so it differs from
+/// in another order (8-lane FMA partial sums; Eigen's GEMM blocking at the scalar level), so it differs from
 /// `dequantize_row` followed by an exact product by rounding only (the tests allow
 /// 1e-5 * sum_k |w_k x_k|).
 ///
@@ -261,6 +263,49 @@ DEPTHKV_QUANT_AVX2 inline float row_dot_deq_avx2(const std::uint8_t* row, const 
       }
     }
     return hsum_avx2(_mm256_add_ps(acc0, acc1));
+  }
+}
+
+/// y[t * ldy + r] = dot of float row r of w (NR rows, stride ldw) with float row t of x (NT rows,
+/// stride ldx) over `cols` values: NT x NR 8-lane FMA accumulators, each loaded weight vector
+/// serving NT tokens and each activation vector NR rows.
+template <int NT, int NR>
+DEPTHKV_QUANT_AVX2 inline void gemm_tile_avx2(const float* w, std::int64_t ldw, const float* x, std::int64_t ldx,
+                                              std::int64_t cols, float* y, std::int64_t ldy) {
+  __m256 acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    __m256 wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(w + r * ldw + j);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * ldx + j);
+      for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) {
+      float s = hsum_avx2(acc[t][r]);
+      for (std::int64_t k = j; k < cols; ++k) s += w[r * ldw + k] * x[t * ldx + k];
+      y[t * ldy + r] = s;
+    }
+}
+
+/// Y[t][r] (row stride ldy) = X[t] . W[r] for the n x cols floats X and the nr x cols floats W
+/// (both row-major, contiguous): 4-token x 2-row register tiles, tails by the smaller tiles.
+DEPTHKV_QUANT_AVX2 inline void gemm_rows_avx2(const float* w, std::int64_t nr, const float* x, std::int64_t n,
+                                              std::int64_t cols, float* y, std::int64_t ldy) {
+  std::int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    std::int64_t r = 0;
+    for (; r + 2 <= nr; r += 2) gemm_tile_avx2<4, 2>(w + r * cols, cols, x + t * cols, cols, cols, y + t * ldy + r, ldy);
+    if (r < nr) gemm_tile_avx2<4, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * ldy + r, ldy);
+  }
+  for (; t < n; ++t) {
+    std::int64_t r = 0;
+    for (; r + 2 <= nr; r += 2) gemm_tile_avx2<1, 2>(w + r * cols, cols, x + t * cols, cols, cols, y + t * ldy + r, ldy);
+    if (r < nr) gemm_tile_avx2<1, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * ldy + r, ldy);
   }
 }
 
@@ -927,6 +972,12 @@ inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::i
     for (std::int64_t r = 0; r < nr; ++r) {
       ops.dequantize(base + static_cast<std::size_t>(r0 + r) * rb, tile.data() + r * cols, cols);
     }
+#if defined(DEPTHKV_AVX2_DISPATCH)
+    if (detail::quant_simd_level() >= 2) {  // register-tiled FMA (Eigen is built for the baseline ISA)
+      detail::gemm_rows_avx2(tile.data(), nr, x, n, cols, y + r0, rows);
+      return;
+    }
+#endif
     Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + r0, n, nr, Eigen::OuterStride<>(rows));
     Y.noalias() = X * tile.transpose();
   });
