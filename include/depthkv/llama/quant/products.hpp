@@ -438,6 +438,23 @@ DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, 
   }
 }
 
+/// The 32 unsigned codes of chunk c (0..7) of a Q4_K (0..15) or Q5_K (0..31) block: the low
+/// (h = 0) or high (h = 1) nibbles of the 32 bytes q of its pair of chunks, and for Q5_K bit c of
+/// each byte of qh (hbits) as the fifth bit.
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline __m256i q45k_codes_avx2(__m256i q, __m256i hbits, int h, int c) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+  if constexpr (T == GgmlType::kQ5_K) {
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
+  } else {
+    (void)hbits;
+    (void)c;
+  }
+  return u;
+}
+
 /// The 32 unsigned 6-bit codes (0..63) of chunk k (0..3) of one 128-value half of a Q6_K block,
 /// from its 64 low-nibble bytes (ql0, ql1) and 32 high-bit bytes (qh).
 DEPTHKV_QUANT_AVX2 inline __m256i q6k_codes_avx2(__m256i ql0, __m256i ql1, __m256i qh, int k) {
@@ -457,7 +474,6 @@ DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const A
                                                 float* out) {
   using Block = typename QuantBlock<T>::type;
   constexpr int K = QuantBlock<T>::kValues;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[NT];
   float acc_s[NT];  // offsets and minimums (scalar)
   for (int t = 0; t < NT; ++t) {
@@ -500,11 +516,7 @@ DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const A
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
         for (int h = 0; h < 2; ++h) {
           const int c = 2 * j + h;
-          __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-          if constexpr (T == GgmlType::kQ5_K) {
-            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
-          }
+          const __m256i u = q45k_codes_avx2<T>(q, hbits, h, c);
           std::uint8_t sc, m;
           q4k_scale_min(c, DEPTHKV_QF(scales), sc, m);
           acc_unsigned_avx2<NT>(u, a, c0 + c, d * static_cast<float>(sc), acc);
@@ -643,7 +655,6 @@ template <GgmlType T, int NT>
 DEPTHKV_QUANT_AVX2 inline void rows_dot_q8k_avx2(const std::uint8_t* row, const ActQ8K* const* a, std::int64_t cols,
                                                  float* out) {
   using Block = typename QuantBlock<T>::type;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < cols / 256; ++i) {
@@ -662,11 +673,7 @@ DEPTHKV_QUANT_AVX2 inline void rows_dot_q8k_avx2(const std::uint8_t* row, const 
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
         for (int h = 0; h < 2; ++h) {
           const int c = 2 * j + h;
-          __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-          if constexpr (T == GgmlType::kQ5_K) {
-            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
-          }
+          const __m256i u = q45k_codes_avx2<T>(q, hbits, h, c);
           const __m256i sc = _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
           q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
         }
