@@ -276,10 +276,9 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, 
   SensitivityProfile head_curves;  // head-optimal: the scorer's head curves
   if (choice.head_level) head_curves = f.head_profile(scorer);
   if (choice.head_level && a.schedule == "oneshot") {  // per-head budgets; adaptive re-splits each layer by the scores
-    SensitivityProfile hp;
-    int H = 0;
-    const std::vector<std::vector<int>> k = head_level_budgets(f, scorer, in.req, hp, H);
+    const int H = f.head_curves.at(scorer).n_kv_heads;
     DEPTHKV_CHECK(H == ev.n_kv_heads(), "the head curves have " << H << " KV heads, the model " << ev.n_kv_heads());
+    const std::vector<std::vector<int>> k = head_optimal_budgets(head_curves, H, in.req);
     results = ev.evaluate_head_budgets(k, scorer_index, /*resplit=*/a.sel.head_allocation() != HeadAllocation::kUniform);
     r.budgets = results.front().budgets;
   } else if (a.schedule != "oneshot") {  // each window re-allocates as it goes; budgets: those after the context

@@ -213,15 +213,7 @@ std::vector<std::vector<int>> head_level_budgets(const KVCache<Layer>& cache, co
       u.floors.push_back(std::min(n, prot.n_sink + prot.n_recent));
     }
   }
-  DEPTHKV_CHECK(head_profile.n_layers() == cache.n_layers() * H,
-                "head profile has " << head_profile.n_layers() << " rows for " << cache.n_layers() << " layers x "
-                                    << H << " KV heads");
-  const std::vector<int> flat = BudgetAllocator().allocate(AllocationPolicy::kOptimal, u, &head_profile);
-  std::vector<std::vector<int>> k(static_cast<std::size_t>(cache.n_layers()));
-  for (int l = 0; l < cache.n_layers(); ++l)
-    k[static_cast<std::size_t>(l)].assign(flat.begin() + static_cast<std::ptrdiff_t>(l) * H,
-                                          flat.begin() + static_cast<std::ptrdiff_t>(l + 1) * H);
-  return k;
+  return allocate_head_units(head_profile, H, u);
 }
 
 /// Allocates `br` (lengths, caps and floors set), scores, splits each layer's budget across its

@@ -230,6 +230,27 @@ inline BudgetRequest head_unit_request(const BudgetRequest& layer_req, int n_kv_
   return u;
 }
 
+namespace detail {
+
+/// kOptimal over the (layer, KV head) units of `u` (n_layers * n_kv_heads entries, unit
+/// l * n_kv_heads + h), reshaped to k[l][h].
+/// @throws Error on a profile of another row count, or from the allocator
+inline std::vector<std::vector<int>> allocate_head_units(const SensitivityProfile& head_profile, int n_kv_heads,
+                                                         const BudgetRequest& u, AllocationInfo* info = nullptr) {
+  const int L = static_cast<int>(u.lengths.size()) / n_kv_heads;
+  DEPTHKV_CHECK(head_profile.n_layers() == L * n_kv_heads,
+                "head profile has " << head_profile.n_layers() << " rows for " << L << " layers x " << n_kv_heads
+                                    << " KV heads");
+  const std::vector<int> flat = BudgetAllocator().allocate(AllocationPolicy::kOptimal, u, &head_profile, info);
+  std::vector<std::vector<int>> k(static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l)
+    k[static_cast<std::size_t>(l)].assign(flat.begin() + static_cast<std::ptrdiff_t>(l) * n_kv_heads,
+                                          flat.begin() + static_cast<std::ptrdiff_t>(l + 1) * n_kv_heads);
+  return k;
+}
+
+}  // namespace detail
+
 /// Head-level curve-optimal budgets (LU-KV: per-(layer, KV head) loss curves and one optimal
 /// allocation over all heads under the global budget). `head_profile` row u = l * n_kv_heads + h
 /// is the curve "only head h of layer l keeps the fraction r, everything else full"; the
@@ -248,17 +269,7 @@ inline BudgetRequest head_unit_request(const BudgetRequest& layer_req, int n_kv_
 inline std::vector<std::vector<int>> head_optimal_budgets(const SensitivityProfile& head_profile, int n_kv_heads,
                                                           const BudgetRequest& layer_req,
                                                           AllocationInfo* info = nullptr) {
-  const BudgetRequest u = head_unit_request(layer_req, n_kv_heads);
-  const int L = static_cast<int>(layer_req.lengths.size());
-  DEPTHKV_CHECK(head_profile.n_layers() == L * n_kv_heads,
-                "head profile has " << head_profile.n_layers() << " rows for " << L << " layers x " << n_kv_heads
-                                    << " KV heads");
-  const std::vector<int> flat = BudgetAllocator().allocate(AllocationPolicy::kOptimal, u, &head_profile, info);
-  std::vector<std::vector<int>> k(static_cast<std::size_t>(L));
-  for (int l = 0; l < L; ++l)
-    k[static_cast<std::size_t>(l)].assign(flat.begin() + static_cast<std::ptrdiff_t>(l) * n_kv_heads,
-                                          flat.begin() + static_cast<std::ptrdiff_t>(l + 1) * n_kv_heads);
-  return k;
+  return detail::allocate_head_units(head_profile, n_kv_heads, head_unit_request(layer_req, n_kv_heads), info);
 }
 
 namespace detail {
