@@ -26,6 +26,15 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
 }
 
+/// `good` edited by `edit` is refused by profile_from_json with an error containing `msg`.
+void expect_refused(const nlohmann::json& good, const std::function<void(nlohmann::json&)>& edit,
+                    const std::string& msg) {
+  nlohmann::json j = good;
+  edit(j);
+  INFO(msg);
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
+}
+
 /// Random metrics of 8 samples.
 depthkv::SampleMetrics random_metrics(std::mt19937& rng) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
@@ -178,10 +187,9 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
   const nlohmann::json good = depthkv::profile_to_json(sample_file());
   REQUIRE_NOTHROW(depthkv::profile_from_json(good));
   auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
+    expect_refused(good, edit, msg);
     nlohmann::json j = good;
     edit(j);
-    INFO(msg);
-    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
     const std::string path = temp_path("corrupt.json");
     write_file(path, j.dump());
     REQUIRE_THROWS_WITH(depthkv::load_profile(path), Contains("profile file '" + path + "'") && Contains(msg));
@@ -284,10 +292,7 @@ TEST_CASE("output-aware and cross-head settings: round trip, written only when s
   // bad values
   const nlohmann::json good = depthkv::profile_to_json(f);
   auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
-    nlohmann::json j = good;
-    edit(j);
-    INFO(msg);
-    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
+    expect_refused(good, edit, msg);
   };
   expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = "ada"; }, "head_alloc 'ada'");
   expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alpha"] = 1.5; }, "head_alpha 1.5");
@@ -345,10 +350,7 @@ TEST_CASE("head curves: round trip beside the layer curves, older files load, ma
   // malformed head curves are refused with the key named
   const nlohmann::json good = depthkv::profile_to_json(f);
   auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
-    nlohmann::json j = good;
-    edit(j);
-    INFO(msg);
-    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains(msg));
+    expect_refused(good, edit, msg);
   };
   expect([](nlohmann::json& j) { j["scorers"]["h2o"]["heads"].erase("n_kv_heads"); },
          "missing key 'scorers.h2o.heads.n_kv_heads'");
