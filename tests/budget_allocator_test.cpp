@@ -500,6 +500,57 @@ TEST_CASE("optimal's safeguard floor and its uniform fallback", "[allocator]") {
   req.min_tokens = 70;  // 2 x 70 > 120: the safeguard takes the whole budget -> uniform
   REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info) == std::vector<int>{60, 60});
   REQUIRE(info.safeguard_fallback);
+  // shrinking: margins above the hard floors 10 and 0 (70 - 10 = 60, 70) halve together until they
+  // fit: 10 + 30 and 35 (75 <= 120); the safeguard is kept, not dropped
+  req.safeguard_shrink = true;
+  req.floors = {10, 0};
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info) == std::vector<int>{85, 35});
+  REQUIRE_FALSE(info.safeguard_fallback);
+  REQUIRE(info.floors == std::vector<int>{40, 35});
+  req.min_tokens = 30;  // floors that fit are not shrunk
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info) == std::vector<int>{90, 30});
+  REQUIRE(info.floors == std::vector<int>{30, 30});
+  req.floors = {60, 60};  // margins 10 halve down to 0: the hard floors, which take the whole budget
+  req.min_tokens = 70;
+  REQUIRE(BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info) == std::vector<int>{60, 60});
+  REQUIRE(info.floors == std::vector<int>{60, 60});
+  REQUIRE_FALSE(info.safeguard_fallback);
+}
+
+TEST_CASE("a shrunk safeguard: the largest halving of the margins that fits, the budget exact", "[allocator]") {
+  std::mt19937 rng(77);
+  const std::vector<double> ratios = {0.1, 0.3, 0.6};
+  for (int trial = 0; trial < 400; ++trial) {
+    const int L = 1 + static_cast<int>(rng() % 8);
+    SensitivityProfile p;
+    p.keep_ratios = ratios;
+    p.loss.resize(L, 3);
+    for (int l = 0; l < L; ++l) {
+      const double a = std::uniform_real_distribution<double>(0.01, 1.0)(rng);
+      p.loss.row(l) << a, a / 3, a / 9;
+    }
+    BudgetRequest req;
+    const int n = 8 + static_cast<int>(rng() % 120);
+    req.lengths.assign(static_cast<std::size_t>(L), n);
+    const int prot = static_cast<int>(rng() % 7);
+    req.floors = depthkv::protection_floors(req.lengths, {prot / 2, prot - prot / 2});
+    req.min_tokens = prot + static_cast<int>(rng() % 17);
+    req.safeguard_shrink = true;
+    req.total_tokens = prot * L + static_cast<long long>(rng() % static_cast<unsigned>((n - prot) * L + 1));
+    INFO("trial " << trial);
+    AllocationInfo info;
+    const std::vector<int> b = BudgetAllocator().allocate(AllocationPolicy::kOptimal, req, &p, &info);
+    REQUIRE(std::accumulate(b.begin(), b.end(), 0LL) == req.total_tokens);
+    // the floors used are the hard floor plus the margin halved k times, for the smallest k that fits
+    const int margin = std::max(0, std::min(req.min_tokens, n) - std::min(prot, n));
+    int m = margin;
+    while (static_cast<long long>(std::min(prot, n) + m) * L > req.total_tokens && m > 0) m /= 2;
+    for (int l = 0; l < L; ++l) {
+      CHECK(b[static_cast<std::size_t>(l)] >= std::min(prot, n) + m);
+      CHECK(info.floors[static_cast<std::size_t>(l)] == std::min(prot, n) + m);
+    }
+    CHECK_FALSE(info.safeguard_fallback);  // the hard floors always fit a feasible request
+  }
 }
 
 TEST_CASE("pyramid matches the KVCache-Factory formula by hand", "[allocator]") {

@@ -288,6 +288,8 @@ TEST_CASE("head-level optimal budgets: exact sums, bounds, never a higher predic
     // the head-level optimum predicts no more loss than the layer-level one, under the head curves
     // and under the layer curves they add up to (a sum of hulls lies below the hull of the sum)
     const double head_opt = depthkv::predicted_loss(heads, flat, unit_len);
+    REQUIRE(depthkv::predicted_head_loss(heads, k, req.lengths) == head_opt);  // the same sum over the units
+    REQUIRE(depthkv::predicted_head_loss(heads, k, req.lengths, false) == depthkv::predicted_loss(heads, flat, unit_len, false));
     CHECK(head_opt <= depthkv::predicted_loss(heads, flat_layer, unit_len) + 1e-12);
     CHECK(head_opt <= depthkv::predicted_loss(layers, layer_b, req.lengths) + 1e-12);
   }
@@ -322,4 +324,12 @@ TEST_CASE("head-level optimal budgets give starved heads nothing to spare and re
   bad.loss(2, 1) = std::nan("");
   req.total_tokens = 60;
   CHECK_THROWS_WITH(depthkv::head_optimal_budgets(bad, 2, req), Catch::Contains("not finite"));
+  // predicted loss of per-head budgets: the head curves at each head's ratio, summed
+  CHECK(depthkv::predicted_head_loss(p, {{50, 25}, {50, 50}}, {100, 100}) == Approx(0.5 + 0.0 + 0.05 + 0.05));
+  CHECK_THROWS_WITH(depthkv::predicted_head_loss(p, {{50, 25}, {50}}, {100, 100}),
+                    Catch::Contains("layer 1 has budgets for 1 KV heads, layer 0 for 2"));
+  CHECK_THROWS_WITH(depthkv::predicted_head_loss(p, {{50, 25}, {50, 50}}, {100}),
+                    Catch::Contains("budgets for 2 layers, 1 lengths"));
+  CHECK_THROWS_WITH(depthkv::predicted_head_loss(p, {{50, 25}, {50, 101}}, {100, 100}),
+                    Catch::Contains("outside [0, 100]"));
 }

@@ -154,13 +154,16 @@ struct SelectionSettings {
 
 /// `--preset NAME`: a named configuration of the flags it sets. "best", the configuration the
 /// README recommends, was chosen on calibration windows only (docs/results/preset.md,
-/// scripts/preset-selection.sh): SnapKV scores with max pooling, output-aware (CriticalKV)
-/// rescaling, head-optimal per-(layer, KV head) budgets from head curves (LU-KV;
-/// `head_optimal_budgets`; profile measures them: `--head-curves`) under the default safeguard
-/// floor per head (`--min-tokens`), each head keeping exactly its budget (`--head-alloc uniform`).
-/// The protection (`--sinks`, `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval,
-/// allocate and generate: the profile's), since it depends on the context length. A flag the
-/// preset sets cannot be given with it.
+/// scripts/preset-selection.sh): output-aware (CriticalKV) scores of two scorers, SnapKV with max
+/// pooling and H2O, and head-optimal per-(layer, KV head) budgets from head curves (LU-KV;
+/// `head_optimal_budgets`; profile measures both scorers' head curves: `--head-curves`) under the
+/// default safeguard floor per head (`--min-tokens`), each head keeping exactly its budget
+/// (`--head-alloc uniform`). Each request (eval: each keep ratio; allocate, generate: the one
+/// asked) uses the scorer whose head-optimal budgets have the lower predicted loss on the
+/// profile's calibration curves (`lowest_predicted_scorer`). The protection (`--sinks`,
+/// `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval, allocate and generate: the
+/// profile's), since it depends on the context length. A flag the preset sets cannot be given
+/// with it.
 struct PresetSettings {
   std::string name;  ///< empty: no preset
 
@@ -171,15 +174,19 @@ struct PresetSettings {
   template <class App>
   void add_option(App* c, const std::vector<std::string>& sets) {
     auto* o = c->add_option("--preset", name,
-                            "a named configuration: best (the README's: snapkv, --pooling max, --output-aware, "
-                            "head-optimal budgets per KV head from head curves (profile: --head-curves), "
-                            "--head-alloc uniform; chosen on calibration windows, docs/results/preset.md)");
+                            "a named configuration: best (the README's: --output-aware snapkv (--pooling max) "
+                            "and h2o, head-optimal budgets per KV head from head curves (profile: --head-curves), "
+                            "--head-alloc uniform, per request the scorer of the lower predicted loss; chosen on "
+                            "calibration windows, docs/results/preset.md)");
     o->type_name("NAME");
     for (const std::string& f : sets) o->excludes(f);
   }
 
-  /// Sets the selection, the scorer(s), the policy(-ies) and profile's head curves to the
-  /// preset's (each pointer may be null).
+  /// The scorers "best" chooses from for each request (`lowest_predicted_scorer`), in tie order.
+  static std::vector<std::string> candidates() { return {"snapkv", "h2o"}; }
+
+  /// Sets the selection, the scorers (the candidates, comma-separated), the policy(-ies) and
+  /// profile's head curves to the preset's (each pointer may be null).
   /// @throws depthkv::Error on an unknown preset name
   void apply(SelectionSettings& sel, std::string* scorers, std::string* policies, bool* head_curves = nullptr) const {
     if (!active()) return;
@@ -188,7 +195,10 @@ struct PresetSettings {
     sel.output_aware = true;
     sel.head_alloc = "uniform";
     sel.head_alpha = depthkv::kDefaultHeadAlpha;
-    if (scorers) *scorers = "snapkv";
+    if (scorers) {
+      scorers->clear();
+      for (const std::string& c : candidates()) *scorers += (scorers->empty() ? "" : ",") + c;
+    }
     if (policies) *policies = "head-optimal";
     if (head_curves) *head_curves = true;
   }

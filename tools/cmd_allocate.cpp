@@ -32,15 +32,10 @@ void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, cons
   SensitivityProfile hp;
   int H = 0;
   const std::vector<std::vector<int>> k = head_level_budgets(f, scorer, in.req, hp, H);
-  std::vector<int> flat, lens;
   long long total = 0;
   for (const auto& row : k)
-    for (int x : row) {
-      flat.push_back(x);
-      lens.push_back(length);
-      total += x;
-    }
-  const double pred = predicted_loss(hp, flat, lens);
+    for (int x : row) total += x;
+  const double pred = predicted_head_loss(hp, k, in.req.lengths);
   if (a.json) {
     const nlohmann::json j = {{"policy", kHeadOptimal}, {"scorer", scorer},   {"keep", a.keep},
                               {"length", length},      {"n_kv_heads", H},     {"head_budgets", k},
@@ -65,16 +60,22 @@ void run_allocate(const AllocateArgs& a) {
   const ProfileFile f = load_profile(a.profile);
   const PolicyChoice choice = parse_policy_choice(a.policy);
   const AllocationPolicy policy = choice.policy;
+  check_keep(a.keep);
+  const int length = a.length > 0 ? a.length : f.calibration.context;
+  DEPTHKV_CHECK(length >= 1, "--length must be >= 1 (the profile records no context length)");
+  const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   std::string scorer = a.scorer;
+  if (a.preset.active()) {  // the candidate of the lowest predicted loss
+    const ScorerChoice c = lowest_predicted_scorer(f, split_list(a.scorer), layer_request(a.keep, lengths, a.sel, a.min_tokens));
+    scorer = c.scorer;
+    std::fprintf(stderr, "depthkv: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
+                 scorer.c_str(), describe_predicted(c).c_str());
+  }
   if (scorer.empty()) {
     DEPTHKV_CHECK(!f.scorers.empty() || !policy_needs_profile(policy), "the profile holds no loss curves");
     scorer = f.scorers.empty() ? "h2o" : f.scorers.begin()->first;
   }
   DEPTHKV_CHECK(f.has_scorer(scorer), "the profile has no measurements for scorer '" << scorer << "'");
-  check_keep(a.keep);
-  const int length = a.length > 0 ? a.length : f.calibration.context;
-  DEPTHKV_CHECK(length >= 1, "--length must be >= 1 (the profile records no context length)");
-  const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   const PolicyInputs in = policy_inputs(policy, a.keep, lengths, &f, scorer, a.sel, a.min_tokens);
   std::fputs(selection_note(policy, f, a.sel).c_str(), stderr);
   if (choice.head_level) {
@@ -117,7 +118,8 @@ void register_allocate(CLI::App& app) {
   c->add_option("--scorer", a->scorer, "scorer whose loss curves to use (default: the profile's first)");
   c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)");
   c->add_option("--min-tokens", a->min_tokens,
-                "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8; 0: off)")
+                "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8, the 8 halved "
+                "until every layer's floor fits the budget; 0: off; N: N tokens, uniform budgets when they do not fit)")
       ->capture_default_str();
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_flag("--json", a->json, "print JSON");

@@ -57,6 +57,8 @@ struct Row {
   bool head_settings = false, output_aware = false;
   std::string head_alloc = "uniform";
   double head_alpha = 0.2;
+  /// --preset: each candidate scorer's predicted loss at this budget (the lowest chose `scorer`)
+  std::vector<std::pair<std::string, double>> predicted;
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -163,6 +165,9 @@ struct EvalPlan {
   std::vector<std::string> policy_names;
   std::vector<std::string> scorers;  ///< --scorers, or every scorer of the profile
   std::vector<depthkv::ScorerConfig> scorer_configs;  ///< one per scorer
+  /// --preset: `scorers` are the preset's candidates the profile holds head curves of, and each
+  /// keep ratio is evaluated with the one of the lowest predicted loss (lowest_predicted_scorer)
+  bool choose_scorer = false;
 };
 
 EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
@@ -183,6 +188,17 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
     }
   }
   p.scorers = split_list(a.scorers);
+  if (a.preset.active()) {
+    p.choose_scorer = true;
+    std::vector<std::string> held;
+    for (const std::string& s : p.scorers)
+      if (f.has_scorer(s) && f.has_head_curves(s)) held.push_back(s);
+    DEPTHKV_CHECK(!held.empty(), "--preset " << a.preset.name << " chooses among the scorers " << a.scorers
+                                             << ", and the profile has complete curves and head curves of none: "
+                                                "profile it with depthkv profile --preset "
+                                             << a.preset.name);
+    p.scorers = held;
+  }
   if (p.scorers.empty())
     for (const auto& kv : f.scorers) p.scorers.push_back(kv.first);
   for (const std::string& s : p.scorers)
@@ -353,6 +369,9 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
       j["obs_window"] = a.sel.obs_window;
       j["kernel"] = a.sel.kernel;
       j["min_tokens"] = a.min_tokens;
+      nlohmann::json pred = nlohmann::json::object();
+      for (const auto& sp : r.predicted) pred[sp.first] = sp.second;
+      j["predicted_loss"] = pred;
     }
   }
   std::printf("%s\n", arr.dump(2).c_str());
@@ -385,6 +404,12 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   for (const Row& r : rows)
     std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
                 join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
+  if (plan.choose_scorer) {
+    std::printf("\n--preset %s: each budget's scorer has the lowest predicted loss (%s, head curves):\n",
+                a.preset.name.c_str(), f.metric.c_str());
+    for (const Row& r : rows)
+      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted({r.scorer, r.predicted}).c_str());
+  }
   std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
   for (const std::string& sc : plan.scorers)
     for (double keep : plan.keeps) {
@@ -449,15 +474,28 @@ void run_eval(const EvalArgs& a) {
   const std::vector<int> lengths(static_cast<std::size_t>(L), w.context);
   std::vector<Row> rows;
   Progress bar("eval");
-  const long long total = static_cast<long long>(plan.scorers.size() * plan.keeps.size() * plan.policies.size());
+  const long long total = static_cast<long long>((plan.choose_scorer ? 1 : plan.scorers.size()) * plan.keeps.size() *
+                                                 plan.policies.size());
   const auto t1 = std::chrono::steady_clock::now();
-  for (std::size_t s = 0; s < plan.scorers.size(); ++s)
+  if (plan.choose_scorer) {  // --preset: per keep ratio, the scorer of the lowest predicted loss
     for (double keep : plan.keeps)
       for (const PolicyChoice& policy : plan.policies) {
-        rows.push_back(evaluate_row(ev, a, f, plan.scorers[s], static_cast<int>(s), keep, policy, lengths,
-                                    nll_full_mean));
+        const ScorerChoice c =
+            lowest_predicted_scorer(f, plan.scorers, layer_request(keep, lengths, a.sel, a.min_tokens));
+        const auto s = std::find(plan.scorers.begin(), plan.scorers.end(), c.scorer) - plan.scorers.begin();
+        rows.push_back(evaluate_row(ev, a, f, c.scorer, static_cast<int>(s), keep, policy, lengths, nll_full_mean));
+        rows.back().predicted = c.predicted;
         bar.update(static_cast<long long>(rows.size()), total);
       }
+  } else {
+    for (std::size_t s = 0; s < plan.scorers.size(); ++s)
+      for (double keep : plan.keeps)
+        for (const PolicyChoice& policy : plan.policies) {
+          rows.push_back(evaluate_row(ev, a, f, plan.scorers[s], static_cast<int>(s), keep, policy, lengths,
+                                      nll_full_mean));
+          bar.update(static_cast<long long>(rows.size()), total);
+        }
+  }
   const double eval_s = seconds_since(t1);
 
   if (a.json)
@@ -496,7 +534,8 @@ void register_eval(CLI::App& app) {
   c->add_option("--windows", a->windows, "evaluation windows")->capture_default_str();
   c->add_option("--skip", a->skip, "windows skipped (default: first window after the calibration windows)");
   c->add_option("--min-tokens", a->min_tokens,
-                "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8; 0: off)")
+                "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8, the 8 halved "
+                "until every layer's floor fits the budget; 0: off; N: N tokens, uniform budgets when they do not fit)")
       ->capture_default_str();
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")->capture_default_str();

@@ -49,12 +49,13 @@ struct GenerateArgs {
 /// What both pruning modes (--keep, --max-kv-tokens) give the allocator besides the budget: the
 /// observation window, the safeguard floor (protected tokens + margin, as eval) and the profile's
 /// curves. @return the curves (in `curves`) for the curve-based policies, else nullptr
-const depthkv::SensitivityProfile* add_policy_inputs(const GenerateArgs& a, depthkv::AllocationPolicy policy,
-                                                     const depthkv::ProfileFile* file, depthkv::BudgetRequest& b,
-                                                     depthkv::SensitivityProfile& curves) {
+const depthkv::SensitivityProfile* add_policy_inputs(const GenerateArgs& a, const std::string& scorer,
+                                                     depthkv::AllocationPolicy policy, const depthkv::ProfileFile* file,
+                                                     depthkv::BudgetRequest& b, depthkv::SensitivityProfile& curves) {
   b.window = a.sel.obs_window;
   b.min_tokens = depthkv::safeguard_floor(a.sel.protection());
-  if (!add_profile_inputs(policy, file, a.scorer, b, curves)) return nullptr;
+  b.safeguard_shrink = true;
+  if (!add_profile_inputs(policy, file, scorer, b, curves)) return nullptr;
   std::fputs(selection_note(policy, *file, a.sel).c_str(), stderr);
   return &curves;
 }
@@ -74,7 +75,6 @@ void run_generate(const GenerateArgs& a) {
 #endif
   const PolicyChoice choice = parse_policy_choice(a.policy);
   const AllocationPolicy policy = choice.policy;
-  const ScorerConfig scfg = a.sel.scorer(a.scorer);
   const HeadAllocation head_alloc = a.sel.head_allocation();
 
   // the profile (curve-based and InfoNCE-guided policies), checked against the model first
@@ -87,14 +87,6 @@ void run_generate(const GenerateArgs& a) {
   const TextTokenizer& tok = *lm.tokenizer;
   const LlamaEngine engine(lm.model);
   const LlamaConfig& cfg = lm.model.config;
-  const std::vector<OutputProjection> wo = scfg.output_aware ? output_projections(lm.model) : std::vector<OutputProjection>();
-  // head-optimal: the profile's head curves of the scorer
-  SensitivityProfile head_curves;
-  if (choice.head_level) {
-    DEPTHKV_CHECK(profile_file, "policy " << kHeadOptimal << " needs --profile with head curves");
-    head_curves = profile_file->head_profile(a.scorer);
-  }
-  const SensitivityProfile* head_profile = choice.head_level ? &head_curves : nullptr;
 
   // As run.c: negative temperature -> 0, topp outside [0,1] -> 0.9, seed 0 -> time, steps clamp.
   const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
@@ -106,6 +98,34 @@ void run_generate(const GenerateArgs& a) {
   DEPTHKV_CHECK(!prompt.empty(), "the prompt encodes to no tokens");
   const int n_prompt = static_cast<int>(prompt.size());
   const int n_feed = std::min(n_prompt, steps);
+
+  // --preset: the candidate scorer of the lowest predicted loss for this request (lengths: the
+  // prompt's with --keep, the whole run's with --max-kv-tokens)
+  std::string scorer = a.scorer;
+  if (a.preset.active() && (a.keep < 1.0 || bounded)) {
+    DEPTHKV_CHECK(profile_file, "--preset " << a.preset.name << " needs --profile with head curves");
+    const std::vector<int> lengths(static_cast<std::size_t>(cfg.n_layers), bounded ? steps : n_feed);
+    BudgetRequest req = layer_request(a.keep, lengths, a.sel, -1);
+    if (bounded) {
+      req.keep_ratio = -1.0;
+      req.total_tokens = std::min<long long>(a.max_kv_tokens, static_cast<long long>(cfg.n_layers) * steps);
+    }
+    const ScorerChoice c = lowest_predicted_scorer(*profile_file, split_list(a.scorer), req);
+    scorer = c.scorer;
+    std::fprintf(stderr, "kv cache: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
+                 scorer.c_str(), describe_predicted(c).c_str());
+  } else if (a.preset.active()) {
+    scorer = PresetSettings::candidates().front();  // nothing is evicted
+  }
+  const ScorerConfig scfg = a.sel.scorer(scorer);
+  const std::vector<OutputProjection> wo = scfg.output_aware ? output_projections(lm.model) : std::vector<OutputProjection>();
+  // head-optimal: the profile's head curves of the scorer
+  SensitivityProfile head_curves;
+  if (choice.head_level) {
+    DEPTHKV_CHECK(profile_file, "policy " << kHeadOptimal << " needs --profile with head curves");
+    head_curves = profile_file->head_profile(scorer);
+  }
+  const SensitivityProfile* head_profile = choice.head_level ? &head_curves : nullptr;
 
   // Prefill the prompt tokens run.c would forward (positions 0..n_feed-1) as one batch.
   HostCache cache = engine.make_cache();
@@ -133,7 +153,7 @@ void run_generate(const GenerateArgs& a) {
     sc.head_allocation = head_alloc;
     sc.head_alpha = a.sel.head_alpha;
     sc.output_projections = scfg.output_aware ? &wo : nullptr;
-    sc.profile = add_policy_inputs(a, policy, profile_file.get(), sc.budget, bounded_curves);
+    sc.profile = add_policy_inputs(a, scorer, policy, profile_file.get(), sc.budget, bounded_curves);
     sc.head_profile = head_profile;
     schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
     opt.observer = schedule->observer();
@@ -155,10 +175,10 @@ void run_generate(const GenerateArgs& a) {
     req.head_alpha = a.sel.head_alpha;
     req.output_projections = scfg.output_aware ? &wo : nullptr;
     SensitivityProfile curves;
-    req.profile = add_policy_inputs(a, policy, profile_file.get(), req.budget, curves);
+    req.profile = add_policy_inputs(a, scorer, policy, profile_file.get(), req.budget, curves);
     req.head_profile = head_profile;
     const PruneReport rep = score_and_evict(cache, scorers, req);
-    std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", a.scorer.c_str(), a.policy.c_str(),
+    std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer.c_str(), a.policy.c_str(),
                  a.keep);
     for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
     std::fprintf(stderr, " of %d; %zu of %zu bytes\n", n_feed, rep.bytes_after, rep.bytes_before);

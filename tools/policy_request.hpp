@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_common.hpp"
@@ -93,20 +94,31 @@ inline std::string selection_note(depthkv::AllocationPolicy policy, const depthk
   return os.str();
 }
 
-/// Allocator inputs of a curve-based or rule-based policy on layers of `lengths` tokens: floors
-/// from the protection (depthkv::protection_floors), the safeguard floor, pyramid's window (the
-/// observation window) and what the policy reads from the profile file.
-/// @param min_tokens safeguard floor (-1: sinks + recent + depthkv::kSafeguardMargin; 0: off)
+/// The allocator request of a keep ratio on layers of `lengths` tokens, before any profile data:
+/// floors from the protection (depthkv::protection_floors), the safeguard floor and pyramid's
+/// window (the observation window).
+/// @param min_tokens safeguard floor (-1: sinks + recent + depthkv::kSafeguardMargin, the margin
+///   halved until the floors fit (BudgetRequest::safeguard_shrink); 0: off; N: N tokens)
+inline depthkv::BudgetRequest layer_request(double keep, const std::vector<int>& lengths, const SelectionSettings& sel,
+                                            int min_tokens) {
+  depthkv::BudgetRequest req;
+  req.lengths = lengths;
+  req.keep_ratio = keep;
+  req.floors = depthkv::protection_floors(lengths, sel.protection());
+  req.window = sel.obs_window;
+  req.min_tokens = depthkv::safeguard_floor(sel.protection(), min_tokens);
+  req.safeguard_shrink = min_tokens < 0;
+  return req;
+}
+
+/// Allocator inputs of a curve-based or rule-based policy on layers of `lengths` tokens: the
+/// request of `layer_request` and what the policy reads from the profile file.
 /// @throws depthkv::Error when the policy needs data the profile lacks
 inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep,
                                   const std::vector<int>& lengths, const depthkv::ProfileFile* file,
                                   const std::string& scorer, const SelectionSettings& sel, int min_tokens) {
   PolicyInputs in;
-  in.req.lengths = lengths;
-  in.req.keep_ratio = keep;
-  in.req.floors = depthkv::protection_floors(lengths, sel.protection());
-  in.req.window = sel.obs_window;
-  in.req.min_tokens = depthkv::safeguard_floor(sel.protection(), min_tokens);
+  in.req = layer_request(keep, lengths, sel, min_tokens);
   in.has_profile = add_profile_inputs(policy, file, scorer, in.req, in.profile);
   return in;
 }
@@ -142,6 +154,49 @@ inline std::vector<std::vector<int>> head_level_budgets(const depthkv::ProfileFi
   head_profile = f.head_profile(scorer);  // refuses a scorer without head curves
   n_kv_heads = f.head_curves.at(scorer).n_kv_heads;
   return depthkv::head_optimal_budgets(head_profile, n_kv_heads, req);
+}
+
+/// The scorer of one request among `candidates`: the one whose head-optimal budgets for `req`
+/// have the lowest predicted loss (depthkv::predicted_head_loss on its own head curves, all
+/// measured on the same calibration windows; ties: the earlier candidate). Candidates without
+/// (complete) head curves in the profile are skipped.
+struct ScorerChoice {
+  std::string scorer;                                      ///< the chosen one
+  std::vector<std::pair<std::string, double>> predicted;  ///< each candidate considered, its predicted loss
+};
+
+/// @param lengths tokens each head of layer l holds; `req` the layer request (as policy_inputs)
+/// @throws depthkv::Error when the profile holds head curves of no candidate, or the request is
+///   infeasible
+inline ScorerChoice lowest_predicted_scorer(const depthkv::ProfileFile& f, const std::vector<std::string>& candidates,
+                                            const depthkv::BudgetRequest& req) {
+  ScorerChoice c;
+  double best = 0.0;
+  for (const std::string& s : candidates) {
+    if (!f.has_head_curves(s)) continue;
+    depthkv::SensitivityProfile hp;
+    int H = 0;
+    const std::vector<std::vector<int>> k = head_level_budgets(f, s, req, hp, H);
+    const double pred = depthkv::predicted_head_loss(hp, k, req.lengths);
+    c.predicted.emplace_back(s, pred);
+    if (c.scorer.empty() || pred < best) {
+      c.scorer = s;
+      best = pred;
+    }
+  }
+  std::ostringstream names;
+  for (std::size_t i = 0; i < candidates.size(); ++i) names << (i ? ", " : "") << candidates[i];
+  DEPTHKV_CHECK(!c.scorer.empty(), "the profile has no complete head curves of any of the scorers "
+                                       << names.str() << ": profile it with depthkv profile --preset best");
+  return c;
+}
+
+/// "snapkv 0.0123, h2o 0.0456": a choice's predicted losses, for reports.
+inline std::string describe_predicted(const ScorerChoice& c) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < c.predicted.size(); ++i)
+    os << (i ? ", " : "") << c.predicted[i].first << ' ' << c.predicted[i].second;
+  return os.str();
 }
 
 }  // namespace depthkv_cli

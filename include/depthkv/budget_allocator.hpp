@@ -69,7 +69,10 @@
 /// the scorer's window + a margin). The default is 0 (off). A safeguard never makes a request
 /// infeasible: when the budget cannot give every layer its safeguard floor, the result is the
 /// `uniform` allocation (the safeguard takes the whole budget) and
-/// `AllocationInfo::safeguard_fallback` is set.
+/// `AllocationInfo::safeguard_fallback` is set; with `safeguard_shrink` the margin of each
+/// layer's safeguard floor above its hard floor, m_l = max(F_l, min(min_tokens, C_l)) - F_l, is
+/// halved instead (integer division, all layers together) until the floors fit the budget: a
+/// short context keeps part of the margin and some room to allocate, and there is no fallback.
 ///
 /// @code
 /// depthkv::BudgetRequest req;
@@ -175,6 +178,7 @@ struct BudgetRequest {
   std::vector<int> floors;       ///< per-layer minimum (empty: 0), e.g. sinks + recent window
   std::vector<int> caps;         ///< per-layer maximum (empty: the length), <= length
   int min_tokens = 0;            ///< safeguard floor (proportional, optimal, mga, mlma*); 0 = off
+  bool safeguard_shrink = false; ///< floors that do not fit: halve their margins (true) or uniform
   int window = 32;               ///< pyramid: the window w kept in every layer
   double beta = 20.0;            ///< pyramid: min = (B' - w) / beta
   int n_middle = 2;              ///< middle: layers kept full
@@ -368,10 +372,13 @@ std::vector<int> allocate_with_protected(const AllocContext& c, const std::vecto
   return round_to_budget(t, floors, c.caps, c.total);
 }
 
-/// Floors raised by the safeguard: max(F_l, min(min_tokens, C_l)).
-inline std::vector<int> safeguard_floors(const AllocContext& c, int min_tokens) {
+/// Floors raised by the safeguard: max(F_l, min(min_tokens, C_l)); with `shrink`, their margins
+/// above F_l halved together until they fit the budget or are 0 (see the file comment).
+inline std::vector<int> safeguard_floors(const AllocContext& c, int min_tokens, bool shrink = false) {
   std::vector<int> e = c.floors;
   for (std::size_t l = 0; l < e.size(); ++l) e[l] = std::max(e[l], std::min(min_tokens, c.caps[l]));
+  while (shrink && sum_of(e) > c.total && e != c.floors)
+    for (std::size_t l = 0; l < e.size(); ++l) e[l] = c.floors[l] + (e[l] - c.floors[l]) / 2;
   return e;
 }
 
@@ -548,7 +555,7 @@ class BudgetAllocator {
       }
       case AllocationPolicy::kOptimal: {
         detail::check_profile(profile, c.n, name.c_str());
-        const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens);
+        const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens, req.safeguard_shrink);
         if (info) info->floors = e;
         if (detail::sum_of(e) > c.total) return fallback(c, info);
         return detail::allocate_optimal(c, e, *profile);
@@ -602,7 +609,7 @@ class BudgetAllocator {
                   : policy == AllocationPolicy::kMLMA4 ? 4
                   : policy == AllocationPolicy::kMLMA6 ? 6 : 0;
     for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
-    const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens);
+    const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens, req.safeguard_shrink);
     if (info) info->floors = e;
     if (detail::sum_of(e) > c.total) return fallback(c, info);
     return detail::allocate_with_protected(

@@ -272,6 +272,27 @@ inline std::vector<std::vector<int>> head_optimal_budgets(const SensitivityProfi
   return detail::allocate_head_units(head_profile, n_kv_heads, head_unit_request(layer_req, n_kv_heads), info);
 }
 
+/// Predicted total loss sum_{l,h} f_{l*H+h}(k[l][h] / lengths[l]) of per-head budgets under head
+/// curves (`predicted_loss` over the (layer, KV head) units; H = k[l].size() for every l).
+/// @param head_profile the head curves (n_layers * H rows)
+/// @param k k[l][h]: tokens head h of layer l keeps, 0 <= k[l][h] <= lengths[l]
+/// @param lengths tokens each head of layer l holds
+/// @param convexified as `predicted_loss`: the hulls (what `head_optimal_budgets` minimises)
+/// @throws Error on ragged or mismatched sizes, a budget outside [0, length] or an invalid profile
+inline double predicted_head_loss(const SensitivityProfile& head_profile, const std::vector<std::vector<int>>& k,
+                                  const std::vector<int>& lengths, bool convexified = true) {
+  DEPTHKV_CHECK(k.size() == lengths.size() && !k.empty(),
+                "sizes differ: budgets for " << k.size() << " layers, " << lengths.size() << " lengths");
+  const std::size_t H = k.front().size();
+  std::vector<int> flat, unit_lengths;
+  for (std::size_t l = 0; l < k.size(); ++l) {
+    DEPTHKV_CHECK(k[l].size() == H, "layer " << l << " has budgets for " << k[l].size() << " KV heads, layer 0 for " << H);
+    flat.insert(flat.end(), k[l].begin(), k[l].end());
+    unit_lengths.insert(unit_lengths.end(), H, lengths[l]);
+  }
+  return predicted_loss(head_profile, flat, unit_lengths, convexified);
+}
+
 namespace detail {
 
 template <class Layer, class Keep>

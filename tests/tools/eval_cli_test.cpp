@@ -391,31 +391,33 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
   std::remove(csv.c_str());
 }
 
-TEST_CASE("preset best sets scorer, pooling, output-aware, head curves and head-optimal; rows name it",
+TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head-optimal; rows name it",
           "[cli][eval][real]") {
   const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const std::string profile = tmp_path("profile_best.json");
   const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
-  REQUIRE(run_cli("profile --model " + model + " --text " + text + common + " --preset best --windows 3 --ratios 0.2,0.5 -o " +
+  REQUIRE(run_cli("profile --model " + model + " --text " + text + common + " --preset best --windows 3 --ratios 0.1,0.2,0.5 -o " +
                   shell_quoted(profile))
               .status == 0);
   const depthkv::ProfileFile f = depthkv::load_profile(profile);
   REQUIRE(f.has_scorer("snapkv"));
-  REQUIRE_FALSE(f.has_scorer("h2o"));
+  REQUIRE(f.has_scorer("h2o"));
   REQUIRE(f.calibration.selection.output_aware);
   REQUIRE(f.calibration.selection.head_allocation == "uniform");
   REQUIRE(f.calibration.selection.pooling == "max");
   REQUIRE(f.has_head_curves("snapkv"));
-  const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common +
-                           " --keep 0.3,0.5 --windows 2";
+  REQUIRE(f.has_head_curves("h2o"));
+  const std::string base =
+      "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common + " --windows 2";
+  const std::string eval = base + " --keep 0.1,0.3,0.5";
   const auto r = run_cli(eval + " --preset best --json", "2>/dev/null");
   REQUIRE(r.status == 0);
   const nlohmann::json rows = nlohmann::json::parse(r.out);
-  REQUIRE(rows.size() == 2);  // one scorer, one policy, two keeps
+  REQUIRE(rows.size() == 3);  // one row per keep: the chosen scorer, one policy
+  const std::string spelled_flags = " --policies head-optimal --pooling max --output-aware --json";
   for (const auto& row : rows) {
     REQUIRE(row["preset"] == "best");
-    REQUIRE(row["scorer"] == "snapkv");
     REQUIRE(row["policy"] == "head-optimal");
     REQUIRE(row["output_aware"] == true);
     REQUIRE(row["head_alloc"] == "uniform");
@@ -423,14 +425,50 @@ TEST_CASE("preset best sets scorer, pooling, output-aware, head curves and head-
     REQUIRE(row["pooling"] == "max");
     REQUIRE(row["sinks"] == 2);
     REQUIRE(row["recent"] == 4);
+    // the chosen scorer has the lowest predicted loss, each as allocate predicts it for that scorer
+    const nlohmann::json& pred = row["predicted_loss"];
+    REQUIRE(pred.size() == 2);
+    std::string lowest;
+    for (const std::string sc : {"snapkv", "h2o"}) {
+      const double keep = row["keep"];
+      const auto al = run_cli("allocate --profile " + shell_quoted(profile) + " --policy head-optimal --scorer " + sc +
+                                  " --keep " + std::to_string(keep) +
+                                  " --sinks 2 --recent 4 --obs-window 4 --pooling max --output-aware --json",
+                              "2>/dev/null");
+      REQUIRE(al.status == 0);
+      REQUIRE(pred[sc].get<double>() == Approx(nlohmann::json::parse(al.out)["predicted_loss"].get<double>()));
+      if (lowest.empty() || pred[sc].get<double>() < pred[lowest].get<double>()) lowest = sc;
+    }
+    REQUIRE(row["scorer"] == lowest);
+    // the same flags spelled out, with the chosen scorer, give the same row
+    const auto spelled = run_cli(base + " --scorers " + lowest + spelled_flags + " --keep " +
+                                     std::to_string(row["keep"].get<double>()),
+                                 "2>/dev/null");
+    REQUIRE(spelled.status == 0);
+    const nlohmann::json srow = nlohmann::json::parse(spelled.out).at(0);
+    REQUIRE(srow["kl"] == row["kl"]);
+    REQUIRE(srow["budgets"] == row["budgets"]);
   }
-  // the same flags spelled out give the same rows
-  const auto spelled = run_cli(eval + " --scorers snapkv --policies head-optimal --pooling max --output-aware --json",
-                               "2>/dev/null");
-  REQUIRE(spelled.status == 0);
-  const nlohmann::json srows = nlohmann::json::parse(spelled.out);
-  REQUIRE(srows[0]["kl"] == rows[0]["kl"]);
-  REQUIRE(srows[1]["budgets"] == rows[1]["budgets"]);
+  // a profile of one candidate (the earlier preset's): that scorer; one without head curves: refused
+  const std::string one = tmp_path("profile_best_snapkv.json");
+  REQUIRE(run_cli("profile --model " + model + " --text " + text + common +
+                  " --scorers snapkv --pooling max --output-aware --head-curves --windows 3 --ratios 0.2,0.5 -o " +
+                  shell_quoted(one))
+              .status == 0);
+  const std::string eval_one = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(one) + common +
+                               " --keep 0.3 --windows 2 --preset best --json";
+  const auto r1 = run_cli(eval_one, "2>/dev/null");
+  REQUIRE(r1.status == 0);
+  REQUIRE(nlohmann::json::parse(r1.out).at(0)["scorer"] == "snapkv");
+  const std::string none = tmp_path("profile_best_none.json");
+  REQUIRE(run_cli("profile --model " + model + " --text " + text + common +
+                  " --scorers snapkv,h2o --pooling max --output-aware --windows 3 --ratios 0.2,0.5 -o " + shell_quoted(none))
+              .status == 0);
+  require_error(run_cli("eval --model " + model + " --text " + text + " --profile " + shell_quoted(none) + common +
+                            " --keep 0.3 --windows 2 --preset best",
+                        "2>&1"),
+                "--preset best chooses among the scorers snapkv,h2o, and the profile has complete curves and head "
+                "curves of none: profile it with depthkv profile --preset best");
   // a flag the preset sets cannot be given with it; an unknown preset is refused
   const auto both = run_cli(eval + " --preset best --scorers h2o", "2>&1");
   REQUIRE(both.status != 0);
@@ -441,15 +479,30 @@ TEST_CASE("preset best sets scorer, pooling, output-aware, head curves and head-
   REQUIRE(curves.status != 0);
   REQUIRE_THAT(curves.out, Catch::Contains("excludes"));
   require_error(run_cli(eval + " --preset fastest", "2>&1"), "--preset: unknown preset 'fastest' (expected best)");
-  // generate and allocate take it too
-  REQUIRE(run_cli("allocate --profile " + shell_quoted(profile) + " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.3 --length 64").status == 0);
+  // allocate and generate take it too, and choose the scorer allocate predicts lowest
+  const auto al = run_cli("allocate --profile " + shell_quoted(profile) +
+                              " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.3 --length 64 --json",
+                          "2>&1 >/dev/null");
+  REQUIRE(al.status == 0);
+  REQUIRE_THAT(al.out, Catch::Contains("--preset best: scorer " + rows[1]["scorer"].get<std::string>()));
   const auto g = run_cli("generate --model " + model + " --profile " + shell_quoted(profile) +
                              " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.8 --steps 60 --temperature 0"
                              " --prompt 'Once upon a time, Lily found a red ball in the park. She was very happy.'",
                          "2>&1");
   INFO(g.out);
   REQUIRE(g.status == 0);
+  REQUIRE_THAT(g.out, Catch::Contains("--preset best: scorer "));
+  const auto gb = run_cli("generate --model " + model + " --profile " + shell_quoted(profile) +
+                              " --preset best --sinks 2 --recent 4 --obs-window 4 --max-kv-tokens 100 --steps 60 "
+                              "--temperature 0 --prompt 'Once upon a time'",
+                          "2>&1");
+  INFO(gb.out);
+  REQUIRE(gb.status == 0);
+  require_error(run_cli("generate --model " + model + " --preset best --keep 0.5 --steps 20", "2>&1"),
+                "--preset best needs --profile with head curves");
   std::remove(profile.c_str());
+  std::remove(one.c_str());
+  std::remove(none.c_str());
 }
 
 TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budgets per KV head", "[cli][eval][real]") {
