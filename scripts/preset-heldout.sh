@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `--preset best` on data it was not chosen on: the evaluation windows of the main results
 # (TinyStories, after the calibration windows) and a licence text (GPL-3, another kind of text),
-# for both models, against depthkv's uniform budgets (plain SnapKV, and the preset's own scorer:
-# SnapKV with output-aware scores). The preset's curves
+# for both models, against depthkv's uniform budgets (plain SnapKV, and the preset's own scorers:
+# SnapKV and H2O with output-aware scores; the change is against the one the preset chose for the
+# cell). The preset's curves
 # are the main profiles' calibration windows measured under its setting
 # (docs/results/<model>.best.profile.json, from scripts/main-job.sh). Writes
 # docs/results/preset-heldout.md.
@@ -28,7 +29,7 @@ check() {
     [[ $src == other ]] && text=$OTHER win=$wo
     $DK eval --model "$model" --text "$text" --profile "$plain" --windows "$win" "$@" --scorers snapkv \
       --policies uniform --keep $KEEP --csv "$WORK/$name.$src.plain.csv" > /dev/null 2>&1
-    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv \
+    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv,h2o \
       --output-aware --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --preset best --keep $KEEP \
       --csv "$WORK/$name.$src.best.csv" > /dev/null 2>&1
@@ -42,29 +43,36 @@ check aidreams260K "$DATA/models/aidreams260K/aidreams260K.bin" docs/results/aid
 python3 - "$WORK" > docs/results/preset-heldout.md <<'EOF'
 import csv, os, sys
 d = sys.argv[1]
-def kl(path):
+def kl(path):  # (scorer, keep) -> (KL, standard error, scorer)
     with open(path) as f:
-        return {float(r["keep"]): (float(r["kl"]), float(r["kl_stderr"])) for r in csv.DictReader(f)}
+        return {(r["scorer"], float(r["keep"])): (float(r["kl"]), float(r["kl_stderr"]), r["scorer"])
+                for r in csv.DictReader(f)}
 print("# `--preset best` on held-out data\n")
 print("Written by `scripts/preset-heldout.sh`. Mean KL(full || pruned) +- standard error over the windows. "
       "Story text: the main results' evaluation windows (stories260K 24..87 of 384 + 128 tokens, aidreams260K "
       "48..175 of 96 + 32); other text: 16 windows of `/usr/share/common-licenses/GPL-3` (same sizes). "
       "`--preset best` reads curves measured under its setting on the main profiles' calibration windows "
-      "(`docs/results/<model>.best.profile.json`). The change is against uniform budgets with the same scorer.\n")
+      "(`docs/results/<model>.best.profile.json`) and picks per keep the output-aware scorer (SnapKV or H2O) "
+      "of the lower predicted loss (in brackets). The change is against uniform budgets with the scorer it "
+      "chose, and against plain SnapKV uniform.\n")
 for name in ("stories260K", "aidreams260K"):
     for src, label in (("stories", "story text"), ("other", "GPL-3")):
-        p = {k: kl(os.path.join(d, f"{name}.{src}.{k}.csv")) for k in ("plain", "oa", "best")}
-        keeps = sorted(p["best"])
+        plain = kl(os.path.join(d, f"{name}.{src}.plain.csv"))
+        oa = kl(os.path.join(d, f"{name}.{src}.oa.csv"))
+        best = {k: v for (_, k), v in kl(os.path.join(d, f"{name}.{src}.best.csv")).items()}
+        keeps = sorted(best)
         print(f"## {name}, {label}\n")
         print("| method | " + " | ".join(f"keep {k:g}" for k in keeps) + " |")
         print("|---|" + "---|" * len(keeps))
-        names = {"plain": "snapkv uniform", "oa": "snapkv + output-aware, uniform (the preset's scorer)",
-                 "best": "--preset best"}
-        for k_ in ("plain", "oa", "best"):
-            print(f"| {names[k_]} | " + " | ".join(f"{p[k_][k][0]:.5f} +- {p[k_][k][1]:.5f}" for k in keeps) + " |")
-        for ref in ("plain", "oa"):
-            print(f"| best vs {names[ref]} | " + " | ".join(
-                f"{100 * (p['best'][k][0] / p[ref][k][0] - 1):+.0f}%" for k in keeps) + " |")
+        cell = lambda v: f"{v[0]:.5f} +- {v[1]:.5f}"
+        print("| snapkv uniform | " + " | ".join(cell(plain[("snapkv", k)]) for k in keeps) + " |")
+        for sc in ("snapkv", "h2o"):
+            print(f"| {sc} + output-aware, uniform | " + " | ".join(cell(oa[(sc, k)]) for k in keeps) + " |")
+        print("| --preset best | " + " | ".join(f"{cell(best[k])} ({best[k][2]})" for k in keeps) + " |")
+        print("| best vs uniform, the scorer it chose | " + " | ".join(
+            f"{100 * (best[k][0] / oa[(best[k][2], k)][0] - 1):+.0f}%" for k in keeps) + " |")
+        print("| best vs snapkv uniform | " + " | ".join(
+            f"{100 * (best[k][0] / plain[('snapkv', k)][0] - 1):+.0f}%" for k in keeps) + " |")
         print()
 EOF
 echo "preset-heldout: docs/results/preset-heldout.md"

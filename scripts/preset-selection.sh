@@ -6,7 +6,9 @@
 # (stories260K 24..87, aidreams260K 48..175) and the GPL-3 text are never used here.
 # Candidates: SnapKV (max or avg pooling) and H2O, each plain, output-aware, adaptive heads, or
 # both; optimal per-layer budgets on curves measured under the candidate's own setting, and
-# head-optimal per-(layer, KV head) budgets on head curves measured alongside (uniform rows too). Writes every eval's CSV rows to docs/results/preset/ and the table
+# head-optimal per-(layer, KV head) budgets on head curves measured alongside (uniform rows too);
+# and `--preset best` as it is now: per keep, the output-aware scorer (SnapKV max or H2O) of the
+# lower predicted head-optimal loss on the first half's curves. Writes every eval's CSV rows to docs/results/preset/ and the table
 # docs/results/preset.md (scripts/preset-table.py).
 # Usage: scripts/preset-selection.sh [build dir] (DEPTHKV_DATA_DIR: data folder)
 set -euo pipefail
@@ -44,6 +46,14 @@ run_model() {
       echo "preset-selection: $tag done"
     done
   done
+  # the preset itself: both output-aware candidates profiled together, per keep the scorer of the
+  # lower predicted head-optimal loss (its rows equal those of the chosen candidate above)
+  $DK profile --model "$model" --text "$TEXT" --context "$ctx" --continuation "$cont" --windows "$half" \
+    "${sel[@]}" --preset best -o "$WORK/$name.best.profile.json" > /dev/null 2>&1
+  $DK eval --model "$model" --text "$TEXT" --profile "$WORK/$name.best.profile.json" --skip "$half" --windows "$half" \
+    "${sel[@]}" --preset best --keep $KEEP --csv "$OUT/$name.preset.best.csv" > /dev/null 2>&1
+  rm -f "$OUT/$name.preset.best-sensitivity.csv"
+  echo "preset-selection: $name preset best done"
 }
 
 run_model stories260K "$S" 12 384 128

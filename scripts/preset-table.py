@@ -28,10 +28,15 @@ def read(path):
 def main():
     d = sys.argv[1]
     data = {}
+    preset = {}  # model -> {keep: (chosen scorer, KL)}: `--preset best` (choosing by predicted loss)
     for fn in sorted(os.listdir(d)):
         if not fn.endswith(".csv"):
             continue
         model, scorer, setting = fn[:-4].split(".")
+        if (scorer, setting) == ("preset", "best"):
+            with open(os.path.join(d, fn)) as f:
+                preset[model] = {float(r["keep"]): (r["scorer"], float(r["kl"])) for r in csv.DictReader(f)}
+            continue
         data[(model, scorer, setting)] = read(os.path.join(d, fn))
     models = sorted({k[0] for k in data}, key=lambda m: m != "stories260K")
     keeps = sorted({k[1] for v in data.values() for k in v})
@@ -47,6 +52,11 @@ def main():
         logs = [math.log(data[(m, c[0], c[1])][(c[2], k)] / base(m, k)) for m in models for k in keeps
                 if (m, c[0], c[1]) in data]
         score[c] = math.exp(sum(logs) / len(logs))
+    choice = ("snapkv-max or h2o, the lower predicted loss per keep", "oa", "head-optimal")
+    if len(preset) == len(models):
+        logs = [math.log(preset[m][k][1] / base(m, k)) for m in models for k in keeps]
+        score[choice] = math.exp(sum(logs) / len(logs))
+        cands.append(choice)
     best = min(cands, key=lambda c: score[c])
 
     out = ["# `--preset best`: chosen on calibration windows", "",
@@ -73,6 +83,16 @@ def main():
                 continue
             cells = [f"{r[(p, k)]:.5f}" for p in ["uniform"] + policies for k in keeps]
             out.append(f"| {c[0]} | {SETTINGS[c[1]]} | " + " | ".join(cells) + " |")
+        out.append("")
+    if choice in score:
+        out += ["## `--preset best`: per keep, the output-aware scorer of the lower predicted loss", "",
+                "Both output-aware candidates (SnapKV with max pooling, H2O) profiled together on the first half "
+                "(`profile --preset best`); `eval --preset best` picks per keep the scorer whose head-optimal "
+                "budgets have the lower predicted loss on those curves. Mean KL on the selection windows (chosen "
+                "scorer):", "",
+                "| model | " + " | ".join(f"keep {k:g}" for k in keeps) + " |", "|---|" + "---|" * len(keeps)]
+        for m in models:
+            out.append(f"| {m} | " + " | ".join(f"{preset[m][k][1]:.5f} ({preset[m][k][0]})" for k in keeps) + " |")
         out.append("")
     out += ["## The rule's scores (lower is better)", "", "| scorer | setting | budgets | geometric mean KL ratio |",
             "|---|---|---|---|"]
