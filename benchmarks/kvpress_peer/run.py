@@ -495,19 +495,21 @@ def evaluate_model(name, a, out_rows):
                 break
     for row in dk_rows:
         res["kl"].setdefault(f"depthkv {row['scorer']} {row['policy']}", {})[str(row["keep"])] = row["kl"]
-    # `--preset best` (output-aware SnapKV, head-optimal budgets from head curves) and the same
-    # scorer with uniform and per-layer optimal budgets, with the curves measured under that setting
-    # (the main job's <model>.best.profile.json: the main profile's calibration windows and
-    # selection) when present
+    # `--preset best` (output-aware SnapKV or H2O, per keep the one of the lower predicted loss;
+    # head-optimal budgets from head curves) and both scorers with uniform and per-layer optimal
+    # budgets, with the curves measured under that setting (the main job's
+    # <model>.best.profile.json: the main profile's calibration windows and selection) when present
     own = os.path.join(a.best_profile_dir, name + ".best.profile.json")
     if os.path.exists(own) and not a.plain_only:
         common_own = [x if x != profile else own for x in common]
         keeps = ["--keep", ",".join(map(str, a.keep))]
         for row in run_depthkv(a.depthkv, common_own, keeps + ["--preset", "best"]):
             res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
-        for row in run_depthkv(a.depthkv, common_own, keeps + ["--policies", "uniform,optimal", "--scorers", "snapkv",
+            res.setdefault("preset_scorer", {})[str(row["keep"])] = row["scorer"]
+        scorers = ",".join(s for s in ("snapkv", "h2o") if s in json.load(open(own))["scorers"])
+        for row in run_depthkv(a.depthkv, common_own, keeps + ["--policies", "uniform,optimal", "--scorers", scorers,
                                                                "--output-aware"]):
-            label = f"depthkv snapkv + output-aware {row['policy']}"
+            label = f"depthkv {row['scorer']} + output-aware {row['policy']}"
             res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
     heads = os.path.exists(own) and not a.plain_only and not a.no_heads and has_head_curves(own)
     if os.path.exists(own) and not a.plain_only and not heads:
@@ -597,6 +599,9 @@ def write_results(rows, a):
                 cells.append("failed" if v is None and str(k) in d else ("" if v is None else f"{v:.5f}"))
             md.append(f"| {label} | " + " | ".join(cells) + " |")
         best = [best_kvpress(res, k) for k in keeps]
+        if "preset_scorer" in res:
+            md.append("| (the scorer `--preset best` chose) | " + " | ".join(
+                res["preset_scorer"].get(str(k), "") for k in keeps) + " |")
         md.append("| best kvpress press (kvpress's own) | " + " | ".join(f"{b[1]:.5f} ({b[0]})" if b else "" for b in best) + " |")
         for label in [l for l in res["kl"] if l.startswith("depthkv ") or l in NOT_KVPRESS_OWN]:
             d = res["kl"][label]
