@@ -23,6 +23,7 @@ TEXT="$DATA/text/tinystories_valid.txt"
 S="$DATA/models/stories260K/stories260K.bin"
 A="$DATA/models/aidreams260K/aidreams260K.bin"
 KEEP=0.1,0.2,0.3,0.5
+. scripts/selection-split.sh
 
 # model, profile windows, context, continuation, selection flags
 run_model() {
@@ -48,11 +49,7 @@ run_model() {
   done
   # the preset itself: both output-aware candidates profiled together, per keep the scorer of the
   # lower predicted head-optimal loss (its rows equal those of the chosen candidate above)
-  $DK profile --model "$model" --text "$TEXT" --context "$ctx" --continuation "$cont" --windows "$half" \
-    "${sel[@]}" --preset best -o "$WORK/$name.best.profile.json" > /dev/null 2>&1
-  $DK eval --model "$model" --text "$TEXT" --profile "$WORK/$name.best.profile.json" --skip "$half" --windows "$half" \
-    "${sel[@]}" --preset best --keep $KEEP --csv "$OUT/$name.preset.best.csv" > /dev/null 2>&1
-  rm -f "$OUT/$name.preset.best-sensitivity.csv"
+  split_preset_best "$name.best" "$model" "$half" "$ctx" "$cont" "$OUT/$name.preset.best.csv" "${sel[@]}"
   echo "preset-selection: $name preset best done"
 }
 

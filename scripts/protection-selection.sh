@@ -19,6 +19,7 @@ WORK=${TMPDIR:-/tmp}/depthkv-protection
 mkdir -p "$OUT" "$WORK"
 TEXT="$DATA/text/tinystories_valid.txt"
 KEEP=0.1,0.2,0.3,0.5
+. scripts/selection-split.sh
 
 # name, model, profile windows, context, continuation, observation window, sinks list, recent list
 run_model() {
@@ -26,11 +27,7 @@ run_model() {
   for s in $sinks; do
     for r in $recents; do
       local tag="$name.s$s.r$r" sel=(--sinks "$s" --recent "$r" --obs-window "$obs")
-      $DK profile --model "$model" --text "$TEXT" --context "$ctx" --continuation "$cont" --windows "$half" \
-        "${sel[@]}" --preset best -o "$WORK/$tag.profile.json" > /dev/null 2>&1
-      $DK eval --model "$model" --text "$TEXT" --profile "$WORK/$tag.profile.json" --skip "$half" --windows "$half" \
-        "${sel[@]}" --preset best --keep $KEEP --csv "$OUT/$tag.csv" > /dev/null 2>&1
-      rm -f "$OUT/$tag-sensitivity.csv"
+      split_preset_best "$tag" "$model" "$half" "$ctx" "$cont" "$OUT/$tag.csv" "${sel[@]}"
       echo "protection-selection: $tag done"
     done
   done

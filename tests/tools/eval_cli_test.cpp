@@ -42,6 +42,18 @@ struct Fixture {
   ~Fixture() { std::remove(profile.c_str()); }
 };
 
+// Profiles stories260K on 3 calibration windows of 64 + 16 tokens (2 sinks, 4 recent, 1 thread)
+// with `flags` into the scratch file `name`. @return its path
+std::string small_profile(const std::string& flags, const std::string& name) {
+  const std::string path = tmp_path(name);
+  REQUIRE(run_cli("profile --model " + shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin")) +
+                  " --text " + shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt")) +
+                  " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 3 " + flags +
+                  " -o " + shell_quoted(path))
+              .status == 0);
+  return path;
+}
+
 }  // namespace
 
 TEST_CASE("profile writes a complete profile file describing its calibration windows",
@@ -395,11 +407,8 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
           "[cli][eval][real]") {
   const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
-  const std::string profile = tmp_path("profile_best.json");
   const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
-  REQUIRE(run_cli("profile --model " + model + " --text " + text + common + " --preset best --windows 3 --ratios 0.1,0.2,0.5 -o " +
-                  shell_quoted(profile))
-              .status == 0);
+  const std::string profile = small_profile("--preset best --ratios 0.1,0.2,0.5", "profile_best.json");
   const depthkv::ProfileFile f = depthkv::load_profile(profile);
   REQUIRE(f.has_scorer("snapkv"));
   REQUIRE(f.has_scorer("h2o"));
@@ -450,20 +459,15 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     REQUIRE(srow["budgets"] == row["budgets"]);
   }
   // a profile of one candidate (the earlier preset's): that scorer; one without head curves: refused
-  const std::string one = tmp_path("profile_best_snapkv.json");
-  REQUIRE(run_cli("profile --model " + model + " --text " + text + common +
-                  " --scorers snapkv --pooling max --output-aware --head-curves --windows 3 --ratios 0.2,0.5 -o " +
-                  shell_quoted(one))
-              .status == 0);
+  const std::string one = small_profile("--scorers snapkv --pooling max --output-aware --head-curves --ratios 0.2,0.5",
+                                        "profile_best_snapkv.json");
   const std::string eval_one = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(one) + common +
                                " --keep 0.3 --windows 2 --preset best --json";
   const auto r1 = run_cli(eval_one, "2>/dev/null");
   REQUIRE(r1.status == 0);
   REQUIRE(nlohmann::json::parse(r1.out).at(0)["scorer"] == "snapkv");
-  const std::string none = tmp_path("profile_best_none.json");
-  REQUIRE(run_cli("profile --model " + model + " --text " + text + common +
-                  " --scorers snapkv,h2o --pooling max --output-aware --windows 3 --ratios 0.2,0.5 -o " + shell_quoted(none))
-              .status == 0);
+  const std::string none =
+      small_profile("--scorers snapkv,h2o --pooling max --output-aware --ratios 0.2,0.5", "profile_best_none.json");
   require_error(run_cli("eval --model " + model + " --text " + text + " --profile " + shell_quoted(none) + common +
                             " --keep 0.3 --windows 2 --preset best",
                         "2>&1"),
@@ -549,10 +553,7 @@ TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budge
   REQUIRE(ad.status == 0);
   REQUIRE(nlohmann::json::parse(ad.out)[1]["kl"] != rows[1]["kl"]);
   // refused: head-optimal without head curves, or with a schedule; an unknown policy lists it
-  const std::string plain = tmp_path("profile_noheads.json");
-  REQUIRE(run_cli("profile --model " + model + " --text " + text + common +
-                  " --windows 3 --ratios 0.2,0.5 --scorers snapkv -o " + shell_quoted(plain))
-              .status == 0);
+  const std::string plain = small_profile("--ratios 0.2,0.5 --scorers snapkv", "profile_noheads.json");
   require_error(run_cli("eval --model " + model + " --text " + text + " --profile " + shell_quoted(plain) + common +
                             " --keep 0.3 --windows 2 --policies head-optimal",
                         "2>&1"),
