@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     double best_prefill = 1e300, best_decode = 1e300;
     std::string prefill_runs, decode_runs;
     for (int rep = 0; rep < repeat; ++rep) {
-      HostCache cache = engine.make_cache();
+      HostCache cache = engine.make_cache(prompt + decode);  // sized once, as a serving engine sizes a sequence
       EngineStats pst;
       opt.stats = &pst;
       t0 = Clock::now();
