@@ -165,7 +165,7 @@ struct ScorerChoice {
   std::vector<std::pair<std::string, double>> predicted;  ///< each candidate considered, its predicted loss
 };
 
-/// @param lengths tokens each head of layer l holds; `req` the layer request (as policy_inputs)
+/// @param req the layer request (layer_request): its lengths are the tokens each head of layer l holds
 /// @throws depthkv::Error when the profile holds head curves of no candidate, or the request is
 ///   infeasible
 inline ScorerChoice lowest_predicted_scorer(const depthkv::ProfileFile& f, const std::vector<std::string>& candidates,
