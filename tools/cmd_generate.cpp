@@ -118,7 +118,8 @@ void run_generate(const GenerateArgs& a) {
     scorer = PresetSettings::candidates().front();  // nothing is evicted
   }
   const ScorerConfig scfg = a.sel.scorer(scorer);
-  const std::vector<OutputProjection> wo = scfg.output_aware ? output_projections(lm.model) : std::vector<OutputProjection>();
+  // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
+  const OutputProjections wo = scfg.output_aware ? OutputProjections(lm.model) : OutputProjections();
   // head-optimal: the profile's head curves of the scorer
   SensitivityProfile head_curves;
   if (choice.head_level) {
@@ -152,7 +153,7 @@ void run_generate(const GenerateArgs& a) {
     sc.interval = a.interval;
     sc.head_allocation = head_alloc;
     sc.head_alpha = a.sel.head_alpha;
-    sc.output_projections = scfg.output_aware ? &wo : nullptr;
+    sc.output_projections = scfg.output_aware ? &wo.views() : nullptr;
     sc.profile = add_policy_inputs(a, scorer, policy, profile_file.get(), sc.budget, bounded_curves);
     sc.head_profile = head_profile;
     schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
@@ -173,7 +174,7 @@ void run_generate(const GenerateArgs& a) {
     req.protection = a.sel.protection();
     req.head_allocation = head_alloc;
     req.head_alpha = a.sel.head_alpha;
-    req.output_projections = scfg.output_aware ? &wo : nullptr;
+    req.output_projections = scfg.output_aware ? &wo.views() : nullptr;
     SensitivityProfile curves;
     req.profile = add_policy_inputs(a, scorer, policy, profile_file.get(), req.budget, curves);
     req.head_profile = head_profile;

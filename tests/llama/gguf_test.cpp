@@ -32,6 +32,7 @@ using depthkv::llama::load_gguf_from_memory;
 using depthkv::llama::RowMatrix;
 using depthkv_test::Bytes;
 using depthkv_test::GgufWriter;
+using depthkv_test::half_near;
 
 namespace {
 
@@ -45,13 +46,6 @@ float max_abs_diff(const RowMatrix& a, const RowMatrix& b) {
 float max_abs_diff(const Eigen::VectorXf& a, const Eigen::VectorXf& b) {
   REQUIRE(a.size() == b.size());
   return a.size() == 0 ? 0.0f : (a - b).cwiseAbs().maxCoeff();
-}
-
-// Bits of a positive normal half close to v (truncated mantissa).
-std::uint16_t half_near(float v) {
-  int e = 0;
-  const float m = std::frexp(std::max(v, 6.2e-5f), &e);  // v = m 2^e, m in [0.5, 1)
-  return static_cast<std::uint16_t>(((e - 1 + 15) << 10) | static_cast<int>((2.0f * m - 1.0f) * 1024.0f));
 }
 
 // Random tensor data of a given type, with the reference float values computed from the bit

@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "depthkv/llama/gguf.hpp"
 #include "depthkv/profile_io.hpp"
+#include "llama/gguf_writer.hpp"
 #include "support/run_cli.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_data.hpp"
@@ -42,11 +44,12 @@ struct Fixture {
   ~Fixture() { std::remove(profile.c_str()); }
 };
 
-// Profiles stories260K on 3 calibration windows of 64 + 16 tokens (2 sinks, 4 recent, 1 thread)
-// with `flags` into the scratch file `name`. @return its path
-std::string small_profile(const std::string& flags, const std::string& name) {
+// Profiles `model` (default stories260K) on 3 calibration windows of 64 + 16 tokens (2 sinks,
+// 4 recent, 1 thread) with `flags` into the scratch file `name`. @return its path
+std::string small_profile(const std::string& flags, const std::string& name,
+                          const std::string& model = depthkv_test::data_path("models/stories260K/stories260K.bin")) {
   const std::string path = tmp_path(name);
-  REQUIRE(run_cli("profile --model " + shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin")) +
+  REQUIRE(run_cli("profile --model " + shell_quoted(model) +
                   " --text " + shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt")) +
                   " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 3 " + flags +
                   " -o " + shell_quoted(path))
@@ -507,6 +510,43 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   std::remove(profile.c_str());
   std::remove(one.c_str());
   std::remove(none.c_str());
+}
+
+TEST_CASE("preset best and --output-aware run on Q8_0 and F16 GGUFs (wo dequantized for the scores)",
+          "[cli][eval][real][gguf]") {
+  const depthkv::llama::GgufFile src =
+      depthkv::llama::GgufFile::open(depthkv_test::data_path("models/stories260K/stories260K.gguf"));
+  const depthkv_test::TempDir dir;
+  const std::string q8 = dir.write("stories260K-Q8_0.gguf", depthkv_test::requantized_copy(src, true));
+  const std::string f16 = dir.write("stories260K-F16.gguf", depthkv_test::requantized_copy(src, false));
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  // Q8_0: profile and eval with --preset best, generate with its profile
+  const std::string best = small_profile("--preset best --ratios 0.2,0.5", "profile_best_q8_0.json", q8);
+  REQUIRE(depthkv::load_profile(best).calibration.selection.output_aware);
+  const auto e = run_cli("eval --model " + shell_quoted(q8) + " --text " + text + " --profile " + shell_quoted(best) +
+                         common + " --windows 2 --keep 0.3 --preset best --json");
+  REQUIRE(e.status == 0);
+  const nlohmann::json row = nlohmann::json::parse(e.out).at(0);
+  REQUIRE(row["preset"] == "best");
+  REQUIRE(row["output_aware"] == true);
+  REQUIRE(std::isfinite(row["kl"].get<double>()));
+  const auto g = run_cli("generate --model " + shell_quoted(q8) + " --profile " + shell_quoted(best) +
+                             " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.8 --steps 30 --temperature 0"
+                             " --prompt 'Once upon a time, Lily found a red ball in the park.'",
+                         "2>&1");
+  INFO(g.out);
+  REQUIRE(g.status == 0);
+  REQUIRE_THAT(g.out, Catch::Contains("--preset best: scorer "));
+  // F16: --output-aware spelled out
+  const std::string oa = small_profile("--scorers snapkv --output-aware --ratios 0.2,0.5", "profile_oa_f16.json", f16);
+  const auto ef = run_cli("eval --model " + shell_quoted(f16) + " --text " + text + " --profile " + shell_quoted(oa) +
+                              common + " --windows 2 --keep 0.3 --scorers snapkv --output-aware --json",
+                          "2>&1 >/dev/null");
+  INFO(ef.out);
+  REQUIRE(ef.status == 0);
+  std::remove(best.c_str());
+  std::remove(oa.c_str());
 }
 
 TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budgets per KV head", "[cli][eval][real]") {

@@ -74,6 +74,7 @@
 #include "depthkv/head_budget.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/output_projections.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
 #include "depthkv/token_scorer.hpp"
@@ -99,23 +100,8 @@ inline std::vector<TokenScorer> make_scorers(const LlamaConfig& config, const Sc
 }
 using depthkv::make_scorers;
 
-/// The output projections of the model's layers for output-aware scorers: views of each layer's
-/// float `wo`, row-major `[dim][n_heads * head_dim]` (`OutputProjection`'s default layout). The
-/// model must outlive them.
-/// @throws Error when a layer's `wo` has no float form (quantized)
-inline std::vector<OutputProjection> output_projections(const LlamaModel& model) {
-  const LlamaConfig& c = model.config;
-  std::vector<OutputProjection> out;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const RowMatrix& wo = model.layers[static_cast<std::size_t>(l)].wo;
-    DEPTHKV_CHECK(wo.rows() == c.dim && wo.cols() == static_cast<Eigen::Index>(c.n_heads) * c.head_dim,
-                  "layer " << l << ": output-aware scoring needs the float output projection wo [" << c.dim << "]["
-                           << c.n_heads * c.head_dim << "], the model holds " << wo.rows() << " x " << wo.cols()
-                           << (model.layers[static_cast<std::size_t>(l)].wo_quant.empty() ? "" : " (quantized)"));
-    out.push_back({wo.data(), c.dim, c.n_heads, c.head_dim});
-  }
-  return out;
-}
+// Output projections for output-aware scorers (`OutputProjections`, `output_projections`): see
+// llama/output_projections.hpp.
 
 // ---- metrics ----------------------------------------------------------------------------------
 
@@ -266,7 +252,10 @@ class PruningEvaluator {
       output_aware = output_aware || s.output_aware;
     }
     DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
-    if (output_aware) wo_ = output_projections(engine.model());
+    if (output_aware) {
+      wo_storage_ = OutputProjections(engine.model());
+      wo_ = wo_storage_.views();
+    }
     refs_.resize(windows_.size());
     parallel_windows([&](int w) { refs_[static_cast<std::size_t>(w)] = full_run(windows_[static_cast<std::size_t>(w)]); });
   }
@@ -808,6 +797,7 @@ class PruningEvaluator {
   std::vector<EvalWindow> windows_;
   EvalConfig cfg_;
   std::vector<Reference> refs_;
+  OutputProjections wo_storage_;      // owns the float copies of stored (F16, quantized) wo that wo_ views
   std::vector<OutputProjection> wo_;  // per layer, when a scorer is output-aware
   mutable std::atomic<long long> layer_tokens_{0};
 };
