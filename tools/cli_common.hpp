@@ -79,6 +79,7 @@ struct SelectionSettings {
   bool output_aware = false;   ///< output-aware (CriticalKV) rescaling of h2o, snapkv and tova scores
   std::string head_alloc = "uniform";  ///< cross-head split of each layer's budget: uniform or adaptive
   double head_alpha = depthkv::kDefaultHeadAlpha;  ///< the adaptive split's per-head floor fraction
+  int lookahead = 0;           ///< greedy tokens after the context whose attention the scorers observe (0: off)
 
   /// generate's defaults: nothing protected, an observation window of 32 (ScorerConfig's).
   static SelectionSettings generate() {
@@ -97,11 +98,12 @@ struct SelectionSettings {
     c.kernel = kernel;
     c.pooling = parse_pooling(pooling);
     c.output_aware = output_aware;
+    c.lookahead = lookahead;
     return c;
   }
   depthkv::HeadAllocation head_allocation() const { return depthkv::parse_head_allocation(head_alloc); }
   depthkv::SelectionRecord record() const {
-    return {sinks, recent, obs_window, kernel, pooling, output_aware, head_alloc, head_alpha};
+    return {sinks, recent, obs_window, kernel, pooling, output_aware, head_alloc, head_alpha, lookahead};
   }
   /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P" (and the output-aware / head
   ///   settings when they are not the defaults: depthkv::SelectionRecord::describe)
@@ -113,9 +115,9 @@ struct SelectionSettings {
     DEPTHKV_CHECK(head_alloc == "uniform" || head_alloc == "adaptive",
                   "--head-alloc: unknown head allocation '" << head_alloc << "' (expected uniform or adaptive)");
     DEPTHKV_CHECK(head_alpha >= 0.0 && head_alpha <= 1.0, "--head-alpha: " << head_alpha << " outside [0, 1]");
-    DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 && kernel % 2 == 1,
+    DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 && kernel % 2 == 1 && lookahead >= 0,
                   "bad selection settings: " << describe()
-                                             << " (--sinks, --recent >= 0; --obs-window >= 1; odd --kernel >= 1)");
+                                             << " (--sinks, --recent, --lookahead >= 0; --obs-window >= 1; odd --kernel >= 1)");
   }
   /// Registers --sinks, --recent, --obs-window, --kernel and --pooling on a subcommand, and makes
   /// the older spellings (`old_window`: what --window meant there; generate's --sink) errors that
@@ -136,6 +138,10 @@ struct SelectionSettings {
         ->capture_default_str();
     c->add_option("--head-alpha", head_alpha, "adaptive --head-alloc: each head keeps at least this fraction of the "
                                               "layer's per-head budget")
+        ->capture_default_str();
+    c->add_option("--lookahead", lookahead,
+                  "score by the attention of the model's next N greedy tokens after the context (decoded on the full "
+                  "cache, then removed) instead of the context's queries; 0: off")
         ->capture_default_str();
     renamed(c, "--window", old_window);
     if (old_sink) renamed(c, "--sink", "--sinks N");

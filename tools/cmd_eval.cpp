@@ -352,6 +352,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
                    {"bytes_full", r.bytes_full},
                    {"peak_kv_bytes", r.peak_kv_bytes},
                    {"full_kv_bytes", r.full_kv_bytes}});
+    if (a.sel.lookahead > 0) arr.back()["lookahead"] = a.sel.lookahead;
     if (r.head_settings) {
       arr.back()["output_aware"] = r.output_aware;
       arr.back()["head_alloc"] = r.head_alloc;
@@ -368,6 +369,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
       j["recent"] = a.sel.recent;
       j["obs_window"] = a.sel.obs_window;
       j["kernel"] = a.sel.kernel;
+      j["lookahead"] = a.sel.lookahead;
       j["min_tokens"] = a.min_tokens;
       nlohmann::json pred = nlohmann::json::object();
       for (const auto& sp : r.predicted) pred[sp.first] = sp.second;

@@ -137,7 +137,7 @@ void run_generate(const GenerateArgs& a) {
   opt.all_logits = false;
   if (prune) {
     scorers = make_scorers(cfg, scfg);
-    opt.observer = observe_into(scorers);
+    if (scfg.lookahead == 0) opt.observer = observe_into(scorers);  // else: observe_lookahead after the prefill
   }
   // bounded memory: an EvictionSchedule evicting after every prefill chunk and every `interval`
   // decoded tokens down to --max-kv-tokens
@@ -168,6 +168,7 @@ void run_generate(const GenerateArgs& a) {
       engine.prefill(std::vector<int>(prompt.begin(), prompt.begin() + n_feed), 0, cache, opt);
   const double prefill_ms = 1000.0 * seconds_since(t_prefill);
   if (prune) {
+    if (scfg.lookahead > 0) observe_lookahead(engine, cache, last_argmax(prefill_logits), n_feed, {&scorers});
     PruneRequest req;
     req.policy = policy;
     req.budget.keep_ratio = a.keep;

@@ -90,6 +90,7 @@ inline std::string selection_note(depthkv::AllocationPolicy policy, const depthk
     os << " --head-alloc " << m.head_allocation << " --head-alpha " << m.head_alpha;
     if (r.output_aware && !m.output_aware) os << " (without --output-aware)";
   }
+  if (m.lookahead != r.lookahead) os << " --lookahead " << m.lookahead;
   os << " to prune as the profile measured.\n";
   return os.str();
 }

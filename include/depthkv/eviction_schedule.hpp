@@ -330,6 +330,9 @@ class EvictionSchedule {
     DEPTHKV_CHECK(b.lengths.empty() && b.caps.empty() && b.floors.empty(),
                   "budget.lengths, caps and floors are set by the schedule; leave them empty");
     DEPTHKV_CHECK(cfg_.interval >= 1, "interval must be >= 1, got " << cfg_.interval);
+    DEPTHKV_CHECK(cfg_.scorer.lookahead == 0,
+                  "a schedule evicts while the context is read; lookahead (" << cfg_.scorer.lookahead
+                      << ") needs the whole context first: use one eviction after the prefill");
     DEPTHKV_CHECK(cfg_.protection.n_sink >= 0 && cfg_.protection.n_recent >= 0,
                   "protection must be >= 0, got n_sink " << cfg_.protection.n_sink << ", n_recent "
                                                          << cfg_.protection.n_recent);

@@ -38,7 +38,8 @@
 /// Its keys `output_aware` (boolean), `head_alloc` ("uniform" or "adaptive") and `head_alpha`
 /// (the adaptive floor fraction) record the output-aware scoring (token_scorer.hpp) and the
 /// cross-head split (head_budget.hpp); they are written only when they differ from the defaults
-/// (false, "uniform", 0.2), and a file without them has the defaults.
+/// (false, "uniform", 0.2), and a file without them has the defaults. Its key `lookahead` (the
+/// scorers' lookahead tokens, `ScorerConfig::lookahead`) is written only when not 0; absent = 0.
 /// Files that spell it `{"n_sink", "n_recent", "window", "kernel"}` are read too: `window` is the
 /// observation window and the pooling is "max" there.
 /// `scorers.<name>.heads` (optional; files without it have no head curves) holds the scorer's
@@ -132,6 +133,7 @@ struct SelectionRecord {
   bool output_aware = false;            ///< ScorerConfig::output_aware (absent in the file: false)
   std::string head_allocation = "uniform";  ///< the cross-head split: "uniform" or "adaptive" (head_budget.hpp)
   double head_alpha = 0.2;              ///< the adaptive split's floor fraction (kDefaultHeadAlpha)
+  int lookahead = 0;                    ///< ScorerConfig::lookahead (absent in the file: 0)
 
   /// @return whether the settings were recorded
   bool recorded() const { return sinks >= 0; }
@@ -142,10 +144,12 @@ struct SelectionRecord {
   bool differs(const SelectionRecord& other) const {
     return recorded() && (sinks != other.sinks || recent != other.recent || obs_window != other.obs_window ||
                           kernel != other.kernel || pooling != other.pooling || output_aware != other.output_aware ||
-                          head_allocation != other.head_allocation || head_alpha != other.head_alpha);
+                          head_allocation != other.head_allocation || head_alpha != other.head_alpha ||
+                          lookahead != other.lookahead);
   }
   /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P", followed by
-  ///   " output_aware=0|1 head_alloc=A head_alpha=X" when `has_head_settings()`
+  ///   " output_aware=0|1 head_alloc=A head_alpha=X" when `has_head_settings()` and
+  ///   " lookahead=G" when G > 0
   std::string describe() const {
     std::ostringstream os;
     os << "sinks=" << sinks << " recent=" << recent << " obs_window=" << obs_window << " kernel=" << kernel
@@ -153,18 +157,21 @@ struct SelectionRecord {
     if (has_head_settings())
       os << " output_aware=" << (output_aware ? 1 : 0) << " head_alloc=" << head_allocation
          << " head_alpha=" << head_alpha;
+    if (lookahead > 0) os << " lookahead=" << lookahead;
     return os.str();
   }
   /// @throws Error unless unrecorded (all -1, pooling "", default head settings) or valid
   ///   (sinks, recent >= 0; obs_window, kernel >= 1; pooling none, max or avg; head allocation
-  ///   uniform or adaptive; head_alpha in [0, 1])
+  ///   uniform or adaptive; head_alpha in [0, 1]; lookahead >= 0)
   void validate() const {
+    DEPTHKV_CHECK(lookahead >= 0, "bad selection settings: lookahead " << lookahead << " (>= 0)");
     DEPTHKV_CHECK((head_allocation == "uniform" || head_allocation == "adaptive") && head_alpha >= 0.0 &&
                       head_alpha <= 1.0,
                   "bad selection settings: head_alloc '" << head_allocation << "', head_alpha " << head_alpha
                                                          << " (uniform or adaptive; head_alpha in [0, 1])");
     if (sinks == -1 && recent == -1 && obs_window == -1 && kernel == -1 && pooling.empty()) {
-      DEPTHKV_CHECK(!has_head_settings(), "selection settings: head settings recorded without the selection");
+      DEPTHKV_CHECK(!has_head_settings() && lookahead == 0,
+                    "selection settings: head settings or lookahead recorded without the selection");
       return;
     }
     DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 &&
@@ -471,6 +478,7 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
     j["calibration"]["selection"]["head_alloc"] = c.selection.head_allocation;
     j["calibration"]["selection"]["head_alpha"] = c.selection.head_alpha;
   }
+  if (c.selection.recorded() && c.selection.lookahead != 0) j["calibration"]["selection"]["lookahead"] = c.selection.lookahead;
   if (c.documents.recorded())
     j["calibration"]["documents"] = {{"rule", c.documents.rule}, {"marker", c.documents.marker}};
   j["scorers"] = nlohmann::json::object();
@@ -559,6 +567,7 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       if (sel.contains("head_alloc"))
         r.head_allocation = json_string(sel["head_alloc"], "calibration.selection.head_alloc");
       if (sel.contains("head_alpha")) r.head_alpha = json_number(sel["head_alpha"], "calibration.selection.head_alpha");
+      if (sel.contains("lookahead")) r.lookahead = get("lookahead");
     }
   }
   if (c.contains("documents")) {

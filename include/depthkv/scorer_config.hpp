@@ -59,6 +59,15 @@ struct ScorerConfig {
   /// GQA rule: token_scorer.hpp). For h2o, snapkv and tova only; `TokenScorer::scores` then
   /// needs the layer's output projection.
   bool output_aware = false;
+  /// Lookahead observation (>= 0; 0 = off): the scorer observes the attention of the model's
+  /// own next `lookahead` tokens, greedy-decoded after the context on the full cache and then
+  /// removed from it, instead of the context's queries (`observe_lookahead`, llama/eval.hpp, is
+  /// the reference engine's loop; the recipe for other engines is there). H2O then sums the
+  /// lookahead rows, SnapKV takes all of them as its observation window (`window` is not used),
+  /// TOVA the last one. For h2o, h2o-v1, h2o-v2, snapkv and tova. As Lookahead Q-Cache (Wang et
+  /// al. 2025, arXiv 2505.20334) does with pseudo queries: the queries that read the pruned cache
+  /// come after the context, and these are the model's best guess of them.
+  int lookahead = 0;
 };
 
 /// The epsilon of the output-aware rescaling (s_j + kOutputAwareEpsilon) * n_j (kvpress's

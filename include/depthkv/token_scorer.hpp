@@ -22,6 +22,11 @@
 /// - `kKeyNorm` ("knorm"), key-norm (Devoto et al. 2024, arXiv 2406.11430): s_j = -||K_j||_2
 ///   (a low key norm means an important token); needs no observations.
 ///
+/// ## Lookahead (`ScorerConfig::lookahead` = G > 0)
+/// The scorer is fed the attention rows of the G lookahead queries only (`observe_lookahead`,
+/// llama/eval.hpp): the sums over i above run over those G positions, SnapKV's window is G
+/// (instead of `window`), TOVA's last position is the last lookahead token.
+///
 /// ## Output-aware rescaling (`ScorerConfig::output_aware`)
 /// CriticalKV (Feng et al. 2025, "Identify Critical KV Cache in LLM Inference from an Output
 /// Perturbation Perspective", arXiv 2502.03805): a token matters by its attention weight times
@@ -160,7 +165,8 @@ class TokenScorer {
   /// @param cfg kind and SnapKV parameters
   /// @param n_heads query heads (>= 1, a multiple of n_kv_heads)
   /// @param n_kv_heads KV heads (>= 1)
-  /// @throws Error on bad head counts, window < 1, or an even or non-positive kernel
+  /// @throws Error on bad head counts, window < 1, an even or non-positive kernel, a negative
+  ///   lookahead or one for key-norm
   TokenScorer(ScorerConfig cfg, int n_heads, int n_kv_heads)
       : cfg_(cfg), n_heads_(n_heads), n_kv_heads_(n_kv_heads) {
     DEPTHKV_CHECK(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0,
@@ -170,6 +176,9 @@ class TokenScorer {
     DEPTHKV_CHECK(!cfg.output_aware || cfg.kind == ScorerKind::kH2O || cfg.kind == ScorerKind::kSnapKV ||
                       cfg.kind == ScorerKind::kTOVA,
                   "output-aware scoring applies to h2o, snapkv and tova, not " << to_string(cfg.kind));
+    DEPTHKV_CHECK(cfg.lookahead >= 0, "lookahead must be >= 0, got " << cfg.lookahead);
+    DEPTHKV_CHECK(cfg.lookahead == 0 || cfg.kind != ScorerKind::kKeyNorm,
+                  "lookahead applies to attention-based scorers, not " << to_string(cfg.kind));
     group_ = n_heads / n_kv_heads;
     reset();
   }
@@ -363,7 +372,9 @@ class TokenScorer {
   };
 
   bool uses_ring() const { return cfg_.kind == ScorerKind::kSnapKV || cfg_.kind == ScorerKind::kTOVA; }
-  int ring_capacity() const { return cfg_.kind == ScorerKind::kTOVA ? 1 : cfg_.window; }
+  int ring_capacity() const {
+    return cfg_.kind == ScorerKind::kTOVA ? 1 : cfg_.lookahead > 0 ? cfg_.lookahead : cfg_.window;
+  }
   void check_kv_head(int h) const {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "KV head " << h << " outside [0, " << n_kv_heads_ << ")");
   }

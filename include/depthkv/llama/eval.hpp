@@ -8,7 +8,8 @@
 ///
 /// ## Evaluation protocol
 /// A window is a context and a continuation. The full run prefills the context (observing its
-/// attention with the scorers) and teacher-forces the continuation on the full cache. A pruned
+/// attention with the scorers; a scorer with a lookahead observes the G greedy tokens after it
+/// instead, `observe_lookahead`) and teacher-forces the continuation on the full cache. A pruned
 /// run evicts each layer of the context cache to its budget once, after the whole context is
 /// prefilled (prefill chunking only splits the computation), then teacher-forces the
 /// continuation on the pruned cache (continuation tokens are appended, never evicted; positions
@@ -181,6 +182,96 @@ inline std::vector<int> continuation_targets(const std::vector<int>& continuatio
   return t;
 }
 
+// ---- lookahead observation ---------------------------------------------------------------------
+
+/// Lookahead observation (`ScorerConfig::lookahead`): greedy-decodes G = the largest lookahead of
+/// `sets` tokens after the context held in `cache`, the first `first_token` at position `pos0`
+/// (the context's next position; `first_token` = the argmax of the context's last logits) and
+/// each next one the argmax of the previous step's logits, on the full cache. Set k
+/// (`sets[k][layer]`, one scorer per layer, all with the same lookahead G_k) observes the
+/// attention rows of the first G_k of them. Then the G slots are removed from every head of
+/// `cache` and the scorers keep the state of the context's slots only (`TokenScorer::compact`),
+/// so that `layer_scores(sets[k], cache, ...)` scores the context as it was. Costs G decode steps
+/// over the full cache; the cache holds G more tokens per head meanwhile.
+///
+/// Other engines do the same in their decode loop: feed the G greedy steps' attention rows to
+/// the scorers (`TokenScorer::observe_block`), drop those G slots from the cache and from the
+/// scorers (`compact` with the first `size(h)` slots), then score and evict.
+/// @throws Error on a set whose lookahead is 0 or differs across its layers, a scorer count
+///   other than the layers, or as `LlamaEngine::forward`; `cache` holds the context as before
+///   then, the scorers are reset
+template <class Layer>
+void observe_lookahead(const LlamaEngine& engine, KVCache<Layer>& cache, int first_token, std::int32_t pos0,
+                       const std::vector<std::vector<TokenScorer>*>& sets) {
+  const int L = cache.n_layers();
+  int G = 0;
+  for (const std::vector<TokenScorer>* set : sets) {
+    DEPTHKV_CHECK(set != nullptr && static_cast<int>(set->size()) == L,
+                  "lookahead: " << (set ? set->size() : 0) << " scorers for " << L << " layers");
+    const int g = set->empty() ? 0 : set->front().config().lookahead;
+    DEPTHKV_CHECK(g >= 1, "lookahead: a scorer set without lookahead");
+    for (const TokenScorer& s : *set)
+      DEPTHKV_CHECK(s.config().lookahead == g, "lookahead: scorers of one set differ (" << g << ", "
+                                                                                      << s.config().lookahead << ")");
+    G = std::max(G, g);
+  }
+  std::vector<std::vector<int>> sizes(static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) sizes[static_cast<std::size_t>(l)].push_back(cache.layer(l).size(h));
+  const auto restore = [&]() {  // drops the lookahead slots (a prefix compaction moves nothing)
+    std::vector<std::int32_t> prefix;
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+        const int n = sizes[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+        if (cache.layer(l).size(h) == n) continue;
+        prefix.resize(static_cast<std::size_t>(n));
+        for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i)] = i;
+        cache.layer(l).compact(h, prefix.data(), n);
+      }
+  };
+  int step = 0;
+  ForwardOptions opt;
+  opt.observer = [&sets, &step](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld,
+                                int n) {
+    for (std::vector<TokenScorer>* set : sets)
+      if (step < set->front().config().lookahead)
+        (*set)[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
+  };
+  try {
+    int token = first_token;
+    for (step = 0; step < G; ++step) {
+      const RowMatrix logits = engine.forward(&token, 1, pos0 + step, cache, opt);
+      Eigen::Index next = 0;
+      logits.row(0).maxCoeff(&next);
+      token = static_cast<int>(next);
+    }
+  } catch (...) {
+    restore();
+    for (std::vector<TokenScorer>* set : sets)
+      for (TokenScorer& s : *set) s.reset();
+    throw;
+  }
+  restore();
+  std::vector<std::int32_t> prefix;
+  for (std::vector<TokenScorer>* set : sets)
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+        TokenScorer& s = (*set)[static_cast<std::size_t>(l)];
+        const int n = std::min(s.observed_size(h), cache.layer(l).size(h));
+        prefix.resize(static_cast<std::size_t>(n));
+        for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i)] = i;
+        s.compact(h, prefix.data(), n);
+      }
+}
+
+/// The argmax of the last row of `logits` (the first lookahead token after a prefill).
+inline int last_argmax(const RowMatrix& logits) {
+  DEPTHKV_CHECK(logits.rows() >= 1 && logits.cols() >= 1, "no logits");
+  Eigen::Index t = 0;
+  logits.row(logits.rows() - 1).maxCoeff(&t);
+  return static_cast<int>(t);
+}
+
 // ---- the evaluator with activation reuse --------------------------------------------------------
 
 /// Settings of a `PruningEvaluator`.
@@ -250,6 +341,9 @@ class PruningEvaluator {
     for (const ScorerConfig& s : cfg_.scorers) {
       TokenScorer(s, engine.config().n_heads, engine.config().n_kv_heads);
       output_aware = output_aware || s.output_aware;
+      DEPTHKV_CHECK(!cfg_.chunked_plans || s.lookahead == 0,
+                    "chunked plans evict while the context is read; lookahead (" << s.lookahead
+                                                                                 << ") needs the whole context first");
     }
     DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
     if (output_aware) {
@@ -564,11 +658,17 @@ class PruningEvaluator {
     r.cache = engine_.make_cache();
     std::vector<std::vector<TokenScorer>> sets;
     for (const ScorerConfig& s : cfg_.scorers) sets.push_back(make_scorers(c, s));
+    std::vector<std::vector<TokenScorer>*> context_sets, lookahead_sets;
+    for (auto& set : sets) (set.front().config().lookahead > 0 ? lookahead_sets : context_sets).push_back(&set);
     ForwardOptions opt;
     opt.chunk_size = cfg_.chunk_size;
     opt.all_logits = false;
-    opt.observer = observe_into(sets);
-    engine_.prefill(win.context, 0, r.cache, opt);
+    opt.observer = [&context_sets](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+      for (std::vector<TokenScorer>* set : context_sets) (*set)[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+    };
+    const RowMatrix last = engine_.prefill(win.context, 0, r.cache, opt);
+    if (!lookahead_sets.empty())
+      observe_lookahead(engine_, r.cache, last_argmax(last), static_cast<std::int32_t>(win.context.size()), lookahead_sets);
     for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache, wo()));
     // Continuation on a copy (the stored cache stays context-only), capturing layer inputs.
     HostCache work = r.cache;
@@ -674,8 +774,10 @@ class PruningEvaluator {
     HostCache cache = engine_.make_cache();
     std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
     ForwardOptions po = opt;
-    po.observer = observe_into(sc);
-    engine_.prefill(win.context, 0, cache, po);
+    const bool lookahead = sc.front().config().lookahead > 0;
+    if (!lookahead) po.observer = observe_into(sc);
+    const RowMatrix last = engine_.prefill(win.context, 0, cache, po);
+    if (lookahead) observe_lookahead(engine_, cache, last_argmax(last), n_ctx, {&sc});
     WindowResult res;
     res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
     res.bytes_full = cache.bytes();
