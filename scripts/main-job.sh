@@ -65,15 +65,16 @@ $DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windo
     --sinks 2 --recent 4 --obs-window 4 --preset best --keep 0.1,0.2,0.3,0.5
 } | tee "$OUT/best.eval.txt"
 
-echo "== 7. head-level budgets (the best profiles' head curves): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive); story text and GPL-3"
+echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the preset's lookahead of 32 tokens): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive); story text and GPL-3"
 {
   for ha in uniform adaptive; do
     for src in "$TEXT 64 128" "$OTHER 16 16"; do
       set -- $src
       $DK eval --model "$STORIES" --text "$1" --profile "$OUT/stories260K.best.profile.json" --windows "$2" \
-        --scorers snapkv --output-aware --head-alloc $ha --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+        --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha --policies uniform,optimal,head-optimal \
+        --keep 0.1,0.2,0.3,0.5
       $DK eval --model "$AID" --text "$1" --profile "$OUT/aidreams260K.best.profile.json" --windows "$3" \
-        --sinks 2 --recent 4 --obs-window 4 --scorers snapkv --output-aware --head-alloc $ha \
+        --sinks 2 --recent 4 --obs-window 4 --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha \
         --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
     done
   done

@@ -30,7 +30,9 @@ check() {
     $DK eval --model "$model" --text "$text" --profile "$plain" --windows "$win" "$@" --scorers snapkv \
       --policies uniform --keep $KEEP --csv "$WORK/$name.$src.plain.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv,h2o \
-      --output-aware --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa.csv" > /dev/null 2>&1
+      --output-aware --lookahead 32 --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa.csv" > /dev/null 2>&1
+    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv,h2o \
+      --output-aware --lookahead 0 --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa0.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --preset best --keep $KEEP \
       --csv "$WORK/$name.$src.best.csv" > /dev/null 2>&1
   done
@@ -53,12 +55,14 @@ print("Written by `scripts/preset-heldout.sh`. Mean KL(full || pruned) +- standa
       "48..175 of 96 + 32); other text: 16 windows of `/usr/share/common-licenses/GPL-3` (same sizes). "
       "`--preset best` reads curves measured under its setting on the main profiles' calibration windows "
       "(`docs/results/<model>.best.profile.json`) and picks per keep the output-aware scorer (SnapKV or H2O) "
-      "of the lower predicted loss (in brackets). The change is against uniform budgets with the scorer it "
-      "chose, and against plain SnapKV uniform.\n")
+      "of the lower predicted loss (in brackets), both observing the model's next 32 greedy tokens (`--lookahead 32`). "
+      "The change is against uniform budgets with the scorer it chose (with and without the lookahead), and "
+      "against plain SnapKV uniform.\n")
 for name in ("stories260K", "aidreams260K"):
     for src, label in (("stories", "story text"), ("other", "GPL-3")):
         plain = kl(os.path.join(d, f"{name}.{src}.plain.csv"))
         oa = kl(os.path.join(d, f"{name}.{src}.oa.csv"))
+        oa0 = kl(os.path.join(d, f"{name}.{src}.oa0.csv"))
         best = {k: v for (_, k), v in kl(os.path.join(d, f"{name}.{src}.best.csv")).items()}
         keeps = sorted(best)
         print(f"## {name}, {label}\n")
@@ -67,10 +71,13 @@ for name in ("stories260K", "aidreams260K"):
         cell = lambda v: f"{v[0]:.5f} +- {v[1]:.5f}"
         print("| snapkv uniform | " + " | ".join(cell(plain[("snapkv", k)]) for k in keeps) + " |")
         for sc in ("snapkv", "h2o"):
-            print(f"| {sc} + output-aware, uniform | " + " | ".join(cell(oa[(sc, k)]) for k in keeps) + " |")
+            print(f"| {sc} + output-aware, uniform | " + " | ".join(cell(oa0[(sc, k)]) for k in keeps) + " |")
+            print(f"| {sc} + output-aware + lookahead 32, uniform | " + " | ".join(cell(oa[(sc, k)]) for k in keeps) + " |")
         print("| --preset best | " + " | ".join(f"{cell(best[k])} ({best[k][2]})" for k in keeps) + " |")
         print("| best vs uniform, the scorer it chose | " + " | ".join(
             f"{100 * (best[k][0] / oa[(best[k][2], k)][0] - 1):+.0f}%" for k in keeps) + " |")
+        print("| best vs uniform, the scorer it chose without lookahead | " + " | ".join(
+            f"{100 * (best[k][0] / oa0[(best[k][2], k)][0] - 1):+.0f}%" for k in keeps) + " |")
         print("| best vs snapkv uniform | " + " | ".join(
             f"{100 * (best[k][0] / plain[('snapkv', k)][0] - 1):+.0f}%" for k in keeps) + " |")
         print()

@@ -303,6 +303,27 @@ TEST_CASE("output-aware and cross-head settings: round trip, written only when s
   expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = 3; }, "calibration.selection.head_alloc");
 }
 
+TEST_CASE("the lookahead of the selection: round trip, written only when set, refused when bad", "[profile_io]") {
+  ProfileFile f = sample_file();
+  const nlohmann::json plain = depthkv::profile_to_json(f);
+  REQUIRE_FALSE(plain["calibration"]["selection"].contains("lookahead"));
+  REQUIRE(depthkv::profile_from_json(plain).calibration.selection.lookahead == 0);  // a file without the key
+  f.calibration.selection.lookahead = 32;
+  const nlohmann::json j = depthkv::profile_to_json(f);
+  REQUIRE(j["calibration"]["selection"]["lookahead"] == 32);
+  const ProfileFile g = depthkv::profile_from_json(j);
+  REQUIRE(g.calibration.selection.lookahead == 32);
+  REQUIRE(g.calibration.selection.describe() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg lookahead=32");
+  depthkv::SelectionRecord r = g.calibration.selection;
+  REQUIRE_FALSE(g.calibration.selection.differs(r));
+  r.lookahead = 0;
+  REQUIRE(g.calibration.selection.differs(r));
+  expect_refused(j, [](nlohmann::json& k) { k["calibration"]["selection"]["lookahead"] = -3; },
+                 "'calibration.selection.lookahead' -3 is out of range");
+  expect_refused(j, [](nlohmann::json& k) { k["calibration"]["selection"]["lookahead"] = "x"; },
+                 "calibration.selection.lookahead");
+}
+
 TEST_CASE("head curves: round trip beside the layer curves, older files load, malformed ones refused", "[profile_io]") {
   ProfileFile f = sample_file();
   // a file without head curves has no "heads" key and none are read back (older files)

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -164,16 +165,24 @@ struct SelectionSettings {
 /// pooling and H2O, and head-optimal per-(layer, KV head) budgets from head curves (LU-KV;
 /// `head_optimal_budgets`; profile measures both scorers' head curves: `--head-curves`) under the
 /// default safeguard floor per head (`--min-tokens`), each head keeping exactly its budget
-/// (`--head-alloc uniform`). Each request (eval: each keep ratio; allocate, generate: the one
-/// asked) uses the scorer whose head-optimal budgets have the lower predicted loss on the
-/// profile's calibration curves (`lowest_predicted_scorer`). The protection (`--sinks`,
-/// `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval, allocate and generate: the
-/// profile's), since it depends on the context length. A flag the preset sets cannot be given
-/// with it.
+/// (`--head-alloc uniform`), both scorers observing the attention of the model's next
+/// `kPresetLookahead` greedy tokens after the context (`--lookahead`, ScorerConfig::lookahead;
+/// docs/results/lookahead.md, scripts/lookahead-selection.sh). Each request (eval: each keep
+/// ratio; allocate, generate: the one asked) uses the scorer whose head-optimal budgets have the
+/// lower predicted loss on the profile's calibration curves (`lowest_predicted_scorer`). The
+/// protection (`--sinks`, `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval,
+/// allocate and generate: the profile's), since it depends on the context length, and so does
+/// `--lookahead` when given (a cost: that many decode steps per prompt). Any other flag the
+/// preset sets cannot be given with it.
 struct PresetSettings {
+  /// The lookahead tokens of "best" when `--lookahead` is not given.
+  static constexpr int kPresetLookahead = 32;
+
   std::string name;  ///< empty: no preset
 
   bool active() const { return !name.empty(); }
+  /// Whether `--lookahead` was on the command line (after parsing; false before `add_option`).
+  bool lookahead_given() const { return lookahead_given_ && lookahead_given_(); }
 
   /// Registers `--preset` on a subcommand whose other options are already registered; `sets`
   /// are the flags it excludes there (those of `apply` that the subcommand has).
@@ -182,10 +191,12 @@ struct PresetSettings {
     auto* o = c->add_option("--preset", name,
                             "a named configuration: best (the README's: --output-aware snapkv (--pooling max) "
                             "and h2o, head-optimal budgets per KV head from head curves (profile: --head-curves), "
-                            "--head-alloc uniform, per request the scorer of the lower predicted loss; chosen on "
-                            "calibration windows, docs/results/preset.md)");
+                            "--head-alloc uniform, --lookahead 32 unless given, per request the scorer of the lower "
+                            "predicted loss; chosen on calibration windows, docs/results/preset.md, lookahead.md)");
     o->type_name("NAME");
     for (const std::string& f : sets) o->excludes(f);
+    const auto* lookahead = c->get_option_no_throw("--lookahead");
+    lookahead_given_ = [lookahead] { return lookahead != nullptr && lookahead->count() > 0; };
   }
 
   /// The scorers "best" chooses from for each request (`lowest_predicted_scorer`), in tie order.
@@ -201,6 +212,7 @@ struct PresetSettings {
     sel.output_aware = true;
     sel.head_alloc = "uniform";
     sel.head_alpha = depthkv::kDefaultHeadAlpha;
+    if (!lookahead_given()) sel.lookahead = kPresetLookahead;
     if (scorers) {
       scorers->clear();
       for (const std::string& c : candidates()) *scorers += (scorers->empty() ? "" : ",") + c;
@@ -208,6 +220,9 @@ struct PresetSettings {
     if (policies) *policies = "head-optimal";
     if (head_curves) *head_curves = true;
   }
+
+ private:
+  std::function<bool()> lookahead_given_;  // whether --lookahead was on the command line
 };
 
 /// Decodes the escapes \n, \r, \t and \\ of a command-line value (so that a shell user can

@@ -117,7 +117,13 @@ void run_generate(const GenerateArgs& a) {
   } else if (a.preset.active()) {
     scorer = PresetSettings::candidates().front();  // nothing is evicted
   }
-  const ScorerConfig scfg = a.sel.scorer(scorer);
+  ScorerConfig scfg = a.sel.scorer(scorer);
+  if (bounded && scfg.lookahead > 0 && a.preset.active() && !a.preset.lookahead_given()) {
+    // a schedule evicts while the prompt is read, before any lookahead could run
+    scfg.lookahead = 0;
+    std::fprintf(stderr, "kv cache: --preset %s: no lookahead with --max-kv-tokens (the schedule evicts during the prefill)\n",
+                 a.preset.name.c_str());
+  }
   // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
   const OutputProjections wo = scfg.output_aware ? OutputProjections(lm.model) : OutputProjections();
   // head-optimal: the profile's head curves of the scorer

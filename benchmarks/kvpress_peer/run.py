@@ -507,9 +507,13 @@ def evaluate_model(name, a, out_rows):
             res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
             res.setdefault("preset_scorer", {})[str(row["keep"])] = row["scorer"]
         scorers = ",".join(s for s in ("snapkv", "h2o") if s in json.load(open(own))["scorers"])
+        # the scorers as the preset's profile measured them (its lookahead, if any)
+        look = int(json.load(open(own))["calibration"]["selection"].get("lookahead", 0))
+        look_flags = ["--lookahead", str(look)] if look else []
+        look_label = f" + lookahead {look}" if look else ""
         for row in run_depthkv(a.depthkv, common_own, keeps + ["--policies", "uniform,optimal", "--scorers", scorers,
-                                                               "--output-aware"]):
-            label = f"depthkv {row['scorer']} + output-aware {row['policy']}"
+                                                               "--output-aware"] + look_flags):
+            label = f"depthkv {row['scorer']} + output-aware{look_label} {row['policy']}"
             res["kl"].setdefault(label, {})[str(row["keep"])] = row["kl"]
     heads = os.path.exists(own) and not a.plain_only and not a.no_heads and has_head_curves(own)
     if os.path.exists(own) and not a.plain_only and not heads:
@@ -518,8 +522,9 @@ def evaluate_model(name, a, out_rows):
         # depthkv's head-optimal budgets (head curves of `own`; per head exactly, that is the
         # preset's row) re-split across each layer's heads by the scores (adaptive)
         head_flags = ["--policies", "head-optimal", "--scorers", "snapkv", "--output-aware", "--head-alloc", "adaptive"]
-        for row in run_depthkv(a.depthkv, common_own, keeps + head_flags):
-            res["kl"].setdefault("depthkv snapkv + output-aware head-optimal + adaptive heads", {})[str(row["keep"])] = row["kl"]
+        for row in run_depthkv(a.depthkv, common_own, keeps + head_flags + look_flags):
+            res["kl"].setdefault(f"depthkv snapkv + output-aware{look_label} head-optimal + adaptive heads",
+                                 {})[str(row["keep"])] = row["kl"]
         own_prof = json.load(open(own))
         own_sel = own_prof["calibration"]["selection"]
         n_kv = int(own_prof["scorers"]["snapkv"]["heads"]["n_kv_heads"])

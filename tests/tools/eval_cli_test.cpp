@@ -174,8 +174,8 @@ TEST_CASE("the selection flags are --sinks --recent --obs-window --kernel --pool
   require_error(run_cli(alloc + "--sinks 2 --recent 4 --obs-window 4 --pooling mean", "2>&1"),
                 "--pooling: unknown pooling 'mean' (expected none, max or avg)");
   require_error(run_cli(alloc + "--kernel 4", "2>&1"),
-                "bad selection settings: sinks=4 recent=16 obs_window=16 kernel=4 pooling=max (--sinks, --recent >= 0; "
-                "--obs-window >= 1; odd --kernel >= 1)");
+                "bad selection settings: sinks=4 recent=16 obs_window=16 kernel=4 pooling=max (--sinks, --recent, "
+                "--lookahead >= 0; --obs-window >= 1; odd --kernel >= 1)");
   require_error(run_cli(alloc + "--obs-window 0", "2>&1"), "bad selection settings");
   require_error(run_cli(alloc + "--recent -1", "2>&1"), "bad selection settings");
   // --help names the new flags and not the old ones
@@ -420,6 +420,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   REQUIRE(f.calibration.selection.pooling == "max");
   REQUIRE(f.has_head_curves("snapkv"));
   REQUIRE(f.has_head_curves("h2o"));
+  REQUIRE(f.calibration.selection.lookahead == 32);  // the preset's lookahead
   const std::string base =
       "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common + " --windows 2";
   const std::string eval = base + " --keep 0.1,0.3,0.5";
@@ -427,7 +428,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   REQUIRE(r.status == 0);
   const nlohmann::json rows = nlohmann::json::parse(r.out);
   REQUIRE(rows.size() == 3);  // one row per keep: the chosen scorer, one policy
-  const std::string spelled_flags = " --policies head-optimal --pooling max --output-aware --json";
+  const std::string spelled_flags = " --policies head-optimal --pooling max --output-aware --lookahead 32 --json";
   for (const auto& row : rows) {
     REQUIRE(row["preset"] == "best");
     REQUIRE(row["policy"] == "head-optimal");
@@ -437,6 +438,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     REQUIRE(row["pooling"] == "max");
     REQUIRE(row["sinks"] == 2);
     REQUIRE(row["recent"] == 4);
+    REQUIRE(row["lookahead"] == 32);
     // the chosen scorer has the lowest predicted loss, each as allocate predicts it for that scorer
     const nlohmann::json& pred = row["predicted_loss"];
     REQUIRE(pred.size() == 2);
@@ -461,6 +463,17 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     REQUIRE(srow["kl"] == row["kl"]);
     REQUIRE(srow["budgets"] == row["budgets"]);
   }
+  // --lookahead given with the preset wins over the preset's, and is the spelled-out flag's row
+  const auto r0 = run_cli(base + " --keep 0.3 --preset best --lookahead 0 --json", "2>/dev/null");
+  REQUIRE(r0.status == 0);
+  const nlohmann::json row0 = nlohmann::json::parse(r0.out).at(0);
+  REQUIRE(row0["lookahead"] == 0);
+  const auto s0 = run_cli(base + " --keep 0.3 --scorers " + row0["scorer"].get<std::string>() +
+                              " --policies head-optimal --pooling max --output-aware --json",
+                          "2>/dev/null");
+  REQUIRE(s0.status == 0);
+  REQUIRE(nlohmann::json::parse(s0.out).at(0)["kl"] == row0["kl"]);
+  require_error(run_cli(base + " --keep 0.3 --preset best --lookahead -1", "2>&1"), "--lookahead >= 0");
   // a profile of one candidate (the earlier preset's): that scorer; one without head curves: refused
   const std::string one = small_profile("--scorers snapkv --pooling max --output-aware --head-curves --ratios 0.2,0.5",
                                         "profile_best_snapkv.json");
@@ -505,6 +518,10 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
                           "2>&1");
   INFO(gb.out);
   REQUIRE(gb.status == 0);
+  REQUIRE_THAT(gb.out, Catch::Contains("no lookahead with --max-kv-tokens"));
+  require_error(run_cli("generate --model " + model + " --lookahead 4 --max-kv-tokens 100 --steps 30 --prompt 'Once'",
+                        "2>&1"),
+                "lookahead (4) needs the whole context first");
   require_error(run_cli("generate --model " + model + " --preset best --keep 0.5 --steps 20", "2>&1"),
                 "--preset best needs --profile with head curves");
   std::remove(profile.c_str());
