@@ -412,7 +412,8 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
     for (const Row& r : rows)
       std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted({r.scorer, r.predicted}).c_str());
   }
-  std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
+  const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
+  if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
   for (const std::string& sc : plan.scorers)
     for (double keep : plan.keeps) {
       double uni = -1;

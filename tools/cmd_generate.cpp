@@ -189,7 +189,9 @@ void run_generate(const GenerateArgs& a) {
     std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer.c_str(), a.policy.c_str(),
                  a.keep);
     for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
-    std::fprintf(stderr, " of %d; %zu of %zu bytes\n", n_feed, rep.bytes_after, rep.bytes_before);
+    std::fprintf(stderr, " of %d; %zu of %zu bytes", n_feed, rep.bytes_after, rep.bytes_before);
+    if (scfg.lookahead > 0) std::fprintf(stderr, "; scored by the next %d greedy tokens (lookahead)", scfg.lookahead);
+    std::fprintf(stderr, "\n");
   }
 
   // run.c's generation loop.
