@@ -53,16 +53,16 @@ echo "== 5. the paper's InfoNCE-guided allocation (MGA, MLMA, MLP) on stories260
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
   --keep 0.2,0.3,0.5 --policies uniform,optimal,mga,mlma2,mlp --scorers h2o,snapkv | tee "$OUT/stories260K.infonce_eval.txt"
 $DK analyze --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.analyze.txt"
-echo "== 6. --preset best (chosen on calibration windows, docs/results/preset.md): its curves, then both models' evaluation windows"
+echo "== 6. --preset best (chosen on calibration windows, docs/results/preset.md, lookahead.md; protection: protection.md, 4/16 and 0/4): its curves, then both models' evaluation windows"
 $DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 --windows 24 --preset best \
   -o "$OUT/stories260K.best.profile.json" > "$OUT/stories260K.best.profile.txt"
-$DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windows 48 --sinks 2 --recent 4 --obs-window 4 \
+$DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windows 48 --sinks 0 --recent 4 --obs-window 4 \
   --preset best -o "$OUT/aidreams260K.best.profile.json" > "$OUT/aidreams260K.best.profile.txt"
 {
   $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.best.profile.json" --windows 64 --preset best \
     --keep 0.1,0.2,0.3,0.5
   $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.best.profile.json" --windows 128 \
-    --sinks 2 --recent 4 --obs-window 4 --preset best --keep 0.1,0.2,0.3,0.5
+    --sinks 0 --recent 4 --obs-window 4 --preset best --keep 0.1,0.2,0.3,0.5
 } | tee "$OUT/best.eval.txt"
 
 echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the preset's lookahead of 32 tokens): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive); story text and GPL-3"
@@ -74,7 +74,7 @@ echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the 
         --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha --policies uniform,optimal,head-optimal \
         --keep 0.1,0.2,0.3,0.5
       $DK eval --model "$AID" --text "$1" --profile "$OUT/aidreams260K.best.profile.json" --windows "$3" \
-        --sinks 2 --recent 4 --obs-window 4 --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha \
+        --sinks 0 --recent 4 --obs-window 4 --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha \
         --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
     done
   done

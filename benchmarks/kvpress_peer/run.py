@@ -501,7 +501,10 @@ def evaluate_model(name, a, out_rows):
     # <model>.best.profile.json: the main profile's calibration windows and selection) when present
     own = os.path.join(a.best_profile_dir, name + ".best.profile.json")
     if os.path.exists(own) and not a.plain_only:
-        common_own = [x if x != profile else own for x in common]
+        # the preset's profile's own protection (it may differ from the main profile's)
+        osel = json.load(open(own))["calibration"]["selection"]
+        common_own = [x if x != profile else own for x in common[:len(common) - len(m["selection"])]] + [
+            "--sinks", str(osel["sinks"]), "--recent", str(osel["recent"]), "--obs-window", str(osel["obs_window"])]
         keeps = ["--keep", ",".join(map(str, a.keep))]
         for row in run_depthkv(a.depthkv, common_own, keeps + ["--preset", "best"]):
             res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
