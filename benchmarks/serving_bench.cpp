@@ -47,8 +47,12 @@
 // Usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N]
 //                      [--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal]
 //                      [--scorer snapkv|h2o] [--quality N] [--skip N] [--reps N] [--profile FILE]
-//                      [--data DIR] [--json]
+//                      [--data DIR] [--json] [--reserve-blocks N]
 // --reps N repeats each mode's simulation N times and reports the fastest wall time (tokens/s).
+// --reserve-blocks N admits every request with a reservation of N blocks instead of the computed one
+// (to check the checks: a reservation below the peak must make the run fail).
+// Exit status: 0 when every mode completed every request with no request over its reservation and
+// no append finding the pool short; 1 otherwise (each breach named on stderr), or on an error.
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +98,7 @@ double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Cloc
 struct Settings {
   int pool_seqs = 8, block_size = 16, requests = 64, context = 384, gen = 128, chunk = 64, interval = 16;
   int quality = 16, skip = 24;
+  int reserve_override = 0;  ///< > 0: admit with this reservation instead of the computed one (--reserve-blocks)
   std::vector<double> keeps{0.3, 0.2};
   std::vector<std::string> policies{"uniform", "optimal"};
   std::string scorer = "snapkv";
@@ -200,7 +205,7 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   Row row;
   row.mode = m;
   row.pool_blocks = pool.num_blocks();
-  row.reservation = reservation_blocks(m, s, c.n_layers);
+  row.reservation = s.reserve_override > 0 ? s.reserve_override : reservation_blocks(m, s, c.n_layers);
   DEPTHKV_CHECK(row.reservation <= pool.num_blocks(),
                 "a request needs " << row.reservation << " blocks, the pool has " << pool.num_blocks());
   ScheduleConfig sc;
@@ -236,6 +241,7 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
     row.max_active = std::max(row.max_active, static_cast<int>(active.size()));
     active_sum += static_cast<long long>(active.size());
     ++row.steps;
+    const long long progress_before = row.prefill_tokens + row.decode_tokens;
     for (auto& q : active) {  // one step: a prefill chunk or a decode token for each
       const std::vector<int>& ctx = contexts[static_cast<std::size_t>(q->id)];
       const bool prefill = q->pos < s.context;
@@ -288,9 +294,12 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
       if (q.id < s.quality) quality_done.push_back(std::move(active[i]));
       active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    if (row.prefill_tokens + row.decode_tokens == progress_before) break;  // every active request short: stuck
   }
   row.wall_s = seconds(t0);
   row.mean_active = row.steps > 0 ? static_cast<double>(active_sum) / row.steps : 0.0;
+  for (auto& q : active)  // left by a stuck pool: their blocks go back before the leak check
+    for (int l = 0; l < q->cache.n_layers(); ++l) q->cache.layer(l).clear();
   DEPTHKV_CHECK(pool.num_free() == pool.num_blocks() && pool.check(), "blocks leaked");
 
   // quality: the full cache teacher-forced on the generated tokens
@@ -366,13 +375,14 @@ int main(int argc, char** argv) {
   });
   args.option("--scorer", s.scorer).option("--quality", s.quality).option("--skip", s.skip).option("--reps", reps);
   args.option("--profile", profile_path).option("--data", data).flag("--json", json);
+  args.option("--reserve-blocks", s.reserve_override);
   if (!args.parse(argc, argv)) return 2;
   bool keeps_ok = true;
   for (double k : s.keeps) keeps_ok = keeps_ok && k > 0 && k <= 1;
   if (s.pool_seqs < 1 || s.block_size < 1 || s.requests < 1 || s.context < 1 || s.gen < 1 || s.chunk < 1 ||
-      s.interval < 1 || s.quality < 0 || s.skip < 0 || reps < 1 || !keeps_ok) {
+      s.interval < 1 || s.quality < 0 || s.skip < 0 || reps < 1 || !keeps_ok || s.reserve_override < 0) {
     std::fprintf(stderr, "serving_bench: --pool-seqs, --block-size, --requests, --context, --gen, --chunk, --interval "
-                         "--reps must be >= 1, --quality, --skip >= 0, --keep in (0, 1]\n");
+                         "--reps must be >= 1, --quality, --skip, --reserve-blocks >= 0, --keep in (0, 1]\n");
     return 2;
   }
   if (profile_path.empty()) profile_path = std::string(DEPTHKV_SOURCE_DIR) + "/docs/results/stories260K.profile.json";
@@ -457,6 +467,18 @@ int main(int argc, char** argv) {
       }
       std::printf("]\n");
     }
+    // The claims the table rests on: no request held more than its reservation, no append found the
+    // pool short, every request completed. Any breach is a failure of the run, not a column.
+    int failures = 0;
+    for (const Row& r : rows) {
+      if (r.over_reservation == 0 && r.exhausted == 0 && r.completed == s.requests) continue;
+      ++failures;
+      std::fprintf(stderr,
+                   "serving_bench: FAIL %s: %d request(s) over their reservation, %d append(s) found the pool short, "
+                   "%d/%d requests completed\n",
+                   r.mode.name().c_str(), r.over_reservation, r.exhausted, r.completed, s.requests);
+    }
+    if (failures > 0) return 1;
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "serving_bench: %s\n", e.what());
     return 1;

@@ -7,7 +7,9 @@
 #                                        scripts/build_gpu_binaries.sh (no compiling on the device)
 #   scripts/gpu_check.sh [--dry-run] [OUT_DIR]                   fallback: compile on the device first
 #   --dry-run: print the plan and its worst-case time, touch no device, run nothing; exit 0 when
-#              the plan fits the budget (a ctest runs it).
+#              the plan fits the budget and every program it plans to run is there (with --prebuilt:
+#              the four programs in DIR; fallback: the sources scripts/build_gpu_binaries.sh compiles);
+#              exit 1 otherwise (ctests run it both ways, and on an empty folder, which must fail).
 #
 # Steps, in this order (timeout in seconds; each killed step gets 5 s more to exit):
 #   0. device info (nvidia-smi; 10)
@@ -108,23 +110,35 @@ print_plan() {
     i=$((i + 1))
   done
   worst=$((worst + RESERVE))
+  local missing=0
   if [ -n "$PREBUILT" ]; then
     for t in cuda_score_test cuda_evict_test cuda_paged_compact_test evict_cuda_bench; do
-      if [ -x "$PREBUILT/$t" ]; then echo "program $t: present"; else echo "program $t: MISSING (its steps would FAIL)"; fi
+      if [ -x "$PREBUILT/$t" ]; then echo "program $t: present"; else echo "program $t: MISSING (its steps would FAIL)"; missing=$((missing + 1)); fi
     done
     [ -f "$PREBUILT/BUILD_INFO" ] && sed 's/^/prebuilt /' "$PREBUILT/BUILD_INFO"
+  else
+    for f in scripts/build_gpu_binaries.sh tests/cuda/score_test.cu tests/cuda/evict_test.cu \
+             tests/cuda/paged_compact_test.cu benchmarks/evict_cuda_bench.cu; do
+      if [ -f "$ROOT/$f" ]; then echo "source $f: present"; else echo "source $f: MISSING (the build would FAIL)"; missing=$((missing + 1)); fi
+    done
   fi
   echo "required steps: worst case ${worst}s (timeouts + ${KILL_GRACE}s kill grace each + ${RESERVE}s summary);" \
        "optional steps (${opt}s) run only with their full timeout left"
   if [ -z "$PREBUILT" ]; then
     echo "with the on-device build: worst case $((worst + 2 * BUILD_TIMEOUT + KILL_GRACE))s in all (build outside the ${BUDGET_S}s budget)"
   fi
+  local fits=1
   if [ "$worst" -le "$BUDGET_S" ]; then
     echo "plan: worst case ${worst}s of required steps within the ${BUDGET_S}s budget"
-    return 0
+  else
+    echo "plan: worst case ${worst}s of required steps EXCEEDS the ${BUDGET_S}s budget"
+    fits=0
   fi
-  echo "plan: worst case ${worst}s of required steps EXCEEDS the ${BUDGET_S}s budget"
-  return 1
+  if [ "$missing" -gt 0 ]; then
+    echo "plan: FAILS: $missing program(s) or source(s) it plans to run are missing"
+    return 1
+  fi
+  [ "$fits" = 1 ]
 }
 
 if [ "$DRY" = 1 ]; then

@@ -649,15 +649,3 @@ TEST_CASE("engine [real]: mean NLL over the first 64 windows of 512 tokens", "[e
   std::cout << "stories260K mean NLL, first 64 windows of 512 tokens: " << nll << " nats\n";
   REQUIRE(std::abs(nll - 1.26) < 0.02);
 }
-
-TEST_CASE("engine [real]: mean NLL over all windows of 512 tokens (slow, hidden)",
-          "[.][engine][real][nll-all]") {
-  const LlamaEngine engine(stories260k());
-  const std::vector<int> ids = depthkv::llama::encode_stories(
-      tok512(), depthkv::llama::split_stories(slurp(depthkv_test::data_path("text/tinystories_valid.txt"))));
-  const auto windows = depthkv::llama::token_windows(ids, 512);
-  const double nll = mean_window_nll(engine, windows);
-  std::cout << "stories260K mean NLL, all " << windows.size() << " windows of 512 tokens: " << nll
-            << " nats\n";
-  REQUIRE(std::abs(nll - 1.51) < 0.03);
-}

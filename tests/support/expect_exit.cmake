@@ -1,0 +1,26 @@
+# Runs a program and requires its exact exit code (and, optionally, a match in its output), for tests
+# whose pass condition is a particular exit: a plain add_test cannot tell exit 1 from a crash, and
+# PASS_REGULAR_EXPRESSION ignores the exit code.
+#   cmake -DEXPECT=<code> [-DMATCH=<regex>] -P expect_exit.cmake -- <program> [args...]
+set(cmd)
+set(after_dashes FALSE)
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE 1 ${last})
+  if(after_dashes)
+    list(APPEND cmd "${CMAKE_ARGV${i}}")
+  elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
+    set(after_dashes TRUE)
+  endif()
+endforeach()
+if(NOT DEFINED EXPECT OR NOT cmd)
+  message(FATAL_ERROR "expect_exit.cmake: usage: cmake -DEXPECT=<code> [-DMATCH=<regex>] -P expect_exit.cmake -- <program> [args...]")
+endif()
+execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT "${rc}" STREQUAL "${EXPECT}")
+  message(FATAL_ERROR "expect_exit.cmake: exit '${rc}', expected ${EXPECT}: ${cmd}")
+endif()
+if(DEFINED MATCH AND NOT "${out}${err}" MATCHES "${MATCH}")
+  message(FATAL_ERROR "expect_exit.cmake: the output does not match '${MATCH}': ${cmd}")
+endif()
+message("expect_exit.cmake: exit ${rc} as expected")
