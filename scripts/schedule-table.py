@@ -99,16 +99,18 @@ if plot:
                 f.write("\n\n")
     name = os.path.basename(plot)
     with open(plot + ".gp", "w") as f:
-        f.write(f"""set terminal svg size 1200,800 font "sans,11"
+        f.write(f"""set terminal svg size 1200,900 noenhanced font "sans,11" background rgb "white"
 set output "{plot}.svg"
-set multiplot layout 2,3 title "Peak KV memory against context (uniform H2O): full cache, oneshot and chunked eviction"
+set multiplot layout 2,3 title "Peak KV memory against context (uniform H2O): full cache, oneshot and chunked eviction (equal peaks draw one line)"
 set xlabel "context tokens"
 set ylabel "peak KV KiB"
-set key top left
+set key below horizontal height 1
 set yrange [0:*]
+set grid
 """)
         i = 0
         for label, prefix, contexts, chunks, cont, _ in MODELS:
+            f.write("set xtics (" + ", ".join(str(c) for c in contexts) + ")\n")
             for k in keeps:
                 f.write(f'set title "{label}, keep {k} (continuation {cont})"\n')
                 f.write(f'plot "{plot}.dat" index {i} using 1:2 with linespoints title "full cache", '

@@ -1,8 +1,9 @@
-set terminal svg size 1100,760 dynamic enhanced font 'Helvetica,12' background rgb 'white'
+set terminal svg size 1100,760 dynamic noenhanced font 'Helvetica,12' background rgb 'white'
 set output 'docs/results/aidreams260K.eval-1.svg'
 set multiplot layout 2,2 title 'aidreams260K.bin: 128 eval windows of tinystories_valid.txt (96+32 tokens)'
 set grid
-set key top right
+set key below horizontal height 1
+set xtics 0.1
 set logscale y
 set format y '%g'
 $q_h2o_uniform << EOD
