@@ -58,7 +58,9 @@ print("Written by `scripts/preset-heldout.sh`. Mean KL(full || pruned) +- standa
       "of the lower predicted loss (in brackets), both observing the model's next 32 greedy tokens (`--lookahead 32`). "
       "The change is against uniform budgets with the scorer it chose (with and without the lookahead), and "
       "against plain SnapKV uniform. Every row uses the preset's protection (`docs/results/protection.md`): "
-      "stories260K --sinks 4 --recent 16 --obs-window 16, aidreams260K --sinks 0 --recent 4 --obs-window 4.\n")
+      "stories260K --sinks 4 --recent 16 --obs-window 16, aidreams260K --sinks 0 --recent 4 --obs-window 4. "
+      "The story windows here are the evaluation windows, which several revisions of the preset were scored on; "
+      "the same rows on windows no revision has seen: `untouched.md` (window sets: `windows.md`).\n")
 for name in ("stories260K", "aidreams260K"):
     for src, label in (("stories", "story text"), ("other", "GPL-3")):
         plain = kl(os.path.join(d, f"{name}.{src}.plain.csv"))
