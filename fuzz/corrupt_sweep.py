@@ -1,0 +1,1628 @@
+#!/usr/bin/env python3
+"""Seeded corruption sweep of the depthkv program over every input kind (standard library only).
+
+Not run in CI. Each case writes a corrupted input (or picks a bad command-line value), runs one
+`depthkv` subcommand on it with small settings, and classifies the run:
+
+  clean    the program refused the input: exit code 1 (tools/depthkv.cpp: every error exits 1)
+           with "depthkv: error: <message>" on stderr
+  success  exit 0 with sane output (see the wrong-output rules)
+  crash    killed by a signal (SIGSEGV, SIGABRT, ...), an exit code other than 0 and 1, or a
+           sanitizer / "terminate called" / assertion report on stderr whatever the exit code
+  hang     still running after --timeout seconds (killed)
+  wrong    one of the wrong-output rules below
+
+Wrong-output rules (each finding names the rule that fired):
+  W1 accepted   exit 0 on an input the case marks as one that must be refused (the reason is in
+                the case: e.g. a negative count, a truncated file, a NaN weight, /dev/full output,
+                a directory or missing file as input, an id outside the vocabulary, a value
+                outside an option's documented range)
+  W2 non-finite exit 0 and stdout or a written output file holds nan, -nan, inf, -inf or null
+                as a word (generate: case-sensitive, so a story's "Nan" is no finding)
+  W3 unk        greedy `generate` (-t 0) printed "<unk>" (token 0): non-finite or degenerate
+                logits; a trained model never picks it greedily
+  W4 json       exit 0 with --json, but stdout is not strict JSON (NaN/Infinity refused); or an
+                output JSON file (profile -o, eval --windows-out) is not strict JSON
+  W5 empty      exit 0 but nothing on stdout, where the subcommand always prints something
+  W6 no-message exit 1 without "depthkv: error: <non-empty message>" on stderr
+  W7 misleading the error message names an option as "--flag:" that is not on the command
+                line (e.g. "--length: ..." for a profile's length), or, for a missing / directory
+                input given on the command line, does not name that path or names a quoted path
+                the user never gave
+
+Kinds (--kind, comma-separated; default all): profile, gguf, llama2c, tokens, text, cli.
+Reproducers of every non-clean case (the corrupted files, cmd.sh, stdout, stderr, case.json)
+go to OUT/repro/<class>/<kind>-<index>/; `--replay KIND:INDEX` regenerates one case (cases are
+a pure function of --seed, kind and index). OUT must lie outside the repository.
+
+usage: corrupt_sweep.py [--bin PATH] [--data DIR] [--out DIR] [--seed N] [--kind K[,K]]
+                        [--cases N | --quick] [--jobs J] [--timeout S] [--json FILE] [--replay K:I]
+"""
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+KINDS = ["profile", "gguf", "llama2c", "tokens", "text", "cli"]
+CLASSES = ["clean", "success", "crash", "hang", "wrong"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+I32_MIN, I32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+class Case:
+    """One run: files to write into the case folder, the command, and what is expected."""
+
+    def __init__(self, kind, index, label):
+        self.kind = kind
+        self.index = index
+        self.label = label          # mutation, e.g. "profile/truncate" (grouping key of findings)
+        self.files = {}             # name -> bytes, written into the case folder
+        self.dirs = []              # sub-folders to create
+        self.argv = []              # after the program; "{D}" is replaced by the case folder
+        self.must_refuse = None     # reason the input must be refused (rule W1), or None
+        self.stdout_full = False    # stdout redirected to /dev/full
+        self.expect_stdout = True   # rule W5
+        self.outputs = []           # output files ("{D}/...") checked by W2/W4 on success
+        self.json_outputs = []      # output files that must be strict JSON
+        self.paths_in_msg = []      # W7: the message must name these (missing/directory inputs)
+        self.timeout_scale = 1.0
+
+    def refuse(self, reason):
+        if self.must_refuse is None:
+            self.must_refuse = reason
+
+
+# ----------------------------------------------------------------------------------------------
+# Base inputs (read once, shared read-only by all cases)
+# ----------------------------------------------------------------------------------------------
+
+class Base:
+    def __init__(self, data, work, exe):
+        self.data = data
+        self.exe = exe
+        m = os.path.join(data, "models")
+        self.sbin = os.path.join(m, "stories260K", "stories260K.bin")
+        self.stok = os.path.join(m, "stories260K", "tok512.bin")
+        self.sgguf = os.path.join(m, "stories260K", "stories260K.gguf")
+        self.abin = os.path.join(m, "aidreams260K", "aidreams260K.bin")
+        self.atok = os.path.join(m, "aidreams260K", "tok512.bin")
+        self.vocabs = {v: os.path.join(data, "vocab", "ggml-vocab-%s.gguf" % v)
+                       for v in ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2"]}
+        for p in [self.sbin, self.stok, self.sgguf, self.abin, self.atok] + list(self.vocabs.values()):
+            if not os.path.isfile(p):
+                sys.exit("corrupt_sweep: missing data file %s (--data)" % p)
+        self.dir = os.path.join(work, "base")
+        os.makedirs(self.dir, exist_ok=True)
+        # a small text: the first stories of the validation text (about 6 KB, whole stories)
+        full = open(os.path.join(data, "text", "tinystories_valid.txt"), "rb").read()
+        cut = full.find(b"\n\n", 6000)
+        self.small_text_bytes = full[: cut + 1 if cut > 0 else 6000]
+        self.small = os.path.join(self.dir, "small.txt")
+        open(self.small, "wb").write(self.small_text_bytes)
+        self.cache = {}
+        self.lock = threading.Lock()
+        # token ids of the small text (stories260K's tokenizer)
+        r = subprocess.run([exe, "tokenize", "-m", self.sbin, "--text-file", self.small],
+                           capture_output=True, timeout=120)
+        if r.returncode != 0:
+            sys.exit("corrupt_sweep: setup tokenize failed: %s" % r.stderr.decode(errors="replace"))
+        self.small_ids = [int(x) for x in r.stdout.split()]
+        self.small_tokens = os.path.join(self.dir, "small.tokens")
+        open(self.small_tokens, "w").write(" ".join(map(str, self.small_ids)) + "\n")
+        # a small profile of stories260K.bin on the small text (context 64 + 8, the default selection, so
+        # that eval, allocate and analyze run with their defaults at --keep 0.5)
+        self.sprof = os.path.join(self.dir, "small.profile.json")
+        r = subprocess.run([exe, "profile", "--model", self.sbin, "--text", self.small, "--context", "64",
+                            "--continuation", "8", "--windows", "2", "-o", self.sprof], capture_output=True,
+                           timeout=300)
+        if r.returncode != 0:
+            sys.exit("corrupt_sweep: setup profile failed: %s" % r.stderr.decode(errors="replace"))
+        res = os.path.join(REPO, "docs", "results")
+        self.profiles = {  # profile -> (model, is a --preset best profile)
+            self.sprof: (self.sbin, False),
+            os.path.join(res, "stories260K.profile.json"): (self.sbin, False),
+            os.path.join(res, "stories260K.best.profile.json"): (self.sbin, True),
+            os.path.join(res, "aidreams260K.profile.json"): (self.abin, False),
+            os.path.join(res, "aidreams260K.best.profile.json"): (self.abin, True),
+        }
+        for p in self.profiles:
+            if not os.path.isfile(p):
+                sys.exit("corrupt_sweep: missing profile %s" % p)
+
+    def read(self, path):
+        with self.lock:
+            if path not in self.cache:
+                self.cache[path] = open(path, "rb").read()
+            return self.cache[path]
+
+    def gguf(self, path):
+        key = ("gguf", path)
+        with self.lock:
+            have = self.cache.get(key)
+        if have is None:
+            have = parse_gguf(self.read(path))
+            with self.lock:
+                self.cache[key] = have
+        return have
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------------------------
+
+def flip_bits(b, rng, n, lo=0, hi=None):
+    hi = len(b) if hi is None else hi
+    for _ in range(n):
+        i = rng.randrange(lo, hi)
+        b[i] ^= 1 << rng.randrange(8)
+
+
+def put(b, off, fmt, v):
+    struct.pack_into("<" + fmt, b, off, v)
+
+
+def pick(rng, weighted):
+    """weighted: list of (weight, value)."""
+    t = rng.random() * sum(w for w, _ in weighted)
+    for w, v in weighted:
+        t -= w
+        if t <= 0:
+            return v
+    return weighted[-1][1]
+
+
+PROMPTS = ["Once upon a time", "Lily found a red ball.", "Hello world, it's 3:14 -- ok?", "a", "The cat"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kind: profile (JSON profiles)
+# ----------------------------------------------------------------------------------------------
+
+REQUIRED_TOP = {"format", "version", "model", "n_layers", "keep_ratios", "metric", "calibration", "scorers"}
+REQUIRED_MODEL = {"file", "size", "header_hash", "header_bytes"}
+REQUIRED_CAL = {"text_file", "context", "continuation", "skip", "samples", "window_begin", "window_end",
+                "description"}
+REQUIRED_SCORER = {"n_samples", "kl", "dnll", "top1"}
+COUNT_KEYS = {"n_layers", "context", "continuation", "samples", "n_samples", "skip", "window_begin",
+              "window_end", "header_bytes", "size", "n_kv_heads", "sinks", "recent", "obs_window", "kernel",
+              "lookahead", "eviction_chunk"}
+
+
+def json_paths(o, path=()):
+    """Every (path, value) of a JSON value, containers included."""
+    yield path, o
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from json_paths(v, path + (k,))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            yield from json_paths(v, path + (i,))
+
+
+def json_get(o, path):
+    for p in path:
+        o = o[p]
+    return o
+
+
+def json_set(o, path, v):
+    json_get(o, path[:-1])[path[-1]] = v
+
+
+def type_class(v):
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    if v is None:
+        return "null"
+    return type(v).__name__
+
+
+def required_path(path):
+    """Whether the profile reader must find the key at `path` (a key path of strings/ints)."""
+    if len(path) == 1:
+        return path[0] in REQUIRED_TOP
+    if path[0] == "model" and len(path) == 2:
+        return path[1] in REQUIRED_MODEL
+    if path[0] == "calibration" and len(path) == 2:
+        return path[1] in REQUIRED_CAL
+    if path[0] == "scorers" and len(path) == 3:
+        return path[2] in REQUIRED_SCORER
+    if path[0] == "scorers" and len(path) == 4 and path[2] == "heads":
+        return path[3] in REQUIRED_SCORER | {"n_kv_heads"}
+    if path[0] == "scorers" and len(path) == 4 and path[2] in ("kl", "dnll", "top1"):
+        return path[3] in ("mean", "stderr")
+    if path[0] == "scorers" and len(path) == 5 and path[2] == "heads" and path[3] in ("kl", "dnll", "top1"):
+        return path[4] in ("mean", "stderr")
+    if path[0] == "layer_metrics" and len(path) == 3:
+        return path[2] == "mean"
+    return False
+
+
+def shaped_array(path):
+    """Arrays whose length the reader checks (the curves, keep_ratios, layer metric means)."""
+    s = [p for p in path if isinstance(p, str)]
+    return (s[-1:] in (["mean"], ["stderr"], ["done"]) or s == ["keep_ratios"]) and not (
+        len(s) >= 1 and s[0] == "layer_metrics" and s[-1] != "mean")
+
+
+def number_rule(path, v):
+    """Why the reader must refuse number `v` at `path`, or None."""
+    s = [p for p in path if isinstance(p, str)]
+    key = s[-1] if s else ""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "non-finite number"
+    if key in COUNT_KEYS and not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+        return "non-integer %s" % key
+    if key in COUNT_KEYS and v < 0 and key not in ("skip",):
+        return "negative %s" % key
+    if key in ("n_layers", "context", "n_kv_heads", "kernel", "obs_window") and v <= 0:
+        return "%s <= 0" % key
+    if key in COUNT_KEYS and abs(v) >= 2 ** 31 and key not in ("size", "header_bytes"):
+        return "%s does not fit an int" % key
+    if key == "keep_ratios" or (len(path) >= 2 and path[-2] == "keep_ratios"):
+        if not (0 < v <= 1):
+            return "keep ratio outside (0, 1]"
+    if key == "stderr" and v < 0:
+        return "negative stderr"
+    if len(s) >= 2 and s[-2] == "kl" and key == "mean" and v < 0:
+        return "negative KL"
+    if key == "head_alpha" and not (0 <= v <= 1):
+        return "head_alpha outside [0, 1]"
+    return None
+
+
+SPECIAL_NUMBERS = [float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 0, -1, -0.0, 5e-324, 2 ** 31,
+                   2 ** 31 - 1, -(2 ** 31), 2 ** 63, 2 ** 64, -(2 ** 63), 1e20, 0.5, 1.5, 3, 100000]
+
+
+def dump_json(o):
+    return json.dumps(o, allow_nan=True).encode()
+
+
+def gen_profile(base, rng, case):
+    path = rng.choice(sorted(base.profiles))
+    model, best = base.profiles[path]
+    doc = json.loads(base.read(path))
+    nodes = list(json_paths(doc))
+    leaves = [(p, v) for p, v in nodes if p and not isinstance(v, (dict, list))]
+    numbers = [(p, v) for p, v in leaves if type_class(v) == "number"]
+    raw = None
+    m = pick(rng, [(10, "deep"), (18, "number"), (8, "all-kl"), (12, "type"), (8, "truncate"), (12, "missing"),
+                   (8, "count"), (8, "string"), (6, "array"), (6, "whole"), (4, "bitflip")])
+    case.label = "profile/" + m
+    if m == "deep":
+        depth = rng.choice([64, 1000, 10000, 70000, 200000])
+        p, _ = rng.choice(numbers + [((k,), None) for k in ("keep_ratios", "n_layers")])
+        json_set(doc, p, "@@DEEP@@")
+        raw = dump_json(doc).replace(b'"@@DEEP@@"', b"[" * depth + b"1" + b"]" * depth)
+        case.label += "/%d" % depth
+        case.refuse("array nested %d deep where %s belongs" % (depth, "/".join(map(str, p))))
+    elif m == "number":
+        p, old = rng.choice(numbers)
+        v = rng.choice(SPECIAL_NUMBERS)
+        json_set(doc, p, v)
+        why = number_rule(p, v)
+        if why:
+            case.refuse(why + " at " + "/".join(map(str, p)))
+        case.label += "/" + "/".join(str(x) for x in p if isinstance(x, str))[-40:]
+    elif m == "all-kl":
+        v = rng.choice([1e308, 1e300, 1e200, 1.7e308, -1.0, 0.0, 5e-324, 1e-300])
+        for p, _ in numbers:
+            s = [x for x in p if isinstance(x, str)]
+            if len(s) >= 2 and s[-2] == "kl" and s[-1] == "mean":
+                json_set(doc, p, v)
+        if v < 0:
+            case.refuse("negative KL means")
+        case.label += "/%g" % v
+    elif m == "type":
+        p, old = rng.choice([(p, v) for p, v in nodes if p])
+        new = rng.choice(["x", "", True, None, {}, [], 0, 1.5, [1, 2], {"a": 1}, "1"])
+        json_set(doc, p, new)
+        same = type_class(old) == type_class(new) or (isinstance(old, list) and isinstance(new, list))
+        if not same and (isinstance(p[-1], int) or required_path(p) or p[0] in ("scorers", "layer_metrics")
+                         or (p[0] == "calibration" and len(p) >= 2)):
+            case.refuse("%s replaced by a %s" % ("/".join(map(str, p)), type_class(new)))
+        case.label += "/" + type_class(old) + "->" + type_class(new)
+    elif m == "truncate":
+        full = dump_json(doc) if rng.random() < 0.5 else base.read(path)
+        body = full.rstrip()
+        raw = full[: rng.randrange(0, len(body))]
+        case.refuse("truncated JSON")
+    elif m == "missing":
+        dicts = [(p, v) for p, v in nodes if isinstance(v, dict) and v]
+        p, d = rng.choice(dicts)
+        k = rng.choice(sorted(d))
+        del d[k]
+        if required_path(p + (k,)):
+            case.refuse("missing required key " + "/".join(map(str, p + (k,))))
+        case.label += "/" + str(k)
+    elif m == "count":
+        key = rng.choice(["n_layers", "context", "continuation", "samples", "n_samples", "n_kv_heads", "window_end",
+                          "sinks", "recent", "obs_window", "kernel", "lookahead"])
+        v = rng.choice([0, -1, -5, 2 ** 31, 2 ** 31 - 1, 2 ** 32 + 1, 10 ** 9, 100000, 1, 2 ** 53])
+        hits = [p for p, _ in numbers if p[-1] == key]
+        if not hits:
+            p = ("calibration", key) if key in REQUIRED_CAL else ("n_layers",)
+            v = v if p == ("calibration", key) else v
+        for p in hits or [p]:
+            json_set(doc, p, v)
+            why = number_rule(p, v)
+            if why:
+                case.refuse(why)
+        case.label += "/%s=%d" % (key, v)
+    elif m == "string":
+        strs = [(p, v) for p, v in leaves if isinstance(v, str)]
+        p, old = rng.choice(strs)
+        kind = rng.choice(["bogus", "empty", "huge", "utf8", "nul"])
+        if kind == "bogus":
+            json_set(doc, p, old + "x")
+            if p[-1] in ("format", "metric", "pooling", "head_alloc", "rule"):
+                case.refuse("unknown %s" % p[-1])
+        elif kind == "empty":
+            json_set(doc, p, "")
+            if p[-1] in ("format", "pooling", "head_alloc", "rule"):
+                case.refuse("empty %s" % p[-1])
+        elif kind == "huge":
+            json_set(doc, p, "A" * rng.choice([10 ** 5, 10 ** 6]))
+            if p[-1] in ("format", "metric", "pooling", "head_alloc", "rule"):
+                case.refuse("unknown %s" % p[-1])
+        elif kind == "utf8":
+            json_set(doc, p, "@@BAD@@")
+            raw = dump_json(doc).replace(b"@@BAD@@", rng.choice([b"\xff\xfe", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf"]))
+            case.refuse("invalid UTF-8 in a JSON string")
+        else:
+            json_set(doc, p, old + "\u0000z")
+            if p[-1] in ("format", "pooling", "head_alloc", "rule"):
+                case.refuse("NUL in %s" % p[-1])
+        case.label += "/" + kind
+    elif m == "array":
+        arrs = [(p, v) for p, v in nodes if isinstance(v, list) and v]
+        p, arr = rng.choice(arrs)
+        op = rng.choice(["drop", "dup", "huge", "reverse"])
+        if op == "drop":
+            arr.pop(rng.randrange(len(arr)))
+        elif op == "dup":
+            arr.append(arr[-1])
+        elif op == "huge":
+            arr.extend([arr[-1]] * rng.choice([1000, 100000]))
+        else:
+            arr.reverse()
+        if op != "reverse" and shaped_array(p):
+            case.refuse("array %s of the wrong length" % "/".join(map(str, p)))
+        if op == "reverse" and p == ("keep_ratios",) and len(arr) > 1:
+            case.refuse("unsorted keep ratios")
+        case.label += "/" + op
+    elif m == "whole":
+        raw = rng.choice([b"", b"null", b"[]", b"{}", b"0", b'"depthkv-profile"', b"\xef\xbb\xbf" + dump_json(doc),
+                          dump_json(doc) + b"\n{}", dump_json(doc) + b"garbage", b"\x00" * 64,
+                          dump_json(doc).replace(b"{", b"{\"format\": \"x\", ", 1)])
+        if not raw.startswith(b"\xef\xbb\xbf") and not raw.startswith(b'{"format": "x", '):  # duplicate key: last wins
+            case.refuse("not a profile")
+        case.label += "/%d" % len(raw)
+    else:  # bit flips in the text
+        b = bytearray(dump_json(doc))
+        flip_bits(b, rng, rng.randint(1, 4))
+        raw = bytes(b)
+    case.files["p.json"] = raw if raw is not None else dump_json(doc)
+    P = "{D}/p.json"
+    text = ["--text", base.small]
+    c = pick(rng, [(55, "allocate"), (20, "eval"), (13, "analyze"), (12, "generate")])
+    if c == "allocate":
+        case.argv = ["allocate", "--profile", P, "--keep", rng.choice(["0.2", "0.5", "0.05", "1"])]
+        if best:
+            case.argv += ["--preset", "best"]
+        else:
+            case.argv += ["--policy", rng.choice(["optimal", "proportional", "uniform", "pyramid", "middle"])]
+        if rng.random() < 0.5:
+            case.argv += ["--json"]
+    elif c == "eval":
+        case.argv = ["eval", "--model", model, "--profile", P] + text + ["--windows", "1", "--keep", "0.5"]
+        if path != base.sprof:
+            case.argv += ["--context", "64", "--continuation", "8", "--skip", "0"]
+        if best:
+            case.argv += ["--preset", "best", "--lookahead", "4"]
+        else:
+            case.argv += ["--policies", "uniform,optimal"]
+        if rng.random() < 0.3:
+            case.argv += ["--json"]
+        if m == "string" and p[0] == "model" and p[-1] != "file":
+            case.refuse("model identity changed")
+        if m in ("number", "count") and p[0] == "model":
+            case.refuse("model identity changed")
+    elif c == "analyze":
+        case.argv = ["analyze", "--model", model, "--profile", P] + text + ["--samples", "4", "--max-tokens", "32",
+                                                                            "--batch", "4"]
+        if rng.random() < 0.3:
+            case.argv += ["--json"]
+    else:
+        case.argv = ["generate", "--model", model, "--profile", P, "--keep", "0.5", "-t", "0", "--steps", "24",
+                     "--prompt", "Once upon a time"]
+        case.argv += ["--preset", "best", "--lookahead", "4"] if best else ["--policy", "optimal"]
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF files
+# ----------------------------------------------------------------------------------------------
+
+GT_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+GT_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}
+# bytes per block and elements per block of the ggml types the sizes below use
+GGML_BLOCK = {0: (4, 1), 1: (2, 1), 30: (2, 1), 2: (18, 32), 3: (20, 32), 6: (22, 32), 7: (24, 32), 8: (34, 32)}
+
+
+def parse_gguf(b):
+    """Offsets of the header fields, key/values and tensor infos of a GGUF v3 file."""
+    g = {"kvs": [], "tensors": []}
+    n_tensors, n_kv = struct.unpack_from("<QQ", b, 8)
+    o = 24
+
+    def rstr(o):
+        n = struct.unpack_from("<Q", b, o)[0]
+        return b[o + 8:o + 8 + n], o + 8 + n
+
+    for _ in range(n_kv):
+        kv = {"off": o}
+        key, o = rstr(o)
+        kv["key"] = key.decode(errors="replace")
+        kv["type_off"] = o
+        t = struct.unpack_from("<I", b, o)[0]
+        o += 4
+        kv["type"] = t
+        kv["value_off"] = o
+        if t == 8:
+            kv["value"], o = rstr(o)
+        elif t == 9:
+            et, cnt = struct.unpack_from("<IQ", b, o)
+            kv["elem_type"], kv["count"] = et, cnt
+            o += 12
+            kv["elems_off"] = o
+            if et == 8:
+                offs = []
+                for _ in range(cnt):
+                    offs.append(o)
+                    o += 8 + struct.unpack_from("<Q", b, o)[0]
+                kv["elem_offs"] = offs
+            else:
+                o += GT_SIZE[et] * cnt
+        else:
+            kv["value"] = struct.unpack_from("<" + GT_FMT[t], b, o)[0]
+            o += GT_SIZE[t]
+        kv["end"] = o
+        g["kvs"].append(kv)
+    for _ in range(n_tensors):
+        t = {"off": o}
+        name, o = rstr(o)
+        t["name"] = name.decode(errors="replace")
+        t["ndims_off"] = o
+        nd = struct.unpack_from("<I", b, o)[0]
+        o += 4
+        t["dims_off"] = o
+        t["dims"] = list(struct.unpack_from("<%dQ" % nd, b, o))
+        o += 8 * nd
+        t["type_off"] = o
+        t["type"], t["offset"] = struct.unpack_from("<IQ", b, o)
+        t["offset_off"] = o + 4
+        o += 12
+        g["tensors"].append(t)
+    g["meta_end"] = o
+    align = 32
+    for kv in g["kvs"]:
+        if kv["key"] == "general.alignment":
+            align = kv["value"]
+    g["align"] = align
+    g["data"] = (o + align - 1) // align * align
+    return g
+
+
+def gguf_kv(g, key):
+    for kv in g["kvs"]:
+        if kv["key"] == key:
+            return kv
+    return None
+
+
+def tensor_elems(t):
+    n = 1
+    for d in t["dims"]:
+        n *= d
+    return n
+
+
+def gen_gguf(base, rng, case):
+    vocab_only = rng.random() < 0.4
+    if vocab_only:
+        v = pick(rng, [(30, "llama-spm"), (25, "phi-3"), (30, "gpt-2"), (7.5, "llama-bpe"), (7.5, "qwen2")])
+        src = base.vocabs[v]
+        if v in ("llama-bpe", "qwen2"):
+            case.timeout_scale = 3.0
+    else:
+        src = base.sgguf
+    orig = base.read(src)
+    g = base.gguf(src)
+    b = bytearray(orig)
+    m = pick(rng, [(14, "bitflip"), (10, "truncate"), (8, "counts"), (4, "version"), (3, "magic"), (26, "kv"),
+                   (0 if vocab_only else 18, "tensor"), (0 if vocab_only else 10, "weights"), (4, "append")])
+    case.label = "gguf/" + m
+    n_vocab = gguf_kv(g, "tokenizer.ggml.tokens")["count"]
+    if m == "bitflip":
+        if rng.random() < 0.6:
+            flip_bits(b, rng, rng.randint(1, 8), 0, g["meta_end"])
+            case.label += "/meta"
+        else:
+            flip_bits(b, rng, rng.randint(1, 8))
+    elif m == "truncate":
+        end = g["meta_end"] if vocab_only else len(b)
+        cut = rng.randrange(0, end) if rng.random() < 0.7 else rng.randrange(0, min(end, 4096))
+        b = b[:cut]
+        case.refuse("truncated GGUF (%d of %d bytes)" % (cut, len(orig)))
+    elif m == "counts":
+        which = rng.choice(["n_tensors", "n_kv"])
+        off = 8 if which == "n_tensors" else 16
+        old = struct.unpack_from("<Q", b, off)[0]
+        new = rng.choice([old + 1, old + 1000, max(old - 1, 0), 0, 2 ** 63, 2 ** 64 - 1, 2 ** 32, 2 ** 31])
+        put(b, off, "Q", new)
+        if new > old or (which == "n_tensors" and new < old) or (which == "n_kv" and new < old and not vocab_only):
+            case.refuse("%s changed %d -> %d" % (which, old, new))
+        case.label += "/%s" % which
+    elif m == "version":
+        v = rng.choice([0, 1, 2, 4, 5, 2 ** 31, 2 ** 32 - 1])
+        put(b, 4, "I", v)
+        if v not in (2, 3):
+            case.refuse("GGUF version %d" % v)
+        case.label += "/%d" % v
+    elif m == "magic":
+        b[rng.randrange(4)] ^= 0x20
+        case.refuse("not GGUF magic (read as a llama2.c checkpoint)")
+    elif m == "kv":
+        kv = rng.choice(g["kvs"])
+        key = kv["key"]
+        sub = rng.choice(["value", "type", "keylen", "special"] if kv["type"] != 9 else
+                         ["count", "elemtype", "elem", "type", "special"])
+        case.label += "/" + sub
+        if sub == "special":
+            special = ["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.token_type",
+                       "tokenizer.ggml.model", "tokenizer.ggml.scores", "general.alignment"]
+            if not vocab_only:
+                special += ["llama.embedding_length", "llama.block_count", "llama.attention.head_count",
+                            "llama.attention.head_count_kv", "llama.feed_forward_length", "llama.context_length",
+                            "llama.attention.layer_norm_rms_epsilon", "general.architecture", "llama.rope.freq_base"]
+            special = [s for s in special if gguf_kv(g, s)]
+            kv = gguf_kv(g, rng.choice(special))
+            key = kv["key"]
+            case.label += "/" + key
+            if key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+                v = rng.choice([2 ** 32 - 1, n_vocab, n_vocab + 1, 2 ** 31, 2 ** 31 - 1])
+                put(b, kv["value_off"], GT_FMT[kv["type"]], v & ((1 << (8 * GT_SIZE[kv["type"]])) - 1))
+                case.refuse("%s = %d outside the vocabulary of %d" % (key, v if v < 2 ** 31 else v - 2 ** 32, n_vocab))
+            elif key == "tokenizer.ggml.token_type":
+                n = rng.choice([1, 5, 100])
+                for _ in range(n):
+                    i = rng.randrange(kv["count"])
+                    put(b, kv["elems_off"] + 4 * i, "i", rng.choice([7, 8, 99, -1, -7, 2 ** 31 - 1]))
+                case.refuse("token types outside the enum")
+            elif key == "tokenizer.ggml.model":
+                new = rng.choice([b"bert", b"xxxx", b"", b"gpt2", b"llama", b"t5"])
+                b = b[:kv["value_off"]] + struct.pack("<Q", len(new)) + new + b[kv["end"]:]
+                if new not in (b"gpt2", b"llama"):
+                    case.refuse("tokenizer model '%s'" % new.decode())
+            elif key == "tokenizer.ggml.scores":
+                for _ in range(rng.choice([1, 10, 1000])):
+                    i = rng.randrange(kv["count"])
+                    put(b, kv["elems_off"] + 4 * i, "f", rng.choice([float("nan"), float("inf"), -float("inf"), 3e38]))
+            elif key == "general.alignment":
+                v = rng.choice([0, 1, 3, 7, 64, 2 ** 31, 2 ** 32 - 1])
+                put(b, kv["value_off"], "I", v)
+                if v in (0, 3, 7, 2 ** 31, 2 ** 32 - 1) or (v != 32 and not vocab_only):
+                    case.refuse("alignment %d" % v)
+            elif key == "general.architecture":
+                new = rng.choice([b"gpt2", b"xxxx", b"", b"llamA"])
+                b = b[:kv["value_off"]] + struct.pack("<Q", len(new)) + new + b[kv["end"]:]
+                case.refuse("architecture '%s'" % new.decode())
+            elif kv["type"] in (6, 12):
+                v = rng.choice([float("nan"), float("inf"), -1.0, 0.0, 1e38])
+                put(b, kv["value_off"], GT_FMT[kv["type"]], v)
+                if not math.isfinite(v) or (v <= 0 and "epsilon" not in key):
+                    case.refuse("%s = %g" % (key, v))
+                if "epsilon" in key and (v < 0 or not math.isfinite(v)):
+                    case.refuse("%s = %g" % (key, v))
+            else:  # integer hyperparameters
+                old = kv["value"]
+                v = rng.choice([0, 2 ** 32 - 1, 2 ** 31, old + 1, old * 2, 1, 10 ** 6])
+                put(b, kv["value_off"], GT_FMT[kv["type"]], v & ((1 << (8 * GT_SIZE[kv["type"]])) - 1))
+                if key.endswith("context_length"):
+                    if v == 0 or v >= 2 ** 31:
+                        case.refuse("%s = %d" % (key, v))
+                elif v != old and not (key.endswith("block_count") and 0 < v < old):
+                    case.refuse("%s %d -> %d (the tensors disagree)" % (key, old, v))
+        elif sub == "value":
+            if kv["type"] == 8:
+                n = struct.unpack_from("<Q", b, kv["value_off"])[0]
+                new = rng.choice([n + 1, n + 10 ** 6, 2 ** 63, 2 ** 64 - 1, 2 ** 40])
+                put(b, kv["value_off"], "Q", new)
+                case.refuse("string length %d -> %d" % (n, new))
+            else:
+                t = kv["type"]
+                bits = 8 * GT_SIZE[t]
+                v = rng.choice([0, (1 << bits) - 1, 1 << (bits - 1), rng.getrandbits(bits)])
+                b[kv["value_off"]:kv["value_off"] + GT_SIZE[t]] = v.to_bytes(GT_SIZE[t], "little")
+        elif sub == "type":
+            t = rng.choice([13, 99, 2 ** 31, 2 ** 32 - 1] + list(GT_SIZE) + [8, 9])
+            if t != kv["type"]:
+                put(b, kv["type_off"], "I", t)
+                if t > 12:
+                    case.refuse("key/value type %d" % t)
+        elif sub == "keylen":
+            n = struct.unpack_from("<Q", b, kv["off"])[0]
+            put(b, kv["off"], "Q", rng.choice([0, n + 1, n + 10 ** 7, 2 ** 63, 2 ** 64 - 1]))
+            case.refuse("key length changed")
+        elif sub == "count":
+            c = kv["count"]
+            new = rng.choice([c + 1, c + 1000, 2 ** 62, 2 ** 64 - 1, 2 ** 40, max(c - 1, 0), 0])
+            put(b, kv["value_off"] + 4, "Q", new)
+            if new > c:
+                case.refuse("array count %d -> %d" % (c, new))
+            case.label += "/" + key.split(".")[-1]
+        elif sub == "elemtype":
+            t = rng.choice([13, 99, 2 ** 32 - 1, 9] + list(GT_SIZE) + [8])
+            if t != kv["elem_type"]:
+                put(b, kv["value_off"], "I", t)
+                if t > 12 or t == 9:
+                    case.refuse("array element type %d" % t)
+        else:  # one element
+            i = rng.randrange(kv["count"]) if kv["count"] else 0
+            if kv["count"] and kv["elem_type"] == 8:
+                eo = kv["elem_offs"][i]
+                n = struct.unpack_from("<Q", b, eo)[0]
+                new = rng.choice([n + 1, 2 ** 63, 2 ** 40, 0, n + 100000])
+                put(b, eo, "Q", new)
+                if new != 0:
+                    case.refuse("array string length %d -> %d" % (n, new))
+            elif kv["count"]:
+                es = GT_SIZE[kv["elem_type"]]
+                eo = kv["elems_off"] + es * i
+                b[eo:eo + es] = bytes(rng.getrandbits(8) for _ in range(es))
+            case.label += "/" + key.split(".")[-1]
+    elif m == "tensor":
+        t = rng.choice(g["tensors"])
+        sub = rng.choice(["ndims", "dim", "type", "offset", "name", "namelen"])
+        case.label += "/" + sub
+        if sub == "ndims":
+            v = rng.choice([0, 3, 4, 5, 255, 2 ** 32 - 1])
+            put(b, t["ndims_off"], "I", v)
+            if v != len(t["dims"]):
+                case.refuse("tensor %s n_dims %d -> %d" % (t["name"], len(t["dims"]), v))
+        elif sub == "dim":
+            i = rng.randrange(len(t["dims"]))
+            v = rng.choice([0, t["dims"][i] + 1, t["dims"][i] * 2, 2 ** 32, 2 ** 63, 2 ** 64 - 1, 1])
+            put(b, t["dims_off"] + 8 * i, "Q", v)
+            if v != t["dims"][i]:
+                case.refuse("tensor %s dim %d -> %d" % (t["name"], t["dims"][i], v))
+        elif sub == "type":
+            v = rng.choice([1, 2, 3, 8, 12, 14, 30, 39, 99, 2 ** 32 - 1])
+            put(b, t["type_off"], "I", v)
+            if v >= 64:
+                case.refuse("tensor type %d" % v)
+            elif v in GGML_BLOCK and t["dims"][0] % GGML_BLOCK[v][1] != 0:
+                case.refuse("tensor type %d with row length %d" % (v, t["dims"][0]))
+        elif sub == "offset":
+            v = rng.choice([t["offset"] + 1, t["offset"] + 4, len(b), 2 ** 40, 2 ** 64 - 1, 2 ** 63, len(b) - g["data"]])
+            put(b, t["offset_off"], "Q", v)
+            size = tensor_elems(t) * 4 if t["type"] == 0 else 0
+            if v % g["align"] or g["data"] + v + size > len(b):
+                case.refuse("tensor %s offset %d (misaligned or past the end)" % (t["name"], v))
+        elif sub == "name":
+            i = t["off"] + 8 + rng.randrange(len(t["name"]))
+            b[i] = ord("X") if b[i] != ord("X") else ord("Y")
+            case.refuse("tensor name changed: a tensor is missing")
+        else:
+            put(b, t["off"], "Q", rng.choice([0, 2 ** 63, 2 ** 40, len(t["name"]) + 1000]))
+            case.refuse("tensor name length changed")
+    elif m == "weights":
+        t = rng.choice([x for x in g["tensors"] if x["type"] == 0])
+        v = rng.choice([float("nan"), float("inf"), 3e38, -3e38, 1e30])
+        n = tensor_elems(t)
+        o = g["data"] + t["offset"]
+        whole = rng.random() < 0.5
+        idx = range(n) if whole else [rng.randrange(n)]
+        pv = struct.pack("<f", v)
+        for i in idx:
+            b[o + 4 * i:o + 4 * i + 4] = pv
+        case.label += "/%s/%s" % ("whole" if whole else "one", "%g" % v)
+        if not math.isfinite(v) and (whole or t["name"] not in ("token_embd.weight",)):
+            case.refuse("non-finite weight in %s" % t["name"])
+    else:  # append
+        b += bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 7, 1000])))
+    case.files["f.gguf"] = bytes(b)
+    F = "{D}/f.gguf"
+    if vocab_only:
+        c = pick(rng, [(85, "tokenize"), (15, "generate")])
+    else:
+        c = pick(rng, [(35, "generate"), (30, "perplexity"), (15, "tokenize"), (10, "profile"), (10, "eval")])
+        if c == "tokenize" and case.must_refuse and (
+                m in ("tensor", "weights", "append") or (m == "counts" and "n_tensors" in case.label) or
+                (m == "kv" and "/special/" in case.label and "/tokenizer." not in case.label) or
+                (m == "truncate" and len(b) >= g["meta_end"])):
+            case.must_refuse = None  # tokenize reads the vocabulary only
+    gen_model_command(base, rng, case, c, F, vocab_only=vocab_only)
+
+
+def gen_model_command(base, rng, case, c, F, tok=None, vocab_only=False):
+    """Runs subcommand `c` with model file F (and --tokenizer `tok`)."""
+    z = ["--tokenizer", tok] if tok else []
+    if c == "generate":
+        case.argv = ["generate", "--model", F] + z + ["-t", "0", "--steps", str(rng.choice([8, 16, 24]))]
+        if rng.random() < 0.7:
+            case.argv += ["--prompt", rng.choice(PROMPTS)]
+        if rng.random() < 0.2:
+            case.argv += ["--keep", "0.5"]
+        if vocab_only:
+            case.refuse("a vocabulary-only GGUF has no weights")
+    elif c == "perplexity":
+        case.argv = ["perplexity", "--model", F] + z + ["--text", base.small, "--context", "32", "--windows", "2"]
+        if rng.random() < 0.4:
+            case.argv += ["--json"]
+    elif c == "tokenize":
+        case.argv = ["tokenize", "-m", F] + (["-z", tok] if tok else [])
+        if rng.random() < 0.6:
+            case.argv += ["-p", rng.choice(PROMPTS)]
+        else:
+            case.argv += ["--text-file", base.small]
+        for f in ("--special", "--no-bos", "--json"):
+            if rng.random() < 0.3:
+                case.argv.append(f)
+    elif c == "profile":
+        case.argv = ["profile", "--model", F] + z + ["--text", base.small, "--context", "32", "--continuation", "8",
+                                                     "--windows", "1", "--sinks", "2", "--recent", "4",
+                                                     "--obs-window", "4", "--scorers", "h2o", "-o", "{D}/out.json"]
+        case.outputs.append("{D}/out.json")
+        case.json_outputs.append("{D}/out.json")
+        case.expect_stdout = False
+    else:  # eval, with a small profile measured on another model file: refused unless the model is the same
+        case.argv = ["eval", "--model", F] + z + ["--profile", base.sprof, "--text", base.small, "--windows", "1",
+                                                  "--keep", "0.5"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kind: llama2c (.bin checkpoints and tok512.bin tokenizers)
+# ----------------------------------------------------------------------------------------------
+
+HEADER = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"]
+LIMITS = {"dim": 65536, "hidden_dim": 262144, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
+          "vocab_size": 1 << 20, "seq_len": 1 << 20}
+
+
+def llama2c_layout(h):
+    """(name, n floats) of the tensors of a v0 checkpoint with header h, in file order."""
+    dim, hidden, L, H, KV, V, S = h
+    hs = dim // H
+    kvd = hs * KV
+    out = [("token_embedding", abs(V) * dim), ("rms_att", L * dim), ("wq", L * dim * dim), ("wk", L * kvd * dim),
+           ("wv", L * kvd * dim), ("wo", L * dim * dim), ("rms_ffn", L * dim), ("w1", L * hidden * dim),
+           ("w2", L * hidden * dim), ("w3", L * hidden * dim), ("rms_final", dim), ("freq_cis_real", S * hs // 2),
+           ("freq_cis_imag", S * hs // 2)]
+    if V < 0:
+        out.append(("wcls", abs(V) * dim))
+    return out
+
+
+def llama2c_size(h):
+    dim, hidden, L, H, KV, V, S = h
+    if min(dim, hidden, L, H, KV, S) <= 0 or V == 0 or dim % H or (dim // H) % 2 or KV > H or H % KV:
+        return None
+    return 28 + 4 * sum(n for _, n in llama2c_layout(h))
+
+
+def gen_llama2c(base, rng, case):
+    target = pick(rng, [(50, "stories"), (25, "aidreams"), (25, "tokenizer")])
+    if target == "tokenizer":
+        return gen_tok512(base, rng, case)
+    src, tok = (base.sbin, base.stok) if target == "stories" else (base.abin, base.atok)
+    orig = base.read(src)
+    b = bytearray(orig)
+    h = list(struct.unpack_from("<7i", b, 0))
+    m = pick(rng, [(30, "header"), (15, "truncate"), (20, "weights"), (15, "bitflip"), (8, "append"), (7, "tiny"),
+                   (5, "gguf-magic")])
+    case.label = "llama2c/" + m
+    if m == "header":
+        i = rng.randrange(7)
+        old = h[i]
+        v = rng.choice([0, -1, I32_MIN, I32_MAX, 1, old + 1, old - 1, old * 2, old // 2, -old, 10 ** 6, 3])
+        h[i] = v
+        put(b, 4 * i, "i", v)
+        case.label += "/" + HEADER[i]
+        need = llama2c_size(h)
+        if v != old and (need is None or need != len(b) or v > LIMITS[HEADER[i]]):
+            case.refuse("header %s %d -> %d (file size %d, the header implies %s)" % (HEADER[i], old, v, len(b), need))
+    elif m == "truncate":
+        cut = rng.randrange(0, len(b))
+        b = b[:cut]
+        case.refuse("truncated checkpoint")
+    elif m == "weights":
+        layout = llama2c_layout(h)
+        name, n = rng.choice([x for x in layout if not x[0].startswith("freq")])
+        off = 28 + 4 * sum(k for nm, k in layout[:[x[0] for x in layout].index(name)])
+        v = rng.choice([float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 1e30, 1e20])
+        whole = rng.random() < 0.5
+        pv = struct.pack("<f", v)
+        for j in (range(n) if whole else [rng.randrange(n)]):
+            b[off + 4 * j:off + 4 * j + 4] = pv
+        case.label += "/%s/%s" % ("whole" if whole else "one", "%g" % v)
+        if not math.isfinite(v):
+            case.refuse("non-finite weight in %s" % name)
+    elif m == "bitflip":
+        flip_bits(b, rng, rng.randint(1, 16), 28)
+    elif m == "append":
+        b += bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 4, 1000])))
+        case.refuse("trailing bytes after the checkpoint")
+    elif m == "tiny":
+        b = b[:rng.choice([0, 1, 4, 27])]
+        case.refuse("file shorter than the header")
+    else:
+        b[0:4] = b"GGUF"
+        case.refuse("GGUF magic on a llama2.c checkpoint")
+    case.files["model.bin"] = bytes(b)
+    case.files["tok512.bin"] = base.read(tok)
+    c = pick(rng, [(45, "generate"), (30, "perplexity"), (10, "tokenize"), (10, "profile"), (5, "eval")])
+    if c == "eval" and target != "stories":
+        c = "perplexity"
+    gen_model_command(base, rng, case, c, "{D}/model.bin")
+    if c == "tokenize":
+        case.must_refuse = None  # tokenize may read only what the tokenizer needs from the model file
+
+
+def gen_tok512(base, rng, case):
+    src = rng.choice([base.stok, base.atok])
+    model = base.sbin if src == base.stok else base.abin
+    orig = base.read(src)
+    b = bytearray(orig)
+    offs = []  # (score offset, length offset, bytes offset, length)
+    o = 4
+    while o < len(b):
+        n = struct.unpack_from("<i", b, o + 4)[0]
+        offs.append((o, o + 4, o + 8, n))
+        o += 8 + n
+    m = pick(rng, [(12, "max_len"), (25, "length"), (15, "score"), (15, "truncate"), (15, "bitflip"), (8, "bytes"),
+                   (5, "append"), (5, "tiny")])
+    case.label = "tok512/" + m
+    if m == "max_len":
+        v = rng.choice([0, -1, 1, 2, I32_MAX, I32_MIN, 1000])
+        put(b, 0, "i", v)
+        if v <= 0:
+            case.refuse("max_token_length %d" % v)
+    elif m == "length":
+        so, lo, bo, n = rng.choice(offs)
+        v = rng.choice([-1, I32_MIN, I32_MAX, n + 1, n + 100000, 0, 10 ** 6])
+        put(b, lo, "i", v)
+        if v < 0 or v > len(b):
+            case.refuse("token length %d" % v)
+    elif m == "score":
+        for _ in range(rng.choice([1, 10, 512])):
+            so = rng.choice(offs)[0]
+            put(b, so, "f", rng.choice([float("nan"), float("inf"), -float("inf"), 3e38, -3e38]))
+    elif m == "truncate":
+        b = b[:rng.randrange(0, len(b))]
+        case.refuse("truncated tokenizer (fewer than the model's 512 tokens)")
+    elif m == "bitflip":
+        flip_bits(b, rng, rng.randint(1, 8))
+    elif m == "bytes":
+        so, lo, bo, n = rng.choice([x for x in offs if x[3] > 0])
+        for j in range(n):
+            b[bo + j] = rng.choice([0x00, 0xff, 0xc3, 0x80, 0x20])
+    elif m == "append":
+        b += bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 3, 8, 100])))
+    else:
+        b = b[:rng.choice([0, 1, 3, 4, 7])]
+        case.refuse("tokenizer file of %d bytes" % len(b))
+    case.files["tok.bin"] = bytes(b)
+    c = pick(rng, [(40, "tokenize"), (30, "generate"), (30, "perplexity")])
+    gen_model_command(base, rng, case, c, model, tok="{D}/tok.bin")
+
+
+# ----------------------------------------------------------------------------------------------
+# Kind: tokens (--tokens files)
+# ----------------------------------------------------------------------------------------------
+
+def gen_tokens(base, rng, case):
+    ids = list(base.small_ids)
+    m = pick(rng, [(15, "bad-id"), (12, "garbage"), (10, "separators"), (8, "empty"), (8, "short"), (8, "long"),
+                   (8, "huge-number"), (6, "binary"), (6, "same"), (5, "path"), (14, "valid")])
+    case.label = "tokens/" + m
+    text = None
+    if m == "bad-id":
+        bad = rng.choice(["-1", "512", "513", "-2147483648", "2147483647", "2147483648", "-0", "4294967296",
+                          "9223372036854775807", "-9223372036854775808", "1000000"])
+        toks = [str(x) for x in ids]
+        for _ in range(rng.choice([1, 3])):
+            toks[rng.randrange(len(toks))] = bad
+        text = " ".join(toks)
+        if bad != "-0":
+            case.refuse("token id %s outside [0, 512)" % bad)
+        case.label += "/" + bad
+    elif m == "garbage":
+        bad = rng.choice(["1.5", "1e3", "abc", "0x10", "--1", "\u0661\u0662", "1_000", "NaN", "inf", "3-4",
+                          "\"5\"", "5;", "0b1", "٣"])
+        toks = [str(x) for x in ids]
+        toks[rng.randrange(len(toks))] = bad
+        text = " ".join(toks)
+        case.refuse("'%s' is not a token id" % bad)
+        case.label += "/" + bad
+    elif m == "separators":
+        sep = rng.choice([",", ", ", ",,", "\t", "\r\n", "\n\n", " , ", ";", "\x00", "\x0b", "\x0c", "|"])
+        text = sep.join(str(x) for x in ids)
+        if sep in (";", "\x00", "|"):
+            case.refuse("separator %r" % sep)
+        case.label += "/%r" % sep
+    elif m == "empty":
+        text = rng.choice(["", " ", "\n", ",", ",,,", "\t\n ", "\r\n"])
+        case.refuse("no token ids")
+    elif m == "short":
+        k = rng.choice([1, 2, 5, 20, 31, 39, 71])
+        text = " ".join(str(x) for x in ids[:k])
+    elif m == "long":
+        reps = rng.choice([100, 1000])
+        text = " ".join(str(x) for x in ids) * 1 + (" " + " ".join(str(x) for x in ids)) * (reps - 1)
+    elif m == "huge-number":
+        text = " ".join(str(x) for x in ids[:100]) + " " + "9" * rng.choice([20, 100, 10000]) + " 1"
+        case.refuse("an id with many digits")
+    elif m == "binary":
+        raw = bytes(rng.getrandbits(8) for _ in range(rng.choice([10, 1000, 100000])))
+        case.files["t.tok"] = raw
+        case.refuse("binary token file")
+    elif m == "same":
+        text = " ".join([str(rng.choice([0, 1, 2, 511]))] * rng.choice([100, 5000]))
+    elif m == "valid":
+        text = ", ".join(str(x) for x in ids)
+    else:
+        which = rng.choice(["missing", "dir", "devnull", "empty-name"])
+        p = {"missing": "{D}/nope.tok", "dir": "{D}/adir", "devnull": "/dev/null", "empty-name": ""}[which]
+        if which == "dir":
+            case.dirs.append("adir")
+        if which in ("missing", "dir"):
+            case.paths_in_msg.append(p)
+        case.refuse("token file: %s" % which)
+        case.label += "/" + which
+    if text is not None:
+        case.files["t.tok"] = text.encode()
+    T = "{D}/t.tok" if m != "path" else p
+    c = pick(rng, [(40, "perplexity"), (30, "eval"), (30, "profile")])
+    if m == "short" and k < {"perplexity": 32, "eval": 72, "profile": 40}[c]:
+        case.refuse("%d tokens: fewer than one window of %s" % (k, c))
+    model = base.sgguf if rng.random() < 0.15 else base.sbin
+    if c == "perplexity":
+        case.argv = ["perplexity", "--model", model, "--tokens", T, "--context", "32", "--windows",
+                     rng.choice(["1", "2"] if m == "long" else ["1", "2", "0"])]
+        if rng.random() < 0.4:
+            case.argv += ["--json"]
+    elif c == "eval":
+        case.argv = ["eval", "--model", base.sbin, "--profile", base.sprof, "--tokens", T, "--windows", "1", "--skip",
+                     "0", "--keep", "0.5", "--policies", "uniform,optimal"]
+        if rng.random() < 0.3:
+            case.argv += ["--json"]
+    else:
+        case.argv = ["profile", "--model", model, "--tokens", T, "--context", "32", "--continuation", "8",
+                     "--windows", "1", "--sinks", "2", "--recent", "4", "--obs-window", "4", "--scorers", "h2o",
+                     "-o", "{D}/out.json"]
+        case.outputs.append("{D}/out.json")
+        case.json_outputs.append("{D}/out.json")
+        case.expect_stdout = False
+
+
+# ----------------------------------------------------------------------------------------------
+# Kind: text (--text, --text-file, --prompt)
+# ----------------------------------------------------------------------------------------------
+
+INVALID_UTF8 = [b"\xff", b"\xfe\xff", b"\xc3", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80", b"\xc0\xaf",
+                b"\xf5\x80\x80\x80", b"\xf8\x88\x80\x80\x80", b"\x80", b"\xbf\xbf"]
+EXOTIC = ["\U0001F600" * 5, "e\u0301\u0301\u0301", "\u202eabc\u202c", "\u4e2d\u6587\u6d4b\u8bd5",
+          "\uFEFF", "\u0000", "\u200b" * 10, "\u0130\u0131", "\u00df" * 50, "\r\n", "\t" * 100]
+
+
+def gen_text(base, rng, case):
+    small = base.small_text_bytes
+    m = pick(rng, [(12, "invalid-utf8"), (10, "binary"), (8, "empty"), (10, "exotic"), (10, "huge-line"),
+                   (6, "nul"), (8, "flips"), (8, "blank-lines"), (6, "no-opening"), (6, "path"), (8, "tiny"),
+                   (8, "valid")])
+    case.label = "text/" + m
+    data = None
+    few_tokens = False
+    if m == "invalid-utf8":
+        b = bytearray(small)
+        for _ in range(rng.choice([1, 10, 100])):
+            i = rng.randrange(len(b))
+            b[i:i] = rng.choice(INVALID_UTF8)
+        data = bytes(b) if rng.random() < 0.8 else bytes(b) + rng.choice([b"\xc3", b"\xe2\x82", b"\xf0\x9f\x98"])
+    elif m == "binary":
+        data = bytes(rng.getrandbits(8) for _ in range(rng.choice([16, 1000, 20000])))
+    elif m == "empty":
+        data = rng.choice([b"", b"\n", b" ", b"\n\n\n", b"\r\n", b"\t"])
+        few_tokens = True
+    elif m == "exotic":
+        parts = [small.decode(errors="replace")[:2000]]
+        for _ in range(rng.choice([1, 5, 30])):
+            parts.insert(rng.randrange(len(parts) + 1), rng.choice(EXOTIC))
+        data = "".join(parts).encode("utf-8", errors="surrogatepass")
+    elif m == "huge-line":
+        unit = rng.choice([b"a", b"ab ", b"Once upon a time ", b"\xe4\xb8\xad", b"!!", b"1234567890", b"  ",
+                           b"\xf0\x9f\x98\x80"])
+        n = rng.choice([10 ** 4, 10 ** 5, 3 * 10 ** 5])
+        data = (unit * (n // len(unit) + 1))[:n]
+        case.label += "/%d" % n
+    elif m == "nul":
+        b = bytearray(small)
+        for _ in range(rng.choice([1, 20])):
+            b[rng.randrange(len(b))] = 0
+        data = bytes(b)
+    elif m == "flips":
+        b = bytearray(small)
+        flip_bits(b, rng, rng.choice([1, 10, 200]))
+        data = bytes(b)
+    elif m == "blank-lines":
+        tail = small[:500] if rng.random() < 0.5 else b""
+        data = b"\n" * rng.choice([100, 10000]) + tail
+        few_tokens = False  # newlines are tokens too
+    elif m == "no-opening":
+        data = small.replace(b"Once upon a time", b"Long ago")
+    elif m == "tiny":
+        data = small[:rng.choice([1, 5, 12, 20])]
+        few_tokens = True
+    elif m == "valid":
+        data = small
+    if data is not None:
+        case.files["t.txt"] = data
+        T = "{D}/t.txt"
+    else:
+        which = rng.choice(["missing", "dir", "devnull"])
+        T = {"missing": "{D}/nope.txt", "dir": "{D}/adir", "devnull": "/dev/null"}[which]
+        if which == "dir":
+            case.dirs.append("adir")
+        if which != "devnull":
+            case.paths_in_msg.append(T)
+        case.label += "/" + which
+        few_tokens = which == "devnull"
+        if which != "devnull":
+            case.refuse("text file: %s" % which)
+    c = pick(rng, [(40, "tokenize"), (22, "perplexity"), (13, "profile"), (10, "eval"), (10, "generate"),
+                   (5, "analyze")])
+    if c == "generate" and (data is None or b"\x00" in data or len(data) > 4000):
+        c = "tokenize"
+    if c == "tokenize":
+        v = pick(rng, [(30, "stories"), (20, "llama-spm"), (10, "phi-3"), (25, "gpt-2"), (7, "llama-bpe"),
+                       (8, "qwen2")])
+        model = base.sbin if v == "stories" else base.vocabs[v]
+        if v in ("llama-bpe", "qwen2"):
+            case.timeout_scale = 3.0
+        case.argv = ["tokenize", "-m", model, "--text-file", T]
+        for f in ("--special", "--no-bos", "--json"):
+            if rng.random() < 0.3:
+                case.argv.append(f)
+        if few_tokens:
+            case.expect_stdout = "--json" in case.argv
+        case.label += "/" + v
+    elif c == "perplexity":
+        model = base.sgguf if rng.random() < 0.2 else base.sbin
+        case.argv = ["perplexity", "--model", model, "--text", T, "--context", "32", "--windows", "1"]
+        if few_tokens:
+            case.refuse("text too short for one window")
+    elif c == "profile":
+        case.argv = ["profile", "--model", base.sbin, "--text", T, "--context", "32", "--continuation", "8",
+                     "--windows", "1", "--sinks", "2", "--recent", "4", "--obs-window", "4", "--scorers", "h2o",
+                     "-o", "{D}/out.json"]
+        if rng.random() < 0.3:
+            case.argv += ["--doc-separator", rng.choice(["", "\n\n", "XYZ"])]
+        case.outputs.append("{D}/out.json")
+        case.json_outputs.append("{D}/out.json")
+        case.expect_stdout = False
+        if few_tokens:
+            case.refuse("text too short for one window")
+    elif c == "eval":
+        case.argv = ["eval", "--model", base.sbin, "--profile", base.sprof, "--text", T, "--windows", "1", "--skip",
+                     "0", "--keep", "0.5", "--policies", "uniform,optimal"]
+        if few_tokens:
+            case.refuse("text too short for one window")
+    elif c == "analyze":
+        case.argv = ["analyze", "--model", base.sbin, "--profile", base.sprof, "--text", T, "--samples", "4",
+                     "--max-tokens", "32", "--batch", "4", "--recompute"]
+        if few_tokens:
+            case.refuse("text too short for 4 probe stories")
+    else:
+        case.argv = ["generate", "--model", base.sbin, "-t", "0", "--steps", "0", "--prompt",
+                     os.fsdecode(data)]
+        case.label += "/prompt"
+
+
+# ----------------------------------------------------------------------------------------------
+# Kind: cli (option values, paths, outputs)
+# ----------------------------------------------------------------------------------------------
+
+def parse_int(s):
+    """An integer as CLI11 reads one (decimal, or 0x / 0o / 0b prefixed), else None."""
+    if re.fullmatch(r"[+-]?\d+", s):
+        return int(s)
+    if re.fullmatch(r"[+-]?0[xX][0-9a-fA-F]+|[+-]?0[oO][0-7]+|[+-]?0[bB][01]+", s):
+        return int(s, 0)
+    return None
+
+
+def as_float(s):
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+# option -> (type, predicate on the parsed value: True valid, False must refuse, None no rule)
+def _i(lo, hi=I32_MAX, grey=None):
+    def f(v):
+        if grey and grey(v):
+            return None
+        return lo <= v <= hi
+    return ("int", f)
+
+
+def _f(pred):
+    return ("float", pred)
+
+
+OPTS = {
+    "--steps": _i(0),
+    "--temperature": _f(lambda v: math.isfinite(v) and v >= 0),
+    "--topp": _f(lambda v: 0 <= v <= 1),
+    "--seed": ("uint", lambda v: 0 <= v < 2 ** 32 or (None if v < 2 ** 64 else False)),
+    "--keep": _f(lambda v: 0 < v <= 1),
+    "--sinks": _i(0), "--recent": _i(0), "--obs-window": _i(1),
+    "--kernel": ("int", lambda v: v >= 1 and v % 2 == 1),
+    "--head-alpha": _f(lambda v: 0 <= v <= 1),
+    "--lookahead": _i(0, 512, grey=lambda v: 400 < v <= 512),
+    "--chunk": _i(1), "--max-kv-tokens": _i(1), "--interval": _i(1), "--threads": _i(0, I32_MAX,
+                                                                                     grey=lambda v: v > 64),
+    "--context": _i(1, 512, grey=lambda v: v in (1, 2)),
+    "--continuation": _i(2, 512, grey=lambda v: v > 400),
+    "--windows": _i(1), "--skip": _i(0), "--min-tokens": _i(-1), "--length": _i(1),
+    "--samples": _i(1), "--tau": _f(lambda v: math.isfinite(v) and v > 0), "--batch": _i(2, I32_MAX,
+                                                                                       grey=lambda v: v == 1),
+    "--max-tokens": _i(0), "--probe-samples": _i(0),
+}
+
+BAD_VALUES = ["-1", "0", "1", "-2147483648", "2147483647", "2147483648", "-2147483649", "9223372036854775808",
+              "99999999999999999999", "1e9", "nan", "-nan", "inf", "-inf", "1e308", "1e-320", "-0", "0.5", "abc",
+              "", "0x10", " 7", "7 ", "1,2", "+3", "1e400", "3", "100000"]
+
+
+def cli_base(base, sub):
+    """A valid, fast command of subcommand `sub`: (argv, numeric options it takes, file inputs, outputs)."""
+    S, P, T = base.sbin, base.sprof, base.small
+    sel = ["--sinks", "--recent", "--obs-window", "--kernel", "--head-alpha", "--lookahead"]
+    if sub == "generate":
+        return (["generate", "--model", S, "-t", "0", "--steps", "16", "--prompt", "Once upon a time", "--keep", "0.5",
+                 "--profile", P, "--policy", "optimal"],
+                ["--steps", "--temperature", "--topp", "--seed", "--keep", "--chunk", "--max-kv-tokens", "--interval",
+                 "--threads"] + sel, ["--model", "--profile", "--tokenizer"], [])
+    if sub == "profile":
+        return (["profile", "--model", S, "--text", T, "--context", "32", "--continuation", "8", "--windows", "1",
+                 "--sinks", "2", "--recent", "4", "--obs-window", "4", "--scorers", "h2o", "-o", "{D}/out.json"],
+                ["--context", "--continuation", "--windows", "--skip", "--probe-samples", "--chunk", "--threads"] + sel,
+                ["--model", "--text", "--tokenizer"], ["-o"])
+    if sub == "allocate":
+        return (["allocate", "--profile", P, "--keep", "0.5"], ["--keep", "--length", "--min-tokens"] + sel,
+                ["--profile"], [])
+    if sub == "eval":
+        return (["eval", "--model", S, "--profile", P, "--text", T, "--windows", "1", "--keep", "0.5", "--policies",
+                 "uniform,optimal"],
+                ["--keep", "--context", "--continuation", "--windows", "--skip", "--min-tokens", "--chunk",
+                 "--interval", "--threads"] + sel,
+                ["--model", "--profile", "--text", "--tokenizer"], ["--csv", "--plot", "--windows-out"])
+    if sub == "analyze":
+        return (["analyze", "--model", S, "--profile", P, "--text", T, "--samples", "4", "--max-tokens", "32",
+                 "--batch", "4", "--recompute"],
+                ["--samples", "--skip", "--keep", "--tau", "--batch", "--seed", "--max-tokens", "--threads"],
+                ["--model", "--profile", "--text", "--tokenizer"], ["--write"])
+    if sub == "tokenize":
+        return (["tokenize", "-m", S, "--text-file", T], [], ["-m", "--text-file", "-z"], [])
+    return (["perplexity", "--model", S, "--text", T, "--context", "32", "--windows", "2"],
+            ["--context", "--windows", "--chunk", "--threads"], ["--model", "--text", "--tokenizer"], [])
+
+
+def set_opt(argv, opt, val):
+    argv = list(argv)
+    if opt in argv:
+        argv[argv.index(opt) + 1] = val
+    else:
+        argv += [opt, val]
+    return argv
+
+
+def value_rule(opt, s, sub):
+    """Whether value string `s` of `opt` must be refused (True), is valid (False) or has no rule (None)."""
+    typ, pred = OPTS[opt]
+    if opt == "--keep" and sub == "analyze":
+        pred = lambda v: 0 < v < 1  # noqa: E731
+    if opt == "--skip" and sub == "analyze":
+        pred = lambda v: v >= -1  # noqa: E731
+    if opt == "--windows" and sub == "perplexity":
+        pred = lambda v: v >= 0  # noqa: E731
+    if opt in ("--context", "--continuation") and sub in ("profile", "eval"):
+        pred0 = pred
+        pred = lambda v: pred0(v) and (v <= 400)  # noqa: E731  context + continuation within 512
+    st = s.strip()
+    if typ in ("int", "uint"):
+        v = parse_int(st)
+        if v is None:
+            return True if as_float(st) is None or not math.isfinite(as_float(st)) else None
+        if typ == "int" and not (I32_MIN <= v <= I32_MAX):
+            return True
+    else:
+        v = as_float(st)
+        if v is None or st == "":
+            return True
+    ok = pred(v)
+    return None if ok is None else not ok
+
+
+def gen_cli(base, rng, case):
+    sub = pick(rng, [(18, "generate"), (14, "profile"), (16, "allocate"), (16, "eval"), (10, "analyze"),
+                     (8, "tokenize"), (18, "perplexity")])
+    argv, opts, inputs, outputs = cli_base(base, sub)
+    m = pick(rng, [(60 if opts else 0, "value"), (8 if opts else 0, "two-values"), (12, "path"),
+                   (8 if outputs else 0, "output"), (5, "stdout-full"), (7, "list")])
+    case.label = "cli/%s/%s" % (sub, m)
+    if m in ("value", "two-values"):
+        for opt in rng.sample(opts, 1 if m == "value" else 2):
+            val = rng.choice(BAD_VALUES)
+            argv = set_opt(argv, opt, val)
+            r = value_rule(opt, val, sub)
+            if r:
+                case.refuse("%s %r" % (opt, val))
+            case.label = "cli/%s/%s" % (sub, opt)
+            if opt == "--lookahead" and val not in ("", "abc"):
+                case.timeout_scale = 2.0
+    elif m == "path":
+        opt = rng.choice(inputs)
+        which = rng.choice(["missing", "dir", "devnull", "empty-name", "other-file"])
+        other = base.small if opt in ("--model", "-m", "--tokenizer", "-z", "--profile") else base.sbin
+        p = {"missing": "{D}/nope.bin", "dir": "{D}/adir", "devnull": "/dev/null", "empty-name": "",
+             "other-file": other}[which]
+        if which == "dir":
+            case.dirs.append("adir")
+        if which in ("missing", "dir"):
+            case.paths_in_msg.append(p)
+        argv = set_opt(argv, opt, p)
+        optional = opt in ("--tokenizer", "-z") or (opt == "--profile" and sub == "generate")
+        if which == "other-file" and opt in ("--text", "--text-file"):
+            pass  # a binary file is text too
+        elif which == "devnull" and opt == "--text-file":
+            case.expect_stdout = False  # tokenizing nothing
+        elif which == "empty-name" and optional:
+            pass  # '' means: not given
+        else:
+            case.refuse("%s: %s" % (opt, which))
+        case.label = "cli/%s/%s=%s" % (sub, opt, which)
+    elif m == "output":
+        opt = rng.choice(outputs)
+        which = rng.choice(["/dev/full", "dir", "no-parent"] + (["empty-name"] if opt == "-o" else []))
+        p = {"/dev/full": "/dev/full", "dir": "{D}/adir", "no-parent": "{D}/no/such/dir/x.out", "empty-name": ""}[which]
+        if which == "dir":
+            case.dirs.append("adir")
+        argv = set_opt(argv, opt, p)
+        case.refuse("output %s to %s" % (opt, which))
+        case.label = "cli/%s/%s=%s" % (sub, opt, which)
+    elif m == "stdout-full":
+        case.stdout_full = True
+        case.expect_stdout = False
+        if sub != "profile":
+            case.refuse("stdout is /dev/full: writing the result fails")
+    else:
+        choices = {
+            "generate": [("--policy", ["bogus", "", "optimal,uniform"]), ("--scorer", ["bogus", ""]),
+                         ("--pooling", ["bogus", ""]), ("--head-alloc", ["bogus"]), ("--preset", ["bogus", ""])],
+            "profile": [("--scorers", ["", "bogus", ",", "h2o,h2o", "h2o,bogus"]),
+                        ("--ratios", ["", "0.5,0.1", "0,0.5", "0.1,1.5", "0.1,nan", "0.1,,0.2", "-0.1", "inf", "0.1,0.1"]),
+                        ("--metric", ["bogus", "", "kl,kl"]), ("--schedule", ["bogus", ""]),
+                        ("--doc-opening", [""]), ("--doc-separator", ["", "\n"])],
+            "allocate": [("--policy", ["bogus", ""]), ("--scorer", ["bogus", ""]), ("--preset", ["bogus", "best"])],
+            # '' for --scorer / --scorers: the option's own default (not given)
+            "eval": [("--keep", ["", "0.1,,0.2", "0.1,nan", "0,0.5", "1.5", "0.5,0.5", ","]),
+                     ("--policies", ["", "bogus", "uniform,bogus", ","]), ("--scorers", ["", "bogus"]),
+                     ("--schedule", ["bogus", ""])],
+            "analyze": [("--bogus-flag", ["1"])],
+            "tokenize": [("-p", ["", "x" * 100000, "\u00ff\u00fe"]), ("--bogus-flag", ["1"])],
+            "perplexity": [("--bogus-flag", ["1"]), ("--tokens", ["{D}/nope.tok"])],
+        }[sub]
+        opt, vals = rng.choice(choices)
+        val = rng.choice(vals)
+        argv = set_opt(argv, opt, val)
+        case.label = "cli/%s/%s" % (sub, opt)
+        valid = {("--scorers", "h2o,h2o"), ("--metric", "kl,kl"), ("--doc-separator", "\n"), ("--doc-opening", ""),
+                 ("--doc-separator", ""), ("--preset", "best"), ("-p", "x" * 100000), ("-p", "\u00ff\u00fe"),
+                 ("-p", ""), ("--keep", "0.5,0.5"), ("--ratios", "0.1,0.1"), ("--scorers", ","),
+                 ("--policies", ","), ("--scorer", ""), ("--scorers", "")}
+        if (opt, val) not in valid:
+            case.refuse("%s %r" % (opt, val))
+        if opt == "--preset" and val == "best":
+            case.must_refuse = "--preset best with a profile without head curves"
+    case.argv = argv
+    if "-o" in argv and argv[argv.index("-o") + 1] == "{D}/out.json":
+        case.outputs.append("{D}/out.json")
+        case.json_outputs.append("{D}/out.json")
+    if sub == "profile":
+        case.expect_stdout = False
+
+
+GENERATORS = {"profile": gen_profile, "gguf": gen_gguf, "llama2c": gen_llama2c, "tokens": gen_tokens,
+              "text": gen_text, "cli": gen_cli}
+
+
+def make_case(base, seed, kind, index):
+    rng = random.Random("%d:%s:%d" % (seed, kind, index))
+    case = Case(kind, index, kind)
+    GENERATORS[kind](base, rng, case)
+    return case
+
+
+# ----------------------------------------------------------------------------------------------
+# Running and classifying
+# ----------------------------------------------------------------------------------------------
+
+CRASH_RE = re.compile(rb"AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer|ThreadSanitizer|runtime error:|"
+                      rb"terminate called|Assertion .* failed|Segmentation fault|core dumped|stack smashing|"
+                      rb"double free|free\(\): invalid|malloc\(\): ")
+NONFINITE_RE = re.compile(rb"(?<![A-Za-z0-9_])-?(nan|inf|infinity|null)(?![A-Za-z0-9_])", re.IGNORECASE)
+NONFINITE_CS_RE = re.compile(rb"(?<![A-Za-z0-9_])-?(nan|inf|null)(?![A-Za-z0-9_])")
+FLAG_COLON_RE = re.compile(r"(?<![\w-])(--[a-z][a-z-]*):")
+QUOTED_PATH_RE = re.compile(r"'([^']*/[^']*)'")
+
+
+def strict_json(data):
+    def bad(c):
+        raise ValueError("non-finite constant " + c)
+    json.loads(data, parse_constant=bad)
+
+
+def resolve(x, d):
+    return x.replace("{D}", d) if isinstance(x, str) else x
+
+
+def run_case(case, exe, d, timeout, mem_mb):
+    os.makedirs(d, exist_ok=True)
+    for sub in case.dirs:
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+    for name, data in case.files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    argv = [exe] + [resolve(a, d) for a in case.argv]
+    script = ("ulimit -v %d 2>/dev/null; " % (mem_mb * 1024) if mem_mb else "") + 'exec "$@"'
+    if case.stdout_full:
+        script += " >/dev/full"
+    full = ["/bin/sh", "-c", script, "sh"] + argv
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    t0 = time.time()
+    p = subprocess.Popen(full, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         env=env, start_new_session=True)
+    hung = False
+    try:
+        out, err = p.communicate(timeout=timeout * case.timeout_scale)
+    except subprocess.TimeoutExpired:
+        hung = True
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the case's own process group (start_new_session)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+    return {"rc": p.returncode, "out": out, "err": err, "hung": hung, "secs": time.time() - t0, "argv": argv}
+
+
+def classify(case, r, d):
+    """(class, rule/reason)."""
+    rc, out, err = r["rc"], r["out"], r["err"]
+    if r["hung"]:
+        return "hang", "no exit within the timeout"
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = "signal %d" % -rc
+        return "crash", name
+    m = CRASH_RE.search(err)
+    if m:
+        return "crash", "stderr: " + m.group(0).decode(errors="replace")
+    if rc not in (0, 1):
+        return "crash", "exit code %d" % rc
+    if rc == 1:
+        msg = err.decode(errors="replace")
+        mm = re.search(r"depthkv: error: (\S.*)", msg)
+        if not mm:
+            return "wrong", "W6 no-message: exit 1 without 'depthkv: error: <message>'"
+        argv = [resolve(a, d) for a in case.argv]
+        text = msg[mm.start():]
+        for flag in FLAG_COLON_RE.findall(text):
+            if flag not in argv and not (flag == "--model" and "-m" in argv) and not (
+                    flag == "--prompt" and "-p" in argv) and not (flag == "--tokenizer" and "-z" in argv):
+                return "wrong", "W7 misleading: the message speaks of %s, not on the command line" % flag
+        given = [resolve(p, d) for p in case.paths_in_msg]
+        for p in given:
+            if p and p not in text and os.path.basename(p.rstrip("/")) not in text:
+                return "wrong", "W7 misleading: the message does not name the path given (%s)" % os.path.basename(p)
+            if p:
+                for q in QUOTED_PATH_RE.findall(text):
+                    if q not in argv and not any(q in a for a in argv) and not p.startswith(q):
+                        return "wrong", "W7 misleading: the message names '%s', a path never given" % q
+        return "clean", ""
+    # exit 0
+    if case.must_refuse:
+        return "wrong", "W1 accepted: " + case.must_refuse
+    sub = case.argv[0]
+    rx = NONFINITE_CS_RE if sub == "generate" else NONFINITE_RE
+    m = rx.search(out)
+    if m:
+        return "wrong", "W2 non-finite: stdout holds '%s'" % m.group(0).decode(errors="replace")
+    for o in case.outputs + [a for a in case.argv if isinstance(a, str) and a.startswith("{D}/") and
+                              a.endswith((".csv", ".json")) and a not in case.outputs]:
+        path = resolve(o, d)
+        if os.path.isfile(path):
+            data = open(path, "rb").read()
+            m = NONFINITE_RE.search(data)
+            if m:
+                return "wrong", "W2 non-finite: %s holds '%s'" % (os.path.basename(path), m.group(0).decode())
+            if o in case.json_outputs:
+                try:
+                    strict_json(data)
+                except ValueError as e:
+                    return "wrong", "W4 json: %s is not strict JSON (%s)" % (os.path.basename(path), str(e)[:60])
+    if sub == "generate" and "-t" in case.argv and case.argv[case.argv.index("-t") + 1] == "0" and b"<unk>" in out:
+        return "wrong", "W3 unk: greedy decoding printed <unk>"
+    if "--json" in case.argv:
+        try:
+            strict_json(out)
+        except ValueError as e:
+            return "wrong", "W4 json: stdout is not strict JSON (%s)" % str(e)[:60]
+    if case.expect_stdout and not out.strip():
+        return "wrong", "W5 empty: exit 0 with nothing on stdout"
+    return "success", ""
+
+
+def save_repro(case, r, d, dest, cls, why):
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    shutil.move(d, dest)
+    argv = [a.replace(d, dest) if isinstance(a, str) else a for a in r["argv"]]
+    cmd = " ".join(shlex.quote(a) for a in argv) + (" >/dev/full" if case.stdout_full else "")
+    with open(os.path.join(dest, "cmd.sh"), "w", errors="surrogateescape") as f:
+        f.write("#!/bin/sh\n# %s %s-%d: %s; %s\n%s\n" % (cls, case.kind, case.index, case.label, why, cmd))
+    open(os.path.join(dest, "stdout"), "wb").write(r["out"][:1 << 20])
+    open(os.path.join(dest, "stderr"), "wb").write(r["err"][:1 << 20])
+    info = {"kind": case.kind, "index": case.index, "label": case.label, "class": cls, "why": why,
+            "must_refuse": case.must_refuse, "rc": r["rc"], "secs": round(r["secs"], 3), "cmd": cmd}
+    with open(os.path.join(dest, "case.json"), "w", errors="surrogateescape") as f:
+        json.dump(info, f, indent=1)
+    return cmd
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("DEPTHKV_BIN", os.path.join(REPO, "build", "release", "tools",
+                                                                                 "depthkv")))
+    ap.add_argument("--data", default=os.environ.get("DEPTHKV_DATA_DIR", os.path.join(os.path.dirname(REPO),
+                                                                                       "shared")))
+    ap.add_argument("--out", default=None, help="output folder (default /tmp/depthkv-sweep-SEED)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kind", default=",".join(KINDS))
+    ap.add_argument("--cases", type=int, default=1000, help="cases per kind")
+    ap.add_argument("--quick", action="store_true", help="150 cases per kind")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=15.0, help="seconds per run before it counts as a hang")
+    ap.add_argument("--mem-mb", type=int, default=4096, help="address-space limit per run (0: none)")
+    ap.add_argument("--json", default=None, help="also write the table and findings to this JSON file")
+    ap.add_argument("--replay", default=None, help="KIND:INDEX: run one case, keep its folder, print the verdict")
+    a = ap.parse_args()
+    exe = os.path.abspath(a.bin)
+    if not os.access(exe, os.X_OK):
+        sys.exit("corrupt_sweep: no program at %s (--bin)" % exe)
+    out = os.path.abspath(a.out or "/tmp/depthkv-sweep-%d" % a.seed)
+    if os.path.commonpath([out, REPO]) == REPO:
+        sys.exit("corrupt_sweep: --out must lie outside the repository")
+    kinds = [k for k in a.kind.split(",") if k]
+    for k in kinds:
+        if k not in KINDS:
+            sys.exit("corrupt_sweep: unknown kind %s (%s)" % (k, ", ".join(KINDS)))
+    n = 150 if a.quick else a.cases
+    os.makedirs(out, exist_ok=True)
+    work = os.path.join(out, "work")
+    base = Base(os.path.abspath(a.data), out, exe)
+
+    if a.replay:
+        k, i = a.replay.split(":")
+        case = make_case(base, a.seed, k, int(i))
+        d = os.path.join(out, "replay", "%s-%s" % (k, i))
+        if os.path.exists(d):
+            shutil.rmtree(d)
+        r = run_case(case, exe, d, a.timeout, a.mem_mb)
+        cls, why = classify(case, r, d)
+        print("%s %s-%s [%s] rc=%s %.2fs: %s %s" % (cls, k, i, case.label, r["rc"], r["secs"], why,
+                                                   "(must refuse: %s)" % case.must_refuse if case.must_refuse else ""))
+        print(" ".join(shlex.quote(x) for x in r["argv"]) + (" >/dev/full" if case.stdout_full else ""))
+        print(r["err"].decode(errors="replace")[-2000:])
+        print("files in", d)
+        return
+
+    counts = {k: dict.fromkeys(CLASSES, 0) for k in kinds}
+    findings = {}  # (kind, class, label, why) -> [count, first repro]
+    lock = threading.Lock()
+    t_start = time.time()
+    done = [0]
+    total = n * len(kinds)
+
+    def one(job):
+        k, i = job
+        case = make_case(base, a.seed, k, i)
+        d = os.path.join(work, "%s-%d" % (k, i))
+        if os.path.exists(d):
+            shutil.rmtree(d)
+        r = run_case(case, exe, d, a.timeout, a.mem_mb)
+        cls, why = classify(case, r, d)
+        repro = None
+        if cls in ("clean", "success"):
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            dest = os.path.join(out, "repro", cls, "%s-%d" % (k, i))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            save_repro(case, r, d, dest, cls, why)
+            repro = dest
+        with lock:
+            counts[k][cls] += 1
+            if repro:
+                key = (k, cls, case.label, re.sub(r"\d{3,}", "N", why))
+                f = findings.setdefault(key, [0, repro])
+                f[0] += 1
+            done[0] += 1
+            if done[0] % 200 == 0:
+                print("corrupt_sweep: %d/%d runs, %.0f s" % (done[0], total, time.time() - t_start), file=sys.stderr,
+                      flush=True)
+
+    jobs = [(k, i) for k in kinds for i in range(n)]
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
+        list(ex.map(one, jobs))
+    shutil.rmtree(work, ignore_errors=True)
+    secs = time.time() - t_start
+
+    print("corrupt_sweep: %s, seed %d, %d cases per kind, %d jobs, timeout %g s, %.0f s" %
+          (os.path.relpath(exe, REPO) if exe.startswith(REPO) else exe, a.seed, n, a.jobs, a.timeout, secs))
+    hdr = "| kind | cases | clean error | success | crash | hang | wrong output |"
+    print(hdr)
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    tot = dict.fromkeys(CLASSES, 0)
+    for k in kinds:
+        c = counts[k]
+        print("| %s | %d | %d | %d | %d | %d | %d |" % (k, sum(c.values()), c["clean"], c["success"], c["crash"],
+                                                         c["hang"], c["wrong"]))
+        for x in CLASSES:
+            tot[x] += c[x]
+    print("| all | %d | %d | %d | %d | %d | %d |" % (sum(tot.values()), tot["clean"], tot["success"], tot["crash"],
+                                                    tot["hang"], tot["wrong"]))
+    if findings:
+        print("\nnon-clean runs by kind, class, mutation and reason (count, first reproducer):")
+        for (k, cls, label, why), (cnt, repro) in sorted(findings.items()):
+            print("  %-5s %4d  %-40s %s\n               %s" % (cls, cnt, label, why, os.path.join(repro, "cmd.sh")))
+    print("\nreproducers under %s" % os.path.join(out, "repro"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"program": exe, "seed": a.seed, "cases_per_kind": n, "jobs": a.jobs, "timeout_s": a.timeout,
+                       "seconds": round(secs, 1), "counts": counts,
+                       "findings": [{"kind": k, "class": cls, "label": label, "why": why, "count": cnt,
+                                     "repro": repro} for (k, cls, label, why), (cnt, repro) in sorted(findings.items())]},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
