@@ -3,15 +3,24 @@
 # suite, then builds the test programs and the depthkv program under AddressSanitizer +
 # UndefinedBehaviorSanitizer and runs every test but the packaging test (no header check,
 # examples, benchmarks or CUDA code in that build). ctest fails when it finds no tests.
+# Every test has a time limit (TEST_TIMEOUT seconds, default 600: ctest --timeout), so a hang fails
+# fast; each phase prints its wall time (compile vs tests, release vs sanitizer).
 set -eu
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-600}"
+T0=$(date +%s)
+phase() { echo "test.sh: $1 done at $(( $(date +%s) - T0 )) s"; }
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DDEPTHKV_WERROR=ON
 cmake --build build/release -j "$JOBS"
-ctest --test-dir build/release --output-on-failure --no-tests=error -j "$JOBS"
+phase "release build"
+ctest --test-dir build/release --output-on-failure --no-tests=error --timeout "$TEST_TIMEOUT" -j "$JOBS"
+phase "release tests"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS="-O1 -g1" -DDEPTHKV_WERROR=ON -DDEPTHKV_SANITIZE=ON \
   -DDEPTHKV_ENABLE_CUDA=OFF -DDEPTHKV_BUILD_BENCHMARKS=OFF -DDEPTHKV_BUILD_EXAMPLES=OFF -DDEPTHKV_HEADER_CHECK=OFF
 cmake --build build/asan -j "$JOBS"
+phase "sanitizer build"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/asan --output-on-failure --no-tests=error -j "$JOBS" -E package_consumer
+  ctest --test-dir build/asan --output-on-failure --no-tests=error --timeout "$TEST_TIMEOUT" -j "$JOBS" -E package_consumer
+phase "sanitizer tests"
 echo "test.sh: all tests passed (release and ASan+UBSan)"
