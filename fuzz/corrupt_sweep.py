@@ -25,8 +25,9 @@ Wrong-output rules (each finding names the rule that fired):
                 output JSON file (profile -o, eval --windows-out) is not strict JSON
   W5 empty      exit 0 but nothing on stdout, where the subcommand always prints something
   W6 no-message exit 1 without "depthkv: error: <non-empty message>" on stderr
-  W7 misleading the error message names an option as "--flag:" that is not on the command
-                line (e.g. "--length: ..." for a profile's length), or, for a missing / directory
+  W7 misleading the error message blames an option that is not on the command line ("--flag:",
+                "--flag must", "--flag is", "--flag =", "--flag outside", e.g. "--length must be
+                >= 1" for a profile's length), or, for a missing / directory
                 input given on the command line, does not name that path or names a quoted path
                 the user never gave
 
@@ -54,6 +55,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+CONTROL = False  # (development) profile cases without corruption: every run must succeed
 KINDS = ["profile", "gguf", "llama2c", "tokens", "text", "cli"]
 CLASSES = ["clean", "success", "crash", "hang", "wrong"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,6 +127,13 @@ class Base:
         self.sprof = os.path.join(self.dir, "small.profile.json")
         r = subprocess.run([exe, "profile", "--model", self.sbin, "--text", self.small, "--context", "64",
                             "--continuation", "8", "--windows", "2", "-o", self.sprof], capture_output=True,
+                           timeout=300)
+        if r.returncode != 0:
+            sys.exit("corrupt_sweep: setup profile failed: %s" % r.stderr.decode(errors="replace"))
+        # the same for stories260K.gguf (eval checks that the profile was measured on the model file)
+        self.sprof_gguf = os.path.join(self.dir, "small.gguf.profile.json")
+        r = subprocess.run([exe, "profile", "--model", self.sgguf, "--text", self.small, "--context", "64",
+                            "--continuation", "8", "--windows", "2", "-o", self.sprof_gguf], capture_output=True,
                            timeout=300)
         if r.returncode != 0:
             sys.exit("corrupt_sweep: setup profile failed: %s" % r.stderr.decode(errors="replace"))
@@ -302,6 +311,8 @@ def gen_profile(base, rng, case):
     raw = None
     m = pick(rng, [(10, "deep"), (18, "number"), (8, "all-kl"), (12, "type"), (8, "truncate"), (12, "missing"),
                    (8, "count"), (8, "string"), (6, "array"), (6, "whole"), (4, "bitflip")])
+    if CONTROL:
+        m = "control"
     case.label = "profile/" + m
     if m == "deep":
         depth = rng.choice([64, 1000, 10000, 70000, 200000])
@@ -412,6 +423,8 @@ def gen_profile(base, rng, case):
         if not raw.startswith(b"\xef\xbb\xbf") and not raw.startswith(b'{"format": "x", '):  # duplicate key: last wins
             case.refuse("not a profile")
         case.label += "/%d" % len(raw)
+    elif m == "control":
+        pass
     else:  # bit flips in the text
         b = bytearray(dump_json(doc))
         flip_bits(b, rng, rng.randint(1, 4))
@@ -420,12 +433,15 @@ def gen_profile(base, rng, case):
     P = "{D}/p.json"
     text = ["--text", base.small]
     c = pick(rng, [(55, "allocate"), (20, "eval"), (13, "analyze"), (12, "generate")])
+    if m == "all-kl":
+        c = "allocate"  # prints the predicted loss
     if c == "allocate":
-        case.argv = ["allocate", "--profile", P, "--keep", rng.choice(["0.2", "0.5", "0.05", "1"])]
+        case.argv = ["allocate", "--profile", P, "--keep", rng.choice(["0.5", "0.75", "1"])]
         if best:
             case.argv += ["--preset", "best"]
         else:
-            case.argv += ["--policy", rng.choice(["optimal", "proportional", "uniform", "pyramid", "middle"])]
+            case.argv += ["--policy", "optimal" if m == "all-kl" else
+                          rng.choice(["optimal", "proportional", "uniform", "pyramid", "middle"])]
         if rng.random() < 0.5:
             case.argv += ["--json"]
     elif c == "eval":
@@ -444,7 +460,7 @@ def gen_profile(base, rng, case):
             case.refuse("model identity changed")
     elif c == "analyze":
         case.argv = ["analyze", "--model", model, "--profile", P] + text + ["--samples", "4", "--max-tokens", "32",
-                                                                            "--batch", "4"]
+                                                                            "--batch", "4", "--skip", "0"]
         if rng.random() < 0.3:
             case.argv += ["--json"]
     else:
@@ -756,10 +772,14 @@ def gen_gguf(base, rng, case):
                 (m == "kv" and "/special/" in case.label and "/tokenizer." not in case.label) or
                 (m == "truncate" and len(b) >= g["meta_end"])):
             case.must_refuse = None  # tokenize reads the vocabulary only
-    gen_model_command(base, rng, case, c, F, vocab_only=vocab_only)
+    gen_model_command(base, rng, case, c, F, vocab_only=vocab_only, gguf=not vocab_only,
+                      bpe=vocab_only and any(src == base.vocabs[v] for v in BPE_VOCABS))
 
 
-def gen_model_command(base, rng, case, c, F, tok=None, vocab_only=False):
+BPE_VOCABS = ("gpt-2", "llama-bpe", "qwen2")
+
+
+def gen_model_command(base, rng, case, c, F, tok=None, vocab_only=False, bpe=False, gguf=False):
     """Runs subcommand `c` with model file F (and --tokenizer `tok`)."""
     z = ["--tokenizer", tok] if tok else []
     if c == "generate":
@@ -781,7 +801,7 @@ def gen_model_command(base, rng, case, c, F, tok=None, vocab_only=False):
         else:
             case.argv += ["--text-file", base.small]
         for f in ("--special", "--no-bos", "--json"):
-            if rng.random() < 0.3:
+            if rng.random() < 0.3 and (bpe or f != "--special"):  # --special: byte-level BPE vocabularies only
                 case.argv.append(f)
     elif c == "profile":
         case.argv = ["profile", "--model", F] + z + ["--text", base.small, "--context", "32", "--continuation", "8",
@@ -791,8 +811,8 @@ def gen_model_command(base, rng, case, c, F, tok=None, vocab_only=False):
         case.json_outputs.append("{D}/out.json")
         case.expect_stdout = False
     else:  # eval, with a small profile measured on another model file: refused unless the model is the same
-        case.argv = ["eval", "--model", F] + z + ["--profile", base.sprof, "--text", base.small, "--windows", "1",
-                                                  "--keep", "0.5"]
+        case.argv = ["eval", "--model", F] + z + ["--profile", base.sprof_gguf if gguf else base.sprof, "--text",
+                                                  base.small, "--windows", "1", "--keep", "0.5"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1106,7 +1126,7 @@ def gen_text(base, rng, case):
             case.timeout_scale = 3.0
         case.argv = ["tokenize", "-m", model, "--text-file", T]
         for f in ("--special", "--no-bos", "--json"):
-            if rng.random() < 0.3:
+            if rng.random() < 0.3 and (v in BPE_VOCABS or f != "--special"):
                 case.argv.append(f)
         if few_tokens:
             case.expect_stdout = "--json" in case.argv
@@ -1206,7 +1226,7 @@ def cli_base(base, sub):
     S, P, T = base.sbin, base.sprof, base.small
     sel = ["--sinks", "--recent", "--obs-window", "--kernel", "--head-alpha", "--lookahead"]
     if sub == "generate":
-        return (["generate", "--model", S, "-t", "0", "--steps", "16", "--prompt", "Once upon a time", "--keep", "0.5",
+        return (["generate", "--model", S, "--temperature", "0", "--steps", "16", "--prompt", "Once upon a time", "--keep", "0.5",
                  "--profile", P, "--policy", "optimal"],
                 ["--steps", "--temperature", "--topp", "--seed", "--keep", "--chunk", "--max-kv-tokens", "--interval",
                  "--threads"] + sel, ["--model", "--profile", "--tokenizer"], [])
@@ -1233,6 +1253,29 @@ def cli_base(base, sub):
         return (["tokenize", "-m", S, "--text-file", T], [], ["-m", "--text-file", "-z"], [])
     return (["perplexity", "--model", S, "--text", T, "--context", "32", "--windows", "2"],
             ["--context", "--windows", "--chunk", "--threads"], ["--model", "--text", "--tokenizer"], [])
+
+
+def drop_opt(argv, opt):
+    if opt in argv:
+        i = argv.index(opt)
+        return argv[:i] + argv[i + 2:]
+    return argv
+
+
+def exercise(argv, sub, opt):
+    """Adds what makes `opt` matter in a command of `sub` (and drops what excludes it)."""
+    if sub == "generate" and opt in ("--max-kv-tokens", "--interval"):
+        for o in ("--keep", "--profile", "--policy"):
+            argv = drop_opt(argv, o)
+        if "--max-kv-tokens" not in argv:
+            argv = argv + ["--max-kv-tokens", "64"]
+    if sub == "eval" and opt == "--interval" and "--schedule" not in argv:
+        argv = argv + ["--schedule", "decode"]
+    if opt == "--head-alpha" and "--head-alloc" not in argv:
+        argv = argv + ["--head-alloc", "adaptive"]
+    if sub == "profile" and opt == "--probe-samples" and "--metric" not in argv:
+        argv = argv + ["--metric", "kl,infonce"]
+    return argv
 
 
 def set_opt(argv, opt, val):
@@ -1264,7 +1307,7 @@ def value_rule(opt, s, sub):
         if typ == "int" and not (I32_MIN <= v <= I32_MAX):
             return True
     else:
-        v = as_float(st)
+        v = as_float(st) if parse_int(st) is None else float(parse_int(st))
         if v is None or st == "":
             return True
     ok = pred(v)
@@ -1281,6 +1324,7 @@ def gen_cli(base, rng, case):
     if m in ("value", "two-values"):
         for opt in rng.sample(opts, 1 if m == "value" else 2):
             val = rng.choice(BAD_VALUES)
+            argv = exercise(argv, sub, opt)
             argv = set_opt(argv, opt, val)
             r = value_rule(opt, val, sub)
             if r:
@@ -1380,7 +1424,7 @@ CRASH_RE = re.compile(rb"AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitiz
                       rb"double free|free\(\): invalid|malloc\(\): ")
 NONFINITE_RE = re.compile(rb"(?<![A-Za-z0-9_])-?(nan|inf|infinity|null)(?![A-Za-z0-9_])", re.IGNORECASE)
 NONFINITE_CS_RE = re.compile(rb"(?<![A-Za-z0-9_])-?(nan|inf|null)(?![A-Za-z0-9_])")
-FLAG_COLON_RE = re.compile(r"(?<![\w-])(--[a-z][a-z-]*):")
+FLAG_COLON_RE = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)(?=:| must\b| is\b| =| outside\b| out of\b)")
 QUOTED_PATH_RE = re.compile(r"'([^']*/[^']*)'")
 
 
@@ -1446,10 +1490,12 @@ def classify(case, r, d):
             return "wrong", "W6 no-message: exit 1 without 'depthkv: error: <message>'"
         argv = [resolve(a, d) for a in case.argv]
         text = msg[mm.start():]
+        short = {"--model": "-m", "--prompt": "-p", "--tokenizer": "-z", "--temperature": "-t", "--steps": "-n",
+                 "--output": "-o"}
+        on_line = [f for f in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", text) if f in argv or short.get(f) in argv]
         for flag in FLAG_COLON_RE.findall(text):
-            if flag not in argv and not (flag == "--model" and "-m" in argv) and not (
-                    flag == "--prompt" and "-p" in argv) and not (flag == "--tokenizer" and "-z" in argv):
-                return "wrong", "W7 misleading: the message speaks of %s, not on the command line" % flag
+            if flag not in argv and short.get(flag) not in argv and not on_line:
+                return "wrong", "W7 misleading: the message blames %s, not on the command line" % flag
         given = [resolve(p, d) for p in case.paths_in_msg]
         for p in given:
             if p and p not in text and os.path.basename(p.rstrip("/")) not in text:
@@ -1480,7 +1526,8 @@ def classify(case, r, d):
                     strict_json(data)
                 except ValueError as e:
                     return "wrong", "W4 json: %s is not strict JSON (%s)" % (os.path.basename(path), str(e)[:60])
-    if sub == "generate" and "-t" in case.argv and case.argv[case.argv.index("-t") + 1] == "0" and b"<unk>" in out:
+    greedy = any(f in case.argv and case.argv[case.argv.index(f) + 1] == "0" for f in ("-t", "--temperature"))
+    if sub == "generate" and greedy and b"<unk>" in out:
         return "wrong", "W3 unk: greedy decoding printed <unk>"
     if "--json" in case.argv:
         try:
