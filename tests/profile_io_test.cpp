@@ -397,3 +397,59 @@ TEST_CASE("head curves: round trip beside the layer curves, older files load, ma
   rows.head_curves["h2o"].n_kv_heads = 4;
   REQUIRE_THROWS_WITH(depthkv::profile_to_json(rows), Contains("has 6 rows, expected n_layers x n_kv_heads = 12"));
 }
+
+TEST_CASE("bad values are described briefly, deep nesting is refused, counts and losses are bounded",
+          "[profile_io]") {
+  const nlohmann::json good = depthkv::profile_to_json(sample_file());
+  // an array nested 100,000 deep where a number belongs: described by its type (dumping it
+  // recursed once per level and overflowed the stack)
+  {
+    nlohmann::json deep = 1.0;
+    for (int i = 0; i < 100000; ++i) {
+      nlohmann::json a = nlohmann::json::array();
+      a.push_back(std::move(deep));
+      deep = std::move(a);
+    }
+    nlohmann::json j = good;
+    j["scorers"]["h2o"]["kl"]["mean"][1][2] = std::move(deep);
+    REQUIRE_THROWS_WITH(depthkv::profile_from_json(j),
+                        Contains("'scorers.h2o.kl.mean[1][2]' is not a number (an array of 1 element)"));
+  }
+  // a long string: a bounded prefix and its length; an object: its key count
+  expect_refused(good, [](nlohmann::json& j) { j["n_layers"] = std::string(100000, 'x'); },
+                 "'n_layers' is not an integer (the string \"" + std::string(40, 'x') + "\"... (100000 bytes))");
+  expect_refused(good, [](nlohmann::json& j) { j["metric"] = {{"a", 1}, {"b", 2}}; },
+                 "'metric' is not a string (an object of 2 keys)");
+  expect_refused(good, [](nlohmann::json& j) { j["calibration"]["selection"]["output_aware"] = {1, 2, 3}; },
+                 "'calibration.selection.output_aware' must be a boolean, got an array of 3 elements");
+  // ints of the file: a value of 2^31 must not wrap into a negative int
+  expect_refused(good, [](nlohmann::json& j) { j["calibration"]["context"] = 2147483648LL; },
+                 "'calibration.context' 2147483648 is out of range [0, 2147483647]");
+  expect_refused(good, [](nlohmann::json& j) { j["calibration"]["continuation"] = -1; },
+                 "'calibration.continuation' -1 is out of range [0, 2147483647]");
+  expect_refused(good, [](nlohmann::json& j) { j["scorers"]["h2o"]["n_samples"] = 4294967296LL; },
+                 "'scorers.h2o.n_samples' 4294967296 is out of range");
+  expect_refused(good, [](nlohmann::json& j) { j["n_layers"] = 1LL << 40; }, "'n_layers' 1099511627776 is out of range [1, 65536]");
+  expect_refused(good, [](nlohmann::json& j) { j["n_layers"] = 0; }, "'n_layers' 0 is out of range [1, 65536]");
+  expect_refused(good, [](nlohmann::json& j) { j["model"]["size"] = 18446744073709551615ULL; },
+                 "'model.size' 18446744073709551615 is out of range");
+  // losses: finite but absurd values would overflow the predicted loss and the allocator's slopes
+  expect_refused(good, [](nlohmann::json& j) { j["scorers"]["h2o"]["kl"]["mean"][0][0] = 1e308; },
+                 "'scorers.h2o.kl.mean[0][0]' 1e+308 is not a loss (|value| <= 1e+09)");
+  expect_refused(good, [](nlohmann::json& j) { j["scorers"]["h2o"]["dnll"]["stderr"][2][1] = -1e300; },
+                 "'scorers.h2o.dnll.stderr[2][1]' -1e+300 is not a loss");
+}
+
+TEST_CASE("profile files: JSON nested deeper than 64 levels and directories are refused on load", "[profile_io]") {
+  const std::string path = temp_path("deep.json");
+  const int depth = 70000;
+  write_file(path, std::string(depth, '[') + std::string(depth, ']'));
+  REQUIRE_THROWS_WITH(depthkv::load_profile(path),
+                      Contains("profile file '" + path + "' is not valid JSON: arrays or objects nested deeper than 64 levels"));
+  write_file(path, std::string(64, '[') + std::string(64, ']'));  // 64 levels parse (then: not an object)
+  REQUIRE_THROWS_WITH(depthkv::load_profile(path), Contains("not a JSON object"));
+  std::remove(path.c_str());
+  const std::string dir = depthkv_test::scratch_dir().path();
+  REQUIRE_THROWS_WITH(depthkv::load_profile(dir), Contains("'" + dir + "' is a directory, not a profile file"));
+  REQUIRE_THROWS_WITH(depthkv::model_identity(dir), Contains("'" + dir + "' is a directory, not a model file"));
+}

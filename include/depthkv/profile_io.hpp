@@ -53,9 +53,11 @@
 /// before tokenization (`llama::DocumentSplit`, the CLI's `--doc-separator`/`--doc-opening`): rule
 /// "opening", "separator" or "whole" and its marker. It is written only when the split is not the
 /// default; a file without it was split by the default TinyStories rule (opening "Once upon a time").
-/// Every problem on load (invalid JSON, another format or version, a missing key, a wrong type or
-/// shape, a NaN/null or negative loss, unsorted ratios, another model) throws `depthkv::Error`
-/// naming the file and the key.
+/// Every problem on load (invalid JSON or nesting deeper than 64 levels, another format or
+/// version, a missing key, a wrong type or shape, an integer outside its range (e.g. a count of
+/// 2^31), a NaN/null or negative loss or one beyond 1e9 in magnitude, unsorted ratios, another
+/// model, a directory) throws `depthkv::Error` naming the file and the key; a value of the wrong
+/// type is described by its type and a bounded prefix, never printed whole.
 ///
 /// @code
 /// depthkv::ProfileFile f;
@@ -70,6 +72,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -85,6 +88,17 @@
 
 namespace depthkv {
 
+namespace detail {
+
+/// @throws Error "'path' is a directory, not a <kind> file" when it is one (an std::ifstream
+///   opens a directory, and reading it gives no bytes: empty text, not an error)
+inline void check_not_directory(const std::string& path, const char* kind) {
+  std::error_code ec;
+  DEPTHKV_CHECK(!std::filesystem::is_directory(path, ec), "'" << path << "' is a directory, not a " << kind << " file");
+}
+
+}  // namespace detail
+
 /// Which model a profile was measured on.
 struct ModelIdentity {
   std::string file_name;           ///< base name of the model file (informative; not compared)
@@ -99,6 +113,7 @@ struct ModelIdentity {
 /// @return name, size and header hash
 /// @throws Error when the file cannot be read
 inline ModelIdentity model_identity(const std::string& path, std::uint64_t header_bytes = 65536) {
+  detail::check_not_directory(path, "model");
   std::ifstream in(path, std::ios::binary);
   DEPTHKV_CHECK(in.good(), "cannot open model file '" << path << "'");
   in.seekg(0, std::ios::end);
@@ -354,20 +369,90 @@ inline const nlohmann::json& json_at(const nlohmann::json& j, const std::string&
   return *it;
 }
 
+/// A bounded description of a JSON value for error messages: its type, and for a scalar its text
+/// (a string cut to 40 bytes). Never the whole value: dumping an array nested 70,000 deep
+/// recurses once per level, and a huge value would flood the message.
+inline std::string json_brief(const nlohmann::json& j) {
+  using nlohmann::json;
+  const auto count = [](std::size_t n, const char* one) {
+    return std::to_string(n) + " " + one + (n == 1 ? "" : "s");
+  };
+  switch (j.type()) {
+    case json::value_t::array: return "an array of " + count(j.size(), "element");
+    case json::value_t::object: return "an object of " + count(j.size(), "key");
+    case json::value_t::string: {
+      constexpr std::size_t kMax = 40;
+      const std::string& s = j.get_ref<const std::string&>();
+      const bool cut = s.size() > kMax;
+      // replace: a cut inside a UTF-8 sequence prints U+FFFD instead of throwing
+      return "the string " + json(cut ? s.substr(0, kMax) : s).dump(-1, ' ', false, json::error_handler_t::replace) +
+             (cut ? "... (" + std::to_string(s.size()) + " bytes)" : "");
+    }
+    case json::value_t::discarded: return "a discarded value";
+    default: return j.dump();  // null, a boolean or a number: a few characters
+  }
+}
+
+/// The most layers a profile file may hold (so that layers x KV heads fits an int).
+constexpr long long kMaxLayers = 65536;
+
+/// The largest magnitude of a loss-curve value (a mean or standard error of KL, NLL increase or
+/// top-1 disagreement per token): larger values are no measurement, and sums over layers and
+/// the allocator's slopes must stay finite.
+constexpr double kMaxLoss = 1e9;
+
+/// The deepest nesting of arrays and objects `parse_json` accepts (a profile file needs 6).
+constexpr int kMaxJsonDepth = 64;
+
+/// Parses JSON text, refusing nesting deeper than `kMaxJsonDepth` while parsing (so that no
+/// value deeper than that reaches code that walks it recursively).
+/// @throws Error on invalid JSON (nlohmann's message) or deeper nesting
+inline nlohmann::json parse_json(const std::string& text) {
+  const nlohmann::json::parser_callback_t limit = [](int depth, nlohmann::json::parse_event_t event,
+                                                     nlohmann::json&) {
+    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw Error("arrays or objects nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, limit);
+  } catch (const nlohmann::json::exception& e) {
+    DEPTHKV_FAIL(e.what());
+  }
+  return {};
+}
+
 inline double json_number(const nlohmann::json& j, const std::string& where) {
-  DEPTHKV_CHECK(j.is_number(), "'" << where << "' is not a number (" << j.dump() << ")");
+  DEPTHKV_CHECK(j.is_number(), "'" << where << "' is not a number (" << json_brief(j) << ")");
   const double v = j.get<double>();
   DEPTHKV_CHECK(std::isfinite(v), "'" << where << "' is not finite");
   return v;
 }
 
 inline long long json_integer(const nlohmann::json& j, const std::string& where) {
-  DEPTHKV_CHECK(j.is_number_integer(), "'" << where << "' is not an integer (" << j.dump() << ")");
+  DEPTHKV_CHECK(j.is_number_integer(), "'" << where << "' is not an integer (" << json_brief(j) << ")");
+  DEPTHKV_CHECK(!j.is_number_unsigned() || j.get<std::uint64_t>() <= static_cast<std::uint64_t>(
+                                                                         std::numeric_limits<long long>::max()),
+                "'" << where << "' " << j.get<std::uint64_t>() << " is out of range");
   return j.get<long long>();
 }
 
+/// An integer in [lo, hi] (e.g. a count stored as int: a file value of 2^31 must not wrap).
+/// @throws Error naming `where` and the range otherwise
+inline long long json_integer(const nlohmann::json& j, const std::string& where, long long lo, long long hi) {
+  const long long v = json_integer(j, where);
+  DEPTHKV_CHECK(v >= lo && v <= hi, "'" << where << "' " << v << " is out of range [" << lo << ", " << hi << "]");
+  return v;
+}
+
+/// An int field of the file: in [lo, INT_MAX].
+inline int json_int(const nlohmann::json& j, const std::string& where, int lo = 0) {
+  return static_cast<int>(json_integer(j, where, lo, std::numeric_limits<int>::max()));
+}
+
 inline std::string json_string(const nlohmann::json& j, const std::string& where) {
-  DEPTHKV_CHECK(j.is_string(), "'" << where << "' is not a string (" << j.dump() << ")");
+  DEPTHKV_CHECK(j.is_string(), "'" << where << "' is not a string (" << json_brief(j) << ")");
   return j.get<std::string>();
 }
 
@@ -420,13 +505,19 @@ inline ProfilerState state_from_json(const nlohmann::json& j, const std::string&
                                      int rows) {
   const int R = static_cast<int>(ratios.size());
   ProfilerState s;
-  s.metrics.n_samples = static_cast<int>(json_integer(json_at(j, "n_samples", w), w + ".n_samples"));
+  s.metrics.n_samples = json_int(json_at(j, "n_samples", w), w + ".n_samples");
   auto get = [&](const char* name, SensitivityProfile& p) {
     const auto& e = json_at(j, name, w);
     const std::string we = w + "." + name;
     p.keep_ratios = ratios;
     p.loss = json_matrix(json_at(e, "mean", we), we + ".mean", rows, R);
     p.loss_stderr = json_matrix(json_at(e, "stderr", we), we + ".stderr", rows, R);
+    for (const auto* m : {&p.loss, &p.loss_stderr})
+      for (Eigen::Index r = 0; r < m->rows(); ++r)
+        for (Eigen::Index k = 0; k < m->cols(); ++k)
+          DEPTHKV_CHECK(std::abs((*m)(r, k)) <= kMaxLoss,
+                        "'" << we << (m == &p.loss ? ".mean" : ".stderr") << "[" << r << "][" << k << "]' "
+                            << (*m)(r, k) << " is not a loss (|value| <= " << kMaxLoss << ")");
   };
   get("kl", s.metrics.kl);
   get("dnll", s.metrics.dnll);
@@ -515,22 +606,22 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
   ProfileFile f;
   const auto& m = json_at(j, "model", "");
   f.model.file_name = json_string(json_at(m, "file", "model"), "model.file");
-  f.model.size = static_cast<std::uint64_t>(json_integer(json_at(m, "size", "model"), "model.size"));
+  f.model.size = static_cast<std::uint64_t>(
+      json_integer(json_at(m, "size", "model"), "model.size", 0, std::numeric_limits<long long>::max()));
   f.model.header_hash = json_string(json_at(m, "header_hash", "model"), "model.header_hash");
-  f.model.header_bytes = static_cast<std::uint64_t>(json_integer(json_at(m, "header_bytes", "model"), "model.header_bytes"));
-  f.n_layers = static_cast<int>(json_integer(json_at(j, "n_layers", ""), "n_layers"));
-  DEPTHKV_CHECK(f.n_layers >= 1, "'n_layers' " << f.n_layers << " must be >= 1");
+  f.model.header_bytes = static_cast<std::uint64_t>(json_integer(json_at(m, "header_bytes", "model"), "model.header_bytes", 0,
+                                                                 std::numeric_limits<long long>::max()));
+  f.n_layers = static_cast<int>(json_integer(json_at(j, "n_layers", ""), "n_layers", 1, kMaxLayers));
   f.keep_ratios = json_vector(json_at(j, "keep_ratios", ""), "keep_ratios");
   f.metric = json_string(json_at(j, "metric", ""), "metric");
   const auto& c = json_at(j, "calibration", "");
   f.calibration.text_file = json_string(json_at(c, "text_file", "calibration"), "calibration.text_file");
-  f.calibration.context = static_cast<int>(json_integer(json_at(c, "context", "calibration"), "calibration.context"));
-  f.calibration.continuation =
-      static_cast<int>(json_integer(json_at(c, "continuation", "calibration"), "calibration.continuation"));
-  f.calibration.skip = json_integer(json_at(c, "skip", "calibration"), "calibration.skip");
-  f.calibration.samples = static_cast<int>(json_integer(json_at(c, "samples", "calibration"), "calibration.samples"));
-  f.calibration.window_begin = json_integer(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
-  f.calibration.window_end = json_integer(json_at(c, "window_end", "calibration"), "calibration.window_end");
+  f.calibration.context = json_int(json_at(c, "context", "calibration"), "calibration.context");
+  f.calibration.continuation = json_int(json_at(c, "continuation", "calibration"), "calibration.continuation");
+  f.calibration.skip = json_int(json_at(c, "skip", "calibration"), "calibration.skip");
+  f.calibration.samples = json_int(json_at(c, "samples", "calibration"), "calibration.samples");
+  f.calibration.window_begin = json_int(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
+  f.calibration.window_end = json_int(json_at(c, "window_end", "calibration"), "calibration.window_end");
   f.calibration.description = json_string(json_at(c, "description", "calibration"), "calibration.description");
   if (c.contains("eviction_chunk")) {
     const long long v = json_integer(c["eviction_chunk"], "calibration.eviction_chunk");
@@ -561,7 +652,7 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       r.pooling = json_string(json_at(sel, "pooling", "calibration.selection"), "calibration.selection.pooling");
       if (sel.contains("output_aware")) {
         DEPTHKV_CHECK(sel["output_aware"].is_boolean(),
-                      "'calibration.selection.output_aware' must be a boolean, got " << sel["output_aware"].dump());
+                      "'calibration.selection.output_aware' must be a boolean, got " << json_brief(sel["output_aware"]));
         r.output_aware = sel["output_aware"].get<bool>();
       }
       if (sel.contains("head_alloc"))
@@ -618,7 +709,7 @@ inline void save_profile(const ProfileFile& f, const std::string& path) {
   const nlohmann::json j = profile_to_json(f);
   std::ofstream out(path);
   DEPTHKV_CHECK(out.good(), "cannot write profile file '" << path << "'");
-  out << j.dump(2) << "\n";
+  out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // a path need not be UTF-8
   out.flush();
   DEPTHKV_CHECK(out.good(), "error writing profile file '" << path << "'");
 }
@@ -628,15 +719,17 @@ inline void save_profile(const ProfileFile& f, const std::string& path) {
 /// @return the profile
 /// @throws Error naming the file and what is wrong (unreadable, invalid JSON, schema errors)
 inline ProfileFile load_profile(const std::string& path) {
+  detail::check_not_directory(path, "profile");
   std::ifstream in(path);
   DEPTHKV_CHECK(in.good(), "cannot open profile file '" << path << "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  DEPTHKV_CHECK(!in.bad(), "error reading profile file '" << path << "'");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    DEPTHKV_FAIL("profile file '" << path << "' is not valid JSON: " << e.what());
+    j = detail::parse_json(ss.str());
+  } catch (const Error& e) {
+    DEPTHKV_FAIL("profile file '" << path << "' is not valid JSON: " << e.message());
   }
   try {
     return profile_from_json(j);
