@@ -649,3 +649,40 @@ TEST_CASE("engine [real]: mean NLL over the first 64 windows of 512 tokens", "[e
   std::cout << "stories260K mean NLL, first 64 windows of 512 tokens: " << nll << " nats\n";
   REQUIRE(std::abs(nll - 1.26) < 0.02);
 }
+
+TEST_CASE("engine: non-finite activations or logits are an error naming the layer and position; the cache is kept",
+          "[engine]") {
+  RandomSpec spec;
+  const LlamaModel good = random_model(spec);
+  LlamaModel bad_layer = good;
+  bad_layer.layers[1].w2.setConstant(3e38f);  // finite weights whose products overflow float in layer 1
+  LlamaModel bad_logits = good;
+  bad_logits.final_norm.setConstant(1e3f);
+  bad_logits.classifier.setConstant(3e38f);
+  const LlamaEngine engine(good), layer_engine(bad_layer), logits_engine(bad_logits);
+  const std::vector<int> prompt = depthkv_test::random_tokens(6, spec.vocab, 3);
+  HostCache cache = engine.make_cache();
+  engine.prefill(prompt, 0, cache);
+  auto state = [&] {
+    std::vector<std::vector<std::int32_t>> pos;
+    for (int l = 0; l < cache.n_layers(); ++l)
+      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
+        pos.emplace_back(cache.layer(l).positions(h), cache.layer(l).positions(h) + cache.layer(l).size(h));
+    return pos;
+  };
+  const auto before = state();
+  const std::vector<int> more = {1, 2, 3};
+  ForwardOptions opt;
+  opt.chunk_size = 2;  // layer 0 appended the chunk before layer 1 failed: removed again
+  REQUIRE_THROWS_WITH(layer_engine.forward(more, 6, cache, opt),
+                      Catch::Contains("layer 1: the residual stream at position 6: inf or NaN"));
+  REQUIRE(state() == before);
+  REQUIRE_THROWS_WITH(logits_engine.decode(1, 6, cache), Catch::Contains("the logits at position 6: inf or NaN"));
+  REQUIRE(state() == before);
+  opt.all_logits = true;
+  REQUIRE_THROWS_WITH(logits_engine.forward(more, 6, cache, opt), Catch::Contains("the logits at position 6"));
+  REQUIRE(state() == before);
+  // the good model continues where the cache ends
+  engine.forward(more, 6, cache, opt);
+  REQUIRE(cache.layer(0).size(0) == 9);
+}

@@ -1200,3 +1200,31 @@ TEST_CASE("gguf: errors of quantized weights stay clear", "[llama][gguf][quant][
     CHECK(contains(error_of([&] { depthkv::llama::LlamaEngine e(m); }), "wk of layer 0 has both a float and a quantized form"));
   }
 }
+
+TEST_CASE("gguf: a negative token id and token types outside the enum are refused", "[llama][gguf][tokenizer]") {
+  auto vocab_err = [](GgufWriter w) {
+    const Bytes b = w.build();
+    return error_of([&] { depthkv::llama::read_vocabulary(GgufFile::from_memory(b.data(), b.size())); });
+  };
+  GgufWriter w;
+  w.kv_str("tokenizer.ggml.model", "llama");
+  w.kv_str_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"});
+  {  // the uint32 0xFFFFFFFF is llama.cpp's "no token"; types 0 (undefined) .. 6 (byte) are known
+    GgufWriter ok = w;
+    ok.kv_u32("tokenizer.ggml.bos_token_id", 0xFFFFFFFFu);
+    ok.kv_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 0});
+    CHECK(vocab_err(ok) == "<no error>");
+  }
+  GgufWriter bad = w;
+  bad.kv("tokenizer.ggml.bos_token_id", depthkv_test::kI32, std::int32_t{-1});
+  CHECK(contains(vocab_err(bad), "tokenizer.ggml.bos_token_id = -1 is not a token id"));
+  bad = w;
+  bad.kv("tokenizer.ggml.eos_token_id", depthkv_test::kI32, std::int32_t{-7});
+  CHECK(contains(vocab_err(bad), "tokenizer.ggml.eos_token_id = -7 is not a token id"));
+  bad = w;
+  bad.kv_i32_array("tokenizer.ggml.token_type", {1, 1, 7, 1});
+  CHECK(contains(vocab_err(bad), "tokenizer.ggml.token_type of token 2 is 7, not a token type"));
+  bad = w;
+  bad.kv_i32_array("tokenizer.ggml.token_type", {1, -1, 1, 1});
+  CHECK(contains(vocab_err(bad), "tokenizer.ggml.token_type of token 1 is -1, not a token type"));
+}

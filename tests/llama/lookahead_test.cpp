@@ -226,3 +226,34 @@ TEST_CASE("PruningEvaluator with lookahead scorers: activation reuse equals reco
          std::abs(res[3][w].metrics.loss.kl - res[1][w].metrics.loss.kl);
   REQUIRE(d > 1e-4);
 }
+
+TEST_CASE("observe_lookahead and the evaluator refuse a lookahead beyond the model's context", "[lookahead]") {
+  const LlamaModel model = model_of(6);  // seq_len 512
+  const LlamaEngine engine(model);
+  const LlamaConfig& c = model.config;
+  REQUIRE(c.seq_len == 512);
+  const std::vector<int> context = tokens_of(12, c.vocab_size, 7);
+  HostCache cache = engine.make_cache();
+  engine.prefill(context, 0, cache);
+  const Snapshot before = snapshot(cache);
+  ScorerConfig la;
+  la.lookahead = 501;  // 12 + 501 > 512: would decode positions the model has no context for
+  std::vector<TokenScorer> s = make_scorers(c, la);
+  REQUIRE_THROWS_WITH(observe_lookahead(engine, cache, 0, 12, {&s}),
+                      Catch::Contains("lookahead: 501 greedy tokens after a context of 12 tokens do not fit the model's "
+                                      "context of 512 tokens") &&
+                          Catch::Contains("at most 500 here"));
+  REQUIRE(snapshot(cache) == before);
+  // 500 fit (the last at position 511)
+  la.lookahead = 500;
+  std::vector<TokenScorer> fits = make_scorers(c, la);
+  observe_lookahead(engine, cache, 0, 12, {&fits});
+  REQUIRE(snapshot(cache) == before);
+  // the evaluator refuses it up front, before any full run
+  EvalConfig ec;
+  la.lookahead = 100000;
+  ec.scorers = {la};
+  const auto windows = depthkv_test::random_windows(1, 12, 4, c.vocab_size, 2);
+  REQUIRE_THROWS_WITH(PruningEvaluator(engine, windows, ec),
+                      Catch::Contains("100000 greedy tokens after a context of 12 tokens do not fit"));
+}

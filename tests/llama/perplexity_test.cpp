@@ -94,3 +94,16 @@ TEST_CASE("perplexity: bad input is a clear error", "[perplexity]") {
         std::string::npos);
   CHECK(msg([&] { perplexity(engine, ids, 16, 1, spec.vocab); }).find("BOS id 50") != std::string::npos);
 }
+
+TEST_CASE("perplexity: weights so large that the logits overflow are an error, not a NaN perplexity", "[perplexity]") {
+  depthkv_test::RandomSpec spec;
+  spec.seq_len = 64;
+  LlamaModel model = depthkv_test::random_model(spec);
+  model.final_norm.setConstant(1e3f);   // finite weights, but every logit overflows float
+  model.classifier.setConstant(3e38f);
+  const LlamaEngine engine(model);
+  const std::vector<int> ids = depthkv_test::random_tokens(64, spec.vocab, 1);
+  REQUIRE_THROWS_WITH(perplexity(engine, ids, 16, 2),
+                      Catch::Contains("the logits at position 0: inf or NaN"));
+  REQUIRE_THROWS_WITH(perplexity(engine, ids, 16, 1, -1, 1024, -1), Catch::Contains("n_threads must be >= 0, got -1"));
+}

@@ -10,6 +10,7 @@
 
 #include "depthkv/error.hpp"
 #include "depthkv/llama/tokenizer.hpp"
+#include "support/temp_dir.hpp"
 #include "support/test_data.hpp"
 
 using namespace depthkv::llama;
@@ -127,4 +128,16 @@ TEST_CASE("describe names the rule and escapes the marker", "[text_windows]") {
   CHECK(DocumentSplit::whole().describe() == "whole text");
   CHECK(DocumentSplit::whole().rule_name() == "whole");
   CHECK(DocumentSplit::opening("x") != DocumentSplit::separator("x"));
+}
+
+TEST_CASE("read_text_file: whole files, and a directory or a missing file is an error naming it", "[text_windows]") {
+  using depthkv::llama::read_text_file;
+  depthkv_test::TempDir dir;
+  std::string text(200000, 'x');  // more than one read
+  text += "\nend";
+  const std::string p = dir.write("t.txt", std::vector<std::uint8_t>(text.begin(), text.end()));
+  CHECK(read_text_file(p) == text);
+  CHECK(read_text_file(dir.write("empty.txt", {})).empty());
+  CHECK_THROWS_WITH(read_text_file(dir.path()), Catch::Contains("'" + dir.path() + "' is a directory, not a text file"));
+  CHECK_THROWS_WITH(read_text_file(dir.file("missing.txt")), Catch::Contains("cannot open text file"));
 }

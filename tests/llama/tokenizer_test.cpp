@@ -311,3 +311,14 @@ TEST_CASE("tokenizer: token id files", "[llama][tokenizer]") {
   CHECK_THROWS_AS(read_token_file(p, 400), Error);
   CHECK_THROWS_AS(read_token_file(dir.path() + "/missing.txt", 512), Error);
 }
+
+TEST_CASE("tokenizer: a directory is not a token file, and the reader says so", "[llama][tokenizer]") {
+  using depthkv::llama::read_token_file;
+  depthkv_test::TempDir dir;
+  CHECK_THROWS_WITH(read_token_file(dir.path(), 512),
+                    Catch::Contains("'" + dir.path() + "' is a directory, not a token file"));
+  CHECK_THROWS_WITH(read_token_file(dir.path() + "/missing.txt", 512),
+                    Catch::Contains("cannot open token file '" + dir.path() + "/missing.txt': No such file"));
+  // a pipe is read to its end (no size to trust)
+  CHECK(read_token_file("/dev/null", 512).empty());
+}

@@ -258,7 +258,11 @@ class LlamaEngine {
   /// @param pos0 sequence position of `tokens[0]` (must exceed every position held)
   /// @param cache one layer per model layer with the model's KV-head count and head size
   /// @return logits `[n x vocab]`, or `[1 x vocab]` of the last token when `!opt.all_logits`
-  /// @throws Error on bad token ids, positions, options or a cache of the wrong shape
+  /// @throws Error on bad token ids, positions, options or a cache of the wrong shape, or when a
+  ///   layer's residual stream or the logits hold an inf or NaN (the message names the layer and
+  ///   the position); on any error (also from `opt`'s observer or hook) the slots this call
+  ///   appended are removed again, so `cache` holds what it held before (less what `after_chunk`
+  ///   evicted)
   template <class Layer>
   RowMatrix forward(const int* tokens, int n, std::int32_t pos0, KVCache<Layer>& cache,
                     const ForwardOptions& opt = ForwardOptions()) const {
@@ -284,21 +288,41 @@ class LlamaEngine {
     detail::ScopedThreads threads(opt.n_threads);
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
-    for (int c0 = 0; c0 < n; c0 += opt.chunk_size) {
-      const int t = std::min(opt.chunk_size, n - c0);
-      const std::int32_t p0 = pos0 + c0;
-      RowMatrix x = embed(tokens + c0, t, opt.stats);
-      for (int l = 0; l < config().n_layers; ++l) forward_layer(l, x, p0, cache.layer(l), opt);
-      if (opt.all_logits) {
-        out.middleRows(c0, t) = logits(x, opt.stats);
-      } else if (c0 + t == n) {
-        RowMatrix last = x.bottomRows(1);
-        out = logits(last, opt.stats);
+    try {
+      for (int c0 = 0; c0 < n; c0 += opt.chunk_size) {
+        const int t = std::min(opt.chunk_size, n - c0);
+        const std::int32_t p0 = pos0 + c0;
+        RowMatrix x = embed(tokens + c0, t, opt.stats);
+        for (int l = 0; l < config().n_layers; ++l) forward_layer(l, x, p0, cache.layer(l), opt);
+        if (opt.all_logits) {
+          out.middleRows(c0, t) = logits(x, opt.stats, p0);
+          check_finite(out.middleRows(c0, t), p0, "the logits");
+        } else if (c0 + t == n) {
+          RowMatrix last = x.bottomRows(1);
+          out = logits(last, opt.stats, p0 + t - 1);
+          check_finite(out, p0 + t - 1, "the logits");
+        }
+        if (opt.stats) opt.stats->tokens += t;
+        if (opt.after_chunk) opt.after_chunk(c0 + t, p0 + t);
       }
-      if (opt.stats) opt.stats->tokens += t;
-      if (opt.after_chunk) opt.after_chunk(c0 + t, p0 + t);
+    } catch (...) {
+      drop_from(cache, pos0);
+      throw;
     }
     return out;
+  }
+
+  /// Requires every value of `rows` (rows of positions `pos0, pos0 + 1, ...`) to be finite.
+  /// @param what what the rows are, e.g. "layer 3: the residual stream"
+  /// @throws Error naming `what` and the first position holding an inf or NaN (e.g. weights that
+  ///   are finite but so large that the products overflow float)
+  template <class Derived>
+  static void check_finite(const Eigen::MatrixBase<Derived>& rows, std::int64_t pos0, const std::string& what) {
+    if (rows.allFinite()) return;
+    Eigen::Index r = 0;
+    while (r + 1 < rows.rows() && rows.row(r).allFinite()) ++r;
+    DEPTHKV_FAIL(what << " at position " << pos0 + r
+                      << ": inf or NaN (the model's weights or activations overflow float)");
   }
 
   /// `forward` over a vector of tokens.
@@ -363,10 +387,12 @@ class LlamaEngine {
   }
 
   /// Final RMSNorm and classifier of residual-stream rows `x` `[T x dim]`.
+  /// @param pos0 the position of the first row (for errors)
   /// @return logits `[T x vocab]`
-  RowMatrix logits(const RowMatrix& x, EngineStats* stats = nullptr) const {
+  /// @throws Error when a row overflows float in the norm (`rmsnorm`)
+  RowMatrix logits(const RowMatrix& x, EngineStats* stats = nullptr, std::int64_t pos0 = 0) const {
     detail::PhaseTimer timer(stats, &EngineStats::other_s);
-    RowMatrix xn = rmsnorm(x, model_.final_norm);
+    RowMatrix xn = rmsnorm(x, model_.final_norm, pos0);
     timer.to(&EngineStats::matmul_s);
     RowMatrix out(x.rows(), config().vocab_size);
     linear(model_.classifier, model_.classifier_quant, xn, out);
@@ -377,7 +403,8 @@ class LlamaEngine {
   /// `pos0..pos0+T-1`, appending their K/V to `kv` (that layer's storage) and attending to all
   /// slots it holds. `opt.observer`, `opt.capture` and `opt.stats` are used; the chunking and
   /// the hook are not (the caller chunks).
-  /// @throws Error on a layer storage of the wrong shape or non-increasing positions
+  /// @throws Error on a layer storage of the wrong shape or non-increasing positions, or when its
+  ///   output holds an inf or NaN (naming the layer and position; the K/V it appended are removed)
   template <class Layer>
   void forward_layer(int l, RowMatrix& x, std::int32_t pos0, Layer& kv, const ForwardOptions& opt = ForwardOptions()) const {
     static_assert(std::is_same<typename Layer::Scalar, float>::value, "LlamaEngine needs float KV storage");
@@ -398,7 +425,7 @@ class LlamaEngine {
     detail::PhaseTimer timer(opt.stats, &EngineStats::other_s);
 
     cap(CapturePoint::kLayerInput, x);
-    RowMatrix xn = rmsnorm(x, w.attn_norm);
+    RowMatrix xn = rmsnorm(x, w.attn_norm, pos0, l);
     cap(CapturePoint::kAttnInput, xn);
 
     timer.to(&EngineStats::matmul_s);
@@ -418,7 +445,26 @@ class LlamaEngine {
     std::vector<int> size_before(static_cast<std::size_t>(c.n_kv_heads));
     for (int h = 0; h < c.n_kv_heads; ++h) size_before[static_cast<std::size_t>(h)] = kv.size(h);
     for (int i = 0; i < T; ++i) kv.append(k.row(i).data(), v.row(i).data(), pos0 + i);
+    try {
+      attend_and_mlp(l, x, q, pos0, kv, size_before, opt, timer);
+    } catch (...) {  // e.g. activations that overflow: the K/V appended above are removed again
+      for (int h = 0; h < c.n_kv_heads; ++h) keep_prefix(kv, h, size_before[static_cast<std::size_t>(h)]);
+      throw;
+    }
+  }
 
+ private:
+  // The rest of `forward_layer` after its K/V were appended.
+  template <class Layer>
+  void attend_and_mlp(int l, RowMatrix& x, const RowMatrix& q, std::int32_t pos0, Layer& kv,
+                      const std::vector<int>& size_before, const ForwardOptions& opt, detail::PhaseTimer& timer) const {
+    const LlamaConfig& c = config();
+    const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
+    const int T = static_cast<int>(x.rows());
+    const int q_dim = c.n_heads * c.head_dim;
+    auto cap = [&](CapturePoint p, const RowMatrix& m) {
+      if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0, m);
+    };
     timer.to(&EngineStats::attention_s);
     RowMatrix att(T, q_dim);
     attention(l, q, kv, size_before, pos0, att, opt);
@@ -431,7 +477,7 @@ class LlamaEngine {
     cap(CapturePoint::kAttnOutput, o);
     x += o;
     cap(CapturePoint::kAttnResidual, x);
-    xn = rmsnorm(x, w.ffn_norm);
+    RowMatrix xn = rmsnorm(x, w.ffn_norm, pos0, l);
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
@@ -447,15 +493,25 @@ class LlamaEngine {
     timer.to(&EngineStats::other_s);
     cap(CapturePoint::kMlpOutput, o);
     x += o;
+    check_finite(x, pos0, "layer " + std::to_string(l) + ": the residual stream");
     cap(CapturePoint::kLayerOutput, x);
   }
 
+ public:
+
   /// RMSNorm of each row: `w * x / sqrt(mean(x^2) + eps)` (as llama2.c computes it).
-  RowMatrix rmsnorm(const RowMatrix& x, const Eigen::VectorXf& weight) const {
+  /// @param pos0, layer where the rows are, for the error (layer -1: the final norm)
+  /// @throws Error naming the layer and position when a row's sum of squares overflows float
+  ///   (finite values so large that the norm would silently make them 0)
+  RowMatrix rmsnorm(const RowMatrix& x, const Eigen::VectorXf& weight, std::int64_t pos0 = 0, int layer = -1) const {
     RowMatrix out(x.rows(), x.cols());
     const float eps = config().rms_eps;
     for (Eigen::Index i = 0; i < x.rows(); ++i) {
       float ss = x.row(i).squaredNorm();
+      DEPTHKV_CHECK(std::isfinite(ss), (layer >= 0 ? "layer " + std::to_string(layer) : std::string("the final norm"))
+                                           << ": the residual stream at position " << pos0 + i
+                                           << " overflows float in RMSNorm (its sum of squares is not finite): the "
+                                              "model's weights or activations are too large");
       ss /= static_cast<float>(x.cols());
       ss += eps;
       ss = 1.0f / std::sqrt(ss);
@@ -631,6 +687,29 @@ class LlamaEngine {
   }
 
  private:
+  /// Keeps the first `n` slots of head `h` of `kv` (drops the ones appended after them).
+  template <class Layer>
+  static void keep_prefix(Layer& kv, int h, int n) {
+    if (kv.size(h) <= n) return;
+    std::vector<std::int32_t> prefix(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i)] = i;
+    kv.compact(h, prefix.data(), n);
+  }
+
+  /// Drops every slot at position >= `pos0` (slots are held in position order): what a failed
+  /// `forward` from `pos0` appended.
+  template <class Layer>
+  static void drop_from(KVCache<Layer>& cache, std::int32_t pos0) {
+    for (int l = 0; l < cache.n_layers(); ++l) {
+      Layer& L = cache.layer(l);
+      for (int h = 0; h < L.n_kv_heads(); ++h) {
+        int n = L.size(h);
+        while (n > 0 && L.positions(h)[n - 1] >= pos0) --n;
+        keep_prefix(L, h, n);
+      }
+    }
+  }
+
   /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row; small
   /// products single-threaded. With a stored form `Q` (then `W` is empty) the stored rows are
   /// multiplied instead: `quant_matvec` for one row, `quant_matmul` for several (int8

@@ -139,7 +139,8 @@ inline Eigen::MatrixXd log_softmax_rows(const RowMatrix& logits) {
 /// @param full, pruned logits `[Tc x vocab]` (same shape)
 /// @param targets true next token of each row, or -1 where there is none (size Tc)
 /// @return mean KL(full || pruned) and top-1 disagreement over all rows, NLLs over the rows with a target
-/// @throws Error on mismatched shapes or a target outside the vocabulary
+/// @throws Error on mismatched shapes, a target outside the vocabulary, or a row whose KL or
+///   NLL is not finite (naming the row)
 inline ContinuationMetrics compare_logits(const RowMatrix& full, const RowMatrix& pruned, const std::vector<int>& targets) {
   DEPTHKV_CHECK(full.rows() == pruned.rows() && full.cols() == pruned.cols() && full.rows() >= 1,
                 "logits shapes differ: [" << full.rows() << " x " << full.cols() << "] vs [" << pruned.rows() << " x "
@@ -151,7 +152,10 @@ inline ContinuationMetrics compare_logits(const RowMatrix& full, const RowMatrix
   m.n_positions = static_cast<int>(full.rows());
   double kl = 0, dis = 0, nf = 0, np = 0;
   for (Eigen::Index i = 0; i < full.rows(); ++i) {
-    kl += (lf.row(i).array().exp() * (lf.row(i) - lp.row(i)).array()).sum();
+    const double kl_i = (lf.row(i).array().exp() * (lf.row(i) - lp.row(i)).array()).sum();
+    DEPTHKV_CHECK(std::isfinite(kl_i), "continuation row " << i << ": the KL of the logits is not finite (inf or NaN "
+                                                               "logits, or logits so large that log-softmax overflows)");
+    kl += kl_i;
     Eigen::Index af = 0, ap = 0;
     full.row(i).maxCoeff(&af);
     pruned.row(i).maxCoeff(&ap);
@@ -159,6 +163,8 @@ inline ContinuationMetrics compare_logits(const RowMatrix& full, const RowMatrix
     const int t = targets[static_cast<std::size_t>(i)];
     if (t >= 0) {
       DEPTHKV_CHECK(t < full.cols(), "target " << t << " outside the vocabulary of " << full.cols());
+      DEPTHKV_CHECK(std::isfinite(lf(i, t)) && std::isfinite(lp(i, t)),
+                    "continuation row " << i << ": the NLL of target " << t << " is not finite");
       nf -= lf(i, t);
       np -= lp(i, t);
       ++m.n_targets;
@@ -198,8 +204,9 @@ inline std::vector<int> continuation_targets(const std::vector<int>& continuatio
 /// the scorers (`TokenScorer::observe_block`), drop those G slots from the cache and from the
 /// scorers (`compact` with the first `size(h)` slots), then score and evict.
 /// @throws Error on a set whose lookahead is 0 or differs across its layers, a scorer count
-///   other than the layers, or as `LlamaEngine::forward`; `cache` holds the context as before
-///   then, the scorers are reset
+///   other than the layers, a lookahead that does not fit the model's context (`pos0 + G >
+///   seq_len`: positions the model was not trained for, and an unbounded run), or as
+///   `LlamaEngine::forward`; `cache` holds the context as before then, the scorers are reset
 template <class Layer>
 void observe_lookahead(const LlamaEngine& engine, KVCache<Layer>& cache, int first_token, std::int32_t pos0,
                        const std::vector<std::vector<TokenScorer>*>& sets) {
@@ -215,6 +222,12 @@ void observe_lookahead(const LlamaEngine& engine, KVCache<Layer>& cache, int fir
                                                                                       << s.config().lookahead << ")");
     G = std::max(G, g);
   }
+  const int seq_len = engine.config().seq_len;
+  DEPTHKV_CHECK(static_cast<long long>(pos0) + G <= seq_len,
+                "lookahead: " << G << " greedy tokens after a context of " << pos0
+                              << " tokens do not fit the model's context of " << seq_len
+                              << " tokens (ScorerConfig::lookahead, the CLI's --lookahead: at most "
+                              << std::max<long long>(0, static_cast<long long>(seq_len) - pos0) << " here)");
   std::vector<std::vector<int>> sizes(static_cast<std::size_t>(L));
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) sizes[static_cast<std::size_t>(l)].push_back(cache.layer(l).size(h));
@@ -329,7 +342,8 @@ class PruningEvaluator {
   /// @param engine the engine (must outlive the evaluator)
   /// @param windows the samples (each context and continuation non-empty)
   /// @param cfg scorers, protection, chunking, threads
-  /// @throws Error on empty windows, invalid tokens or scorer configurations
+  /// @throws Error on empty windows, invalid tokens or scorer configurations (also a lookahead
+  ///   that does not fit the model's context after a window's context)
   PruningEvaluator(const LlamaEngine& engine, std::vector<EvalWindow> windows, EvalConfig cfg = EvalConfig())
       : engine_(engine), windows_(std::move(windows)), cfg_(std::move(cfg)) {
     DEPTHKV_CHECK(!cfg_.scorers.empty(), "no scorer configured");
@@ -344,6 +358,14 @@ class PruningEvaluator {
       DEPTHKV_CHECK(!cfg_.chunked_plans || s.lookahead == 0,
                     "chunked plans evict while the context is read; lookahead (" << s.lookahead
                                                                                  << ") needs the whole context first");
+      for (std::size_t w = 0; w < windows_.size() && s.lookahead > 0; ++w) {  // observe_lookahead's check, up front
+        const long long ctx = static_cast<long long>(windows_[w].context.size());
+        DEPTHKV_CHECK(ctx + s.lookahead <= engine.config().seq_len,
+                      "lookahead: " << s.lookahead << " greedy tokens after a context of " << ctx
+                                    << " tokens do not fit the model's context of " << engine.config().seq_len
+                                    << " tokens (ScorerConfig::lookahead, the CLI's --lookahead: at most "
+                                    << std::max<long long>(0, engine.config().seq_len - ctx) << " here)");
+      }
     }
     DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
     if (output_aware) {
@@ -753,7 +775,8 @@ class PruningEvaluator {
     RowMatrix logits(tc, c.vocab_size);
     for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {  // per chunk, as the full run (same rounding)
       const int t = std::min(cfg_.chunk_size, tc - c0);
-      logits.middleRows(c0, t) = engine_.logits(x.middleRows(c0, t));
+      logits.middleRows(c0, t) = engine_.logits(x.middleRows(c0, t), nullptr, n_ctx + c0);
+      LlamaEngine::check_finite(logits.middleRows(c0, t), n_ctx + c0, "the logits");
     }
     res.metrics = compare_logits(r.logits, logits, r.targets);
     return res;

@@ -590,9 +590,11 @@ inline bool is_gguf_file(const std::string& path) {
 
 /// Reads the tokenizer vocabulary (`tokenizer.ggml.*`).
 /// @param f a parsed GGUF file
-/// @return the vocabulary; ids equal to 0xFFFFFFFF (or negative) mean "absent" (-1)
+/// @return the vocabulary; ids equal to the uint32 0xFFFFFFFF (llama.cpp's "no token") or absent
+///   mean "absent" (-1)
 /// @throws Error when the file has no `tokenizer.ggml.model` / `tokenizer.ggml.tokens`, when
-///   scores or token types do not have one entry per token, when an id is out of range, or when
+///   scores or token types do not have one entry per token, when a token type is outside 0..6,
+///   when an id is negative or out of range, or when
 ///   `tokenizer.ggml.merges` is present but not an array of strings
 inline Vocabulary read_vocabulary(const GgufFile& f) {
   Vocabulary v;
@@ -612,17 +614,21 @@ inline Vocabulary read_vocabulary(const GgufFile& f) {
     const std::vector<std::int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
     DEPTHKV_CHECK(types.size() == n, src << ": tokenizer.ggml.token_type has " << types.size() << " entries for " << n << " tokens");
     v.token_types.reserve(n);
-    for (std::int64_t t : types) {
-      DEPTHKV_CHECK(t >= std::numeric_limits<std::int32_t>::min() && t <= std::numeric_limits<std::int32_t>::max(),
-                    src << ": token type " << t << " is out of range");
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t t = types[i];
+      DEPTHKV_CHECK(t >= 0 && t <= 6, src << ": tokenizer.ggml.token_type of token " << i << " is " << t
+                                          << ", not a token type (0 undefined, 1 normal, 2 unknown, 3 control, "
+                                             "4 user-defined, 5 unused, 6 byte)");
       v.token_types.push_back(static_cast<std::int32_t>(t));
     }
   }
   auto id = [&](const char* key) {
     const GgufValue* val = f.find(key);
     if (!val) return -1;
-    const std::int64_t x = val->is_integer() && val->is_unsigned() && val->u == 0xFFFFFFFFull ? -1 : f.get_int(key);
-    if (x < 0) return -1;
+    if (val->is_integer() && val->is_unsigned() && val->u == 0xFFFFFFFFull) return -1;  // llama.cpp's "no token"
+    const std::int64_t x = f.get_int(key);
+    DEPTHKV_CHECK(x >= 0, src << ": " << key << " = " << x
+                              << " is not a token id (an absent token is written as the uint32 0xFFFFFFFF or left out)");
     DEPTHKV_CHECK(static_cast<std::uint64_t>(x) < n, src << ": " << key << " = " << x << " is out of range for " << n << " tokens");
     return static_cast<int>(x);
   };

@@ -53,7 +53,8 @@ struct PerplexityResult {
 /// @param chunk_size prefill chunk (computation only)
 /// @param n_threads windows run in parallel (0: OpenMP's default, 1: serial)
 /// @throws Error on a context outside [4, seq_len], a stream shorter than the windows asked for,
-///   or ids outside the vocabulary
+///   ids outside the vocabulary, a non-finite NLL (naming the window and position; the engine
+///   names the layer of a non-finite activation), or a perplexity that overflows a double
 inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<int>& ids, int context, int n_windows = 0,
                                    int bos = -1, int chunk_size = 1024, int n_threads = 0) {
   const LlamaConfig& c = engine.config();
@@ -62,6 +63,7 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
   DEPTHKV_CHECK(n_windows >= 0, "perplexity: n_windows must be >= 0, got " << n_windows);
   DEPTHKV_CHECK(bos < c.vocab_size, "perplexity: BOS id " << bos << " is outside the vocabulary of " << c.vocab_size);
   DEPTHKV_CHECK(chunk_size >= 1, "perplexity: chunk_size must be >= 1, got " << chunk_size);
+  DEPTHKV_CHECK(n_threads >= 0, "perplexity: n_threads must be >= 0, got " << n_threads);
   const long long available = static_cast<long long>(ids.size()) / context;
   DEPTHKV_CHECK(available >= 1, "perplexity: " << ids.size() << " tokens are fewer than one window of " << context);
   if (n_windows == 0) n_windows = static_cast<int>(std::min<long long>(available, 1 << 30));
@@ -96,7 +98,10 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
         const double mx = row.maxCoeff();
         double sum = 0;
         for (Eigen::Index v = 0; v < row.size(); ++v) sum += std::exp(static_cast<double>(row(v)) - mx);
-        out.push_back(mx + std::log(sum) - row(t[static_cast<std::size_t>(j + 1)]));
+        const double x = mx + std::log(sum) - row(t[static_cast<std::size_t>(j + 1)]);
+        DEPTHKV_CHECK(std::isfinite(x), "perplexity: the NLL of window " << w << " at position " << j
+                                                                         << " is not finite (inf or NaN logits)");
+        out.push_back(x);
       }
     } catch (...) {
 #ifdef _OPENMP
@@ -125,6 +130,8 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
   const double var = n > 1 ? std::max(0.0, (sum2 - n * r.nll * r.nll) / (n - 1)) : 0.0;
   r.nll_stderr = std::sqrt(var / n);
   r.ppl = std::exp(r.nll);
+  DEPTHKV_CHECK(std::isfinite(r.nll_stderr) && std::isfinite(r.ppl),
+                "perplexity: a mean NLL of " << r.nll << " nats overflows the perplexity exp(NLL) (a broken model)");
   return r;
 }
 

@@ -43,21 +43,16 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/detail/mapped_file.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
 namespace depthkv {
 namespace llama {
 
-/// Reads a whole file.
-/// @throws Error when it cannot be read
-inline std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  DEPTHKV_CHECK(f.good(), "cannot open text file '" << path << "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+/// Reads a whole file (`detail::read_whole_file`).
+/// @throws Error when it cannot be opened or read, or is a directory
+inline std::string read_text_file(const std::string& path) { return detail::read_whole_file(path, "text"); }
 
 /// Splits a corpus into stories by the opening rule (SplitRule::kOpening of the file comment).
 /// @param text the corpus

@@ -491,14 +491,9 @@ inline std::vector<int> parse_token_ids(const std::string& text, int vocab_size,
 /// @param path the file
 /// @param vocab_size every id must lie in [0, vocab_size)
 /// @return the ids
-/// @throws Error when the file cannot be read, or as `parse_token_ids`
+/// @throws Error when the file cannot be read or is a directory, or as `parse_token_ids`
 inline std::vector<int> read_token_file(const std::string& path, int vocab_size) {
-  std::ifstream f(path, std::ios::binary);
-  DEPTHKV_CHECK(f.good(), "cannot open token file '" << path << "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  DEPTHKV_CHECK(!f.bad(), "error reading token file '" << path << "'");
-  return parse_token_ids(ss.str(), vocab_size, path);
+  return parse_token_ids(detail::read_whole_file(path, "token"), vocab_size, path);
 }
 
 }  // namespace llama

@@ -116,6 +116,43 @@ class MappedFile {
   std::string path_;
 };
 
+/// Reads a whole file into a string: the one reader of depthkv's text inputs (text files, token
+/// files). Regular files, pipes and devices are read; a directory is refused (an std::ifstream
+/// opens one and reads no bytes, which looked like empty text).
+/// @param path the file
+/// @param kind what the file is, for messages ("text", "token")
+/// @return its bytes
+/// @throws Error "cannot open <kind> file 'path': <reason>", "'path' is a directory, not a
+///   <kind> file", or "error reading <kind> file 'path': <reason>"
+inline std::string read_whole_file(const std::string& path, const char* kind) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DEPTHKV_CHECK(fd >= 0, "cannot open " << kind << " file '" << path << "': " << std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    const int err = errno;
+    const bool dir = S_ISDIR(st.st_mode);
+    ::close(fd);
+    DEPTHKV_CHECK(!dir, "'" << path << "' is a directory, not a " << kind << " file");
+    DEPTHKV_FAIL("cannot stat " << kind << " file '" << path << "': " << std::strerror(err));
+  }
+  std::string out;
+  if (S_ISREG(st.st_mode) && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      DEPTHKV_FAIL("error reading " << kind << " file '" << path << "': " << std::strerror(err));
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 /// Bounded cursor over a byte range; every read checks the remaining length first and throws
 /// `Error` ("<source>: truncated at offset N: need K bytes for <what>, M left") otherwise.
 /// Values are read little-endian with memcpy (no alignment requirement).
