@@ -1077,7 +1077,7 @@ def gen_text(base, rng, case):
     elif m == "huge-line":
         unit = rng.choice([b"a", b"ab ", b"Once upon a time ", b"\xe4\xb8\xad", b"!!", b"1234567890", b"  ",
                            b"\xf0\x9f\x98\x80"])
-        n = rng.choice([10 ** 4, 10 ** 5, 3 * 10 ** 5])
+        n = rng.choice([10 ** 4, 10 ** 5, 3 * 10 ** 5, 10 ** 6])
         data = (unit * (n // len(unit) + 1))[:n]
         case.label += "/%d" % n
     elif m == "nul":
@@ -1539,14 +1539,15 @@ def classify(case, r, d):
     return "success", ""
 
 
-def save_repro(case, r, d, dest, cls, why):
+def save_repro(case, r, d, dest, cls, why, mem_mb):
     if os.path.exists(dest):
         shutil.rmtree(dest)
     shutil.move(d, dest)
     argv = [a.replace(d, dest) if isinstance(a, str) else a for a in r["argv"]]
     cmd = " ".join(shlex.quote(a) for a in argv) + (" >/dev/full" if case.stdout_full else "")
     with open(os.path.join(dest, "cmd.sh"), "w", errors="surrogateescape") as f:
-        f.write("#!/bin/sh\n# %s %s-%d: %s; %s\n%s\n" % (cls, case.kind, case.index, case.label, why, cmd))
+        f.write("#!/bin/sh\n# %s %s-%d: %s; %s\n%s%s\n" % (cls, case.kind, case.index, case.label, why,
+                                                         "ulimit -v %d\n" % (mem_mb * 1024) if mem_mb else "", cmd))
     open(os.path.join(dest, "stdout"), "wb").write(r["out"][:1 << 20])
     open(os.path.join(dest, "stderr"), "wb").write(r["err"][:1 << 20])
     info = {"kind": case.kind, "index": case.index, "label": case.label, "class": cls, "why": why,
@@ -1624,7 +1625,7 @@ def main():
         else:
             dest = os.path.join(out, "repro", cls, "%s-%d" % (k, i))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            save_repro(case, r, d, dest, cls, why)
+            save_repro(case, r, d, dest, cls, why, a.mem_mb)
             repro = dest
         with lock:
             counts[k][cls] += 1
