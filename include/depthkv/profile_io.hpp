@@ -406,7 +406,7 @@ constexpr int kMaxJsonDepth = 64;
 
 /// Parses JSON text, refusing nesting deeper than `kMaxJsonDepth` while parsing (so that no
 /// value deeper than that reaches code that walks it recursively).
-/// @throws Error on invalid JSON (nlohmann's message) or deeper nesting
+/// @throws Error on invalid JSON (nlohmann's message, cut to 200 characters) or deeper nesting
 inline nlohmann::json parse_json(const std::string& text) {
   const nlohmann::json::parser_callback_t limit = [](int depth, nlohmann::json::parse_event_t event,
                                                      nlohmann::json&) {
@@ -418,9 +418,11 @@ inline nlohmann::json parse_json(const std::string& text) {
   try {
     return nlohmann::json::parse(text, limit);
   } catch (const nlohmann::json::exception& e) {
-    DEPTHKV_FAIL(e.what());
+    // nlohmann quotes the offending token, which may be megabytes long: a bounded prefix
+    constexpr std::size_t kMax = 200;
+    const std::string m = e.what();
+    throw Error(m.size() <= kMax ? m : m.substr(0, kMax) + "... (" + std::to_string(m.size()) + " characters)");
   }
-  return {};
 }
 
 inline double json_number(const nlohmann::json& j, const std::string& where) {
