@@ -3,7 +3,9 @@
 
 For each model (stories260K, aidreams260K from the data folder):
  1. `depthkv eval --windows-out` writes the evaluation windows (the main job's settings: windows
-    after the profile's calibration windows, context + continuation as profiled) as token ids.
+    after the profile's calibration windows, or from `--skip` per model, e.g. the untouched windows
+    of docs/results/windows.md: `--skip stories260K=216,aidreams260K=176 --out kvpress_peer_untouched`;
+    context + continuation as profiled) as token ids.
  2. The llama2.c checkpoint is converted to a Hugging Face `LlamaForCausalLM` (q/k rows permuted
     from llama2.c's interleaved RoPE pairs to HF's rotate-half order) and checked: greedy text
     from BOS equals `depthkv generate -t 0`'s, and the full-cache NLL of the windows equals the
@@ -434,7 +436,7 @@ def evaluate_model(name, a, out_rows):
     m = MODELS[name]
     windows = a.windows or m["windows"]
     common = ["--model", bin_path, "--text", text, "--profile", profile, "--windows", str(windows),
-              "--threads", str(a.threads)] + m["selection"]
+              "--threads", str(a.threads)] + (["--skip", str(a.skip[name])] if name in a.skip else []) + m["selection"]
     wpath = os.path.join(a.work, name + ".windows.json")
     r = subprocess.run([a.depthkv, "eval"] + common + ["--windows-out", wpath], capture_output=True, text=True)
     if r.returncode != 0:
@@ -586,8 +588,10 @@ def write_results(rows, a):
     md = ["# kvpress side by side with depthkv", "",
           "Written by `benchmarks/kvpress_peer/run.py` (kvpress " + kvpress_version() + ", torch " + torch.__version__ +
           ", CPU, float32). Mean KL(full || pruned) over the continuation of each evaluation window "
-          "(the windows after the profile's calibration windows, as `depthkv eval` takes them; context and "
-          "continuation as profiled). kvpress presses run on the model converted to Hugging Face Llama; "
+          "(the windows named under each model: by default those after the profile's calibration windows, as "
+          "`depthkv eval` takes them, or those `--skip` starts at; context and continuation as profiled; which "
+          "window set is which: docs/results/windows.md). " + (f"kvpress presses run: {', '.join(a.presses)} (a subset). "
+          if a.presses else "") + "kvpress presses run on the model converted to Hugging Face Llama; "
           "head-wise presses and per-layer budgets are applied by an additive attention mask (see the script). "
           "\"Best kvpress press\" is the best of kvpress's own presses: "
           "\"kvpress LUKV+SnapKV (depthkv head curves)\" (kvpress's LUKVPress with its budget curve built from "
@@ -631,34 +635,81 @@ def kvpress_version():
         return "?"
 
 
+def plot_series(res, keeps):
+    """The plot's panels for one model, at most 8 series each (the rest are in the table):
+    kvpress's own presses, the 6 of the lowest geometric-mean KL over the keeps, beside `--preset
+    best`; and depthkv's rows: the preset, its scorer (the one it chose most often) with uniform and
+    optimal budgets, plain SnapKV uniform and optimal, depthkv's head-optimal budgets inside kvpress,
+    LUKV on depthkv's curves, and the best kvpress press at each keep."""
+    kl = res["kl"]
+
+    def full(label):
+        d = kl.get(label, {})
+        return all(d.get(str(k)) is not None and d[str(k)] > 0 for k in keeps)
+
+    def gmean(label):
+        return math.exp(sum(math.log(kl[label][str(k)]) for k in keeps) / len(keeps))
+
+    preset = "depthkv --preset best"
+    own = [l for l in kl if l.startswith("kvpress ") and l not in NOT_KVPRESS_OWN and full(l)]
+    own.sort(key=gmean)
+    p1 = [(l, "kvpress") for l in own[:6]]
+    if full(preset):
+        p1.append((preset, "preset"))
+    best = [best_kvpress(res, k) for k in keeps]
+    envelope = {str(k): b[1] for k, b in zip(keeps, best) if b}
+    chosen = list(res.get("preset_scorer", {}).values())
+    sc = max(set(chosen), key=chosen.count) if chosen else "snapkv"
+    p2 = []
+    if full(preset):
+        p2.append((preset, "preset"))
+    p2 += [(l, "depthkv") for l in kl if l.startswith(f"depthkv {sc} + output-aware") and
+           (l.endswith(" uniform") or l.endswith(" optimal")) and "head-optimal" not in l and full(l)]
+    p2 += [(l, "depthkv") for l in ("depthkv snapkv uniform", "depthkv snapkv optimal") if full(l)]
+    p2 += [(l, "hybrid") for l in ("depthkv head-optimal budgets + kvpress SnapKV", LUKV_LABEL) if full(l)]
+    p2 = p2[:7]
+    panels = [(f"{res['model']}: kvpress presses (the best 6 of the {len(own)} with every keep)", p1, None),
+              (f"{res['model']}: depthkv", p2, envelope if len(envelope) == len(keeps) else None)]
+    return panels
+
+
 def plot(rows, a, out):
-    """KL against keep per model, log scale: depthkv's policies and the kvpress presses (gnuplot)."""
+    """KL against keep, log scale (gnuplot): per model two panels of at most 8 series, legends
+    below the plot area, text without gnuplot's enhanced markup."""
     if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode != 0:
         print("gnuplot not found: no plot")
         return
     name = os.path.basename(out)  # the .gp runs in its own folder
-    gp = [f"set terminal svg size {560 * len(rows)},420 dynamic font 'sans,10'", f"set output '{name}.svg'",
-          f"set multiplot layout 1,{len(rows)}", "set logscale y", "set xlabel 'keep ratio'",
-          "set ylabel 'mean KL(full || pruned)'", "set key top right font ',8'", "set grid"]
+    styles = {"preset": "lp lw 3 pt 7 ps 1.2 lc rgb 'black'", "depthkv": "lp lw 2 pt 7",
+              "hybrid": "lp lw 2 dt 3 pt 5", "kvpress": "lp lw 1.5 dt 2", "envelope": "lp lw 2 dt 2 pt 4 lc rgb 'red'"}
+    gp = [f"set terminal svg size 1400,{660 * len(rows)} dynamic noenhanced font 'sans,11' background rgb 'white'",
+          f"set output '{name}.svg'",
+          f"set multiplot layout {len(rows)},2 title 'Mean KL(full || pruned) against keep ratio, log scale "
+          "(every row: docs/results/" + name + ".md)'",
+          "set logscale y", "set format y '%g'", "set xlabel 'keep ratio'", "set ylabel 'mean KL(full || pruned)'",
+          "set key below Left reverse vertical maxcols 1 font ',9' spacing 1.1 height 1.5", "set grid", "set xtics (" +
+          ", ".join(f"'{k:g}' {k}" for k in a.keep) + ")", "set xrange [" + f"{min(a.keep) - 0.02}:{max(a.keep) + 0.02}]",
+          "set lmargin 10"]
     dat = out + ".dat"
+    idx = 0
+    plots = []
     with open(dat, "w") as f:
         for res in rows:
-            for label, d in res["kl"].items():
-                f.write(f"# {res['model']} | {label}\n")
-                for k in a.keep:
-                    v = d.get(str(k))
-                    if v is not None and v > 0:
-                        f.write(f"{k} {v}\n")
-                f.write("\n\n")
-    idx = 0
-    for res in rows:
-        cmds = []
-        for label in res["kl"]:
-            depthkv = label.startswith("depthkv")
-            style = "lp lw 2 pt 7" if depthkv else "lp lw 1 dt 2 pt 6"
-            cmds.append(f"'{name}.dat' index {idx} with {style} title '{label.replace(chr(39), '')}'")
-            idx += 1
-        gp.append(f"set title '{res['model']}'")
+            for title, series, envelope in plot_series(res, a.keep):
+                cmds = []
+                for label, kind in series + ([("best kvpress press (per keep)", "envelope")] if envelope else []):
+                    d = envelope if kind == "envelope" else res["kl"][label]
+                    f.write(f"# {res['model']} | {label}\n")
+                    for k in a.keep:
+                        f.write(f"{k} {d[str(k)]}\n")
+                    f.write("\n\n")
+                    style = styles[kind] + (f" pt {4 + 2 * len(cmds)}" if kind == "kvpress" else "")
+                    cmds.append(f"'{name}.dat' index {idx} with {style} title '{label.replace(chr(39), '')}'")
+                    idx += 1
+                assert len(cmds) <= 8, f"{title}: {len(cmds)} series"
+                plots.append((title, cmds))
+    for title, cmds in plots:
+        gp.append(f"set title '{title}'")
         gp.append("plot " + ", ".join(cmds))
     gp.append("unset multiplot")
     open(out + ".gp", "w").write("\n".join(gp) + "\n")
@@ -672,6 +723,9 @@ def main():
     ap.add_argument("--models", default="stories260K,aidreams260K")
     ap.add_argument("--keep", default="0.1,0.2,0.3,0.5")
     ap.add_argument("--windows", type=int, default=0, help="evaluation windows (default: the main job's)")
+    ap.add_argument("--skip", default="",
+                    help="windows skipped before the first evaluation window, per model (NAME=N,...; default: the "
+                         "first window after the profile's calibration windows, as depthkv eval takes them)")
     ap.add_argument("--presses", default="", help="kvpress presses to run (default: all), comma-separated labels")
     ap.add_argument("--depthkv-extra", default="", help="extra flags for depthkv eval (space-separated)")
     ap.add_argument("--threads", type=int, default=0, help="depthkv's threads (0: OpenMP default)")
@@ -689,6 +743,7 @@ def main():
     a.keep = [float(k) for k in a.keep.split(",")]
     a.presses = [p for p in a.presses.split(",") if p]
     a.depthkv_extra = a.depthkv_extra.split()
+    a.skip = {n: int(v) for n, v in (x.split("=") for x in a.skip.split(",") if x)}
     if a.from_json:
         write_results(json.load(open(a.from_json)), a)
         return 0
