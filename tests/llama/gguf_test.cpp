@@ -1074,12 +1074,15 @@ TEST_CASE("gguf: block-quantized, F16 and BF16 weights stay in place in the mapp
 // per 32 values of the exact one; for weights of random sign sum_k |w_k x_k| is ~sqrt(cols) times
 // |sum_k w_k x_k|, so one projection's bound is ~sqrt(256..512) / 254 = 6-9% of its output's
 // scale (the typical error, a sum of independent roundings, is far smaller). Compounded over
-// 2 layers x 7 projections and the classifier, the logits must agree within 10% of the largest
-// logit (measured: 0.1% Q4_K, 2.2% Q8_0, 2.8% Q6_K, 0.3% Q4_0), and not bit-identically (the
-// quantized path really ran).
+// 2 layers x 7 projections and the classifier. Each type gets its own bound on the largest logit
+// difference, at 2.2-2.7x the error measured on these synthetic models (AVX2, this seed: 0.114%
+// Q4_K, 2.15% Q8_0, 5.44% Q6_K, 0.328% Q4_0 of the largest logit), so a kernel that gets worse
+// than it is fails; and the logits must not agree bit-identically (the quantized path really ran).
 TEST_CASE("gguf: the quantized engine's logits match its dequantized float32 twin", "[llama][gguf][quant][engine]") {
-  for (std::uint32_t type : std::vector<std::uint32_t>{depthkv_test::kTQ4_K, depthkv_test::kTQ8_0, 14 /* Q6_K */, 2 /* Q4_0 */}) {
-    CAPTURE(depthkv::llama::ggml_type_name(type));
+  const std::vector<std::pair<std::uint32_t, float>> bounds{
+      {depthkv_test::kTQ4_K, 0.003f}, {depthkv_test::kTQ8_0, 0.05f}, {14 /* Q6_K */, 0.12f}, {2 /* Q4_0 */, 0.008f}};
+  for (const auto& [type, bound] : bounds) {
+    CAPTURE(depthkv::llama::ggml_type_name(type), bound);
     Synth s = quant_synth(type);
     const Bytes b = s.writer(11).build();
     const LlamaModel qm = load_gguf_from_memory(b.data(), b.size());
@@ -1105,7 +1108,7 @@ TEST_CASE("gguf: the quantized engine's logits match its dequantized float32 twi
     const float diff = max_abs_diff(ql, fl);
     CAPTURE(scale, diff);
     CHECK(scale > 0.1f);
-    CHECK(diff <= 0.1f * scale);
+    CHECK(diff <= bound * scale);
     CHECK(diff > 0.0f);
   }
 }
