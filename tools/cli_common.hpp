@@ -4,13 +4,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "depthkv/detail/timer.hpp"
 #include "depthkv/error.hpp"
@@ -22,6 +27,71 @@
 #include "depthkv/token_scorer.hpp"
 
 namespace depthkv_cli {
+
+/// A CLI11 validator for numeric options: the value must be >= `min` (NaN is refused too). A
+/// value that is not a number passes here and is refused by the option's own conversion.
+/// E.g. `->check(at_least(0))` makes `--steps -1` an error "--steps: must be >= 0, got -1".
+inline CLI::Validator at_least(double min) {
+  std::ostringstream bound;
+  bound << min;
+  const std::string b = bound.str();
+  return CLI::Validator(
+      [min, b](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (end == in.c_str() || *end != '\0') return std::string();
+        if (!(v >= min)) return "must be >= " + b + ", got " + in;
+        return std::string();
+      },
+      ">= " + b);
+}
+
+/// A CLI11 validator: the value must be a number in [lo, hi] (NaN is refused).
+inline CLI::Validator in_range(double lo, double hi) {
+  std::ostringstream bound;
+  bound << "[" << lo << ", " << hi << "]";
+  const std::string b = bound.str();
+  return CLI::Validator(
+      [lo, hi, b](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (end == in.c_str() || *end != '\0') return std::string();
+        if (!(v >= lo && v <= hi)) return "must be in " + b + ", got " + in;
+        return std::string();
+      },
+      b);
+}
+
+/// Writes an output file through `write(std::ostream&)`, then flushes and checks the stream, so
+/// that a full disk or a device that refuses the bytes (/dev/full) is an error, not a success.
+/// @param what what the file holds, for messages ("CSV", "gnuplot script")
+/// @throws depthkv::Error "cannot write 'path' (<what>): ..." when it cannot be opened or written
+template <class Write>
+void write_output_file(const std::string& path, const char* what, Write&& write) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "' (" << what << "): cannot open it");
+  write(static_cast<std::ostream&>(out));
+  out.close();  // flushes
+  DEPTHKV_CHECK(!out.fail(), "cannot write '" << path << "' (" << what << "): disk full or not writable");
+}
+
+/// Refuses a lookahead that does not fit the model's context after `context` tokens (what
+/// `observe_lookahead` refuses too, but before any full run is spent).
+/// @param what what the context is, for the message ("prompt", "--context")
+/// @throws depthkv::Error naming --lookahead and the most that fits
+inline void check_lookahead(int lookahead, long long context, int seq_len, const char* what) {
+  DEPTHKV_CHECK(lookahead <= 0 || context + lookahead <= seq_len,
+                "--lookahead " << lookahead << ": " << lookahead << " greedy tokens after the " << what << " of "
+                               << context << " tokens do not fit the model's context of " << seq_len
+                               << " tokens (at most " << std::max<long long>(0, seq_len - context) << ")");
+}
+
+/// A JSON document as text for output: file names given on the command line need not be UTF-8,
+/// so invalid bytes are written as U+FFFD instead of failing after the work is done.
+template <class Json>
+std::string json_text(const Json& j, int indent = 2) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
 
 /// Splits "a,b,c" (empty items dropped).
 inline std::vector<std::string> split_list(const std::string& s) {

@@ -40,7 +40,7 @@ void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, cons
     const nlohmann::json j = {{"policy", kHeadOptimal}, {"scorer", scorer},   {"keep", a.keep},
                               {"length", length},      {"n_kv_heads", H},     {"head_budgets", k},
                               {"total", total},        {"predicted_loss", pred}};
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_text(j).c_str());
     return;
   }
   std::printf("policy %s, scorer %s, keep %.3f of %d tokens x %d layers x %d KV heads = %lld tokens\n",
@@ -61,8 +61,10 @@ void run_allocate(const AllocateArgs& a) {
   const PolicyChoice choice = parse_policy_choice(a.policy);
   const AllocationPolicy policy = choice.policy;
   check_keep(a.keep);
+  DEPTHKV_CHECK(a.length >= 0, "--length must be >= 1, got " << a.length);
   const int length = a.length > 0 ? a.length : f.calibration.context;
-  DEPTHKV_CHECK(length >= 1, "--length must be >= 1 (the profile records no context length)");
+  DEPTHKV_CHECK(length >= 1, "the profile records no context length (calibration.context "
+                                 << f.calibration.context << "): give --length");
   const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   std::string scorer = a.scorer;
   if (a.preset.active()) {  // the candidate of the lowest predicted loss
@@ -92,7 +94,7 @@ void run_allocate(const AllocateArgs& a) {
     nlohmann::json j = {{"policy", to_string(policy)}, {"scorer", scorer}, {"keep", a.keep},
                         {"length", length},           {"budgets", b},     {"total", total}};
     if (in.has_profile) j["predicted_loss"] = pred;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_text(j).c_str());
     return;
   }
   std::printf("policy %s, scorer %s, keep %.3f of %d tokens x %d layers = %lld tokens\n", to_string(policy).c_str(),
@@ -116,7 +118,7 @@ void register_allocate(CLI::App& app) {
                     " (per KV head, from the profile's head curves: depthkv profile --head-curves)")
       ->capture_default_str();
   c->add_option("--scorer", a->scorer, "scorer whose loss curves to use (default: the profile's first)");
-  c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)");
+  c->add_option("--length", a->length, "tokens per layer (default: the profile's context length)")->check(at_least(1));
   c->add_option("--min-tokens", a->min_tokens,
                 "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8, the 8 halved "
                 "until every layer's floor fits the budget; 0: off; N: N tokens, uniform budgets when they do not fit)")

@@ -249,7 +249,7 @@ void run_analyze(const AnalyzeArgs& a) {
   out["correlations"] = corr;
 
   if (a.json)
-    std::cout << out.dump(2) << "\n";
+    std::cout << json_text(out) << "\n";
   else
     print_report(a, prof, sens, corr, probed, source);
 }
@@ -274,7 +274,7 @@ void register_analyze(CLI::App& app) {
   c->add_option("--batch", a->batch, "InfoNCE batch size (in-batch negatives)")->capture_default_str();
   c->add_option("--seed", a->seed, "perturbation and bootstrap seed")->capture_default_str();
   c->add_option("--max-tokens", a->max_tokens, "tokens per probe text incl. BOS (0: the model's seq_len)")->capture_default_str();
-  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(at_least(0));
   c->add_flag("--recompute", a->recompute, "compute the metrics even when the profile holds them");
   c->add_option("--write", a->write, "also save the profile with the computed metrics to this file");
   c->add_flag("--json", a->json, "print the result as JSON");

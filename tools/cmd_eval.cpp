@@ -79,28 +79,28 @@ std::string sibling(const std::string& path, const std::string& suffix) {
 
 void write_csv(const std::string& path, const std::vector<Row>& rows, const depthkv::ProfileFile& f,
                const std::vector<std::string>& scorers) {
-  std::ofstream out(path);
-  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "'");
-  const bool extra = !rows.empty() && rows.front().head_settings;
-  out << "scorer,policy,keep,kl,kl_stderr,dnll,top1,nll_full,bytes_kept,bytes_full,budgets"
-      << (extra ? ",output_aware,head_alloc,head_alpha" : "") << "\n";
-  for (const Row& r : rows) {
-    out << r.scorer << ',' << r.policy << ',' << r.keep << ',' << r.kl << ',' << r.kl_se << ',' << r.dnll << ','
-        << r.top1 << ',' << r.nll_full << ',' << r.bytes_kept << ',' << r.bytes_full << ',' << join(r.budgets, ";");
-    if (extra) out << ',' << (r.output_aware ? 1 : 0) << ',' << r.head_alloc << ',' << r.head_alpha;
-    out << '\n';
-  }
+  write_output_file(path, "CSV", [&](std::ostream& out) {
+    const bool extra = !rows.empty() && rows.front().head_settings;
+    out << "scorer,policy,keep,kl,kl_stderr,dnll,top1,nll_full,bytes_kept,bytes_full,budgets"
+        << (extra ? ",output_aware,head_alloc,head_alpha" : "") << "\n";
+    for (const Row& r : rows) {
+      out << r.scorer << ',' << r.policy << ',' << r.keep << ',' << r.kl << ',' << r.kl_se << ',' << r.dnll << ','
+          << r.top1 << ',' << r.nll_full << ',' << r.bytes_kept << ',' << r.bytes_full << ',' << join(r.budgets, ";");
+      if (extra) out << ',' << (r.output_aware ? 1 : 0) << ',' << r.head_alloc << ',' << r.head_alpha;
+      out << '\n';
+    }
+  });
   const std::string spath = sibling(path, "-sensitivity");
-  std::ofstream s(spath);
-  DEPTHKV_CHECK(s.good(), "cannot write '" << spath << "'");
-  s << "scorer,layer,keep_ratio," << f.metric << ",stderr\n";
-  for (const std::string& name : scorers) {
-    const depthkv::SensitivityProfile p = f.profile(name);
-    for (int l = 0; l < p.n_layers(); ++l)
-      for (int k = 0; k < p.n_ratios(); ++k)
-        s << name << ',' << l << ',' << p.keep_ratios[static_cast<std::size_t>(k)] << ',' << p.loss(l, k) << ','
-          << (p.loss_stderr.size() ? p.loss_stderr(l, k) : 0.0) << '\n';
-  }
+  write_output_file(spath, "CSV", [&](std::ostream& s) {
+    s << "scorer,layer,keep_ratio," << f.metric << ",stderr\n";
+    for (const std::string& name : scorers) {
+      const depthkv::SensitivityProfile p = f.profile(name);
+      for (int l = 0; l < p.n_layers(); ++l)
+        for (int k = 0; k < p.n_ratios(); ++k)
+          s << name << ',' << l << ',' << p.keep_ratios[static_cast<std::size_t>(k)] << ',' << p.loss(l, k) << ','
+            << (p.loss_stderr.size() ? p.loss_stderr(l, k) : 0.0) << '\n';
+    }
+  });
   std::fprintf(stderr, "eval: wrote %s and %s\n", path.c_str(), spath.c_str());
 }
 
@@ -116,7 +116,7 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
                 const std::string& title) {
   const std::string gp = sibling(svg, "") + ".gp";
   std::ofstream g(gp);
-  DEPTHKV_CHECK(g.good(), "cannot write '" << gp << "'");
+  DEPTHKV_CHECK(g.good(), "cannot write '" << gp << "' (gnuplot script): cannot open it");
   const int n = static_cast<int>(scorers.size());
   g << "set terminal svg size 1100," << 380 * n << " dynamic enhanced font 'Helvetica,12' background rgb 'white'\n";
   g << "set output '" << svg << "'\n";
@@ -152,6 +152,7 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
   }
   g << "unset multiplot\n";
   g.close();
+  DEPTHKV_CHECK(!g.fail(), "cannot write '" << gp << "' (gnuplot script): disk full or not writable");
   const std::string cmd = "gnuplot '" + gp + "'";
   DEPTHKV_CHECK(std::system(cmd.c_str()) == 0, "gnuplot failed on '" << gp << "' (is gnuplot installed?)");
   std::fprintf(stderr, "eval: wrote %s (gnuplot script %s)\n", svg.c_str(), gp.c_str());
@@ -266,10 +267,7 @@ void write_windows(const std::string& path, const std::string& model, const Wind
     j["windows"].push_back({{"index", w.skip + static_cast<int>(i)},
                             {"context", windows[i].context},
                             {"continuation", windows[i].continuation}});
-  std::ofstream out(path);
-  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "'");
-  out << j.dump() << '\n';
-  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "'");
+  write_output_file(path, "windows", [&](std::ostream& out) { out << json_text(j, -1) << '\n'; });
 }
 
 /// One row: the budgets `policy` gives at `keep` and the means over the windows of pruning to them.
@@ -376,7 +374,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
       j["predicted_loss"] = pred;
     }
   }
-  std::printf("%s\n", arr.dump(2).c_str());
+  std::printf("%s\n", json_text(arr).c_str());
 }
 
 /// The table, each policy's KL against uniform's at the same budget, and the timing line.
@@ -445,9 +443,11 @@ void run_eval(const EvalArgs& a) {
   const LlamaEngine engine(lm.model);
   const int L = lm.model.config.n_layers;
   DEPTHKV_CHECK(L == f.n_layers, "the profile has " << f.n_layers << " layers, the model " << L);
-  DEPTHKV_CHECK(w.context + w.continuation <= lm.model.config.seq_len,
-                "context + continuation = " << w.context + w.continuation << " exceeds the model's trained context "
+  const long long window_len = static_cast<long long>(w.context) + w.continuation;
+  DEPTHKV_CHECK(window_len <= lm.model.config.seq_len,
+                "context + continuation = " << window_len << " exceeds the model's trained context "
                                             << lm.model.config.seq_len);
+  check_lookahead(a.sel.lookahead, w.context, lm.model.config.seq_len, "context");
   std::vector<EvalWindow> windows = load_windows(w.source, lm.tokenizer.get(), w.context, w.continuation, w.skip,
                                                  w.windows, !a.tokens.empty(), lm.model.config.vocab_size, w.split);
   std::fprintf(stderr, "eval: %s, %d windows of %d+%d tokens from %s (windows %d..%d), scorers %s\n",
@@ -532,23 +532,26 @@ void register_eval(CLI::App& app) {
                     "total is re-split by the scores with floors --head-alpha x each head's budget)")
       ->capture_default_str();
   c->add_option("--scorers", a->scorers, "scorers (default: all in the profile)");
-  c->add_option("--context", a->context, "context tokens (default: the profile's)");
-  c->add_option("--continuation", a->continuation, "continuation tokens (default: the profile's)");
-  c->add_option("--windows", a->windows, "evaluation windows")->capture_default_str();
-  c->add_option("--skip", a->skip, "windows skipped (default: first window after the calibration windows)");
+  c->add_option("--context", a->context, "context tokens (default: the profile's)")->check(at_least(1));
+  c->add_option("--continuation", a->continuation, "continuation tokens (default: the profile's)")->check(at_least(2));
+  c->add_option("--windows", a->windows, "evaluation windows")->capture_default_str()->check(at_least(1));
+  c->add_option("--skip", a->skip, "windows skipped (default: first window after the calibration windows)")
+      ->check(at_least(0));
   c->add_option("--min-tokens", a->min_tokens,
                 "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8, the 8 halved "
                 "until every layer's floor fits the budget; 0: off; N: N tokens, uniform budgets when they do not fit)")
       ->capture_default_str();
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
-  c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")
+      ->capture_default_str()
+      ->check(at_least(1));
   c->add_option("--schedule", a->schedule,
                 "oneshot: evict once after the context; chunked: after every prefill chunk (EvictionSchedule); "
                 "decode: chunked, and during the teacher-forced continuation every --interval tokens")
       ->capture_default_str();
   c->add_option("--interval", a->interval, "chunked, decode: evict once this many tokens were appended since the last eviction")
       ->capture_default_str();
-  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(at_least(0));
   c->add_flag("--json", a->json, "print the rows as one JSON array");
   c->add_option("--windows-out", a->windows_out,
                 "write the evaluation windows' token ids (JSON) to this file and stop, evaluating nothing");

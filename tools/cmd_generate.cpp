@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -65,6 +66,11 @@ void run_generate(const GenerateArgs& a) {
   using namespace depthkv::llama;
   check_keep(a.keep);
   a.sel.check();
+  DEPTHKV_CHECK(a.steps >= 0, "--steps must be >= 0, got " << a.steps);
+  DEPTHKV_CHECK(std::isfinite(a.temperature) && a.temperature >= 0.0f,
+                "--temperature must be a number >= 0, got " << a.temperature);
+  DEPTHKV_CHECK(a.topp >= 0.0f && a.topp <= 1.0f, "--topp must be in [0, 1], got " << a.topp);
+  DEPTHKV_CHECK(a.max_kv_tokens == -1 || a.max_kv_tokens >= 1, "--max-kv-tokens must be >= 1, got " << a.max_kv_tokens);
   DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
   DEPTHKV_CHECK(a.threads >= 0, "--threads must be >= 0, got " << a.threads);
   const bool bounded = a.max_kv_tokens >= 0;
@@ -88,10 +94,11 @@ void run_generate(const GenerateArgs& a) {
   const LlamaEngine engine(lm.model);
   const LlamaConfig& cfg = lm.model.config;
 
-  // As run.c: negative temperature -> 0, topp outside [0,1] -> 0.9, seed 0 -> time, steps clamp.
+  // As run.c: seed 0 -> time, steps 0 or beyond the context -> seq_len (a negative --steps, a
+  // negative or non-finite temperature and a top-p outside [0, 1] are refused when parsed).
   const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
   Sampler sampler(cfg.vocab_size, a.temperature, a.topp, seed);
-  int steps = a.steps < 0 ? 0 : a.steps;
+  int steps = a.steps;
   if (steps == 0 || steps > cfg.seq_len) steps = cfg.seq_len;
 
   const std::vector<int> prompt = tok.encode(a.prompt, /*bos=*/true, /*eos=*/false);
@@ -124,6 +131,7 @@ void run_generate(const GenerateArgs& a) {
     std::fprintf(stderr, "kv cache: --preset %s: no lookahead with --max-kv-tokens (the schedule evicts during the prefill)\n",
                  a.preset.name.c_str());
   }
+  if (a.keep < 1.0 && scfg.lookahead > 0) check_lookahead(scfg.lookahead, n_feed, cfg.seq_len, "prompt");
   // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
   const OutputProjections wo = scfg.output_aware ? OutputProjections(lm.model) : OutputProjections();
   // head-optimal: the profile's head curves of the scorer
@@ -256,10 +264,14 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-i,--prompt", args->prompt, "prompt text (default: empty, generation starts from BOS)");
   cmd->add_option("-n,--steps", args->steps,
                   "number of positions to run, prompt included (0: the model's seq_len)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(0));
   cmd->add_option("-t,--temperature", args->temperature, "sampling temperature (0: greedy)")
-      ->capture_default_str();
-  cmd->add_option("-p,--topp", args->topp, "top-p (nucleus) threshold in [0, 1]")->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(0));
+  cmd->add_option("-p,--topp", args->topp, "top-p (nucleus) threshold in [0, 1]")
+      ->capture_default_str()
+      ->check(in_range(0, 1));
   cmd->add_option("-s,--seed", args->seed, "random seed (0: the current time, as run.c)")->capture_default_str();
   cmd->add_option("--keep", args->keep,
                   "global KV keep ratio in (0, 1] after the prompt's prefill (1: no eviction)")
@@ -275,14 +287,17 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
       ->capture_default_str();
   args->sel.add_options(cmd, /*old_window=*/"--obs-window N", /*old_sink=*/true);
-  cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str();
+  cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str()->check(at_least(1));
   cmd->add_option("--max-kv-tokens", args->max_kv_tokens,
                   "bounded memory: at most this many KV tokens over all layers (plus one interval), evicting after "
-                  "every prefill chunk and every --interval decoded tokens");
+                  "every prefill chunk and every --interval decoded tokens")
+      ->check(at_least(1));
   cmd->add_option("--interval", args->interval, "with --max-kv-tokens: evict every this many tokens")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(1));
   cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(0));
   args->preset.add_option(cmd, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   cmd->callback([args]() {
     args->preset.apply(args->sel, &args->scorer, &args->policy);

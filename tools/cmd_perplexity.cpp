@@ -59,7 +59,7 @@ void run_perplexity(const PerplexityArgs& a) {
                         {"nll_stderr", r.nll_stderr},
                         {"ppl", r.ppl},
                         {"window_nll", r.window_nll}};
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json_text(j).c_str());
     return;
   }
   std::printf("perplexity: %s, %d windows of %d tokens from %s (%zu tokens), the last %d of each window scored\n",
@@ -85,10 +85,14 @@ void register_perplexity(CLI::App& app) {
   c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
   c->add_option("--text", a->text, "text file, tokenized whole (BOS first when the vocabulary adds it)");
   c->add_option("--tokens", a->tokens, "pre-tokenized input: a file of token ids (instead of --text)");
-  c->add_option("--context", a->context, "tokens per window; the second half of each is scored")->capture_default_str();
-  c->add_option("--windows", a->windows, "windows to run (0: every whole window)")->capture_default_str();
-  c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str();
-  c->add_option("--threads", a->threads, "windows in parallel (0: OpenMP default)")->capture_default_str();
+  c->add_option("--context", a->context, "tokens per window; the second half of each is scored")
+      ->capture_default_str()
+      ->check(at_least(4));
+  c->add_option("--windows", a->windows, "windows to run (0: every whole window)")->capture_default_str()->check(at_least(0));
+  c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str()->check(at_least(1));
+  c->add_option("--threads", a->threads, "windows in parallel (0: OpenMP default)")
+      ->capture_default_str()
+      ->check(at_least(0));
   c->add_flag("--json", a->json, "print the result as one JSON object");
   c->callback([a] { run_perplexity(*a); });
 }

@@ -212,9 +212,11 @@ void run_profile(const ProfileArgs& a) {
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
   const LlamaEngine engine(lm.model);
   const int L = lm.model.config.n_layers;
-  DEPTHKV_CHECK(a.context + a.continuation <= lm.model.config.seq_len,
-                "context + continuation = " << a.context + a.continuation << " exceeds the model's trained context "
+  const long long window_len = static_cast<long long>(a.context) + a.continuation;
+  DEPTHKV_CHECK(window_len <= lm.model.config.seq_len,
+                "context + continuation = " << window_len << " exceeds the model's trained context "
                                             << lm.model.config.seq_len);
+  check_lookahead(a.sel.lookahead, a.context, lm.model.config.seq_len, "context");
   const std::string src = a.text.empty() ? a.tokens : a.text;
   std::vector<EvalWindow> windows = load_windows(src, lm.tokenizer.get(), a.context, a.continuation, a.skip, a.windows,
                                                  !a.tokens.empty(), lm.model.config.vocab_size, a.docs.split);
@@ -281,10 +283,16 @@ void register_profile(CLI::App& app) {
   c->add_option("--tokens", a->tokens, "pre-tokenized calibration input: a file of token ids (instead of --text)");
   a->docs.add_options(c, "'Once upon a time' (TinyStories)");
   c->add_option("-o,--output", a->output, "profile file to write (JSON)")->required();
-  c->add_option("--context", a->context, "context tokens per window (prefilled, then pruned)")->capture_default_str();
-  c->add_option("--continuation", a->continuation, "continuation tokens per window (scored)")->capture_default_str();
-  c->add_option("--windows", a->windows, "calibration windows")->capture_default_str();
-  c->add_option("--skip", a->skip, "windows skipped before the first calibration window")->capture_default_str();
+  c->add_option("--context", a->context, "context tokens per window (prefilled, then pruned)")
+      ->capture_default_str()
+      ->check(at_least(1));
+  c->add_option("--continuation", a->continuation, "continuation tokens per window (scored)")
+      ->capture_default_str()
+      ->check(at_least(2));
+  c->add_option("--windows", a->windows, "calibration windows")->capture_default_str()->check(at_least(1));
+  c->add_option("--skip", a->skip, "windows skipped before the first calibration window")
+      ->capture_default_str()
+      ->check(at_least(0));
   c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
       ->capture_default_str();
   c->add_option("--ratios", a->ratios, "probed keep ratios")->capture_default_str();
@@ -293,14 +301,17 @@ void register_profile(CLI::App& app) {
                 "mga/mlma policies), e.g. kl,infonce")
       ->capture_default_str();
   c->add_option("--probe-samples", a->probe_samples, "stories probed by --metric infonce (after the calibration windows)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(1));
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
-  c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")
+      ->capture_default_str()
+      ->check(at_least(1));
   c->add_option("--schedule", a->schedule,
                 "oneshot: measure each layer pruned once after the context; chunked: after every prefill chunk "
                 "(as eval --schedule chunked evicts)")
       ->capture_default_str();
-  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str();
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(at_least(0));
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");
   c->add_flag("--head-curves", a->head_curves,
               "also measure every scorer's per-(layer, KV head) curves (only that head pruned; n_kv_heads times "

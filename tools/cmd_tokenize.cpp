@@ -32,7 +32,7 @@ void run_tokenize(const TokenizeArgs& a) {
   using namespace depthkv::llama;
   DEPTHKV_CHECK(a.text_files.empty() != !a.has_prompt,
                 "tokenize: give --prompt TEXT or --text-file FILE (one or more), not both and not neither");
-  DEPTHKV_CHECK(std::ifstream(a.model, std::ios::binary).good(), "cannot open model file '" << a.model << "'");
+  check_model_path(a.model);
   std::vector<std::string> texts;
   if (a.has_prompt) texts.push_back(a.prompt);
   for (const std::string& f : a.text_files) texts.push_back(read_text_file(f));
@@ -59,7 +59,13 @@ void run_tokenize(const TokenizeArgs& a) {
   } else {
     DEPTHKV_CHECK(!a.special, "tokenize: --special needs a byte-level BPE vocabulary in a GGUF file");
     std::string path = a.tokenizer;
-    if (path.empty()) path = dir_of(a.model) + "/tok512.bin";
+    if (path.empty()) {
+      path = dir_of(a.model) + "/tok512.bin";
+      DEPTHKV_CHECK(std::ifstream(path).good(), "no tokenizer for '" << a.model
+                                                    << "': pass --tokenizer FILE (tok512.bin is looked for beside a "
+                                                       ".bin model, and '"
+                                                    << path << "' cannot be opened)");
+    }
     spm = std::make_unique<Tokenizer>(path);
     const bool bos = !a.no_bos;
     const Tokenizer& t = *spm;

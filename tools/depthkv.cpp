@@ -1,5 +1,6 @@
 // depthkv: the command-line program (subcommands in tools/cmd_*.cpp, declared in commands.hpp).
-// Exit code 0 on success, 1 on any error, reported on stderr as "depthkv: error: <message>".
+// Exit code 0 on success, 1 on any error, reported on stderr as "depthkv: error: <message>"
+// (also when standard output could not be written, e.g. a full disk or /dev/full).
 
 #include <cstdio>
 #include <exception>
@@ -35,6 +36,11 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::cerr << "depthkv: error: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout.good()) {
+    std::cerr << "depthkv: error: cannot write to standard output (disk full, or a closed pipe?)\n";
     return 1;
   }
   return 0;

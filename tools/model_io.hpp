@@ -4,6 +4,7 @@
 // else from the GGUF file's vocabulary (kind `llama`: SentencePiece; kind `gpt2`: byte-level
 // BPE), else tok512.bin beside a llama2.c model.
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -32,6 +33,16 @@ inline std::string dir_of(const std::string& path) {
   return s == std::string::npos ? std::string(".") : path.substr(0, s);
 }
 
+/// Refuses a `--model` path that cannot be a model file: missing or unreadable, or a directory
+/// (before anything else is looked for beside it).
+/// @throws depthkv::Error naming --model and the path
+inline void check_model_path(const std::string& model_path) {
+  std::error_code ec;
+  DEPTHKV_CHECK(!std::filesystem::is_directory(model_path, ec),
+                "--model: '" << model_path << "' is a directory, not a model file");
+  DEPTHKV_CHECK(std::ifstream(model_path, std::ios::binary).good(), "cannot open model file '" << model_path << "'");
+}
+
 /// The tokenizer of a GGUF vocabulary: SentencePiece for kind `llama`, byte-level BPE for `gpt2`.
 /// @throws depthkv::Error from the tokenizers (e.g. another kind, an unknown pre-tokenizer)
 inline std::unique_ptr<depthkv::llama::TextTokenizer> make_tokenizer(const depthkv::llama::Vocabulary& v) {
@@ -43,7 +54,7 @@ inline std::unique_ptr<depthkv::llama::TextTokenizer> make_tokenizer(const depth
 /// @param need_tokenizer throw when no tokenizer can be built (e.g. a GGUF vocabulary of another kind)
 /// @throws depthkv::Error from the loaders, or when a needed tokenizer is missing
 inline LoadedModel load_model(const std::string& model_path, const std::string& tokenizer_path, bool need_tokenizer) {
-  DEPTHKV_CHECK(std::ifstream(model_path, std::ios::binary).good(), "cannot open model file '" << model_path << "'");
+  check_model_path(model_path);
   LoadedModel out;
   std::string gguf_vocab_error;
   out.gguf = depthkv::llama::is_gguf_file(model_path);

@@ -490,14 +490,11 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
                 "--preset best chooses among the scorers snapkv,h2o, and the profile has complete curves and head "
                 "curves of none: profile it with depthkv profile --preset best");
   // a flag the preset sets cannot be given with it; an unknown preset is refused
-  const auto both = run_cli(eval + " --preset best --scorers h2o", "2>&1");
-  REQUIRE(both.status != 0);
-  REQUIRE_THAT(both.out, Catch::Contains("excludes"));
-  const auto curves = run_cli("profile --model " + model + " --text " + text + common +
-                                  " --preset best --head-curves --windows 3 -o " + shell_quoted(tmp_path("never.json")),
-                              "2>&1");
-  REQUIRE(curves.status != 0);
-  REQUIRE_THAT(curves.out, Catch::Contains("excludes"));
+  require_error(run_cli(eval + " --preset best --scorers h2o", "2>&1"), "--scorers excludes --preset");
+  require_error(run_cli("profile --model " + model + " --text " + text + common +
+                            " --preset best --head-curves --windows 3 -o " + shell_quoted(tmp_path("never.json")),
+                        "2>&1"),
+                "--head-curves excludes --preset");
   require_error(run_cli(eval + " --preset fastest", "2>&1"), "--preset: unknown preset 'fastest' (expected best)");
   // allocate and generate take it too, and choose the scorer allocate predicts lowest
   const auto al = run_cli("allocate --profile " + shell_quoted(profile) +

@@ -122,5 +122,5 @@ TEST_CASE("generate --max-kv-tokens: bounded cache; a budget never reached gives
   // 300 tokens + one interval of 16 in each of the 5 layers, at 256 bytes per layer-token
   REQUIRE(bounded.out.find("peak 97280 bytes") != std::string::npos);
   require_error(run_cli(g + "--max-kv-tokens 300 --keep 0.5", "2>&1"), "give --keep or --max-kv-tokens, not both");
-  require_error(run_cli(g + "--max-kv-tokens 300 --interval 0", "2>&1"), "--interval must be >= 1, got 0");
+  require_error(run_cli(g + "--max-kv-tokens 300 --interval 0", "2>&1"), "--interval: must be >= 1, got 0");
 }

@@ -1,0 +1,192 @@
+// Bad input to the `depthkv` program (issue 30, item 9: what a corruption sweep found): each case
+// must end in exit code 1 and one "depthkv: error: ..." line that says what was wrong, never a
+// crash, a hang, or a success with wrong output.
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llama/file_util.hpp"
+#include "support/run_cli.hpp"
+#include "support/temp_dir.hpp"
+#include "support/test_data.hpp"
+
+using depthkv_test::require_error;
+using depthkv_test::run_cli;
+using depthkv_test::shell_quoted;
+
+namespace {
+
+std::string tmp_path(const std::string& name) { return depthkv_test::scratch_dir().file("bad_input_" + name); }
+
+std::string stories_model() { return shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin")); }
+std::string stories_text() { return shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt")); }
+
+/// Writes `text` to the scratch file `name`. @return its path, quoted for the shell
+std::string write_text(const std::string& name, const std::string& text) {
+  return shell_quoted(depthkv_test::scratch_dir().write(name, depthkv_test::Bytes(text.begin(), text.end())));
+}
+
+/// A small valid profile file (2 layers, 2 ratios, scorer h2o) whose KL means are `kl_mean` (a
+/// JSON text) and whose calibration context is `context` (a JSON text).
+std::string profile_text(const std::string& kl_mean = "[[0.3, 0.1], [0.2, 0.05]]", const std::string& context = "64") {
+  const std::string m = "{\"mean\": [[0.3, 0.1], [0.2, 0.05]], \"stderr\": [[0.01, 0.01], [0.01, 0.01]]}";
+  return "{\"format\": \"depthkv-profile\", \"version\": 1, \"model\": {\"file\": \"m.bin\", \"size\": 100, "
+         "\"header_hash\": \"fnv1a64:0123456789abcdef\", \"header_bytes\": 100}, \"n_layers\": 2, "
+         "\"keep_ratios\": [0.2, 0.5], \"metric\": \"kl\", \"calibration\": {\"text_file\": \"t.txt\", \"context\": " +
+         context +
+         ", \"continuation\": 16, \"skip\": 0, \"samples\": 4, \"window_begin\": 0, \"window_end\": 4, "
+         "\"description\": \"\"}, \"scorers\": {\"h2o\": {\"n_samples\": 4, \"kl\": {\"mean\": " +
+         kl_mean + ", \"stderr\": [[0.01, 0.01], [0.01, 0.01]]}, \"dnll\": " + m + ", \"top1\": " + m + "}}}";
+}
+
+/// A profile of stories260K on one calibration window (64 + 16 tokens, ratio 0.5, h2o), for the
+/// commands that check a profile against the model.
+std::string stories_profile() {
+  const std::string path = tmp_path("stories_profile.json");
+  REQUIRE(run_cli("profile --model " + stories_model() + " --text " + stories_text() +
+                  " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 1 "
+                  "--ratios 0.5 --scorers h2o -o " +
+                  shell_quoted(path))
+              .status == 0);
+  return shell_quoted(path);
+}
+
+}  // namespace
+
+TEST_CASE("allocate: a profile with an array nested 70,000 deep where a number belongs is an error, not a crash",
+          "[cli][bad_input][profile_io]") {
+  const int depth = 70000;
+  const std::string deep = std::string(depth, '[') + "1" + std::string(depth, ']');
+  const std::string p = write_text("deep.json", profile_text("[[" + deep + ", 0.1], [0.2, 0.05]]"));
+  require_error(run_cli("allocate --profile " + p + " --keep 0.5", "2>&1"),
+                "is not valid JSON: arrays or objects nested deeper than 64 levels");
+  // a value of the wrong type is described by its type, never dumped whole
+  std::string ones = "1";
+  for (int i = 1; i < 5000; ++i) ones += ", 1";
+  const std::string arr = write_text("arr.json", profile_text("[[[" + ones + "], 0.1], [0.2, 0.05]]"));
+  const auto r = run_cli("allocate --profile " + arr + " --keep 0.5", "2>&1");
+  require_error(r, "'scorers.h2o.kl.mean[0][0]' is not a number (an array of 5000 elements)");
+  CHECK(r.out.size() < 400);
+  // a parse error quotes a bounded prefix of the offending token (here a number of 5000 digits)
+  const std::string big = write_text("big.json", profile_text("[[" + std::string(5000, '7') + ", 0.1], [0.2, 0.05]]"));
+  const auto n = run_cli("allocate --profile " + big + " --keep 0.5", "2>&1");
+  require_error(n, "is not valid JSON: [json.exception.out_of_range.406] number overflow parsing '7777");
+  CHECK(n.out.size() < 500);
+}
+
+TEST_CASE("allocate: loss curves of 1e308 and a context of 2^31 are refused, naming the profile's keys",
+          "[cli][bad_input][profile_io]") {
+  const std::string huge = write_text("huge.json", profile_text("[[1e308, 1e308], [1e308, 1e308]]"));
+  require_error(run_cli("allocate --profile " + huge + " --keep 0.5", "2>&1"),
+                "'scorers.h2o.kl.mean[0][0]' 1e+308 is not a loss (|value| <= 1e+09)");
+  const std::string wide = write_text("wide.json", profile_text("[[0.3, 0.1], [0.2, 0.05]]", "2147483648"));
+  const auto r = run_cli("allocate --profile " + wide + " --keep 0.5", "2>&1");
+  require_error(r, "'calibration.context' 2147483648 is out of range [0, 2147483647]");
+  CHECK(r.out.find("--length") == std::string::npos);
+  // the good file allocates, and a context of 0 asks for --length
+  REQUIRE(run_cli("allocate --profile " + write_text("good.json", profile_text()) + " --keep 0.5").status == 0);
+  require_error(run_cli("allocate --profile " + write_text("noctx.json", profile_text("[[0.3, 0.1], [0.2, 0.05]]", "0")) +
+                            " --keep 0.5",
+                        "2>&1"),
+                "the profile records no context length (calibration.context 0): give --length");
+}
+
+TEST_CASE("numeric options out of range are refused where they are parsed", "[cli][bad_input]") {
+  const std::string good = write_text("opts.json", profile_text());
+  const std::string m = stories_model();
+  const std::string gen = "generate --model " + m + " ";
+  require_error(run_cli(gen + "--steps -1", "2>&1"), "--steps: must be >= 0, got -1");
+  require_error(run_cli(gen + "--temperature nan", "2>&1"), "--temperature: must be >= 0, got nan");
+  require_error(run_cli(gen + "--temperature -1", "2>&1"), "--temperature: must be >= 0, got -1");
+  require_error(run_cli(gen + "--topp nan", "2>&1"), "--topp: must be in [0, 1], got nan");
+  require_error(run_cli(gen + "--max-kv-tokens 0", "2>&1"), "--max-kv-tokens: must be >= 1, got 0");
+  require_error(run_cli(gen + "--max-kv-tokens -1", "2>&1"), "--max-kv-tokens: must be >= 1, got -1");
+  require_error(run_cli(gen + "--threads -1", "2>&1"), "--threads: must be >= 0, got -1");
+  require_error(run_cli("perplexity --model " + m + " --text " + stories_text() + " --threads -1", "2>&1"),
+                "--threads: must be >= 0, got -1");
+  require_error(run_cli("allocate --profile " + good + " --length 0", "2>&1"), "--length: must be >= 1, got 0");
+  require_error(run_cli("allocate --profile " + good + " --length -1", "2>&1"), "--length: must be >= 1, got -1");
+  const std::string ev = "eval --model " + m + " --text " + stories_text() + " --profile " + good + " ";
+  require_error(run_cli(ev + "--context -1", "2>&1"), "--context: must be >= 1, got -1");
+  require_error(run_cli(ev + "--continuation 0", "2>&1"), "--continuation: must be >= 2, got 0");
+  require_error(run_cli(ev + "--skip -1", "2>&1"), "--skip: must be >= 0, got -1");
+  const std::string prof = "profile --model " + m + " --text " + stories_text() + " -o " +
+                           shell_quoted(tmp_path("never.json")) + " ";
+  require_error(run_cli(prof + "--continuation 0", "2>&1"), "--continuation: must be >= 2, got 0");
+  require_error(run_cli(prof + "--skip -1", "2>&1"), "--skip: must be >= 0, got -1");
+  // a value that is no number at all is still the option's own error
+  require_error(run_cli(gen + "--steps many", "2>&1"), "--steps");
+}
+
+TEST_CASE("--lookahead that does not fit the model's context is refused at once by generate, eval and profile",
+          "[cli][bad_input][lookahead][real]") {
+  const std::string m = stories_model();  // seq_len 512
+  require_error(run_cli("generate --model " + m + " --prompt 'Once upon a time' --keep 0.5 --lookahead 100000", "2>&1"),
+                "--lookahead 100000: 100000 greedy tokens after the prompt of 5 tokens do not fit the model's context "
+                "of 512 tokens (at most 507)");
+  const std::string common = " --text " + stories_text() + " --context 64 --continuation 16 --sinks 2 --recent 4 "
+                                                           "--obs-window 4 --threads 1 --windows 1 --lookahead 100000";
+  require_error(run_cli("profile --model " + m + common + " --ratios 0.5 --scorers h2o -o " +
+                            shell_quoted(tmp_path("never.json")),
+                        "2>&1"),
+                "--lookahead 100000: 100000 greedy tokens after the context of 64 tokens do not fit the model's "
+                "context of 512 tokens (at most 448)");
+  require_error(run_cli("eval --model " + m + common + " --profile " + stories_profile() + " --keep 0.5", "2>&1"),
+                "--lookahead 100000: 100000 greedy tokens after the context of 64 tokens do not fit the model's "
+                "context of 512 tokens (at most 448)");
+  // what fits still runs
+  REQUIRE(run_cli("generate --model " + m + " --prompt 'Once upon a time' --keep 0.5 -t 0 -n 20 --lookahead 8").status ==
+          0);
+}
+
+TEST_CASE("weights that are finite but huge: generate and perplexity name the layer and position, not <unk> or NaN",
+          "[cli][bad_input][engine][real]") {
+  // stories260K with every weight after the header set to 3e38 (finite: the loader accepts it)
+  depthkv_test::Bytes b = depthkv_test::read_bytes(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::size_t header = 7 * sizeof(std::int32_t);
+  const float huge_weight = 3e38f;
+  for (std::size_t o = header; o + sizeof(float) <= b.size(); o += sizeof(float))
+    std::memcpy(b.data() + o, &huge_weight, sizeof(float));
+  const std::string huge = shell_quoted(depthkv_test::scratch_dir().write("bad_input_huge.bin", b));
+  const std::string tok = " --tokenizer " + shell_quoted(depthkv_test::data_path("models/stories260K/tok512.bin"));
+  const auto g = run_cli("generate --model " + huge + tok + " -t 0 -n 8", "2>&1");
+  require_error(g, "layer 0: the residual stream at position 0 overflows float in RMSNorm");
+  CHECK(g.out.find("<unk>") == std::string::npos);
+  const auto p = run_cli("perplexity --model " + huge + tok + " --text " + stories_text() + " --context 64 --windows 1 --json",
+                         "2>&1");
+  require_error(p, "layer 0: the residual stream at position 0 overflows float in RMSNorm");
+  CHECK(p.out.find("null") == std::string::npos);
+}
+
+TEST_CASE("output files and standard output that cannot be written are errors", "[cli][bad_input]") {
+  const std::string good = write_text("out.json", profile_text());
+  require_error(run_cli("allocate --profile " + good + " --keep 0.5 --json", "2>&1 >/dev/full"),
+                "cannot write to standard output");
+  const std::string m = stories_model();
+  require_error(run_cli("eval --model " + m + " --text " + stories_text() + " --profile " + stories_profile() +
+                            " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 "
+                            "--windows 1 --keep 0.5 --policies uniform --csv /dev/full",
+                        "2>&1 >/dev/null"),
+                "cannot write '/dev/full' (CSV): disk full or not writable");
+}
+
+TEST_CASE("directories are refused wherever a file is read", "[cli][bad_input]") {
+  const std::string dir = shell_quoted(depthkv_test::scratch_dir().path());
+  const std::string d = depthkv_test::scratch_dir().path();
+  const std::string m = stories_model();
+  require_error(run_cli("tokenize --model " + m + " --text-file " + dir, "2>&1"),
+                "'" + d + "' is a directory, not a text file");
+  require_error(run_cli("perplexity --model " + m + " --tokens " + dir, "2>&1"),
+                "'" + d + "' is a directory, not a token file");
+  require_error(run_cli("allocate --profile " + dir, "2>&1"), "'" + d + "' is a directory, not a profile file");
+  // --model: the directory is named as the model, not a tokenizer file beside it the user never gave
+  for (const std::string& cmd :
+       std::vector<std::string>{"tokenize --prompt hi", "generate", "perplexity --text " + stories_text()}) {
+    const auto r = run_cli(cmd + " --model " + dir, "2>&1");
+    require_error(r, "--model: '" + d + "' is a directory, not a model file");
+    CHECK(r.out.find("tok512") == std::string::npos);
+  }
+}
