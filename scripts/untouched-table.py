@@ -91,6 +91,25 @@ for name, s in SETS.items():
         for k in KEEPS) + " |")
     p("")
 
+# head-level budgets
+p("## Head-level budgets\n")
+p("Main job step 7's story-text rows (`heads.eval.txt`): SnapKV, output-aware, with the preset's 32-token "
+  "lookahead and protection, the `<model>.best.profile.json` curves: mean KL of uniform, optimal per layer and "
+  "head-optimal per KV head budgets, and head-optimal against optimal per layer.\n")
+for name, s in SETS.items():
+    t = {st: rows(os.path.join(d, f"{st}.{name}.heads.csv")) for st in ("eval", "untouched")}
+    p(f"### {name}\n")
+    p("| | " + " | ".join(f"keep {k:g}" for k in KEEPS) + " |")
+    p("|---|" + "---|" * len(KEEPS))
+    for pol in ("uniform", "optimal", "head-optimal"):
+        p(f"| {pol} (KL) | " + " | ".join(" / ".join(f"{kl(t[st][('snapkv', pol, k)]):.5f}" for st in t)
+                                         for k in KEEPS) + " |")
+    for ref in ("optimal", "uniform"):
+        p(f"| head-optimal vs {ref} | " + " | ".join(" / ".join(
+            pct(kl(t[st][("snapkv", "head-optimal", k)]), kl(t[st][("snapkv", ref, k)])) for st in t)
+            for k in KEEPS) + " |")
+    p("")
+
 # kvpress
 kv = {}
 for st, f in (("eval", "kvpress_peer.json"), ("untouched", "kvpress_peer_untouched.json")):

@@ -7,6 +7,8 @@
 #  - `--preset best` against uniform budgets (scripts/preset-heldout.sh's rows: plain SnapKV, and
 #    the preset's output-aware scorers with and without its lookahead), with the preset's profiles
 #    and protection;
+#  - head-level budgets (main job step 7's story-text rows: SnapKV, output-aware, lookahead 32;
+#    uniform, optimal per layer, head-optimal per KV head);
 #  - the kvpress ratios, when benchmarks/kvpress_peer/run.py has written kvpress_peer.json
 #    (evaluation windows) and kvpress_peer_untouched.json (`--skip stories260K=216,aidreams260K=176
 #    --out kvpress_peer_untouched`).
@@ -47,6 +49,8 @@ run_model() {
     $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv,h2o --output-aware --lookahead 0 \
       --policies uniform --csv "$OUT/$set.$name.oa0.csv" > /dev/null
     $DK "${ev[@]}" --profile "$own" "${best[@]}" --preset best --csv "$OUT/$set.$name.best.csv" > /dev/null
+    $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv --output-aware --lookahead 32 \
+      --policies uniform,optimal,head-optimal --csv "$OUT/$set.$name.heads.csv" > /dev/null
     rm -f "$OUT"/*-sensitivity.csv
     echo "untouched-windows: $name $set (windows $skip..$((skip + n - 1))) done"
   done
