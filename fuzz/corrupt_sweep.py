@@ -36,6 +36,11 @@ Reproducers of every non-clean case (the corrupted files, cmd.sh, stdout, stderr
 go to OUT/repro/<class>/<kind>-<index>/; `--replay KIND:INDEX` regenerates one case (cases are
 a pure function of --seed, kind and index). OUT must lie outside the repository.
 
+A release build runs the 6,000 default cases in about 4 minutes at --jobs 2 (2 busy cores); a
+sanitizer build (-DDEPTHKV_SANITIZE=ON) in about 10, with --mem-mb 0 --timeout 40 and
+ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:max_allocation_size_mb=4096 (an allocation
+the address-space limit would refuse then fails as std::bad_alloc, not as a sanitizer report).
+
 usage: corrupt_sweep.py [--bin PATH] [--data DIR] [--out DIR] [--seed N] [--kind K[,K]]
                         [--cases N | --quick] [--jobs J] [--timeout S] [--json FILE] [--replay K:I]
 """
