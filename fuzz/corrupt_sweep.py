@@ -627,7 +627,8 @@ def gen_gguf(base, rng, case):
             if key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
                 v = rng.choice([2 ** 32 - 1, n_vocab, n_vocab + 1, 2 ** 31, 2 ** 31 - 1])
                 put(b, kv["value_off"], GT_FMT[kv["type"]], v & ((1 << (8 * GT_SIZE[kv["type"]])) - 1))
-                case.refuse("%s = %d outside the vocabulary of %d" % (key, v if v < 2 ** 31 else v - 2 ** 32, n_vocab))
+                if v != 2 ** 32 - 1 or kv["type"] not in (4, 10):  # uint32 0xFFFFFFFF: llama.cpp's "no token"
+                    case.refuse("%s = %d outside the vocabulary of %d" % (key, v if v < 2 ** 31 else v - 2 ** 32, n_vocab))
             elif key == "tokenizer.ggml.token_type":
                 n = rng.choice([1, 5, 100])
                 for _ in range(n):
@@ -1469,6 +1470,12 @@ def run_case(case, exe, d, timeout, mem_mb):
         except ProcessLookupError:
             pass
         out, err = p.communicate()
+    if "/dev/full" in argv:
+        # eval --plot F writes F.gp and --csv F writes F-sensitivity.csv beside F: as root, regular files
+        # in /dev; remove them (a regular file only, never the device)
+        for side in ("/dev/full.gp", "/dev/full-sensitivity", "/dev/full-sensitivity.csv"):
+            if os.path.isfile(side) and not os.path.islink(side):
+                os.remove(side)
     return {"rc": p.returncode, "out": out, "err": err, "hung": hung, "secs": time.time() - t0, "argv": argv}
 
 
