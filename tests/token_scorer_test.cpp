@@ -119,7 +119,7 @@ struct NaiveScorer {
 };
 
 template <class Layer>
-void fill(Layer& L, int n, std::mt19937& rng) {
+void append_random(Layer& L, int n, std::mt19937& rng) {
   std::normal_distribution<float> nd;
   std::vector<float> k(static_cast<std::size_t>(L.n_kv_heads() * L.head_dim())), v(k.size());
   for (int i = 0; i < n; ++i) {
@@ -180,7 +180,7 @@ TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill
     std::int32_t pos = 0;
     // three prefill chunks of different lengths, heads in a shuffled order, blocks and single rows
     for (int chunk : {13, 40, 7}) {
-      fill(L, chunk, rng);
+      append_random(L, chunk, rng);
       const int n = L.size(0);
       std::vector<int> order(n_heads);
       for (int q = 0; q < n_heads; ++q) order[static_cast<std::size_t>(q)] = q;
@@ -220,7 +220,7 @@ TEST_CASE("compact keeps the state of the survivors, scores keep accumulating (c
     std::int32_t pos = 0;
     for (int round = 0; round < 4; ++round) {
       const int chunk = 30;
-      fill(L, chunk, rng);
+      append_random(L, chunk, rng);
       for (int q = 0; q < n_heads; ++q) {
         const int n = L.size(q / (n_heads / n_kv));
         std::vector<float> p = random_probs(chunk, n, rng);
@@ -294,7 +294,7 @@ TEST_CASE("scorer errors leave the state unchanged", "[scorer]") {
   for (ScorerKind kind : {ScorerKind::kH2O, ScorerKind::kSnapKV, ScorerKind::kTOVA}) {
     INFO(depthkv::to_string(kind));
     depthkv::HostLayer<float> L(2, 4);
-    fill(L, 10, rng);
+    append_random(L, 10, rng);
     TokenScorer sc({kind, 4, 3, Pooling::kMax}, 4, 2);
     std::vector<float> p = random_probs(3, 10, rng);
     sc.observe_block(0, 5, 3, p.data(), 10, 10);
@@ -330,7 +330,7 @@ TEST_CASE("scorer errors leave the state unchanged", "[scorer]") {
     depthkv::HostLayer<float> other(3, 4);
     CHECK_THROWS_AS(sc.scores(other), depthkv::Error);
     depthkv::HostLayer<float> shorter(2, 4);
-    fill(shorter, 9, rng);
+    append_random(shorter, 9, rng);
     CHECK_THROWS_AS(sc.scores(shorter), depthkv::Error);
   }
 }
@@ -338,7 +338,7 @@ TEST_CASE("scorer errors leave the state unchanged", "[scorer]") {
 TEST_CASE("reset forgets observations, key-norm needs none", "[scorer]") {
   std::mt19937 rng(9);
   depthkv::HostLayer<float> L(1, 4);
-  fill(L, 6, rng);
+  append_random(L, 6, rng);
   TokenScorer sc({}, 1, 1);
   std::vector<float> p = random_probs(1, 6, rng);
   sc.observe(0, 10, p.data(), 6);
@@ -400,7 +400,7 @@ TEST_CASE("output-aware scores are (s + eps) * mean_q ||W_o^(q) V||_1 for h2o, s
       base_cfg.output_aware = false;
       NaiveScorer ref{base_cfg, n_heads, n_kv, {}};
       depthkv::HostLayer<float> L(n_kv, hd);
-      fill(L, n, rng);
+      append_random(L, n, rng);
       for (int pos = std::max(0, n - 8); pos < n; ++pos)
         for (int q = 0; q < n_heads; ++q) {
           std::vector<float> p(static_cast<std::size_t>(pos + 1));
@@ -442,7 +442,7 @@ TEST_CASE("output-aware scoring refuses what it cannot compute", "[scorer][outpu
   TokenScorer sc(cfg, 4, 2);
   depthkv::HostLayer<float> L(2, 3);
   std::mt19937 rng(3);
-  fill(L, 5, rng);
+  append_random(L, 5, rng);
   CHECK_THROWS_WITH(sc.scores(L), Catch::Contains("no output projection"));
   std::vector<float> W(static_cast<std::size_t>(6 * 4 * 3), 1.0f);
   const depthkv::OutputProjection heads{W.data(), 6, 2, 3};

@@ -20,7 +20,7 @@
 #include "support/selection_reference.hpp"
 #include "support/simd_guard.hpp"
 
-namespace dd = depthkv::detail;
+namespace rd = depthkv::detail;
 using I32 = std::int32_t;
 
 namespace {
@@ -51,17 +51,17 @@ TEST_CASE("radix and nth_element selection equal the naive kept set (float keys)
         for (int m : {0, 1, 2, (hi - lo) / 10, (hi - lo) / 2, hi - lo - 1, hi - lo, hi - lo + 1}) {
           INFO("n " << n << " kind " << kind << " m " << m << " shuffled positions " << (pos != nullptr));
           const auto want = naive(v, pos, lo, hi, m);
-          dd::SelectWorkspace ws;
+          rd::SelectWorkspace ws;
           std::vector<I32> nth{-5};  // appended after existing content
-          dd::select_best_nth(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, nth);
+          rd::select_best_nth(rd::FloatKeys{v.data()}, pos, lo, hi, m, ws, nth);
           REQUIRE(nth.front() == -5);
           REQUIRE(std::vector<I32>(nth.begin() + 1, nth.end()) == want);
           for (int level : available_simd_levels()) {  // every float pass: scalar, SSE2, AVX2
             SimdLevel use(level);
             INFO("simd level " << level);
             std::vector<I32> radix{-5}, hist{-5};
-            dd::select_best_radix(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, radix);
-            dd::select_best_histogram(dd::FloatKeys{v.data()}, pos, lo, hi, m, ws, hist);
+            rd::select_best_radix(rd::FloatKeys{v.data()}, pos, lo, hi, m, ws, radix);
+            rd::select_best_histogram(rd::FloatKeys{v.data()}, pos, lo, hi, m, ws, hist);
             REQUIRE(radix.front() == -5);
             REQUIRE(hist.front() == -5);
             REQUIRE(std::vector<I32>(radix.begin() + 1, radix.end()) == want);
@@ -88,10 +88,10 @@ TEMPLATE_TEST_CASE("radix selection on 16-bit keys equals the naive kept set", "
       }
       for (int m : {0, 1, n / 10, n / 2, n - 1, n}) {
         INFO("n " << n << " kind " << kind << " m " << m);
-        dd::SelectWorkspace ws;
+        rd::SelectWorkspace ws;
         std::vector<I32> radix, hist;
-        dd::select_best_radix(dd::Bits16Keys{bits.data()}, nullptr, 0, n, m, ws, radix);
-        dd::select_best_histogram(dd::Bits16Keys{bits.data()}, nullptr, 0, n, m, ws, hist);
+        rd::select_best_radix(rd::Bits16Keys{bits.data()}, nullptr, 0, n, m, ws, radix);
+        rd::select_best_histogram(rd::Bits16Keys{bits.data()}, nullptr, 0, n, m, ws, hist);
         const auto want = naive(v, nullptr, 0, n, m);
         REQUIRE(radix == want);
         REQUIRE(hist == want);
@@ -137,9 +137,9 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
                 SimdLevel cap(level);
                 std::vector<TestType> got = buf;
                 std::vector<I32> got_pos = pos;
-                dd::compact_runs(got.data() + at, stride, hd, kept.data(), static_cast<int>(kept.size()),
+                rd::compact_runs(got.data() + at, stride, hd, kept.data(), static_cast<int>(kept.size()),
                                  from);
-                dd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()), from);
+                rd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()), from);
                 INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep << " offset " << offset
                           << " level " << level << " streaming from " << from);
                 REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) ==
@@ -164,11 +164,11 @@ TEST_CASE("ordered_key_fast equals ordered_key on special and random bit pattern
     std::memcpy(&x, &u, 4);
     return x;
   };
-  for (std::uint32_t u : special) REQUIRE(dd::ordered_key_fast(f(u)) == dd::ordered_key(f(u)));
+  for (std::uint32_t u : special) REQUIRE(rd::ordered_key_fast(f(u)) == rd::ordered_key(f(u)));
   for (int i = 0; i < 100000; ++i) {
     const std::uint32_t u = static_cast<std::uint32_t>(rng());
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) continue;  // NaN patterns are rejected before selection
-    REQUIRE(dd::ordered_key_fast(f(u)) == dd::ordered_key(f(u)));
+    REQUIRE(rd::ordered_key_fast(f(u)) == rd::ordered_key(f(u)));
   }
 }
 
@@ -183,9 +183,9 @@ TEST_CASE("a row built to defeat the sample bracket still gives the exact kept s
     for (int i = 0; i < len; i += 7) v[static_cast<std::size_t>(i)] += 0.001f * static_cast<float>(i % 5);
     for (int m : {s / 2, s + 10, len / 2}) {
       INFO("len " << len << " m " << m);
-      dd::SelectWorkspace ws;
+      rd::SelectWorkspace ws;
       std::vector<I32> got;
-      dd::select_best_radix(dd::FloatKeys{v.data()}, nullptr, 0, len, m, ws, got);
+      rd::select_best_radix(rd::FloatKeys{v.data()}, nullptr, 0, len, m, ws, got);
       REQUIRE(got == naive(v, nullptr, 0, len, m));
     }
   }
@@ -203,7 +203,7 @@ TEST_CASE("digit_histogram and keep_bucket: counts, the top digit, the chosen bu
       const std::uint32_t mask = 0xFFFFu;  // 16-bit digit: bits 8..23
       std::vector<std::uint32_t> h(mask + 1u);
       const std::uint32_t top =
-          c > 0 ? dd::digit_histogram(h.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask) : 0;
+          c > 0 ? rd::digit_histogram(h.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask) : 0;
       std::vector<std::uint32_t> want_h(mask + 1u, 0u);
       std::uint32_t want_top = 0;
       for (std::uint32_t k : keys) {
@@ -223,13 +223,13 @@ TEST_CASE("digit_histogram and keep_bucket: counts, the top digit, the chosen bu
             if (((k >> s) & mask) == d) want.push_back(k);
           std::vector<std::uint32_t> out(keys.size() + 1, 7u);
           const std::uint32_t n =
-              dd::keep_bucket(out.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask, d);
+              rd::keep_bucket(out.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask, d);
           REQUIRE(std::vector<std::uint32_t>(out.begin(), out.begin() + n) == want);
           REQUIRE(out.back() == 7u);  // nothing written past the c keys' room
           std::vector<std::uint32_t> in_place = keys;
           in_place.push_back(7u);
           const std::uint32_t n2 =
-              dd::keep_bucket(in_place.data(), in_place.data(), static_cast<std::uint32_t>(c), s, mask, d);
+              rd::keep_bucket(in_place.data(), in_place.data(), static_cast<std::uint32_t>(c), s, mask, d);
           REQUIRE(std::vector<std::uint32_t>(in_place.begin(), in_place.begin() + n2) == want);
           REQUIRE(in_place.back() == 7u);
         }
@@ -244,10 +244,10 @@ TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested r
     for (int kind = 0; kind < depthkv_test::kScoreKinds; ++kind) {
       const std::vector<float> v = adversarial_scores(c, kind, rng);
       std::vector<std::uint32_t> keys(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) keys[i] = dd::ordered_key(v[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) keys[i] = rd::ordered_key(v[i]);
       std::vector<std::uint32_t> sorted = keys;
       std::sort(sorted.begin(), sorted.end(), std::greater<std::uint32_t>());
-      dd::SelectWorkspace ws;
+      rd::SelectWorkspace ws;
       for (int level : available_simd_levels())  // keep_bucket: scalar, and 8 keys at a time with AVX2
         for (int a : {1, 2, c / 3 + 1, c / 2 + 1, c}) {
           for (int b : {a, a + 1, a + 5, c}) {
@@ -255,14 +255,14 @@ TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested r
             SimdLevel use(level);
             INFO("c " << c << " kind " << kind << " ranks " << a << " " << b << " simd level " << level);
             const auto ua = static_cast<std::uint32_t>(a), ub = static_cast<std::uint32_t>(b);
-            const dd::Threshold th = dd::radix_threshold(keys.data(), static_cast<std::uint32_t>(c), ua, ws);
+            const rd::Threshold th = rd::radix_threshold(keys.data(), static_cast<std::uint32_t>(c), ua, ws);
             REQUIRE(th.T == sorted[ua - 1]);
             // t: how many T-keyed keys complete the a best
             const auto above = static_cast<std::uint32_t>(
                 std::count_if(keys.begin(), keys.end(), [&](std::uint32_t k) { return k > th.T; }));
             REQUIRE(th.t == ua - above);
             std::uint32_t ka = 0, kb = 0;
-            dd::radix_threshold2(keys.data(), static_cast<std::uint32_t>(c), ua, ub, ws, ka, kb);
+            rd::radix_threshold2(keys.data(), static_cast<std::uint32_t>(c), ua, ub, ws, ka, kb);
             REQUIRE(ka == sorted[ua - 1]);
             REQUIRE(kb == sorted[ub - 1]);
           }

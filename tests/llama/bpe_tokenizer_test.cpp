@@ -27,13 +27,9 @@ using depthkv::llama::PreTokenizer;
 using depthkv::llama::TokenType;
 using depthkv::llama::Vocabulary;
 
-namespace {
+using depthkv_test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+namespace {
 
 // llama.cpp's format: cases separated by "\n__ggml_vocab_test__\n" (the file ends with one);
 // one line of expected ids per case.

@@ -25,6 +25,7 @@
 #include "depthkv/llama/tokenizer.hpp"
 #include "support/random_model.hpp"
 #include "support/test_data.hpp"
+#include "support/stories_data.hpp"
 
 using depthkv::HostLayer;
 using depthkv::KVCache;
@@ -501,16 +502,11 @@ const LlamaModel& stories260k() {
       depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   return m;
 }
-const depthkv::llama::Tokenizer& tok512() {
-  static const depthkv::llama::Tokenizer t(depthkv_test::data_path("models/stories260K/tok512.bin"), 512);
-  return t;
-}
-std::string slurp(const std::string& path) { return depthkv::llama::read_text_file(path); }
 
 /// The first `n` tokens of the story corpus (splitting rule of text_windows.hpp).
 std::vector<int> corpus_tokens(std::size_t n) {
   static const std::vector<int> ids = depthkv::llama::encode_stories(
-      tok512(), depthkv::llama::split_stories(slurp(depthkv_test::data_path("text/tinystories_valid.txt"))));
+      depthkv_test::stories_tok512(), depthkv::llama::split_stories(depthkv_test::slurp(depthkv_test::data_path("text/tinystories_valid.txt"))));
   REQUIRE(ids.size() >= n);
   return std::vector<int>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
 }
@@ -545,9 +541,9 @@ double mean_window_nll(const LlamaEngine& engine, const std::vector<std::vector<
 
 TEST_CASE("engine [real]: greedy decoding from BOS reproduces llama2.c's golden output", "[engine][real]") {
   const LlamaEngine engine(stories260k());
-  const auto& tok = tok512();
+  const auto& tok = depthkv_test::stories_tok512();
   const std::string expected =
-      slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
+      depthkv_test::slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
   HostCache cache = engine.make_cache();
   std::string text;
   int token = 1;
@@ -580,7 +576,7 @@ TEST_CASE("engine [real]: stories260K.gguf gives the .bin model's logits and gre
   REQUIRE(d < 1e-5);
   // greedy text from BOS, decoded with the vocabulary stored in the GGUF file
   const std::string expected =
-      slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
+      depthkv_test::slurp(depthkv_test::data_path("models/stories260K/expected_greedy_t0_n200.txt"));
   HostCache cache = gguf.make_cache();
   std::string text;
   int token = gtok.bos_id();

@@ -17,6 +17,7 @@
 #include "depthkv/profile_io.hpp"
 #include "support/random_model.hpp"
 #include "support/test_data.hpp"
+#include "support/stories_data.hpp"
 
 using depthkv::RepresentationStage;
 using depthkv::llama::CapturePoint;
@@ -36,11 +37,6 @@ LlamaModel random_model(int layers, int vocab, unsigned seed) {
   s.seed = seed;
   s.seq_len = 128;
   return depthkv_test::random_model(s);
-}
-
-const depthkv::llama::Tokenizer& tok512() {
-  static const depthkv::llama::Tokenizer t(depthkv_test::data_path("models/stories260K/tok512.bin"), 512);
-  return t;
 }
 
 const std::vector<std::string>& stories() {
@@ -101,7 +97,7 @@ TEST_CASE("probe: exactly two forward passes per sample, counted by the engine",
     };
     depthkv::llama::EngineStats stats;
     opt.stats = &stats;
-    const ProbeResult r = depthkv::llama::probe_representations(engine, tok512(), texts, opt);
+    const ProbeResult r = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, opt);
     CHECK(passes == 2 * static_cast<int>(texts.size()));
     CHECK(r.forward_passes == 2 * static_cast<long long>(texts.size()));
     long long tokens = 0;
@@ -123,8 +119,8 @@ TEST_CASE("probe: chunked prefill gives the same metrics", "[probe]") {
   const auto texts = some_stories(10, 5);
   ProbeOptions a, b;
   b.chunk_size = 13;
-  const ProbeResult ra = depthkv::llama::probe_representations(engine, tok512(), texts, a);
-  const ProbeResult rb = depthkv::llama::probe_representations(engine, tok512(), texts, b);
+  const ProbeResult ra = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, a);
+  const ProbeResult rb = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, b);
   for (int s = 0; s < 4; ++s) {
     for (int l = 0; l < 2; ++l) {
       for (int i = 0; i < 5; ++i) {
@@ -144,8 +140,8 @@ TEST_CASE("probe: deterministic under a fixed seed, the seed changes the perturb
   const auto texts = some_stories(20, 8);
   ProbeOptions opt;
   opt.seed = 42;
-  const ProbeResult r1 = depthkv::llama::probe_representations(engine, tok512(), texts, opt);
-  const ProbeResult r2 = depthkv::llama::probe_representations(engine, tok512(), texts, opt);
+  const ProbeResult r1 = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, opt);
+  const ProbeResult r2 = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, opt);
   for (int s = 0; s < 4; ++s) {
     const auto& a = r1.stages[static_cast<std::size_t>(s)];
     const auto& b = r2.stages[static_cast<std::size_t>(s)];
@@ -159,7 +155,7 @@ TEST_CASE("probe: deterministic under a fixed seed, the seed changes the perturb
     }
   }
   opt.seed = 43;
-  const ProbeResult r3 = depthkv::llama::probe_representations(engine, tok512(), texts, opt);
+  const ProbeResult r3 = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, opt);
   CHECK(r3.stages[0].losses != r1.stages[0].losses);
   CHECK(r3.tokens == r1.tokens);  // the texts themselves do not depend on the seed
 }
@@ -170,8 +166,8 @@ TEST_CASE("probe: an unperturbed positive gives the minimum loss for its negativ
   const auto texts = some_stories(30, 6);
   ProbeOptions none, some;
   none.drop_fraction = 0.0;
-  const ProbeResult r0 = depthkv::llama::probe_representations(engine, tok512(), texts, none);
-  const ProbeResult r1 = depthkv::llama::probe_representations(engine, tok512(), texts, some);
+  const ProbeResult r0 = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, none);
+  const ProbeResult r1 = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, some);
   CHECK(r0.tokens_perturbed == r0.tokens);
   for (int s = 0; s < 4; ++s) {
     for (int l = 0; l < 2; ++l) {
@@ -193,7 +189,7 @@ TEST_CASE("probe: texts are cut to whole words within max_tokens", "[probe]") {
   const auto texts = some_stories(40, 4);
   ProbeOptions opt;
   opt.max_tokens = 24;
-  const ProbeResult r = depthkv::llama::probe_representations(engine, tok512(), texts, opt);
+  const ProbeResult r = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts, opt);
   CHECK(r.truncated == 4);
   for (int i = 0; i < 4; ++i) {
     CHECK(r.tokens[static_cast<std::size_t>(i)] <= 24);
@@ -206,17 +202,17 @@ TEST_CASE("probe: texts are cut to whole words within max_tokens", "[probe]") {
 TEST_CASE("probe: invalid input throws", "[probe]") {
   const LlamaModel model = random_model(2, 512, 4);
   const LlamaEngine engine(model);
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"Once upon a time."}),
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"Once upon a time."}),
                   depthkv::Error);
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"One two three.", "   "}),
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"One two three.", "   "}),
                   depthkv::Error);
   ProbeOptions bad;
   bad.drop_fraction = 1.5;
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"a b c", "d e f"}, bad),
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"a b c", "d e f"}, bad),
                   depthkv::Error);
   bad = ProbeOptions();
   bad.infonce.batch_size = 1;
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, tok512(), {"a b c", "d e f"}, bad),
+  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"a b c", "d e f"}, bad),
                   depthkv::Error);
 }
 
@@ -233,7 +229,7 @@ TEST_CASE("probe: layer metrics round-trip through the profile JSON", "[probe][p
   ProbeOptions opt;
   opt.infonce.batch_size = 4;
   const ProbeResult r =
-      depthkv::llama::add_representation_metrics(f, engine, tok512(), some_stories(50, 6), opt);
+      depthkv::llama::add_representation_metrics(f, engine, depthkv_test::stories_tok512(), some_stories(50, 6), opt);
   CHECK(f.n_layers == 3);
   CHECK(f.layer_metrics.size() == 13);  // 3 metrics x 4 stages + the user's entry, kept
   const depthkv::ProfileFile g = depthkv::profile_from_json(depthkv::profile_to_json(f));
@@ -269,7 +265,7 @@ TEST_CASE("probe: stories260K, 16 stories", "[probe][real]") {
       depthkv::llama::load_llama2c(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const LlamaEngine engine(model);
   const auto texts = some_stories(100, 16);
-  const ProbeResult r = depthkv::llama::probe_representations(engine, tok512(), texts);
+  const ProbeResult r = depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), texts);
   check_finite_and_cis(r, model.config.n_layers, 16, model.config.dim);
   CHECK(r.forward_passes == 32);
   // A trained model keeps a text recognisable after dropping 10% of its words: the positive beats

@@ -12,6 +12,7 @@
 #include "depthkv/llama/tokenizer.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_data.hpp"
+#include "support/stories_data.hpp"
 
 using namespace depthkv::llama;
 using Docs = std::vector<std::string>;
@@ -20,11 +21,6 @@ namespace {
 
 const std::string& tinystories() {
   static const std::string t = read_text_file(depthkv_test::data_path("text/tinystories_valid.txt"));
-  return t;
-}
-
-const Tokenizer& tok512() {
-  static const Tokenizer t(depthkv_test::data_path("models/stories260K/tok512.bin"));
   return t;
 }
 
@@ -51,7 +47,7 @@ TEST_CASE("the default split is the TinyStories rule: stories and windows unchan
   REQUIRE(DocumentSplit().rule == SplitRule::kOpening);
   // The stream and its 756 windows of 512 tokens, as computed before the split became an option
   // (split_stories + encode_stories + token_windows of the same file and tokenizer).
-  const std::vector<int> ids = encode_stories(tok512(), stories);
+  const std::vector<int> ids = encode_stories(depthkv_test::stories_tok512(), stories);
   const auto windows = token_windows(ids, 512);
   CHECK(stories.size() == 714);
   CHECK(ids.size() == 387292);
@@ -96,7 +92,7 @@ TEST_CASE("a separator reproduces the stories it was joined from", "[text_window
   for (const std::string& s : stories) joined += s + "\n<|endoftext|>\n";
   const Docs back = split_documents(joined, DocumentSplit::separator("<|endoftext|>"));
   REQUIRE(back == stories);
-  CHECK(encode_stories(tok512(), back) == encode_stories(tok512(), stories));
+  CHECK(encode_stories(depthkv_test::stories_tok512(), back) == encode_stories(depthkv_test::stories_tok512(), stories));
 }
 
 TEST_CASE("a separator absent from the text, or empty, is an error", "[text_windows]") {
@@ -117,8 +113,8 @@ TEST_CASE("no splitting: the whole text byte for byte, and an empty separator me
   CHECK(split_documents(t, DocumentSplit::whole()) == Docs{t});
   CHECK(split_documents("", DocumentSplit::whole()).empty());
   // one BOS for the whole text, and windows over all of it
-  const std::vector<int> ids = encode_stories(tok512(), split_documents(t, DocumentSplit::whole()));
-  CHECK(ids == tok512().encode(t, true, false));
+  const std::vector<int> ids = encode_stories(depthkv_test::stories_tok512(), split_documents(t, DocumentSplit::whole()));
+  CHECK(ids == depthkv_test::stories_tok512().encode(t, true, false));
 }
 
 TEST_CASE("describe names the rule and escapes the marker", "[text_windows]") {

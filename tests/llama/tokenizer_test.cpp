@@ -13,6 +13,7 @@
 
 #include "llama/file_util.hpp"
 #include "support/test_data.hpp"
+#include "support/stories_data.hpp"
 
 using depthkv::Error;
 using depthkv::llama::Tokenizer;
@@ -21,7 +22,6 @@ using depthkv_test::Bytes;
 
 namespace {
 
-Tokenizer tok512() { return Tokenizer(depthkv_test::data_path("models/stories260K/tok512.bin")); }
 
 // Reference: a literal transcription of the algorithm of llama2.c run.c `encode` (quadratic
 // merge loop, first best pair wins), kept independent of the library's heap-based version.
@@ -104,7 +104,7 @@ Bytes tok_file(std::int32_t max_len, const std::vector<std::pair<float, std::str
 }  // namespace
 
 TEST_CASE("tokenizer: tok512 encodes the documented example", "[llama][tokenizer]") {
-  const Tokenizer t = tok512();
+  const Tokenizer t = depthkv_test::stories_tok512();
   CHECK(t.vocab_size() == 512);
   CHECK(t.bos_id() == 1);
   CHECK(t.eos_id() == 2);
@@ -123,7 +123,7 @@ TEST_CASE("tokenizer: tok512 encodes the documented example", "[llama][tokenizer
 }
 
 TEST_CASE("tokenizer: decode follows llama2.c (space after BOS, raw bytes)", "[llama][tokenizer]") {
-  const Tokenizer t = tok512();
+  const Tokenizer t = depthkv_test::stories_tok512();
   CHECK(decode_all(t, t.encode("Once upon a time", true, false)) == "Once upon a time");
   CHECK(t.decode(1, 403) == "Once");      // " Once" after BOS loses its space
   CHECK(t.decode(378, 403) == " Once");
@@ -148,7 +148,7 @@ TEST_CASE("tokenizer: decode follows llama2.c (space after BOS, raw bytes)", "[l
 }
 
 TEST_CASE("tokenizer: encode equals the quadratic run.c reference and round-trips", "[llama][tokenizer]") {
-  const Tokenizer t = tok512();
+  const Tokenizer t = depthkv_test::stories_tok512();
   const auto paras = story_paragraphs(60);
   REQUIRE(paras.size() >= 50);
   for (const auto& p : paras) {
@@ -247,7 +247,7 @@ TEST_CASE("tokenizer: small vocabularies, byte fallback and missing pieces", "[l
   CHECK(s.encode("x", false, false) == std::vector<int>{3, 4});
   CHECK_THROWS_AS(s.encode("y", false, false), Error);
   // tok512: a character outside the vocabulary falls back to its UTF-8 bytes.
-  const Tokenizer t = tok512();
+  const Tokenizer t = depthkv_test::stories_tok512();
   const auto ids = t.encode("\xE2\x82\xAC", false, false);  // U+20AC euro sign
   CHECK(ids == reference_encode(t, "\xE2\x82\xAC", false, false));
   CHECK(decode_all(t, ids) == "\xE2\x82\xAC");

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <string>
 
+#include "support/test_data.hpp"
+
 #ifndef DEPTHKV_CLI_PATH
 #error "tests/tools/ run the depthkv program: built only with DEPTHKV_BUILD_TOOLS=ON (tests/CMakeLists.txt)"
 #endif
@@ -54,5 +56,8 @@ inline void require_error(const CliRun& r, const std::string& message) {
 
 /// Single-quoted for the shell.
 inline std::string shell_quoted(const std::string& s) { return "'" + s + "'"; }
+
+/// stories260K.bin's path, single-quoted for the shell.
+inline std::string stories_model_arg() { return shell_quoted(data_path("models/stories260K/stories260K.bin")); }
 
 }  // namespace depthkv_test

@@ -55,4 +55,7 @@ inline const TempDir& scratch_dir() {
   return dir;
 }
 
+/// Full path of `name` in the program's scratch folder (the file is not created).
+inline std::string tmp_path(const std::string& name) { return scratch_dir().file(name); }
+
 }  // namespace depthkv_test

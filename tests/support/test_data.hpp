@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -39,6 +40,13 @@ inline std::string data_path(const std::string& rel) {
                                         " DEPTHKV_SKIP_MISSING_DATA=1 skips such tests)");
   }
   return p;
+}
+
+/// The whole file at `path`, byte for byte (the file must exist).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
 }  // namespace depthkv_test

@@ -19,7 +19,7 @@ using depthkv_test::shell_quoted;
 
 namespace {
 
-std::string tmp_path(const std::string& name) { return depthkv_test::scratch_dir().file("bad_input_" + name); }
+std::string bad_input_path(const std::string& name) { return depthkv_test::scratch_dir().file("bad_input_" + name); }
 
 std::string stories_model() { return shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin")); }
 std::string stories_text() { return shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt")); }
@@ -45,7 +45,7 @@ std::string profile_text(const std::string& kl_mean = "[[0.3, 0.1], [0.2, 0.05]]
 /// A profile of stories260K on one calibration window (64 + 16 tokens, ratio 0.5, h2o), for the
 /// commands that check a profile against the model.
 std::string stories_profile() {
-  const std::string path = tmp_path("stories_profile.json");
+  const std::string path = bad_input_path("stories_profile.json");
   REQUIRE(run_cli("profile --model " + stories_model() + " --text " + stories_text() +
                   " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 1 "
                   "--ratios 0.5 --scorers h2o -o " +
@@ -114,14 +114,14 @@ TEST_CASE("numeric options out of range are refused where they are parsed", "[cl
   require_error(run_cli(ev + "--continuation 0", "2>&1"), "--continuation: must be >= 2, got 0");
   require_error(run_cli(ev + "--skip -1", "2>&1"), "--skip: must be >= 0, got -1");
   const std::string prof = "profile --model " + m + " --text " + stories_text() + " -o " +
-                           shell_quoted(tmp_path("never.json")) + " ";
+                           shell_quoted(bad_input_path("never.json")) + " ";
   require_error(run_cli(prof + "--continuation 0", "2>&1"), "--continuation: must be >= 2, got 0");
   require_error(run_cli(prof + "--skip -1", "2>&1"), "--skip: must be >= 0, got -1");
   // a value that is no number at all is still the option's own error
   require_error(run_cli(gen + "--steps many", "2>&1"), "--steps");
 }
 
-TEST_CASE("--lookahead that does not fit the model's context is refused at once by generate, eval and profile",
+TEST_CASE("cli: a --lookahead that does not fit the model's context is refused at once by generate, eval and profile",
           "[cli][bad_input][lookahead][real]") {
   const std::string m = stories_model();  // seq_len 512
   require_error(run_cli("generate --model " + m + " --prompt 'Once upon a time' --keep 0.5 --lookahead 100000", "2>&1"),
@@ -130,7 +130,7 @@ TEST_CASE("--lookahead that does not fit the model's context is refused at once 
   const std::string common = " --text " + stories_text() + " --context 64 --continuation 16 --sinks 2 --recent 4 "
                                                            "--obs-window 4 --threads 1 --windows 1 --lookahead 100000";
   require_error(run_cli("profile --model " + m + common + " --ratios 0.5 --scorers h2o -o " +
-                            shell_quoted(tmp_path("never.json")),
+                            shell_quoted(bad_input_path("never.json")),
                         "2>&1"),
                 "--lookahead 100000: 100000 greedy tokens after the context of 64 tokens do not fit the model's "
                 "context of 512 tokens (at most 448)");

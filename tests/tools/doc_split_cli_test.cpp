@@ -17,20 +17,14 @@ using depthkv_test::require_error;
 using depthkv_test::run_cli;
 using depthkv_test::shell_quoted;
 
+using depthkv_test::slurp;
+using depthkv_test::tmp_path;
+
 namespace {
-
-std::string tmp_path(const std::string& name) { return depthkv_test::scratch_dir().file(name); }
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(slurp(path)); }
 
-std::string model() {
+std::string model_flag() {
   return " --model " + shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
 }
 const std::string kSmall = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
@@ -55,7 +49,7 @@ const std::string& eot_text() {
 /// Profiles `text` with `flags` into `name` in the scratch folder; requires success.
 std::string profile(const std::string& text, const std::string& flags, const std::string& name) {
   const std::string out = tmp_path(name);
-  const auto r = run_cli("profile" + model() + " --text " + shell_quoted(text) + kSmall + kProfile + flags +
+  const auto r = run_cli("profile" + model_flag() + " --text " + shell_quoted(text) + kSmall + kProfile + flags +
                          " -o " + shell_quoted(out));
   REQUIRE(r.status == 0);
   return out;
@@ -82,14 +76,14 @@ TEST_CASE("profile and eval with --doc-separator: the same documents give the sa
   REQUIRE(je["scorers"] == jp["scorers"]);  // the separator split of the joined text is the stories
 
   // eval splits the text as the profile did unless told otherwise
-  const auto ep = run_cli("eval" + model() + " --text " + shell_quoted(tinystories()) + " --profile " +
+  const auto ep = run_cli("eval" + model_flag() + " --text " + shell_quoted(tinystories()) + " --profile " +
                           shell_quoted(plain) + kSmall + kEval + " --json");
-  const auto ee = run_cli("eval" + model() + " --text " + shell_quoted(eot_text()) + " --profile " +
+  const auto ee = run_cli("eval" + model_flag() + " --text " + shell_quoted(eot_text()) + " --profile " +
                           shell_quoted(eot) + kSmall + kEval + " --json");
   REQUIRE(ep.status == 0);
   REQUIRE(ee.status == 0);
   REQUIRE(nlohmann::json::parse(ee.out) == nlohmann::json::parse(ep.out));
-  const auto table = run_cli("eval" + model() + " --text " + shell_quoted(eot_text()) + " --profile " +
+  const auto table = run_cli("eval" + model_flag() + " --text " + shell_quoted(eot_text()) + " --profile " +
                              shell_quoted(eot) + kSmall + kEval);
   REQUIRE(table.status == 0);
   REQUIRE_THAT(table.out,
@@ -101,13 +95,13 @@ TEST_CASE("profile and eval with --doc-separator: the same documents give the sa
   REQUIRE(read_json(esc)["scorers"] == jp["scorers"]);
 
   SECTION("another split of the calibration text is refused (its windows' positions differ)") {
-    require_error(run_cli("eval" + model() + " --text " + shell_quoted(eot_text()) + " --profile " +
+    require_error(run_cli("eval" + model_flag() + " --text " + shell_quoted(eot_text()) + " --profile " +
                               shell_quoted(eot) + kSmall + kEval + " --doc-separator ''",
                           "2>&1"),
                   "split into documents by separator \"<|endoftext|>\" there; here by whole text");
   }
   SECTION("the profile's separator on another text that lacks it is an error") {
-    require_error(run_cli("eval" + model() + " --text " + shell_quoted(tinystories()) + " --profile " +
+    require_error(run_cli("eval" + model_flag() + " --text " + shell_quoted(tinystories()) + " --profile " +
                               shell_quoted(eot) + kSmall + kEval,
                           "2>&1"),
                   "does not contain the document separator \"<|endoftext|>\"");
@@ -117,7 +111,7 @@ TEST_CASE("profile and eval with --doc-separator: the same documents give the sa
 TEST_CASE("profile: --doc-separator absent from the text, a bad escape, and with --tokens are errors",
           "[cli][profile][doc_split][real]") {
   const std::string base =
-      "profile" + model() + kSmall + kProfile + " -o " + shell_quoted(tmp_path("err.json"));
+      "profile" + model_flag() + kSmall + kProfile + " -o " + shell_quoted(tmp_path("err.json"));
   require_error(
       run_cli(base + " --text " + shell_quoted(tinystories()) + " --doc-separator '<|endoftext|>'", "2>&1"),
       "does not contain the document separator \"<|endoftext|>\": give the --doc-separator that is in it, "
@@ -133,7 +127,7 @@ TEST_CASE("profile: --doc-separator absent from the text, a bad escape, and with
 TEST_CASE("profile --doc-separator '': no splitting, windows over the whole text",
           "[cli][profile][doc_split][real]") {
   const std::string out = tmp_path("whole.json");
-  const auto r = run_cli("profile" + model() + " --text " + shell_quoted(tinystories()) + kSmall + kProfile +
+  const auto r = run_cli("profile" + model_flag() + " --text " + shell_quoted(tinystories()) + kSmall + kProfile +
                              " --doc-separator '' -o " + shell_quoted(out),
                          "2>&1");
   REQUIRE(r.status == 0);

@@ -26,9 +26,9 @@ using depthkv_test::require_error;
 using depthkv_test::run_cli;
 using depthkv_test::shell_quoted;
 
-namespace {
+using depthkv_test::tmp_path;
 
-std::string tmp_path(const std::string& name) { return depthkv_test::scratch_dir().file(name); }
+namespace {
 
 struct Fixture {
   std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));

@@ -17,7 +17,6 @@ using depthkv_test::run_cli;
 using depthkv_test::shell_quoted;
 
 namespace {
-std::string model() { return shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin")); }
 // stories260K: 5 layers x 4 KV heads x head_dim 8, K and V in float
 constexpr double kTokenBytes = 5 * 4 * 8 * 2 * 4;  // per position, all layers
 }  // namespace
@@ -27,10 +26,10 @@ TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes with
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const std::string profile = depthkv_test::scratch_dir().file("schedule_profile.json");
   const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
-  REQUIRE(run_cli("profile --model " + model() + " --text " + text + common +
+  REQUIRE(run_cli("profile --model " + depthkv_test::stories_model_arg() + " --text " + text + common +
                   " --windows 4 --ratios 0.2,0.5 --scorers h2o -o " + shell_quoted(profile))
               .status == 0);
-  const std::string base = "eval --model " + model() + " --text " + text + " --profile " + shell_quoted(profile) +
+  const std::string base = "eval --model " + depthkv_test::stories_model_arg() + " --text " + text + " --profile " + shell_quoted(profile) +
                            common + " --keep 0.2 --policies uniform,optimal --windows 3 --json";
   const auto once = run_cli(base), one_chunk = run_cli(base + " --schedule chunked"),
              chunked = run_cli(base + " --schedule chunked --chunk 16"),
@@ -55,7 +54,7 @@ TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes with
     REQUIRE(d[i]["peak_kv_bytes"].get<double>() <= kept + 24 * kTokenBytes);
   }
   // decode: a short context and a long continuation, evicted every --interval tokens
-  const std::string longer = "eval --model " + model() + " --text " + text + " --profile " + shell_quoted(profile) +
+  const std::string longer = "eval --model " + depthkv_test::stories_model_arg() + " --text " + text + " --profile " + shell_quoted(profile) +
                              " --context 32 --continuation 48 --sinks 2 --recent 4 --obs-window 4 --threads 1"
                              " --keep 0.2 --policies uniform,optimal --windows 3 --json --chunk 16";
   const auto pre = run_cli(longer + " --schedule chunked"), dec = run_cli(longer + " --schedule decode --interval 4");
@@ -81,7 +80,7 @@ TEST_CASE("profile --schedule chunked: recorded in the file; one chunk equals on
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const auto& dir = depthkv_test::scratch_dir();
   const std::string p1 = dir.file("prof_once.json"), p2 = dir.file("prof_one_chunk.json"), p3 = dir.file("prof_chunked.json");
-  const std::string base = "profile --model " + model() + " --text " + text +
+  const std::string base = "profile --model " + depthkv_test::stories_model_arg() + " --text " + text +
                            " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1"
                            " --windows 3 --ratios 0.2,0.5 --scorers h2o";
   REQUIRE(run_cli(base + " -o " + shell_quoted(p1)).status == 0);
@@ -113,7 +112,7 @@ TEST_CASE("profile --schedule chunked: recorded in the file; one chunk equals on
 
 TEST_CASE("generate --max-kv-tokens: bounded cache; a budget never reached gives the default output",
           "[cli][generate][schedule][real]") {
-  const std::string g = "generate --model " + model() + " --prompt 'Once upon a time' -t 0 -n 200 ";
+  const std::string g = "generate --model " + depthkv_test::stories_model_arg() + " --prompt 'Once upon a time' -t 0 -n 200 ";
   const auto full = run_cli(g), big = run_cli(g + "--max-kv-tokens 100000");
   REQUIRE(full.status == 0);
   REQUIRE(big.out == full.out);

@@ -18,12 +18,7 @@ namespace {
 using depthkv_test::require_error;
 using depthkv_test::run_cli;
 using depthkv_test::shell_quoted;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+using depthkv_test::slurp;
 
 std::string normalized(const std::string& ids_line) {  // the .out lines start with a space
   std::istringstream in(ids_line);
