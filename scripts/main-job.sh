@@ -22,13 +22,6 @@ mkdir -p "$OUT"
 STORIES="$DATA/models/stories260K/stories260K.bin"
 TEXT="$DATA/text/tinystories_valid.txt"
 OTHER=/usr/share/common-licenses/GPL-3   # non-story English text shipped with every Debian system
-# `eval --plot` writes its gnuplot script in enhanced text mode (an '_' in a file name starts a
-# subscript) with each legend inside its panel, over the lines: plain text, legends below
-# the panels, x tics 0.1 apart, rendered again (PNG check: scripts/plots-png.sh).
-replot() {
-  sed -i -e 's/ dynamic enhanced / dynamic noenhanced /' -e 's/^set key top right$/set key below horizontal height 1\nset xtics 0.1/' "$1.gp"
-  gnuplot "$1.gp"
-}
 
 echo "== 1. profile stories260K: 24 calibration windows (0..23) of 384+128 tokens, H2O and SnapKV"
 $DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 --windows 24 \
@@ -38,7 +31,6 @@ echo "== 2. evaluate on 64 later windows (24..87): five policies x two scorers x
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
   --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
   --csv "$OUT/stories260K.eval.csv" --plot "$OUT/stories260K.eval.svg" | tee "$OUT/stories260K.eval.txt"
-replot "$OUT/stories260K.eval.svg"
 
 echo "== 3. safeguard floor on non-story text ($OTHER): off (0), default (sinks+recent+8)"
 for m in 0 -1; do
@@ -57,7 +49,6 @@ for m in -1 0; do
     --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
     --min-tokens $m --plot "$OUT/aidreams260K.eval$m.svg"
 done | tee "$OUT/aidreams260K.eval.txt"
-for m in -1 0; do replot "$OUT/aidreams260K.eval$m.svg"; done
 echo "== 5. the paper's InfoNCE-guided allocation (MGA, MLMA, MLP) on stories260K, and how well InfoNCE predicts sensitivity"
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
   --keep 0.2,0.3,0.5 --policies uniform,optimal,mga,mlma2,mlp --scorers h2o,snapkv | tee "$OUT/stories260K.infonce_eval.txt"

@@ -118,10 +118,12 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
   std::ofstream g(gp);
   DEPTHKV_CHECK(g.good(), "cannot write '" << gp << "' (gnuplot script): cannot open it");
   const int n = static_cast<int>(scorers.size());
-  g << "set terminal svg size 1100," << 380 * n << " dynamic enhanced font 'Helvetica,12' background rgb 'white'\n";
+  // Plain text (noenhanced: an '_' in a file name is not a subscript), legends below the panels,
+  // clear of the lines.
+  g << "set terminal svg size 1100," << 380 * n << " dynamic noenhanced font 'Helvetica,12' background rgb 'white'\n";
   g << "set output '" << svg << "'\n";
   g << "set multiplot layout " << n << ",2 title '" << title << "'\n";
-  g << "set grid\nset key top right\nset logscale y\nset format y '%g'\n";
+  g << "set grid\nset key below horizontal height 1\nset xtics 0.1\nset logscale y\nset format y '%g'\n";
   for (const std::string& sc : scorers) {
     for (const std::string& pol : policies) {
       g << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(pol) << " << EOD\n";
