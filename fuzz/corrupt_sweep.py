@@ -282,7 +282,7 @@ def number_rule(path, v):
         return "non-integer %s" % key
     if key in COUNT_KEYS and v < 0 and key not in ("skip",):
         return "negative %s" % key
-    if key in ("n_layers", "context", "n_kv_heads", "kernel", "obs_window") and v <= 0:
+    if key in ("n_layers", "n_kv_heads", "kernel", "obs_window") and v <= 0:  # context 0: "not recorded"
         return "%s <= 0" % key
     if key in COUNT_KEYS and abs(v) >= 2 ** 31 and key not in ("size", "header_bytes"):
         return "%s does not fit an int" % key
