@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "depthkv/detail/timer.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/head_budget.hpp"
+#include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
@@ -28,38 +31,108 @@
 
 namespace depthkv_cli {
 
-/// A CLI11 validator for numeric options: the value must be >= `min` (NaN is refused too). A
-/// value that is not a number passes here and is refused by the option's own conversion.
-/// E.g. `->check(at_least(0))` makes `--steps -1` an error "--steps: must be >= 0, got -1".
+namespace cli_detail {
+
+/// Checks one numeric command-line value against [lo, hi] (`hi_text`: how the upper bound is
+/// shown). @return an empty string, or why the value is refused: empty, not a number (the whole
+/// text must be one), NaN, or outside the range. Integer texts are compared exactly (long
+/// double holds every 64-bit integer), so "99999999999999999999" is refused instead of being
+/// saturated to 2^63-1 by the option's conversion.
+inline std::string numeric_error(const std::string& in, long double lo, long double hi, const std::string& range) {
+  if (in.empty()) return "expected a number, got an empty value";
+  char* end = nullptr;
+  const long double v = std::strtold(in.c_str(), &end);
+  if (end == in.c_str() || *end != '\0') return "expected a number, got '" + in + "'";
+  if (!(v >= lo && v <= hi)) return "must be in " + range + ", got " + in;
+  return std::string();
+}
+
+inline std::string bound_text(long double v) {
+  std::ostringstream o;
+  if (v == std::floor(v) && std::fabs(v) < 1e20L)
+    o << std::fixed << std::setprecision(0) << v;  // integers in full: 18446744073709551615
+  else
+    o << std::setprecision(19) << v;
+  return o.str();
+}
+
+}  // namespace cli_detail
+
+/// The largest value `at_least` accepts: 2^63-1, the largest of the `long long` options.
+inline constexpr long double kMaxOptionValue = 9223372036854775807.0L;
+
+/// A CLI11 validator for numeric options: the value must be a number >= `min` and at most
+/// kMaxOptionValue; an empty value, a text that is not a number and NaN are refused too (CLI11
+/// alone turns '' into 0). E.g. `->check(at_least(0))` makes `--steps -1` an error
+/// "--steps: must be >= 0, got -1" and `--steps ''` "--steps: expected a number, got an empty value".
 inline CLI::Validator at_least(double min) {
-  std::ostringstream bound;
-  bound << min;
-  const std::string b = bound.str();
+  const std::string b = cli_detail::bound_text(min);
+  const long double lo = min;
   return CLI::Validator(
-      [min, b](std::string& in) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(in.c_str(), &end);
-        if (end == in.c_str() || *end != '\0') return std::string();
-        if (!(v >= min)) return "must be >= " + b + ", got " + in;
-        return std::string();
+      [lo, b](std::string& in) -> std::string {
+        const std::string e = cli_detail::numeric_error(in, lo, kMaxOptionValue, "[" + b + ", 2^63-1]");
+        if (!e.empty() && e.rfind("must be", 0) == 0) {
+          if (std::strtold(in.c_str(), nullptr) > kMaxOptionValue)
+            return "must be at most 2^63-1 (9223372036854775807), got " + in;
+          return "must be >= " + b + ", got " + in;  // below min, or NaN
+        }
+        return e;
       },
       ">= " + b);
 }
 
-/// A CLI11 validator: the value must be a number in [lo, hi] (NaN is refused).
-inline CLI::Validator in_range(double lo, double hi) {
-  std::ostringstream bound;
-  bound << "[" << lo << ", " << hi << "]";
-  const std::string b = bound.str();
+/// A CLI11 validator: the value must be a number in [lo, hi] (empty values, non-numbers and NaN
+/// are refused).
+inline CLI::Validator in_range(long double lo, long double hi) {
+  const std::string b = "[" + cli_detail::bound_text(lo) + ", " + cli_detail::bound_text(hi) + "]";
+  return CLI::Validator([lo, hi, b](std::string& in) -> std::string { return cli_detail::numeric_error(in, lo, hi, b); },
+                        b);
+}
+
+/// A CLI11 validator: the value must be a number > `min` (empty values, non-numbers and NaN are
+/// refused), at most kMaxOptionValue.
+inline CLI::Validator greater_than(double min) {
+  const std::string b = cli_detail::bound_text(min);
+  const long double lo = min;
   return CLI::Validator(
-      [lo, hi, b](std::string& in) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(in.c_str(), &end);
-        if (end == in.c_str() || *end != '\0') return std::string();
-        if (!(v >= lo && v <= hi)) return "must be in " + b + ", got " + in;
+      [lo, b](std::string& in) -> std::string {
+        std::string e = cli_detail::numeric_error(in, lo, kMaxOptionValue, "(" + b + ", 2^63-1]");
+        if (e.empty() && std::strtold(in.c_str(), nullptr) == lo) e = "must be > " + b + ", got " + in;
+        return e;
+      },
+      "> " + b);
+}
+
+/// A CLI11 validator: the value must be a finite number (empty values, non-numbers, NaN and
+/// infinities are refused); for options whose range the command checks itself (`--keep`).
+inline CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        const std::string e = cli_detail::numeric_error(in, -LDBL_MAX, LDBL_MAX, "finite");
+        if (e.rfind("must be", 0) == 0) return "expected a finite number, got " + in;
+        return e;
+      },
+      "NUMBER");
+}
+
+/// The validator of every `--threads`: [0, depthkv::llama::kMaxThreads] (0: OpenMP's default).
+inline CLI::Validator thread_count() { return in_range(0, depthkv::llama::kMaxThreads); }
+
+/// The validator of `--min-tokens`: -1 (the default safeguard floor) or a count >= 0.
+inline CLI::Validator min_tokens_value() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        const std::string e = cli_detail::numeric_error(in, -1, 2147483647.0L, "[-1, 2147483647]");
+        if (!e.empty()) {
+          if (e.rfind("must be", 0) == 0)
+            return "must be -1 (the default safeguard floor) or a count >= 0, got " + in;
+          return e;
+        }
+        const long double v = std::strtold(in.c_str(), nullptr);
+        if (v < 0 && v != -1) return "must be -1 (the default safeguard floor) or a count >= 0, got " + in;
         return std::string();
       },
-      b);
+      "-1 or >= 0");
 }
 
 /// Writes an output file through `write(std::ostream&)`, then flushes and checks the stream, so
@@ -195,11 +268,12 @@ struct SelectionSettings {
   /// name the new flags.
   template <class App>
   void add_options(App* c, const std::string& old_window, bool old_sink = false) {
-    c->add_option("--sinks", sinks, "attention-sink tokens every head keeps")->capture_default_str();
-    c->add_option("--recent", recent, "recent tokens every head keeps")->capture_default_str();
+    c->add_option("--sinks", sinks, "attention-sink tokens every head keeps")->capture_default_str()->check(at_least(0));
+    c->add_option("--recent", recent, "recent tokens every head keeps")->capture_default_str()->check(at_least(0));
     c->add_option("--obs-window", obs_window, "SnapKV observation window (last queries scored); pyramid's window")
-        ->capture_default_str();
-    c->add_option("--kernel", kernel, "SnapKV pooling kernel (odd)")->capture_default_str();
+        ->capture_default_str()
+        ->check(at_least(1));
+    c->add_option("--kernel", kernel, "SnapKV pooling kernel (odd)")->capture_default_str()->check(at_least(1));
     c->add_option("--pooling", pooling, "SnapKV pooling: none, max or avg")->capture_default_str();
     c->add_flag("--output-aware", output_aware,
                 "output-aware scores (CriticalKV): h2o, snapkv and tova scores times ||W_o V||_1 per head");
@@ -209,11 +283,13 @@ struct SelectionSettings {
         ->capture_default_str();
     c->add_option("--head-alpha", head_alpha, "adaptive --head-alloc: each head keeps at least this fraction of the "
                                               "layer's per-head budget")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(in_range(0, 1));
     c->add_option("--lookahead", lookahead,
                   "score by the attention of the model's next N greedy tokens after the context (decoded on the full "
                   "cache, then removed) instead of the context's queries; 0: off")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(at_least(0));
     renamed(c, "--window", old_window);
     if (old_sink) renamed(c, "--sink", "--sinks N");
   }

@@ -112,7 +112,7 @@ void register_allocate(CLI::App& app) {
   auto a = std::make_shared<AllocateArgs>();
   CLI::App* c = app.add_subcommand("allocate", "print per-layer budgets for a global keep ratio");
   c->add_option("--profile", a->profile, "profile file (from depthkv profile)")->required();
-  c->add_option("--keep", a->keep, "global keep ratio in (0, 1]")->capture_default_str();
+  c->add_option("--keep", a->keep, "global keep ratio in (0, 1]")->capture_default_str()->check(finite_number());
   c->add_option("--policy", a->policy,
                 "allocation policy: " + depthkv::allocation_policy_names() + ", or " + kHeadOptimal +
                     " (per KV head, from the profile's head curves: depthkv profile --head-curves)")
@@ -122,7 +122,8 @@ void register_allocate(CLI::App& app) {
   c->add_option("--min-tokens", a->min_tokens,
                 "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8, the 8 halved "
                 "until every layer's floor fits the budget; 0: off; N: N tokens, uniform budgets when they do not fit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(min_tokens_value());
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_flag("--json", a->json, "print JSON");
   a->preset.add_option(c, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});

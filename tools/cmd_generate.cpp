@@ -72,7 +72,7 @@ void run_generate(const GenerateArgs& a) {
   DEPTHKV_CHECK(a.topp >= 0.0f && a.topp <= 1.0f, "--topp must be in [0, 1], got " << a.topp);
   DEPTHKV_CHECK(a.max_kv_tokens == -1 || a.max_kv_tokens >= 1, "--max-kv-tokens must be >= 1, got " << a.max_kv_tokens);
   DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
-  DEPTHKV_CHECK(a.threads >= 0, "--threads must be >= 0, got " << a.threads);
+  depthkv::llama::check_thread_count(a.threads, "--threads");
   const bool bounded = a.max_kv_tokens >= 0;
   DEPTHKV_CHECK(!bounded || a.keep >= 1.0, "give --keep or --max-kv-tokens, not both");
   DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
@@ -272,10 +272,13 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-p,--topp", args->topp, "top-p (nucleus) threshold in [0, 1]")
       ->capture_default_str()
       ->check(in_range(0, 1));
-  cmd->add_option("-s,--seed", args->seed, "random seed (0: the current time, as run.c)")->capture_default_str();
+  cmd->add_option("-s,--seed", args->seed, "random seed (0: the current time, as run.c)")
+      ->capture_default_str()
+      ->check(in_range(0, 18446744073709551615.0L));
   cmd->add_option("--keep", args->keep,
                   "global KV keep ratio in (0, 1] after the prompt's prefill (1: no eviction)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_number());
   cmd->add_option("--policy", args->policy,
                   "per-layer budget policy: " + depthkv::allocation_policy_names() + ", or " + kHeadOptimal +
                       " (per KV head; proportional, optimal, mga, mlma* and head-optimal need --profile, "
@@ -297,7 +300,7 @@ void register_generate(CLI::App& app) {
       ->check(at_least(1));
   cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
       ->capture_default_str()
-      ->check(at_least(0));
+      ->check(thread_count());
   args->preset.add_option(cmd, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   cmd->callback([args]() {
     args->preset.apply(args->sel, &args->scorer, &args->policy);

@@ -92,7 +92,7 @@ void register_perplexity(CLI::App& app) {
   c->add_option("--chunk", a->chunk, "prefill chunk size")->capture_default_str()->check(at_least(1));
   c->add_option("--threads", a->threads, "windows in parallel (0: OpenMP default)")
       ->capture_default_str()
-      ->check(at_least(0));
+      ->check(thread_count());
   c->add_flag("--json", a->json, "print the result as one JSON object");
   c->callback([a] { run_perplexity(*a); });
 }

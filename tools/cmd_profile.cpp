@@ -311,7 +311,7 @@ void register_profile(CLI::App& app) {
                 "oneshot: measure each layer pruned once after the context; chunked: after every prefill chunk "
                 "(as eval --schedule chunked evicts)")
       ->capture_default_str();
-  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(at_least(0));
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(thread_count());
   c->add_flag("--resume", a->resume, "continue an interrupted run from the partial output file");
   c->add_flag("--head-curves", a->head_curves,
               "also measure every scorer's per-(layer, KV head) curves (only that head pruned; n_kv_heads times "

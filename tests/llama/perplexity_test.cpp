@@ -105,5 +105,11 @@ TEST_CASE("perplexity: weights so large that the logits overflow are an error, n
   const std::vector<int> ids = depthkv_test::random_tokens(64, spec.vocab, 1);
   REQUIRE_THROWS_WITH(perplexity(engine, ids, 16, 2),
                       Catch::Contains("the logits at position 0: inf or NaN"));
-  REQUIRE_THROWS_WITH(perplexity(engine, ids, 16, 1, -1, 1024, -1), Catch::Contains("n_threads must be >= 0, got -1"));
+  REQUIRE_THROWS_WITH(perplexity(engine, ids, 16, 1, -1, 1024, -1), Catch::Contains("n_threads must be in [0, 1024] (0: OpenMP's default), got -1"));
+  // a thread count beyond kMaxThreads is an error, not a stack overflow or "Out of memory" in libgomp
+  REQUIRE_THROWS_WITH(perplexity(engine, ids, 16, 1, -1, 1024, 100000),
+                      Catch::Contains("perplexity: n_threads must be in [0, 1024] (0: OpenMP's default), got 100000"));
+  REQUIRE_THROWS_WITH(depthkv::llama::check_thread_count(2147483647, "--threads"),
+                      Catch::Contains("--threads must be in [0, 1024]"));
+  REQUIRE_NOTHROW(depthkv::llama::check_thread_count(depthkv::llama::kMaxThreads));
 }

@@ -176,8 +176,8 @@ TEST_CASE("the selection flags are --sinks --recent --obs-window --kernel --pool
   require_error(run_cli(alloc + "--kernel 4", "2>&1"),
                 "bad selection settings: sinks=4 recent=16 obs_window=16 kernel=4 pooling=max (--sinks, --recent, "
                 "--lookahead >= 0; --obs-window >= 1; odd --kernel >= 1)");
-  require_error(run_cli(alloc + "--obs-window 0", "2>&1"), "bad selection settings");
-  require_error(run_cli(alloc + "--recent -1", "2>&1"), "bad selection settings");
+  require_error(run_cli(alloc + "--obs-window 0", "2>&1"), "--obs-window: must be >= 1, got 0");
+  require_error(run_cli(alloc + "--recent -1", "2>&1"), "--recent: must be >= 0, got -1");
   // --help names the new flags and not the old ones
   for (const char* cmd : {"profile", "eval", "allocate", "generate"}) {
     const auto help = run_cli(std::string(cmd) + " --help");

@@ -81,13 +81,26 @@ using ActivationHook = std::function<void(int layer, CapturePoint point, std::in
 using AttentionObserver =
     std::function<void(int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n)>;
 
+/// The most OpenMP threads any call of this library accepts (`ForwardOptions::n_threads`,
+/// `EvalConfig::n_threads`, `perplexity`'s `n_threads`): far more than any machine's cores, and
+/// far below what makes libgomp overflow a stack or run out of memory (100,000 and 2^31-1 did).
+inline constexpr int kMaxThreads = 1024;
+
+/// @param what the setting's name, for the message ("n_threads", "--threads")
+/// @throws depthkv::Error when `n` is outside [0, kMaxThreads] (0: OpenMP's default)
+inline void check_thread_count(int n, const char* what = "n_threads") {
+  DEPTHKV_CHECK(n >= 0 && n <= kMaxThreads, what << " must be in [0, " << kMaxThreads << "] (0: OpenMP's default), got " << n);
+}
+
 namespace detail {
 
 /// Sets the calling thread's OpenMP thread count (which Eigen's products follow unless
 /// `Eigen::setNbThreads` was called) for its lifetime; `n <= 0` changes nothing.
 class ScopedThreads {
  public:
+  /// @throws depthkv::Error when `n` is above kMaxThreads (check_thread_count)
   explicit ScopedThreads(int n) {
+    if (n > 0) check_thread_count(n);
 #ifdef _OPENMP
     if (n > 0) {
       saved_ = omp_get_max_threads();

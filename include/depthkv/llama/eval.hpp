@@ -348,6 +348,7 @@ class PruningEvaluator {
       : engine_(engine), windows_(std::move(windows)), cfg_(std::move(cfg)) {
     DEPTHKV_CHECK(!cfg_.scorers.empty(), "no scorer configured");
     DEPTHKV_CHECK(cfg_.chunk_size >= 1, "chunk_size must be >= 1, got " << cfg_.chunk_size);
+    check_thread_count(cfg_.n_threads, "n_threads");
     for (std::size_t w = 0; w < windows_.size(); ++w)
       DEPTHKV_CHECK(!windows_[w].context.empty() && !windows_[w].continuation.empty(),
                     "window " << w << " has an empty context or continuation");

@@ -63,7 +63,7 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
   DEPTHKV_CHECK(n_windows >= 0, "perplexity: n_windows must be >= 0, got " << n_windows);
   DEPTHKV_CHECK(bos < c.vocab_size, "perplexity: BOS id " << bos << " is outside the vocabulary of " << c.vocab_size);
   DEPTHKV_CHECK(chunk_size >= 1, "perplexity: chunk_size must be >= 1, got " << chunk_size);
-  DEPTHKV_CHECK(n_threads >= 0, "perplexity: n_threads must be >= 0, got " << n_threads);
+  check_thread_count(n_threads, "perplexity: n_threads");
   const long long available = static_cast<long long>(ids.size()) / context;
   DEPTHKV_CHECK(available >= 1, "perplexity: " << ids.size() << " tokens are fewer than one window of " << context);
   if (n_windows == 0) n_windows = static_cast<int>(std::min<long long>(available, 1 << 30));
