@@ -164,9 +164,16 @@ TEST_CASE("Spearman correlation and p-values", "[metrics]") {
   // Ties get average ranks: ranks of y = 1.5, 1.5, 3, 4.
   c = depthkv::spearman({1, 2, 3, 4}, {7, 7, 8, 9});
   REQUIRE(c.rho == Approx(0.9486832981));
+  REQUIRE(c.defined());
+  // a constant series has no rank correlation (0/0): undefined, and which side was constant
   c = depthkv::spearman({1, 2, 3}, {4, 4, 4});
+  REQUIRE_FALSE(c.defined());
+  REQUIRE_FALSE(c.x_constant);
+  REQUIRE(c.y_constant);
   REQUIRE(std::isnan(c.rho));
   REQUIRE(c.p_value == 1.0);
+  c = depthkv::spearman({2, 2, 2, 2}, {4, 4, 4, 4});
+  REQUIRE((!c.defined() && c.x_constant && c.y_constant));
   // t distribution: df = 1 is Cauchy, p = 1 - 2 atan(t) / pi; df = 2: p = 1 - t / sqrt(2 + t^2).
   const double pi = std::acos(-1.0);
   for (double t : {0.1, 0.7, 1.0, 3.0, 12.0}) {

@@ -138,7 +138,19 @@ std::map<std::string, std::vector<double>> sensitivities(const depthkv::ProfileF
   return sens;
 }
 
+/// Why a correlation is undefined: "constant <metric>" and/or "constant sensitivity (<scorer>)".
+std::string undefined_reason(const depthkv::Correlation& c, const std::string& metric, const std::string& scorer) {
+  std::string why = "constant series: ";
+  if (c.x_constant) why += metric + " is the same in every layer";
+  if (c.x_constant && c.y_constant) why += "; ";
+  if (c.y_constant) why += "the " + scorer + " sensitivity is the same in every layer";
+  return why;
+}
+
 /// Spearman rho and p of every (stage, metric, scorer) across all layers and across layers 1..L-1.
+/// A correlation with a constant series is undefined: its row holds "undefined" (or
+/// "undefined_no_layer0") with the reason instead of "rho" and "p" (the text report prints
+/// "undefined" and lists the reasons below the table).
 nlohmann::json correlations(const depthkv::ProfileFile& prof, const std::map<std::string, std::vector<double>>& sens) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -150,13 +162,21 @@ nlohmann::json correlations(const depthkv::ProfileFile& prof, const std::map<std
       const std::vector<double>& x = prof.layer_metrics.at(key).mean;
       for (const auto& kv : sens) {
         const Correlation all = spearman(x, kv.second);
-        nlohmann::json row = {{"stage", to_string(st)}, {"metric", m},           {"scorer", kv.first},
-                              {"rho", all.rho},         {"p", all.p_value},     {"exact", all.exact}};
+        nlohmann::json row = {{"stage", to_string(st)}, {"metric", m}, {"scorer", kv.first}, {"exact", all.exact}};
+        // an undefined correlation (a constant series) has no "rho" / "p" but "undefined": the reason
+        const auto put = [&](const Correlation& c, const std::string& rho, const std::string& p, const std::string& why) {
+          if (c.defined()) {
+            row[rho] = c.rho;
+            row[p] = c.p_value;
+          } else {
+            row[why] = undefined_reason(c, key, kv.first);
+          }
+        };
+        put(all, "rho", "p", "undefined");
         if (L - 1 >= 3) {
           const Correlation rest = spearman(std::vector<double>(x.begin() + 1, x.end()),
                                             std::vector<double>(kv.second.begin() + 1, kv.second.end()));
-          row["rho_no_layer0"] = rest.rho;
-          row["p_no_layer0"] = rest.p_value;
+          put(rest, "rho_no_layer0", "p_no_layer0", "undefined_no_layer0");
         }
         corr.push_back(row);
       }
@@ -204,14 +224,25 @@ void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
   std::printf("\nSpearman rho (two-sided p%s) across layers, metric vs sensitivity; InfoNCE predicts as the paper "
               "assumes when rho < 0\n",
               L <= 9 ? ", exact permutation test" : ", t approximation");
-  std::printf("%-16s %-9s %-8s %8s %8s %14s %12s\n", "stage", "metric", "scorer", "rho", "p", "rho(l>=1)", "p(l>=1)");
+  std::printf("%-16s %-9s %-8s %9s %9s %14s %12s\n", "stage", "metric", "scorer", "rho", "p", "rho(l>=1)", "p(l>=1)");
+  std::vector<std::string> reasons;
+  const auto cell = [&reasons](const nlohmann::json& row, const char* key, const char* why) {
+    if (row.contains(key)) return fmt(row[key].get<double>(), "%.3f");
+    if (row.contains(why)) {
+      const std::string r = row[why].get<std::string>();
+      if (std::find(reasons.begin(), reasons.end(), r) == reasons.end()) reasons.push_back(r);
+      return std::string("undefined");
+    }
+    return std::string("-");
+  };
   for (const auto& row : corr) {
-    std::printf("%-16s %-9s %-8s %8s %8s %14s %12s\n", row["stage"].get<std::string>().c_str(),
+    std::printf("%-16s %-9s %-8s %9s %9s %14s %12s\n", row["stage"].get<std::string>().c_str(),
                 row["metric"].get<std::string>().c_str(), row["scorer"].get<std::string>().c_str(),
-                fmt(row["rho"].get<double>(), "%.3f").c_str(), fmt(row["p"].get<double>(), "%.3f").c_str(),
-                row.contains("rho_no_layer0") ? fmt(row["rho_no_layer0"].get<double>(), "%.3f").c_str() : "-",
-                row.contains("p_no_layer0") ? fmt(row["p_no_layer0"].get<double>(), "%.3f").c_str() : "-");
+                cell(row, "rho", "undefined").c_str(), cell(row, "p", "undefined").c_str(),
+                cell(row, "rho_no_layer0", "undefined_no_layer0").c_str(),
+                cell(row, "p_no_layer0", "undefined_no_layer0").c_str());
   }
+  for (const std::string& r : reasons) std::printf("undefined: the rank correlation of a %s\n", r.c_str());
   const double n = static_cast<double>(L);
   double fact = 1;
   for (int i = 2; i <= L; ++i) fact *= i;
@@ -265,16 +296,18 @@ void register_analyze(CLI::App& app) {
   c->add_option("--tokenizer", a->tokenizer, "tokenizer file where the model file holds none (default: from the GGUF, or tok512.bin beside a .bin)");
   c->add_option("--profile", a->profile, "profile file with measured loss curves (depthkv profile)")->required();
   c->add_option("--text", a->text, "text for the probe (stories separated by blank lines); needed unless the profile holds the metrics");
-  c->add_option("--samples", a->samples, "probe stories")->capture_default_str();
+  c->add_option("--samples", a->samples, "probe stories")->capture_default_str()->check(at_least(2));
   c->add_option("--skip", a->skip, "stories skipped before the probe stories (-1: the first story after the profile's calibration windows)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(-1));
   c->add_option("--keep", a->keep, "sensitivity = KL when only that layer keeps this ratio, in (0, 1) (interpolated when not probed)")
-      ->capture_default_str();
-  c->add_option("--tau", a->tau, "InfoNCE temperature")->capture_default_str();
-  c->add_option("--batch", a->batch, "InfoNCE batch size (in-batch negatives)")->capture_default_str();
-  c->add_option("--seed", a->seed, "perturbation and bootstrap seed")->capture_default_str();
-  c->add_option("--max-tokens", a->max_tokens, "tokens per probe text incl. BOS (0: the model's seq_len)")->capture_default_str();
-  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(at_least(0));
+      ->capture_default_str()
+      ->check(finite_number());
+  c->add_option("--tau", a->tau, "InfoNCE temperature (> 0)")->capture_default_str()->check(greater_than(0));
+  c->add_option("--batch", a->batch, "InfoNCE batch size (in-batch negatives)")->capture_default_str()->check(at_least(2));
+  c->add_option("--seed", a->seed, "perturbation and bootstrap seed")->capture_default_str()->check(in_range(0, 18446744073709551615.0L));
+  c->add_option("--max-tokens", a->max_tokens, "tokens per probe text incl. BOS (0: the model's seq_len)")->capture_default_str()->check(at_least(0));
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(thread_count());
   c->add_flag("--recompute", a->recompute, "compute the metrics even when the profile holds them");
   c->add_option("--write", a->write, "also save the profile with the computed metrics to this file");
   c->add_flag("--json", a->json, "print the result as JSON");

@@ -366,17 +366,28 @@ inline double student_t_two_sided_p(double t, double df) {
   return detail::incomplete_beta(df / 2.0, 0.5, df / (df + t * t));
 }
 
-/// A rank correlation and its two-sided p-value.
+/// A rank correlation and its two-sided p-value. The correlation of a constant series (all its
+/// values equal, so all its ranks tie) is undefined (0/0): then `defined()` is false, `rho` is
+/// NaN and `p_value` 1, and `x_constant` / `y_constant` say which side was constant; a caller
+/// that prints or writes the result reports it as undefined with that reason (depthkv analyze:
+/// "undefined (constant ...)"), never as a number.
 struct Correlation {
   double rho = 0.0;     ///< Spearman's rho (Pearson on average ranks); NaN when one side is constant
   double p_value = 1.0; ///< two-sided p-value of H0: no monotone association
   bool exact = false;   ///< true: exact permutation test; false: t approximation
+  bool x_constant = false;  ///< the first series has one value throughout (rho undefined)
+  bool y_constant = false;  ///< the second series has one value throughout (rho undefined)
+
+  /// false when either series is constant: rho is then undefined (NaN), not a correlation
+  bool defined() const { return !x_constant && !y_constant; }
 };
 
 /// Spearman rank correlation with a two-sided p-value: for n <= 9 exact, by enumerating all n!
 /// permutations of the second ranking (p = fraction with |rho_perm| >= |rho| - 1e-12); above,
 /// the t approximation t = rho sqrt((n - 2) / (1 - rho^2)) with n - 2 degrees of freedom.
 /// @param x, y paired values (same length >= 3, finite)
+/// @return the correlation; undefined (`Correlation::defined()` false, rho NaN, p 1) when x or y
+///   is constant
 /// @throws Error on different lengths, n < 3 or non-finite values
 inline Correlation spearman(const std::vector<double>& x, const std::vector<double>& y) {
   DEPTHKV_CHECK(x.size() == y.size(), "spearman: " << x.size() << " vs " << y.size() << " values");
@@ -386,11 +397,14 @@ inline Correlation spearman(const std::vector<double>& x, const std::vector<doub
   }
   const std::vector<double> rx = detail::average_ranks(x), ry = detail::average_ranks(y);
   Correlation c;
-  c.rho = detail::pearson(rx, ry);
-  if (std::isnan(c.rho)) {
+  c.x_constant = std::all_of(x.begin(), x.end(), [&](double v) { return v == x.front(); });
+  c.y_constant = std::all_of(y.begin(), y.end(), [&](double v) { return v == y.front(); });
+  if (!c.defined()) {
+    c.rho = std::numeric_limits<double>::quiet_NaN();
     c.p_value = 1.0;
     return c;
   }
+  c.rho = detail::pearson(rx, ry);
   const std::size_t n = x.size();
   if (n <= 9) {
     c.exact = true;
