@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <system_error>
 #include <map>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
@@ -111,9 +113,29 @@ std::string block_name(std::string s) {
   return s;
 }
 
+/// Refuses a --plot path before any work: it must be a regular file or a new file in an existing
+/// folder, since the SVG is written there and its gnuplot script beside it (`<svg>.gp`); a
+/// device (/dev/full), a folder or a FIFO would make gnuplot fail late or leave side files
+/// next to a device path.
+/// @throws depthkv::Error naming --plot and the path
+void check_plot_path(const std::string& svg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(svg, ec);
+  if (fs::exists(st)) {
+    DEPTHKV_CHECK(fs::is_regular_file(st), "--plot '" << svg << "': not a regular file (the SVG is written there, "
+                                                      "its gnuplot script beside it)");
+    return;
+  }
+  const fs::path parent = fs::path(svg).parent_path();
+  DEPTHKV_CHECK(parent.empty() || fs::is_directory(parent, ec),
+                "--plot '" << svg << "': the folder '" << parent.string() << "' does not exist");
+}
+
 void write_plot(const std::string& svg, const std::vector<Row>& rows, const depthkv::ProfileFile& f,
                 const std::vector<std::string>& scorers, const std::vector<std::string>& policies,
                 const std::string& title) {
+  check_plot_path(svg);  // before the script is written beside it
   const std::string gp = sibling(svg, "") + ".gp";
   std::ofstream g(gp);
   DEPTHKV_CHECK(g.good(), "cannot write '" << gp << "' (gnuplot script): cannot open it");
@@ -155,8 +177,14 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
   g << "unset multiplot\n";
   g.close();
   DEPTHKV_CHECK(!g.fail(), "cannot write '" << gp << "' (gnuplot script): disk full or not writable");
+  std::error_code ec;
+  std::filesystem::remove(svg, ec);  // an old SVG must not pass for the new one
   const std::string cmd = "gnuplot '" + gp + "'";
   DEPTHKV_CHECK(std::system(cmd.c_str()) == 0, "gnuplot failed on '" << gp << "' (is gnuplot installed?)");
+  // gnuplot may exit 0 without having written the SVG (an unwritable path): check what it left
+  const std::filesystem::file_status st = std::filesystem::status(svg, ec);
+  DEPTHKV_CHECK(std::filesystem::is_regular_file(st) && std::filesystem::file_size(svg, ec) > 0 && !ec,
+                "cannot write '" << svg << "' (--plot SVG): gnuplot left no SVG there (disk full or not writable)");
   std::fprintf(stderr, "eval: wrote %s (gnuplot script %s)\n", svg.c_str(), gp.c_str());
 }
 
@@ -437,6 +465,7 @@ void run_eval(const EvalArgs& a) {
   DEPTHKV_CHECK(a.schedule == "oneshot" || a.schedule == "chunked" || a.schedule == "decode",
                 "--schedule must be oneshot, chunked or decode, got '" << a.schedule << "'");
   DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
+  if (!a.plot.empty()) check_plot_path(a.plot);
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
   const EvalPlan plan = plan_eval(a, f);
   const WindowPlan w = plan_windows(a, f);
@@ -542,7 +571,8 @@ void register_eval(CLI::App& app) {
   c->add_option("--min-tokens", a->min_tokens,
                 "safeguard floor per layer of proportional, optimal, mga and mlma* (-1: sinks + recent + 8, the 8 halved "
                 "until every layer's floor fits the budget; 0: off; N: N tokens, uniform budgets when they do not fit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(min_tokens_value());
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
   c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")
       ->capture_default_str()
@@ -552,8 +582,9 @@ void register_eval(CLI::App& app) {
                 "decode: chunked, and during the teacher-forced continuation every --interval tokens")
       ->capture_default_str();
   c->add_option("--interval", a->interval, "chunked, decode: evict once this many tokens were appended since the last eviction")
-      ->capture_default_str();
-  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(at_least(0));
+      ->capture_default_str()
+      ->check(at_least(1));
+  c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(thread_count());
   c->add_flag("--json", a->json, "print the rows as one JSON array");
   c->add_option("--windows-out", a->windows_out,
                 "write the evaluation windows' token ids (JSON) to this file and stop, evaluating nothing");
