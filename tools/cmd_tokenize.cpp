@@ -4,6 +4,7 @@
 // --text-file options give one line of ids per file, in order (the vocabulary is loaded once).
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "depthkv/error.hpp"
 #include "depthkv/llama/bpe_tokenizer.hpp"
 #include "depthkv/llama/gguf.hpp"
+#include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "model_io.hpp"
@@ -27,6 +29,34 @@ struct TokenizeArgs {
   std::vector<std::string> text_files;
   bool has_prompt = false, special = false, no_bos = false, json = false;
 };
+
+/// The vocabulary size of a model file: a llama2.c checkpoint's header (checked against the file
+/// size, as `load_llama2c` does, without reading the weights), or a GGUF model's configuration.
+/// @throws depthkv::Error on a file that is neither
+int model_vocab_size(const std::string& model) {
+  using namespace depthkv::llama;
+  if (is_gguf_file(model)) return load_gguf(GgufFile::open(model)).config.vocab_size;
+  std::ifstream in(model, std::ios::binary | std::ios::ate);
+  DEPTHKV_CHECK(in.good(), "cannot open '" << model << "'");
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  std::int32_t f[7] = {};
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(f), static_cast<std::streamsize>(sizeof f));
+  DEPTHKV_CHECK(in.gcount() == static_cast<std::streamsize>(sizeof f),
+                model << ": llama2.c checkpoint truncated: " << size << " bytes, shorter than its header");
+  Llama2cHeader h;
+  h.dim = f[0];
+  h.hidden_dim = f[1];
+  h.n_layers = f[2];
+  h.n_heads = f[3];
+  h.n_kv_heads = f[4];
+  h.vocab_size = f[5];
+  h.seq_len = f[6];
+  DEPTHKV_CHECK(depthkv::llama::detail::llama2c_expected_size(h, model) == size,
+                model << ": llama2.c checkpoint size mismatch: the header implies "
+                      << depthkv::llama::detail::llama2c_expected_size(h, model) << " bytes, the file has " << size);
+  return h.vocab_size < 0 ? -h.vocab_size : h.vocab_size;
+}
 
 void run_tokenize(const TokenizeArgs& a) {
   using namespace depthkv::llama;
@@ -66,7 +96,9 @@ void run_tokenize(const TokenizeArgs& a) {
                                                        ".bin model, and '"
                                                     << path << "' cannot be opened)");
     }
-    spm = std::make_unique<Tokenizer>(path);
+    // checked against the model's vocabulary size, as generate does: a truncated tokenizer file
+    // is refused instead of encoding with part of the vocabulary
+    spm = std::make_unique<Tokenizer>(path, model_vocab_size(a.model));
     const bool bos = !a.no_bos;
     const Tokenizer& t = *spm;
     encode = [&t, bos](const std::string& s) { return t.encode(s, bos, false); };

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -104,9 +105,9 @@ TEST_CASE("numeric options out of range are refused where they are parsed", "[cl
   require_error(run_cli(gen + "--topp nan", "2>&1"), "--topp: must be in [0, 1], got nan");
   require_error(run_cli(gen + "--max-kv-tokens 0", "2>&1"), "--max-kv-tokens: must be >= 1, got 0");
   require_error(run_cli(gen + "--max-kv-tokens -1", "2>&1"), "--max-kv-tokens: must be >= 1, got -1");
-  require_error(run_cli(gen + "--threads -1", "2>&1"), "--threads: must be >= 0, got -1");
+  require_error(run_cli(gen + "--threads -1", "2>&1"), "--threads: must be in [0, 1024], got -1");
   require_error(run_cli("perplexity --model " + m + " --text " + stories_text() + " --threads -1", "2>&1"),
-                "--threads: must be >= 0, got -1");
+                "--threads: must be in [0, 1024], got -1");
   require_error(run_cli("allocate --profile " + good + " --length 0", "2>&1"), "--length: must be >= 1, got 0");
   require_error(run_cli("allocate --profile " + good + " --length -1", "2>&1"), "--length: must be >= 1, got -1");
   const std::string ev = "eval --model " + m + " --text " + stories_text() + " --profile " + good + " ";
@@ -189,4 +190,114 @@ TEST_CASE("directories are refused wherever a file is read", "[cli][bad_input]")
     require_error(r, "--model: '" + d + "' is a directory, not a model file");
     CHECK(r.out.find("tok512") == std::string::npos);
   }
+}
+
+TEST_CASE("cli: every --threads has an upper bound (100000 threads overflowed libgomp's stack)", "[cli][bad_input]") {
+  const std::string m = stories_model(), t = stories_text();
+  require_error(run_cli("profile --model " + m + " --text " + t + " --context 32 --continuation 8 --windows 1 -o " +
+                            shell_quoted(bad_input_path("never.json")) + " --threads 100000",
+                        "2>&1"),
+                "--threads: must be in [0, 1024], got 100000");
+  require_error(run_cli("perplexity --model " + m + " --text " + t + " --threads 2147483647", "2>&1"),
+                "--threads: must be in [0, 1024], got 2147483647");
+  require_error(run_cli("generate --model " + m + " --threads 1025", "2>&1"), "--threads: must be in [0, 1024], got 1025");
+  const std::string good = write_text("threads.json", profile_text());
+  require_error(run_cli("eval --model " + m + " --text " + t + " --profile " + good + " --threads 5000", "2>&1"),
+                "--threads: must be in [0, 1024], got 5000");
+  require_error(run_cli("analyze --model " + m + " --profile " + good + " --text " + t + " --threads 5000", "2>&1"),
+                "--threads: must be in [0, 1024], got 5000");
+}
+
+TEST_CASE("cli: an empty or non-numeric value of a numeric option is refused, not read as 0", "[cli][bad_input]") {
+  const std::string good = write_text("empty.json", profile_text());
+  const std::string m = stories_model(), t = stories_text();
+  const std::string alloc = "allocate --profile " + good + " ";
+  for (const char* opt : {"--length", "--recent", "--sinks", "--obs-window", "--kernel", "--lookahead", "--keep",
+                          "--min-tokens"})
+    require_error(run_cli(alloc + opt + " ''", "2>&1"), std::string(opt) + ": expected a number, got an empty value");
+  require_error(run_cli(alloc + "--head-alloc adaptive --head-alpha ''", "2>&1"),
+                "--head-alpha: expected a number, got an empty value");
+  require_error(run_cli(alloc + "--length 12abc", "2>&1"), "--length: expected a number, got '12abc'");
+  const std::string gen = "generate --model " + m + " ";
+  require_error(run_cli(gen + "--seed ''", "2>&1"), "--seed: expected a number, got an empty value");
+  require_error(run_cli(gen + "--topp ''", "2>&1"), "--topp: expected a number, got an empty value");
+  require_error(run_cli(gen + "--keep ''", "2>&1"), "--keep: expected a number, got an empty value");
+  const std::string ev = "eval --model " + m + " --text " + t + " --profile " + good + " ";
+  require_error(run_cli(ev + "--context ''", "2>&1"), "--context: expected a number, got an empty value");
+  require_error(run_cli(ev + "--interval ''", "2>&1"), "--interval: expected a number, got an empty value");
+  require_error(run_cli(ev + "--head-alloc adaptive --head-alpha ''", "2>&1"),
+                "--head-alpha: expected a number, got an empty value");
+  require_error(run_cli("profile --model " + m + " --text " + t + " -o " + shell_quoted(bad_input_path("never.json")) +
+                            " --skip ''",
+                        "2>&1"),
+                "--skip: expected a number, got an empty value");
+  const std::string an = "analyze --model " + m + " --profile " + good + " --text " + t + " ";
+  for (const char* opt : {"--samples", "--skip", "--keep", "--tau", "--batch", "--seed", "--max-tokens"})
+    require_error(run_cli(an + opt + " ''", "2>&1"), std::string(opt) + ": expected a number, got an empty value");
+}
+
+TEST_CASE("cli: --min-tokens takes -1 or a count, analyze's options and 64-bit values are range-checked",
+          "[cli][bad_input]") {
+  const std::string good = write_text("range.json", profile_text());
+  const std::string m = stories_model(), t = stories_text();
+  require_error(run_cli("allocate --profile " + good + " --keep 0.5 --min-tokens -5", "2>&1"),
+                "--min-tokens: must be -1 (the default safeguard floor) or a count >= 0, got -5");
+  require_error(run_cli("allocate --profile " + good + " --keep 0.5 --min-tokens -0.5", "2>&1"), "--min-tokens");
+  // -1 (the default safeguard) and 0 (off) stay valid
+  CHECK(run_cli("allocate --profile " + good + " --keep 0.5 --sinks 0 --recent 0 --min-tokens -1").status == 0);
+  CHECK(run_cli("allocate --profile " + good + " --keep 0.5 --sinks 0 --recent 0 --min-tokens 0").status == 0);
+  require_error(run_cli("eval --model " + m + " --text " + t + " --profile " + good + " --min-tokens -2", "2>&1"),
+                "--min-tokens: must be -1 (the default safeguard floor) or a count >= 0, got -2");
+  const std::string an = "analyze --model " + m + " --profile " + good + " --text " + t + " ";
+  require_error(run_cli(an + "--max-tokens -5", "2>&1"), "--max-tokens: must be >= 0, got -5");
+  require_error(run_cli(an + "--tau 0", "2>&1"), "--tau: must be > 0, got 0");
+  require_error(run_cli(an + "--batch 1", "2>&1"), "--batch: must be >= 2, got 1");
+  require_error(run_cli(an + "--keep nan", "2>&1"), "--keep: expected a finite number, got nan");
+  require_error(run_cli(an + "--seed -3", "2>&1"), "--seed: must be in [0, 18446744073709551615], got -3");
+  // no saturation at 2^63-1: an integer beyond the type is an error
+  require_error(run_cli("generate --model " + m + " --max-kv-tokens 99999999999999999999", "2>&1"),
+                "--max-kv-tokens: must be at most 2^63-1 (9223372036854775807), got 99999999999999999999");
+}
+
+TEST_CASE("analyze: a correlation with a constant series is reported as undefined, never as nan", "[cli][bad_input]") {
+  const std::string prof = stories_profile();
+  const std::string cmd = "analyze --model " + stories_model() + " --profile " + prof + " --text " + stories_text() +
+                          " --samples 4 --batch 4 --recompute --max-tokens 3 --threads 1";
+  const auto r = run_cli(cmd);  // 3 tokens: InfoNCE is the same in every layer
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("nan") == std::string::npos);
+  CHECK(r.out.find("undefined: the rank correlation of a constant series: infonce/pre_attn is the same in every layer") !=
+        std::string::npos);
+  const auto j = run_cli(cmd + " --json");
+  REQUIRE(j.status == 0);
+  CHECK(j.out.find("null") == std::string::npos);
+  CHECK(j.out.find("\"undefined\": \"constant series: infonce/pre_attn is the same in every layer\"") !=
+        std::string::npos);
+}
+
+TEST_CASE("eval --plot: a device or a missing folder is refused before any work, and no side file is made",
+          "[cli][bad_input]") {
+  const std::string prof = stories_profile();
+  const std::string ev = "eval --model " + stories_model() + " --text " + stories_text() + " --profile " + prof +
+                         " --sinks 2 --recent 4 --obs-window 4 --windows 1 --keep 0.5 --policies uniform --threads 1 ";
+  const bool had_gp = std::filesystem::exists("/dev/full.gp");
+  require_error(run_cli(ev + "--plot /dev/full", "2>&1"), "--plot '/dev/full': not a regular file");
+  CHECK(std::filesystem::exists("/dev/full.gp") == had_gp);
+  require_error(run_cli(ev + "--plot " + shell_quoted(bad_input_path("no_such_dir") + "/x.svg"), "2>&1"),
+                "the folder '");
+  const std::string dir = depthkv_test::scratch_dir().file("");
+  require_error(run_cli(ev + "--plot " + shell_quoted(dir), "2>&1"), "not a regular file");
+}
+
+TEST_CASE("tokenize: a truncated tokenizer file is refused, as generate refuses it", "[cli][bad_input]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/aidreams260K/aidreams260K.bin"));
+  const std::string full = depthkv_test::data_path("models/aidreams260K/tok512.bin");
+  const depthkv_test::Bytes bytes = depthkv_test::read_bytes(full);
+  REQUIRE(bytes.size() > 6195);
+  const std::string cut = shell_quoted(depthkv_test::scratch_dir().write(
+      "tok_truncated.bin", depthkv_test::Bytes(bytes.begin(), bytes.begin() + 6195)));
+  CHECK(run_cli("tokenize -m " + model + " -z " + shell_quoted(full) + " -p hi").status == 0);
+  require_error(run_cli("tokenize -m " + model + " -z " + cut + " -p hi", "2>&1"), "truncated");
+  require_error(run_cli("generate -m " + model + " -z " + cut + " -i hi -n 4", "2>&1"), "truncated");
 }
