@@ -394,7 +394,7 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
   // bad values are refused, naming the flag
   require_error(run_cli(eval + " --head-alloc ada", "2>&1"),
                 "--head-alloc: unknown head allocation 'ada' (expected uniform or adaptive)");
-  require_error(run_cli(eval + " --head-alpha 1.5", "2>&1"), "--head-alpha: 1.5 outside [0, 1]");
+  require_error(run_cli(eval + " --head-alpha 1.5", "2>&1"), "--head-alpha: must be in [0, 1], got 1.5");
   require_error(run_cli("generate --model " + model + " --scorer knorm --keep 0.5 --output-aware --steps 4", "2>&1"),
                 "output-aware scoring applies to h2o, snapkv and tova, not knorm");
   // generate prunes with them
