@@ -137,46 +137,44 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
                 const std::string& title) {
   check_plot_path(svg);  // before the script is written beside it
   const std::string gp = sibling(svg, "") + ".gp";
-  std::ofstream g(gp);
-  DEPTHKV_CHECK(g.good(), "cannot write '" << gp << "' (gnuplot script): cannot open it");
   const int n = static_cast<int>(scorers.size());
-  // Plain text (noenhanced: an '_' in a file name is not a subscript), legends below the panels,
-  // clear of the lines.
-  g << "set terminal svg size 1100," << 380 * n << " dynamic noenhanced font 'Helvetica,12' background rgb 'white'\n";
-  g << "set output '" << svg << "'\n";
-  g << "set multiplot layout " << n << ",2 title '" << title << "'\n";
-  g << "set grid\nset key below horizontal height 1\nset xtics 0.1\nset logscale y\nset format y '%g'\n";
-  for (const std::string& sc : scorers) {
-    for (const std::string& pol : policies) {
-      g << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(pol) << " << EOD\n";
-      for (const Row& r : rows)
-        if (r.scorer == sc && r.policy == pol) g << r.keep << ' ' << std::max(r.kl, 1e-6) << '\n';
-      g << "EOD\n";
+  write_output_file(gp, "gnuplot script", [&](std::ostream& g) {
+    // Plain text (noenhanced: an '_' in a file name is not a subscript), legends below the panels,
+    // clear of the lines.
+    g << "set terminal svg size 1100," << 380 * n << " dynamic noenhanced font 'Helvetica,12' background rgb 'white'\n";
+    g << "set output '" << svg << "'\n";
+    g << "set multiplot layout " << n << ",2 title '" << title << "'\n";
+    g << "set grid\nset key below horizontal height 1\nset xtics 0.1\nset logscale y\nset format y '%g'\n";
+    for (const std::string& sc : scorers) {
+      for (const std::string& pol : policies) {
+        g << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(pol) << " << EOD\n";
+        for (const Row& r : rows)
+          if (r.scorer == sc && r.policy == pol) g << r.keep << ' ' << std::max(r.kl, 1e-6) << '\n';
+        g << "EOD\n";
+      }
+      g << "set title 'quality vs budget (" << sc << " scorer)'\nset xlabel 'global keep ratio'\n"
+        << "set ylabel 'mean KL(full || pruned)'\n";
+      g << "plot ";
+      for (std::size_t i = 0; i < policies.size(); ++i)
+        g << (i ? ", " : "") << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(policies[i])
+          << " using 1:2 with linespoints lw 2 title '" << policies[i] << "'";
+      g << "\n";
+      const depthkv::SensitivityProfile p = f.profile(sc);
+      for (int l = 0; l < p.n_layers(); ++l) {
+        g << "$s_" << sc.substr(0, sc.find('-')) << "_" << l << " << EOD\n";
+        for (int k = 0; k < p.n_ratios(); ++k)
+          g << p.keep_ratios[static_cast<std::size_t>(k)] << ' ' << std::max(p.loss(l, k), 1e-6) << '\n';
+        g << "EOD\n";
+      }
+      g << "set title 'per-layer sensitivity (only that layer pruned, " << sc << ")'\n"
+        << "set ylabel 'mean " << f.metric << " (calibration windows)'\nset xlabel 'keep ratio of that layer'\nplot ";
+      for (int l = 0; l < p.n_layers(); ++l)
+        g << (l ? ", " : "") << "$s_" << sc.substr(0, sc.find('-')) << "_" << l
+          << " using 1:2 with linespoints lw 2 title 'layer " << l << "'";
+      g << "\n";
     }
-    g << "set title 'quality vs budget (" << sc << " scorer)'\nset xlabel 'global keep ratio'\n"
-      << "set ylabel 'mean KL(full || pruned)'\n";
-    g << "plot ";
-    for (std::size_t i = 0; i < policies.size(); ++i)
-      g << (i ? ", " : "") << "$q_" << sc.substr(0, sc.find('-')) << "_" << block_name(policies[i])
-        << " using 1:2 with linespoints lw 2 title '" << policies[i] << "'";
-    g << "\n";
-    const depthkv::SensitivityProfile p = f.profile(sc);
-    for (int l = 0; l < p.n_layers(); ++l) {
-      g << "$s_" << sc.substr(0, sc.find('-')) << "_" << l << " << EOD\n";
-      for (int k = 0; k < p.n_ratios(); ++k)
-        g << p.keep_ratios[static_cast<std::size_t>(k)] << ' ' << std::max(p.loss(l, k), 1e-6) << '\n';
-      g << "EOD\n";
-    }
-    g << "set title 'per-layer sensitivity (only that layer pruned, " << sc << ")'\n"
-      << "set ylabel 'mean " << f.metric << " (calibration windows)'\nset xlabel 'keep ratio of that layer'\nplot ";
-    for (int l = 0; l < p.n_layers(); ++l)
-      g << (l ? ", " : "") << "$s_" << sc.substr(0, sc.find('-')) << "_" << l
-        << " using 1:2 with linespoints lw 2 title 'layer " << l << "'";
-    g << "\n";
-  }
-  g << "unset multiplot\n";
-  g.close();
-  DEPTHKV_CHECK(!g.fail(), "cannot write '" << gp << "' (gnuplot script): disk full or not writable");
+    g << "unset multiplot\n";
+  });
   std::error_code ec;
   std::filesystem::remove(svg, ec);  // an old SVG must not pass for the new one
   const std::string cmd = "gnuplot '" + gp + "'";
