@@ -74,6 +74,8 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/head_budget.hpp"
 #include "depthkv/kv_cache.hpp"
+#include "depthkv/lookahead.hpp"
+#include "depthkv/metrics.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/output_projections.hpp"
 #include "depthkv/llama/text_windows.hpp"
@@ -104,177 +106,25 @@ using depthkv::make_scorers;
 // Output projections for output-aware scorers (`OutputProjections`, `output_projections`): see
 // llama/output_projections.hpp.
 
-// ---- metrics ----------------------------------------------------------------------------------
+// ---- lookahead observation in the reference engine ---------------------------------------------
 
-/// Per-sample losses of a pruned run against the full run (what the SensitivityProfiler
-/// aggregates).
-struct SampleLoss {
-  double kl = 0;             ///< mean KL(full || pruned) over the positions
-  double dnll = 0;           ///< mean NLL of the true tokens, pruned minus full (may be < 0)
-  double top1_disagree = 0;  ///< fraction of positions whose argmax differs from the full run's
-};
-
-/// Losses plus the raw NLLs of one window.
-struct ContinuationMetrics {
-  SampleLoss loss;
-  double nll_full = 0;    ///< mean NLL of the true tokens, full cache
-  double nll_pruned = 0;  ///< and pruned
-  int n_positions = 0;    ///< rows compared (KL, top-1)
-  int n_targets = 0;      ///< rows with a true next token (NLL)
-};
-
-/// Log-softmax of each row, in double.
-inline Eigen::MatrixXd log_softmax_rows(const RowMatrix& logits) {
-  Eigen::MatrixXd out(logits.rows(), logits.cols());
-  for (Eigen::Index i = 0; i < logits.rows(); ++i) {
-    const Eigen::RowVectorXd r = logits.row(i).cast<double>();
-    const double mx = r.maxCoeff();
-    const double lse = mx + std::log((r.array() - mx).exp().sum());
-    out.row(i) = r.array() - lse;
-  }
-  return out;
-}
-
-/// Compares the continuation logits of a pruned run with those of the full run.
-/// @param full, pruned logits `[Tc x vocab]` (same shape)
-/// @param targets true next token of each row, or -1 where there is none (size Tc)
-/// @return mean KL(full || pruned) and top-1 disagreement over all rows, NLLs over the rows with a target
-/// @throws Error on mismatched shapes, a target outside the vocabulary, or a row whose KL or
-///   NLL is not finite (naming the row)
-inline ContinuationMetrics compare_logits(const RowMatrix& full, const RowMatrix& pruned, const std::vector<int>& targets) {
-  DEPTHKV_CHECK(full.rows() == pruned.rows() && full.cols() == pruned.cols() && full.rows() >= 1,
-                "logits shapes differ: [" << full.rows() << " x " << full.cols() << "] vs [" << pruned.rows() << " x "
-                                          << pruned.cols() << "]");
-  DEPTHKV_CHECK(static_cast<Eigen::Index>(targets.size()) == full.rows(),
-                targets.size() << " targets for " << full.rows() << " rows");
-  const Eigen::MatrixXd lf = log_softmax_rows(full), lp = log_softmax_rows(pruned);
-  ContinuationMetrics m;
-  m.n_positions = static_cast<int>(full.rows());
-  double kl = 0, dis = 0, nf = 0, np = 0;
-  for (Eigen::Index i = 0; i < full.rows(); ++i) {
-    const double kl_i = (lf.row(i).array().exp() * (lf.row(i) - lp.row(i)).array()).sum();
-    DEPTHKV_CHECK(std::isfinite(kl_i), "continuation row " << i << ": the KL of the logits is not finite (inf or NaN "
-                                                               "logits, or logits so large that log-softmax overflows)");
-    kl += kl_i;
-    Eigen::Index af = 0, ap = 0;
-    full.row(i).maxCoeff(&af);
-    pruned.row(i).maxCoeff(&ap);
-    dis += af != ap ? 1.0 : 0.0;
-    const int t = targets[static_cast<std::size_t>(i)];
-    if (t >= 0) {
-      DEPTHKV_CHECK(t < full.cols(), "target " << t << " outside the vocabulary of " << full.cols());
-      DEPTHKV_CHECK(std::isfinite(lf(i, t)) && std::isfinite(lp(i, t)),
-                    "continuation row " << i << ": the NLL of target " << t << " is not finite");
-      nf -= lf(i, t);
-      np -= lp(i, t);
-      ++m.n_targets;
-    }
-  }
-  m.loss.kl = kl / m.n_positions;
-  m.loss.top1_disagree = dis / m.n_positions;
-  if (m.n_targets > 0) {
-    m.nll_full = nf / m.n_targets;
-    m.nll_pruned = np / m.n_targets;
-    m.loss.dnll = m.nll_pruned - m.nll_full;
-  }
-  return m;
-}
-
-/// The targets of a teacher-forced continuation: row i predicts `continuation[i + 1]`; the last
-/// row has none (-1).
-inline std::vector<int> continuation_targets(const std::vector<int>& continuation) {
-  std::vector<int> t(continuation.size(), -1);
-  for (std::size_t i = 0; i + 1 < continuation.size(); ++i) t[i] = continuation[i + 1];
-  return t;
-}
-
-// ---- lookahead observation ---------------------------------------------------------------------
-
-/// Lookahead observation (`ScorerConfig::lookahead`): greedy-decodes G = the largest lookahead of
-/// `sets` tokens after the context held in `cache`, the first `first_token` at position `pos0`
-/// (the context's next position; `first_token` = the argmax of the context's last logits) and
-/// each next one the argmax of the previous step's logits, on the full cache. Set k
-/// (`sets[k][layer]`, one scorer per layer, all with the same lookahead G_k) observes the
-/// attention rows of the first G_k of them. Then the G slots are removed from every head of
-/// `cache` and the scorers keep the state of the context's slots only (`TokenScorer::compact`),
-/// so that `layer_scores(sets[k], cache, ...)` scores the context as it was. Costs G decode steps
-/// over the full cache; the cache holds G more tokens per head meanwhile.
-///
-/// Other engines do the same in their decode loop: feed the G greedy steps' attention rows to
-/// the scorers (`TokenScorer::observe_block`), drop those G slots from the cache and from the
-/// scorers (`compact` with the first `size(h)` slots), then score and evict.
-/// @throws Error on a set whose lookahead is 0 or differs across its layers, a scorer count
-///   other than the layers, a lookahead that does not fit the model's context (`pos0 + G >
-///   seq_len`: positions the model was not trained for, and an unbounded run), or as
-///   `LlamaEngine::forward`; `cache` holds the context as before then, the scorers are reset
+/// `depthkv::observe_lookahead` (lookahead.hpp) with this engine's decode step: each step is one
+/// `forward` of one token on `cache`, observed, and its argmax is the next token; the model's
+/// context (`seq_len`) bounds the lookahead.
+/// @throws Error as `depthkv::observe_lookahead` or `LlamaEngine::forward`; `cache` holds the
+///   context as before then
 template <class Layer>
 void observe_lookahead(const LlamaEngine& engine, KVCache<Layer>& cache, int first_token, std::int32_t pos0,
                        const std::vector<std::vector<TokenScorer>*>& sets) {
-  const int L = cache.n_layers();
-  int G = 0;
-  for (const std::vector<TokenScorer>* set : sets) {
-    DEPTHKV_CHECK(set != nullptr && static_cast<int>(set->size()) == L,
-                  "lookahead: " << (set ? set->size() : 0) << " scorers for " << L << " layers");
-    const int g = set->empty() ? 0 : set->front().config().lookahead;
-    DEPTHKV_CHECK(g >= 1, "lookahead: a scorer set without lookahead");
-    for (const TokenScorer& s : *set)
-      DEPTHKV_CHECK(s.config().lookahead == g, "lookahead: scorers of one set differ (" << g << ", "
-                                                                                      << s.config().lookahead << ")");
-    G = std::max(G, g);
-  }
-  const int seq_len = engine.config().seq_len;
-  DEPTHKV_CHECK(static_cast<long long>(pos0) + G <= seq_len,
-                "lookahead: " << G << " greedy tokens after a context of " << pos0
-                              << " tokens do not fit the model's context of " << seq_len
-                              << " tokens (ScorerConfig::lookahead, the CLI's --lookahead: at most "
-                              << std::max<long long>(0, static_cast<long long>(seq_len) - pos0) << " here)");
-  std::vector<std::vector<int>> sizes(static_cast<std::size_t>(L));
-  for (int l = 0; l < L; ++l)
-    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) sizes[static_cast<std::size_t>(l)].push_back(cache.layer(l).size(h));
-  const auto restore = [&]() {  // drops the lookahead slots (a prefix compaction moves nothing)
-    std::vector<std::int32_t> prefix;
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
-        const int n = sizes[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
-        if (cache.layer(l).size(h) == n) continue;
-        prefix.resize(static_cast<std::size_t>(n));
-        for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i)] = i;
-        cache.layer(l).compact(h, prefix.data(), n);
-      }
-  };
-  int step = 0;
-  ForwardOptions opt;
-  opt.observer = [&sets, &step](int layer, int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld,
-                                int n) {
-    for (std::vector<TokenScorer>* set : sets)
-      if (step < set->front().config().lookahead)
-        (*set)[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
-  };
-  try {
-    int token = first_token;
-    for (step = 0; step < G; ++step) {
-      const RowMatrix logits = engine.forward(&token, 1, pos0 + step, cache, opt);
-      Eigen::Index next = 0;
-      logits.row(0).maxCoeff(&next);
-      token = static_cast<int>(next);
-    }
-  } catch (...) {
-    restore();
-    for (std::vector<TokenScorer>* set : sets)
-      for (TokenScorer& s : *set) s.reset();
-    throw;
-  }
-  restore();
-  std::vector<std::int32_t> prefix;
-  for (std::vector<TokenScorer>* set : sets)
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
-        TokenScorer& s = (*set)[static_cast<std::size_t>(l)];
-        const int n = std::min(s.observed_size(h), cache.layer(l).size(h));
-        prefix.resize(static_cast<std::size_t>(n));
-        for (int i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i)] = i;
-        s.compact(h, prefix.data(), n);
-      }
+  depthkv::observe_lookahead(cache, first_token, pos0, sets, engine.config().seq_len,
+                             [&](int token, std::int32_t pos, const AttentionObserver& observer) {
+                               ForwardOptions opt;
+                               opt.observer = observer;
+                               const RowMatrix logits = engine.forward(&token, 1, pos, cache, opt);
+                               Eigen::Index next = 0;
+                               logits.row(0).maxCoeff(&next);
+                               return static_cast<int>(next);
+                             });
 }
 
 /// The argmax of the last row of `logits` (the first lookahead token after a prefill).
@@ -364,7 +214,7 @@ class PruningEvaluator {
         DEPTHKV_CHECK(ctx + s.lookahead <= engine.config().seq_len,
                       "lookahead: " << s.lookahead << " greedy tokens after a context of " << ctx
                                     << " tokens do not fit the model's context of " << engine.config().seq_len
-                                    << " tokens (ScorerConfig::lookahead, the CLI's --lookahead: at most "
+                                    << " tokens (at most "
                                     << std::max<long long>(0, engine.config().seq_len - ctx) << " here)");
       }
     }
