@@ -430,8 +430,8 @@ TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by
           const long long B = s.global_budget(seen, cache.lengths());
           for (int n : cache.lengths()) REQUIRE(n <= (B + 2) / 3 + interval);  // budget plus at most one interval
         }
-        const auto ref = llama::compare_logits(ev.full_logits(static_cast<int>(w)), logits,
-                                               llama::continuation_targets(windows[w].continuation));
+        const auto ref = depthkv::compare_logits(ev.full_logits(static_cast<int>(w)), logits,
+                                               depthkv::continuation_targets(windows[w].continuation));
         REQUIRE(dec[w].metrics.loss.kl == Approx(ref.loss.kl).margin(1e-6));
         REQUIRE(dec[w].metrics.loss.dnll == Approx(ref.loss.dnll).margin(1e-6));
         REQUIRE(dec[w].bytes_peak == peak);

@@ -47,6 +47,16 @@ depthkv::SampleMetrics random_metrics(std::mt19937& rng) {
   return m;
 }
 
+/// A selection record: sinks, recent, observation window, kernel, pooling.
+depthkv::PruneSpec selection_of(int sinks, int recent, int window, int kernel, const std::string& pooling) {
+  depthkv::PruneSpec s;
+  s.protection = {sinks, recent};
+  s.scorer.window = window;
+  s.scorer.kernel = kernel;
+  s.scorer.pooling = depthkv::parse_pooling(pooling);
+  return s;
+}
+
 /// A profile of two scorers (one partial), filled by the profiler with random metrics.
 ProfileFile sample_file() {
   ProfileFile f;
@@ -56,7 +66,7 @@ ProfileFile sample_file() {
   f.model.header_bytes = 1234;
   f.n_layers = 3;
   f.keep_ratios = {0.1, 0.3, 0.6};
-  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", {4, 16, 32, 7, "avg"}, 0, {}};
+  f.calibration = {"tinystories_valid.txt", 384, 128, 2, 8, 2, 10, "first part", selection_of(4, 16, 32, 7, "avg"), 0, {}};
   std::mt19937 rng(1);
   auto engine = [&](const depthkv::KeepPlan&) { return random_metrics(rng); };
   depthkv::ProfilerOptions o;
@@ -93,18 +103,20 @@ TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
   REQUIRE(g.calibration.window_begin == 2);
   REQUIRE(g.calibration.window_end == 10);
   REQUIRE(g.calibration.description == "first part");
-  REQUIRE(g.calibration.selection.sinks == 4);
-  REQUIRE(g.calibration.selection.recent == 16);
-  REQUIRE(g.calibration.selection.obs_window == 32);
-  REQUIRE(g.calibration.selection.kernel == 7);
-  REQUIRE(g.calibration.selection.pooling == "avg");
-  REQUIRE(g.calibration.selection.describe() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg");
-  REQUIRE_FALSE(g.calibration.selection.differs({4, 16, 32, 7, "avg"}));
-  REQUIRE(g.calibration.selection.differs({5, 16, 32, 7, "avg"}));
-  REQUIRE(g.calibration.selection.differs({4, 15, 32, 7, "avg"}));
-  REQUIRE(g.calibration.selection.differs({4, 16, 16, 7, "avg"}));
-  REQUIRE(g.calibration.selection.differs({4, 16, 32, 5, "avg"}));
-  REQUIRE(g.calibration.selection.differs({4, 16, 32, 7, "max"}));
+  REQUIRE(g.calibration.selection);
+  const depthkv::PruneSpec& gs = *g.calibration.selection;
+  REQUIRE(gs.protection.n_sink == 4);
+  REQUIRE(gs.protection.n_recent == 16);
+  REQUIRE(gs.scorer.window == 32);
+  REQUIRE(gs.scorer.kernel == 7);
+  REQUIRE(gs.scorer.pooling == depthkv::Pooling::kAvg);
+  REQUIRE(gs.describe_selection() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg");
+  REQUIRE(gs.same_selection(selection_of(4, 16, 32, 7, "avg")));
+  REQUIRE_FALSE(gs.same_selection(selection_of(5, 16, 32, 7, "avg")));
+  REQUIRE_FALSE(gs.same_selection(selection_of(4, 15, 32, 7, "avg")));
+  REQUIRE_FALSE(gs.same_selection(selection_of(4, 16, 16, 7, "avg")));
+  REQUIRE_FALSE(gs.same_selection(selection_of(4, 16, 32, 5, "avg")));
+  REQUIRE_FALSE(gs.same_selection(selection_of(4, 16, 32, 7, "max")));
   REQUIRE(g.scorers.size() == 2);
   for (const auto& kv : f.scorers) {
     const auto& a = kv.second;
@@ -226,8 +238,8 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
   {
     nlohmann::json j = depthkv::profile_to_json(sample_file());
     j["calibration"]["selection"] = {{"n_sink", 2}, {"n_recent", 8}, {"window", 4}, {"kernel", 5}};
-    const depthkv::SelectionRecord r = depthkv::profile_from_json(j).calibration.selection;
-    REQUIRE(r.describe() == "sinks=2 recent=8 obs_window=4 kernel=5 pooling=max");
+    const depthkv::PruneSpec r = *depthkv::profile_from_json(j).calibration.selection;
+    REQUIRE(r.describe_selection() == "sinks=2 recent=8 obs_window=4 kernel=5 pooling=max");
     REQUIRE(depthkv::profile_to_json(depthkv::profile_from_json(j))["calibration"]["selection"] ==
             nlohmann::json{{"sinks", 2}, {"recent", 8}, {"obs_window", 4}, {"kernel", 5}, {"pooling", "max"}});
     j["calibration"]["selection"].erase("kernel");
@@ -236,16 +248,15 @@ TEST_CASE("corrupt profile files are rejected with the key named", "[profile_io]
     j["calibration"]["selection"]["window"] = 0;
     REQUIRE_THROWS_WITH(depthkv::profile_from_json(j), Contains("bad selection settings"));
   }
-  // unrecorded settings (older files): no key written, -1 read back
+  // unrecorded settings (older files): no key written, none read back
   {
     ProfileFile f = sample_file();
-    f.calibration.selection = {};
+    f.calibration.selection.reset();
     const nlohmann::json j = depthkv::profile_to_json(f);
     REQUIRE_FALSE(j["calibration"].contains("selection"));
-    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.recorded());
-    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection.differs({1, 2, 3, 4, "max"}));
-    f.calibration.selection.kernel = 7;  // partly recorded: refused when written
-    REQUIRE_THROWS_WITH(depthkv::profile_to_json(f), Contains("bad selection settings"));
+    REQUIRE_FALSE(depthkv::profile_from_json(j).calibration.selection);
+    f.calibration.selection = selection_of(4, 16, 32, 4, "max");  // an even kernel: refused when written
+    REQUIRE_THROWS_WITH(depthkv::profile_to_json(f), Contains("scorer.kernel must be odd"));
   }
 
   const std::string path = temp_path("broken.json");
@@ -263,39 +274,40 @@ TEST_CASE("output-aware and cross-head settings: round trip, written only when s
   REQUIRE_FALSE(plain["calibration"]["selection"].contains("head_alloc"));
   REQUIRE_FALSE(plain["calibration"]["selection"].contains("head_alpha"));
   const ProfileFile old = depthkv::profile_from_json(plain);  // a file without the keys
-  REQUIRE_FALSE(old.calibration.selection.output_aware);
-  REQUIRE(old.calibration.selection.head_allocation == "uniform");
-  REQUIRE(old.calibration.selection.head_alpha == 0.2);
-  REQUIRE(old.calibration.selection.describe() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg");
+  const depthkv::PruneSpec& os = *old.calibration.selection;
+  REQUIRE_FALSE(os.scorer.output_aware);
+  REQUIRE(os.head_split.mode == depthkv::HeadAllocation::kUniform);
+  REQUIRE(os.head_split.alpha == 0.2);
+  REQUIRE(os.describe_selection() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg");
   REQUIRE(depthkv::profile_to_json(old) == plain);
   // set: written, read back, described, compared
-  f.calibration.selection.output_aware = true;
-  f.calibration.selection.head_allocation = "adaptive";
-  f.calibration.selection.head_alpha = 0.25;
+  f.calibration.selection->scorer.output_aware = true;
+  f.calibration.selection->head_split = {depthkv::HeadAllocation::kAdaptive, 0.25};
   const std::string path = temp_path("head_settings.json");
   depthkv::save_profile(f, path);
   const ProfileFile g = depthkv::load_profile(path);
   std::remove(path.c_str());
-  REQUIRE(g.calibration.selection.output_aware);
-  REQUIRE(g.calibration.selection.head_allocation == "adaptive");
-  REQUIRE(g.calibration.selection.head_alpha == 0.25);
-  REQUIRE(g.calibration.selection.describe() ==
+  const depthkv::PruneSpec& gs = *g.calibration.selection;
+  REQUIRE(gs.scorer.output_aware);
+  REQUIRE(gs.head_split.mode == depthkv::HeadAllocation::kAdaptive);
+  REQUIRE(gs.head_split.alpha == 0.25);
+  REQUIRE(gs.describe_selection() ==
           "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg output_aware=1 head_alloc=adaptive head_alpha=0.25");
-  REQUIRE(g.calibration.selection.differs(old.calibration.selection));
-  REQUIRE_FALSE(g.calibration.selection.differs(f.calibration.selection));
-  depthkv::SelectionRecord r = f.calibration.selection;
-  r.output_aware = false;
-  REQUIRE(g.calibration.selection.differs(r));
-  r = f.calibration.selection;
-  r.head_alpha = 0.2;
-  REQUIRE(g.calibration.selection.differs(r));
+  REQUIRE_FALSE(gs.same_selection(os));
+  REQUIRE(gs.same_selection(*f.calibration.selection));
+  depthkv::PruneSpec r = *f.calibration.selection;
+  r.scorer.output_aware = false;
+  REQUIRE_FALSE(gs.same_selection(r));
+  r = *f.calibration.selection;
+  r.head_split.alpha = 0.2;
+  REQUIRE_FALSE(gs.same_selection(r));
   // bad values
   const nlohmann::json good = depthkv::profile_to_json(f);
   auto expect = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& msg) {
     expect_refused(good, edit, msg);
   };
-  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = "ada"; }, "head_alloc 'ada'");
-  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alpha"] = 1.5; }, "head_alpha 1.5");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alloc"] = "ada"; }, "unknown head allocation 'ada'");
+  expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alpha"] = 1.5; }, "head_split.alpha 1.5 outside [0, 1]");
   expect([](nlohmann::json& j) { j["calibration"]["selection"]["head_alpha"] = "x"; },
          "'calibration.selection.head_alpha' is not a number");
   expect([](nlohmann::json& j) { j["calibration"]["selection"]["output_aware"] = 1; },
@@ -307,17 +319,18 @@ TEST_CASE("the lookahead of the selection: round trip, written only when set, re
   ProfileFile f = sample_file();
   const nlohmann::json plain = depthkv::profile_to_json(f);
   REQUIRE_FALSE(plain["calibration"]["selection"].contains("lookahead"));
-  REQUIRE(depthkv::profile_from_json(plain).calibration.selection.lookahead == 0);  // a file without the key
-  f.calibration.selection.lookahead = 32;
+  REQUIRE(depthkv::profile_from_json(plain).calibration.selection->scorer.lookahead == 0);  // a file without the key
+  f.calibration.selection->scorer.lookahead = 32;
   const nlohmann::json j = depthkv::profile_to_json(f);
   REQUIRE(j["calibration"]["selection"]["lookahead"] == 32);
   const ProfileFile g = depthkv::profile_from_json(j);
-  REQUIRE(g.calibration.selection.lookahead == 32);
-  REQUIRE(g.calibration.selection.describe() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg lookahead=32");
-  depthkv::SelectionRecord r = g.calibration.selection;
-  REQUIRE_FALSE(g.calibration.selection.differs(r));
-  r.lookahead = 0;
-  REQUIRE(g.calibration.selection.differs(r));
+  const depthkv::PruneSpec& gs = *g.calibration.selection;
+  REQUIRE(gs.scorer.lookahead == 32);
+  REQUIRE(gs.describe_selection() == "sinks=4 recent=16 obs_window=32 kernel=7 pooling=avg lookahead=32");
+  depthkv::PruneSpec r = gs;
+  REQUIRE(gs.same_selection(r));
+  r.scorer.lookahead = 0;
+  REQUIRE_FALSE(gs.same_selection(r));
   expect_refused(j, [](nlohmann::json& k) { k["calibration"]["selection"]["lookahead"] = -3; },
                  "'calibration.selection.lookahead' -3 is out of range");
   expect_refused(j, [](nlohmann::json& k) { k["calibration"]["selection"]["lookahead"] = "x"; },

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,7 +27,9 @@
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
+#include "depthkv/preset.hpp"
 #include "depthkv/profile_io.hpp"
+#include "depthkv/prune_spec.hpp"
 #include "depthkv/token_scorer.hpp"
 
 namespace depthkv_cli {
@@ -204,9 +207,8 @@ inline void check_keep(double keep) {
 /// @param name "none", "max" or "avg"
 /// @throws depthkv::Error on another name
 inline depthkv::Pooling parse_pooling(const std::string& name) {
-  if (name == "none") return depthkv::Pooling::kNone;
-  if (name == "max") return depthkv::Pooling::kMax;
-  if (name == "avg") return depthkv::Pooling::kAvg;
+  for (depthkv::Pooling p : {depthkv::Pooling::kNone, depthkv::Pooling::kMax, depthkv::Pooling::kAvg})
+    if (depthkv::to_string(p) == name) return p;
   DEPTHKV_FAIL("--pooling: unknown pooling '" << name << "' (expected none, max or avg)");
 }
 
@@ -235,30 +237,32 @@ struct SelectionSettings {
   }
 
   depthkv::Protection protection() const { return {sinks, recent}; }
-  depthkv::ScorerConfig scorer(const std::string& name) const {
-    depthkv::ScorerConfig c;
-    c.kind = depthkv::parse_scorer_kind(name);
-    c.window = obs_window;
-    c.kernel = kernel;
-    c.pooling = parse_pooling(pooling);
-    c.output_aware = output_aware;
-    c.lookahead = lookahead;
-    return c;
+  /// The spec these flags describe, with scorer `name` (budget, policy, schedule, safeguard: the
+  /// spec's defaults; the request sets them).
+  /// @throws depthkv::Error on an unknown scorer, pooling or head allocation
+  depthkv::PruneSpec spec(const std::string& name) const {
+    depthkv::PruneSpec s;
+    s.scorer.kind = depthkv::parse_scorer_kind(name);
+    s.scorer.window = obs_window;
+    s.scorer.kernel = kernel;
+    s.scorer.pooling = parse_pooling(pooling);
+    s.scorer.output_aware = output_aware;
+    s.scorer.lookahead = lookahead;
+    s.protection = protection();
+    s.head_split = {head_allocation(), head_alpha};
+    return s;
   }
+  depthkv::ScorerConfig scorer(const std::string& name) const { return spec(name).scorer; }
   depthkv::HeadAllocation head_allocation() const { return depthkv::parse_head_allocation(head_alloc); }
-  depthkv::SelectionRecord record() const {
-    return {sinks, recent, obs_window, kernel, pooling, output_aware, head_alloc, head_alpha, lookahead};
-  }
   /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P" (and the output-aware / head
-  ///   settings when they are not the defaults: depthkv::SelectionRecord::describe)
-  std::string describe() const { return record().describe(); }
+  ///   settings when they are not the defaults: depthkv::PruneSpec::describe_selection)
+  std::string describe() const { return spec("h2o").describe_selection(); }
   /// @throws depthkv::Error on negative counts, an observation window < 1, an even or
   ///   non-positive kernel, an unknown pooling or head allocation, or --head-alpha outside [0, 1]
   void check() const {
     parse_pooling(pooling);
     DEPTHKV_CHECK(head_alloc == "uniform" || head_alloc == "adaptive",
                   "--head-alloc: unknown head allocation '" << head_alloc << "' (expected uniform or adaptive)");
-    DEPTHKV_CHECK(head_alpha >= 0.0 && head_alpha <= 1.0, "--head-alpha: " << head_alpha << " outside [0, 1]");
     DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 && kernel % 2 == 1 && lookahead >= 0,
                   "bad selection settings: " << describe()
                                              << " (--sinks, --recent, --lookahead >= 0; --obs-window >= 1; odd --kernel >= 1)");
@@ -305,24 +309,12 @@ struct SelectionSettings {
   }
 };
 
-/// `--preset NAME`: a named configuration of the flags it sets. "best", the configuration the
-/// README recommends, was chosen on calibration windows only (docs/results/preset.md,
-/// scripts/preset-selection.sh): output-aware (CriticalKV) scores of two scorers, SnapKV with max
-/// pooling and H2O, and head-optimal per-(layer, KV head) budgets from head curves (LU-KV;
-/// `head_optimal_budgets`; profile measures both scorers' head curves: `--head-curves`) under the
-/// default safeguard floor per head (`--min-tokens`), each head keeping exactly its budget
-/// (`--head-alloc uniform`), both scorers observing the attention of the model's next
-/// `kPresetLookahead` greedy tokens after the context (`--lookahead`, ScorerConfig::lookahead;
-/// docs/results/lookahead.md, scripts/lookahead-selection.sh). Each request (eval: each keep
-/// ratio; allocate, generate: the one asked) uses the scorer whose head-optimal budgets have the
-/// lower predicted loss on the profile's calibration curves (`lowest_predicted_scorer`). The
-/// protection (`--sinks`, `--recent`, `--obs-window`, `--kernel`) stays the flags' (eval,
-/// allocate and generate: the profile's), since it depends on the context length, and so does
-/// `--lookahead` when given (a cost: that many decode steps per prompt). Any other flag the
-/// preset sets cannot be given with it.
+/// `--preset NAME`: the library's named preset (depthkv::preset_spec, depthkv/preset.hpp, where
+/// "best" is described) bound to the flags it sets. The protection (`--sinks`, `--recent`,
+/// `--obs-window`, `--kernel`) stays the flags', and so does `--lookahead` when given. Any other
+/// flag the preset sets cannot be given with it. Each request's scorer is chosen by
+/// depthkv::preset (the candidate of the lowest predicted loss).
 struct PresetSettings {
-  /// The lookahead tokens of "best" when `--lookahead` is not given.
-  static constexpr int kPresetLookahead = 32;
 
   std::string name;  ///< empty: no preset
 
@@ -345,25 +337,31 @@ struct PresetSettings {
     lookahead_given_ = [lookahead] { return lookahead != nullptr && lookahead->count() > 0; };
   }
 
-  /// The scorers "best" chooses from for each request (`lowest_predicted_scorer`), in tie order.
-  static std::vector<std::string> candidates() { return {"snapkv", "h2o"}; }
+  /// The scorers the preset chooses from for each request, in tie order (depthkv::preset_candidates).
+  std::vector<std::string> candidates() const { return depthkv::preset_candidates(name); }
 
-  /// Sets the selection, the scorers (the candidates, comma-separated), the policy(-ies) and
-  /// profile's head curves to the preset's (each pointer may be null).
+  /// The lookahead the request gives (`--lookahead` on the command line), if any.
+  std::optional<int> lookahead(const SelectionSettings& sel) const {
+    return lookahead_given() ? std::optional<int>(sel.lookahead) : std::nullopt;
+  }
+
+  /// Sets the selection flags, the scorers (the candidates, comma-separated), the policy(-ies)
+  /// and profile's head curves to the preset's spec (depthkv::preset_spec; each pointer may be null).
   /// @throws depthkv::Error on an unknown preset name
   void apply(SelectionSettings& sel, std::string* scorers, std::string* policies, bool* head_curves = nullptr) const {
     if (!active()) return;
-    DEPTHKV_CHECK(name == "best", "--preset: unknown preset '" << name << "' (expected best)");
-    sel.pooling = "max";
-    sel.output_aware = true;
-    sel.head_alloc = "uniform";
-    sel.head_alpha = depthkv::kDefaultHeadAlpha;
-    if (!lookahead_given()) sel.lookahead = kPresetLookahead;
+    depthkv::check_preset_name(name, "--preset");
+    const depthkv::PruneSpec base = depthkv::preset_spec(name, depthkv::PruneSpec{}, lookahead(sel));
+    sel.pooling = depthkv::to_string(base.scorer.pooling);
+    sel.output_aware = base.scorer.output_aware;
+    sel.head_alloc = depthkv::to_string(base.head_split.mode);
+    sel.head_alpha = base.head_split.alpha;
+    sel.lookahead = base.scorer.lookahead;
     if (scorers) {
       scorers->clear();
       for (const std::string& c : candidates()) *scorers += (scorers->empty() ? "" : ",") + c;
     }
-    if (policies) *policies = "head-optimal";
+    if (policies) *policies = depthkv::to_string(base.policy);
     if (head_curves) *head_curves = true;
   }
 

@@ -29,9 +29,10 @@ struct AllocateArgs {
 void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, const std::string& scorer,
                       const PolicyInputs& in, int length) {
   using namespace depthkv;
-  SensitivityProfile hp;
-  int H = 0;
-  const std::vector<std::vector<int>> k = head_level_budgets(f, scorer, in.req, hp, H);
+  const PolicyCurves curves = policy_curves(f, scorer, AllocationPolicy::kHeadOptimal);
+  const SensitivityProfile& hp = curves.heads;
+  const int H = curves.n_kv_heads;
+  const std::vector<std::vector<int>> k = head_optimal_budgets(hp, H, in.req);
   long long total = 0;
   for (const auto& row : k)
     for (int x : row) total += x;
@@ -58,8 +59,7 @@ void run_allocate(const AllocateArgs& a) {
   using namespace depthkv;
   a.sel.check();
   const ProfileFile f = load_profile(a.profile);
-  const PolicyChoice choice = parse_policy_choice(a.policy);
-  const AllocationPolicy policy = choice.policy;
+  const AllocationPolicy policy = parse_allocation_policy(a.policy);
   check_keep(a.keep);
   DEPTHKV_CHECK(a.length >= 0, "--length must be >= 1, got " << a.length);
   const int length = a.length > 0 ? a.length : f.calibration.context;
@@ -68,10 +68,11 @@ void run_allocate(const AllocateArgs& a) {
   const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), length);
   std::string scorer = a.scorer;
   if (a.preset.active()) {  // the candidate of the lowest predicted loss
-    const ScorerChoice c = lowest_predicted_scorer(f, split_list(a.scorer), layer_request(a.keep, lengths, a.sel, a.min_tokens));
-    scorer = c.scorer;
+    const PresetChoice c = preset(a.preset.name, f, request_spec(a.sel, "h2o", a.keep, policy, a.min_tokens), lengths,
+                                  a.sel.lookahead);
+    scorer = to_string(c.spec.scorer.kind);
     std::fprintf(stderr, "depthkv: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
-                 scorer.c_str(), describe_predicted(c).c_str());
+                 scorer.c_str(), describe_predicted(c.predicted).c_str());
   }
   if (scorer.empty()) {
     DEPTHKV_CHECK(!f.scorers.empty() || !policy_needs_profile(policy), "the profile holds no loss curves");
@@ -80,7 +81,7 @@ void run_allocate(const AllocateArgs& a) {
   DEPTHKV_CHECK(f.has_scorer(scorer), "the profile has no measurements for scorer '" << scorer << "'");
   const PolicyInputs in = policy_inputs(policy, a.keep, lengths, &f, scorer, a.sel, a.min_tokens);
   std::fputs(selection_note(policy, f, a.sel).c_str(), stderr);
-  if (choice.head_level) {
+  if (is_head_policy(policy)) {
     print_head_level(a, f, scorer, in, length);
     return;
   }

@@ -24,6 +24,7 @@
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/eval.hpp"
+#include "depthkv/preset.hpp"
 #include "depthkv/profile_io.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
 #include "model_io.hpp"
@@ -61,6 +62,7 @@ struct Row {
   double head_alpha = 0.2;
   /// --preset: each candidate scorer's predicted loss at this budget (the lowest chose `scorer`)
   std::vector<std::pair<std::string, double>> predicted;
+  depthkv::PruneSpec spec;  ///< --preset: the spec evaluated (depthkv::preset's)
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -190,7 +192,7 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
 /// profile.
 struct EvalPlan {
   std::vector<double> keeps;
-  std::vector<PolicyChoice> policies;
+  std::vector<depthkv::AllocationPolicy> policies;
   std::vector<std::string> policy_names;
   std::vector<std::string> scorers;  ///< --scorers, or every scorer of the profile
   std::vector<depthkv::ScorerConfig> scorer_configs;  ///< one per scorer
@@ -205,12 +207,12 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
   p.keeps = parse_doubles(a.keeps, "--keep");
   for (double k : p.keeps) check_keep(k);
   for (const std::string& name : split_list(a.policies)) {
-    p.policies.push_back(parse_policy_choice(name));
-    p.policy_names.push_back(p.policies.back().name);
+    p.policies.push_back(depthkv::parse_allocation_policy(name));
+    p.policy_names.push_back(depthkv::to_string(p.policies.back()));
   }
   DEPTHKV_CHECK(!p.policies.empty(), "--policies is empty");
-  for (const PolicyChoice& policy : p.policies) {  // once, for the first policy that prunes by the curves
-    const std::string note = selection_note(policy.policy, f, a.sel);
+  for (depthkv::AllocationPolicy policy : p.policies) {  // once, for the first policy that prunes by the curves
+    const std::string note = selection_note(policy, f, a.sel);
     if (!note.empty()) {
       std::fputs(note.c_str(), stderr);
       break;
@@ -235,8 +237,8 @@ EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
                                        << s << "': profile it first (depthkv profile --scorers " << s << ")");
   DEPTHKV_CHECK(!p.scorers.empty(), "the profile holds no scorer");
   for (const std::string& s : p.scorers) p.scorer_configs.push_back(a.sel.scorer(s));
-  for (const PolicyChoice& policy : p.policies)
-    if (policy.head_level)
+  for (depthkv::AllocationPolicy policy : p.policies)
+    if (depthkv::is_head_policy(policy))
       for (const std::string& s : p.scorers) f.head_profile(s);  // refuses missing head curves up front
   return p;
 }
@@ -298,49 +300,41 @@ void write_windows(const std::string& path, const std::string& model, const Wind
   write_output_file(path, "windows", [&](std::ostream& out) { out << json_text(j, -1) << '\n'; });
 }
 
-/// One row: the budgets `policy` gives at `keep` and the means over the windows of pruning to them.
-Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, const depthkv::ProfileFile& f,
-                 const std::string& scorer, int scorer_index, double keep, const PolicyChoice& choice,
-                 const std::vector<int>& lengths, double nll_full) {
+/// --schedule as a mode.
+/// @throws depthkv::Error naming --schedule on another value
+depthkv::ScheduleMode schedule_mode(const EvalArgs& a) {
+  try {
+    return depthkv::parse_schedule_mode(a.schedule);
+  } catch (const depthkv::Error&) {
+    DEPTHKV_FAIL("--schedule must be oneshot, chunked or decode, got '" << a.schedule << "'");
+  }
+}
+
+/// The spec of one row: the selection flags, `scorer`, `keep`, `policy`, the schedule and the
+/// safeguard of the arguments.
+depthkv::PruneSpec row_spec(const EvalArgs& a, const std::string& scorer, double keep, depthkv::AllocationPolicy policy) {
+  depthkv::PruneSpec spec = request_spec(a.sel, scorer, keep, policy, a.min_tokens);
+  spec.schedule = {schedule_mode(a), a.chunk, a.interval};
+  return spec;
+}
+
+/// One row: `spec` evaluated on every window (the library's `PruningEvaluator::evaluate`) and
+/// the means over the windows.
+Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::ProfileFile& f,
+                 const depthkv::PruneSpec& spec, int scorer_index, double nll_full) {
   using namespace depthkv;
-  const AllocationPolicy policy = choice.policy;
-  const PolicyInputs in = policy_inputs(policy, keep, lengths, &f, scorer, a.sel, a.min_tokens);
+  const std::string scorer = to_string(spec.scorer.kind);
+  const PolicyCurves curves = policy_curves(f, scorer, spec.policy);
   Row r;
   r.scorer = scorer;
-  r.policy = choice.name;
-  r.keep = keep;
-  const SelectionRecord rec = a.sel.record();
-  r.head_settings = rec.has_head_settings();
-  r.output_aware = rec.output_aware;
-  r.head_alloc = rec.head_allocation;
-  r.head_alpha = rec.head_alpha;
-  std::vector<llama::WindowResult> results;
-  SensitivityProfile head_curves;  // head-optimal: the scorer's head curves
-  if (choice.head_level) head_curves = f.head_profile(scorer);
-  if (choice.head_level && a.schedule == "oneshot") {  // per-head budgets; adaptive re-splits each layer by the scores
-    const int H = f.head_curves.at(scorer).n_kv_heads;
-    DEPTHKV_CHECK(H == ev.n_kv_heads(), "the head curves have " << H << " KV heads, the model " << ev.n_kv_heads());
-    const std::vector<std::vector<int>> k = head_optimal_budgets(head_curves, H, in.req);
-    results = ev.evaluate_head_budgets(k, scorer_index, /*resplit=*/a.sel.head_allocation() != HeadAllocation::kUniform);
-    r.budgets = results.front().budgets;
-  } else if (a.schedule != "oneshot") {  // each window re-allocates as it goes; budgets: those after the context
-    ScheduleConfig sc;
-    sc.policy = policy;
-    sc.budget = in.req;
-    sc.budget.lengths.clear();
-    sc.budget.floors.clear();
-    sc.budget.caps.clear();
-    sc.profile = in.has_profile ? &in.profile : nullptr;
-    sc.head_profile = choice.head_level ? &head_curves : nullptr;
-    sc.interval = a.interval;
-    results = ev.evaluate_schedule(sc, scorer_index,
-                                   a.schedule == "decode" ? llama::PruningEvaluator::ScheduleEval::kDecode
-                                                          : llama::PruningEvaluator::ScheduleEval::kPrefill);
-    r.budgets = results.front().budgets;  // the same in every window (same lengths, same schedule)
-  } else {
-    r.budgets = BudgetAllocator().allocate(policy, in.req, in.has_profile ? &in.profile : nullptr);
-    results = ev.evaluate_budgets(r.budgets, scorer_index);
-  }
+  r.policy = to_string(spec.policy);
+  r.keep = spec.budget.ratio();
+  r.head_settings = spec.has_head_settings();
+  r.output_aware = spec.scorer.output_aware;
+  r.head_alloc = to_string(spec.head_split.mode);
+  r.head_alpha = spec.head_split.alpha;
+  const std::vector<llama::WindowResult> results = ev.evaluate(spec, curves.data(), scorer_index);
+  r.budgets = results.front().budgets;  // the same in every window (same lengths, same spec)
   std::vector<double> kl, dnll, top1, kept, full, peak, full_peak;
   for (const llama::WindowResult& wr : results) {
     kl.push_back(wr.metrics.loss.kl);
@@ -400,6 +394,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
       nlohmann::json pred = nlohmann::json::object();
       for (const auto& sp : r.predicted) pred[sp.first] = sp.second;
       j["predicted_loss"] = pred;
+      j["spec"] = depthkv::prune_spec_to_json(r.spec);
     }
   }
   std::printf("%s\n", json_text(arr).c_str());
@@ -420,10 +415,11 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
                   ? ("; measured with eviction after every " + std::to_string(f.calibration.eviction_chunk) + "-token chunk").c_str()
                   : "",
               a.sel.describe().c_str());
-  if (a.schedule == "chunked")
+  const depthkv::ScheduleMode mode = schedule_mode(a);
+  if (mode == depthkv::ScheduleMode::kChunked)
     std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: after the context\n",
                 a.chunk, a.interval);
-  if (a.schedule == "decode")
+  if (mode == depthkv::ScheduleMode::kDecode)
     std::printf("schedule: decode, eviction after every %d-token prefill chunk and every %d continuation tokens; "
                 "budgets: after the context\n",
                 a.chunk, a.interval);
@@ -436,7 +432,7 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
     std::printf("\n--preset %s: each budget's scorer has the lowest predicted loss (%s, head curves):\n",
                 a.preset.name.c_str(), f.metric.c_str());
     for (const Row& r : rows)
-      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted({r.scorer, r.predicted}).c_str());
+      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str());
   }
   const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
   if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
@@ -455,14 +451,46 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   std::printf("time: full passes %.2f s, %zu evaluations %.2f s\n", full_s, rows.size(), eval_s);
 }
 
+/// Every (scorer, keep, policy) row; with --preset, per (keep, policy) the spec of
+/// depthkv::preset (its scorer: the lowest predicted loss on the profile's head curves).
+std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a,
+                               const depthkv::ProfileFile& f, const EvalPlan& plan, const std::vector<int>& lengths,
+                               double nll_full) {
+  std::vector<Row> rows;
+  Progress bar("eval");
+  const long long total = static_cast<long long>((plan.choose_scorer ? 1 : plan.scorers.size()) * plan.keeps.size() *
+                                                 plan.policies.size());
+  const auto index_of = [&](const std::string& scorer) {
+    return static_cast<int>(std::find(plan.scorers.begin(), plan.scorers.end(), scorer) - plan.scorers.begin());
+  };
+  if (plan.choose_scorer) {
+    for (double keep : plan.keeps)
+      for (depthkv::AllocationPolicy policy : plan.policies) {
+        const depthkv::PresetChoice c =
+            depthkv::preset(a.preset.name, f, row_spec(a, plan.scorers.front(), keep, policy), lengths, a.sel.lookahead);
+        const std::string scorer = depthkv::to_string(c.spec.scorer.kind);
+        rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full));
+        rows.back().predicted = c.predicted;
+        rows.back().spec = c.spec;
+        bar.update(static_cast<long long>(rows.size()), total);
+      }
+    return rows;
+  }
+  for (const std::string& scorer : plan.scorers)
+    for (double keep : plan.keeps)
+      for (depthkv::AllocationPolicy policy : plan.policies) {
+        rows.push_back(evaluate_row(ev, f, row_spec(a, scorer, keep, policy), index_of(scorer), nll_full));
+        bar.update(static_cast<long long>(rows.size()), total);
+      }
+  return rows;
+}
+
 void run_eval(const EvalArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
-  DEPTHKV_CHECK(a.schedule == "oneshot" || a.schedule == "chunked" || a.schedule == "decode",
-                "--schedule must be oneshot, chunked or decode, got '" << a.schedule << "'");
-  DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
+  schedule_mode(a);  // refuses an unknown --schedule first
   if (!a.plot.empty()) check_plot_path(a.plot);
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
   const EvalPlan plan = plan_eval(a, f);
@@ -503,31 +531,9 @@ void run_eval(const EvalArgs& a) {
   for (int i = 0; i < ev.n_windows(); ++i) nll_full.push_back(ev.nll_full(i));
   const double nll_full_mean = mean_of(nll_full);
 
-  const std::vector<int> lengths(static_cast<std::size_t>(L), w.context);
-  std::vector<Row> rows;
-  Progress bar("eval");
-  const long long total = static_cast<long long>((plan.choose_scorer ? 1 : plan.scorers.size()) * plan.keeps.size() *
-                                                 plan.policies.size());
   const auto t1 = std::chrono::steady_clock::now();
-  if (plan.choose_scorer) {  // --preset: per keep ratio, the scorer of the lowest predicted loss
-    for (double keep : plan.keeps)
-      for (const PolicyChoice& policy : plan.policies) {
-        const ScorerChoice c =
-            lowest_predicted_scorer(f, plan.scorers, layer_request(keep, lengths, a.sel, a.min_tokens));
-        const auto s = std::find(plan.scorers.begin(), plan.scorers.end(), c.scorer) - plan.scorers.begin();
-        rows.push_back(evaluate_row(ev, a, f, c.scorer, static_cast<int>(s), keep, policy, lengths, nll_full_mean));
-        rows.back().predicted = c.predicted;
-        bar.update(static_cast<long long>(rows.size()), total);
-      }
-  } else {
-    for (std::size_t s = 0; s < plan.scorers.size(); ++s)
-      for (double keep : plan.keeps)
-        for (const PolicyChoice& policy : plan.policies) {
-          rows.push_back(evaluate_row(ev, a, f, plan.scorers[s], static_cast<int>(s), keep, policy, lengths,
-                                      nll_full_mean));
-          bar.update(static_cast<long long>(rows.size()), total);
-        }
-  }
+  const std::vector<Row> rows = evaluate_rows(ev, a, f, plan, std::vector<int>(static_cast<std::size_t>(L), w.context),
+                                              nll_full_mean);
   const double eval_s = seconds_since(t1);
 
   if (a.json)

@@ -79,8 +79,7 @@ void run_generate(const GenerateArgs& a) {
 #ifdef _OPENMP
   if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
-  const PolicyChoice choice = parse_policy_choice(a.policy);
-  const AllocationPolicy policy = choice.policy;
+  const AllocationPolicy policy = parse_allocation_policy(a.policy);
   const HeadAllocation head_alloc = a.sel.head_allocation();
 
   // the profile (curve-based and InfoNCE-guided policies), checked against the model first
@@ -112,17 +111,14 @@ void run_generate(const GenerateArgs& a) {
   if (a.preset.active() && (a.keep < 1.0 || bounded)) {
     DEPTHKV_CHECK(profile_file, "--preset " << a.preset.name << " needs --profile with head curves");
     const std::vector<int> lengths(static_cast<std::size_t>(cfg.n_layers), bounded ? steps : n_feed);
-    BudgetRequest req = layer_request(a.keep, lengths, a.sel, -1);
-    if (bounded) {
-      req.keep_ratio = -1.0;
-      req.total_tokens = std::min<long long>(a.max_kv_tokens, static_cast<long long>(cfg.n_layers) * steps);
-    }
-    const ScorerChoice c = lowest_predicted_scorer(*profile_file, split_list(a.scorer), req);
-    scorer = c.scorer;
+    PruneSpec base = request_spec(a.sel, "h2o", a.keep, policy, -1);
+    if (bounded) base.budget = Budget::tokens(std::min<long long>(a.max_kv_tokens, static_cast<long long>(cfg.n_layers) * steps));
+    const PresetChoice c = preset(a.preset.name, *profile_file, base, lengths, a.sel.lookahead);
+    scorer = to_string(c.spec.scorer.kind);
     std::fprintf(stderr, "kv cache: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
-                 scorer.c_str(), describe_predicted(c).c_str());
+                 scorer.c_str(), describe_predicted(c.predicted).c_str());
   } else if (a.preset.active()) {
-    scorer = PresetSettings::candidates().front();  // nothing is evicted
+    scorer = a.preset.candidates().front();  // nothing is evicted
   }
   ScorerConfig scfg = a.sel.scorer(scorer);
   if (bounded && scfg.lookahead > 0 && a.preset.active() && !a.preset.lookahead_given()) {
@@ -136,11 +132,11 @@ void run_generate(const GenerateArgs& a) {
   const OutputProjections wo = scfg.output_aware ? OutputProjections(lm.model) : OutputProjections();
   // head-optimal: the profile's head curves of the scorer
   SensitivityProfile head_curves;
-  if (choice.head_level) {
+  if (is_head_policy(policy)) {
     DEPTHKV_CHECK(profile_file, "policy " << kHeadOptimal << " needs --profile with head curves");
     head_curves = profile_file->head_profile(scorer);
   }
-  const SensitivityProfile* head_profile = choice.head_level ? &head_curves : nullptr;
+  const SensitivityProfile* head_profile = is_head_policy(policy) ? &head_curves : nullptr;
 
   // Prefill the prompt tokens run.c would forward (positions 0..n_feed-1) as one batch.
   HostCache cache = engine.make_cache();

@@ -90,7 +90,7 @@ depthkv::ProfileFile start_profile(const ProfileArgs& a, const std::vector<doubl
   out.calibration.window_begin = a.skip;
   out.calibration.window_end = a.skip + a.windows;
   out.calibration.description = a.sel.describe() + (a.tokens.empty() ? " text" : " pre-tokenized");
-  out.calibration.selection = a.sel.record();
+  out.calibration.selection = a.sel.spec("h2o");
   out.calibration.eviction_chunk = eviction_chunk(a);
   if (a.tokens.empty()) out.calibration.documents = document_record(a.docs.split);
   return out;

@@ -112,6 +112,10 @@ enum class AllocationPolicy {
   kMLMA4,         ///< "mlma4"
   kMLMA6,         ///< "mlma6"
   kMLP,           ///< "mlp" (2 middle layers full, rest uniform)
+  /// "head-optimal" (LU-KV): minimum predicted loss over (layer, KV head) units from per-head
+  /// curves (`head_optimal_budgets`, head_budget.hpp); gives per-head budgets, so
+  /// `BudgetAllocator::allocate` (per layer) refuses it.
+  kHeadOptimal,
 };
 
 /// @return the policy's name: "uniform", "pyramid", "proportional", "middle", "optimal", "mga",
@@ -128,11 +132,12 @@ inline std::string to_string(AllocationPolicy p) {
     case AllocationPolicy::kMLMA4: return "mlma4";
     case AllocationPolicy::kMLMA6: return "mlma6";
     case AllocationPolicy::kMLP: return "mlp";
+    case AllocationPolicy::kHeadOptimal: return "head-optimal";
   }
   return "unknown";
 }
 
-/// @return every policy, in enum order
+/// @return every layer policy (all but kHeadOptimal, which allocates per KV head), in enum order
 inline std::vector<AllocationPolicy> all_allocation_policies() {
   return {AllocationPolicy::kUniform, AllocationPolicy::kPyramid, AllocationPolicy::kProportional,
           AllocationPolicy::kMiddle,  AllocationPolicy::kOptimal, AllocationPolicy::kMGA,
@@ -147,15 +152,20 @@ inline std::string allocation_policy_names(const std::string& sep = ", ") {
   return out;
 }
 
-/// @param name one of the names `to_string(AllocationPolicy)` returns
+/// @param name one of the names `to_string(AllocationPolicy)` returns (a layer policy or "head-optimal")
 /// @return the policy
 /// @throws Error on an unknown name (the message lists the valid ones)
 inline AllocationPolicy parse_allocation_policy(const std::string& name) {
   for (AllocationPolicy p : all_allocation_policies()) {
     if (to_string(p) == name) return p;
   }
-  DEPTHKV_FAIL("unknown allocation policy '" << name << "' (expected " << allocation_policy_names() << ")");
+  if (name == to_string(AllocationPolicy::kHeadOptimal)) return AllocationPolicy::kHeadOptimal;
+  DEPTHKV_FAIL("unknown allocation policy '" << name << "' (expected " << allocation_policy_names() << " or "
+                                             << to_string(AllocationPolicy::kHeadOptimal) << ")");
 }
+
+/// @return true when `policy` gives per-(layer, KV head) budgets from head curves (head-optimal)
+inline bool is_head_policy(AllocationPolicy policy) { return policy == AllocationPolicy::kHeadOptimal; }
 
 /// @return true when `policy` reads a `SensitivityProfile` (optimal; proportional without
 ///         user robustness scores)
@@ -566,6 +576,8 @@ class BudgetAllocator {
       case AllocationPolicy::kMLMA4:
       case AllocationPolicy::kMLMA6:
         return allocate_proportional_family(policy, c, req, profile, info);
+      case AllocationPolicy::kHeadOptimal:
+        DEPTHKV_FAIL("policy head-optimal gives per-head budgets: use head_optimal_budgets (head_budget.hpp)");
     }
     DEPTHKV_FAIL("unknown allocation policy " << static_cast<int>(policy));
     return {};

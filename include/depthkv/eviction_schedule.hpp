@@ -69,6 +69,7 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/head_budget.hpp"
 #include "depthkv/kv_cache.hpp"
+#include "depthkv/prune_spec.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/selection.hpp"
 #include "depthkv/sensitivity_profile.hpp"
@@ -299,6 +300,31 @@ struct ScheduleConfig {
   const std::vector<OutputProjection>* output_projections = nullptr;
 };
 
+/// The `ScheduleConfig` of `spec` with the policy data it reads (the resolved form of a spec:
+/// its budget request without lengths, its curves and projections as pointers).
+/// @param wo one output projection per layer for an output-aware scorer (null otherwise)
+/// @throws Error on an invalid spec, or head-optimal without head curves
+inline ScheduleConfig schedule_config(const PruneSpec& spec, const PolicyData& data,
+                                      const std::vector<OutputProjection>* wo = nullptr) {
+  spec.validate();
+  ScheduleConfig sc;
+  sc.policy = spec.policy;
+  sc.budget = spec.budget_request({});
+  sc.budget.lengths.clear();
+  sc.budget.floors.clear();
+  sc.budget.infonce = data.infonce;
+  sc.profile = policy_needs_profile(spec.policy) ? data.layer_curves : nullptr;
+  DEPTHKV_CHECK(!is_head_policy(spec.policy) || data.head_curves != nullptr, "policy head-optimal needs head curves");
+  sc.head_profile = is_head_policy(spec.policy) ? data.head_curves : nullptr;
+  sc.protection = spec.protection;
+  sc.scorer = spec.scorer;
+  sc.interval = spec.schedule.interval;
+  sc.head_allocation = spec.head_split.mode;
+  sc.head_alpha = spec.head_split.alpha;
+  sc.output_projections = wo;
+  return sc;
+}
+
 /// Bounded KV memory for one sequence: scorers, budget and eviction after every prefill chunk and
 /// decode step (see the file comment). Not copyable safely while an `observer()` is in use (the
 /// observer references this object's scorers: keep the schedule in place).
@@ -329,16 +355,15 @@ class EvictionSchedule {
                   "keep_ratio " << b.keep_ratio << " is outside [0, 1]");
     DEPTHKV_CHECK(b.lengths.empty() && b.caps.empty() && b.floors.empty(),
                   "budget.lengths, caps and floors are set by the schedule; leave them empty");
-    DEPTHKV_CHECK(cfg_.interval >= 1, "interval must be >= 1, got " << cfg_.interval);
+    detail::check_interval(cfg_.interval);
     DEPTHKV_CHECK(cfg_.scorer.lookahead == 0,
                   "a schedule evicts while the context is read; lookahead (" << cfg_.scorer.lookahead
                       << ") needs the whole context first: use one eviction after the prefill");
-    DEPTHKV_CHECK(cfg_.protection.n_sink >= 0 && cfg_.protection.n_recent >= 0,
-                  "protection must be >= 0, got n_sink " << cfg_.protection.n_sink << ", n_recent "
-                                                         << cfg_.protection.n_recent);
+    detail::check_protection(cfg_.protection);
     DEPTHKV_CHECK(cfg_.head_profile != nullptr || cfg_.profile != nullptr ||
                       !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
                   "policy " << to_string(cfg_.policy) << " needs a sensitivity profile");
+    DEPTHKV_CHECK(cfg_.head_profile != nullptr || !is_head_policy(cfg_.policy), "policy head-optimal needs head curves");
     if (cfg_.head_profile != nullptr) {
       cfg_.head_profile->validate();
       DEPTHKV_CHECK(cfg_.head_profile->n_layers() == n_layers * n_kv_heads,
@@ -346,7 +371,7 @@ class EvictionSchedule {
                                         << n_kv_heads << " KV heads");
     }
     DEPTHKV_CHECK(cfg_.evict.n_threads >= 0, "evict.n_threads must be >= 0, got " << cfg_.evict.n_threads);
-    DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
+    detail::check_head_alpha(cfg_.head_alpha);
     DEPTHKV_CHECK(!cfg_.scorer.output_aware ||
                       (cfg_.output_projections != nullptr && static_cast<int>(cfg_.output_projections->size()) == n_layers),
                   "an output-aware scorer needs one output projection per layer (output_projections)");

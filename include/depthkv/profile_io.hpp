@@ -31,17 +31,12 @@
 /// }
 /// @endcode
 /// `calibration.selection` (optional; files written before it existed lack it) records the token
-/// selection the curves were measured under: protected sinks and recent tokens per head, and the
-/// scorer's observation window, pooling kernel and pooling (the names of the CLI's `--sinks`,
-/// `--recent`, `--obs-window`, `--kernel` and `--pooling`). Curves measured under other protection
-/// describe another pruning, so tools compare it with their own settings (`SelectionRecord::differs`).
-/// Its keys `output_aware` (boolean), `head_alloc` ("uniform" or "adaptive") and `head_alpha`
-/// (the adaptive floor fraction) record the output-aware scoring (token_scorer.hpp) and the
-/// cross-head split (head_budget.hpp); they are written only when they differ from the defaults
-/// (false, "uniform", 0.2), and a file without them has the defaults. Its key `lookahead` (the
-/// scorers' lookahead tokens, `ScorerConfig::lookahead`) is written only when not 0; absent = 0.
-/// Files that spell it `{"n_sink", "n_recent", "window", "kernel"}` are read too: `window` is the
-/// observation window and the pooling is "max" there.
+/// selection the curves were measured under: a `PruneSpec`'s selection keys
+/// (`prune_spec_to_json` with `SpecFields::kSelection`: protection, the scorer's observation
+/// window, kernel and pooling; output-aware and head split only when not the defaults;
+/// lookahead only when not 0). Curves measured under other protection describe another pruning,
+/// so callers compare it with their own spec (`PruneSpec::same_selection`). The older spellings
+/// are read by `selection_from_json` and `measured_selection`, the one legacy reader.
 /// `scorers.<name>.heads` (optional; files without it have no head curves) holds the scorer's
 /// per-(layer, KV head) curves: the same matrices with `n_layers * n_kv_heads` rows, row
 /// l * n_kv_heads + h being "only KV head h of layer l keeps the ratio, everything else full"
@@ -50,7 +45,7 @@
 /// the curves' pruned layers were evicted (`EvalConfig::chunked_plans`); 0 means one eviction
 /// after the whole context.
 /// `calibration.documents` (optional) records how the calibration text was cut into documents
-/// before tokenization (`llama::DocumentSplit`, the CLI's `--doc-separator`/`--doc-opening`): rule
+/// before tokenization (`llama::DocumentSplit`): rule
 /// "opening", "separator" or "whole" and its marker. It is written only when the split is not the
 /// default; a file without it was split by the default TinyStories rule (opening "Once upon a time").
 /// Every problem on load (invalid JSON or nesting deeper than 64 levels, another format or
@@ -76,6 +71,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -83,6 +79,7 @@
 #include <nlohmann/json.hpp>
 
 #include "depthkv/error.hpp"
+#include "depthkv/prune_spec.hpp"
 #include "depthkv/sensitivity_profile.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
 
@@ -138,65 +135,6 @@ inline ModelIdentity model_identity(const std::string& path, std::uint64_t heade
   return id;
 }
 
-/// The token selection a profile's loss curves were measured under (sinks -1: not recorded).
-struct SelectionRecord {
-  int sinks = -1;        ///< protected attention-sink tokens per head (Protection::n_sink)
-  int recent = -1;       ///< protected recent tokens per head (Protection::n_recent)
-  int obs_window = -1;   ///< the scorer's observation window (ScorerConfig::window)
-  int kernel = -1;       ///< the scorer's pooling kernel (ScorerConfig::kernel)
-  std::string pooling;   ///< the scorer's pooling: "none", "max" or "avg" ("": not recorded)
-  bool output_aware = false;            ///< ScorerConfig::output_aware (absent in the file: false)
-  std::string head_allocation = "uniform";  ///< the cross-head split: "uniform" or "adaptive" (head_budget.hpp)
-  double head_alpha = 0.2;              ///< the adaptive split's floor fraction (kDefaultHeadAlpha)
-  int lookahead = 0;                    ///< ScorerConfig::lookahead (absent in the file: 0)
-
-  /// @return whether the settings were recorded
-  bool recorded() const { return sinks >= 0; }
-  /// @return whether the output-aware / cross-head settings differ from the defaults (false,
-  ///   uniform, 0.2): only then are they written and described
-  bool has_head_settings() const { return output_aware || head_allocation != "uniform" || head_alpha != 0.2; }
-  /// @return whether these settings are recorded and differ from `other` in any field
-  bool differs(const SelectionRecord& other) const {
-    return recorded() && (sinks != other.sinks || recent != other.recent || obs_window != other.obs_window ||
-                          kernel != other.kernel || pooling != other.pooling || output_aware != other.output_aware ||
-                          head_allocation != other.head_allocation || head_alpha != other.head_alpha ||
-                          lookahead != other.lookahead);
-  }
-  /// @return "sinks=S recent=R obs_window=W kernel=K pooling=P", followed by
-  ///   " output_aware=0|1 head_alloc=A head_alpha=X" when `has_head_settings()` and
-  ///   " lookahead=G" when G > 0
-  std::string describe() const {
-    std::ostringstream os;
-    os << "sinks=" << sinks << " recent=" << recent << " obs_window=" << obs_window << " kernel=" << kernel
-       << " pooling=" << pooling;
-    if (has_head_settings())
-      os << " output_aware=" << (output_aware ? 1 : 0) << " head_alloc=" << head_allocation
-         << " head_alpha=" << head_alpha;
-    if (lookahead > 0) os << " lookahead=" << lookahead;
-    return os.str();
-  }
-  /// @throws Error unless unrecorded (all -1, pooling "", default head settings) or valid
-  ///   (sinks, recent >= 0; obs_window, kernel >= 1; pooling none, max or avg; head allocation
-  ///   uniform or adaptive; head_alpha in [0, 1]; lookahead >= 0)
-  void validate() const {
-    DEPTHKV_CHECK(lookahead >= 0, "bad selection settings: lookahead " << lookahead << " (>= 0)");
-    DEPTHKV_CHECK((head_allocation == "uniform" || head_allocation == "adaptive") && head_alpha >= 0.0 &&
-                      head_alpha <= 1.0,
-                  "bad selection settings: head_alloc '" << head_allocation << "', head_alpha " << head_alpha
-                                                         << " (uniform or adaptive; head_alpha in [0, 1])");
-    if (sinks == -1 && recent == -1 && obs_window == -1 && kernel == -1 && pooling.empty()) {
-      DEPTHKV_CHECK(!has_head_settings() && lookahead == 0,
-                    "selection settings: head settings or lookahead recorded without the selection");
-      return;
-    }
-    DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 &&
-                      (pooling == "none" || pooling == "max" || pooling == "avg"),
-                  "bad selection settings " << describe()
-                                            << " (sinks, recent >= 0; obs_window, kernel >= 1; pooling none, max "
-                                               "or avg)");
-  }
-};
-
 /// How the calibration text was cut into documents (rule "": not recorded, i.e. the default
 /// TinyStories rule). The names are llama::DocumentSplit's.
 struct DocumentRecord {
@@ -220,12 +158,14 @@ struct CalibrationInfo {
   std::string text_file;      ///< calibration text file (as given on the command line)
   int context = 0;            ///< context tokens per window (prefilled, then pruned)
   int continuation = 0;       ///< continuation tokens per window (scored)
-  long long skip = 0;         ///< windows skipped before the first calibration window (the CLI's --skip)
+  long long skip = 0;         ///< windows skipped before the first calibration window 
   int samples = 0;            ///< number of calibration windows
   long long window_begin = 0; ///< first window index used (windows of context + continuation tokens)
   long long window_end = 0;   ///< one past the last window index used
   std::string description;    ///< free text
-  SelectionRecord selection;  ///< the token selection measured under (optional in the file)
+  /// The token selection the curves were measured under (`PruneSpec::same_selection`'s fields;
+  /// optional in the file). `measured_selection` also reads it from older files.
+  std::optional<PruneSpec> selection;
   int eviction_chunk = 0;     ///< 0: evicted once after the context; N: after every N-token prefill chunk
   DocumentRecord documents;   ///< how the text was cut into documents (optional in the file)
 };
@@ -313,7 +253,7 @@ struct ProfileFile {
   void validate() const {
     DEPTHKV_CHECK(n_layers >= 1, "n_layers " << n_layers << " must be >= 1");
     parse_loss_metric(metric);
-    calibration.selection.validate();
+    if (calibration.selection) calibration.selection->validate();
     calibration.documents.validate();
     for (const auto& kv : scorers) {
       try {
@@ -540,6 +480,164 @@ inline ProfilerState state_from_json(const nlohmann::json& j, const std::string&
 
 }  // namespace detail
 
+// ---- PruneSpec as JSON ----------------------------------------------------------------------------
+
+/// Which fields `prune_spec_to_json` writes: the token selection (a profile's
+/// `calibration.selection`) or the whole spec.
+enum class SpecFields { kSelection, kAll };
+
+/// A spec as JSON. The selection keys: "sinks", "recent", "obs_window", "kernel", "pooling";
+/// "output_aware", "head_alloc", "head_alpha" only when `has_head_settings()`; "lookahead" only
+/// when not 0. `kAll` adds "scorer" (its name), "policy", "budget" ({"keep": r} or
+/// {"tokens": n}), "schedule" ({"mode", "chunk", "interval"}) and "safeguard" ({"min_tokens":
+/// -1 automatic | 0 off | N, "margin"}).
+/// @throws Error when the spec is invalid (`PruneSpec::validate`)
+inline nlohmann::json prune_spec_to_json(const PruneSpec& s, SpecFields fields = SpecFields::kAll) {
+  s.validate();
+  nlohmann::json j = {{"sinks", s.protection.n_sink},    {"recent", s.protection.n_recent},
+                      {"obs_window", s.scorer.window},   {"kernel", s.scorer.kernel},
+                      {"pooling", to_string(s.scorer.pooling)}};
+  if (s.has_head_settings()) {
+    j["output_aware"] = s.scorer.output_aware;
+    j["head_alloc"] = to_string(s.head_split.mode);
+    j["head_alpha"] = s.head_split.alpha;
+  }
+  if (s.scorer.lookahead != 0) j["lookahead"] = s.scorer.lookahead;
+  if (fields == SpecFields::kSelection) return j;
+  j["scorer"] = to_string(s.scorer.kind);
+  j["policy"] = to_string(s.policy);
+  j["budget"] = s.budget.is_ratio() ? nlohmann::json{{"keep", s.budget.ratio()}}
+                                    : nlohmann::json{{"tokens", s.budget.total_tokens()}};
+  j["schedule"] = {{"mode", to_string(s.schedule.mode)}, {"chunk", s.schedule.chunk}, {"interval", s.schedule.interval}};
+  j["safeguard"] = {{"min_tokens", s.safeguard.min_tokens()}, {"margin", s.safeguard.margin}};
+  return j;
+}
+
+namespace detail {
+
+/// An integer of `j[key]` in [lo, 1e9], as `int` (the message names `where.key`).
+inline int spec_int(const nlohmann::json& j, const char* key, const std::string& where, long long lo = 0) {
+  return static_cast<int>(json_integer(json_at(j, key, where), where + "." + key, lo, 1000000000));
+}
+
+/// The selection keys of `prune_spec_to_json` into `s` (output_aware, head_alloc, head_alpha,
+/// lookahead optional).
+inline void selection_keys_from_json(const nlohmann::json& j, const std::string& w, PruneSpec& s) {
+  s.protection.n_sink = spec_int(j, "sinks", w);
+  s.protection.n_recent = spec_int(j, "recent", w);
+  s.scorer.window = spec_int(j, "obs_window", w);
+  s.scorer.kernel = spec_int(j, "kernel", w);
+  s.scorer.pooling = parse_pooling(json_string(json_at(j, "pooling", w), w + ".pooling"));
+  if (j.contains("output_aware")) {
+    DEPTHKV_CHECK(j["output_aware"].is_boolean(),
+                  "'" << w << ".output_aware' must be a boolean, got " << json_brief(j["output_aware"]));
+    s.scorer.output_aware = j["output_aware"].get<bool>();
+  }
+  if (j.contains("head_alloc")) s.head_split.mode = parse_head_allocation(json_string(j["head_alloc"], w + ".head_alloc"));
+  if (j.contains("head_alpha")) s.head_split.alpha = json_number(j["head_alpha"], w + ".head_alpha");
+  if (j.contains("lookahead")) s.scorer.lookahead = spec_int(j, "lookahead", w);
+}
+
+/// The keys `kAll` adds, where present.
+inline void spec_keys_from_json(const nlohmann::json& j, const std::string& w, PruneSpec& s) {
+  if (j.contains("scorer")) s.scorer.kind = parse_scorer_kind(json_string(j["scorer"], w + ".scorer"));
+  if (j.contains("policy")) s.policy = parse_allocation_policy(json_string(j["policy"], w + ".policy"));
+  if (j.contains("budget")) {
+    const nlohmann::json& b = j["budget"];
+    DEPTHKV_CHECK(b.is_object() && (b.contains("keep") != b.contains("tokens")),
+                  "'" << w << ".budget' must be {\"keep\": r} or {\"tokens\": n}, got " << json_brief(b));
+    s.budget = b.contains("keep") ? Budget::keep(json_number(b["keep"], w + ".budget.keep"))
+                                  : Budget::tokens(json_integer(b["tokens"], w + ".budget.tokens"));
+  }
+  if (j.contains("schedule")) {
+    const nlohmann::json& sc = j["schedule"];
+    const std::string ws = w + ".schedule";
+    s.schedule.mode = parse_schedule_mode(json_string(json_at(sc, "mode", ws), ws + ".mode"));
+    s.schedule.chunk = spec_int(sc, "chunk", ws, 1);
+    s.schedule.interval = spec_int(sc, "interval", ws, 1);
+  }
+  if (j.contains("safeguard")) {
+    const nlohmann::json& g = j["safeguard"];
+    const std::string wg = w + ".safeguard";
+    s.safeguard = Safeguard::from_min_tokens(spec_int(g, "min_tokens", wg, -1));
+    if (g.contains("margin")) s.safeguard.margin = spec_int(g, "margin", wg);
+  }
+}
+
+/// The older spelling of a selection record, {"n_sink", "n_recent", "window", "kernel"}: the
+/// observation window is `window` and the pooling max.
+inline PruneSpec legacy_selection_from_json(const nlohmann::json& j, const std::string& w) {
+  PruneSpec s;
+  s.protection.n_sink = spec_int(j, "n_sink", w);
+  s.protection.n_recent = spec_int(j, "n_recent", w);
+  s.scorer.window = spec_int(j, "window", w);
+  s.scorer.kernel = spec_int(j, "kernel", w);
+  s.scorer.pooling = Pooling::kMax;
+  return s;
+}
+
+}  // namespace detail
+
+/// The inverse of `prune_spec_to_json`: the selection keys are required, the others optional
+/// (absent: `PruneSpec`'s defaults).
+/// @param where the JSON path named in errors
+/// @throws Error naming the key on a missing selection key, a wrong type, a value out of range
+///   or an invalid spec ("bad selection settings in 'where': ...")
+inline PruneSpec prune_spec_from_json(const nlohmann::json& j, const std::string& where) {
+  try {
+    DEPTHKV_CHECK(j.is_object(), "'" << where << "' is not an object");
+    PruneSpec s;
+    detail::selection_keys_from_json(j, where, s);
+    detail::spec_keys_from_json(j, where, s);
+    s.validate();
+    return s;
+  } catch (const Error& e) {
+    DEPTHKV_FAIL("bad selection settings in '" << where << "': " << e.message());
+  }
+}
+
+/// A profile's `calibration.selection`: `prune_spec_from_json`, or the older spelling
+/// (`detail::legacy_selection_from_json`) when "sinks" is absent and "n_sink" present.
+/// @throws Error as `prune_spec_from_json`
+inline PruneSpec selection_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!(j.is_object() && !j.contains("sinks") && j.contains("n_sink"))) return prune_spec_from_json(j, where);
+  try {
+    PruneSpec s = detail::legacy_selection_from_json(j, where);
+    s.validate();
+    return s;
+  } catch (const Error& e) {
+    DEPTHKV_FAIL("bad selection settings in '" << where << "': " << e.message());
+  }
+}
+
+
+/// The token selection a profile was measured under: its `calibration.selection`, or for files
+/// written before that field existed, the selection `depthkv profile` put at the start of the
+/// calibration description: "sinks=S window=W kernel=K" (recent = observation window = W, max
+/// pooling) or "sinks=S recent=R obs_window=W kernel=K pooling=P" (`describe_selection`'s form).
+/// This and `selection_from_json` are the one reader of older profile files.
+/// @return the selection; empty when neither says (a profile written by other code)
+inline std::optional<PruneSpec> measured_selection(const ProfileFile& f) {
+  if (f.calibration.selection) return f.calibration.selection;
+  const std::string& d = f.calibration.description;
+  const std::size_t at = d.find("sinks=");
+  if (at == std::string::npos) return std::nullopt;
+  int sinks = 0, recent = 0, window = 0, kernel = 0;
+  char pooling[8] = {};
+  PruneSpec s;
+  if (std::sscanf(d.c_str() + at, "sinks=%d recent=%d obs_window=%d kernel=%d pooling=%7s", &sinks, &recent, &window,
+                  &kernel, pooling) == 5)
+    s.scorer.pooling = parse_pooling(pooling);
+  else if (std::sscanf(d.c_str() + at, "sinks=%d window=%d kernel=%d", &sinks, &window, &kernel) == 3)
+    recent = window;
+  else
+    return std::nullopt;
+  s.protection = {sinks, recent};
+  s.scorer.window = window;
+  s.scorer.kernel = kernel;
+  return s;
+}
+
 /// @param f the profile file
 /// @return its JSON document (schema version `ProfileFile::kVersion`)
 /// @throws Error when `f` is inconsistent (`ProfileFile::validate`)
@@ -560,18 +658,7 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
                       {"skip", c.skip},           {"samples", c.samples},     {"window_begin", c.window_begin},
                       {"window_end", c.window_end}, {"description", c.description}};
   if (c.eviction_chunk != 0) j["calibration"]["eviction_chunk"] = c.eviction_chunk;
-  if (c.selection.recorded())
-    j["calibration"]["selection"] = {{"sinks", c.selection.sinks},
-                                     {"recent", c.selection.recent},
-                                     {"obs_window", c.selection.obs_window},
-                                     {"kernel", c.selection.kernel},
-                                     {"pooling", c.selection.pooling}};
-  if (c.selection.recorded() && c.selection.has_head_settings()) {
-    j["calibration"]["selection"]["output_aware"] = c.selection.output_aware;
-    j["calibration"]["selection"]["head_alloc"] = c.selection.head_allocation;
-    j["calibration"]["selection"]["head_alpha"] = c.selection.head_alpha;
-  }
-  if (c.selection.recorded() && c.selection.lookahead != 0) j["calibration"]["selection"]["lookahead"] = c.selection.lookahead;
+  if (c.selection) j["calibration"]["selection"] = prune_spec_to_json(*c.selection, SpecFields::kSelection);
   if (c.documents.recorded())
     j["calibration"]["documents"] = {{"rule", c.documents.rule}, {"marker", c.documents.marker}};
   j["scorers"] = nlohmann::json::object();
@@ -631,38 +718,7 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
                   "calibration.eviction_chunk must be >= 0, got " << v);
     f.calibration.eviction_chunk = static_cast<int>(v);
   }
-  if (c.contains("selection")) {
-    const auto& sel = c["selection"];
-    auto get = [&](const char* key) {
-      const std::string w = std::string("calibration.selection.") + key;
-      const long long v = json_integer(json_at(sel, key, "calibration.selection"), w);
-      DEPTHKV_CHECK(v >= 0 && v <= 1000000000, "'" << w << "' " << v << " is out of range");
-      return static_cast<int>(v);
-    };
-    SelectionRecord& r = f.calibration.selection;
-    if (sel.is_object() && !sel.contains("sinks") && sel.contains("n_sink")) {  // the older spelling
-      r.sinks = get("n_sink");
-      r.recent = get("n_recent");
-      r.obs_window = get("window");
-      r.kernel = get("kernel");
-      r.pooling = "max";
-    } else {
-      r.sinks = get("sinks");
-      r.recent = get("recent");
-      r.obs_window = get("obs_window");
-      r.kernel = get("kernel");
-      r.pooling = json_string(json_at(sel, "pooling", "calibration.selection"), "calibration.selection.pooling");
-      if (sel.contains("output_aware")) {
-        DEPTHKV_CHECK(sel["output_aware"].is_boolean(),
-                      "'calibration.selection.output_aware' must be a boolean, got " << json_brief(sel["output_aware"]));
-        r.output_aware = sel["output_aware"].get<bool>();
-      }
-      if (sel.contains("head_alloc"))
-        r.head_allocation = json_string(sel["head_alloc"], "calibration.selection.head_alloc");
-      if (sel.contains("head_alpha")) r.head_alpha = json_number(sel["head_alpha"], "calibration.selection.head_alpha");
-      if (sel.contains("lookahead")) r.lookahead = get("lookahead");
-    }
-  }
+  if (c.contains("selection")) f.calibration.selection = selection_from_json(c["selection"], "calibration.selection");
   if (c.contains("documents")) {
     const auto& d = c["documents"];
     f.calibration.documents.rule =

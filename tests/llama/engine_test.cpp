@@ -522,7 +522,7 @@ double mean_window_nll(const LlamaEngine& engine, const std::vector<std::vector<
   for (int w = 0; w < static_cast<int>(windows.size()); ++w) {
     const auto& win = windows[static_cast<std::size_t>(w)];
     HostCache cache = engine.make_cache();
-    const Eigen::MatrixXd lp = depthkv::llama::log_softmax_rows(engine.prefill(win, 0, cache));
+    const Eigen::MatrixXd lp = depthkv::log_softmax_rows(engine.prefill(win, 0, cache));
     for (std::size_t i = 0; i + 1 < win.size(); ++i) {
       sum[static_cast<std::size_t>(w)] -= lp(static_cast<Eigen::Index>(i), win[i + 1]);
       ++cnt[static_cast<std::size_t>(w)];

@@ -71,11 +71,11 @@ TEST_CASE("profile writes a complete profile file describing its calibration win
   REQUIRE(f.calibration.window_end == 4);
   REQUIRE(f.calibration.context == 64);
   // the selection the curves were measured under, as structured fields
-  REQUIRE(f.calibration.selection.sinks == 2);
-  REQUIRE(f.calibration.selection.recent == 4);
-  REQUIRE(f.calibration.selection.obs_window == 4);
-  REQUIRE(f.calibration.selection.kernel == 7);
-  REQUIRE(f.calibration.selection.pooling == "max");
+  REQUIRE(f.calibration.selection->protection.n_sink == 2);
+  REQUIRE(f.calibration.selection->protection.n_recent == 4);
+  REQUIRE(f.calibration.selection->scorer.window == 4);
+  REQUIRE(f.calibration.selection->scorer.kernel == 7);
+  REQUIRE(f.calibration.selection->scorer.pooling == depthkv::Pooling::kMax);
   REQUIRE(f.calibration.description == "sinks=2 recent=4 obs_window=4 kernel=7 pooling=max text");
   const depthkv::SensitivityProfile p = f.profile("h2o");
   // Keeping more of a layer never costs more in these measurements (loss at 0.5 <= loss at 0.2
@@ -260,7 +260,7 @@ TEST_CASE("allocate and eval note protection other than the profile was measured
       std::ofstream out(old_file);
       out << j.dump();
     }
-    REQUIRE_FALSE(depthkv::load_profile(old_file).calibration.selection.recorded());
+    REQUIRE_FALSE(depthkv::load_profile(old_file).calibration.selection);
     const auto r = run_cli(
         "allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --sinks 3 --policy optimal", "2>&1");
     INFO(description << ": " << r.out);
@@ -274,7 +274,7 @@ TEST_CASE("allocate and eval note protection other than the profile was measured
     std::ofstream out(old_file);
     out << j.dump();
   }
-  REQUIRE(depthkv::load_profile(old_file).calibration.selection.pooling == "max");
+  REQUIRE(depthkv::load_profile(old_file).calibration.selection->scorer.pooling == depthkv::Pooling::kMax);
   const auto r = run_cli("allocate --profile " + shell_quoted(old_file) + " --keep 0.5 --policy optimal", "2>&1");
   REQUIRE(r.status == 0);
   REQUIRE(r.out.find(note + "sinks=4 recent=16 obs_window=16 kernel=7 pooling=max" + pass) != std::string::npos);
@@ -360,9 +360,9 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
                   " --windows 3 --ratios 0.2,0.5 --scorers snapkv -o " + shell_quoted(profile))
               .status == 0);
   const depthkv::ProfileFile f = depthkv::load_profile(profile);
-  REQUIRE(f.calibration.selection.output_aware);
-  REQUIRE(f.calibration.selection.head_allocation == "adaptive");
-  REQUIRE(f.calibration.selection.head_alpha == 0.25);
+  REQUIRE(f.calibration.selection->scorer.output_aware);
+  REQUIRE(f.calibration.selection->head_split.mode == depthkv::HeadAllocation::kAdaptive);
+  REQUIRE(f.calibration.selection->head_split.alpha == 0.25);
   const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) +
                            common + " --keep 0.3 --policies uniform,optimal --windows 2";
   const std::string csv = tmp_path("oa.csv");
@@ -415,12 +415,12 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   const depthkv::ProfileFile f = depthkv::load_profile(profile);
   REQUIRE(f.has_scorer("snapkv"));
   REQUIRE(f.has_scorer("h2o"));
-  REQUIRE(f.calibration.selection.output_aware);
-  REQUIRE(f.calibration.selection.head_allocation == "uniform");
-  REQUIRE(f.calibration.selection.pooling == "max");
+  REQUIRE(f.calibration.selection->scorer.output_aware);
+  REQUIRE(f.calibration.selection->head_split.mode == depthkv::HeadAllocation::kUniform);
+  REQUIRE(f.calibration.selection->scorer.pooling == depthkv::Pooling::kMax);
   REQUIRE(f.has_head_curves("snapkv"));
   REQUIRE(f.has_head_curves("h2o"));
-  REQUIRE(f.calibration.selection.lookahead == 32);  // the preset's lookahead
+  REQUIRE(f.calibration.selection->scorer.lookahead == 32);  // the preset's lookahead
   const std::string base =
       "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common + " --windows 2";
   const std::string eval = base + " --keep 0.1,0.3,0.5";
@@ -537,7 +537,7 @@ TEST_CASE("preset best and --output-aware run on Q8_0 and F16 GGUFs (wo dequanti
   const std::string common = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
   // Q8_0: profile and eval with --preset best, generate with its profile
   const std::string best = small_profile("--preset best --ratios 0.2,0.5", "profile_best_q8_0.json", q8);
-  REQUIRE(depthkv::load_profile(best).calibration.selection.output_aware);
+  REQUIRE(depthkv::load_profile(best).calibration.selection->scorer.output_aware);
   const auto e = run_cli("eval --model " + shell_quoted(q8) + " --text " + text + " --profile " + shell_quoted(best) +
                          common + " --windows 2 --keep 0.3 --preset best --json");
   REQUIRE(e.status == 0);

@@ -76,6 +76,7 @@
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/lookahead.hpp"
 #include "depthkv/metrics.hpp"
+#include "depthkv/prune_spec.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/output_projections.hpp"
 #include "depthkv/llama/text_windows.hpp"
@@ -218,7 +219,7 @@ class PruningEvaluator {
                                     << std::max<long long>(0, engine.config().seq_len - ctx) << " here)");
       }
     }
-    DEPTHKV_CHECK(cfg_.head_alpha >= 0.0 && cfg_.head_alpha <= 1.0, "head_alpha " << cfg_.head_alpha << " outside [0, 1]");
+    depthkv::detail::check_head_alpha(cfg_.head_alpha);
     if (output_aware) {
       wo_storage_ = OutputProjections(engine.model());
       wo_ = wo_storage_.views();
@@ -335,6 +336,28 @@ class PruningEvaluator {
     std::vector<WindowResult> out(windows_.size());
     parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_schedule(w, cfg, mode); });
     return out;
+  }
+
+  /// Evaluates a `PruneSpec` (prune_spec.hpp): allocates its budget over the windows' context
+  /// (`allocate`), then `evaluate_head_budgets` (head-optimal, re-split when the head split is
+  /// adaptive) or `evaluate_budgets` for a oneshot schedule, `evaluate_schedule` (kPrefill for
+  /// chunked, kDecode for decode) otherwise. The spec's scorer, protection, head split and chunk
+  /// must be the evaluator's (`config().scorers[scorer]` and the rest of `config()`), since the
+  /// full runs observed those; every window's context must have one length.
+  /// @param data the curves the spec's policy reads
+  /// @throws Error on a spec that differs from the evaluator's settings, windows of several
+  ///   context lengths, or as `allocate` and the evaluation called
+  std::vector<WindowResult> evaluate(const PruneSpec& spec, const PolicyData& data, int scorer = 0) const {
+    check_scorer(scorer);
+    spec.validate();
+    check_spec(spec, scorer);
+    const int n = static_cast<int>(windows_.front().context.size());
+    if (spec.schedule.mode != ScheduleMode::kOneshot)
+      return evaluate_schedule(schedule_config(spec, data), scorer,
+                               spec.schedule.mode == ScheduleMode::kDecode ? ScheduleEval::kDecode : ScheduleEval::kPrefill);
+    const Allocation a = allocate(spec, std::vector<int>(static_cast<std::size_t>(n_layers()), n), data);
+    if (is_head_policy(spec.policy)) return evaluate_head_budgets(a.heads, scorer, spec.head_split.mode != HeadAllocation::kUniform);
+    return evaluate_budgets(a.layers, scorer);
   }
 
   /// `evaluate_plan` reduced to the per-window losses.
@@ -496,6 +519,21 @@ class PruningEvaluator {
       out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,
                                                                 res.begin() + static_cast<std::ptrdiff_t>(k + 1) * W)));
     return out;
+  }
+  // `evaluate`'s requirement: the spec prunes as the evaluator observed.
+  void check_spec(const PruneSpec& spec, int scorer) const {
+    DEPTHKV_CHECK(!windows_.empty(), "no windows to evaluate");
+    const ScorerConfig& o = cfg_.scorers[static_cast<std::size_t>(scorer)];
+    const ScorerConfig& s = spec.scorer;
+    DEPTHKV_CHECK(s.kind == o.kind && s.window == o.window && s.kernel == o.kernel && s.pooling == o.pooling &&
+                      s.output_aware == o.output_aware && s.lookahead == o.lookahead,
+                  "the spec's scorer differs from the evaluator's scorer " << scorer);
+    DEPTHKV_CHECK(spec.protection.n_sink == cfg_.protection.n_sink && spec.protection.n_recent == cfg_.protection.n_recent &&
+                      spec.head_split.mode == cfg_.head_allocation && spec.head_split.alpha == cfg_.head_alpha &&
+                      spec.schedule.chunk == cfg_.chunk_size,
+                  "the spec's protection, head split or chunk differ from the evaluator's");
+    for (const EvalWindow& w : windows_)
+      DEPTHKV_CHECK(w.context.size() == windows_.front().context.size(), "windows of several context lengths");
   }
   void check_scorer(int scorer) const {
     DEPTHKV_CHECK(scorer >= 0 && scorer < n_scorers(), "scorer " << scorer << " outside [0, " << n_scorers() << ")");

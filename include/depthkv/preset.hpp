@@ -1,0 +1,176 @@
+#pragma once
+/// @file preset.hpp
+/// @brief Named presets: the recommended `PruneSpec` for a profile and a request, with the
+/// per-request scorer choice; and the policy data a profile file holds for a spec
+/// (`PolicyCurves`). Reads profile files, so it needs nlohmann/json (profile_io.hpp).
+///
+/// ## "best"
+/// - scorer: output-aware (CriticalKV) scores with max pooling, observing the attention of the
+///   model's next `kPresetLookahead` greedy tokens after the context (`ScorerConfig::lookahead`;
+///   another lookahead when the request gives one);
+/// - policy: head-optimal (per-(layer, KV head) budgets from the profile's head curves, LU-KV),
+///   each head keeping exactly its budget (head split uniform);
+/// - scorer kind, per request: of the candidates {snapkv, h2o} whose head curves the profile
+///   holds, the one whose head-optimal budgets for this request have the lowest predicted loss
+///   (`predicted_head_loss` on its own head curves; ties: the earlier candidate);
+/// - protection, budget, safeguard and schedule: the request's (`base`), since the protection
+///   depends on the context length.
+/// The choices were made on calibration windows only (docs/results/preset.md, lookahead.md).
+///
+/// @code
+/// depthkv::ProfileFile f = depthkv::load_profile("stories260K.best.profile.json");
+/// depthkv::PruneSpec base;                     // protection {4, 16}, window 16, ...
+/// base.protection = {4, 16};
+/// base.budget = depthkv::Budget::keep(0.2);
+/// depthkv::PresetChoice c = depthkv::preset("best", f, base, std::vector<int>(f.n_layers, 384));
+/// // c.spec: what `depthkv eval --preset best --keep 0.2` evaluates on 384-token contexts
+/// @endcode
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "depthkv/error.hpp"
+#include "depthkv/head_budget.hpp"
+#include "depthkv/profile_io.hpp"
+#include "depthkv/prune_spec.hpp"
+
+namespace depthkv {
+
+/// The lookahead tokens of "best" when the request gives none.
+inline constexpr int kPresetLookahead = 32;
+
+/// The InfoNCE stage the InfoNCE-guided policies (mga, mlma*) read from a profile.
+inline const char* const kInfoNCEKey = "infonce/post_attn";
+
+/// The curves and scores a profile file holds for one scorer and policy (owning;
+/// `data()` points into it).
+struct PolicyCurves {
+  SensitivityProfile layer;    ///< the scorer's layer curves (when the policy reads them)
+  SensitivityProfile heads;    ///< the scorer's head curves (head-optimal)
+  bool has_layer = false, has_heads = false;
+  int n_kv_heads = 0;
+  std::vector<double> infonce; ///< mga, mlma*
+
+  /// The `PolicyData` view (valid while this object lives and is not moved).
+  PolicyData data() const {
+    PolicyData d;
+    d.layer_curves = has_layer ? &layer : nullptr;
+    d.head_curves = has_heads ? &heads : nullptr;
+    d.n_kv_heads = n_kv_heads;
+    d.infonce = infonce;
+    return d;
+  }
+};
+
+/// What `policy` reads from `f` for `scorer`: the layer curves (proportional, optimal), the head
+/// curves (head-optimal), the InfoNCE scores (mga, mlma*).
+/// @throws Error when the file lacks them (naming the scorer, or the profiling step to run)
+inline PolicyCurves policy_curves(const ProfileFile& f, const std::string& scorer, AllocationPolicy policy) {
+  PolicyCurves c;
+  if (policy_needs_profile(policy)) {
+    c.layer = f.profile(scorer);  // refuses a scorer the profile lacks
+    c.has_layer = true;
+  }
+  if (is_head_policy(policy)) {
+    c.heads = f.head_profile(scorer);  // refuses a scorer without head curves
+    c.has_heads = true;
+    c.n_kv_heads = f.head_curves.at(scorer).n_kv_heads;
+  }
+  if (policy_needs_infonce(policy)) {
+    const auto it = f.layer_metrics.find(kInfoNCEKey);
+    DEPTHKV_CHECK(it != f.layer_metrics.end(), "policy '" << to_string(policy) << "' needs the profile's '"
+                                                          << kInfoNCEKey << "' scores: profile with the infonce metric");
+    c.infonce = it->second.mean;
+  }
+  return c;
+}
+
+/// The presets' names.
+inline std::vector<std::string> preset_names() { return {"best"}; }
+
+/// @throws Error unless `name` is one of `preset_names()` (the message names `what`, e.g. a flag)
+inline void check_preset_name(const std::string& name, const std::string& what = "preset") {
+  std::string names;
+  for (const std::string& n : preset_names()) {
+    if (n == name) return;
+    names += (names.empty() ? "" : ", ") + n;
+  }
+  throw Error(what + ": unknown preset '" + name + "' (expected " + names + ")");
+}
+
+/// The scorers preset `name` chooses from for each request, in tie order.
+/// @throws Error on an unknown preset
+inline std::vector<std::string> preset_candidates(const std::string& name) {
+  check_preset_name(name);
+  return {"snapkv", "h2o"};
+}
+
+/// `base` with the fields preset `name` sets (everything but the per-request scorer kind, which
+/// stays the first candidate's): see the file comment.
+/// @param lookahead the request's lookahead (nullopt: the preset's)
+/// @throws Error on an unknown preset
+inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optional<int> lookahead = std::nullopt) {
+  const std::vector<std::string> c = preset_candidates(name);
+  base.scorer.kind = parse_scorer_kind(c.front());
+  base.scorer.pooling = Pooling::kMax;
+  base.scorer.output_aware = true;
+  base.scorer.lookahead = lookahead ? *lookahead : kPresetLookahead;
+  base.head_split = HeadSplitSpec{};
+  base.policy = AllocationPolicy::kHeadOptimal;
+  return base;
+}
+
+/// A preset resolved for one request.
+struct PresetChoice {
+  PruneSpec spec;                                          ///< with the chosen scorer kind
+  std::vector<std::pair<std::string, double>> predicted;  ///< each candidate considered, its predicted loss
+};
+
+/// Of `candidates`, the scorer whose head-optimal budgets for `spec`'s budget on layers of
+/// `lengths` tokens have the lowest predicted loss (`predicted_head_loss`); candidates without
+/// (complete) head curves in `f` are skipped; ties: the earlier one.
+/// @return `spec` with that scorer kind, and every candidate's predicted loss
+/// @throws Error when `f` holds head curves of no candidate, or the request is infeasible
+inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vector<std::string>& candidates,
+                                            PruneSpec spec, const std::vector<int>& lengths) {
+  PresetChoice c;
+  double best = 0.0;
+  std::string chosen;
+  const BudgetRequest req = spec.budget_request(lengths);
+  for (const std::string& s : candidates) {
+    if (!f.has_head_curves(s)) continue;
+    const SensitivityProfile hp = f.head_profile(s);
+    const std::vector<std::vector<int>> k = head_optimal_budgets(hp, f.head_curves.at(s).n_kv_heads, req);
+    const double pred = predicted_head_loss(hp, k, req.lengths);
+    c.predicted.emplace_back(s, pred);
+    if (chosen.empty() || pred < best) {
+      chosen = s;
+      best = pred;
+    }
+  }
+  std::ostringstream names;
+  for (std::size_t i = 0; i < candidates.size(); ++i) names << (i ? ", " : "") << candidates[i];
+  DEPTHKV_CHECK(!chosen.empty(), "the profile has no complete head curves of any of the scorers "
+                                     << names.str() << ": profile it with the preset's scorers and head curves");
+  spec.scorer.kind = parse_scorer_kind(chosen);
+  c.spec = spec;
+  return c;
+}
+
+/// Preset `name` resolved for one request: `preset_spec`, then the per-request scorer choice
+/// (`lowest_predicted_scorer` over `preset_candidates`).
+/// @param f the profile (its head curves choose the scorer)
+/// @param base protection, budget, safeguard, schedule and the scorer's window and kernel
+/// @param lengths the tokens each layer holds when the budget is applied (the context)
+/// @param lookahead the request's lookahead (nullopt: the preset's)
+/// @throws Error on an unknown preset, a profile without the candidates' head curves, or an
+///   infeasible request
+inline PresetChoice preset(const std::string& name, const ProfileFile& f, const PruneSpec& base,
+                           const std::vector<int>& lengths, std::optional<int> lookahead = std::nullopt) {
+  return lowest_predicted_scorer(f, preset_candidates(name), preset_spec(name, base, lookahead), lengths);
+}
+
+}  // namespace depthkv
