@@ -45,75 +45,80 @@ struct NaiveScorer {
       r.p = p;
     }
   }
+  // the sum of the group's rows (those at positions >= first), slot by slot, over n slots
+  std::vector<double> summed(int h, int n, std::int32_t first) const {
+    std::vector<double> s(static_cast<std::size_t>(n), 0.0);
+    for (const Row& r : rows)
+      if (kv_of(r.q_head) == h && r.pos >= first)
+        for (std::size_t j = 0; j < r.p.size() && j < s.size(); ++j) s[j] += r.p[j];
+    return s;
+  }
+  // the positions observed by the group, ascending, distinct
+  std::vector<std::int32_t> positions(int h) const {
+    std::vector<std::int32_t> pos;
+    for (const Row& r : rows)
+      if (kv_of(r.q_head) == h) pos.push_back(r.pos);
+    std::sort(pos.begin(), pos.end());
+    pos.erase(std::unique(pos.begin(), pos.end()), pos.end());
+    return pos;
+  }
+  // SnapKV pooling (max: -inf padding; avg: zero padding)
+  void pool(std::vector<double>& s) const {
+    if (cfg.pooling == Pooling::kNone) return;
+    const std::vector<double> u = s;
+    const int n = static_cast<int>(s.size()), rad = cfg.kernel / 2;
+    for (int j = 0; j < n; ++j) {
+      double m = -1e300, sum = 0;
+      for (int t = std::max(0, j - rad); t <= std::min(n - 1, j + rad); ++t) {
+        m = std::max(m, u[static_cast<std::size_t>(t)]);
+        sum += u[static_cast<std::size_t>(t)];
+      }
+      s[static_cast<std::size_t>(j)] = cfg.pooling == Pooling::kMax ? m : sum / cfg.kernel;
+    }
+  }
+  // ||row||_1, ||row||_2 or ||row||_2^2 of a key or value row
+  template <class Elem>
+  static double norm(const Elem* x, int hd, int p) {
+    double a = 0;
+    for (int d = 0; d < hd; ++d) {
+      const double v = static_cast<float>(x[d]);
+      a += p == 1 ? std::fabs(v) : v * v;
+    }
+    return p == 2 ? std::sqrt(a) : a;
+  }
+  template <class Layer>
+  std::vector<double> head_scores(const Layer& L, int h) const {
+    const int n = L.size(h), hd = L.head_dim();
+    const std::vector<std::int32_t> pos = positions(h);
+    std::vector<double> s;
+    switch (cfg.kind) {
+      case ScorerKind::kH2O:
+        return summed(h, n, std::numeric_limits<std::int32_t>::min());
+      case ScorerKind::kH2OValueL1:
+      case ScorerKind::kH2OValueL2:
+        s = summed(h, n, std::numeric_limits<std::int32_t>::min());
+        for (int j = 0; j < n; ++j)
+          s[static_cast<std::size_t>(j)] *= norm(L.value(h, j), hd, cfg.kind == ScorerKind::kH2OValueL1 ? 1 : 2);
+        return s;
+      case ScorerKind::kTOVA:
+        return pos.empty() ? std::vector<double>(static_cast<std::size_t>(n), 0.0) : summed(h, n, pos.back());
+      case ScorerKind::kSnapKV: {
+        const std::size_t w = static_cast<std::size_t>(cfg.window);
+        s = summed(h, n, pos.size() > w ? pos[pos.size() - w] : std::numeric_limits<std::int32_t>::min());
+        pool(s);
+        return s;
+      }
+      case ScorerKind::kKeyNorm:
+        s.assign(static_cast<std::size_t>(n), 0.0);
+        for (int j = 0; j < n; ++j) s[static_cast<std::size_t>(j)] = -norm(L.key(h, j), hd, 2);
+        return s;
+    }
+    return s;
+  }
   template <class Layer>
   std::vector<std::vector<double>> scores(const Layer& L) const {
     std::vector<std::vector<double>> out(static_cast<std::size_t>(n_kv));
-    for (int h = 0; h < n_kv; ++h) {
-      const int n = L.size(h);
-      std::vector<double> s(static_cast<std::size_t>(n), 0.0);
-      auto add = [&](const Row& r) {
-        for (std::size_t j = 0; j < r.p.size() && j < s.size(); ++j) s[j] += r.p[j];
-      };
-      // the positions observed by the group, descending
-      std::vector<std::int32_t> pos;
-      for (const Row& r : rows)
-        if (kv_of(r.q_head) == h) pos.push_back(r.pos);
-      std::sort(pos.begin(), pos.end());
-      pos.erase(std::unique(pos.begin(), pos.end()), pos.end());
-      switch (cfg.kind) {
-        case ScorerKind::kH2O:
-        case ScorerKind::kH2OValueL1:
-        case ScorerKind::kH2OValueL2:
-          for (const Row& r : rows)
-            if (kv_of(r.q_head) == h) add(r);
-          if (cfg.kind != ScorerKind::kH2O)
-            for (int j = 0; j < n; ++j) {
-              double norm = 0;
-              for (int d = 0; d < L.head_dim(); ++d) {
-                const double x = static_cast<float>(L.value(h, j)[d]);
-                norm += cfg.kind == ScorerKind::kH2OValueL1 ? std::fabs(x) : x * x;
-              }
-              s[static_cast<std::size_t>(j)] *= cfg.kind == ScorerKind::kH2OValueL1 ? norm : std::sqrt(norm);
-            }
-          break;
-        case ScorerKind::kTOVA:
-          for (const Row& r : rows)
-            if (kv_of(r.q_head) == h && !pos.empty() && r.pos == pos.back()) add(r);
-          break;
-        case ScorerKind::kSnapKV: {
-          const std::size_t w = static_cast<std::size_t>(cfg.window);
-          const std::int32_t first =
-              pos.size() > w ? pos[pos.size() - w] : std::numeric_limits<std::int32_t>::min();
-          for (const Row& r : rows)
-            if (kv_of(r.q_head) == h && r.pos >= first) add(r);
-          if (cfg.pooling != Pooling::kNone) {
-            std::vector<double> u = s;
-            const int rad = cfg.kernel / 2;
-            for (int j = 0; j < n; ++j) {
-              double m = -1e300, sum = 0;
-              for (int t = j - rad; t <= j + rad; ++t) {
-                if (t < 0 || t >= n) continue;  // max: -inf padding; avg: zero padding
-                m = std::max(m, u[static_cast<std::size_t>(t)]);
-                sum += u[static_cast<std::size_t>(t)];
-              }
-              s[static_cast<std::size_t>(j)] = cfg.pooling == Pooling::kMax ? m : sum / cfg.kernel;
-            }
-          }
-          break;
-        }
-        case ScorerKind::kKeyNorm:
-          for (int j = 0; j < n; ++j) {
-            double sq = 0;
-            for (int d = 0; d < L.head_dim(); ++d) {
-              const double x = static_cast<float>(L.key(h, j)[d]);
-              sq += x * x;
-            }
-            s[static_cast<std::size_t>(j)] = -std::sqrt(sq);
-          }
-          break;
-      }
-      out[static_cast<std::size_t>(h)] = s;
-    }
+    for (int h = 0; h < n_kv; ++h) out[static_cast<std::size_t>(h)] = head_scores(L, h);
     return out;
   }
 };

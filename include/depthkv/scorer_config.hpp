@@ -1,8 +1,11 @@
 #pragma once
 /// @file scorer_config.hpp
-/// @brief What a token scorer computes: `ScorerKind` (with its short names), the SnapKV
-/// `Pooling`, and `ScorerConfig`. Shared by the host `TokenScorer` (token_scorer.hpp, where the
-/// formulas are) and the GPU score kernels (cuda/score.cuh).
+/// @brief What a token scorer computes: `ScorerKind` (the built-in scorers, with their short
+/// names), the SnapKV `Pooling`, and `ScorerConfig`. Shared by the host `TokenScorer`
+/// (token_scorer.hpp, where the formulas are) and the GPU score kernels (cuda/score.cuh), which
+/// compute built-in kinds only. Scorers registered at run time (scorer_registry.hpp) are named
+/// by `ScorerConfig::name`; `scorer_name` and `scorer_config` (scorer_registry.hpp) map names
+/// of both to configurations and back.
 
 #include <string>
 
@@ -10,7 +13,7 @@
 
 namespace depthkv {
 
-/// Which token-importance score a `TokenScorer` computes (formulas: token_scorer.hpp).
+/// Which built-in token-importance score a `TokenScorer` computes (formulas: token_scorer.hpp).
 enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm };
 
 /// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm".
@@ -32,7 +35,8 @@ inline std::string to_string(ScorerKind kind) {
   return "unknown";
 }
 
-/// Inverse of `to_string(ScorerKind)`.
+/// Inverse of `to_string(ScorerKind)` (built-in names only; `scorer_config`, scorer_registry.hpp,
+/// also knows the registered scorers).
 /// @throws Error on an unknown name
 inline ScorerKind parse_scorer_kind(const std::string& name) {
   for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
@@ -46,6 +50,7 @@ enum class Pooling { kNone, kMax, kAvg };
 
 /// Configuration of a `TokenScorer`.
 struct ScorerConfig {
+  /// The built-in scorer (ignored when `name` is set).
   ScorerKind kind = ScorerKind::kH2O;
   /// SnapKV observation window: the last `window` query positions (>= 1; checked for every kind).
   int window = 32;
@@ -68,6 +73,10 @@ struct ScorerConfig {
   /// al. 2025, arXiv 2505.20334) does with pseudo queries: the queries that read the pruned cache
   /// come after the context, and these are the model's best guess of them.
   int lookahead = 0;
+  /// A registered scorer's name (`register_scorer`, scorer_registry.hpp); empty: the built-in
+  /// `kind`. The other fields are passed to the registered factory, and `TokenScorer` checks
+  /// `window`, `kernel`, `output_aware` and `lookahead` for every scorer.
+  std::string name{};
 };
 
 /// The epsilon of the output-aware rescaling (s_j + kOutputAwareEpsilon) * n_j (kvpress's

@@ -2,10 +2,13 @@
 /// @file token_scorer.hpp
 /// @brief `TokenScorer`: per-layer token-importance accumulators fed with attention
 /// probabilities (GQA-aware), producing the `LayerScores` (selection.hpp) that eviction reads.
+/// `TokenScorer` checks the arguments and keeps the bookkeeping (positions, coverage, the
+/// output-aware rescaling); the score itself is a `ScoringRule` (scoring_rule.hpp), one type per
+/// scorer: the built-in ones below (scorers/*.hpp) or one registered by name (scorer_registry.hpp).
 ///
-/// ## Scorer kinds (s_j is the score of slot j of one KV head; a_ij the attention probability of
-/// query i on slot j; the sums over i run over every observed query position and over every query
-/// head of the KV head's group)
+/// ## Built-in scorers (`ScorerKind`; s_j is the score of slot j of one KV head; a_ij the
+/// attention probability of query i on slot j; the sums over i run over every observed query
+/// position and over every query head of the KV head's group)
 /// - `kH2O` ("h2o"), H2O (Zhang et al. 2023, arXiv 2306.14048) as used by DepthKV
 ///   (arXiv 2604.24647): cumulative attention  s_j = sum_i a_ij.
 /// - `kH2OValueL1` ("h2o-v1"), value-aware H2O (DepthKV):  s_j = ||V_j||_1 * sum_i a_ij.
@@ -56,6 +59,20 @@
 /// last `window` distinct query positions observed (a sorted ring; each row is the sum over the
 /// group); TOVA keeps one such row. Key-norm keeps nothing.
 ///
+/// ## Adding a scorer
+/// One file and one registration line, nothing else: the file defines a `ScoringRule`
+/// (scoring_rule.hpp: `observe` a validated block of attention rows, `score` one KV head from a
+/// `LayerReader`, `compact` after an eviction, `reset`, `clone`, and the traits `observes` and
+/// `allows_output_aware`); the line registers its factory under a name,
+///     const depthkv::ScorerRegistration kMine("mine", [](const depthkv::ScorerConfig& cfg, int n_heads,
+///                                                        int n_kv_heads) { return make_mine(cfg, n_kv_heads); });
+/// (or `depthkv::register_scorer("mine", factory)` at start-up). `depthkv::scorer_config("mine")`
+/// then selects it (`ScorerConfig::name`) wherever a `ScorerConfig` goes (`EvictionSchedule`,
+/// `make_scorers`, the evaluation), and `scorer_name` gives the name back. TokenScorer validates
+/// every input before the rule sees it, applies the output-aware rescaling when the rule allows
+/// it, and refuses lookahead for a rule that observes nothing. The GPU score kernels
+/// (cuda/score.cuh) compute built-in kinds only.
+///
 /// ## Slots that were never attended
 /// A layer may hold more slots than the observed rows covered (e.g. tokens appended after the last
 /// observation); those slots have no attention mass, so their attention-based score is 0.
@@ -79,6 +96,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +106,8 @@
 #include "depthkv/detail/scalar.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/scorer_config.hpp"
+#include "depthkv/scorer_registry.hpp"
+#include "depthkv/scoring_rule.hpp"
 #include "depthkv/selection.hpp"
 
 namespace depthkv {
@@ -152,8 +172,9 @@ LayerScores output_contribution_norms(const Layer& layer, const OutputProjection
   }
   return out;
 }
-
-/// Token-importance accumulator of one layer (see the file comment for the kinds, GQA and memory).
+/// Token-importance accumulator of one layer (see the file comment for the scorers, GQA and
+/// memory): checks every argument, keeps the positions and coverage, and runs the scorer's
+/// `ScoringRule` (scoring_rule.hpp; built-in or registered, `make_scoring_rule`).
 ///
 /// @code
 /// depthkv::TokenScorer scorer({}, /*n_heads=*/32, /*n_kv_heads=*/8);   // H2O
@@ -162,30 +183,48 @@ LayerScores output_contribution_norms(const Layer& layer, const OutputProjection
 /// @endcode
 class TokenScorer {
  public:
-  /// @param cfg kind and SnapKV parameters
+  /// @param cfg the scorer (`kind`, or a registered `name`) and its parameters
   /// @param n_heads query heads (>= 1, a multiple of n_kv_heads)
   /// @param n_kv_heads KV heads (>= 1)
-  /// @throws Error on bad head counts, window < 1, an even or non-positive kernel, a negative
-  ///   lookahead or one for key-norm
+  /// @throws Error on bad head counts, window < 1, an even or non-positive kernel, an unknown
+  ///   scorer name, output-aware scoring for a scorer that does not allow it, a negative
+  ///   lookahead or one for a scorer that observes nothing (key-norm)
   TokenScorer(ScorerConfig cfg, int n_heads, int n_kv_heads)
-      : cfg_(cfg), n_heads_(n_heads), n_kv_heads_(n_kv_heads) {
+      : cfg_(std::move(cfg)), n_heads_(n_heads), n_kv_heads_(n_kv_heads) {
     DEPTHKV_CHECK(n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0,
                   "n_heads " << n_heads << " must be a positive multiple of n_kv_heads " << n_kv_heads);
-    DEPTHKV_CHECK(cfg.window >= 1, "window must be >= 1, got " << cfg.window);
-    DEPTHKV_CHECK(cfg.kernel >= 1 && cfg.kernel % 2 == 1, "kernel must be odd and >= 1, got " << cfg.kernel);
-    DEPTHKV_CHECK(!cfg.output_aware || cfg.kind == ScorerKind::kH2O || cfg.kind == ScorerKind::kSnapKV ||
-                      cfg.kind == ScorerKind::kTOVA,
-                  "output-aware scoring applies to h2o, snapkv and tova, not " << to_string(cfg.kind));
-    DEPTHKV_CHECK(cfg.lookahead >= 0, "lookahead must be >= 0, got " << cfg.lookahead);
-    DEPTHKV_CHECK(cfg.lookahead == 0 || cfg.kind != ScorerKind::kKeyNorm,
-                  "lookahead applies to attention-based scorers, not " << to_string(cfg.kind));
+    DEPTHKV_CHECK(cfg_.window >= 1, "window must be >= 1, got " << cfg_.window);
+    DEPTHKV_CHECK(cfg_.kernel >= 1 && cfg_.kernel % 2 == 1, "kernel must be odd and >= 1, got " << cfg_.kernel);
+    rule_ = make_scoring_rule(cfg_, n_heads, n_kv_heads);
+    DEPTHKV_CHECK(!cfg_.output_aware || rule_->allows_output_aware(),
+                  "output-aware scoring applies to h2o, snapkv and tova, not " << scorer_name(cfg_));
+    DEPTHKV_CHECK(cfg_.lookahead >= 0, "lookahead must be >= 0, got " << cfg_.lookahead);
+    DEPTHKV_CHECK(cfg_.lookahead == 0 || rule_->observes(),
+                  "lookahead applies to attention-based scorers, not " << scorer_name(cfg_));
     group_ = n_heads / n_kv_heads;
     reset();
   }
+  TokenScorer(const TokenScorer& o)
+      : cfg_(o.cfg_),
+        n_heads_(o.n_heads_),
+        n_kv_heads_(o.n_kv_heads_),
+        group_(o.group_),
+        rule_(o.rule_ ? o.rule_->clone() : nullptr),
+        n_obs_(o.n_obs_),
+        last_pos_(o.last_pos_) {}
+  TokenScorer(TokenScorer&&) noexcept = default;
+  TokenScorer& operator=(const TokenScorer& o) {
+    if (this != &o) *this = TokenScorer(o);
+    return *this;
+  }
+  TokenScorer& operator=(TokenScorer&&) noexcept = default;
+  ~TokenScorer() = default;
 
   const ScorerConfig& config() const { return cfg_; }
   int n_heads() const { return n_heads_; }
   int n_kv_heads() const { return n_kv_heads_; }
+  /// The scoring rule (its state: the accumulated observations).
+  const ScoringRule& rule() const { return *rule_; }
   /// Slots of KV head `kv_head` covered by the observed rows (0 for key-norm).
   int observed_size(int kv_head) const {
     check_kv_head(kv_head);
@@ -194,10 +233,8 @@ class TokenScorer {
 
   /// Forgets every observation.
   void reset() {
-    const std::size_t nkv = static_cast<std::size_t>(n_kv_heads_);
-    acc_.assign(nkv, {});
-    ring_.assign(nkv, {});
-    n_obs_.assign(nkv, 0);
+    rule_->reset();
+    n_obs_.assign(static_cast<std::size_t>(n_kv_heads_), 0);
     last_pos_.assign(static_cast<std::size_t>(n_heads_), -1);
   }
 
@@ -215,48 +252,12 @@ class TokenScorer {
   /// q_pos0, q_pos0+1, ...; each row covers `n` slots. All rows are validated before any is added.
   /// @throws Error as `observe`, and when ld < n or n_queries < 0
   void observe_block(int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) {
-    DEPTHKV_CHECK(q_head >= 0 && q_head < n_heads_,
-                  "query head " << q_head << " outside [0, " << n_heads_ << ")");
-    DEPTHKV_CHECK(n_queries >= 0, "n_queries must be >= 0, got " << n_queries);
-    DEPTHKV_CHECK(n >= 0, "n must be >= 0, got " << n);
-    DEPTHKV_CHECK(ld >= n, "leading dimension " << ld << " < n " << n);
-    DEPTHKV_CHECK(q_pos0 >= 0, "query position must be >= 0, got " << q_pos0);
-    const std::int32_t last = last_pos_[static_cast<std::size_t>(q_head)];
-    DEPTHKV_CHECK(q_pos0 >= last, "query head " << q_head << ": position " << q_pos0
-                                                << " precedes the last observed position " << last);
-    DEPTHKV_CHECK(static_cast<std::int64_t>(q_pos0) + n_queries - 1 <= INT32_MAX, "query positions overflow");
+    check_block(q_head, q_pos0, n_queries, probs, ld, n);
     if (n_queries == 0) return;
-    DEPTHKV_CHECK(n == 0 || probs != nullptr, "null probabilities");
-    for (int r = 0; r < n_queries; ++r) {
-      const float* row = probs + static_cast<std::ptrdiff_t>(r) * ld;
-      bool ok = true;
-      for (int j = 0; j < n; ++j)
-        ok &= (row[j] >= 0.0f && row[j] <= std::numeric_limits<float>::max());  // false for NaN, inf
-      if (!ok) {
-        for (int j = 0; j < n; ++j)
-          DEPTHKV_CHECK(row[j] >= 0.0f && std::isfinite(row[j]),
-                        "query head " << q_head << " position " << q_pos0 + r << " slot " << j
-                                      << ": probability " << row[j] << " is not finite and >= 0");
-      }
-    }
+    const int kv = q_head / group_;
+    if (rule_->observes()) rule_->observe(AttentionBlock{q_head, kv, q_pos0, n_queries, probs, ld, n});
     last_pos_[static_cast<std::size_t>(q_head)] = q_pos0 + n_queries - 1;
-    if (cfg_.kind == ScorerKind::kKeyNorm) return;
-    const std::size_t kv = static_cast<std::size_t>(q_head / group_);
-    n_obs_[kv] = std::max(n_obs_[kv], n);
-    if (uses_ring()) {
-      // Earlier rows of the block can never be among the last ring_capacity() positions.
-      const int first = std::max(0, n_queries - ring_capacity());
-      for (int r = first; r < n_queries; ++r)
-        ring_add(kv, q_pos0 + r, probs + static_cast<std::ptrdiff_t>(r) * ld, n);
-    } else {
-      std::vector<float>& a = acc_[kv];
-      if (static_cast<int>(a.size()) < n) a.resize(static_cast<std::size_t>(n), 0.0f);
-      float* ad = a.data();
-      for (int r = 0; r < n_queries; ++r) {
-        const float* row = probs + static_cast<std::ptrdiff_t>(r) * ld;
-        for (int j = 0; j < n; ++j) ad[j] += row[j];
-      }
-    }
+    if (rule_->observes()) n_obs_[static_cast<std::size_t>(kv)] = std::max(n_obs_[static_cast<std::size_t>(kv)], n);
   }
 
   /// Scores per KV head for the tokens the layer holds now (value-aware and key-norm scorers
@@ -269,63 +270,13 @@ class TokenScorer {
   ///   shape does not match (n_heads, head_dim)
   template <class Layer>
   LayerScores scores(const Layer& layer, const OutputProjection* wo = nullptr) const {
-    if (cfg_.output_aware) {
-      DEPTHKV_CHECK(wo != nullptr, "output-aware scorer: no output projection given");
-      DEPTHKV_CHECK(wo->n_heads == n_heads_,
-                    "output projection has " << wo->n_heads << " query heads, scorer " << n_heads_);
-    }
-    DEPTHKV_CHECK(layer.n_kv_heads() == n_kv_heads_,
-                  "layer has " << layer.n_kv_heads() << " KV heads, scorer " << n_kv_heads_);
-    for (int h = 0; h < n_kv_heads_; ++h)
-      DEPTHKV_CHECK(layer.size(h) >= n_obs_[static_cast<std::size_t>(h)],
-                    "KV head " << h << ": layer holds " << layer.size(h) << " tokens but "
-                               << n_obs_[static_cast<std::size_t>(h)]
-                               << " slots were observed (compact the scorer after evicting)");
+    check_scored_layer(layer.n_kv_heads(), wo, [&layer](int h) { return layer.size(h); });
     LayerScores out(static_cast<std::size_t>(n_kv_heads_));
-    const int hd = layer.head_dim();
+    const LayerReader reader(layer);
     for (int h = 0; h < n_kv_heads_; ++h) {
-      const int n = layer.size(h);
       std::vector<float>& s = out[static_cast<std::size_t>(h)];
-      s.assign(static_cast<std::size_t>(n), 0.0f);
-      switch (cfg_.kind) {
-        case ScorerKind::kH2O:
-        case ScorerKind::kH2OValueL1:
-        case ScorerKind::kH2OValueL2: {
-          const std::vector<float>& a = acc_[static_cast<std::size_t>(h)];
-          std::copy(a.begin(), a.end(), s.begin());
-          if (cfg_.kind == ScorerKind::kH2O) break;
-          const bool l1 = cfg_.kind == ScorerKind::kH2OValueL1;
-          for (int j = 0; j < n; ++j) {
-            const auto* v = layer.value(h, j);
-            float norm = 0.0f;
-            for (int d = 0; d < hd; ++d) {
-              const float x = detail::to_float(v[d]);
-              norm += l1 ? std::fabs(x) : x * x;
-            }
-            s[static_cast<std::size_t>(j)] *= l1 ? norm : std::sqrt(norm);
-          }
-          break;
-        }
-        case ScorerKind::kSnapKV:
-        case ScorerKind::kTOVA: {
-          for (const Row& row : ring_[static_cast<std::size_t>(h)])
-            for (std::size_t j = 0; j < row.v.size(); ++j) s[j] += row.v[j];
-          if (cfg_.kind == ScorerKind::kSnapKV) pool(s);
-          break;
-        }
-        case ScorerKind::kKeyNorm: {
-          for (int j = 0; j < n; ++j) {
-            const auto* k = layer.key(h, j);
-            float sq = 0.0f;
-            for (int d = 0; d < hd; ++d) {
-              const float x = detail::to_float(k[d]);
-              sq += x * x;
-            }
-            s[static_cast<std::size_t>(j)] = -std::sqrt(sq);
-          }
-          break;
-        }
-      }
+      s.assign(static_cast<std::size_t>(layer.size(h)), 0.0f);
+      rule_->score(h, reader, s);
     }
     if (cfg_.output_aware) {
       const LayerScores norms = output_contribution_norms(layer, *wo);
@@ -350,84 +301,66 @@ class TokenScorer {
     for (int i = 0; i < n_kept; ++i)
       DEPTHKV_CHECK(kept_slots[i] >= 0 && (i == 0 || kept_slots[i] > kept_slots[i - 1]),
                     "KV head " << kv_head << ": kept slots not strictly ascending and >= 0 at index " << i);
+    rule_->compact(kv_head, kept_slots, n_kept);
     const std::size_t kv = static_cast<std::size_t>(kv_head);
-    auto keep = [&](std::vector<float>& v) {
-      const int old = static_cast<int>(v.size());
-      int i = 0;
-      for (; i < n_kept && kept_slots[i] < old; ++i)
-        v[static_cast<std::size_t>(i)] = v[static_cast<std::size_t>(kept_slots[i])];
-      v.resize(static_cast<std::size_t>(i));
-    };
-    keep(acc_[kv]);
-    for (Row& row : ring_[kv]) keep(row.v);
     int i = 0;
     while (i < n_kept && kept_slots[i] < n_obs_[kv]) ++i;
     n_obs_[kv] = i;
   }
 
  private:
-  struct Row {
-    std::int32_t pos;
-    std::vector<float> v;  // summed over the group's query heads
-  };
-
-  bool uses_ring() const { return cfg_.kind == ScorerKind::kSnapKV || cfg_.kind == ScorerKind::kTOVA; }
-  int ring_capacity() const {
-    return cfg_.kind == ScorerKind::kTOVA ? 1 : cfg_.lookahead > 0 ? cfg_.lookahead : cfg_.window;
-  }
   void check_kv_head(int h) const {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "KV head " << h << " outside [0, " << n_kv_heads_ << ")");
   }
 
-  // Adds a row at position `pos` to KV head kv's ring of the last ring_capacity() distinct positions.
-  void ring_add(std::size_t kv, std::int32_t pos, const float* row, int n) {
-    std::vector<Row>& R = ring_[kv];
-    auto by_pos = [](const Row& r, std::int32_t p) { return r.pos < p; };
-    auto it = std::lower_bound(R.begin(), R.end(), pos, by_pos);
-    if (it == R.end() || it->pos != pos) {
-      std::vector<float> buf;
-      if (static_cast<int>(R.size()) == ring_capacity()) {
-        if (pos < R.front().pos) return;  // older than every position kept: never in the window
-        buf = std::move(R.front().v);
-        R.erase(R.begin());
-        it = std::lower_bound(R.begin(), R.end(), pos, by_pos);
-      }
-      buf.clear();
-      it = R.insert(it, Row{pos, std::move(buf)});
-    }
-    std::vector<float>& v = it->v;
-    if (static_cast<int>(v.size()) < n) v.resize(static_cast<std::size_t>(n), 0.0f);
-    for (int j = 0; j < n; ++j) v[static_cast<std::size_t>(j)] += row[j];
+  // observe_block's checks (nothing changes before they pass).
+  void check_block(int q_head, std::int32_t q_pos0, int n_queries, const float* probs, int ld, int n) const {
+    DEPTHKV_CHECK(q_head >= 0 && q_head < n_heads_, "query head " << q_head << " outside [0, " << n_heads_ << ")");
+    DEPTHKV_CHECK(n_queries >= 0, "n_queries must be >= 0, got " << n_queries);
+    DEPTHKV_CHECK(n >= 0, "n must be >= 0, got " << n);
+    DEPTHKV_CHECK(ld >= n, "leading dimension " << ld << " < n " << n);
+    DEPTHKV_CHECK(q_pos0 >= 0, "query position must be >= 0, got " << q_pos0);
+    const std::int32_t last = last_pos_[static_cast<std::size_t>(q_head)];
+    DEPTHKV_CHECK(q_pos0 >= last, "query head " << q_head << ": position " << q_pos0
+                                                << " precedes the last observed position " << last);
+    DEPTHKV_CHECK(static_cast<std::int64_t>(q_pos0) + n_queries - 1 <= INT32_MAX, "query positions overflow");
+    if (n_queries == 0) return;
+    DEPTHKV_CHECK(n == 0 || probs != nullptr, "null probabilities");
+    for (int r = 0; r < n_queries; ++r) check_row(q_head, q_pos0 + r, probs + static_cast<std::ptrdiff_t>(r) * ld, n);
   }
 
-  // SnapKV pooling along the slots, same-size output, padding kernel / 2.
-  void pool(std::vector<float>& s) const {
-    if (cfg_.pooling == Pooling::kNone || cfg_.kernel == 1 || s.empty()) {
-      return;
+  // Every probability of a row is finite and >= 0.
+  static void check_row(int q_head, std::int32_t q_pos, const float* row, int n) {
+    bool ok = true;
+    for (int j = 0; j < n; ++j) ok &= (row[j] >= 0.0f && row[j] <= std::numeric_limits<float>::max());  // false for NaN, inf
+    if (ok) return;
+    for (int j = 0; j < n; ++j)
+      DEPTHKV_CHECK(row[j] >= 0.0f && std::isfinite(row[j]), "query head " << q_head << " position " << q_pos << " slot "
+                                                                         << j << ": probability " << row[j]
+                                                                         << " is not finite and >= 0");
+  }
+
+  // scores()'s checks: the projection of an output-aware scorer, the head count, the coverage.
+  template <class SizeOf>
+  void check_scored_layer(int layer_kv_heads, const OutputProjection* wo, SizeOf size_of) const {
+    if (cfg_.output_aware) {
+      DEPTHKV_CHECK(wo != nullptr, "output-aware scorer: no output projection given");
+      DEPTHKV_CHECK(wo->n_heads == n_heads_,
+                    "output projection has " << wo->n_heads << " query heads, scorer " << n_heads_);
     }
-    const int n = static_cast<int>(s.size());
-    const int r = cfg_.kernel / 2;
-    std::vector<float> u(s);
-    for (int j = 0; j < n; ++j) {
-      const int lo = std::max(0, j - r), hi = std::min(n - 1, j + r);
-      if (cfg_.pooling == Pooling::kMax) {
-        float m = u[static_cast<std::size_t>(lo)];
-        for (int t = lo + 1; t <= hi; ++t) m = std::max(m, u[static_cast<std::size_t>(t)]);
-        s[static_cast<std::size_t>(j)] = m;
-      } else {
-        float sum = 0.0f;
-        for (int t = lo; t <= hi; ++t) sum += u[static_cast<std::size_t>(t)];
-        s[static_cast<std::size_t>(j)] = sum / static_cast<float>(cfg_.kernel);
-      }
-    }
+    DEPTHKV_CHECK(layer_kv_heads == n_kv_heads_, "layer has " << layer_kv_heads << " KV heads, scorer " << n_kv_heads_);
+    for (int h = 0; h < n_kv_heads_; ++h)
+      DEPTHKV_CHECK(size_of(h) >= n_obs_[static_cast<std::size_t>(h)],
+                    "KV head " << h << ": layer holds " << size_of(h) << " tokens but "
+                               << n_obs_[static_cast<std::size_t>(h)]
+                               << " slots were observed (compact the scorer after evicting)");
   }
 
   ScorerConfig cfg_;
   int n_heads_ = 0;
   int n_kv_heads_ = 0;
   int group_ = 1;
-  std::vector<std::vector<float>> acc_;  // [kv][slot], H2O kinds
-  std::vector<std::vector<Row>> ring_;   // [kv] ascending positions, SnapKV / TOVA
+  std::unique_ptr<ScoringRule> rule_;    // the scorer's state
   std::vector<int> n_obs_;               // [kv] slots covered by observed rows
   std::vector<std::int32_t> last_pos_;   // [q_head] last observed position, -1 before any
 };
