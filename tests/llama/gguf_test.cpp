@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "depthkv/llama/architecture.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/perplexity.hpp"
@@ -607,6 +608,65 @@ TEST_CASE("gguf: qwen3 models (per-head q/k norms, NeoX RoPE) and linear RoPE sc
   w2.kv_f32("llama.rope.scale_linear", 2.0f);
   const Bytes bw2 = w2.build();
   CHECK(load_gguf_from_memory(bw2.data(), bw2.size()).config.rope_freq_scale == 0.5f);
+}
+
+TEST_CASE("gguf: every architecture of the table loads with its RoPE pairing and optional tensors", "[llama][gguf]") {
+  using depthkv::llama::Architecture;
+  using depthkv::llama::RopeStyle;
+  using depthkv::llama::TensorUse;
+  const std::vector<Architecture>& table = depthkv::llama::architectures();
+  REQUIRE(table.size() == 3);
+  CHECK(depthkv::llama::supported_architectures() == "llama, qwen2, qwen3");
+  CHECK(depthkv::llama::find_architecture("gpt2") == nullptr);
+  // what each entry says (the engine's behaviour for the GGUF files llama.cpp writes)
+  const Architecture* llama = depthkv::llama::find_architecture("llama");
+  const Architecture* qwen2 = depthkv::llama::find_architecture("qwen2");
+  REQUIRE((llama != nullptr && qwen2 != nullptr));
+  CHECK((llama->rope == RopeStyle::kAdjacent && llama->qkv_bias == TensorUse::kOptional && llama->qk_norm == TensorUse::kNone));
+  CHECK((qwen2->rope == RopeStyle::kNeox && qwen2->qkv_bias == TensorUse::kRequired && qwen2->qk_norm == TensorUse::kNone));
+  CHECK(contains(error_of([] { depthkv::llama::architecture("phi3", "m.gguf"); }),
+                 "m.gguf: unsupported architecture 'phi3' (depthkv's engine supports: llama, qwen2, qwen3)"));
+  {  // through the loader: the file, the architecture and the supported ones
+    Synth u;
+    u.arch = "phi3";
+    const Bytes bu = u.writer().build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bu.data(), bu.size(), "phi.gguf"); }),
+                   "phi.gguf: unsupported architecture 'phi3' (depthkv's engine supports: llama, qwen2, qwen3)"));
+  }
+  const Architecture& qwen3 = depthkv::llama::architecture("qwen3");
+  CHECK((qwen3.rope == RopeStyle::kNeox && qwen3.qkv_bias == TensorUse::kOptional && qwen3.qk_norm == TensorUse::kRequired));
+  CHECK(qwen3.key(qwen3.keys.head_count_kv) == "qwen3.attention.head_count_kv");
+  CHECK(qwen3.layer_tensor(7, qwen3.tensors.attn_k_norm) == "blk.7.attn_k_norm.weight");
+  for (const Architecture& a : table) {
+    INFO("architecture " << a.name);
+    CHECK(&depthkv::llama::architecture(a.name) == &a);
+    Synth s;
+    s.arch = a.name;
+    s.head_dim = 16;
+    s.biases = a.qkv_bias == TensorUse::kRequired;
+    s.qk_norm = a.qk_norm == TensorUse::kRequired;
+    s.tied = a.output != TensorUse::kRequired;
+    const Bytes b = s.writer().build();
+    const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
+    CHECK(m.config.architecture == a.name);
+    CHECK(m.config.rope_neox == (a.rope == RopeStyle::kNeox));
+    check_synth(m, s);
+    // An optional group is loaded when present; a group the architecture lacks is unexpected.
+    for (int group = 0; group < 2; ++group) {
+      const TensorUse use = group == 0 ? a.qkv_bias : a.qk_norm;
+      if (use == TensorUse::kRequired) continue;
+      Synth o = s;
+      (group == 0 ? o.biases : o.qk_norm) = true;
+      const Bytes bo = o.writer().build();
+      if (use == TensorUse::kOptional) {
+        check_synth(load_gguf_from_memory(bo.data(), bo.size()), o);
+      } else {
+        CHECK(contains(error_of([&] { load_gguf_from_memory(bo.data(), bo.size()); }),
+                       "unexpected tensor 'blk.0." + std::string(group == 0 ? "attn_q.bias" : "attn_q_norm.weight") +
+                           "' for architecture '" + a.name + "'"));
+      }
+    }
+  }
 }
 
 TEST_CASE("gguf: metadata of every value type, nested arrays, alignment", "[llama][gguf]") {

@@ -2,7 +2,7 @@
 /// @file llama/gguf.hpp
 /// @brief GGUF (v2 and v3) reader: metadata, tensor table, tensors as float (F32, F16, BF16 and
 /// the block formats Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) or as their stored bytes in place,
-/// Llama-family models (`llama`, `qwen2`) and their tokenizer vocabulary.
+/// Llama-family models (the architectures of architecture.hpp) and their tokenizer vocabulary.
 ///
 /// File layout (little-endian): magic "GGUF", uint32 version, uint64 tensor count, uint64
 /// metadata count; metadata key/value pairs (key: uint64 length + bytes; uint32 value type;
@@ -20,10 +20,10 @@
 /// `GgufFile::raw_tensor` gives any tensor's stored bytes and type in place (a pointer into the
 /// mapped file), for products that work on the quantized blocks (quant/products.hpp).
 ///
-/// `load_gguf` builds a `LlamaModel` from a file of architecture `llama` (adjacent RoPE pairs)
-/// or `qwen2` (q/k/v biases, NeoX RoPE), with hyper-parameters from the `<arch>.*` keys; a GGUF
-/// dimension list [ne0, ne1] is the row-major matrix [ne1][ne0] (`[out][in]`). Any other
-/// architecture, an unsupported tensor type, a missing or misshapen tensor, or a tensor the
+/// `load_gguf` builds a `LlamaModel` from a file of an architecture of the table in
+/// architecture.hpp (`llama`, `qwen2`, `qwen3`: keys, tensor names, RoPE pairing, optional
+/// tensors), with hyper-parameters from the `<arch>.*` keys; a GGUF dimension list [ne0, ne1]
+/// is the row-major matrix [ne1][ne0] (`[out][in]`). Any other architecture, an unsupported tensor type, a missing or misshapen tensor, or a tensor the
 /// engine would not use is an Error naming it. Block-quantized weight matrices stay in their
 /// stored blocks in the mapping (`QuantWeight`) unless `GgufLoadOptions::dequantize` is set.
 ///
@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/architecture.hpp"
 #include "depthkv/llama/detail/mapped_file.hpp"
 #include "depthkv/llama/model.hpp"
 #include "depthkv/llama/quant/dequantize.hpp"
@@ -490,7 +491,19 @@ class GgufFile {
                   source_ << ": metadata count " << n_kv << " cannot fit in a file of " << size_ << " bytes");
     DEPTHKV_CHECK(n_tensors <= in.remaining() / 25,
                   source_ << ": tensor count " << n_tensors << " cannot fit in a file of " << size_ << " bytes");
+    parse_metadata(in, n_kv);
+    read_alignment();
+    tensors_.reserve(static_cast<std::size_t>(n_tensors));
+    for (std::uint64_t k = 0; k < n_tensors; ++k) {
+      GgufTensorInfo t = parse_tensor_info(in, k);
+      DEPTHKV_CHECK(tensor_index_.emplace(t.name, tensors_.size()).second,
+                    source_ << ": duplicate tensor name '" << t.name << "'");
+      tensors_.push_back(std::move(t));
+    }
+    check_data_section(in.offset());
+  }
 
+  void parse_metadata(detail::ByteReader& in, std::uint64_t n_kv) {
     metadata_.reserve(static_cast<std::size_t>(n_kv));
     for (std::uint64_t k = 0; k < n_kv; ++k) {
       std::string key = read_string(in, kMaxKeyLength, "a metadata key");
@@ -503,7 +516,9 @@ class GgufFile {
                     source_ << ": duplicate metadata key '" << key << "'");
       metadata_.emplace_back(std::move(key), std::move(v));
     }
+  }
 
+  void read_alignment() {
     alignment_ = 32;
     if (const GgufValue* a = find("general.alignment")) {
       DEPTHKV_CHECK(a->is_integer() && a->is_unsigned(), source_ << ": general.alignment is " << to_string(a->type)
@@ -512,43 +527,43 @@ class GgufFile {
                     source_ << ": general.alignment " << a->u << " is not a power of two in [1, 2^30]");
       alignment_ = a->u;
     }
+  }
 
-    tensors_.reserve(static_cast<std::size_t>(n_tensors));
-    for (std::uint64_t k = 0; k < n_tensors; ++k) {
-      GgufTensorInfo t;
-      t.name = read_string(in, kMaxTensorNameLength, "a tensor name");
-      DEPTHKV_CHECK(!t.name.empty(), source_ << ": tensor " << k << " has an empty name");
-      const std::uint32_t n_dims = in.read<std::uint32_t>("a tensor dimension count");
-      DEPTHKV_CHECK(n_dims >= 1 && n_dims <= kMaxDims, source_ << ": tensor '" << t.name << "' has " << n_dims
-                                                               << " dimensions (1 to " << kMaxDims << " allowed)");
-      t.n_elements = 1;
-      for (std::uint32_t d = 0; d < n_dims; ++d) {
-        const std::uint64_t ne = in.read<std::uint64_t>("a tensor dimension");
-        DEPTHKV_CHECK(ne >= 1, source_ << ": tensor '" << t.name << "' has dimension " << d << " = 0");
-        DEPTHKV_CHECK(detail::checked_mul(t.n_elements, ne, t.n_elements) &&
-                          t.n_elements <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                      source_ << ": tensor '" << t.name << "' has too many elements");
-        t.dims.push_back(ne);
-      }
-      t.type = in.read<std::uint32_t>("a tensor type");
-      t.offset = in.read<std::uint64_t>("a tensor offset");
-      GgmlTypeInfo info{};
-      if (ggml_type_info(t.type, info)) {
-        DEPTHKV_CHECK(t.dims[0] % info.block_size == 0,
-                      source_ << ": tensor '" << t.name << "' of type " << info.name << " has ne[0] = " << t.dims[0]
-                              << ", not a multiple of its block size " << info.block_size);
-        DEPTHKV_CHECK(detail::checked_mul(t.n_elements / info.block_size, info.type_size, t.n_bytes),
-                      source_ << ": tensor '" << t.name << "' is too large");
-      }
-      DEPTHKV_CHECK(t.offset % alignment_ == 0, source_ << ": tensor '" << t.name << "' has offset " << t.offset
-                                                        << ", not a multiple of the alignment " << alignment_);
-      DEPTHKV_CHECK(tensor_index_.emplace(t.name, tensors_.size()).second,
-                    source_ << ": duplicate tensor name '" << t.name << "'");
-      tensors_.push_back(std::move(t));
+  // Reads tensor info `k`: name, dimensions, type, offset; sizes the data when the type is known.
+  GgufTensorInfo parse_tensor_info(detail::ByteReader& in, std::uint64_t k) const {
+    GgufTensorInfo t;
+    t.name = read_string(in, kMaxTensorNameLength, "a tensor name");
+    DEPTHKV_CHECK(!t.name.empty(), source_ << ": tensor " << k << " has an empty name");
+    const std::uint32_t n_dims = in.read<std::uint32_t>("a tensor dimension count");
+    DEPTHKV_CHECK(n_dims >= 1 && n_dims <= kMaxDims, source_ << ": tensor '" << t.name << "' has " << n_dims
+                                                             << " dimensions (1 to " << kMaxDims << " allowed)");
+    t.n_elements = 1;
+    for (std::uint32_t d = 0; d < n_dims; ++d) {
+      const std::uint64_t ne = in.read<std::uint64_t>("a tensor dimension");
+      DEPTHKV_CHECK(ne >= 1, source_ << ": tensor '" << t.name << "' has dimension " << d << " = 0");
+      DEPTHKV_CHECK(detail::checked_mul(t.n_elements, ne, t.n_elements) &&
+                        t.n_elements <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                    source_ << ": tensor '" << t.name << "' has too many elements");
+      t.dims.push_back(ne);
     }
+    t.type = in.read<std::uint32_t>("a tensor type");
+    t.offset = in.read<std::uint64_t>("a tensor offset");
+    GgmlTypeInfo info{};
+    if (ggml_type_info(t.type, info)) {
+      DEPTHKV_CHECK(t.dims[0] % info.block_size == 0,
+                    source_ << ": tensor '" << t.name << "' of type " << info.name << " has ne[0] = " << t.dims[0]
+                            << ", not a multiple of its block size " << info.block_size);
+      DEPTHKV_CHECK(detail::checked_mul(t.n_elements / info.block_size, info.type_size, t.n_bytes),
+                    source_ << ": tensor '" << t.name << "' is too large");
+    }
+    DEPTHKV_CHECK(t.offset % alignment_ == 0, source_ << ": tensor '" << t.name << "' has offset " << t.offset
+                                                      << ", not a multiple of the alignment " << alignment_);
+    return t;
+  }
 
-    // Data section: the end of the tensor infos, rounded up to the alignment.
-    const std::uint64_t end = in.offset();
+  // Data section: the end of the tensor infos (`end`), rounded up to the alignment; every
+  // tensor must lie inside it.
+  void check_data_section(std::uint64_t end) {
     const std::uint64_t pad = (alignment_ - end % alignment_) % alignment_;
     data_offset_ = end + pad;
     if (tensors_.empty()) return;
@@ -773,21 +788,200 @@ inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t l
   return static_cast<int>(x);
 }
 
+// The per-layer tensors the loader reads, in reading order: which name of GgufTensorNames, which
+// member of LlamaLayerWeights (a vector, or a matrix with its quantized form), the extents, and
+// the architecture's TensorUse of its optional group (nullptr: always required).
+enum class GgufExtent { kNone, kDim, kHiddenDim, kQDim, kKvDim, kHeadDim };
+
+struct GgufLayerTensor {
+  std::string GgufTensorNames::*name;
+  Eigen::VectorXf LlamaLayerWeights::*vec;  // vectors; nullptr for matrices
+  RowMatrix LlamaLayerWeights::*mat;        // matrices; nullptr for vectors
+  QuantWeight LlamaLayerWeights::*quant;    // the matrix's quantized form
+  GgufExtent rows;                          // kNone for vectors
+  GgufExtent cols;                          // the vector's length for vectors
+  TensorUse Architecture::*group;           // nullptr: required in every architecture
+};
+
+inline const std::vector<GgufLayerTensor>& gguf_layer_tensors() {
+  using N = GgufTensorNames;
+  using W = LlamaLayerWeights;
+  using E = GgufExtent;
+  static const std::vector<GgufLayerTensor> table = {
+      {&N::attn_norm, &W::attn_norm, nullptr, nullptr, E::kNone, E::kDim, nullptr},
+      {&N::attn_q, nullptr, &W::wq, &W::wq_quant, E::kQDim, E::kDim, nullptr},
+      {&N::attn_k, nullptr, &W::wk, &W::wk_quant, E::kKvDim, E::kDim, nullptr},
+      {&N::attn_v, nullptr, &W::wv, &W::wv_quant, E::kKvDim, E::kDim, nullptr},
+      {&N::attn_output, nullptr, &W::wo, &W::wo_quant, E::kDim, E::kQDim, nullptr},
+      {&N::attn_q_bias, &W::bq, nullptr, nullptr, E::kNone, E::kQDim, &Architecture::qkv_bias},
+      {&N::attn_k_bias, &W::bk, nullptr, nullptr, E::kNone, E::kKvDim, &Architecture::qkv_bias},
+      {&N::attn_v_bias, &W::bv, nullptr, nullptr, E::kNone, E::kKvDim, &Architecture::qkv_bias},
+      {&N::attn_q_norm, &W::q_norm, nullptr, nullptr, E::kNone, E::kHeadDim, &Architecture::qk_norm},
+      {&N::attn_k_norm, &W::k_norm, nullptr, nullptr, E::kNone, E::kHeadDim, &Architecture::qk_norm},
+      {&N::ffn_norm, &W::ffn_norm, nullptr, nullptr, E::kNone, E::kDim, nullptr},
+      {&N::ffn_gate, nullptr, &W::w1, &W::w1_quant, E::kHiddenDim, E::kDim, nullptr},
+      {&N::ffn_down, nullptr, &W::w2, &W::w2_quant, E::kDim, E::kHiddenDim, nullptr},
+      {&N::ffn_up, nullptr, &W::w3, &W::w3_quant, E::kHiddenDim, E::kDim, nullptr},
+  };
+  return table;
+}
+
+inline std::int64_t gguf_extent(const LlamaConfig& c, GgufExtent e) {
+  switch (e) {
+    case GgufExtent::kDim: return c.dim;
+    case GgufExtent::kHiddenDim: return c.hidden_dim;
+    case GgufExtent::kQDim: return static_cast<std::int64_t>(c.n_heads) * c.head_dim;
+    case GgufExtent::kKvDim: return static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim;
+    case GgufExtent::kHeadDim: return c.head_dim;
+    case GgufExtent::kNone: break;
+  }
+  return 0;
+}
+
+// Whether a tensor (group) of use `use` is loaded, `present` telling whether the file holds it
+// (for a group: any member).
+inline bool gguf_uses(TensorUse use, bool present) {
+  return use == TensorUse::kRequired || (use == TensorUse::kOptional && present);
+}
+
+// Whether layer `l`'s tensors of the optional group `group` are loaded.
+inline bool gguf_group_loaded(const GgufFile& f, const Architecture& a, int l, TensorUse Architecture::*group) {
+  bool present = false;
+  for (const GgufLayerTensor& t : gguf_layer_tensors()) {
+    if (t.group == group && f.find_tensor(a.layer_tensor(l, a.tensors.*t.name))) present = true;
+  }
+  return gguf_uses(a.*group, present);
+}
+
+// Loads the tensors of layer `l` (`gguf_layer_tensors`) into `w`.
+inline void gguf_load_layer(const GgufFile& f, const Architecture& a, const LlamaConfig& c, int l,
+                            LlamaLayerWeights& w, const GgufLoadOptions& opt, std::set<std::string>& used) {
+  for (const GgufLayerTensor& t : gguf_layer_tensors()) {
+    if (t.group != nullptr && !gguf_group_loaded(f, a, l, t.group)) continue;
+    const std::string name = a.layer_tensor(l, a.tensors.*t.name);
+    if (t.vec != nullptr) {
+      gguf_vector(f, name, gguf_extent(c, t.cols), w.*t.vec, used);
+    } else {
+      gguf_weight(f, name, gguf_extent(c, t.rows), gguf_extent(c, t.cols), w.*t.mat, w.*t.quant, opt, used);
+    }
+  }
+  used.insert(a.layer_tensor(l, a.tensors.attn_rot_embd));  // legacy RoPE tables of old conversions: recomputed, ignored
+}
+
+// The shape hyper-parameters: dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim (checked
+// against value_length and rope.dimension_count). Refuses mixture-of-experts models.
+inline void gguf_read_shape(const GgufFile& f, const Architecture& a, LlamaConfig& c) {
+  const std::string& src = f.source();
+  const GgufHparamKeys& k = a.keys;
+  DEPTHKV_CHECK(f.get_int(a.key(k.expert_count), 0) == 0,
+                src << ": mixture-of-experts models (" << a.key(k.expert_count) << " > 0) are not supported");
+  c.dim = gguf_hparam(f, a.key(k.embedding_length), 1, 1 << 16);
+  c.hidden_dim = gguf_hparam(f, a.key(k.feed_forward_length), 1, 1 << 20);
+  c.n_layers = gguf_hparam(f, a.key(k.block_count), 1, 1 << 10);
+  c.n_heads = gguf_hparam(f, a.key(k.head_count), 1, 1 << 10);
+  c.n_kv_heads = f.find(a.key(k.head_count_kv)) ? gguf_hparam(f, a.key(k.head_count_kv), 1, c.n_heads) : c.n_heads;
+  DEPTHKV_CHECK(c.n_heads % c.n_kv_heads == 0, src << ": head_count " << c.n_heads
+                                                   << " is not a multiple of head_count_kv " << c.n_kv_heads);
+  if (f.find(a.key(k.key_length))) {
+    c.head_dim = gguf_hparam(f, a.key(k.key_length), 1, 1 << 12);
+  } else {
+    DEPTHKV_CHECK(c.dim % c.n_heads == 0, src << ": embedding_length " << c.dim << " is not divisible by head_count "
+                                              << c.n_heads << " and attention.key_length is absent");
+    c.head_dim = c.dim / c.n_heads;
+  }
+  DEPTHKV_CHECK(c.head_dim % 2 == 0, src << ": head dimension " << c.head_dim << " must be even (RoPE pairs)");
+  if (f.find(a.key(k.value_length))) {
+    const int vl = gguf_hparam(f, a.key(k.value_length), 1, 1 << 12);
+    DEPTHKV_CHECK(vl == c.head_dim, src << ": attention.value_length " << vl << " differs from key_length " << c.head_dim
+                                        << " (not supported)");
+  }
+  if (f.find(a.key(k.rope_dimension_count))) {
+    const int rd = gguf_hparam(f, a.key(k.rope_dimension_count), 1, 1 << 12);
+    DEPTHKV_CHECK(rd == c.head_dim, src << ": rope.dimension_count " << rd << " differs from the head dimension "
+                                        << c.head_dim << " (partial RoPE is not supported)");
+  }
+}
+
+// RoPE pairing, linear scaling and base; the RMSNorm epsilon; the context length.
+inline void gguf_read_rope_norm_context(const GgufFile& f, const Architecture& a, LlamaConfig& c) {
+  const std::string& src = f.source();
+  const GgufHparamKeys& k = a.keys;
+  c.rope_neox = a.rope == RopeStyle::kNeox;
+  const std::string scaling = f.get_string(a.key(k.rope_scaling_type), "none");
+  const bool has_linear = f.find(a.key(k.rope_scale_linear)) != nullptr;
+  double scale_factor = f.get_float(a.key(k.rope_scaling_factor), 1.0);
+  if (!f.find(a.key(k.rope_scaling_factor)) && has_linear) scale_factor = f.get_float(a.key(k.rope_scale_linear));
+  DEPTHKV_CHECK(std::isfinite(scale_factor) && scale_factor > 0 && scale_factor < 1e6,
+                src << ": RoPE scaling factor " << scale_factor << " is out of range");
+  DEPTHKV_CHECK(scaling == "none" || scaling == "linear" || scale_factor == 1.0,
+                src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor
+                    << ") is not supported (supported: none, linear, and rope_freqs.weight factors)");
+  if (scaling == "linear" || (scaling == "none" && has_linear)) c.rope_freq_scale = static_cast<float>(1.0 / scale_factor);
+  const double theta = f.get_float(a.key(k.rope_freq_base), 10000.0);
+  DEPTHKV_CHECK(std::isfinite(theta) && theta > 1.0 && theta < 1e12, src << ": rope.freq_base " << theta << " is out of range");
+  c.rope_theta = static_cast<float>(theta);
+  const double eps = f.get_float(a.key(k.rms_epsilon), 1e-5);
+  DEPTHKV_CHECK(std::isfinite(eps) && eps > 0 && eps < 1, src << ": attention.layer_norm_rms_epsilon " << eps << " is out of range");
+  c.rms_eps = static_cast<float>(eps);
+  c.seq_len = gguf_hparam(f, a.key(k.context_length), 1, 1 << 24);
+}
+
+// The vocabulary size: the second dimension of the token embedding.
+inline int gguf_vocab_size(const GgufFile& f, const Architecture& a) {
+  const GgufTensorInfo* emb = f.find_tensor(a.tensors.token_embd);
+  DEPTHKV_CHECK(emb != nullptr, f.source() << ": tensor '" << a.tensors.token_embd << "' is missing");
+  DEPTHKV_CHECK(emb->dims.size() >= 2 && emb->dims[1] >= 1 && emb->dims[1] <= (1u << 24),
+                f.source() << ": tensor '" << a.tensors.token_embd << "' does not have a vocabulary dimension in [1, 2^24]");
+  return static_cast<int>(emb->dims[1]);
+}
+
+// The tensors after the layers: output_norm, the classifier (tied to the embedding when not
+// loaded), the RoPE frequency divisors.
+inline void gguf_load_head(const GgufFile& f, const Architecture& a, LlamaModel& m, const GgufLoadOptions& opt,
+                           std::set<std::string>& used) {
+  const LlamaConfig& c = m.config;
+  const GgufTensorNames& n = a.tensors;
+  gguf_vector(f, n.output_norm, c.dim, m.final_norm, used);
+  if (gguf_uses(a.output, f.find_tensor(n.output) != nullptr)) {
+    gguf_weight(f, n.output, c.vocab_size, c.dim, m.classifier, m.classifier_quant, opt, used);
+  } else {
+    m.classifier = m.token_embedding;
+    m.classifier_quant = m.token_embedding_quant;
+  }
+  if (gguf_uses(a.rope_freqs, f.find_tensor(n.rope_freqs) != nullptr)) {
+    gguf_vector(f, n.rope_freqs, c.head_dim / 2, m.rope_freq_factors, used);
+    for (Eigen::Index i = 0; i < m.rope_freq_factors.size(); ++i) {
+      DEPTHKV_CHECK(m.rope_freq_factors(i) > 0, f.source() << ": " << n.rope_freqs << "[" << i << "] = "
+                                                           << m.rope_freq_factors(i) << " must be positive");
+    }
+  }
+}
+
+// Refuses a file with a tensor the engine would not use.
+inline void gguf_check_all_used(const GgufFile& f, const Architecture& a, int n_layers, const std::set<std::string>& used) {
+  for (const GgufTensorInfo& t : f.tensors()) {
+    DEPTHKV_CHECK(used.count(t.name) != 0, f.source() << ": unexpected tensor '" << t.name << "' for architecture '"
+                                                      << a.name << "' (" << n_layers << " blocks): the engine would "
+                                                      << "ignore it, so the model is not supported");
+  }
+}
+
 }  // namespace detail
 
 /// Builds a Llama-family model from a parsed GGUF file.
 ///
-/// Architectures: `llama` (adjacent RoPE pairs, optional q/k/v biases), `qwen2` (q/k/v
-/// biases, NeoX RoPE: `config.rope_neox = true`) and `qwen3` (NeoX RoPE, optional biases,
-/// per-head q/k RMSNorm `blk.N.attn_q_norm` / `attn_k_norm` `[head_dim]`). Hyper-parameters: `<arch>.embedding_length`
-/// (dim), `feed_forward_length`, `block_count`, `attention.head_count`,
-/// `attention.head_count_kv` (default: head_count), `attention.key_length` (head_dim, default
-/// dim / head_count; `attention.value_length` and `rope.dimension_count` must equal it),
-/// `rope.freq_base` (default 10000), `rope.scaling.type` none or linear with
-/// `rope.scaling.factor` (or the older `rope.scale_linear`; positions divided by the factor),
-/// `attention.layer_norm_rms_epsilon` (default 1e-5),
-/// `context_length` (seq_len, as the file states it). Tensors: token_embd, blk.N.{attn_norm,
-/// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down, ffn_up}.weight,
+/// The architecture (`general.architecture`) is looked up in the table of architecture.hpp
+/// (`llama`, `qwen2`, `qwen3`), which says which hyper-parameter keys and tensor names are
+/// read, the RoPE pairing (`config.rope_neox`) and which optional tensors are loaded.
+/// Hyper-parameters (`<arch>.` + key): `embedding_length` (dim), `feed_forward_length`,
+/// `block_count`, `attention.head_count`, `attention.head_count_kv` (default: head_count),
+/// `attention.key_length` (head_dim, default dim / head_count; `attention.value_length` and
+/// `rope.dimension_count` must equal it), `rope.freq_base` (default 10000),
+/// `rope.scaling.type` none or linear with `rope.scaling.factor` (or the older
+/// `rope.scale_linear`; positions divided by the factor), `attention.layer_norm_rms_epsilon`
+/// (default 1e-5), `context_length` (seq_len, as the file states it). Tensors: token_embd,
+/// blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_down,
+/// ffn_up}.weight, the architecture's q/k/v biases and per-head q/k norms `[head_dim]`,
 /// output_norm, output (absent: tied to token_embd), rope_freqs (optional). Weight matrices
 /// stored as F16, BF16 or a block type (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) stay as stored, in
 /// place in the file (`QuantWeight`s holding `f.keep_alive()`; the RowMatrix is left empty; a
@@ -798,123 +992,27 @@ inline int gguf_hparam(const GgufFile& f, const std::string& key, std::int64_t l
 /// @param f a parsed GGUF file
 /// @param opt load options (`GgufLoadOptions::dequantize` forces float32 weights)
 /// @return the model (`source_path`, `file_size`, `header_hash` describe the file)
-/// @throws Error for another architecture, mixture-of-experts models, RoPE scaling other than
-///   linear (YaRN, LongRoPE), missing
+/// @throws Error for an architecture not in the table (the message lists the supported ones),
+///   mixture-of-experts models, RoPE scaling other than linear (YaRN, LongRoPE), missing
 ///   or out-of-range hyper-parameters, missing, misshapen, unsupported-type or unexpected
 ///   tensors, and non-finite weights
 inline LlamaModel load_gguf(const GgufFile& f, const GgufLoadOptions& opt = {}) {
-  const std::string& src = f.source();
-  const std::string arch = f.get_string("general.architecture");
-  DEPTHKV_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3",
-                src << ": unsupported architecture '" << arch << "' (depthkv's engine supports llama, qwen2 and qwen3)");
-  const std::string p = arch + ".";
+  const Architecture& a = architecture(f.get_string("general.architecture"), f.source());
   LlamaModel m;
   LlamaConfig& c = m.config;
-  c.architecture = arch;
-  c.rope_neox = arch != "llama";
-  DEPTHKV_CHECK(f.get_int(p + "expert_count", 0) == 0,
-                src << ": mixture-of-experts models (" << p << "expert_count > 0) are not supported");
-  c.dim = detail::gguf_hparam(f, p + "embedding_length", 1, 1 << 16);
-  c.hidden_dim = detail::gguf_hparam(f, p + "feed_forward_length", 1, 1 << 20);
-  c.n_layers = detail::gguf_hparam(f, p + "block_count", 1, 1 << 10);
-  c.n_heads = detail::gguf_hparam(f, p + "attention.head_count", 1, 1 << 10);
-  c.n_kv_heads = f.find(p + "attention.head_count_kv")
-                     ? detail::gguf_hparam(f, p + "attention.head_count_kv", 1, c.n_heads)
-                     : c.n_heads;
-  DEPTHKV_CHECK(c.n_heads % c.n_kv_heads == 0, src << ": head_count " << c.n_heads
-                                                   << " is not a multiple of head_count_kv " << c.n_kv_heads);
-  if (f.find(p + "attention.key_length")) {
-    c.head_dim = detail::gguf_hparam(f, p + "attention.key_length", 1, 1 << 12);
-  } else {
-    DEPTHKV_CHECK(c.dim % c.n_heads == 0, src << ": embedding_length " << c.dim << " is not divisible by head_count "
-                                              << c.n_heads << " and attention.key_length is absent");
-    c.head_dim = c.dim / c.n_heads;
-  }
-  DEPTHKV_CHECK(c.head_dim % 2 == 0, src << ": head dimension " << c.head_dim << " must be even (RoPE pairs)");
-  if (f.find(p + "attention.value_length")) {
-    const int vl = detail::gguf_hparam(f, p + "attention.value_length", 1, 1 << 12);
-    DEPTHKV_CHECK(vl == c.head_dim, src << ": attention.value_length " << vl << " differs from key_length " << c.head_dim
-                                        << " (not supported)");
-  }
-  if (f.find(p + "rope.dimension_count")) {
-    const int rd = detail::gguf_hparam(f, p + "rope.dimension_count", 1, 1 << 12);
-    DEPTHKV_CHECK(rd == c.head_dim, src << ": rope.dimension_count " << rd << " differs from the head dimension "
-                                        << c.head_dim << " (partial RoPE is not supported)");
-  }
-  const std::string scaling = f.get_string(p + "rope.scaling.type", "none");
-  double scale_factor = f.get_float(p + "rope.scaling.factor", 1.0);
-  if (!f.find(p + "rope.scaling.factor") && f.find(p + "rope.scale_linear")) scale_factor = f.get_float(p + "rope.scale_linear");
-  DEPTHKV_CHECK(std::isfinite(scale_factor) && scale_factor > 0 && scale_factor < 1e6,
-                src << ": RoPE scaling factor " << scale_factor << " is out of range");
-  DEPTHKV_CHECK(scaling == "none" || scaling == "linear" || scale_factor == 1.0,
-                src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor
-                    << ") is not supported (supported: none, linear, and rope_freqs.weight factors)");
-  if (scaling == "linear" || (scaling == "none" && f.find(p + "rope.scale_linear")))
-    c.rope_freq_scale = static_cast<float>(1.0 / scale_factor);
-  const double theta = f.get_float(p + "rope.freq_base", 10000.0);
-  DEPTHKV_CHECK(std::isfinite(theta) && theta > 1.0 && theta < 1e12, src << ": rope.freq_base " << theta << " is out of range");
-  c.rope_theta = static_cast<float>(theta);
-  const double eps = f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5);
-  DEPTHKV_CHECK(std::isfinite(eps) && eps > 0 && eps < 1, src << ": attention.layer_norm_rms_epsilon " << eps << " is out of range");
-  c.rms_eps = static_cast<float>(eps);
-  c.seq_len = detail::gguf_hparam(f, p + "context_length", 1, 1 << 24);
+  c.architecture = a.name;
+  detail::gguf_read_shape(f, a, c);
+  detail::gguf_read_rope_norm_context(f, a, c);
+  c.vocab_size = detail::gguf_vocab_size(f, a);
 
   std::set<std::string> used;
-  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
-  DEPTHKV_CHECK(emb != nullptr, src << ": tensor 'token_embd.weight' is missing");
-  DEPTHKV_CHECK(emb->dims.size() >= 2 && emb->dims[1] >= 1 && emb->dims[1] <= (1u << 24),
-                src << ": tensor 'token_embd.weight' does not have a vocabulary dimension in [1, 2^24]");
-  c.vocab_size = static_cast<int>(emb->dims[1]);
-  const std::int64_t q_dim = static_cast<std::int64_t>(c.n_heads) * c.head_dim;
-  const std::int64_t kv_dim = static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim;
-
-  detail::gguf_weight(f, "token_embd.weight", c.vocab_size, c.dim, m.token_embedding, m.token_embedding_quant, opt, used);
+  detail::gguf_weight(f, a.tensors.token_embd, c.vocab_size, c.dim, m.token_embedding, m.token_embedding_quant, opt, used);
   m.layers.resize(static_cast<std::size_t>(c.n_layers));
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
-    detail::gguf_vector(f, b + "attn_norm.weight", c.dim, w.attn_norm, used);
-    detail::gguf_weight(f, b + "attn_q.weight", q_dim, c.dim, w.wq, w.wq_quant, opt, used);
-    detail::gguf_weight(f, b + "attn_k.weight", kv_dim, c.dim, w.wk, w.wk_quant, opt, used);
-    detail::gguf_weight(f, b + "attn_v.weight", kv_dim, c.dim, w.wv, w.wv_quant, opt, used);
-    detail::gguf_weight(f, b + "attn_output.weight", c.dim, q_dim, w.wo, w.wo_quant, opt, used);
-    const bool has_bias = f.find_tensor(b + "attn_q.bias") || f.find_tensor(b + "attn_k.bias") || f.find_tensor(b + "attn_v.bias");
-    if (has_bias || arch == "qwen2") {
-      detail::gguf_vector(f, b + "attn_q.bias", q_dim, w.bq, used);
-      detail::gguf_vector(f, b + "attn_k.bias", kv_dim, w.bk, used);
-      detail::gguf_vector(f, b + "attn_v.bias", kv_dim, w.bv, used);
-    }
-    if (arch == "qwen3") {
-      detail::gguf_vector(f, b + "attn_q_norm.weight", c.head_dim, w.q_norm, used);
-      detail::gguf_vector(f, b + "attn_k_norm.weight", c.head_dim, w.k_norm, used);
-    }
-    detail::gguf_vector(f, b + "ffn_norm.weight", c.dim, w.ffn_norm, used);
-    detail::gguf_weight(f, b + "ffn_gate.weight", c.hidden_dim, c.dim, w.w1, w.w1_quant, opt, used);
-    detail::gguf_weight(f, b + "ffn_down.weight", c.dim, c.hidden_dim, w.w2, w.w2_quant, opt, used);
-    detail::gguf_weight(f, b + "ffn_up.weight", c.hidden_dim, c.dim, w.w3, w.w3_quant, opt, used);
-    used.insert(b + "attn_rot_embd.weight");  // legacy RoPE tables of old conversions: recomputed, ignored
-  }
-  detail::gguf_vector(f, "output_norm.weight", c.dim, m.final_norm, used);
-  if (f.find_tensor("output.weight")) {
-    detail::gguf_weight(f, "output.weight", c.vocab_size, c.dim, m.classifier, m.classifier_quant, opt, used);
-  } else {
-    m.classifier = m.token_embedding;
-    m.classifier_quant = m.token_embedding_quant;
-  }
-  if (f.find_tensor("rope_freqs.weight")) {
-    detail::gguf_vector(f, "rope_freqs.weight", c.head_dim / 2, m.rope_freq_factors, used);
-    for (Eigen::Index i = 0; i < m.rope_freq_factors.size(); ++i) {
-      DEPTHKV_CHECK(m.rope_freq_factors(i) > 0, src << ": rope_freqs.weight[" << i << "] = " << m.rope_freq_factors(i)
-                                                    << " must be positive");
-    }
-  }
-  for (const GgufTensorInfo& t : f.tensors()) {
-    DEPTHKV_CHECK(used.count(t.name) != 0, src << ": unexpected tensor '" << t.name << "' for architecture '" << arch
-                                               << "' (" << c.n_layers << " blocks): the engine would ignore it, "
-                                               << "so the model is not supported");
-  }
+  for (int l = 0; l < c.n_layers; ++l) detail::gguf_load_layer(f, a, c, l, m.layers[static_cast<std::size_t>(l)], opt, used);
+  detail::gguf_load_head(f, a, m, opt, used);
+  detail::gguf_check_all_used(f, a, c.n_layers, used);
 
-  m.source_path = src;
+  m.source_path = f.source();
   m.file_size = f.file_size();
   m.header_hash = f.header_hash();
   return m;

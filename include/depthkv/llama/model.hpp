@@ -39,11 +39,11 @@ struct LlamaConfig {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   /// RoPE pairing: false = adjacent pairs (2i, 2i+1) as llama2.c and GGUF `llama`;
-  /// true = NeoX halves (i, i + head_dim/2), as GGUF `qwen2`.
+  /// true = NeoX halves (i, i + head_dim/2), as GGUF `qwen2` (`Architecture::rope`, architecture.hpp).
   bool rope_neox = false;
   /// Positions are multiplied by this before RoPE (linear RoPE scaling: 1 / rope.scaling.factor).
   float rope_freq_scale = 1.0f;
-  std::string architecture = "llama";  ///< "llama", "qwen2" or "qwen3"
+  std::string architecture = "llama";  ///< a name of `architectures()` (architecture.hpp); "llama" for llama2.c checkpoints
 };
 
 /// A weight matrix kept in its stored ggml type (no float copy): `rows` rows of `cols` values,
