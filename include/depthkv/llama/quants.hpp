@@ -34,7 +34,8 @@
 /// auto f = depthkv::llama::GgufFile::open("model-Q4_K_M.gguf");          // llama/gguf.hpp
 /// auto w = f.raw_tensor(*f.find_tensor("blk.0.ffn_up.weight"));
 /// std::vector<float> y(w.rows);
-/// depthkv::llama::quant_matvec(w.type, w.data, w.rows, w.cols, x.data(), y.data(), {2});
+/// depthkv::llama::quant_matvec(w.type, w.data, w.rows, w.cols, x.data(), y.data(),
+///                               depthkv::llama::QuantProductOptions(depthkv::CpuOptions{2, 2}));  // 2 threads
 /// @endcode
 
 #include "depthkv/llama/quant/ggml_type.hpp"

@@ -50,15 +50,17 @@ struct QuantTraits;
 #define DEPTHKV_QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
-/// 2 when the AVX2 + FMA + F16C kernels may run now, else 0 (scalar).
-inline int quant_simd_level() {
+/// @param max_simd_level the call's `CpuOptions::max_simd_level`
+/// @return 2 when the AVX2 + FMA + F16C kernels may run under that cap on this CPU, else 0 (scalar)
+inline int quant_simd_level(int max_simd_level = 2) {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   static const bool ok = [] {  // CPUID leaf 1, ECX: FMA bit 12, F16C bit 29 (AVX2 and OS support: simd_level)
     unsigned a = 0, b = 0, c = 0, d = 0;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 12)) != 0 && (c & (1u << 29)) != 0;
   }();
-  return ok && depthkv::detail::simd_level() >= 2 ? 2 : 0;
+  return ok && depthkv::detail::simd_level(max_simd_level) >= 2 ? 2 : 0;
 #else
+  (void)max_simd_level;
   return 0;
 #endif
 }
@@ -141,9 +143,9 @@ DEPTHKV_QUANT_AVX2 inline float hsum_avx2(__m256 v) {
 DEPTHKV_QUANT_AVX2 inline __m256i bits_to_bytes_avx2(const std::uint8_t* p) {
   std::uint32_t bits;
   std::memcpy(&bits, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
   const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
 }
@@ -162,22 +164,27 @@ DEPTHKV_QUANT_AVX2 inline __m256i scale_pairs_avx2(__m256i p16, int sc0, int sc1
                                                  _mm_set1_epi16(static_cast<short>(sc0))));
 }
 /// IEEE half to float with F16C.
-DEPTHKV_QUANT_AVX2 inline float half_avx2(std::uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+DEPTHKV_QUANT_AVX2 inline float half_avx2(std::uint16_t h) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
 
 /// acc[t] += f * d_x(t, c) * (sum of v * q_x over chunk c of token t), v signed int8.
 template <int NT>
-DEPTHKV_QUANT_AVX2 inline void acc_signed_avx2(__m256i v, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
+DEPTHKV_QUANT_AVX2 inline void acc_signed_avx2(__m256i v, const ActQ8* const* a, std::int64_t c, float f,
+                                               __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i av = _mm256_sign_epi8(v, v);
   for (int t = 0; t < NT; ++t) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][c].qs));
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(q, v)), ones));
+    const __m256 p =
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(q, v)), ones));
     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
   }
 }
 /// As acc_signed_avx2 for unsigned codes u (0..127).
 template <int NT>
-DEPTHKV_QUANT_AVX2 inline void acc_unsigned_avx2(__m256i u, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
+DEPTHKV_QUANT_AVX2 inline void acc_unsigned_avx2(__m256i u, const ActQ8* const* a, std::int64_t c, float f,
+                                                 __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int t = 0; t < NT; ++t) {
     const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[t][c]), ones));
@@ -186,8 +193,8 @@ DEPTHKV_QUANT_AVX2 inline void acc_unsigned_avx2(__m256i u, const ActQ8* const* 
 }
 /// As acc_unsigned_avx2 with integer scales sc0 (values 0-15) and sc1 (values 16-31).
 template <int NT>
-DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, const ActQ8* const* a, std::int64_t c,
-                                                   float f, __m256* acc) {
+DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, const ActQ8* const* a,
+                                                   std::int64_t c, float f, __m256* acc) {
   for (int t = 0; t < NT; ++t) {
     const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[t][c]), sc0, sc1));
     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
@@ -197,8 +204,8 @@ DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, 
 /// sumi[t] += madd(maddubs(u, q), sc) for chunk c (32 values) of block i of every token: u the
 /// chunk's unsigned weight codes (< 64), sc its int16 group scales per pair of values.
 template <int NT>
-DEPTHKV_QUANT_AVX2 inline void q8k_chunk_avx2(__m256i u, __m256i sc, const ActQ8K* const* a, std::int64_t i, int c,
-                                              __m256i* sumi) {
+DEPTHKV_QUANT_AVX2 inline void q8k_chunk_avx2(__m256i u, __m256i sc, const ActQ8K* const* a, std::int64_t i,
+                                              int c, __m256i* sumi) {
   for (int t = 0; t < NT; ++t) {
     const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[t][i].qs + 32 * c));
     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), sc));

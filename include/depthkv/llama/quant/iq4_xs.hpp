@@ -54,8 +54,8 @@ struct QuantTraits<GgmlType::kIQ4_XS> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* /*acc_s*/) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* /*acc_s*/) {
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     const std::uint16_t sh = load_u16(blk + offsetof(Block, scales_h));
     const std::uint8_t* scales_l = blk + offsetof(Block, scales_l);

@@ -44,17 +44,20 @@
 /// 1e-5 * sum_k |w_k x_k|).
 ///
 /// Instruction set: AVX2 + FMA + F16C paths chosen at run time, a scalar fallback otherwise or
-/// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both quantize the
-/// activations with the same code and give the same results up to summation order.
+/// when the call's `max_simd_level` (QuantProductOptions is a CpuOptions, cpu_options.hpp) is 0
+/// or 1; both quantize the activations with the same code and give the same results up to
+/// summation order.
 ///
-/// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, 0 = all cores).
-/// With OpenMP, the tasks of quant_matmul run in an OpenMP parallel region, so Eigen's GEMM
-/// inside each task stays on its thread.
+/// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, the default here;
+/// 0 = all cores). The work is split into fixed tasks of rows, so every thread count gives the
+/// same bytes. With OpenMP, the tasks run in an OpenMP parallel region sized by a `num_threads`
+/// clause, so Eigen's GEMM inside each task stays on its thread.
 ///
 /// @code
 /// auto raw = file.raw_tensor(*file.find_tensor("blk.0.ffn_up.weight"));   // Q4_K, 5632 x 2048
 /// std::vector<float> y(raw.rows);
-/// depthkv::llama::quant_matvec(raw.type, raw.data, raw.rows, raw.cols, x.data(), y.data(), {2});
+/// depthkv::llama::quant_matvec(raw.type, raw.data, raw.rows, raw.cols, x.data(), y.data(),
+///                               depthkv::llama::QuantProductOptions(depthkv::CpuOptions{2, 2}));  // 2 threads
 /// @endcode
 
 #include <algorithm>
@@ -68,6 +71,7 @@
 
 #include <Eigen/Core>
 
+#include "depthkv/cpu_options.hpp"
 #include "depthkv/detail/parallel_for.hpp"
 #include "depthkv/detail/simd.hpp"
 #include "depthkv/error.hpp"
@@ -90,10 +94,14 @@ enum class QuantKernel {
   kQ8KActivations, ///< Q4_K, Q5_K, Q6_K: int8 activations per 256 values, integer sums per block
 };
 
-/// Options of the quantized products.
-struct QuantProductOptions {
-  int n_threads = 1;                       ///< 1 = calling thread, 0 = all cores
-  QuantKernel kernel = QuantKernel::kAuto; ///< kernel choice
+/// Options of the quantized products: threads and instruction-set cap (`CpuOptions`; here
+/// `n_threads` defaults to 1, the calling thread) and the kernel.
+struct QuantProductOptions : CpuOptions {
+  QuantProductOptions() : CpuOptions{1, 2} {}
+  /// @param cpu threads and instruction-set cap
+  /// @param k kernel choice
+  explicit QuantProductOptions(const CpuOptions& cpu, QuantKernel k = QuantKernel::kAuto) : CpuOptions(cpu), kernel(k) {}
+  QuantKernel kernel = QuantKernel::kAuto;  ///< kernel choice
 };
 
 /// Rows of W dequantized together by quant_matmul's kDequantize kernel.
@@ -403,11 +411,11 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
   return ops;
 }
 
-inline QuantRowOps quant_row_ops(GgmlType type) {
+inline QuantRowOps quant_row_ops(GgmlType type, int max_simd_level) {
   DEPTHKV_CHECK(ggml_type_dequantizable(static_cast<std::uint32_t>(type)),
                 "quantized product: ggml type " << ggml_type_name(type)
                                                 << " is not supported (supported: " << ggml_dequantizable_names() << ")");
-  const bool avx2 = quant_simd_level() >= 2;
+  const bool avx2 = quant_simd_level(max_simd_level) >= 2;
   QuantRowOps ops;
   const auto pick = [&](auto tag) { ops = quant_row_ops_for<decltype(tag)::value>(avx2); };
   if (!visit_ggml_type(FloatTypes{}, type, pick)) visit_ggml_type(BlockTypes{}, type, pick);
@@ -466,11 +474,14 @@ inline void quant_parallel(int n_tasks, int n_threads, Fn&& fn) {
 /// @param row its bytes (`ggml_row_bytes(type, cols)`, any alignment)
 /// @param x `cols` floats
 /// @param cols number of values, a multiple of the type's block size
+/// @param cpu instruction-set cap (`max_simd_level`; one thread)
 /// @return sum_k w_k x_k
-/// @throws Error for an unsupported type or a partial block
-inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::int64_t cols) {
+/// @throws Error for an unsupported type, a partial block or invalid `cpu`
+inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::int64_t cols,
+                           const CpuOptions& cpu = CpuOptions()) {
+  cpu.validate();
   detail::check_product(type, 1, cols);
-  return detail::quant_row_ops(type).dot(static_cast<const std::uint8_t*>(row), x, cols);
+  return detail::quant_row_ops(type, cpu.max_simd_level).dot(static_cast<const std::uint8_t*>(row), x, cols);
 }
 
 /// y = W x for a `rows x cols` matrix W stored as `type` (see the file comment).
@@ -480,13 +491,15 @@ inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::
 /// @param cols columns of W (= size of x), a multiple of the type's block size
 /// @param x `cols` floats
 /// @param y `rows` floats (written)
-/// @param opt threads and kernel
-/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+/// @param opt threads, instruction-set cap and kernel
+/// @throws Error for an unsupported type, a partial block, a kernel the type lacks or invalid
+///   threads / cap
 inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, float* y,
                          const QuantProductOptions& opt = {}) {
+  opt.validate();
   detail::check_product(type, rows, cols);
   if (rows == 0) return;
-  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const detail::QuantRowOps ops = detail::quant_row_ops(type, opt.max_simd_level);
   const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, true);
   const std::size_t rb = ggml_row_bytes(type, cols);
   const auto* base = static_cast<const std::uint8_t*>(w);
@@ -515,6 +528,106 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
   });
 }
 
+namespace detail {
+
+/// The stored rows and shape of one quant_matmul call, and its dispatched row kernels.
+struct QuantMatmulArgs {
+  const std::uint8_t* base;  ///< W's bytes
+  std::size_t rb;            ///< bytes per row of W
+  std::int64_t rows, cols;   ///< W's shape
+  const float* x;            ///< X, n x cols
+  std::int64_t n;            ///< rows of X
+  float* y;                  ///< Y, n x rows
+  QuantRowOps ops;
+  const std::uint8_t* row(std::int64_t r) const { return base + static_cast<std::size_t>(r) * rb; }
+};
+
+/// quant_matmul's kQ8KActivations kernel: X quantized per 256 values, then tasks of 16 rows of W,
+/// each decoded weight row serving kQ8KTokens tokens at a time.
+inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
+  const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 256;
+  std::vector<ActQ8K> xk(static_cast<std::size_t>(n * nb));
+  constexpr std::int64_t kTokensPerTask = 16;
+  quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
+    for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
+      quantize_act_q8k(m.x + t * m.cols, m.cols, xk.data() + t * nb);
+  });
+  constexpr int NT = kQ8KTokens;
+  constexpr std::int64_t kTile = 16;
+  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
+    const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+    const ActQ8K* xs[NT];
+    float out[NT];
+    std::int64_t t = 0;
+    for (; t + NT <= n; t += NT) {  // NT tokens per decoded weight row
+      for (int k = 0; k < NT; ++k) xs[k] = xk.data() + (t + k) * nb;
+      for (std::int64_t r = r0; r < r1; ++r) {
+        m.ops.dotn_q8k(m.row(r), xs, m.cols, out);
+        for (int k = 0; k < NT; ++k) m.y[(t + k) * rows + r] = out[k];
+      }
+    }
+    for (; t < n; ++t) {
+      xs[0] = xk.data() + t * nb;
+      for (std::int64_t r = r0; r < r1; ++r) m.ops.dot_q8k(m.row(r), xs, m.cols, m.y + t * rows + r);
+    }
+  });
+}
+
+/// quant_matmul's kQ8Activations kernel: X quantized per 32 values, then tasks of 16 rows of W,
+/// each decoded weight row serving 4 tokens at a time.
+inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
+  const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 32;
+  std::vector<ActQ8> xq(static_cast<std::size_t>(n * nb));
+  for (std::int64_t t = 0; t < n; ++t) quantize_act_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
+  constexpr std::int64_t kTile = 16;
+  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
+    const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+    std::int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
+      const ActQ8* xs[4] = {xq.data() + t * nb, xq.data() + (t + 1) * nb, xq.data() + (t + 2) * nb,
+                            xq.data() + (t + 3) * nb};
+      for (std::int64_t r = r0; r < r1; ++r) {
+        float out[4];
+        m.ops.dot4_q8(m.row(r), xs, m.cols, out);
+        for (int k = 0; k < 4; ++k) m.y[(t + k) * rows + r] = out[k];
+      }
+    }
+    for (; t < n; ++t) {
+      for (std::int64_t r = r0; r < r1; ++r) m.y[t * rows + r] = m.ops.dot_q8(m.row(r), xq.data() + t * nb, m.cols);
+    }
+  });
+}
+
+/// quant_matmul's kDequantize kernel: tiles of kQuantMatmulTile rows of W dequantized, then
+/// multiplied with X (AVX2 FMA register tiles, or Eigen's GEMM on the calling thread).
+inline void quant_matmul_deq(const QuantMatmulArgs& m, const CpuOptions& cpu) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const std::int64_t rows = m.rows, cols = m.cols;
+  const int n_tasks = static_cast<int>((rows + kQuantMatmulTile - 1) / kQuantMatmulTile);
+  const Eigen::Map<const RowMat> X(m.x, m.n, cols);
+  const bool avx2 = quant_simd_level(cpu.max_simd_level) >= 2;
+  const auto tile_product = [&](int task) {
+    const std::int64_t r0 = task * kQuantMatmulTile, nr = std::min(rows, r0 + kQuantMatmulTile) - r0;
+    RowMat tile(nr, cols);
+    for (std::int64_t r = 0; r < nr; ++r) m.ops.dequantize(m.row(r0 + r), tile.data() + r * cols, cols);
+#if defined(DEPTHKV_AVX2_DISPATCH)
+    if (avx2) {  // register-tiled FMA (Eigen is built for the baseline ISA)
+      gemm_rows_avx2(tile.data(), nr, m.x, m.n, cols, m.y + r0, rows);
+      return;
+    }
+#endif
+    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(m.y + r0, m.n, nr, Eigen::OuterStride<>(rows));
+    Y.noalias() = X * tile.transpose();
+  };
+  if (!avx2 && depthkv::detail::resolve_threads(cpu.n_threads, n_tasks) == 1) {  // Eigen's GEMM single-threaded on one thread too
+    depthkv::detail::run_eigen_serial([&] { depthkv::detail::parallel_for(n_tasks, 1, [&](int, int t) { tile_product(t); }); });
+  } else {
+    quant_parallel(n_tasks, cpu.n_threads, tile_product);
+  }
+}
+
+}  // namespace detail
+
 /// Y = X W^T for a `rows x cols` matrix W stored as `type`: Y[t][r] = sum_k X[t][k] W[r][k].
 /// @param type the stored type
 /// @param w the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
@@ -523,91 +636,25 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
 /// @param x `n x cols` floats, row-major
 /// @param n rows of X and Y
 /// @param y `n x rows` floats, row-major (written)
-/// @param opt threads and kernel
-/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+/// @param opt threads, instruction-set cap and kernel
+/// @throws Error for an unsupported type, a partial block, a kernel the type lacks or invalid
+///   threads / cap
 inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t n,
                          float* y, const QuantProductOptions& opt = {}) {
+  opt.validate();
   detail::check_product(type, rows, cols);
   DEPTHKV_CHECK(n >= 0, "quantized product: negative number of rows of X " << n);
   if (rows == 0 || n == 0) return;
-  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const detail::QuantMatmulArgs args{static_cast<const std::uint8_t*>(w), ggml_row_bytes(type, cols), rows, cols, x, n, y,
+                                     detail::quant_row_ops(type, opt.max_simd_level)};
   const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, false);
-  const std::size_t rb = ggml_row_bytes(type, cols);
-  const auto* base = static_cast<const std::uint8_t*>(w);
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   if (kernel == QuantKernel::kQ8KActivations) {
-    const std::int64_t nb = cols / 256;
-    std::vector<detail::ActQ8K> xk(static_cast<std::size_t>(n * nb));
-    constexpr std::int64_t kTokensPerTask = 16;
-    detail::quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), opt.n_threads, [&](int task) {
-      for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
-        detail::quantize_act_q8k(x + t * cols, cols, xk.data() + t * nb);
-    });
-    constexpr int NT = detail::kQ8KTokens;
-    constexpr std::int64_t kTile = 16;
-    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
-    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
-      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
-      const detail::ActQ8K* xs[NT];
-      float out[NT];
-      std::int64_t t = 0;
-      for (; t + NT <= n; t += NT) {  // NT tokens per decoded weight row
-        for (int k = 0; k < NT; ++k) xs[k] = xk.data() + (t + k) * nb;
-        for (std::int64_t r = r0; r < r1; ++r) {
-          ops.dotn_q8k(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
-          for (int k = 0; k < NT; ++k) y[(t + k) * rows + r] = out[k];
-        }
-      }
-      for (; t < n; ++t) {
-        xs[0] = xk.data() + t * nb;
-        for (std::int64_t r = r0; r < r1; ++r) ops.dot_q8k(base + static_cast<std::size_t>(r) * rb, xs, cols, y + t * rows + r);
-      }
-    });
-    return;
+    detail::quant_matmul_q8k(args, opt.n_threads);
+  } else if (kernel == QuantKernel::kQ8Activations) {
+    detail::quant_matmul_q8(args, opt.n_threads);
+  } else {
+    detail::quant_matmul_deq(args, opt);
   }
-  if (kernel == QuantKernel::kQ8Activations) {
-    const std::int64_t nb = cols / 32;
-    std::vector<detail::ActQ8> xq(static_cast<std::size_t>(n * nb));
-    for (std::int64_t t = 0; t < n; ++t) detail::quantize_act_q8(x + t * cols, cols, xq.data() + t * nb);
-    constexpr std::int64_t kTile = 16;
-    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
-    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
-      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
-      std::int64_t t = 0;
-      for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
-        const detail::ActQ8* xs[4] = {xq.data() + t * nb, xq.data() + (t + 1) * nb, xq.data() + (t + 2) * nb,
-                                      xq.data() + (t + 3) * nb};
-        for (std::int64_t r = r0; r < r1; ++r) {
-          float out[4];
-          ops.dot4_q8(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
-          for (int k = 0; k < 4; ++k) y[(t + k) * rows + r] = out[k];
-        }
-      }
-      for (; t < n; ++t) {
-        for (std::int64_t r = r0; r < r1; ++r) {
-          y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, cols);
-        }
-      }
-    });
-    return;
-  }
-  const int n_tasks = static_cast<int>((rows + kQuantMatmulTile - 1) / kQuantMatmulTile);
-  const Eigen::Map<const RowMat> X(x, n, cols);
-  detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
-    const std::int64_t r0 = task * kQuantMatmulTile, nr = std::min(rows, r0 + kQuantMatmulTile) - r0;
-    RowMat tile(nr, cols);
-    for (std::int64_t r = 0; r < nr; ++r) {
-      ops.dequantize(base + static_cast<std::size_t>(r0 + r) * rb, tile.data() + r * cols, cols);
-    }
-#if defined(DEPTHKV_AVX2_DISPATCH)
-    if (detail::quant_simd_level() >= 2) {  // register-tiled FMA (Eigen is built for the baseline ISA)
-      detail::gemm_rows_avx2(tile.data(), nr, x, n, cols, y + r0, rows);
-      return;
-    }
-#endif
-    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + r0, n, nr, Eigen::OuterStride<>(rows));
-    Y.noalias() = X * tile.transpose();
-  });
 }
 
 }  // namespace llama

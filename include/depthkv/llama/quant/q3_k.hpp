@@ -74,14 +74,15 @@ struct QuantTraits<GgmlType::kQ3_K> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* acc_s) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* acc_s) {
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     int sc3[16];
     q3k_scales(blk + offsetof(Block, scales), sc3);
     const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, hmask)));
     for (int n = 0; n < 2; ++n) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * n));
+      const __m256i q =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * n));
       for (int s = 0; s < 4; ++s) {
         const int c = 4 * n + s;
         __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));

@@ -81,13 +81,16 @@ DEPTHKV_QUANT_AVX2 inline __m256i q45k_codes_avx2(__m256i q, __m256i hbits, int 
 
 /// Block kernel of kQ8Activations for Q4_K (kHigh false) and Q5_K (kHigh true): see QuantTraits.
 template <class Block, bool kHigh, int NT>
-DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
-                                                __m256* acc, float* acc_s) {
-  const float d = half_avx2(load_u16(blk + offsetof(Block, d))), dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
+DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a,
+                                                std::int64_t c0, __m256* acc, float* acc_s) {
+  const float d = half_avx2(load_u16(blk + offsetof(Block, d))),
+              dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
   __m256i hbits = _mm256_setzero_si256();
-  if constexpr (kHigh) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
+  if constexpr (kHigh)
+    hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
   for (int j = 0; j < 4; ++j) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
+    const __m256i q =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
     for (int h = 0; h < 2; ++h) {
       const int c = 2 * j + h;
       const __m256i u = q45k_codes_avx2<kHigh>(q, hbits, h, c);
@@ -110,41 +113,46 @@ DEPTHKV_QUANT_AVX2 inline __m256i q4k_scales_mins_avx2(const std::uint8_t* packe
   std::uint32_t u[4] = {0, 0, 0, 0};
   std::memcpy(u, packed, 12);
   u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);  // minimums 4-7
-  const std::uint32_t m03 = u[1] & kLow6;                           // minimums 0-3
-  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);           // scales 4-7
+  const std::uint32_t m03 = u[1] & kLow6;                       // minimums 0-3
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);         // scales 4-7
   u[2] = m03;
   u[0] &= kLow6;  // scales 0-3
-  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
-                                            static_cast<int>(u[0])));
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]),
+                                            static_cast<int>(u[1]), static_cast<int>(u[0])));
 }
 
 /// Block kernel of kQ8KActivations for Q4_K / Q5_K (see QuantTraits and products.hpp): the
 /// scaled integer products of the 8 groups summed in int32, the minimums by one madd of bsums.
 template <class Block, bool kHigh, int NT>
-DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i,
-                                                 __m256* acc) {
+DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a,
+                                                 std::int64_t i, __m256* acc) {
   const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
   __m256i sumi[NT];
   for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
   const __m256i sm = q4k_scales_mins_avx2(blk + offsetof(Block, scales));
   const __m256i sc8 = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
   const __m128i mn = _mm256_extracti128_si256(sm, 1);
-  const __m256i mins16 = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));  // per bsum
+  const __m256i mins16 =
+      _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));  // per bsum
   __m256i hbits = _mm256_setzero_si256();
-  if constexpr (kHigh) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
+  if constexpr (kHigh)
+    hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
   for (int j = 0; j < 4; ++j) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
+    const __m256i q =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
     for (int h = 0; h < 2; ++h) {
       const int c = 2 * j + h;
       const __m256i u = q45k_codes_avx2<kHigh>(q, hbits, h, c);
-      const __m256i sc = _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
+      const __m256i sc =
+          _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
       q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
     }
   }
   const float dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
   for (int t = 0; t < NT; ++t) {
     const ActQ8K& x = a[t][i];
-    const __m256i mins = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), mins16);
+    const __m256i mins =
+        _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), mins16);
     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * x.d), _mm256_cvtepi32_ps(mins), acc[t]);
   }
@@ -160,12 +168,13 @@ struct QuantTraits<GgmlType::kQ4_K> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* acc_s) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* acc_s) {
     q45k_dot_q8_avx2<Block, false, NT>(blk, a, c0, acc, acc_s);
   }
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i, __m256* acc) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i,
+                                              __m256* acc) {
     q45k_dot_q8k_avx2<Block, false, NT>(blk, a, i, acc);
   }
 #endif

@@ -52,9 +52,10 @@ struct QuantTraits<GgmlType::kQ5_1> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* acc_s) {
-    const __m256i high = _mm256_and_si256(bits_to_bytes_avx2(blk + offsetof(Block, qh)), _mm256_set1_epi8(16));
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* acc_s) {
+    const __m256i high =
+        _mm256_and_si256(bits_to_bytes_avx2(blk + offsetof(Block, qh)), _mm256_set1_epi8(16));
     const __m256i u = _mm256_or_si256(nibbles_avx2(blk + offsetof(Block, qs)), high);
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     acc_unsigned_avx2<NT>(u, a, c0, d, acc);

@@ -40,8 +40,10 @@ inline void dequantize_block(const BlockQ5_K& b, float* y) {
     q4k_scale_min(2 * j + 1, b.scales, sc, m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     const int u1 = 1 << (2 * j), u2 = 2 << (2 * j);
-    for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>((ql[l] & 0xF) + ((b.qh[l] & u1) ? 16 : 0)) - m1;
-    for (int l = 0; l < 32; ++l) y[32 + l] = d2 * static_cast<float>((ql[l] >> 4) + ((b.qh[l] & u2) ? 16 : 0)) - m2;
+    for (int l = 0; l < 32; ++l)
+      y[l] = d1 * static_cast<float>((ql[l] & 0xF) + ((b.qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l)
+      y[32 + l] = d2 * static_cast<float>((ql[l] >> 4) + ((b.qh[l] & u2) ? 16 : 0)) - m2;
     y += 64;
   }
 }
@@ -57,12 +59,13 @@ struct QuantTraits<GgmlType::kQ5_K> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* acc_s) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* acc_s) {
     q45k_dot_q8_avx2<Block, true, NT>(blk, a, c0, acc, acc_s);
   }
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i, __m256* acc) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i,
+                                              __m256* acc) {
     q45k_dot_q8k_avx2<Block, true, NT>(blk, a, i, acc);
   }
 #endif

@@ -75,14 +75,17 @@ struct QuantTraits<GgmlType::kQ6_K> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* acc_s) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* acc_s) {
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     const std::uint8_t* scales = blk + offsetof(Block, scales);
     for (int n = 0; n < 2; ++n) {
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh) + 32 * n));
+      const __m256i ql0 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n));
+      const __m256i ql1 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n + 32));
+      const __m256i qh =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh) + 32 * n));
       for (int k = 0; k < 4; ++k) {
         const int c = 4 * n + k;
         const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
@@ -97,15 +100,19 @@ struct QuantTraits<GgmlType::kQ6_K> {
     }
   }
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i, __m256* acc) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8k_avx2(const std::uint8_t* blk, const ActQ8K* const* a, std::int64_t i,
+                                              __m256* acc) {
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     const auto* scales = reinterpret_cast<const std::int8_t*>(blk + offsetof(Block, scales));
     __m256i sumi[NT];
     for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh) + 32 * n));
+      const __m256i ql0 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n));
+      const __m256i ql1 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n + 32));
+      const __m256i qh =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh) + 32 * n));
       for (int k = 0; k < 4; ++k) {
         const int c = 4 * n + k;
         const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
@@ -116,7 +123,8 @@ struct QuantTraits<GgmlType::kQ6_K> {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
     for (int t = 0; t < NT; ++t) {
       const ActQ8K& x = a[t][i];
-      const __m256i offs = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), sc16);
+      const __m256i offs =
+          _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), sc16);
       const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(offs, 5));  // u - 32
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(s), acc[t]);
     }

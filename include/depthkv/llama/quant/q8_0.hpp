@@ -41,8 +41,8 @@ struct QuantTraits<GgmlType::kQ8_0> {
   static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
-  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0, __m256* acc,
-                                             float* /*acc_s*/) {
+  DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
+                                             __m256* acc, float* /*acc_s*/) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     acc_signed_avx2<NT>(v, a, c0, half_avx2(load_u16(blk)), acc);
   }

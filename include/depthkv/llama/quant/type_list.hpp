@@ -48,9 +48,9 @@ template <GgmlType... Ts>
 struct GgmlTypeList {};
 
 /// The quantized block types (each with a QuantTraits), in the order error messages list them.
-using BlockTypes = GgmlTypeList<GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
-                                GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                                GgmlType::kIQ4_NL, GgmlType::kIQ4_XS>;
+using BlockTypes = GgmlTypeList<GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                                GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                                GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS>;
 
 /// The float types (one value per element, converted in registers; no QuantTraits).
 using FloatTypes = GgmlTypeList<GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16>;
