@@ -166,7 +166,7 @@ void BM_Evict(benchmark::State& state) {
       const double ts0 = Clock::now();
       for (int l = 0; l < n_layers; ++l)
         for (int h = 0; h < kKvHeads; ++h) {
-          if (depthkv::detail::first_nan(scores[l][h].data(), n) >= 0) state.SkipWithError("NaN");
+          if (depthkv::detail::first_nan(scores[l][h].data(), n, opt.max_simd_level) >= 0) state.SkipWithError("NaN");
           depthkv::detail::select_row(depthkv::detail::FloatKeys{scores[l][h].data()},
                                       pristine.layer(l).positions(h), n, k, depthkv::Protection{}, ws, kept);
           benchmark::DoNotOptimize(kept.data());
@@ -194,7 +194,7 @@ void BM_Evict(benchmark::State& state) {
         time_contiguous_copy([](void* d, const void* s, std::size_t b) { std::memcpy(d, s, b); });
     // the same with the streaming stores compaction uses on large heads (detail::stream_copy;
     // glibc's memcpy uses plain stores at these sizes)
-    const int level = depthkv::detail::simd_level();
+    const int level = depthkv::cpu_simd_level();
     const double t_stream = time_contiguous_copy([level](void* d, const void* s, std::size_t b) {
       depthkv::detail::stream_copy(d, s, b, level);
       depthkv::detail::stream_fence(level);

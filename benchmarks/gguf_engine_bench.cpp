@@ -159,11 +159,10 @@ int main(int argc, char** argv) {
       Eigen::Index next = 0;
       last.row(0).maxCoeff(&next);
       EngineStats dst;
-      detail::ScopedThreads scoped(threads);
       t0 = Clock::now();
       for (int i = 0; i < decode; ++i) {
         const int tok = ids.empty() ? static_cast<int>(next) : ids[static_cast<std::size_t>(prompt + i)];
-        const Eigen::VectorXf lg = engine.decode(tok, prompt + i, cache, &dst);
+        const Eigen::VectorXf lg = engine.decode(tok, prompt + i, cache, &dst, opt);
         lg.maxCoeff(&next);
       }
       const double decode_s = seconds(t0);

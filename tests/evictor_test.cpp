@@ -151,19 +151,18 @@ TEST_CASE("the NaN check finds the first NaN of every kind at every offset of th
   std::uint32_t low_payload = 0x7F800001u;  // the smallest NaN pattern, next to +inf
   float tiny_nan;
   std::memcpy(&tiny_nan, &low_payload, sizeof tiny_nan);
-  for (int level : {0, 1, 2}) {  // scalar, SSE2, AVX2 (where the CPU has them)
-    depthkv_test::SimdLevelGuard cap(level);
+  for (int level : {0, 1, 2}) {  // scalar, SSE2, AVX2 (where the CPU has them), as the call's cap
     for (int n : {1, 15, 16, 17, 31, 32, 33, 100}) {
       std::vector<float> s(static_cast<std::size_t>(n), std::numeric_limits<float>::infinity());
       for (int i = 0; i < n; i += 2) s[static_cast<std::size_t>(i)] = -std::numeric_limits<float>::infinity();
-      CHECK(depthkv::detail::first_nan(s.data(), n) == -1);  // +/-inf are scores, not NaN
+      CHECK(depthkv::detail::first_nan(s.data(), n, level) == -1);  // +/-inf are scores, not NaN
       for (int at = 0; at < n; ++at)
         for (float nan : {nans[0], nans[1], nans[2], tiny_nan}) {
           std::vector<float> t = s;
           t[static_cast<std::size_t>(at)] = nan;
           if (at + 3 < n) t[static_cast<std::size_t>(at + 3)] = nan;  // a later NaN does not hide the first
-          INFO("simd level " << depthkv::detail::simd_level() << " n " << n << " NaN at " << at);
-          REQUIRE(depthkv::detail::first_nan(t.data(), n) == at);
+          INFO("simd level " << depthkv::detail::simd_level(level) << " n " << n << " NaN at " << at);
+          REQUIRE(depthkv::detail::first_nan(t.data(), n, level) == at);
         }
     }
   }

@@ -28,13 +28,14 @@
 ///
 /// ## Options
 /// `EvictOptions` (the last argument, by value) holds what a call may tune: `shrink` (release the
-/// freed capacity), `n_threads` and `streaming_min_bytes` (the non-temporal store threshold of the
-/// compaction). The instruction-set cap of the NaN checks, selection and compaction is the
-/// process-wide `depthkv::set_max_simd_level` (simd_level.hpp). No option changes the result.
+/// freed capacity), `streaming_min_bytes` (the non-temporal store threshold of the compaction),
+/// and, as a `CpuOptions` (cpu_options.hpp), `n_threads` and `max_simd_level` (the instruction-set
+/// cap of the NaN checks and the selection; the compaction, `Layer::compact`, picks its own). No
+/// option changes the result; there is no process-wide setting.
 ///
 /// ## Threads
 /// `EvictOptions::n_threads` (default 1: the calling thread only) spreads the (layer, KV head)
-/// rows over up to `n_threads` std::threads for the call (0 = hardware concurrency); results are
+/// rows over up to `n_threads` std::threads for the call (0 = all cores); results are
 /// identical for every thread count. The library keeps no threads between calls. With
 /// n_threads != 1, `Layer::compact` on different heads of a layer must be safe to run
 /// concurrently (true for HostLayer and LayerView, in every layout) and `shrink_to_fit` on
@@ -64,6 +65,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "depthkv/cpu_options.hpp"
 #include "depthkv/detail/parallel_for.hpp"
 #include "depthkv/detail/radix_select.hpp"
 #include "depthkv/detail/select_common.hpp"
@@ -86,13 +88,14 @@ struct LayerEviction {
 
 /// Options of one `evict` / `evict_layer` call (passed by value; the defaults suit most calls).
 /// No option changes which tokens are kept.
-struct EvictOptions {
+/// An EvictOptions is a CpuOptions: `n_threads` (here 1 by default: the calling thread only; 0 all
+/// cores, n > 1 up to n std::threads, see the file comment) and `max_simd_level` (the instruction
+/// set of the NaN checks and the selection).
+struct EvictOptions : CpuOptions {
+  EvictOptions() : CpuOptions{1, 2} {}
   /// Release the freed capacity after compaction (`Layer::shrink_to_fit`: HostLayer reallocates
   /// to its largest head, LayerView does nothing).
   bool shrink = true;
-  /// Threads for this call: 1 the calling thread only, 0 hardware concurrency, n > 1 up to n
-  /// std::threads (see the file comment); negative is an error.
-  int n_threads = 1;
   /// Heads whose slots span at least this many bytes (per array: K or V) are compacted with
   /// non-temporal stores (x86, 32-byte aligned tokens; detail/compact_runs.hpp for the reason
   /// behind the 256 KiB default). 0 streams every aligned head, SIZE_MAX none.
@@ -117,13 +120,13 @@ __attribute__((target("avx2"))) inline bool any_nan_avx2(const float* s, int n32
 #endif
 
 /// Index of the first NaN in scores[0..n), or -1 (bit test: safe under -ffast-math). One
-/// branch-free pass (32 scores per step with AVX2, 16 with SSE2), then a scalar search only when a
-/// NaN exists.
-inline int first_nan(const float* s, int n) {
+/// branch-free pass (32 scores per step with AVX2, 16 with SSE2, at most `simd_cap`), then a scalar
+/// search only when a NaN exists.
+inline int first_nan(const float* s, int n, int simd_cap) {
   auto is_nan = [&](int i) { return (float_bits(s[i]) & 0x7FFFFFFFu) > 0x7F800000u; };
   bool bad = false;
   int i = 0;
-  const int level = simd_level();
+  const int level = simd_level(simd_cap);
 #if defined(DEPTHKV_AVX2_DISPATCH)
   if (level >= 2) {
     i = n / 32 * 32;
@@ -190,8 +193,9 @@ void select_row(const Keys& keys, const std::int32_t* positions, int n, int k, P
 
 template <class T16>
 std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* positions, int n, int k,
-                                        Protection prot, std::uint16_t inf_bits) {
+                                        Protection prot, std::uint16_t inf_bits, const CpuOptions& cpu) {
   static_assert(sizeof(T16) == 2, "16-bit scores");
+  cpu.validate();
   check_row_args(n, k, prot);
   DEPTHKV_CHECK(n == 0 || scores != nullptr, "null scores");
   std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
@@ -204,6 +208,7 @@ std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* p
   for (int i = 0; i < n; ++i)
     key[static_cast<std::size_t>(i)] = static_cast<float>(ordered_key16(bits[static_cast<std::size_t>(i)]));
   SelectWorkspace ws;
+  ws.simd_level = cpu.max_simd_level;
   std::vector<std::int32_t> out;
   select_row(FloatKeys{key.data()}, positions, n, k, prot, ws, out);
   return out;
@@ -217,14 +222,18 @@ std::vector<std::int32_t> select_keep16(const T16* scores, const std::int32_t* p
 /// @param positions n original positions (ties: the earlier position stays); nullptr means the
 ///   slot order (positions 0..n-1)
 /// @param k tokens to keep, protected ones included
-/// @throws Error on NaN scores, n < 0, k < 0, negative protection, or k < the protected count
+/// @param cpu instruction-set cap of the passes (`max_simd_level`; one thread)
+/// @throws Error on NaN scores, n < 0, k < 0, negative protection, k < the protected count, or an
+///   invalid `cpu`
 inline std::vector<std::int32_t> select_keep(const float* scores, const std::int32_t* positions, int n, int k,
-                                             Protection prot) {
+                                             Protection prot, const CpuOptions& cpu = CpuOptions()) {
+  cpu.validate();
   detail::check_row_args(n, k, prot);
   DEPTHKV_CHECK(n == 0 || scores != nullptr, "null scores");
-  const int bad = detail::first_nan(scores, n);
+  const int bad = detail::first_nan(scores, n, cpu.max_simd_level);
   DEPTHKV_CHECK(bad < 0, "NaN score at slot " << bad);
   detail::SelectWorkspace ws;
+  ws.simd_level = cpu.max_simd_level;
   std::vector<std::int32_t> out;
   detail::select_row(detail::FloatKeys{scores}, positions, n, k, prot, ws, out);
   return out;
@@ -237,24 +246,21 @@ template <class T16,
           std::enable_if_t<std::is_same<T16, Eigen::half>::value || std::is_same<T16, Eigen::bfloat16>::value,
                            int> = 0>
 std::vector<std::int32_t> select_keep(const T16* scores, const std::int32_t* positions, int n, int k,
-                                      Protection prot) {
+                                      Protection prot, const CpuOptions& cpu = CpuOptions()) {
   return detail::select_keep16(
       scores, positions, n, k, prot,
-      std::is_same<T16, Eigen::half>::value ? detail::kHalfInfBits : detail::kBFloat16InfBits);
+      std::is_same<T16, Eigen::half>::value ? detail::kHalfInfBits : detail::kBFloat16InfBits, cpu);
 }
 
 namespace detail {
 
-/// Evicts `layers[l]` to `keep[l][h]` tokens per head; `label_layers` adds "layer l" to messages.
+/// Step 1 of evict_layers: checks the shapes and keep ranges of every layer and head (nothing is
+/// touched); `label_layers` adds "layer l" to messages.
+/// @return the first row (layer, KV head) of each layer, and the row count last
 template <class Layer>
-std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
-                                        const std::vector<const LayerScores*>& scores,
-                                        const std::vector<std::vector<int>>& keep, Protection prot,
-                                        const EvictOptions& opt, bool label_layers) {
-  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
-                "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
+std::vector<int> check_layers(const std::vector<Layer*>& layers, const std::vector<const LayerScores*>& scores,
+                              const std::vector<std::vector<int>>& keep, Protection prot, bool label_layers) {
   const int n_layers = static_cast<int>(layers.size());
-  // 1. shapes and keep ranges, every layer and head, before anything else
   std::vector<int> row0(static_cast<std::size_t>(n_layers) + 1, 0);
   for (int l = 0; l < n_layers; ++l) {
     const Layer& L = *layers[static_cast<std::size_t>(l)];
@@ -283,6 +289,21 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
     }
     row0[static_cast<std::size_t>(l) + 1] = row0[static_cast<std::size_t>(l)] + nh;
   }
+  return row0;
+}
+
+/// Evicts `layers[l]` to `keep[l][h]` tokens per head; `label_layers` adds "layer l" to messages.
+template <class Layer>
+std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
+                                        const std::vector<const LayerScores*>& scores,
+                                        const std::vector<std::vector<int>>& keep, Protection prot,
+                                        const EvictOptions& opt, bool label_layers) {
+  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
+                "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
+  opt.validate();
+  const int n_layers = static_cast<int>(layers.size());
+  // 1. shapes and keep ranges, every layer and head, before anything else
+  const std::vector<int> row0 = check_layers(layers, scores, keep, prot, label_layers);
   const int n_rows = row0.back();
   std::vector<LayerEviction> result(static_cast<std::size_t>(n_layers));
   for (int l = 0; l < n_layers; ++l) {
@@ -296,6 +317,7 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
   };
   const int workers = resolve_threads(opt.n_threads, n_rows);
   std::vector<SelectWorkspace> ws(static_cast<std::size_t>(workers));
+  for (SelectWorkspace& w : ws) w.simd_level = opt.max_simd_level;
 
   // 2. NaN checks and selection (reads only): an error here leaves everything unchanged
   parallel_for(n_rows, workers, [&](int worker, int r) {
@@ -304,7 +326,7 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
     const Layer& L = *layers[static_cast<std::size_t>(l)];
     const std::vector<float>& s = (*scores[static_cast<std::size_t>(l)])[static_cast<std::size_t>(h)];
     const int n = L.size(h);
-    const int bad = first_nan(s.data(), n);
+    const int bad = first_nan(s.data(), n, opt.max_simd_level);
     if (bad >= 0) {
       if (label_layers) DEPTHKV_FAIL("layer " << l << " head " << h << ": NaN score at slot " << bad);
       DEPTHKV_FAIL("head " << h << ": NaN score at slot " << bad);

@@ -1,41 +1,44 @@
 #pragma once
 /// @file simd_level.hpp
-/// @brief The process-wide cap on the instruction set of depthkv's CPU passes (NaN checks,
-/// selection, compaction): 0 scalar, 1 SSE2 (every x86-64), 2 AVX2.
+/// @brief The instruction-set levels of depthkv's CPU passes (NaN checks, selection, compaction,
+/// quantized products): 0 scalar, 1 SSE2 (every x86-64), 2 AVX2, and the highest level this CPU
+/// and build run.
 ///
-/// By default the passes use the highest level the CPU has (AVX2 is chosen at run time: no
-/// `-mavx2` needed; `-DDEPTHKV_NO_AVX2_DISPATCH` leaves it out). Every level gives the same results;
-/// lowering the cap only changes speed. It exists to test and benchmark each path, and to rule out
-/// a vector path when diagnosing a machine. The cap applies to every thread and every call that
-/// starts after it is set (an atomic; set it while no eviction is running for a clean comparison).
+/// The passes use the highest level the CPU has, at most the call's `CpuOptions::max_simd_level`
+/// (cpu_options.hpp). AVX2 is chosen at run time: no `-mavx2` needed; `-DDEPTHKV_NO_AVX2_DISPATCH`
+/// leaves it out. Every level gives the same results; a lower cap only changes speed. There is no
+/// process-wide setting.
 ///
 /// @code
-/// const int saved = depthkv::set_max_simd_level(0);   // scalar passes only
-/// // ... evict ...
-/// depthkv::set_max_simd_level(saved);
+/// for (int level = 0; level <= depthkv::cpu_simd_level(); ++level) {
+///   depthkv::EvictOptions opt;
+///   opt.max_simd_level = level;   // same kept slots at every level
+/// }
 /// @endcode
 
-#include <atomic>
+#include "depthkv/cpu_options.hpp"
 
-#include "depthkv/error.hpp"
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(DEPTHKV_NO_AVX2_DISPATCH)
+#define DEPTHKV_AVX2_DISPATCH 1  // AVX2 passes compiled with a target attribute, chosen at run time
+#endif
 
 namespace depthkv {
 
-namespace detail {
-/// Storage of the cap read by `max_simd_level()`.
-inline std::atomic<int> simd_level_cap{2};
-}  // namespace detail
-
-/// The highest instruction-set level the CPU passes may use (0 scalar, 1 SSE2, 2 AVX2; default 2).
-inline int max_simd_level() noexcept { return detail::simd_level_cap.load(std::memory_order_relaxed); }
-
-/// Caps the instruction set of the CPU passes at `level` (the CPU's own highest level still applies).
-/// @param level 0 scalar, 1 SSE2, 2 AVX2
-/// @return the previous cap
-/// @throws Error when level is outside [0, 2]
-inline int set_max_simd_level(int level) {
-  DEPTHKV_CHECK(level >= 0 && level <= 2, "SIMD level must be 0, 1 or 2, got " << level);
-  return detail::simd_level_cap.exchange(level, std::memory_order_relaxed);
+/// @return the highest instruction-set level this CPU and build run: 2 with AVX2 (and POPCNT),
+///   1 with SSE2, else 0
+inline int cpu_simd_level() {
+  int level = 0;
+#if defined(__SSE2__)
+  level = 1;
+#endif
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+  }();
+  if (avx2) level = 2;
+#endif
+  return level;
 }
 
 }  // namespace depthkv

@@ -34,7 +34,6 @@ std::vector<I32> naive(const std::vector<float>& v, const I32* pos, int lo, int 
 using depthkv_test::adversarial_scores;
 
 using depthkv_test::available_simd_levels;
-using SimdLevel = depthkv_test::SimdLevelGuard;
 
 }  // namespace
 
@@ -57,7 +56,7 @@ TEST_CASE("radix and nth_element selection equal the naive kept set (float keys)
           REQUIRE(nth.front() == -5);
           REQUIRE(std::vector<I32>(nth.begin() + 1, nth.end()) == want);
           for (int level : available_simd_levels()) {  // every float pass: scalar, SSE2, AVX2
-            SimdLevel use(level);
+            ws.simd_level = level;
             INFO("simd level " << level);
             std::vector<I32> radix{-5}, hist{-5};
             rd::select_best_radix(rd::FloatKeys{v.data()}, pos, lo, hi, m, ws, radix);
@@ -134,12 +133,11 @@ TEMPLATE_TEST_CASE("compact_runs moves kept tokens like a per-token copy", "[evi
             // every instruction set, with plain moves and (from 0 bytes on) streaming stores
             for (int level : available_simd_levels()) {
               for (std::size_t from : {std::numeric_limits<std::size_t>::max(), std::size_t{0}}) {
-                SimdLevel cap(level);
                 std::vector<TestType> got = buf;
                 std::vector<I32> got_pos = pos;
                 rd::compact_runs(got.data() + at, stride, hd, kept.data(), static_cast<int>(kept.size()),
-                                 from);
-                rd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()), from);
+                                 from, level);
+                rd::compact_runs(got_pos.data(), 1, 1, kept.data(), static_cast<int>(kept.size()), from, level);
                 INFO("n " << n << " hd " << hd << " pad " << pad << " keep " << keep << " offset " << offset
                           << " level " << level << " streaming from " << from);
                 REQUIRE(std::memcmp(got.data(), want.data(), sizeof(TestType) * got.size()) ==
@@ -215,7 +213,6 @@ TEST_CASE("digit_histogram and keep_bucket: counts, the top digit, the chosen bu
         REQUIRE(top == want_top);
       }
       for (int level : available_simd_levels()) {
-        SimdLevel use(level);
         for (std::uint32_t d : {0u, 1u, want_top, 0xABCDu}) {
           INFO("c " << c << " spread " << spread << " digit " << d << " simd level " << level);
           std::vector<std::uint32_t> want;
@@ -223,13 +220,13 @@ TEST_CASE("digit_histogram and keep_bucket: counts, the top digit, the chosen bu
             if (((k >> s) & mask) == d) want.push_back(k);
           std::vector<std::uint32_t> out(keys.size() + 1, 7u);
           const std::uint32_t n =
-              rd::keep_bucket(out.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask, d);
+              rd::keep_bucket(out.data(), keys.data(), static_cast<std::uint32_t>(c), s, mask, d, level);
           REQUIRE(std::vector<std::uint32_t>(out.begin(), out.begin() + n) == want);
           REQUIRE(out.back() == 7u);  // nothing written past the c keys' room
           std::vector<std::uint32_t> in_place = keys;
           in_place.push_back(7u);
           const std::uint32_t n2 =
-              rd::keep_bucket(in_place.data(), in_place.data(), static_cast<std::uint32_t>(c), s, mask, d);
+              rd::keep_bucket(in_place.data(), in_place.data(), static_cast<std::uint32_t>(c), s, mask, d, level);
           REQUIRE(std::vector<std::uint32_t>(in_place.begin(), in_place.begin() + n2) == want);
           REQUIRE(in_place.back() == 7u);
         }
@@ -252,7 +249,7 @@ TEST_CASE("radix_threshold and radix_threshold2 give the keys of the requested r
         for (int a : {1, 2, c / 3 + 1, c / 2 + 1, c}) {
           for (int b : {a, a + 1, a + 5, c}) {
             if (a > c || b > c || b < a) continue;
-            SimdLevel use(level);
+            ws.simd_level = level;
             INFO("c " << c << " kind " << kind << " ranks " << a << " " << b << " simd level " << level);
             const auto ua = static_cast<std::uint32_t>(a), ub = static_cast<std::uint32_t>(b);
             const rd::Threshold th = rd::radix_threshold(keys.data(), static_cast<std::uint32_t>(c), ua, ws);

@@ -109,40 +109,28 @@ inline void stream_fence(int level) {
 #endif
 }
 
-/// Moves token kept[i] to token i for i in [0, n_kept), one move per run of consecutive slots
-/// when the tokens are dense. `kept` must be strictly ascending and inside the head (not checked).
-/// Tokens of at least one cache line are prefetched `kPrefetchBytes` ahead of the copy: scattered
-/// survivors (low keep ratios) would otherwise be read at memory latency, one run at a time.
-/// Heads spanning at least `streaming_min_bytes` bytes (0: every head; SIZE_MAX: none) are written
-/// with streaming stores when every move is 32-byte aligned (token and stride sizes multiples of
-/// 32 bytes, `base` 32-byte aligned) and the CPU has SSE2 (AVX2 where present); otherwise with
-/// memmove.
-/// Single elements (positions) are moved by assignment instead of a memmove call each.
+/// The level of compact_runs' stores: streaming stores (`level` >= 1, at most `max_simd_level`)
+/// for heads spanning at least `streaming_min_bytes` bytes whose every move is 32-byte aligned
+/// (token and stride sizes multiples of 32 bytes, `base` 32-byte aligned); 0 (memmove) otherwise.
+inline int streaming_level(const void* base, std::size_t tok, std::size_t stride_bytes, std::size_t span,
+                           std::size_t streaming_min_bytes, int max_simd_level) {
+  const bool aligned = tok % 32 == 0 && stride_bytes % 32 == 0 && reinterpret_cast<std::uintptr_t>(base) % 32 == 0;
+  return span >= streaming_min_bytes && aligned ? simd_level(max_simd_level) : 0;
+}
+
+/// The moves of compact_runs from token i on: one per token when the tokens are strided, one per
+/// run of consecutive source slots when dense; tokens of at least one cache line are prefetched
+/// `kPrefetchBytes` ahead of the copy.
 template <typename T>
-void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std::int32_t* kept, int n_kept,
-                  std::size_t streaming_min_bytes = kDefaultStreamingMinBytes) {
-  static_assert(std::is_trivially_copyable<T>::value, "compact_runs moves bytes");
+void move_kept_tokens(T* base, std::ptrdiff_t token_stride, int head_dim, const std::int32_t* kept, int n_kept, int i,
+                      int level) {
   constexpr std::size_t kPrefetchBytes = 4096;
   const std::size_t tok = sizeof(T) * static_cast<std::size_t>(head_dim);
-  int i = 0;
-  while (i < n_kept && kept[i] == i) ++i;  // already in place
-  if (i == n_kept) return;
-  if (head_dim == 1 && token_stride == 1) {  // one element per token: plain assignments
-    for (; i < n_kept; ++i) base[i] = base[kept[i]];
-    return;
-  }
   const int ahead = tok >= 64 ? static_cast<int>((kPrefetchBytes + tok - 1) / tok) : 0;  // tokens
   int p = i;  // next token to prefetch
   auto prefetch_to = [&](int end) {
     for (end = end < n_kept ? end : n_kept; p < end; ++p) prefetch_bytes(base + kept[p] * token_stride, tok);
   };
-  const std::size_t stride_bytes = sizeof(T) * static_cast<std::size_t>(token_stride);
-  const std::size_t span = (static_cast<std::size_t>(kept[n_kept - 1]) + 1) * stride_bytes;
-  // streaming stores for large heads when every move is 32-byte aligned (simd level 0: never)
-  const int level = span >= streaming_min_bytes && tok % 32 == 0 && stride_bytes % 32 == 0 &&
-                            reinterpret_cast<std::uintptr_t>(base) % 32 == 0
-                        ? simd_level()
-                        : 0;
   if (token_stride != head_dim) {
     for (; i < n_kept; ++i) {
       if (ahead) prefetch_to(i + ahead);
@@ -159,6 +147,34 @@ void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std:
       i = j;
     }
   }
+}
+
+/// Moves token kept[i] to token i for i in [0, n_kept), one move per run of consecutive slots
+/// when the tokens are dense. `kept` must be strictly ascending and inside the head (not checked).
+/// Tokens of at least one cache line are prefetched `kPrefetchBytes` ahead of the copy: scattered
+/// survivors (low keep ratios) would otherwise be read at memory latency, one run at a time.
+/// Heads spanning at least `streaming_min_bytes` bytes (0: every head; SIZE_MAX: none) are written
+/// with streaming stores when every move is 32-byte aligned (token and stride sizes multiples of
+/// 32 bytes, `base` 32-byte aligned) and the CPU has SSE2 (AVX2 where present); otherwise with
+/// memmove; `max_simd_level` (the caller's `CpuOptions::max_simd_level`) caps their instruction
+/// set. Single elements (positions) are moved by assignment instead of a memmove call each.
+template <typename T>
+void compact_runs(T* base, std::ptrdiff_t token_stride, int head_dim, const std::int32_t* kept, int n_kept,
+                  std::size_t streaming_min_bytes = kDefaultStreamingMinBytes, int max_simd_level = 2) {
+  static_assert(std::is_trivially_copyable<T>::value, "compact_runs moves bytes");
+  int i = 0;
+  while (i < n_kept && kept[i] == i) ++i;  // already in place
+  if (i == n_kept) return;
+  if (head_dim == 1 && token_stride == 1) {  // one element per token: plain assignments
+    for (; i < n_kept; ++i) base[i] = base[kept[i]];
+    return;
+  }
+  const std::size_t tok = sizeof(T) * static_cast<std::size_t>(head_dim);
+  const std::size_t stride_bytes = sizeof(T) * static_cast<std::size_t>(token_stride);
+  const std::size_t span = (static_cast<std::size_t>(kept[n_kept - 1]) + 1) * stride_bytes;
+  // streaming stores for large heads when every move is 32-byte aligned (simd level 0: never)
+  const int level = streaming_level(base, tok, stride_bytes, span, streaming_min_bytes, max_simd_level);
+  move_kept_tokens(base, token_stride, head_dim, kept, n_kept, i, level);
   stream_fence(level);
 }
 

@@ -77,6 +77,9 @@ struct SelectWorkspace {
   std::vector<std::uint32_t> tkey2;  // radix_threshold2's buckets
   std::vector<std::uint32_t> tkey3;
   std::vector<std::int32_t> scratch;
+  /// The highest instruction set the passes may use (`CpuOptions::max_simd_level`: 0 scalar,
+  /// 1 SSE2, 2 AVX2; the CPU's own level applies too). Every level gives the same result.
+  int simd_level = 2;
 };
 
 /// `ordered_key` without branches (vectorisable); equal to ordered_key for every bit pattern.
@@ -235,12 +238,14 @@ __attribute__((target("avx2,popcnt"))) inline std::uint32_t keep_bucket_avx2(
 #endif
 
 /// Copies to dst (may be src itself) the keys whose digit (bits [s, s + width)) is d, in order and
-/// branch-free (8 at a time with AVX2); returns their count.
+/// branch-free (8 at a time with AVX2 when `simd_cap` allows it); returns their count.
 inline std::uint32_t keep_bucket(std::uint32_t* dst, const std::uint32_t* src, std::uint32_t c, int s,
-                                 std::uint32_t mask, std::uint32_t d) {
+                                 std::uint32_t mask, std::uint32_t d, int simd_cap) {
   std::uint32_t n = 0, j = 0;
 #if defined(DEPTHKV_AVX2_DISPATCH)
-  if (simd_level() >= 2) n = keep_bucket_avx2(dst, src, c, s, mask, d, j);
+  if (simd_level(simd_cap) >= 2) n = keep_bucket_avx2(dst, src, c, s, mask, d, j);
+#else
+  (void)simd_cap;
 #endif
   for (; j < c; ++j) {
     const std::uint32_t k = src[j];
@@ -286,7 +291,7 @@ inline Threshold radix_threshold(const std::uint32_t* ckey, std::uint32_t c, std
           if (((src[j] >> s) & mask) == d) T = src[j];
       return Threshold{T, need, h[d]};
     }
-    c = keep_bucket(buf, src, c, s, mask, d);  // in place after the first pass
+    c = keep_bucket(buf, src, c, s, mask, d, ws.simd_level);  // in place after the first pass
     src = buf;
     shift = s;
   }
@@ -332,14 +337,14 @@ inline void radix_threshold2(const std::uint32_t* ckey, std::uint32_t c, std::ui
       }
       grow(ws.tkey3, c);
       std::uint32_t* first = ws.tkey3.data();
-      const std::uint32_t na = keep_bucket(first, src, c, s, mask, da);  // bucket da to tkey3
-      const std::uint32_t nb = keep_bucket(buf, src, c, s, mask, db);    // bucket db to buf (in place)
+      const std::uint32_t na = keep_bucket(first, src, c, s, mask, da, ws.simd_level);  // bucket da to tkey3
+      const std::uint32_t nb = keep_bucket(buf, src, c, s, mask, db, ws.simd_level);    // bucket db to buf (in place)
       key_a = radix_threshold(first, na, need_a, ws).T;
       key_b = radix_threshold(buf, nb, need_b, ws).T;
       return;
     }
     T |= da << s;
-    c = keep_bucket(buf, src, c, s, mask, da);  // in place after the first pass
+    c = keep_bucket(buf, src, c, s, mask, da, ws.simd_level);  // in place after the first pass
     src = buf;
     shift = s;
   }
@@ -478,11 +483,11 @@ __attribute__((target("avx2,popcnt"))) std::uint32_t emit_kept_avx2(const float*
 /// vector store from a table of compacted lane offsets; then the candidates' keys are read.
 inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key,
                          bool has_lo, bool has_hi, std::int32_t* cand, std::uint32_t* ckey, std::uint32_t& a,
-                         std::uint32_t& c) {
+                         std::uint32_t& c, int simd_cap) {
   const float* s = keys.scores;
   const float lo_f = has_lo ? key_to_float(lo_key) : -std::numeric_limits<float>::infinity();
   const float hi_f = has_hi ? key_to_float(hi_key) : std::numeric_limits<float>::infinity();
-  const int level = simd_level();
+  const int level = simd_level(simd_cap);
   std::uint32_t na = 0, nc = 0;
   int i = lo;
 #if defined(DEPTHKV_AVX2_DISPATCH)
@@ -512,7 +517,7 @@ inline void bracket_pass(const FloatKeys& keys, int lo, int hi, std::uint32_t lo
 /// Step 2 for generic keys (16-bit).
 template <class Keys>
 void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::uint32_t hi_key, bool, bool,
-                  std::int32_t* cand, std::uint32_t* ckey, std::uint32_t& a, std::uint32_t& c) {
+                  std::int32_t* cand, std::uint32_t* ckey, std::uint32_t& a, std::uint32_t& c, int) {
   const std::uint32_t span = hi_key - lo_key;
   std::uint32_t na = 0, nc = 0;
   for (int i = lo; i < hi; ++i) {
@@ -528,8 +533,8 @@ void bracket_pass(const Keys& keys, int lo, int hi, std::uint32_t lo_key, std::u
 
 /// Emission, float rows, one instruction set and comparison (see emit_kept).
 template <bool kInclusive>
-std::uint32_t emit_kept_float(const float* s, int lo, int hi, float tf, std::int32_t* dst) {
-  const int level = simd_level();
+std::uint32_t emit_kept_float(const float* s, int lo, int hi, float tf, std::int32_t* dst, int simd_cap) {
+  const int level = simd_level(simd_cap);
 #if defined(DEPTHKV_AVX2_DISPATCH)
   if (level >= 2) return emit_kept_avx2<kInclusive>(s, lo, hi, tf, dst);
 #endif
@@ -551,15 +556,15 @@ std::uint32_t emit_kept_float(const float* s, int lo, int hi, float tf, std::int
 /// Emission: writes to `dst` (room for hi - lo + kEmitSlack) the slots of [lo, hi) keyed above
 /// th.T, or at least th.T when every T-keyed slot is kept (th.all_ties_kept()), in slot order;
 /// returns the count. (Otherwise the kept ties are merged in afterwards: finish_kept.)
-inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
+inline std::uint32_t emit_kept(const FloatKeys& keys, int lo, int hi, Threshold th, std::int32_t* dst, int simd_cap) {
   const float tf = key_to_float(th.T);
-  return th.all_ties_kept() ? emit_kept_float<true>(keys.scores, lo, hi, tf, dst)
-                            : emit_kept_float<false>(keys.scores, lo, hi, tf, dst);
+  return th.all_ties_kept() ? emit_kept_float<true>(keys.scores, lo, hi, tf, dst, simd_cap)
+                            : emit_kept_float<false>(keys.scores, lo, hi, tf, dst, simd_cap);
 }
 
 /// Emission for generic keys (16-bit).
 template <class Keys>
-std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, std::int32_t* dst) {
+std::uint32_t emit_kept(const Keys& keys, int lo, int hi, Threshold th, std::int32_t* dst, int) {
   const std::uint32_t floor = th.all_ties_kept() ? th.T : th.T + 1;  // keys >= floor (th.T < 2^16 here)
   std::uint32_t n = 0;
   for (int i = lo; i < hi; ++i) {
@@ -595,7 +600,7 @@ void append_kept(const Keys& keys, const std::int32_t* positions, int lo, int hi
   else
     choose_ties(cand, ckey, c, th, positions, ws);
   grow(ws.sure, static_cast<std::size_t>(hi - lo) + kEmitSlack);
-  const std::uint32_t n = emit_kept(keys, lo, hi, th, ws.sure.data());
+  const std::uint32_t n = emit_kept(keys, lo, hi, th, ws.sure.data(), ws.simd_level);
   assert(n + ws.scratch.size() == static_cast<std::size_t>(m));
   (void)m;
   finish_kept(ws.sure.data(), n, ws, out);
@@ -678,7 +683,7 @@ void select_bracketed(const Keys& keys, const std::int32_t* positions, int lo, i
   std::int32_t* cand = ws.cand.data();
   std::uint32_t* ckey = ws.cand_key.data();
   std::uint32_t a = 0, c = 0;
-  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, ckey, a, c);
+  bracket_pass(keys, lo, hi, lo_key, hi_key, has_lo, has_hi, cand, ckey, a, c, ws.simd_level);
   if (a > static_cast<std::uint32_t>(m) || a + c < static_cast<std::uint32_t>(m)) {
     select_best_histogram(keys, positions, lo, hi, m, ws, out);  // 5. the bracket missed
     return;

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <type_traits>
@@ -47,6 +48,7 @@
 #include <omp.h>
 #endif
 
+#include "depthkv/cpu_options.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/model.hpp"
@@ -84,45 +86,13 @@ using AttentionObserver =
 /// The most OpenMP threads any call of this library accepts (`ForwardOptions::n_threads`,
 /// `EvalConfig::n_threads`, `perplexity`'s `n_threads`): far more than any machine's cores, and
 /// far below what makes libgomp overflow a stack or run out of memory (100,000 and 2^31-1 did).
-inline constexpr int kMaxThreads = 1024;
+inline constexpr int kMaxThreads = kMaxCpuThreads;
 
 /// @param what the setting's name, for the message ("n_threads", "--threads")
 /// @throws depthkv::Error when `n` is outside [0, kMaxThreads] (0: OpenMP's default)
 inline void check_thread_count(int n, const char* what = "n_threads") {
   DEPTHKV_CHECK(n >= 0 && n <= kMaxThreads, what << " must be in [0, " << kMaxThreads << "] (0: OpenMP's default), got " << n);
 }
-
-namespace detail {
-
-/// Sets the calling thread's OpenMP thread count (which Eigen's products follow unless
-/// `Eigen::setNbThreads` was called) for its lifetime; `n <= 0` changes nothing.
-class ScopedThreads {
- public:
-  /// @throws depthkv::Error when `n` is above kMaxThreads (check_thread_count)
-  explicit ScopedThreads(int n) {
-    if (n > 0) check_thread_count(n);
-#ifdef _OPENMP
-    if (n > 0) {
-      saved_ = omp_get_max_threads();
-      omp_set_num_threads(n);
-    }
-#else
-    (void)n;
-#endif
-  }
-  ~ScopedThreads() {
-#ifdef _OPENMP
-    if (saved_ > 0) omp_set_num_threads(saved_);
-#endif
-  }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int saved_ = 0;
-};
-
-}  // namespace detail
 
 /// Wall-clock seconds spent in the parts of the forward pass (accumulated over calls).
 struct EngineStats {
@@ -202,8 +172,13 @@ struct HasFixedCapacity<L, std::void_t<decltype(std::declval<const L&>().capacit
 
 }  // namespace detail
 
-/// Options of one forward call (prefill, teacher forcing, decode).
-struct ForwardOptions {
+/// Options of one forward call (prefill, teacher forcing, decode). A ForwardOptions is a
+/// `CpuOptions`: `n_threads` (OpenMP threads of this call's products and attention heads, by
+/// `num_threads` clauses: 0 = all cores, 1 = the calling thread; products below
+/// `LlamaEngine::kParallelGemmWork` multiply-adds and attention below `LlamaEngine::kParallelWork`
+/// always run single-threaded, a fork-join costs more than it saves there) and `max_simd_level`
+/// (the quantized products' instruction set). Every thread count and level gives the same bytes.
+struct ForwardOptions : CpuOptions {
   /// Tokens per chunk: the call is processed in chunks of at most this many tokens, each chunk
   /// through all layers before the next starts (>= 1; the DepthKV paper uses 1024).
   int chunk_size = 1024;
@@ -219,11 +194,6 @@ struct ForwardOptions {
   unsigned capture_points = ~0u;
   /// Accumulates timings (optional).
   EngineStats* stats = nullptr;
-  /// OpenMP threads for this call (Eigen's products and the attention heads): 0 = the current
-  /// default (`OMP_NUM_THREADS`), 1 = single-threaded. Products smaller than
-  /// `LlamaEngine::kParallelGemmWork` multiply-adds always run single-threaded (a fork-join costs
-  /// more than it saves there, and far more on a loaded machine).
-  int n_threads = 0;
 };
 
 /// Bit of `point` for `ForwardOptions::capture_points`.
@@ -282,6 +252,7 @@ class LlamaEngine {
     DEPTHKV_CHECK(n >= 1, "need at least one token, got " << n);
     DEPTHKV_CHECK(pos0 >= 0, "pos0 must be >= 0, got " << pos0);
     DEPTHKV_CHECK(opt.chunk_size >= 1, "chunk_size must be >= 1, got " << opt.chunk_size);
+    opt.validate();
     DEPTHKV_CHECK(static_cast<std::int64_t>(pos0) + n - 1 <= std::numeric_limits<std::int32_t>::max(),
                   "positions " << pos0 << " + " << n << " overflow int32");
     check_cache(cache);
@@ -298,7 +269,6 @@ class LlamaEngine {
                                << ", new tokens start at " << pos0);
       }
     check_room(cache, n);
-    detail::ScopedThreads threads(opt.n_threads);
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
     try {
@@ -308,11 +278,11 @@ class LlamaEngine {
         RowMatrix x = embed(tokens + c0, t, opt.stats);
         for (int l = 0; l < config().n_layers; ++l) forward_layer(l, x, p0, cache.layer(l), opt);
         if (opt.all_logits) {
-          out.middleRows(c0, t) = logits(x, opt.stats, p0);
+          out.middleRows(c0, t) = logits(x, opt.stats, p0, opt);
           check_finite(out.middleRows(c0, t), p0, "the logits");
         } else if (c0 + t == n) {
           RowMatrix last = x.bottomRows(1);
-          out = logits(last, opt.stats, p0 + t - 1);
+          out = logits(last, opt.stats, p0 + t - 1, opt);
           check_finite(out, p0 + t - 1, "the logits");
         }
         if (opt.stats) opt.stats->tokens += t;
@@ -358,11 +328,14 @@ class LlamaEngine {
   }
 
   /// One decode step: `token` at position `pos`, appended to the cache.
+  /// @param cpu threads and instruction-set cap of the step
   /// @return the next-token logits `[vocab]`
   /// @throws Error as `forward`
   template <class Layer>
-  Eigen::VectorXf decode(int token, std::int32_t pos, KVCache<Layer>& cache, EngineStats* stats = nullptr) const {
+  Eigen::VectorXf decode(int token, std::int32_t pos, KVCache<Layer>& cache, EngineStats* stats = nullptr,
+                         const CpuOptions& cpu = CpuOptions()) const {
     ForwardOptions opt;
+    static_cast<CpuOptions&>(opt) = cpu;
     opt.stats = stats;
     RowMatrix l = forward(&token, 1, pos, cache, opt);
     return l.row(0).transpose();
@@ -401,14 +374,16 @@ class LlamaEngine {
 
   /// Final RMSNorm and classifier of residual-stream rows `x` `[T x dim]`.
   /// @param pos0 the position of the first row (for errors)
+  /// @param cpu threads and instruction-set cap of the classifier product
   /// @return logits `[T x vocab]`
   /// @throws Error when a row overflows float in the norm (`rmsnorm`)
-  RowMatrix logits(const RowMatrix& x, EngineStats* stats = nullptr, std::int64_t pos0 = 0) const {
+  RowMatrix logits(const RowMatrix& x, EngineStats* stats = nullptr, std::int64_t pos0 = 0,
+                   const CpuOptions& cpu = CpuOptions()) const {
     detail::PhaseTimer timer(stats, &EngineStats::other_s);
     RowMatrix xn = rmsnorm(x, model_.final_norm, pos0);
     timer.to(&EngineStats::matmul_s);
     RowMatrix out(x.rows(), config().vocab_size);
-    linear(model_.classifier, model_.classifier_quant, xn, out);
+    linear(model_.classifier, model_.classifier_quant, xn, out, cpu);
     return out;
   }
 
@@ -443,9 +418,9 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix q(T, q_dim), k(T, kv_dim), v(T, kv_dim);
-    linear(w.wq, w.wq_quant, xn, q);
-    linear(w.wk, w.wk_quant, xn, k);
-    linear(w.wv, w.wv_quant, xn, v);
+    linear(w.wq, w.wq_quant, xn, q, opt);
+    linear(w.wk, w.wk_quant, xn, k, opt);
+    linear(w.wv, w.wv_quant, xn, v, opt);
 
     timer.to(&EngineStats::other_s);
     if (w.bq.size()) q.rowwise() += w.bq.transpose();
@@ -484,7 +459,7 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix o(T, c.dim);
-    linear(w.wo, w.wo_quant, att, o);
+    linear(w.wo, w.wo_quant, att, o, opt);
 
     timer.to(&EngineStats::other_s);
     cap(CapturePoint::kAttnOutput, o);
@@ -494,14 +469,14 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
-    linear(w.w1, w.w1_quant, xn, h1);
-    linear(w.w3, w.w3_quant, xn, h3);
+    linear(w.w1, w.w1_quant, xn, h1, opt);
+    linear(w.w3, w.w3_quant, xn, h3, opt);
     for (Eigen::Index i = 0; i < h1.size(); ++i) {
       float g = h1.data()[i];
       g *= 1.0f / (1.0f + std::exp(-g));
       h1.data()[i] = g * h3.data()[i];
     }
-    linear(w.w2, w.w2_quant, h1, o);
+    linear(w.w2, w.w2_quant, h1, o, opt);
 
     timer.to(&EngineStats::other_s);
     cap(CapturePoint::kMlpOutput, o);
@@ -723,35 +698,79 @@ class LlamaEngine {
     }
   }
 
-  /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row; small
-  /// products single-threaded. With a stored form `Q` (then `W` is empty) the stored rows are
-  /// multiplied instead: `quant_matvec` for one row, `quant_matmul` for several (int8
-  /// activations for block types, F16/BF16 converted in registers; quant/products.hpp), on the
-  /// current OpenMP thread count.
-  static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y) {
+  /// y = x W^T for every row of x (`W` is `[out x in]` row-major); a GEMV for one row. With a
+  /// stored form `Q` (then `W` is empty) the stored rows are multiplied instead: `quant_matvec`
+  /// for one row, `quant_matmul` for several (int8 activations for block types, F16/BF16
+  /// converted in registers; quant/products.hpp). Products below kParallelGemmWork multiply-adds
+  /// run on one thread, larger ones on `cpu.n_threads`; the bytes are the same for every count.
+  static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y, const CpuOptions& cpu) {
+    const double out = Q.empty() ? static_cast<double>(W.rows()) : static_cast<double>(Q.rows);
+    const double in = Q.empty() ? static_cast<double>(W.cols()) : static_cast<double>(Q.cols);
+    const int threads = static_cast<double>(x.rows()) * out * in < kParallelGemmWork ? 1 : thread_count(cpu.n_threads);
     if (!Q.empty()) {
-      const double work = static_cast<double>(x.rows()) * static_cast<double>(Q.rows) * static_cast<double>(Q.cols);
-      int n_threads = 1;
-#ifdef _OPENMP
-      if (work >= kParallelGemmWork) n_threads = omp_get_max_threads();
-#else
-      (void)work;
-#endif
-      const QuantProductOptions qopt{n_threads, QuantKernel::kAuto};
+      const QuantProductOptions qopt(CpuOptions{threads, cpu.max_simd_level}, QuantKernel::kAuto);
       if (x.rows() == 1) {
         quant_matvec(Q.type, Q.data, Q.rows, Q.cols, x.data(), y.data(), qopt);
       } else {
         quant_matmul(Q.type, Q.data, Q.rows, Q.cols, x.data(), x.rows(), y.data(), qopt);
       }
+    } else if (x.rows() == 1) {
+      y.row(0).transpose().noalias() = W * x.row(0).transpose();  // a GEMV: Eigen runs it on one thread
+    } else {
+      gemm(W, x, y, threads);
+    }
+  }
+
+  /// y = x W^T (x with several rows) on `threads` threads: the rows of W are split into slices of
+  /// a multiple of kGemmSliceRows rows, one single-threaded Eigen product per slice, so every
+  /// thread count gives the bytes of Eigen's single-threaded product (Eigen's own multi-threaded
+  /// product blocks the depth differently and differs in the last bits). Inside an active OpenMP
+  /// region the product is Eigen's, on the calling thread.
+  static void gemm(const RowMatrix& W, const RowMatrix& x, RowMatrix& y, int threads) {
+#ifdef _OPENMP
+    if (omp_get_active_level() == 0) {
+      const Eigen::Index out = W.rows();
+      Eigen::Index per = (out + threads - 1) / threads;
+      per = std::max<Eigen::Index>(1, (per + kGemmSliceRows - 1) / kGemmSliceRows) * kGemmSliceRows;
+      const int slices = static_cast<int>((out + per - 1) / per);
+      std::vector<std::exception_ptr> errors(static_cast<std::size_t>(slices));
+      // at least two threads: Eigen multiplies on one thread only inside a team of several
+#pragma omp parallel for schedule(static, 1) num_threads(std::max(2, slices))
+      for (int i = 0; i < slices; ++i) {
+        try {
+          const Eigen::Index r0 = i * per, nr = std::min(out, r0 + per) - r0;
+          y.middleCols(r0, nr).noalias() = x * W.middleRows(r0, nr).transpose();
+        } catch (...) {
+          errors[static_cast<std::size_t>(i)] = std::current_exception();
+        }
+      }
+      for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
       return;
     }
-    const double work = static_cast<double>(x.rows()) * static_cast<double>(W.rows()) * static_cast<double>(W.cols());
-    detail::ScopedThreads threads(work < kParallelGemmWork ? 1 : 0);
-    if (x.rows() == 1) {
-      y.row(0).transpose().noalias() = W * x.row(0).transpose();
-    } else {
-      y.noalias() = x * W.transpose();
+#endif
+    (void)threads;
+    y.noalias() = x * W.transpose();
+  }
+
+  /// Runs fn(i) for i in [0, n): with threads > 1 on an OpenMP team of that many threads (Eigen's
+  /// products inside a team are single-threaded), else on the calling thread with Eigen's
+  /// products single-threaded too (run_eigen_serial). Inside an active OpenMP region the loop is
+  /// a nested region (one thread), as Eigen's products there expect.
+  template <class Fn>
+  static void heads_in_parallel(int n, int threads, Fn&& fn) {
+#ifdef _OPENMP
+    if (threads > 1 || omp_get_active_level() > 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+      for (int i = 0; i < n; ++i) fn(i);
+      return;
     }
+#else
+    (void)threads;
+#endif
+    depthkv::detail::run_eigen_serial([&] {
+      for (int i = 0; i < n; ++i) fn(i);
+    });
   }
 
   /// Grouped-query attention of the T new queries `q` `[T x n_heads*hd]` (already rotated)
@@ -766,16 +785,12 @@ class LlamaEngine {
     // Heads run in parallel (OpenMP) when the work is large enough; Eigen's products inside a
     // parallel region stay single-threaded, so there is one fork-join per layer, not per product.
     const double work = static_cast<double>(T) * max_n * c.head_dim * c.n_heads;
-    const bool par = work >= kParallelWork;
-    (void)par;  // used by the OpenMP pragmas only
+    const int threads = work >= kParallelWork ? thread_count(opt.n_threads) : 1;
     if (!opt.observer) {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) if (par)
-#endif
-      for (int qh = 0; qh < c.n_heads; ++qh) {
+      heads_in_parallel(c.n_heads, threads, [&](int qh) {
         RowMatrix s;
         attend_head(qh, q, kv, size_before, att, s, false);
-      }
+      });
       return;
     }
     // With an observer: heads computed in parallel batches (probabilities of a batch held at
@@ -786,10 +801,8 @@ class LlamaEngine {
     std::vector<RowMatrix> probs(static_cast<std::size_t>(batch));
     for (int b0 = 0; b0 < c.n_heads; b0 += batch) {
       const int nb = std::min(batch, c.n_heads - b0);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) if (par && nb > 1)
-#endif
-      for (int i = 0; i < nb; ++i) attend_head(b0 + i, q, kv, size_before, att, probs[static_cast<std::size_t>(i)], true);
+      heads_in_parallel(nb, nb > 1 ? threads : 1,
+                        [&](int i) { attend_head(b0 + i, q, kv, size_before, att, probs[static_cast<std::size_t>(i)], true); });
       for (int i = 0; i < nb; ++i) {
         const RowMatrix& p = probs[static_cast<std::size_t>(i)];
         const int n = static_cast<int>(p.cols());
@@ -864,6 +877,10 @@ class LlamaEngine {
 
   /// Multiply-adds below which a projection runs single-threaded.
   static constexpr double kParallelGemmWork = 1 << 23;
+  /// Rows of W per slice of a multi-threaded float projection come in multiples of this (a
+  /// multiple of Eigen's register-block rows for SSE, AVX and AVX-512 floats: 12, 24, 48), so each
+  /// row of the product takes the same kernel path as in one single-threaded product.
+  static constexpr Eigen::Index kGemmSliceRows = 48;
   /// Multiply-adds (T x slots x head_dim x heads) from which attention heads run in parallel.
   static constexpr double kParallelWork = 1 << 20;
   /// Most bytes of attention probabilities held for the observer at once (one head at least).

@@ -108,12 +108,46 @@ void reference(GgmlType type, const std::vector<float>& wf, std::int64_t rows, s
   }
 }
 
+// quant_matvec and quant_matmul of the stored matrix w (dequantized: wf) with the rows of X, against
+// the double reference of each row with its activation-rounding tolerance.
+void check_products_against_reference(GgmlType type, const std::vector<std::uint8_t>& w, const std::vector<float>& wf,
+                                      std::int64_t rows, std::int64_t cols, const std::vector<float>& X, std::int64_t n,
+                                      QuantKernel kernel, int threads, int level) {
+  const bool q8_ok = block_of(type) > 1;
+  const bool q8k_ok = depthkv::llama::detail::q8k_type(type);
+  QuantProductOptions opt;
+  opt.n_threads = threads;
+  opt.max_simd_level = level;
+  opt.kernel = kernel;
+  // kAuto: per-256 int8 activations for Q4_K, Q5_K, Q6_K, per-32 for the other block types
+  std::vector<double> ref, tol;
+  const int act = kernel == QuantKernel::kQ8KActivations || (kernel == QuantKernel::kAuto && q8k_ok) ? 256
+                  : kernel == QuantKernel::kQ8Activations || (kernel == QuantKernel::kAuto && q8_ok) ? 32
+                                                                                                   : 0;
+  reference(type, wf, rows, cols, X.data(), act, ref, tol);
+  std::vector<float> y(static_cast<std::size_t>(rows), NAN);
+  depthkv::llama::quant_matvec(type, w.data(), rows, cols, X.data(), y.data(), opt);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    INFO("row " << r << " got " << y[r] << " want " << ref[r] << " tol " << tol[r]);
+    REQUIRE(std::fabs(y[r] - ref[r]) <= tol[r]);
+  }
+  // matmul
+  std::vector<float> Y(static_cast<std::size_t>(n * rows), NAN);
+  depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y.data(), opt);
+  for (std::int64_t t = 0; t < n; ++t) {
+    reference(type, wf, rows, cols, X.data() + t * cols, act, ref, tol);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      INFO("token " << t << " row " << r << " got " << Y[t * rows + r] << " want " << ref[r]);
+      REQUIRE(std::fabs(Y[t * rows + r] - ref[r]) <= tol[r]);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every type", "[llama][quant]") {
   std::mt19937 rng(14);
-  for (const int level : depthkv_test::available_simd_levels()) {
-    depthkv_test::SimdLevelGuard guard(level);
+  for (const int level : depthkv_test::available_simd_levels()) {  // through the options: no global cap
     for (const GgmlType type : kTypes) {
       const std::int64_t bs = block_of(type);
       const std::int64_t col_blocks[] = {1, 3, bs == 1 ? 37 : 8};
@@ -136,37 +170,14 @@ TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every t
             if (kernel == QuantKernel::kQ8KActivations && !q8k_ok) continue;
             for (const int threads : {1, 3}) {
               INFO("kernel " << static_cast<int>(kernel) << " threads " << threads);
-              QuantProductOptions opt;
-              opt.n_threads = threads;
-              opt.kernel = kernel;
-              // kAuto: per-256 int8 activations for Q4_K, Q5_K, Q6_K, per-32 for the other block types
-              std::vector<double> ref, tol;
-              const int act = kernel == QuantKernel::kQ8KActivations || (kernel == QuantKernel::kAuto && q8k_ok) ? 256
-                              : kernel == QuantKernel::kQ8Activations || (kernel == QuantKernel::kAuto && q8_ok) ? 32
-                                                                                                               : 0;
-              reference(type, wf, rows, cols, X.data(), act, ref, tol);
-              std::vector<float> y(static_cast<std::size_t>(rows), NAN);
-              depthkv::llama::quant_matvec(type, w.data(), rows, cols, X.data(), y.data(), opt);
-              for (std::int64_t r = 0; r < rows; ++r) {
-                INFO("row " << r << " got " << y[r] << " want " << ref[r] << " tol " << tol[r]);
-                REQUIRE(std::fabs(y[r] - ref[r]) <= tol[r]);
-              }
-              // matmul
-              std::vector<float> Y(static_cast<std::size_t>(n * rows), NAN);
-              depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y.data(), opt);
-              for (std::int64_t t = 0; t < n; ++t) {
-                reference(type, wf, rows, cols, X.data() + t * cols, act, ref, tol);
-                for (std::int64_t r = 0; r < rows; ++r) {
-                  INFO("token " << t << " row " << r << " got " << Y[t * rows + r] << " want " << ref[r]);
-                  REQUIRE(std::fabs(Y[t * rows + r] - ref[r]) <= tol[r]);
-                }
-              }
+              check_products_against_reference(type, w, wf, rows, cols, X, n, kernel, threads, level);
             }
           }
           // quant_row_dot is the kDequantize row of matvec.
           std::vector<double> ref, tol;
           reference(type, wf, 1, cols, X.data(), 0, ref, tol);
-          CHECK(std::fabs(depthkv::llama::quant_row_dot(type, w.data(), X.data(), cols) - ref[0]) <= tol[0]);
+          CHECK(std::fabs(depthkv::llama::quant_row_dot(type, w.data(), X.data(), cols, depthkv::CpuOptions{1, level}) -
+                          ref[0]) <= tol[0]);
         }
       }
     }
@@ -186,10 +197,9 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
     std::vector<float> x(static_cast<std::size_t>(cols));
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     std::vector<float> y0(rows), y2(rows);
-    {
-      depthkv_test::SimdLevelGuard g(0);
-      depthkv::llama::quant_matvec(type, shifted.data() + 1, rows, cols, x.data(), y0.data());
-    }
+    QuantProductOptions scalar;
+    scalar.max_simd_level = 0;
+    depthkv::llama::quant_matvec(type, shifted.data() + 1, rows, cols, x.data(), y0.data(), scalar);
     depthkv::llama::quant_matvec(type, w.data(), rows, cols, x.data(), y2.data());
     for (std::int64_t r = 0; r < rows; ++r) CHECK(y0[r] == Approx(y2[r]).epsilon(1e-4).margin(1e-4));
     // matmul, every int8 kernel of the type: both levels quantize the activations alike, so they
@@ -204,10 +214,9 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
       QuantProductOptions opt;
       opt.kernel = kernel;
       std::vector<float> Y0(static_cast<std::size_t>(n * rows)), Y2(static_cast<std::size_t>(n * rows));
-      {
-        depthkv_test::SimdLevelGuard g(0);
-        depthkv::llama::quant_matmul(type, shifted.data() + 1, rows, cols, X.data(), n, Y0.data(), opt);
-      }
+      QuantProductOptions opt0 = opt;
+      opt0.max_simd_level = 0;
+      depthkv::llama::quant_matmul(type, shifted.data() + 1, rows, cols, X.data(), n, Y0.data(), opt0);
       depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y2.data(), opt);
       for (std::int64_t i = 0; i < n * rows; ++i) CHECK(Y0[i] == Approx(Y2[i]).epsilon(1e-4).margin(1e-4));
     }
@@ -235,4 +244,43 @@ TEST_CASE("quantized products: empty shapes and invalid input", "[llama][quant]"
                     Catch::Contains("Q4_0"));
   CHECK_THROWS_WITH(depthkv::llama::quant_matmul(GgmlType::kQ2_K, w.data(), 2, 256, x.data(), 1, y.data(), opt),
                     Catch::Contains("Q2_K"));
+}
+
+TEST_CASE("quantized products: the same bytes for every thread count, levels through the options", "[llama][quant]") {
+  std::mt19937 rng(77);
+  const std::int64_t rows = 70, cols = 512, n = 13;  // 16-row tasks, 8- and 4-token tiles with tails
+  std::vector<float> X(static_cast<std::size_t>(n * cols));
+  for (float& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (const GgmlType type : kTypes) {
+    const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
+    for (const int level : depthkv_test::available_simd_levels()) {
+      for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kDequantize}) {
+        INFO("type " << depthkv::llama::ggml_type_name(type) << " level " << level << " kernel " << static_cast<int>(kernel));
+        std::vector<float> y1(static_cast<std::size_t>(rows)), Y1(static_cast<std::size_t>(n * rows));
+        for (const int threads : {1, 2, 5}) {
+          const QuantProductOptions opt(depthkv::CpuOptions{threads, level}, kernel);
+          std::vector<float> y(static_cast<std::size_t>(rows)), Y(static_cast<std::size_t>(n * rows));
+          depthkv::llama::quant_matvec(type, w.data(), rows, cols, X.data(), y.data(), opt);
+          depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y.data(), opt);
+          if (threads == 1) {
+            y1 = y;
+            Y1 = Y;
+          }
+          INFO("threads " << threads);
+          REQUIRE(std::memcmp(y.data(), y1.data(), sizeof(float) * y.size()) == 0);
+          REQUIRE(std::memcmp(Y.data(), Y1.data(), sizeof(float) * Y.size()) == 0);
+        }
+      }
+    }
+  }
+  QuantProductOptions bad;
+  bad.max_simd_level = 3;
+  std::vector<float> y(static_cast<std::size_t>(rows));
+  const std::vector<std::uint8_t> w = random_matrix(GgmlType::kQ8_0, rows, cols, rng);
+  CHECK_THROWS_WITH(depthkv::llama::quant_matvec(GgmlType::kQ8_0, w.data(), rows, cols, X.data(), y.data(), bad),
+                    Catch::Contains("max_simd_level must be 0, 1 or 2, got 3"));
+  bad.max_simd_level = 2;
+  bad.n_threads = -1;
+  CHECK_THROWS_WITH(depthkv::llama::quant_matmul(GgmlType::kQ8_0, w.data(), rows, cols, X.data(), n, y.data(), bad),
+                    Catch::Contains("n_threads must be in [0, 1024]"));
 }

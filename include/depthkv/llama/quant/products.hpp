@@ -44,17 +44,20 @@
 /// 1e-5 * sum_k |w_k x_k|).
 ///
 /// Instruction set: AVX2 + FMA + F16C paths chosen at run time, a scalar fallback otherwise or
-/// when `depthkv::set_max_simd_level(0 or 1)` caps it (detail/simd.hpp); both quantize the
-/// activations with the same code and give the same results up to summation order.
+/// when the call's `max_simd_level` (QuantProductOptions is a CpuOptions, cpu_options.hpp) is 0
+/// or 1; both quantize the activations with the same code and give the same results up to
+/// summation order.
 ///
-/// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, 0 = all cores).
-/// With OpenMP, the tasks of quant_matmul run in an OpenMP parallel region, so Eigen's GEMM
-/// inside each task stays on its thread.
+/// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, the default here;
+/// 0 = all cores). The work is split into fixed tasks of rows, so every thread count gives the
+/// same bytes. With OpenMP, the tasks run in an OpenMP parallel region sized by a `num_threads`
+/// clause, so Eigen's GEMM inside each task stays on its thread.
 ///
 /// @code
 /// auto raw = file.raw_tensor(*file.find_tensor("blk.0.ffn_up.weight"));   // Q4_K, 5632 x 2048
 /// std::vector<float> y(raw.rows);
-/// depthkv::llama::quant_matvec(raw.type, raw.data, raw.rows, raw.cols, x.data(), y.data(), {2});
+/// depthkv::llama::quant_matvec(raw.type, raw.data, raw.rows, raw.cols, x.data(), y.data(),
+///                               depthkv::llama::QuantProductOptions(depthkv::CpuOptions{2, 2}));  // 2 threads
 /// @endcode
 
 #include <algorithm>
@@ -68,15 +71,14 @@
 
 #include <Eigen/Core>
 
+#include "depthkv/cpu_options.hpp"
 #include "depthkv/detail/parallel_for.hpp"
 #include "depthkv/detail/simd.hpp"
 #include "depthkv/error.hpp"
+#include "depthkv/llama/quant/block_kernels.hpp"
 #include "depthkv/llama/quant/dequantize.hpp"
 #include "depthkv/llama/quant/ggml_type.hpp"
-
-#if defined(DEPTHKV_AVX2_DISPATCH)
-#include <cpuid.h>
-#endif
+#include "depthkv/llama/quant/type_list.hpp"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -92,10 +94,14 @@ enum class QuantKernel {
   kQ8KActivations, ///< Q4_K, Q5_K, Q6_K: int8 activations per 256 values, integer sums per block
 };
 
-/// Options of the quantized products.
-struct QuantProductOptions {
-  int n_threads = 1;                       ///< 1 = calling thread, 0 = all cores
-  QuantKernel kernel = QuantKernel::kAuto; ///< kernel choice
+/// Options of the quantized products: threads and instruction-set cap (`CpuOptions`; here
+/// `n_threads` defaults to 1, the calling thread) and the kernel.
+struct QuantProductOptions : CpuOptions {
+  QuantProductOptions() : CpuOptions{1, 2} {}
+  /// @param cpu threads and instruction-set cap
+  /// @param k kernel choice
+  explicit QuantProductOptions(const CpuOptions& cpu, QuantKernel k = QuantKernel::kAuto) : CpuOptions(cpu), kernel(k) {}
+  QuantKernel kernel = QuantKernel::kAuto;  ///< kernel choice
 };
 
 /// Rows of W dequantized together by quant_matmul's kDequantize kernel.
@@ -103,89 +109,13 @@ inline constexpr std::int64_t kQuantMatmulTile = 64;
 
 namespace detail {
 
-#if defined(DEPTHKV_AVX2_DISPATCH)
-#define DEPTHKV_QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
-#endif
-
-/// 2 when the AVX2 + FMA + F16C kernels may run now, else 0 (scalar).
-inline int quant_simd_level() {
-#if defined(DEPTHKV_AVX2_DISPATCH)
-  static const bool ok = [] {  // CPUID leaf 1, ECX: FMA bit 12, F16C bit 29 (AVX2 and OS support: simd_level)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 12)) != 0 && (c & (1u << 29)) != 0;
-  }();
-  return ok && depthkv::detail::simd_level() >= 2 ? 2 : 0;
-#else
-  return 0;
-#endif
-}
-
-/// One block of 32 activations quantized to int8 (x ~= d * qs), with the sums of qs[0..15]
-/// and qs[16..31].
-struct ActQ8 {
-  float d;
-  std::int16_t s[2];
-  std::int8_t qs[32];
-};
-
-/// Quantizes n (a multiple of 32) floats into n / 32 ActQ8 blocks (round to nearest).
-inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
-  for (std::int64_t b = 0; b < n / 32; ++b) {
-    const float* v = x + 32 * b;
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    out[b].d = d;
-    int s0 = 0, s1 = 0;
-    for (int j = 0; j < 32; ++j) {
-      out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
-      (j < 16 ? s0 : s1) += out[b].qs[j];
-    }
-    out[b].s[0] = static_cast<std::int16_t>(s0);
-    out[b].s[1] = static_cast<std::int16_t>(s1);
-  }
-}
-
-/// One block of 256 activations quantized to int8 (x ~= d * qs), with the sums of qs over each
-/// 16 values (`bsums[g]` = sum of qs[16 g .. 16 g + 15], |bsums| <= 2032); the layout of
-/// llama.cpp's block_q8_K, 32-byte aligned so that the kernels' loads of qs stay in one line.
-struct alignas(32) ActQ8K {
-  std::int8_t qs[256];
-  std::int16_t bsums[16];
-  float d;
-};
-
-/// Quantizes n (a multiple of 256) floats into n / 256 ActQ8K blocks: d = max|x| / 127 over
-/// the 256 values, qs = round to nearest of x / d (|qs| <= 127). Each value is off by at most
-/// d / 2 = max|x| / 254 of its block. Both instruction sets run this same code, so the
-/// kernels see the same codes at every SIMD level.
-inline void quantize_act_q8k(const float* x, std::int64_t n, ActQ8K* out) {
-  for (std::int64_t b = 0; b < n / 256; ++b) {
-    const float* v = x + 256 * b;
-    float amax = 0;
-    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    out[b].d = d;
-    for (int g = 0; g < 16; ++g) {
-      int s = 0;
-      for (int j = 16 * g; j < 16 * g + 16; ++j) {
-        out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
-        s += out[b].qs[j];
-      }
-      out[b].bsums[g] = static_cast<std::int16_t>(s);
-    }
-  }
-}
-
 /// Tokens per call of the kQ8KActivations matmul kernel (each decoded weight block serves them;
 /// 8 ran 0-10 % faster than 4 in quant_bench's Q4_K matmul; 16-row tasks were level with or faster
 /// than 64-row ones).
 inline constexpr int kQ8KTokens = 8;
 
-/// True for the types of the kQ8KActivations kernel (Q4_K, Q5_K, Q6_K).
-inline constexpr bool q8k_type(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K; }
+/// True for the types of the kQ8KActivations kernel (traits with kQ8K: Q4_K, Q5_K, Q6_K).
+inline constexpr bool q8k_type(GgmlType t) { return ggml_type_q8k(BlockTypes{}, t); }
 
 // ---- float rows (F32 / F16 / BF16) and dequantize-then-FMA rows --------------------------------
 
@@ -202,13 +132,13 @@ inline float row_dot_deq_scalar(const std::uint8_t* row, const float* x, std::in
       for (std::int64_t j = 0; j < m; ++j) acc[j & 7] += buf[j] * x[c + j];
     }
   } else {
-    using Block = typename QuantBlock<T>::type;
-    constexpr int K = QuantBlock<T>::kValues;
+    using Block = typename QuantTraits<T>::Block;
+    constexpr int K = QuantTraits<T>::kValues;
     float buf[K];
     for (std::int64_t i = 0; i < cols / K; ++i) {
       Block b;
       std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
-      dequantize_block(b, buf);
+      QuantTraits<T>::dequantize(b, buf);
       for (int j = 0; j < K; ++j) acc[j & 7] += buf[j] * x[i * K + j];
     }
   }
@@ -216,13 +146,6 @@ inline float row_dot_deq_scalar(const std::uint8_t* row, const float* x, std::in
 }
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
-DEPTHKV_QUANT_AVX2 inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
 /// Converts 8 stored F32 / F16 / BF16 values at p to floats.
 template <GgmlType T>
 DEPTHKV_QUANT_AVX2 inline __m256 load8_avx2(const std::uint8_t* p) {
@@ -250,13 +173,13 @@ DEPTHKV_QUANT_AVX2 inline float row_dot_deq_avx2(const std::uint8_t* row, const 
     if (j < cols) tail = row_dot_deq_scalar<T>(row + es * j, x + j, cols - j);
     return hsum_avx2(_mm256_add_ps(acc0, acc1)) + tail;
   } else {
-    using Block = typename QuantBlock<T>::type;
-    constexpr int K = QuantBlock<T>::kValues;
+    using Block = typename QuantTraits<T>::Block;
+    constexpr int K = QuantTraits<T>::kValues;
     alignas(32) float buf[K];
     for (std::int64_t i = 0; i < cols / K; ++i, x += K) {
       Block b;
       std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
-      dequantize_block(b, buf);
+      QuantTraits<T>::dequantize(b, buf);
       for (int j = 0; j < K; j += 16) {
         acc0 = _mm256_fmadd_ps(_mm256_load_ps(buf + j), _mm256_loadu_ps(x + j), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_load_ps(buf + j + 8), _mm256_loadu_ps(x + j + 8), acc1);
@@ -319,7 +242,7 @@ DEPTHKV_QUANT_AVX2 inline void dequantize_row_avx2(const std::uint8_t* row, floa
   } else if constexpr (T == GgmlType::kF32) {
     dequantize_row(T, row, out, n);
   } else {
-    dequantize_blocks<T>(row, n / QuantBlock<T>::kValues, out);
+    dequantize_blocks<T>(row, n / QuantTraits<T>::kValues, out);
   }
 }
 #endif
@@ -335,14 +258,14 @@ DEPTHKV_QUANT_AVX2 inline void dequantize_row_avx2(const std::uint8_t* row, floa
 
 template <GgmlType T>
 inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::int64_t cols) {
-  using Block = typename QuantBlock<T>::type;
-  constexpr int K = QuantBlock<T>::kValues;
+  using Block = typename QuantTraits<T>::Block;
+  constexpr int K = QuantTraits<T>::kValues;
   float buf[K];
   float acc = 0;
   for (std::int64_t i = 0; i < cols / K; ++i) {
     Block b;
     std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
-    dequantize_block(b, buf);
+    QuantTraits<T>::dequantize(b, buf);
     for (int c = 0; c < K / 32; ++c) {
       const ActQ8& a = xq[i * (K / 32) + c];
       float s = 0;
@@ -359,13 +282,13 @@ inline float row_dot_q8_scalar(const std::uint8_t* row, const ActQ8* xq, std::in
 template <GgmlType T>
 inline void rows_dot_q8k_scalar(const std::uint8_t* row, const ActQ8K* const* a, int nt, std::int64_t cols,
                                 float* out) {
-  using Block = typename QuantBlock<T>::type;
+  using Block = typename QuantTraits<T>::Block;
   float buf[256];
   for (int t = 0; t < nt; ++t) out[t] = 0;
   for (std::int64_t i = 0; i < cols / 256; ++i) {
     Block b;
     std::memcpy(&b, row + i * static_cast<std::int64_t>(sizeof(Block)), sizeof(Block));
-    dequantize_block(b, buf);
+    QuantTraits<T>::dequantize(b, buf);
     for (int t = 0; t < nt; ++t) {
       const ActQ8K& x = a[t][i];
       float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -376,104 +299,13 @@ inline void rows_dot_q8k_scalar(const std::uint8_t* row, const ActQ8K* const* a,
 }
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
-/// 32 bytes: 0xFF where bit i of the 32 bits at p is set.
-DEPTHKV_QUANT_AVX2 inline __m256i bits_to_bytes_avx2(const std::uint8_t* p) {
-  std::uint32_t bits;
-  std::memcpy(&bits, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                               0x0101010101010101, 0x0000000000000000));
-  const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
-}
-/// The 32 nibbles of 16 bytes in ggml order: low nibbles (values 0-15), then high (16-31).
-DEPTHKV_QUANT_AVX2 inline __m256i nibbles_avx2(const std::uint8_t* p) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
-}
-/// 16 x int16 sums of pairs u * q (u unsigned, 0..127) of one chunk.
-DEPTHKV_QUANT_AVX2 inline __m256i pairs_u_avx2(__m256i u, const ActQ8& a) {
-  return _mm256_maddubs_epi16(u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)));
-}
-/// 8 x int32: pairs summed with int16 weights sc0 (values 0-15) and sc1 (values 16-31).
-DEPTHKV_QUANT_AVX2 inline __m256i scale_pairs_avx2(__m256i p16, int sc0, int sc1) {
-  return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(sc1)),
-                                                 _mm_set1_epi16(static_cast<short>(sc0))));
-}
-inline std::uint16_t load_u16(const std::uint8_t* p) {
-  std::uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-DEPTHKV_QUANT_AVX2 inline float half_avx2(std::uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
-
-#define DEPTHKV_QF(field) (blk + offsetof(Block, field))  // a block field, read in place
-/// acc[t] += f * d_x(t, c) * (sum of v * q_x over chunk c of token t), v signed int8.
-template <int NT>
-DEPTHKV_QUANT_AVX2 inline void acc_signed_avx2(__m256i v, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i av = _mm256_sign_epi8(v, v);
-  for (int t = 0; t < NT; ++t) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][c].qs));
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(q, v)), ones));
-    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
-  }
-}
-/// As acc_signed_avx2 for unsigned codes u (0..127).
-template <int NT>
-DEPTHKV_QUANT_AVX2 inline void acc_unsigned_avx2(__m256i u, const ActQ8* const* a, std::int64_t c, float f, __m256* acc) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int t = 0; t < NT; ++t) {
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_u_avx2(u, a[t][c]), ones));
-    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
-  }
-}
-/// As acc_unsigned_avx2 with integer scales sc0 (values 0-15) and sc1 (values 16-31).
-template <int NT>
-DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, const ActQ8* const* a, std::int64_t c,
-                                                   float f, __m256* acc) {
-  for (int t = 0; t < NT; ++t) {
-    const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[t][c]), sc0, sc1));
-    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
-  }
-}
-
-/// The 32 unsigned codes of chunk c (0..7) of a Q4_K (0..15) or Q5_K (0..31) block: the low
-/// (h = 0) or high (h = 1) nibbles of the 32 bytes q of its pair of chunks, and for Q5_K bit c of
-/// each byte of qh (hbits) as the fifth bit.
-template <GgmlType T>
-DEPTHKV_QUANT_AVX2 inline __m256i q45k_codes_avx2(__m256i q, __m256i hbits, int h, int c) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256i u = h == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-  if constexpr (T == GgmlType::kQ5_K) {
-    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), _mm256_set1_epi8(16)));
-  } else {
-    (void)hbits;
-    (void)c;
-  }
-  return u;
-}
-
-/// The 32 unsigned 6-bit codes (0..63) of chunk k (0..3) of one 128-value half of a Q6_K block,
-/// from its 64 low-nibble bytes (ql0, ql1) and 32 high-bit bytes (qh).
-DEPTHKV_QUANT_AVX2 inline __m256i q6k_codes_avx2(__m256i ql0, __m256i ql1, __m256i qh, int k) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i lo = k == 0   ? _mm256_and_si256(ql0, m4)
-                     : k == 1 ? _mm256_and_si256(ql1, m4)
-                     : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
-                              : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
-  const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
-  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-}
-
 /// out[t] = dot of one stored row with the quantized activations a[t] (NT tokens at once, so
 /// each chunk of weights is decoded once for NT tokens).
 template <GgmlType T, int NT>
 DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const ActQ8* const* a, std::int64_t cols,
                                                 float* out) {
-  using Block = typename QuantBlock<T>::type;
-  constexpr int K = QuantBlock<T>::kValues;
+  using Traits = QuantTraits<T>;
+  constexpr int K = Traits::kValues;
   __m256 acc[NT];
   float acc_s[NT];  // offsets and minimums (scalar)
   for (int t = 0; t < NT; ++t) {
@@ -481,116 +313,8 @@ DEPTHKV_QUANT_AVX2 inline void rows_dot_q8_avx2(const std::uint8_t* row, const A
     acc_s[t] = 0;
   }
   for (std::int64_t i = 0; i < cols / K; ++i) {
-    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
-    const std::int64_t c0 = i * (K / 32);  // first activation chunk of the block
-    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || T == GgmlType::kIQ4_NL) {
-      __m256i v;
-      if constexpr (T == GgmlType::kQ8_0) {
-        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      } else if constexpr (T == GgmlType::kQ4_0) {
-        v = _mm256_sub_epi8(nibbles_avx2(blk + 2), _mm256_set1_epi8(8));
-      } else {
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
-        v = _mm256_shuffle_epi8(table, nibbles_avx2(blk + 2));
-      }
-      acc_signed_avx2<NT>(v, a, c0, half_avx2(load_u16(blk)), acc);
-    } else if constexpr (T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
-      __m256i u = nibbles_avx2(DEPTHKV_QF(qs));
-      if constexpr (T != GgmlType::kQ4_1) u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes_avx2(DEPTHKV_QF(qh)), _mm256_set1_epi8(16)));
-      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
-      acc_unsigned_avx2<NT>(u, a, c0, d, acc);
-      for (int t = 0; t < NT; ++t) {
-        const ActQ8& x = a[t][c0];
-        const float s = static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]) * x.d;
-        if constexpr (T == GgmlType::kQ5_0) {
-          acc_s[t] -= d * 16.0f * s;
-        } else {
-          acc_s[t] += half_avx2(load_u16(DEPTHKV_QF(m))) * s;
-        }
-      }
-    } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
-      const float d = half_avx2(load_u16(DEPTHKV_QF(d))), dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
-      __m256i hbits = _mm256_setzero_si256();
-      if constexpr (T == GgmlType::kQ5_K) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh)));
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * j + h;
-          const __m256i u = q45k_codes_avx2<T>(q, hbits, h, c);
-          std::uint8_t sc, m;
-          q4k_scale_min(c, DEPTHKV_QF(scales), sc, m);
-          acc_unsigned_avx2<NT>(u, a, c0 + c, d * static_cast<float>(sc), acc);
-          const float fm = dmin * static_cast<float>(m);
-          for (int t = 0; t < NT; ++t) {
-            const ActQ8& x = a[t][c0 + c];
-            acc_s[t] -= fm * x.d * static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]);
-          }
-        }
-      }
-    } else if constexpr (T == GgmlType::kQ2_K || T == GgmlType::kQ3_K) {
-      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
-      int sc3[16];
-      if constexpr (T == GgmlType::kQ3_K) q3k_scales(DEPTHKV_QF(scales), sc3);
-      __m256i hm = _mm256_setzero_si256();
-      if constexpr (T == GgmlType::kQ3_K) hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(hmask)));
-      for (int n = 0; n < 2; ++n) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * n));
-        for (int s = 0; s < 4; ++s) {
-          const int c = 4 * n + s;
-          __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
-          int sc0, sc1, m0 = 0, m1 = 0;
-          float fcorr;
-          if constexpr (T == GgmlType::kQ2_K) {
-            const std::uint8_t* scales = DEPTHKV_QF(scales);
-            sc0 = scales[2 * c] & 0xF;
-            sc1 = scales[2 * c + 1] & 0xF;
-            m0 = scales[2 * c] >> 4;
-            m1 = scales[2 * c + 1] >> 4;
-            fcorr = half_avx2(load_u16(DEPTHKV_QF(dmin)));
-          } else {
-            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-            u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
-            sc0 = sc3[2 * c];
-            sc1 = sc3[2 * c + 1];
-            m0 = 4 * sc0;
-            m1 = 4 * sc1;
-            fcorr = d;
-          }
-          acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
-          for (int t = 0; t < NT; ++t) {
-            const ActQ8& x = a[t][c0 + c];
-            acc_s[t] -= fcorr * x.d * static_cast<float>(m0 * x.s[0] + m1 * x.s[1]);
-          }
-        }
-      }
-    } else if constexpr (T == GgmlType::kQ6_K) {
-      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
-      for (int n = 0; n < 2; ++n) {
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
-        for (int k = 0; k < 4; ++k) {
-          const int c = 4 * n + k;
-          const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
-          const int sc0 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k]);
-          const int sc1 = static_cast<std::int8_t>(DEPTHKV_QF(scales)[8 * n + 2 * k + 1]);
-          acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
-          for (int t = 0; t < NT; ++t) {
-            const ActQ8& x = a[t][c0 + c];
-            acc_s[t] -= d * x.d * 32.0f * static_cast<float>(sc0 * x.s[0] + sc1 * x.s[1]);
-          }
-        }
-      }
-    } else if constexpr (T == GgmlType::kIQ4_XS) {
-      const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
-      const std::uint16_t sh = load_u16(DEPTHKV_QF(scales_h));
-      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
-      for (int c = 0; c < 8; ++c) {
-        const int ls = ((DEPTHKV_QF(scales_l)[c / 2] >> (4 * (c % 2))) & 0xF) | (((sh >> (2 * c)) & 3) << 4);
-        const __m256i v = _mm256_shuffle_epi8(table, nibbles_avx2(DEPTHKV_QF(qs) + 16 * c));
-        acc_signed_avx2<NT>(v, a, c0 + c, d * static_cast<float>(ls - 32), acc);
-      }
-    }
+    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(typename Traits::Block));
+    Traits::template dot_q8_avx2<NT>(blk, a, i * (K / 32), acc, acc_s);  // chunks of the block: i * K / 32 ..
   }
   for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(acc[t]) + acc_s[t];
 }
@@ -622,94 +346,20 @@ DEPTHKV_QUANT_AVX2 inline void row_dot4_q8_avx2(const std::uint8_t* row, const A
 // per 32 weights with kQ8Activations. The weight codes, scales and minimums of a block are
 // decoded once for the NT tokens of a call.
 
-/// Scales (int16 lanes 0-7) and minimums (lanes 8-15) of the 8 groups of a Q4_K / Q5_K block,
-/// from its 12 packed bytes (the values of `q4k_scale_min`).
-DEPTHKV_QUANT_AVX2 inline __m256i q4k_scales_mins_avx2(const std::uint8_t* packed) {
-  constexpr std::uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  std::uint32_t u[4] = {0, 0, 0, 0};
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);  // minimums 4-7
-  const std::uint32_t m03 = u[1] & kLow6;                           // minimums 0-3
-  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);           // scales 4-7
-  u[2] = m03;
-  u[0] &= kLow6;  // scales 0-3
-  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
-                                            static_cast<int>(u[0])));
-}
-
-/// sumi[t] += madd(maddubs(u, q), sc) for chunk c (32 values) of block i of every token: u the
-/// chunk's unsigned weight codes (< 64), sc its int16 group scales per pair of values.
-template <int NT>
-DEPTHKV_QUANT_AVX2 inline void q8k_chunk_avx2(__m256i u, __m256i sc, const ActQ8K* const* a, std::int64_t i, int c,
-                                              __m256i* sumi) {
-  for (int t = 0; t < NT; ++t) {
-    const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[t][i].qs + 32 * c));
-    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), sc));
-  }
-}
-
 /// out[t] = dot of one stored Q4_K / Q5_K / Q6_K row with the activations a[t] (NT tokens at
 /// once; see the section comment). Equals rows_dot_q8k_scalar up to float rounding (the
 /// integer sums are exact; the float steps are d * d_x * sum and the sum over blocks).
 template <GgmlType T, int NT>
 DEPTHKV_QUANT_AVX2 inline void rows_dot_q8k_avx2(const std::uint8_t* row, const ActQ8K* const* a, std::int64_t cols,
                                                  float* out) {
-  using Block = typename QuantBlock<T>::type;
+  using Traits = QuantTraits<T>;
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < cols / 256; ++i) {
-    const std::uint8_t* blk = row + i * static_cast<std::int64_t>(sizeof(Block));
-    const float d = half_avx2(load_u16(DEPTHKV_QF(d)));
-    __m256i sumi[NT];
-    for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
-    if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
-      const __m256i sm = q4k_scales_mins_avx2(DEPTHKV_QF(scales));
-      const __m256i sc8 = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-      const __m128i mn = _mm256_extracti128_si256(sm, 1);
-      const __m256i mins16 = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));  // per bsum
-      __m256i hbits = _mm256_setzero_si256();
-      if constexpr (T == GgmlType::kQ5_K) hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh)));
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qs) + 32 * j));
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * j + h;
-          const __m256i u = q45k_codes_avx2<T>(q, hbits, h, c);
-          const __m256i sc = _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
-          q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
-        }
-      }
-      const float dmin = half_avx2(load_u16(DEPTHKV_QF(dmin)));
-      for (int t = 0; t < NT; ++t) {
-        const ActQ8K& x = a[t][i];
-        const __m256i mins = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), mins16);
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * x.d), _mm256_cvtepi32_ps(mins), acc[t]);
-      }
-    } else {  // Q6_K
-      for (int n = 0; n < 2; ++n) {
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(ql) + 64 * n + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(DEPTHKV_QF(qh) + 32 * n));
-        for (int k = 0; k < 4; ++k) {
-          const int c = 4 * n + k;
-          const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
-          const auto* scales = reinterpret_cast<const std::int8_t*>(DEPTHKV_QF(scales));
-          const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * c + 1]), _mm_set1_epi16(scales[2 * c]));
-          q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
-        }
-      }
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(DEPTHKV_QF(scales))));
-      for (int t = 0; t < NT; ++t) {
-        const ActQ8K& x = a[t][i];
-        const __m256i offs = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.bsums)), sc16);
-        const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(offs, 5));  // u - 32
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(s), acc[t]);
-      }
-    }
+    Traits::template dot_q8k_avx2<NT>(row + i * static_cast<std::int64_t>(sizeof(typename Traits::Block)), a, i, acc);
   }
   for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(acc[t]);
 }
-#undef DEPTHKV_QF
 #endif
 
 /// Per-type entry points, dispatched once per product.
@@ -722,18 +372,12 @@ struct QuantRowOps {
   void (*dotn_q8k)(const std::uint8_t*, const ActQ8K* const*, std::int64_t, float*) = nullptr;  // kQ8KTokens tokens
 };
 
-/// True for the block types (those with a QuantBlock).
-template <GgmlType T, class = void>
-struct QuantBlockType : std::false_type {};
-template <GgmlType T>
-struct QuantBlockType<T, std::void_t<typename QuantBlock<T>::type>> : std::true_type {};
-
 template <GgmlType T>
 inline QuantRowOps quant_row_ops_for(bool avx2) {
   QuantRowOps ops;
   ops.dot = &row_dot_deq_scalar<T>;
   ops.dequantize = [](const std::uint8_t* row, float* out, std::int64_t n) { dequantize_row(T, row, out, n); };
-  constexpr bool blocks = QuantBlockType<T>::value;
+  constexpr bool blocks = ggml_type_in(BlockTypes{}, T);
   if constexpr (blocks) {
     ops.dot_q8 = &row_dot_q8_scalar<T>;
     ops.dot4_q8 = [](const std::uint8_t* row, const ActQ8* const* xq, std::int64_t cols, float* out) {
@@ -767,36 +411,20 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
   return ops;
 }
 
-inline QuantRowOps quant_row_ops(GgmlType type) {
+inline QuantRowOps quant_row_ops(GgmlType type, int max_simd_level) {
   DEPTHKV_CHECK(ggml_type_dequantizable(static_cast<std::uint32_t>(type)),
                 "quantized product: ggml type " << ggml_type_name(type)
                                                 << " is not supported (supported: " << ggml_dequantizable_names() << ")");
-  const bool avx2 = quant_simd_level() >= 2;
-  switch (type) {
-    case GgmlType::kF32: return quant_row_ops_for<GgmlType::kF32>(avx2);
-    case GgmlType::kF16: return quant_row_ops_for<GgmlType::kF16>(avx2);
-    case GgmlType::kBF16: return quant_row_ops_for<GgmlType::kBF16>(avx2);
-    case GgmlType::kQ4_0: return quant_row_ops_for<GgmlType::kQ4_0>(avx2);
-    case GgmlType::kQ4_1: return quant_row_ops_for<GgmlType::kQ4_1>(avx2);
-    case GgmlType::kQ5_0: return quant_row_ops_for<GgmlType::kQ5_0>(avx2);
-    case GgmlType::kQ5_1: return quant_row_ops_for<GgmlType::kQ5_1>(avx2);
-    case GgmlType::kQ8_0: return quant_row_ops_for<GgmlType::kQ8_0>(avx2);
-    case GgmlType::kQ2_K: return quant_row_ops_for<GgmlType::kQ2_K>(avx2);
-    case GgmlType::kQ3_K: return quant_row_ops_for<GgmlType::kQ3_K>(avx2);
-    case GgmlType::kQ4_K: return quant_row_ops_for<GgmlType::kQ4_K>(avx2);
-    case GgmlType::kQ5_K: return quant_row_ops_for<GgmlType::kQ5_K>(avx2);
-    case GgmlType::kQ6_K: return quant_row_ops_for<GgmlType::kQ6_K>(avx2);
-    case GgmlType::kIQ4_NL: return quant_row_ops_for<GgmlType::kIQ4_NL>(avx2);
-    case GgmlType::kIQ4_XS: return quant_row_ops_for<GgmlType::kIQ4_XS>(avx2);
-    default: break;
-  }
-  DEPTHKV_FAIL("quantized product: ggml type " << ggml_type_name(type) << " is not supported");
-  return {};
+  const bool avx2 = quant_simd_level(max_simd_level) >= 2;
+  QuantRowOps ops;
+  const auto pick = [&](auto tag) { ops = quant_row_ops_for<decltype(tag)::value>(avx2); };
+  if (!visit_ggml_type(FloatTypes{}, type, pick)) visit_ggml_type(BlockTypes{}, type, pick);
+  return ops;
 }
 
 /// The kernel `kernel` resolves to for `type` (matvec: `is_matvec`).
 inline QuantKernel resolve_kernel(QuantKernel kernel, GgmlType type, bool is_matvec) {
-  const bool q8_ok = type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16;
+  const bool q8_ok = ggml_type_in(BlockTypes{}, type);
   (void)is_matvec;
   if (kernel == QuantKernel::kAuto) {
     if (q8k_type(type)) return QuantKernel::kQ8KActivations;
@@ -846,11 +474,14 @@ inline void quant_parallel(int n_tasks, int n_threads, Fn&& fn) {
 /// @param row its bytes (`ggml_row_bytes(type, cols)`, any alignment)
 /// @param x `cols` floats
 /// @param cols number of values, a multiple of the type's block size
+/// @param cpu instruction-set cap (`max_simd_level`; one thread)
 /// @return sum_k w_k x_k
-/// @throws Error for an unsupported type or a partial block
-inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::int64_t cols) {
+/// @throws Error for an unsupported type, a partial block or invalid `cpu`
+inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::int64_t cols,
+                           const CpuOptions& cpu = CpuOptions()) {
+  cpu.validate();
   detail::check_product(type, 1, cols);
-  return detail::quant_row_ops(type).dot(static_cast<const std::uint8_t*>(row), x, cols);
+  return detail::quant_row_ops(type, cpu.max_simd_level).dot(static_cast<const std::uint8_t*>(row), x, cols);
 }
 
 /// y = W x for a `rows x cols` matrix W stored as `type` (see the file comment).
@@ -860,13 +491,15 @@ inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::
 /// @param cols columns of W (= size of x), a multiple of the type's block size
 /// @param x `cols` floats
 /// @param y `rows` floats (written)
-/// @param opt threads and kernel
-/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+/// @param opt threads, instruction-set cap and kernel
+/// @throws Error for an unsupported type, a partial block, a kernel the type lacks or invalid
+///   threads / cap
 inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, float* y,
                          const QuantProductOptions& opt = {}) {
+  opt.validate();
   detail::check_product(type, rows, cols);
   if (rows == 0) return;
-  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const detail::QuantRowOps ops = detail::quant_row_ops(type, opt.max_simd_level);
   const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, true);
   const std::size_t rb = ggml_row_bytes(type, cols);
   const auto* base = static_cast<const std::uint8_t*>(w);
@@ -895,6 +528,106 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
   });
 }
 
+namespace detail {
+
+/// The stored rows and shape of one quant_matmul call, and its dispatched row kernels.
+struct QuantMatmulArgs {
+  const std::uint8_t* base;  ///< W's bytes
+  std::size_t rb;            ///< bytes per row of W
+  std::int64_t rows, cols;   ///< W's shape
+  const float* x;            ///< X, n x cols
+  std::int64_t n;            ///< rows of X
+  float* y;                  ///< Y, n x rows
+  QuantRowOps ops;
+  const std::uint8_t* row(std::int64_t r) const { return base + static_cast<std::size_t>(r) * rb; }
+};
+
+/// quant_matmul's kQ8KActivations kernel: X quantized per 256 values, then tasks of 16 rows of W,
+/// each decoded weight row serving kQ8KTokens tokens at a time.
+inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
+  const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 256;
+  std::vector<ActQ8K> xk(static_cast<std::size_t>(n * nb));
+  constexpr std::int64_t kTokensPerTask = 16;
+  quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
+    for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
+      quantize_act_q8k(m.x + t * m.cols, m.cols, xk.data() + t * nb);
+  });
+  constexpr int NT = kQ8KTokens;
+  constexpr std::int64_t kTile = 16;
+  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
+    const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+    const ActQ8K* xs[NT];
+    float out[NT];
+    std::int64_t t = 0;
+    for (; t + NT <= n; t += NT) {  // NT tokens per decoded weight row
+      for (int k = 0; k < NT; ++k) xs[k] = xk.data() + (t + k) * nb;
+      for (std::int64_t r = r0; r < r1; ++r) {
+        m.ops.dotn_q8k(m.row(r), xs, m.cols, out);
+        for (int k = 0; k < NT; ++k) m.y[(t + k) * rows + r] = out[k];
+      }
+    }
+    for (; t < n; ++t) {
+      xs[0] = xk.data() + t * nb;
+      for (std::int64_t r = r0; r < r1; ++r) m.ops.dot_q8k(m.row(r), xs, m.cols, m.y + t * rows + r);
+    }
+  });
+}
+
+/// quant_matmul's kQ8Activations kernel: X quantized per 32 values, then tasks of 16 rows of W,
+/// each decoded weight row serving 4 tokens at a time.
+inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
+  const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 32;
+  std::vector<ActQ8> xq(static_cast<std::size_t>(n * nb));
+  for (std::int64_t t = 0; t < n; ++t) quantize_act_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
+  constexpr std::int64_t kTile = 16;
+  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
+    const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
+    std::int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
+      const ActQ8* xs[4] = {xq.data() + t * nb, xq.data() + (t + 1) * nb, xq.data() + (t + 2) * nb,
+                            xq.data() + (t + 3) * nb};
+      for (std::int64_t r = r0; r < r1; ++r) {
+        float out[4];
+        m.ops.dot4_q8(m.row(r), xs, m.cols, out);
+        for (int k = 0; k < 4; ++k) m.y[(t + k) * rows + r] = out[k];
+      }
+    }
+    for (; t < n; ++t) {
+      for (std::int64_t r = r0; r < r1; ++r) m.y[t * rows + r] = m.ops.dot_q8(m.row(r), xq.data() + t * nb, m.cols);
+    }
+  });
+}
+
+/// quant_matmul's kDequantize kernel: tiles of kQuantMatmulTile rows of W dequantized, then
+/// multiplied with X (AVX2 FMA register tiles, or Eigen's GEMM on the calling thread).
+inline void quant_matmul_deq(const QuantMatmulArgs& m, const CpuOptions& cpu) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const std::int64_t rows = m.rows, cols = m.cols;
+  const int n_tasks = static_cast<int>((rows + kQuantMatmulTile - 1) / kQuantMatmulTile);
+  const Eigen::Map<const RowMat> X(m.x, m.n, cols);
+  const bool avx2 = quant_simd_level(cpu.max_simd_level) >= 2;
+  const auto tile_product = [&](int task) {
+    const std::int64_t r0 = task * kQuantMatmulTile, nr = std::min(rows, r0 + kQuantMatmulTile) - r0;
+    RowMat tile(nr, cols);
+    for (std::int64_t r = 0; r < nr; ++r) m.ops.dequantize(m.row(r0 + r), tile.data() + r * cols, cols);
+#if defined(DEPTHKV_AVX2_DISPATCH)
+    if (avx2) {  // register-tiled FMA (Eigen is built for the baseline ISA)
+      gemm_rows_avx2(tile.data(), nr, m.x, m.n, cols, m.y + r0, rows);
+      return;
+    }
+#endif
+    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(m.y + r0, m.n, nr, Eigen::OuterStride<>(rows));
+    Y.noalias() = X * tile.transpose();
+  };
+  if (!avx2 && depthkv::detail::resolve_threads(cpu.n_threads, n_tasks) == 1) {  // Eigen's GEMM single-threaded on one thread too
+    depthkv::detail::run_eigen_serial([&] { depthkv::detail::parallel_for(n_tasks, 1, [&](int, int t) { tile_product(t); }); });
+  } else {
+    quant_parallel(n_tasks, cpu.n_threads, tile_product);
+  }
+}
+
+}  // namespace detail
+
 /// Y = X W^T for a `rows x cols` matrix W stored as `type`: Y[t][r] = sum_k X[t][k] W[r][k].
 /// @param type the stored type
 /// @param w the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
@@ -903,91 +636,25 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
 /// @param x `n x cols` floats, row-major
 /// @param n rows of X and Y
 /// @param y `n x rows` floats, row-major (written)
-/// @param opt threads and kernel
-/// @throws Error for an unsupported type, a partial block or a kernel the type lacks
+/// @param opt threads, instruction-set cap and kernel
+/// @throws Error for an unsupported type, a partial block, a kernel the type lacks or invalid
+///   threads / cap
 inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, std::int64_t n,
                          float* y, const QuantProductOptions& opt = {}) {
+  opt.validate();
   detail::check_product(type, rows, cols);
   DEPTHKV_CHECK(n >= 0, "quantized product: negative number of rows of X " << n);
   if (rows == 0 || n == 0) return;
-  const detail::QuantRowOps ops = detail::quant_row_ops(type);
+  const detail::QuantMatmulArgs args{static_cast<const std::uint8_t*>(w), ggml_row_bytes(type, cols), rows, cols, x, n, y,
+                                     detail::quant_row_ops(type, opt.max_simd_level)};
   const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, false);
-  const std::size_t rb = ggml_row_bytes(type, cols);
-  const auto* base = static_cast<const std::uint8_t*>(w);
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   if (kernel == QuantKernel::kQ8KActivations) {
-    const std::int64_t nb = cols / 256;
-    std::vector<detail::ActQ8K> xk(static_cast<std::size_t>(n * nb));
-    constexpr std::int64_t kTokensPerTask = 16;
-    detail::quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), opt.n_threads, [&](int task) {
-      for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
-        detail::quantize_act_q8k(x + t * cols, cols, xk.data() + t * nb);
-    });
-    constexpr int NT = detail::kQ8KTokens;
-    constexpr std::int64_t kTile = 16;
-    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
-    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
-      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
-      const detail::ActQ8K* xs[NT];
-      float out[NT];
-      std::int64_t t = 0;
-      for (; t + NT <= n; t += NT) {  // NT tokens per decoded weight row
-        for (int k = 0; k < NT; ++k) xs[k] = xk.data() + (t + k) * nb;
-        for (std::int64_t r = r0; r < r1; ++r) {
-          ops.dotn_q8k(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
-          for (int k = 0; k < NT; ++k) y[(t + k) * rows + r] = out[k];
-        }
-      }
-      for (; t < n; ++t) {
-        xs[0] = xk.data() + t * nb;
-        for (std::int64_t r = r0; r < r1; ++r) ops.dot_q8k(base + static_cast<std::size_t>(r) * rb, xs, cols, y + t * rows + r);
-      }
-    });
-    return;
+    detail::quant_matmul_q8k(args, opt.n_threads);
+  } else if (kernel == QuantKernel::kQ8Activations) {
+    detail::quant_matmul_q8(args, opt.n_threads);
+  } else {
+    detail::quant_matmul_deq(args, opt);
   }
-  if (kernel == QuantKernel::kQ8Activations) {
-    const std::int64_t nb = cols / 32;
-    std::vector<detail::ActQ8> xq(static_cast<std::size_t>(n * nb));
-    for (std::int64_t t = 0; t < n; ++t) detail::quantize_act_q8(x + t * cols, cols, xq.data() + t * nb);
-    constexpr std::int64_t kTile = 16;
-    const int n_tasks = static_cast<int>((rows + kTile - 1) / kTile);
-    detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
-      const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
-      std::int64_t t = 0;
-      for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
-        const detail::ActQ8* xs[4] = {xq.data() + t * nb, xq.data() + (t + 1) * nb, xq.data() + (t + 2) * nb,
-                                      xq.data() + (t + 3) * nb};
-        for (std::int64_t r = r0; r < r1; ++r) {
-          float out[4];
-          ops.dot4_q8(base + static_cast<std::size_t>(r) * rb, xs, cols, out);
-          for (int k = 0; k < 4; ++k) y[(t + k) * rows + r] = out[k];
-        }
-      }
-      for (; t < n; ++t) {
-        for (std::int64_t r = r0; r < r1; ++r) {
-          y[t * rows + r] = ops.dot_q8(base + static_cast<std::size_t>(r) * rb, xq.data() + t * nb, cols);
-        }
-      }
-    });
-    return;
-  }
-  const int n_tasks = static_cast<int>((rows + kQuantMatmulTile - 1) / kQuantMatmulTile);
-  const Eigen::Map<const RowMat> X(x, n, cols);
-  detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
-    const std::int64_t r0 = task * kQuantMatmulTile, nr = std::min(rows, r0 + kQuantMatmulTile) - r0;
-    RowMat tile(nr, cols);
-    for (std::int64_t r = 0; r < nr; ++r) {
-      ops.dequantize(base + static_cast<std::size_t>(r0 + r) * rb, tile.data() + r * cols, cols);
-    }
-#if defined(DEPTHKV_AVX2_DISPATCH)
-    if (detail::quant_simd_level() >= 2) {  // register-tiled FMA (Eigen is built for the baseline ISA)
-      detail::gemm_rows_avx2(tile.data(), nr, x, n, cols, y + r0, rows);
-      return;
-    }
-#endif
-    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + r0, n, nr, Eigen::OuterStride<>(rows));
-    Y.noalias() = X * tile.transpose();
-  });
 }
 
 }  // namespace llama
