@@ -242,7 +242,7 @@ struct SelectionSettings {
   /// @throws depthkv::Error on an unknown scorer, pooling or head allocation
   depthkv::PruneSpec spec(const std::string& name) const {
     depthkv::PruneSpec s;
-    s.scorer.kind = depthkv::parse_scorer_kind(name);
+    s.scorer = depthkv::scorer_config(name);
     s.scorer.window = obs_window;
     s.scorer.kernel = kernel;
     s.scorer.pooling = parse_pooling(pooling);

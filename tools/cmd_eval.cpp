@@ -323,7 +323,7 @@ depthkv::PruneSpec row_spec(const EvalArgs& a, const std::string& scorer, double
 Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::ProfileFile& f,
                  const depthkv::PruneSpec& spec, int scorer_index, double nll_full) {
   using namespace depthkv;
-  const std::string scorer = to_string(spec.scorer.kind);
+  const std::string scorer = scorer_name(spec.scorer);
   const PolicyCurves curves = policy_curves(f, scorer, spec.policy);
   Row r;
   r.scorer = scorer;
@@ -468,7 +468,7 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
       for (depthkv::AllocationPolicy policy : plan.policies) {
         const depthkv::PresetChoice c =
             depthkv::preset(a.preset.name, f, row_spec(a, plan.scorers.front(), keep, policy), lengths, a.sel.lookahead);
-        const std::string scorer = depthkv::to_string(c.spec.scorer.kind);
+        const std::string scorer = depthkv::scorer_name(c.spec.scorer);
         rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full));
         rows.back().predicted = c.predicted;
         rows.back().spec = c.spec;

@@ -13,9 +13,6 @@
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "cli_common.hpp"
 #include "commands.hpp"
@@ -25,6 +22,7 @@
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/sampler.hpp"
+#include "depthkv/preset.hpp"
 #include "depthkv/token_scorer.hpp"
 #include "model_io.hpp"
 #include "policy_request.hpp"
@@ -47,23 +45,8 @@ struct GenerateArgs {
   PresetSettings preset;
 };
 
-/// What both pruning modes (--keep, --max-kv-tokens) give the allocator besides the budget: the
-/// observation window, the safeguard floor (protected tokens + margin, as eval) and the profile's
-/// curves. @return the curves (in `curves`) for the curve-based policies, else nullptr
-const depthkv::SensitivityProfile* add_policy_inputs(const GenerateArgs& a, const std::string& scorer,
-                                                     depthkv::AllocationPolicy policy, const depthkv::ProfileFile* file,
-                                                     depthkv::BudgetRequest& b, depthkv::SensitivityProfile& curves) {
-  b.window = a.sel.obs_window;
-  b.min_tokens = depthkv::safeguard_floor(a.sel.protection());
-  b.safeguard_shrink = true;
-  if (!add_profile_inputs(policy, file, scorer, b, curves)) return nullptr;
-  std::fputs(selection_note(policy, *file, a.sel).c_str(), stderr);
-  return &curves;
-}
-
-void run_generate(const GenerateArgs& a) {
-  using namespace depthkv;
-  using namespace depthkv::llama;
+/// @throws depthkv::Error on a bad combination of the arguments (before anything is loaded)
+void check_generate_args(const GenerateArgs& a) {
   check_keep(a.keep);
   a.sel.check();
   DEPTHKV_CHECK(a.steps >= 0, "--steps must be >= 0, got " << a.steps);
@@ -73,153 +56,141 @@ void run_generate(const GenerateArgs& a) {
   DEPTHKV_CHECK(a.max_kv_tokens == -1 || a.max_kv_tokens >= 1, "--max-kv-tokens must be >= 1, got " << a.max_kv_tokens);
   DEPTHKV_CHECK(a.chunk >= 1, "--chunk must be >= 1, got " << a.chunk);
   depthkv::llama::check_thread_count(a.threads, "--threads");
-  const bool bounded = a.max_kv_tokens >= 0;
-  DEPTHKV_CHECK(!bounded || a.keep >= 1.0, "give --keep or --max-kv-tokens, not both");
+  DEPTHKV_CHECK(a.max_kv_tokens < 0 || a.keep >= 1.0, "give --keep or --max-kv-tokens, not both");
   DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
-#ifdef _OPENMP
-  if (a.threads > 0) omp_set_num_threads(a.threads);
-#endif
+}
+
+/// The positions of one run: the prompt's tokens, those prefilled, and the positions run.
+struct RunShape {
+  std::vector<int> prompt;
+  int n_feed = 0, steps = 0;
+};
+
+/// The spec of this run (--keep: oneshot after the prompt; --max-kv-tokens: a chunked schedule
+/// with a token total), its scorer chosen by depthkv::preset with --preset (lengths: the
+/// prompt's with --keep, the whole run's with --max-kv-tokens).
+depthkv::PruneSpec generate_spec(const GenerateArgs& a, const depthkv::ProfileFile* file, int n_layers,
+                                 const RunShape& run) {
+  using namespace depthkv;
+  const bool bounded = a.max_kv_tokens >= 0;
   const AllocationPolicy policy = parse_allocation_policy(a.policy);
-  const HeadAllocation head_alloc = a.sel.head_allocation();
-
-  // the profile (curve-based and InfoNCE-guided policies), checked against the model first
-  std::unique_ptr<ProfileFile> profile_file;
-  if (!a.profile.empty()) profile_file = std::make_unique<ProfileFile>(load_profile(a.profile, a.model));
-  LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
-  DEPTHKV_CHECK(
-      !profile_file || profile_file->n_layers == lm.model.config.n_layers,
-      "the profile has " << profile_file->n_layers << " layers, the model " << lm.model.config.n_layers);
-  const TextTokenizer& tok = *lm.tokenizer;
-  const LlamaEngine engine(lm.model);
-  const LlamaConfig& cfg = lm.model.config;
-
-  // As run.c: seed 0 -> time, steps 0 or beyond the context -> seq_len (a negative --steps, a
-  // negative or non-finite temperature and a top-p outside [0, 1] are refused when parsed).
-  const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
-  Sampler sampler(cfg.vocab_size, a.temperature, a.topp, seed);
-  int steps = a.steps;
-  if (steps == 0 || steps > cfg.seq_len) steps = cfg.seq_len;
-
-  const std::vector<int> prompt = tok.encode(a.prompt, /*bos=*/true, /*eos=*/false);
-  DEPTHKV_CHECK(!prompt.empty(), "the prompt encodes to no tokens");
-  const int n_prompt = static_cast<int>(prompt.size());
-  const int n_feed = std::min(n_prompt, steps);
-
-  // --preset: the candidate scorer of the lowest predicted loss for this request (lengths: the
-  // prompt's with --keep, the whole run's with --max-kv-tokens)
   std::string scorer = a.scorer;
   if (a.preset.active() && (a.keep < 1.0 || bounded)) {
-    DEPTHKV_CHECK(profile_file, "--preset " << a.preset.name << " needs --profile with head curves");
-    const std::vector<int> lengths(static_cast<std::size_t>(cfg.n_layers), bounded ? steps : n_feed);
+    DEPTHKV_CHECK(file, "--preset " << a.preset.name << " needs --profile with head curves");
+    const std::vector<int> lengths(static_cast<std::size_t>(n_layers), bounded ? run.steps : run.n_feed);
     PruneSpec base = request_spec(a.sel, "h2o", a.keep, policy, -1);
-    if (bounded) base.budget = Budget::tokens(std::min<long long>(a.max_kv_tokens, static_cast<long long>(cfg.n_layers) * steps));
-    const PresetChoice c = preset(a.preset.name, *profile_file, base, lengths, a.sel.lookahead);
-    scorer = to_string(c.spec.scorer.kind);
+    if (bounded) base.budget = Budget::tokens(std::min<long long>(a.max_kv_tokens, static_cast<long long>(n_layers) * run.steps));
+    const PresetChoice c = preset(a.preset.name, *file, base, lengths, a.sel.lookahead);
+    scorer = scorer_name(c.spec.scorer);
     std::fprintf(stderr, "kv cache: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
                  scorer.c_str(), describe_predicted(c.predicted).c_str());
   } else if (a.preset.active()) {
     scorer = a.preset.candidates().front();  // nothing is evicted
   }
-  ScorerConfig scfg = a.sel.scorer(scorer);
-  if (bounded && scfg.lookahead > 0 && a.preset.active() && !a.preset.lookahead_given()) {
+  PruneSpec spec = request_spec(a.sel, scorer, a.keep, policy, -1);
+  if (bounded && spec.scorer.lookahead > 0 && a.preset.active() && !a.preset.lookahead_given()) {
     // a schedule evicts while the prompt is read, before any lookahead could run
-    scfg.lookahead = 0;
+    spec.scorer.lookahead = 0;
     std::fprintf(stderr, "kv cache: --preset %s: no lookahead with --max-kv-tokens (the schedule evicts during the prefill)\n",
                  a.preset.name.c_str());
   }
-  if (a.keep < 1.0 && scfg.lookahead > 0) check_lookahead(scfg.lookahead, n_feed, cfg.seq_len, "prompt");
-  // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
-  const OutputProjections wo = scfg.output_aware ? OutputProjections(lm.model) : OutputProjections();
-  // head-optimal: the profile's head curves of the scorer
-  SensitivityProfile head_curves;
-  if (is_head_policy(policy)) {
-    DEPTHKV_CHECK(profile_file, "policy " << kHeadOptimal << " needs --profile with head curves");
-    head_curves = profile_file->head_profile(scorer);
+  if (bounded) {
+    spec.budget = Budget::tokens(a.max_kv_tokens);
+    spec.schedule = {ScheduleMode::kChunked, a.chunk, a.interval};
   }
-  const SensitivityProfile* head_profile = is_head_policy(policy) ? &head_curves : nullptr;
+  return spec;
+}
 
-  // Prefill the prompt tokens run.c would forward (positions 0..n_feed-1) as one batch.
-  HostCache cache = engine.make_cache();
+/// What the spec's policy reads from --profile (nothing without one; refused when it needs one).
+depthkv::PolicyCurves generate_curves(const depthkv::PruneSpec& spec, const depthkv::ProfileFile* file,
+                                      const SelectionSettings& sel) {
+  using namespace depthkv;
+  const std::string scorer = scorer_name(spec.scorer);
+  DEPTHKV_CHECK(file || !is_head_policy(spec.policy), "policy " << kHeadOptimal << " needs --profile with head curves");
+  BudgetRequest unused;
+  SensitivityProfile none;
+  if (!file) {
+    add_profile_inputs(spec.policy, nullptr, scorer, unused, none);  // refuses what needs a profile
+    return {};
+  }
+  if (policy_needs_profile(spec.policy)) std::fputs(selection_note(spec.policy, *file, sel).c_str(), stderr);
+  return policy_curves(*file, scorer, spec.policy);
+}
+
+/// The prompt's prefill, evicting with the schedule (--max-kv-tokens) as it goes, then the
+/// one-shot eviction (--keep).
+struct Prefill {
+  depthkv::llama::HostCache cache;
+  std::unique_ptr<depthkv::EvictionSchedule> schedule;
+  depthkv::llama::RowMatrix logits;
+  std::size_t peak_bytes = 0;
+  double ms = 0;
+};
+
+void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const GenerateArgs& a, const depthkv::PruneSpec& spec,
+                       const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo,
+                       const RunShape& run, Prefill& p) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  const LlamaConfig& cfg = engine.config();
+  const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
   const bool prune = a.keep < 1.0;
   std::vector<TokenScorer> scorers;
   ForwardOptions opt;
   opt.chunk_size = a.chunk;
   opt.all_logits = false;
+  opt.n_threads = a.threads;
   if (prune) {
-    scorers = make_scorers(cfg, scfg);
-    if (scfg.lookahead == 0) opt.observer = observe_into(scorers);  // else: observe_lookahead after the prefill
+    scorers = make_scorers(cfg, spec.scorer);
+    if (spec.scorer.lookahead == 0) opt.observer = observe_into(scorers);  // else: observe_lookahead after the prefill
   }
-  // bounded memory: an EvictionSchedule evicting after every prefill chunk and every `interval`
-  // decoded tokens down to --max-kv-tokens
-  SensitivityProfile bounded_curves;
-  std::unique_ptr<EvictionSchedule> schedule;
-  std::size_t peak_bytes = 0;
-  if (bounded) {
-    ScheduleConfig sc;
-    sc.policy = policy;
-    sc.budget.total_tokens = a.max_kv_tokens;
-    sc.protection = a.sel.protection();
-    sc.scorer = scfg;
-    sc.interval = a.interval;
-    sc.head_allocation = head_alloc;
-    sc.head_alpha = a.sel.head_alpha;
-    sc.output_projections = scfg.output_aware ? &wo.views() : nullptr;
-    sc.profile = add_policy_inputs(a, scorer, policy, profile_file.get(), sc.budget, bounded_curves);
-    sc.head_profile = head_profile;
-    schedule = std::make_unique<EvictionSchedule>(sc, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads);
-    opt.observer = schedule->observer();
+  if (spec.schedule.mode != ScheduleMode::kOneshot) {
+    p.schedule = std::make_unique<EvictionSchedule>(schedule_config(spec, curves.data(), wo_views), cfg.n_layers,
+                                                    cfg.n_heads, cfg.n_kv_heads);
+    opt.observer = p.schedule->observer();
     opt.after_chunk = [&](int, std::int32_t) {
-      peak_bytes = std::max(peak_bytes, cache.bytes());
-      schedule->after_chunk(cache);
+      p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
+      p.schedule->after_chunk(p.cache);
     };
   }
-  const auto t_prefill = std::chrono::steady_clock::now();
-  const RowMatrix prefill_logits =
-      engine.prefill(std::vector<int>(prompt.begin(), prompt.begin() + n_feed), 0, cache, opt);
-  const double prefill_ms = 1000.0 * seconds_since(t_prefill);
-  if (prune) {
-    if (scfg.lookahead > 0) observe_lookahead(engine, cache, last_argmax(prefill_logits), n_feed, {&scorers});
-    PruneRequest req;
-    req.policy = policy;
-    req.budget.keep_ratio = a.keep;
-    req.protection = a.sel.protection();
-    req.head_allocation = head_alloc;
-    req.head_alpha = a.sel.head_alpha;
-    req.output_projections = scfg.output_aware ? &wo.views() : nullptr;
-    SensitivityProfile curves;
-    req.profile = add_policy_inputs(a, scorer, policy, profile_file.get(), req.budget, curves);
-    req.head_profile = head_profile;
-    const PruneReport rep = score_and_evict(cache, scorers, req);
-    std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer.c_str(), a.policy.c_str(),
-                 a.keep);
-    for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
-    std::fprintf(stderr, " of %d; %zu of %zu bytes", n_feed, rep.bytes_after, rep.bytes_before);
-    if (scfg.lookahead > 0) std::fprintf(stderr, "; scored by the next %d greedy tokens (lookahead)", scfg.lookahead);
-    std::fprintf(stderr, "\n");
-  }
+  const auto t0 = std::chrono::steady_clock::now();
+  p.logits = engine.prefill(std::vector<int>(run.prompt.begin(), run.prompt.begin() + run.n_feed), 0, p.cache, opt);
+  p.ms = 1000.0 * seconds_since(t0);
+  if (!prune) return;
+  if (spec.scorer.lookahead > 0) observe_lookahead(engine, p.cache, last_argmax(p.logits), run.n_feed, {&scorers});
+  const PruneReport rep = score_and_evict(p.cache, scorers, prune_request(spec, curves.data(), wo_views));
+  std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(spec.scorer).c_str(), a.policy.c_str(),
+               a.keep);
+  for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
+  std::fprintf(stderr, " of %d; %zu of %zu bytes", run.n_feed, rep.bytes_after, rep.bytes_before);
+  if (spec.scorer.lookahead > 0)
+    std::fprintf(stderr, "; scored by the next %d greedy tokens (lookahead)", spec.scorer.lookahead);
+  std::fprintf(stderr, "\n");
+}
 
-  // run.c's generation loop.
-  const auto t_decode = std::chrono::steady_clock::now();
-  int token = prompt[0];
-  int pos = 0;
-  int decoded = 0;
-  while (pos < steps) {
+/// run.c's generation loop after the prefill (stdout), decoding on the (pruned) cache.
+/// @return the decoded tokens
+int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
+                    depthkv::llama::Sampler& sampler, const GenerateArgs& a, const RunShape& run, Prefill& p) {
+  using namespace depthkv::llama;
+  const int n_prompt = static_cast<int>(run.prompt.size());
+  int token = run.prompt[0], pos = 0, decoded = 0;
+  while (pos < run.steps) {
     int next;
     if (pos < n_prompt - 1) {
-      next = prompt[static_cast<std::size_t>(pos) + 1];
-    } else if (pos == n_feed - 1) {
-      next = sampler.sample(prefill_logits.row(0).transpose());
+      next = run.prompt[static_cast<std::size_t>(pos) + 1];
+    } else if (pos == run.n_feed - 1) {
+      next = sampler.sample(p.logits.row(0).transpose());
     } else {
-      if (bounded) {
-        ForwardOptions dopt;
-        dopt.observer = schedule->observer();
-        const RowMatrix l = engine.forward(&token, 1, pos, cache, dopt);
-        peak_bytes = std::max(peak_bytes, cache.bytes());
-        schedule->after_decode_step(cache);
-        next = sampler.sample(l.row(0).transpose());
-      } else {
-        next = sampler.sample(engine.decode(token, pos, cache));
+      ForwardOptions dopt;
+      dopt.n_threads = a.threads;
+      if (p.schedule) dopt.observer = p.schedule->observer();
+      const RowMatrix l = engine.forward(&token, 1, pos, p.cache, dopt);
+      if (p.schedule) {
+        p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
+        p.schedule->after_decode_step(p.cache);
       }
+      next = sampler.sample(l.row(0).transpose());
       ++decoded;
     }
     ++pos;
@@ -231,20 +202,57 @@ void run_generate(const GenerateArgs& a) {
   }
   std::fputs("\n", stdout);
   std::fflush(stdout);
-  const double decode_ms = 1000.0 * seconds_since(t_decode);
-  if (bounded) {
-    peak_bytes = std::max(peak_bytes, cache.bytes());
-    const std::size_t token_bytes = static_cast<std::size_t>(cfg.n_layers) * static_cast<std::size_t>(cfg.n_kv_heads) *
-                                    static_cast<std::size_t>(cfg.head_dim) * 2 * sizeof(float);
-    std::fprintf(stderr,
-                 "kv cache: max %lld tokens (interval %d), %d evictions; peak %zu bytes, full cache would hold %zu "
-                 "bytes (%lld positions)\n",
-                 a.max_kv_tokens, a.interval, schedule->n_evictions(), peak_bytes,
-                 token_bytes * static_cast<std::size_t>(schedule->tokens_seen()), schedule->tokens_seen());
-  }
+  return decoded;
+}
+
+/// The bounded run's memory line (stderr).
+void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cfg, Prefill& p) {
+  p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
+  const std::size_t token_bytes = static_cast<std::size_t>(cfg.n_layers) * static_cast<std::size_t>(cfg.n_kv_heads) *
+                                  static_cast<std::size_t>(cfg.head_dim) * 2 * sizeof(float);
   std::fprintf(stderr,
-               "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
-               n_feed, prefill_ms, prefill_ms > 0 ? 1000.0 * n_feed / prefill_ms : 0.0, decoded, decode_ms,
+               "kv cache: max %lld tokens (interval %d), %d evictions; peak %zu bytes, full cache would hold %zu "
+               "bytes (%lld positions)\n",
+               a.max_kv_tokens, a.interval, p.schedule->n_evictions(), p.peak_bytes,
+               token_bytes * static_cast<std::size_t>(p.schedule->tokens_seen()), p.schedule->tokens_seen());
+}
+
+void run_generate(const GenerateArgs& a) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  check_generate_args(a);
+  parse_allocation_policy(a.policy);
+  // the profile (curve-based and InfoNCE-guided policies), checked against the model first
+  std::unique_ptr<ProfileFile> file;
+  if (!a.profile.empty()) file = std::make_unique<ProfileFile>(load_profile(a.profile, a.model));
+  LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
+  const LlamaConfig& cfg = lm.model.config;
+  DEPTHKV_CHECK(!file || file->n_layers == cfg.n_layers,
+                "the profile has " << file->n_layers << " layers, the model " << cfg.n_layers);
+  const LlamaEngine engine(lm.model);
+  // As run.c: seed 0 -> time, steps 0 or beyond the context -> seq_len.
+  const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));
+  Sampler sampler(cfg.vocab_size, a.temperature, a.topp, seed);
+  RunShape run;
+  run.steps = a.steps == 0 || a.steps > cfg.seq_len ? cfg.seq_len : a.steps;
+  run.prompt = lm.tokenizer->encode(a.prompt, /*bos=*/true, /*eos=*/false);
+  DEPTHKV_CHECK(!run.prompt.empty(), "the prompt encodes to no tokens");
+  run.n_feed = std::min(static_cast<int>(run.prompt.size()), run.steps);
+  const PruneSpec spec = generate_spec(a, file.get(), cfg.n_layers, run);
+  if (a.keep < 1.0 && spec.scorer.lookahead > 0) check_lookahead(spec.scorer.lookahead, run.n_feed, cfg.seq_len, "prompt");
+  const bool prunes = a.keep < 1.0 || a.max_kv_tokens >= 0;
+  const PolicyCurves curves = prunes ? generate_curves(spec, file.get(), a.sel) : PolicyCurves{};
+  // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
+  const OutputProjections wo = spec.scorer.output_aware ? OutputProjections(lm.model) : OutputProjections();
+  Prefill p;
+  p.cache = engine.make_cache();
+  prefill_and_prune(engine, a, spec, curves, wo, run, p);
+  const auto t_decode = std::chrono::steady_clock::now();
+  const int decoded = generate_tokens(engine, *lm.tokenizer, sampler, a, run, p);
+  const double decode_ms = 1000.0 * seconds_since(t_decode);
+  if (p.schedule) report_bounded(a, cfg, p);
+  std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
+               run.n_feed, p.ms, p.ms > 0 ? 1000.0 * run.n_feed / p.ms : 0.0, decoded, decode_ms,
                decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
 }
 

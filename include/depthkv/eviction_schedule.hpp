@@ -277,6 +277,29 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
                                     {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile});
 }
 
+/// The `PruneRequest` of `spec` with the policy data it reads (what `score_and_evict` does for
+/// a oneshot spec).
+/// @param wo one output projection per layer for an output-aware scorer (null otherwise)
+/// @throws Error on an invalid spec, or head-optimal without head curves
+inline PruneRequest prune_request(const PruneSpec& spec, const PolicyData& data,
+                                  const std::vector<OutputProjection>* wo = nullptr) {
+  spec.validate();
+  DEPTHKV_CHECK(!is_head_policy(spec.policy) || data.head_curves != nullptr, "policy head-optimal needs head curves");
+  PruneRequest req;
+  req.policy = spec.policy;
+  req.budget = spec.budget_request({});
+  req.budget.lengths.clear();
+  req.budget.floors.clear();
+  req.budget.infonce = data.infonce;
+  req.profile = policy_needs_profile(spec.policy) ? data.layer_curves : nullptr;
+  req.head_profile = is_head_policy(spec.policy) ? data.head_curves : nullptr;
+  req.protection = spec.protection;
+  req.head_allocation = spec.head_split.mode;
+  req.head_alpha = spec.head_split.alpha;
+  req.output_projections = wo;
+  return req;
+}
+
 /// Settings of an `EvictionSchedule`.
 struct ScheduleConfig {
   AllocationPolicy policy = AllocationPolicy::kUniform;

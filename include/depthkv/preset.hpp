@@ -114,7 +114,7 @@ inline std::vector<std::string> preset_candidates(const std::string& name) {
 /// @throws Error on an unknown preset
 inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optional<int> lookahead = std::nullopt) {
   const std::vector<std::string> c = preset_candidates(name);
-  base.scorer.kind = parse_scorer_kind(c.front());
+  base.scorer = scorer_config(c.front(), base.scorer);
   base.scorer.pooling = Pooling::kMax;
   base.scorer.output_aware = true;
   base.scorer.lookahead = lookahead ? *lookahead : kPresetLookahead;
@@ -155,7 +155,7 @@ inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vec
   for (std::size_t i = 0; i < candidates.size(); ++i) names << (i ? ", " : "") << candidates[i];
   DEPTHKV_CHECK(!chosen.empty(), "the profile has no complete head curves of any of the scorers "
                                      << names.str() << ": profile it with the preset's scorers and head curves");
-  spec.scorer.kind = parse_scorer_kind(chosen);
+  spec.scorer = scorer_config(chosen, spec.scorer);
   c.spec = spec;
   return c;
 }

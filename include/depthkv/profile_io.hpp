@@ -504,7 +504,7 @@ inline nlohmann::json prune_spec_to_json(const PruneSpec& s, SpecFields fields =
   }
   if (s.scorer.lookahead != 0) j["lookahead"] = s.scorer.lookahead;
   if (fields == SpecFields::kSelection) return j;
-  j["scorer"] = to_string(s.scorer.kind);
+  j["scorer"] = scorer_name(s.scorer);
   j["policy"] = to_string(s.policy);
   j["budget"] = s.budget.is_ratio() ? nlohmann::json{{"keep", s.budget.ratio()}}
                                     : nlohmann::json{{"tokens", s.budget.total_tokens()}};
@@ -540,7 +540,7 @@ inline void selection_keys_from_json(const nlohmann::json& j, const std::string&
 
 /// The keys `kAll` adds, where present.
 inline void spec_keys_from_json(const nlohmann::json& j, const std::string& w, PruneSpec& s) {
-  if (j.contains("scorer")) s.scorer.kind = parse_scorer_kind(json_string(j["scorer"], w + ".scorer"));
+  if (j.contains("scorer")) s.scorer = scorer_config(json_string(j["scorer"], w + ".scorer"), s.scorer);
   if (j.contains("policy")) s.policy = parse_allocation_policy(json_string(j["policy"], w + ".policy"));
   if (j.contains("budget")) {
     const nlohmann::json& b = j["budget"];

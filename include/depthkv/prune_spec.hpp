@@ -17,7 +17,7 @@
 ///
 /// @code
 /// depthkv::PruneSpec spec;
-/// spec.scorer = depthkv::scorer_config("snapkv");
+/// spec.scorer = depthkv::scorer_config("snapkv");         // a built-in or registered scorer
 /// spec.protection = {4, 16};
 /// spec.budget = depthkv::Budget::keep(0.2);
 /// spec.policy = depthkv::AllocationPolicy::kOptimal;
@@ -35,6 +35,7 @@
 #include "depthkv/error.hpp"
 #include "depthkv/head_budget.hpp"
 #include "depthkv/scorer_config.hpp"
+#include "depthkv/scorer_registry.hpp"
 #include "depthkv/selection.hpp"
 #include "depthkv/sensitivity_profile.hpp"
 
@@ -193,12 +194,14 @@ struct PruneSpec {
     DEPTHKV_CHECK(scorer.window >= 1, "scorer.window must be >= 1, got " << scorer.window);
     DEPTHKV_CHECK(scorer.kernel >= 1 && scorer.kernel % 2 == 1, "scorer.kernel must be odd and >= 1, got " << scorer.kernel);
     DEPTHKV_CHECK(scorer.lookahead >= 0, "scorer.lookahead must be >= 0, got " << scorer.lookahead);
-    const bool attention_kind = scorer.kind == ScorerKind::kH2O || scorer.kind == ScorerKind::kSnapKV ||
-                                scorer.kind == ScorerKind::kTOVA;
-    DEPTHKV_CHECK(!scorer.output_aware || attention_kind,
-                  "scorer.output_aware: only for h2o, snapkv and tova, not " << to_string(scorer.kind));
-    DEPTHKV_CHECK(scorer.lookahead == 0 || scorer.kind != ScorerKind::kKeyNorm,
-                  "scorer.lookahead: knorm observes no attention");
+    if (scorer.name.empty()) {  // a registered scorer's traits are checked when its rule is made
+      const bool attention_kind = scorer.kind == ScorerKind::kH2O || scorer.kind == ScorerKind::kSnapKV ||
+                                  scorer.kind == ScorerKind::kTOVA;
+      DEPTHKV_CHECK(!scorer.output_aware || attention_kind,
+                    "scorer.output_aware: only for h2o, snapkv and tova, not " << to_string(scorer.kind));
+      DEPTHKV_CHECK(scorer.lookahead == 0 || scorer.kind != ScorerKind::kKeyNorm,
+                    "scorer.lookahead: knorm observes no attention");
+    }
     detail::check_protection(protection);
     budget.validate();
     detail::check_head_alpha(head_split.alpha);
@@ -294,7 +297,7 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
 
 /// Field-for-field equality of two specs.
 inline bool operator==(const PruneSpec& a, const PruneSpec& b) {
-  return a.same_selection(b) && a.scorer.kind == b.scorer.kind && a.budget == b.budget && a.policy == b.policy &&
+  return a.same_selection(b) && scorer_name(a.scorer) == scorer_name(b.scorer) && a.budget == b.budget && a.policy == b.policy &&
          a.schedule == b.schedule && a.safeguard == b.safeguard;
 }
 inline bool operator!=(const PruneSpec& a, const PruneSpec& b) { return !(a == b); }

@@ -525,7 +525,7 @@ class PruningEvaluator {
     DEPTHKV_CHECK(!windows_.empty(), "no windows to evaluate");
     const ScorerConfig& o = cfg_.scorers[static_cast<std::size_t>(scorer)];
     const ScorerConfig& s = spec.scorer;
-    DEPTHKV_CHECK(s.kind == o.kind && s.window == o.window && s.kernel == o.kernel && s.pooling == o.pooling &&
+    DEPTHKV_CHECK(scorer_name(s) == scorer_name(o) && s.window == o.window && s.kernel == o.kernel && s.pooling == o.pooling &&
                       s.output_aware == o.output_aware && s.lookahead == o.lookahead,
                   "the spec's scorer differs from the evaluator's scorer " << scorer);
     DEPTHKV_CHECK(spec.protection.n_sink == cfg_.protection.n_sink && spec.protection.n_recent == cfg_.protection.n_recent &&
