@@ -516,6 +516,67 @@ inline std::vector<int> allocate_optimal(const AllocContext& c, const std::vecto
   return round_to_budget(t, floors, c.caps, c.total);
 }
 
+/// Resets `*info` (when given) to the request's budget, floors and caps.
+inline void start_allocation_info(const AllocContext& c, AllocationInfo* info) {
+  if (!info) return;
+  *info = AllocationInfo{};
+  info->total = c.total;
+  info->floors = c.floors;
+  info->caps = c.caps;
+}
+
+/// @return [n] true for the k middle layers (`middle_layers(n, k, policy)`)
+/// @throws Error as `middle_layers`
+inline std::vector<bool> middle_protection(int n, int k, const char* policy) {
+  std::vector<bool> prot(static_cast<std::size_t>(n), false);
+  for (int l : middle_layers(n, k, policy)) prot[static_cast<std::size_t>(l)] = true;
+  return prot;
+}
+
+/// The middle and mlp policies: the middle layers (k = req.n_middle; 2 for mlp) keep their
+/// floors' share first (protected), the others split the rest uniformly.
+inline std::vector<int> allocate_middle(AllocationPolicy policy, const AllocContext& c, const BudgetRequest& req,
+                                        AllocationInfo* info) {
+  const std::string name = to_string(policy);
+  const int k = policy == AllocationPolicy::kMLP ? 2 : req.n_middle;
+  const std::vector<bool> prot = middle_protection(c.n, k, name.c_str());
+  return allocate_with_protected(c, c.floors, prot, info,
+                                 [&](const std::vector<int>& idx, double budget, std::vector<double>& t) {
+                                   uniform_targets(idx, c.floors, c.caps, budget, t);
+                                 });
+}
+
+/// @return the middle layers the proportional-family `policy` protects: 2, 4, 6 for mlma2/4/6, else 0
+inline int mlma_middle_count(AllocationPolicy policy) {
+  return policy == AllocationPolicy::kMLMA2 ? 2
+         : policy == AllocationPolicy::kMLMA4 ? 4
+         : policy == AllocationPolicy::kMLMA6 ? 6 : 0;
+}
+
+/// The robustness scores s_l of the proportional family: the request's robustness (proportional),
+/// else 1 / (sens_l + eps) from the profile (proportional; sens_l the loss at
+/// `sensitivity_keep_ratio`, or the mean over ratios when that is <= 0), else the request's
+/// InfoNCE losses (mga, mlma*).
+/// @throws Error on missing/NaN/negative scores, a missing or invalid profile, a bad eps or ratio
+inline std::vector<double> proportional_scores(AllocationPolicy policy, const AllocContext& c,
+                                               const BudgetRequest& req, const SensitivityProfile* profile,
+                                               const char* name) {
+  if (policy != AllocationPolicy::kProportional) return checked_scores(req.infonce, c.n, "infonce", name);
+  if (!req.robustness.empty()) return checked_scores(req.robustness, c.n, "robustness", name);
+  check_profile(profile, c.n, name);
+  DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
+                name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
+  const double r = req.sensitivity_keep_ratio;
+  DEPTHKV_CHECK(std::isfinite(r) && r <= 1.0,
+                name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
+  std::vector<double> s;
+  for (int l = 0; l < c.n; ++l) {
+    const double sens = r > 0.0 ? profile->loss_at(l, r) : profile->loss.row(l).mean();
+    s.push_back(1.0 / (sens + req.sensitivity_eps));
+  }
+  return s;
+}
+
 }  // namespace detail
 
 /// Splits a global KV budget across layers. Stateless; all inputs are in the request (and the
@@ -543,33 +604,13 @@ class BudgetAllocator {
   std::vector<int> allocate(AllocationPolicy policy, const BudgetRequest& req,
                             const SensitivityProfile* profile = nullptr, AllocationInfo* info = nullptr) const {
     const detail::AllocContext c = detail::prepare_request(req);
-    if (info) {
-      *info = AllocationInfo{};
-      info->total = c.total;
-      info->floors = c.floors;
-      info->caps = c.caps;
-    }
-    const std::string name = to_string(policy);
+    detail::start_allocation_info(c, info);
     switch (policy) {
       case AllocationPolicy::kUniform: return detail::allocate_uniform(c, c.floors);
       case AllocationPolicy::kPyramid: return detail::allocate_pyramid(c, req.window, req.beta);
       case AllocationPolicy::kMiddle:
-      case AllocationPolicy::kMLP: {
-        const int k = policy == AllocationPolicy::kMLP ? 2 : req.n_middle;
-        std::vector<bool> prot(static_cast<std::size_t>(c.n), false);
-        for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
-        return detail::allocate_with_protected(
-            c, c.floors, prot, info, [&](const std::vector<int>& idx, double budget, std::vector<double>& t) {
-              detail::uniform_targets(idx, c.floors, c.caps, budget, t);
-            });
-      }
-      case AllocationPolicy::kOptimal: {
-        detail::check_profile(profile, c.n, name.c_str());
-        const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens, req.safeguard_shrink);
-        if (info) info->floors = e;
-        if (detail::sum_of(e) > c.total) return fallback(c, info);
-        return detail::allocate_optimal(c, e, *profile);
-      }
+      case AllocationPolicy::kMLP: return detail::allocate_middle(policy, c, req, info);
+      case AllocationPolicy::kOptimal: return allocate_optimal_policy(c, req, profile, info);
       case AllocationPolicy::kProportional:
       case AllocationPolicy::kMGA:
       case AllocationPolicy::kMLMA2:
@@ -584,6 +625,18 @@ class BudgetAllocator {
   }
 
  private:
+  /// The optimal policy: the curve-optimal split (`detail::allocate_optimal`) above the safeguard
+  /// floors, or the uniform split when those floors exceed the budget.
+  /// @throws Error on a missing or invalid profile
+  static std::vector<int> allocate_optimal_policy(const detail::AllocContext& c, const BudgetRequest& req,
+                                                  const SensitivityProfile* profile, AllocationInfo* info) {
+    detail::check_profile(profile, c.n, to_string(AllocationPolicy::kOptimal).c_str());
+    const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens, req.safeguard_shrink);
+    if (info) info->floors = e;
+    if (detail::sum_of(e) > c.total) return fallback(c, info);
+    return detail::allocate_optimal(c, e, *profile);
+  }
+
   /// The proportional family (proportional, mga, mlma2/4/6): robustness scores s_l (the request's,
   /// 1 / (sens_l + eps) from the profile, or the InfoNCE losses), protected layers (layer 0 and
   /// the middle layers of mlma*), the safeguard floors, then the capped proportional rule on the
@@ -595,32 +648,10 @@ class BudgetAllocator {
     const std::string name = to_string(policy);
     DEPTHKV_CHECK(std::isfinite(req.max_prune_ratio) && req.max_prune_ratio >= 0.0 && req.max_prune_ratio <= 1.0,
                   name << ": max_prune_ratio " << req.max_prune_ratio << " is outside [0, 1]");
-    std::vector<double> s;
-    if (policy == AllocationPolicy::kProportional) {
-      if (!req.robustness.empty()) {
-        s = detail::checked_scores(req.robustness, c.n, "robustness", name.c_str());
-      } else {
-        detail::check_profile(profile, c.n, name.c_str());
-        DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
-                      name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
-        const double r = req.sensitivity_keep_ratio;
-        DEPTHKV_CHECK(std::isfinite(r) && r <= 1.0,
-                      name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
-        for (int l = 0; l < c.n; ++l) {
-          const double sens = r > 0.0 ? profile->loss_at(l, r) : profile->loss.row(l).mean();
-          s.push_back(1.0 / (sens + req.sensitivity_eps));
-        }
-      }
-    } else {
-      s = detail::checked_scores(req.infonce, c.n, "infonce", name.c_str());
-    }
+    const std::vector<double> s = detail::proportional_scores(policy, c, req, profile, name.c_str());
     if (info) info->scores = s;
-    std::vector<bool> prot(static_cast<std::size_t>(c.n), false);
+    std::vector<bool> prot = detail::middle_protection(c.n, detail::mlma_middle_count(policy), name.c_str());
     if (req.protect_layer0 && c.n > 0) prot[0] = true;
-    const int k = policy == AllocationPolicy::kMLMA2 ? 2
-                  : policy == AllocationPolicy::kMLMA4 ? 4
-                  : policy == AllocationPolicy::kMLMA6 ? 6 : 0;
-    for (int l : detail::middle_layers(c.n, k, name.c_str())) prot[static_cast<std::size_t>(l)] = true;
     const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens, req.safeguard_shrink);
     if (info) info->floors = e;
     if (detail::sum_of(e) > c.total) return fallback(c, info);

@@ -81,6 +81,105 @@ inline HeadAllocation parse_head_allocation(const std::string& name) {
   DEPTHKV_FAIL("unknown head allocation '" << name << "' (expected uniform or adaptive)");
 }
 
+namespace detail {
+
+/// @return the first slot of `s` holding a NaN, or -1 (a bit test: safe under -ffast-math)
+inline int first_nan_slot(const std::vector<float>& s) {
+  const int n = static_cast<int>(s.size());
+  for (int j = 0; j < n; ++j)
+    if ((float_bits(s[static_cast<std::size_t>(j)]) & 0x7FFFFFFFu) > 0x7F800000u) return j;
+  return -1;
+}
+
+/// Validates `head_budgets`' per-head arguments (same meaning as there).
+/// @return the uniform split: k[h] = min(keep[h], n_h)
+/// @throws Error as `head_budgets` does, except for null positions (checked by the adaptive split)
+inline std::vector<int> uniform_head_budgets(const LayerScores& scores,
+                                             const std::vector<const std::int32_t*>& positions,
+                                             const std::vector<int>& keep, Protection prot, double alpha) {
+  const int H = static_cast<int>(scores.size());
+  DEPTHKV_CHECK(H >= 1, "no heads");
+  DEPTHKV_CHECK(static_cast<int>(keep.size()) == H, "" << keep.size() << " head budgets for " << H << " heads");
+  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
+                "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
+  DEPTHKV_CHECK(alpha >= 0.0 && alpha <= 1.0, "alpha " << alpha << " outside [0, 1]");  // false for NaN
+  DEPTHKV_CHECK(positions.empty() || static_cast<int>(positions.size()) == H,
+                "" << positions.size() << " position rows for " << H << " heads");
+  std::vector<int> k(static_cast<std::size_t>(H));
+  for (int h = 0; h < H; ++h) {
+    const int n = static_cast<int>(scores[static_cast<std::size_t>(h)].size());
+    const int kh = keep[static_cast<std::size_t>(h)];
+    DEPTHKV_CHECK(kh >= 0, "head " << h << ": keep must be >= 0, got " << kh);
+    const int p = protected_count(n, prot.n_sink, prot.n_recent);
+    DEPTHKV_CHECK(kh >= n || kh >= p,
+                  "head " << h << ": keep " << kh << " < " << p << " protected tokens (of " << n << ")");
+    const int bad = first_nan_slot(scores[static_cast<std::size_t>(h)]);
+    DEPTHKV_CHECK(bad < 0, "head " << h << ": NaN score at slot " << bad);
+    k[static_cast<std::size_t>(h)] = std::min(kh, n);
+  }
+  return k;
+}
+
+/// The unprotected slots of every head that its floor did not take, pooled head by head.
+struct HeadCandidatePool {
+  std::vector<float> scores;      ///< their scores
+  std::vector<std::int32_t> pos;  ///< their positions
+  std::vector<int> head;          ///< their head
+};
+
+/// Adds head `h`'s unprotected slots [lo, hi) other than the sorted slots `chosen` to `pool`.
+inline void add_head_candidates(int h, const std::vector<float>& s, const std::int32_t* pos, int lo, int hi,
+                                const std::vector<std::int32_t>& chosen, HeadCandidatePool& pool) {
+  std::size_t c = 0;
+  for (int j = lo; j < hi; ++j) {
+    if (c < chosen.size() && chosen[c] == j) {
+      ++c;
+      continue;
+    }
+    pool.scores.push_back(s[static_cast<std::size_t>(j)]);
+    pool.pos.push_back(pos ? pos[j] : j);
+    pool.head.push_back(h);
+  }
+}
+
+/// The adaptive split (file comment) of validated arguments, from the uniform split `k`: each
+/// head's floor, then the best pooled candidates up to the layer total.
+/// @param k on entry the uniform split, on return the adaptive one
+/// @throws Error on null positions of a non-empty head
+inline void adaptive_head_budgets(const LayerScores& scores, const std::vector<const std::int32_t*>& positions,
+                                  const std::vector<int>& keep, Protection prot, double alpha, std::vector<int>& k) {
+  const int H = static_cast<int>(scores.size());
+  long long remaining = 0;
+  HeadCandidatePool pool;
+  SelectWorkspace ws;
+  std::vector<std::int32_t> chosen;
+  for (int h = 0; h < H; ++h) {
+    const std::vector<float>& s = scores[static_cast<std::size_t>(h)];
+    const int n = static_cast<int>(s.size());
+    const std::int32_t* pos = positions.empty() ? nullptr : positions[static_cast<std::size_t>(h)];
+    DEPTHKV_CHECK(n == 0 || positions.empty() || pos != nullptr, "head " << h << ": null positions");
+    const int p = protected_count(n, prot.n_sink, prot.n_recent);
+    const int floor_n = static_cast<int>(std::floor(alpha * static_cast<double>(keep[static_cast<std::size_t>(h)])));
+    const int f = std::min(n, std::max(p, floor_n));
+    remaining += k[static_cast<std::size_t>(h)] - f;
+    k[static_cast<std::size_t>(h)] = f;
+    if (f >= n) continue;
+    // the unprotected slots are [lo, hi); the floor takes their f - p best, the rest compete
+    const int lo = std::min(prot.n_sink, n);
+    const int hi = std::max(lo, n - std::min(prot.n_recent, n));
+    chosen.clear();
+    select_best(FloatKeys{s.data()}, pos, lo, hi, f - p, ws, chosen);
+    add_head_candidates(h, s, pos, lo, hi, chosen, pool);
+  }
+  chosen.clear();
+  const int n_pool = static_cast<int>(pool.scores.size());
+  select_best(FloatKeys{pool.scores.data()}, pool.pos.data(), 0, n_pool,
+              static_cast<int>(std::min<long long>(remaining, n_pool)), ws, chosen);
+  for (std::int32_t i : chosen) ++k[static_cast<std::size_t>(pool.head[static_cast<std::size_t>(i)])];
+}
+
+}  // namespace detail
+
 /// Per-head keep counts of one layer from per-head starting budgets `keep[h]` (file comment,
 /// with `keep` per head: T = sum_h min(keep[h], n_h), and the adaptive floor of head h is
 /// f_h = min(n_h, max(p_h, floor(alpha * keep[h])))). With every keep[h] equal this is the
@@ -99,71 +198,9 @@ inline HeadAllocation parse_head_allocation(const std::string& name) {
 inline std::vector<int> head_budgets(HeadAllocation mode, const LayerScores& scores,
                                      const std::vector<const std::int32_t*>& positions, const std::vector<int>& keep,
                                      Protection prot, double alpha = kDefaultHeadAlpha) {
-  const int H = static_cast<int>(scores.size());
-  DEPTHKV_CHECK(H >= 1, "no heads");
-  DEPTHKV_CHECK(static_cast<int>(keep.size()) == H, "" << keep.size() << " head budgets for " << H << " heads");
-  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
-                "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
-  DEPTHKV_CHECK(alpha >= 0.0 && alpha <= 1.0, "alpha " << alpha << " outside [0, 1]");  // false for NaN
-  DEPTHKV_CHECK(positions.empty() || static_cast<int>(positions.size()) == H,
-                "" << positions.size() << " position rows for " << H << " heads");
-  std::vector<int> k(static_cast<std::size_t>(H));
-  for (int h = 0; h < H; ++h) {
-    const int n = static_cast<int>(scores[static_cast<std::size_t>(h)].size());
-    const int kh = keep[static_cast<std::size_t>(h)];
-    DEPTHKV_CHECK(kh >= 0, "head " << h << ": keep must be >= 0, got " << kh);
-    const int p = detail::protected_count(n, prot.n_sink, prot.n_recent);
-    DEPTHKV_CHECK(kh >= n || kh >= p,
-                  "head " << h << ": keep " << kh << " < " << p << " protected tokens (of " << n << ")");
-    const int bad = [&] {  // bit test: safe under -ffast-math
-      const std::vector<float>& s = scores[static_cast<std::size_t>(h)];
-      for (int j = 0; j < n; ++j)
-        if ((detail::float_bits(s[static_cast<std::size_t>(j)]) & 0x7FFFFFFFu) > 0x7F800000u) return j;
-      return -1;
-    }();
-    DEPTHKV_CHECK(bad < 0, "head " << h << ": NaN score at slot " << bad);
-    k[static_cast<std::size_t>(h)] = std::min(kh, n);
-  }
+  std::vector<int> k = detail::uniform_head_budgets(scores, positions, keep, prot, alpha);
   if (mode == HeadAllocation::kUniform) return k;
-
-  long long remaining = 0;
-  std::vector<float> pool_scores;      // the candidates of every head, head by head
-  std::vector<std::int32_t> pool_pos;  // their positions
-  std::vector<int> pool_head;          // their head
-  detail::SelectWorkspace ws;
-  std::vector<std::int32_t> chosen;
-  for (int h = 0; h < H; ++h) {
-    const std::vector<float>& s = scores[static_cast<std::size_t>(h)];
-    const int n = static_cast<int>(s.size());
-    const std::int32_t* pos = positions.empty() ? nullptr : positions[static_cast<std::size_t>(h)];
-    DEPTHKV_CHECK(n == 0 || positions.empty() || pos != nullptr, "head " << h << ": null positions");
-    const int p = detail::protected_count(n, prot.n_sink, prot.n_recent);
-    const int floor_n = static_cast<int>(std::floor(alpha * static_cast<double>(keep[static_cast<std::size_t>(h)])));
-    const int f = std::min(n, std::max(p, floor_n));
-    remaining += k[static_cast<std::size_t>(h)] - f;
-    k[static_cast<std::size_t>(h)] = f;
-    if (f >= n) continue;
-    // the unprotected slots are [lo, hi); the floor takes their f - p best, the rest compete
-    const int lo = std::min(prot.n_sink, n);
-    const int hi = std::max(lo, n - std::min(prot.n_recent, n));
-    chosen.clear();
-    detail::select_best(detail::FloatKeys{s.data()}, pos, lo, hi, f - p, ws, chosen);
-    std::size_t c = 0;
-    for (int j = lo; j < hi; ++j) {
-      if (c < chosen.size() && chosen[c] == j) {
-        ++c;
-        continue;
-      }
-      pool_scores.push_back(s[static_cast<std::size_t>(j)]);
-      pool_pos.push_back(pos ? pos[j] : j);
-      pool_head.push_back(h);
-    }
-  }
-  chosen.clear();
-  const int n_pool = static_cast<int>(pool_scores.size());
-  detail::select_best(detail::FloatKeys{pool_scores.data()}, pool_pos.data(), 0, n_pool,
-                      static_cast<int>(std::min<long long>(remaining, n_pool)), ws, chosen);
-  for (std::int32_t i : chosen) ++k[static_cast<std::size_t>(pool_head[static_cast<std::size_t>(i)])];
+  detail::adaptive_head_budgets(scores, positions, keep, prot, alpha, k);
   return k;
 }
 

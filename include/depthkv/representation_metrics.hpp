@@ -95,20 +95,10 @@ struct SplitMix64 {
   /// Uniform in [0, n) by modulo (bias < n / 2^64, negligible here).
   std::uint64_t below(std::uint64_t n) { return next() % n; }
 };
-}  // namespace detail
 
-/// Drops a fraction of the whitespace-separated words of a text (the positive pair of InfoNCE).
-/// Exactly round(fraction * n_words) words are dropped, chosen uniformly without replacement
-/// (seeded; the same result on every platform), but never all of them: a text with at least one
-/// word keeps at least one. A dropped word takes the whitespace before it along; all other
-/// characters are kept as they were. A text without words is returned unchanged.
-/// @param text the text
-/// @param fraction in [0, 1] (default 0.1)
-/// @param seed the random seed
-/// @return the perturbed text
-/// @throws Error on a fraction outside [0, 1]
-inline std::string drop_words(const std::string& text, double fraction = 0.1, std::uint64_t seed = 0) {
-  DEPTHKV_CHECK(fraction >= 0.0 && fraction <= 1.0, "fraction " << fraction << " outside [0, 1]");
+/// @return the [begin, end) byte spans of the whitespace-separated words of `text` (whitespace:
+///         " \t\n\r\f\v"), in order
+inline std::vector<std::pair<std::size_t, std::size_t>> word_spans(const std::string& text) {
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
   std::vector<std::pair<std::size_t, std::size_t>> words;  // [begin, end)
   for (std::size_t i = 0; i < text.size();) {
@@ -118,16 +108,29 @@ inline std::string drop_words(const std::string& text, double fraction = 0.1, st
     while (i < text.size() && !is_space(text[i])) ++i;
     words.emplace_back(b, i);
   }
-  const std::size_t n = words.size();
-  if (n == 0) return text;
-  std::size_t k = static_cast<std::size_t>(std::floor(fraction * static_cast<double>(n) + 0.5));
-  k = std::min(k, n - 1);
+  return words;
+}
+
+/// Chooses `k` of `n` items uniformly without replacement (the first k steps of a Fisher-Yates
+/// shuffle driven by SplitMix64(seed)).
+/// @return [n] true for the chosen items
+inline std::vector<bool> choose_without_replacement(std::size_t n, std::size_t k, std::uint64_t seed) {
   std::vector<std::size_t> idx(n);
   std::iota(idx.begin(), idx.end(), std::size_t{0});
-  detail::SplitMix64 rng(seed);
+  SplitMix64 rng(seed);
   for (std::size_t i = 0; i < k; ++i) std::swap(idx[i], idx[i + static_cast<std::size_t>(rng.below(n - i))]);
-  std::vector<bool> drop(n, false);
-  for (std::size_t i = 0; i < k; ++i) drop[idx[i]] = true;
+  std::vector<bool> chosen(n, false);
+  for (std::size_t i = 0; i < k; ++i) chosen[idx[i]] = true;
+  return chosen;
+}
+
+/// `text` without its dropped words: a dropped word takes the whitespace before it along (the
+/// text's leading whitespace stays before the first kept word), all other characters are kept.
+/// @param words the word spans (`word_spans(text)`, not empty)
+/// @param drop [words] true for the words to leave out (not all of them)
+inline std::string join_kept_words(const std::string& text, const std::vector<std::pair<std::size_t, std::size_t>>& words,
+                                   const std::vector<bool>& drop) {
+  const std::size_t n = words.size();
   std::string out;
   out.reserve(text.size());
   bool first = true;
@@ -144,6 +147,27 @@ inline std::string drop_words(const std::string& text, double fraction = 0.1, st
   }
   out.append(text, words[n - 1].second, std::string::npos);  // trailing whitespace
   return out;
+}
+}  // namespace detail
+
+/// Drops a fraction of the whitespace-separated words of a text (the positive pair of InfoNCE).
+/// Exactly round(fraction * n_words) words are dropped, chosen uniformly without replacement
+/// (seeded; the same result on every platform), but never all of them: a text with at least one
+/// word keeps at least one. A dropped word takes the whitespace before it along; all other
+/// characters are kept as they were. A text without words is returned unchanged.
+/// @param text the text
+/// @param fraction in [0, 1] (default 0.1)
+/// @param seed the random seed
+/// @return the perturbed text
+/// @throws Error on a fraction outside [0, 1]
+inline std::string drop_words(const std::string& text, double fraction = 0.1, std::uint64_t seed = 0) {
+  DEPTHKV_CHECK(fraction >= 0.0 && fraction <= 1.0, "fraction " << fraction << " outside [0, 1]");
+  const std::vector<std::pair<std::size_t, std::size_t>> words = detail::word_spans(text);
+  const std::size_t n = words.size();
+  if (n == 0) return text;
+  std::size_t k = static_cast<std::size_t>(std::floor(fraction * static_cast<double>(n) + 0.5));
+  k = std::min(k, n - 1);
+  return detail::join_kept_words(text, words, detail::choose_without_replacement(n, k, seed));
 }
 
 /// Mean over tokens, then L2 normalisation.

@@ -146,61 +146,12 @@ class BpeTokenizer : public TextTokenizer {
     index_.reserve(pieces_.size());
     for (int i = 0; i < n; ++i) index_.emplace(pieces_[static_cast<std::size_t>(i)], i);  // lowest id of duplicates
 
-    auto in_range = [n](int id, const char* what) {
-      DEPTHKV_CHECK(id < n, "BPE vocabulary: " << what << " id " << id << " is out of range for " << n << " tokens");
-      return id < 0 ? -1 : id;
-    };
-    bos_id_ = in_range(vocab.bos_id, "BOS");
-    eos_id_ = in_range(vocab.eos_id, "EOS");
-    eot_id_ = in_range(vocab.eot_id, "EOT");
-    if (eot_id_ < 0) {  // llama.cpp's fallback: the end-of-turn token by its text
-      for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>"}) {
-        const int id = lookup(t);
-        if (id >= 0) {
-          eot_id_ = id;
-          break;
-        }
-      }
-    }
+    init_special_ids(vocab);
     add_bos_ = vocab.add_bos_set ? vocab.add_bos : pre_.add_bos();
     add_eos_ = vocab.add_eos;
-
-    // Byte tokens: the token spelled by each byte's GPT-2 character.
-    const auto& b2c = detail::gpt2_byte_to_codepoint();
-    for (int b = 0; b < 256; ++b) {
-      std::string s;
-      detail::append_utf8(s, b2c[static_cast<std::size_t>(b)]);
-      byte_token_[b] = lookup(s);
-      codepoint_byte_[b2c[static_cast<std::size_t>(b)]] = static_cast<unsigned char>(b);
-    }
-
-    // Merges: (left id, right id) -> (rank, merged id); the first occurrence of a pair wins.
-    merges_.reserve(vocab.merges.size());
-    for (std::size_t r = 0; r < vocab.merges.size(); ++r) {
-      const std::string& m = vocab.merges[r];
-      const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-      DEPTHKV_CHECK(sp != std::string::npos && sp + 1 < m.size(),
-                    "BPE merge " << r << " '" << m << "' is not two strings separated by a space");
-      const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-      const int l = lookup(left), rt = lookup(right), merged = lookup(left + right);
-      DEPTHKV_CHECK(l >= 0, "BPE merge " << r << " '" << m << "' names '" << left << "', which is not a token");
-      DEPTHKV_CHECK(rt >= 0, "BPE merge " << r << " '" << m << "' names '" << right << "', which is not a token");
-      DEPTHKV_CHECK(merged >= 0, "BPE merge " << r << " '" << m << "' makes '" << left + right
-                                              << "', which is not a token");
-      DEPTHKV_CHECK(r < static_cast<std::size_t>(std::numeric_limits<int>::max()), "too many BPE merges");
-      merges_.emplace(pair_key(l, rt), Merge{static_cast<int>(r), merged});
-    }
-
-    // Special tokens matched in the text (step 1), longest first, then by id.
-    for (int i = 0; i < n; ++i) {
-      const TokenType t = token_type(i);
-      if ((t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) &&
-          !pieces_[static_cast<std::size_t>(i)].empty())
-        specials_.push_back(i);
-    }
-    std::stable_sort(specials_.begin(), specials_.end(), [this](int a, int b) {
-      return pieces_[static_cast<std::size_t>(a)].size() > pieces_[static_cast<std::size_t>(b)].size();
-    });
+    init_byte_tables();
+    init_merges(vocab);
+    init_specials();
 
     // What each token decodes to.
     bytes_.reserve(pieces_.size());
@@ -372,6 +323,74 @@ class BpeTokenizer : public TextTokenizer {
     DEPTHKV_CHECK(!v.pre.empty(), "BPE vocabulary has no pre-tokenizer name (tokenizer.ggml.pre is missing; "
                                   "llama.cpp would fall back to 'default' with a warning, depthkv does not guess)");
     return v.pre;
+  }
+
+  // Sets bos_id_/eos_id_/eot_id_ from the vocabulary (negative ids: none); without an EOT id,
+  // llama.cpp's fallback: the end-of-turn token found by its text. Needs pieces_ and index_.
+  // Throws when an id is >= the vocabulary size.
+  void init_special_ids(const Vocabulary& vocab) {
+    const int n = vocab.size();
+    auto in_range = [n](int id, const char* what) {
+      DEPTHKV_CHECK(id < n, "BPE vocabulary: " << what << " id " << id << " is out of range for " << n << " tokens");
+      return id < 0 ? -1 : id;
+    };
+    bos_id_ = in_range(vocab.bos_id, "BOS");
+    eos_id_ = in_range(vocab.eos_id, "EOS");
+    eot_id_ = in_range(vocab.eot_id, "EOT");
+    if (eot_id_ >= 0) return;
+    for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>"}) {
+      const int id = lookup(t);
+      if (id >= 0) {
+        eot_id_ = id;
+        return;
+      }
+    }
+  }
+
+  // Byte tokens: the token spelled by each byte's GPT-2 character (byte_token_), and the
+  // inverse map of those characters (codepoint_byte_).
+  void init_byte_tables() {
+    const auto& b2c = detail::gpt2_byte_to_codepoint();
+    for (int b = 0; b < 256; ++b) {
+      std::string s;
+      detail::append_utf8(s, b2c[static_cast<std::size_t>(b)]);
+      byte_token_[b] = lookup(s);
+      codepoint_byte_[b2c[static_cast<std::size_t>(b)]] = static_cast<unsigned char>(b);
+    }
+  }
+
+  // Merges: (left id, right id) -> (rank, merged id); the first occurrence of a pair wins.
+  // Throws on a merge that is not "left right" or names a string that is not a token.
+  void init_merges(const Vocabulary& vocab) {
+    merges_.reserve(vocab.merges.size());
+    for (std::size_t r = 0; r < vocab.merges.size(); ++r) {
+      const std::string& m = vocab.merges[r];
+      const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+      DEPTHKV_CHECK(sp != std::string::npos && sp + 1 < m.size(),
+                    "BPE merge " << r << " '" << m << "' is not two strings separated by a space");
+      const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
+      const int l = lookup(left), rt = lookup(right), merged = lookup(left + right);
+      DEPTHKV_CHECK(l >= 0, "BPE merge " << r << " '" << m << "' names '" << left << "', which is not a token");
+      DEPTHKV_CHECK(rt >= 0, "BPE merge " << r << " '" << m << "' names '" << right << "', which is not a token");
+      DEPTHKV_CHECK(merged >= 0, "BPE merge " << r << " '" << m << "' makes '" << left + right
+                                              << "', which is not a token");
+      DEPTHKV_CHECK(r < static_cast<std::size_t>(std::numeric_limits<int>::max()), "too many BPE merges");
+      merges_.emplace(pair_key(l, rt), Merge{static_cast<int>(r), merged});
+    }
+  }
+
+  // Special tokens matched in the text (step 1): the non-empty control, user-defined and
+  // unknown tokens, longest first, then by id.
+  void init_specials() {
+    for (int i = 0; i < vocab_size(); ++i) {
+      const TokenType t = token_type(i);
+      if ((t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) &&
+          !pieces_[static_cast<std::size_t>(i)].empty())
+        specials_.push_back(i);
+    }
+    std::stable_sort(specials_.begin(), specials_.end(), [this](int a, int b) {
+      return pieces_[static_cast<std::size_t>(a)].size() > pieces_[static_cast<std::size_t>(b)].size();
+    });
   }
 
   void check_id(int id, const char* what) const {

@@ -44,20 +44,13 @@ struct PerplexityResult {
   std::vector<double> window_nll;   ///< mean NLL of each window
 };
 
-/// Perplexity of `ids` over consecutive windows (see the file comment).
-/// @param engine the model
-/// @param ids the token stream
-/// @param context tokens per window (>= 4, at most the engine's context length)
-/// @param n_windows windows to run; 0 = every whole window of the stream
-/// @param bos the id that replaces each window's first token (-1: none)
-/// @param chunk_size prefill chunk (computation only)
-/// @param n_threads windows run in parallel (0: OpenMP's default, 1: serial)
-/// @throws Error on a context outside [4, seq_len], a stream shorter than the windows asked for,
-///   ids outside the vocabulary, a non-finite NLL (naming the window and position; the engine
-///   names the layer of a non-finite activation), or a perplexity that overflows a double
-inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<int>& ids, int context, int n_windows = 0,
-                                   int bos = -1, int chunk_size = 1024, int n_threads = 0) {
-  const LlamaConfig& c = engine.config();
+namespace detail {
+
+/// Validates `perplexity`'s arguments (same meaning as there) and resolves `n_windows`.
+/// @return the windows to run (`n_windows`, or every whole window of the stream when 0)
+/// @throws Error as `perplexity` does for bad arguments, in its order
+inline int check_perplexity_args(const LlamaConfig& c, const std::vector<int>& ids, int context, int n_windows,
+                                 int bos, int chunk_size, int n_threads) {
   DEPTHKV_CHECK(context >= 4 && context <= c.seq_len,
                 "perplexity: context " << context << " is outside [4, " << c.seq_len << "] (the model's context length)");
   DEPTHKV_CHECK(n_windows >= 0, "perplexity: n_windows must be >= 0, got " << n_windows);
@@ -72,45 +65,44 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
   for (std::size_t i = 0; i < static_cast<std::size_t>(n_windows) * static_cast<std::size_t>(context); ++i)
     DEPTHKV_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size,
                   "perplexity: token " << ids[i] << " at " << i << " is outside the vocabulary of " << c.vocab_size);
+  return n_windows;
+}
+
+/// The NLLs (nats) of window `w` of `ids` (tokens [w * context, (w + 1) * context), the first
+/// replaced by `bos` when >= 0), prefilled on a fresh cache: one per predicted token at
+/// positions context / 2 .. context - 2, in order.
+/// @throws Error on a non-finite NLL (naming the window and position), or from the engine
+inline std::vector<double> window_nlls(const LlamaEngine& engine, const std::vector<int>& ids, int w, int context,
+                                       int bos, int chunk_size) {
   const int first = context / 2;
   const int per_window = context - 1 - first;
-  std::vector<std::vector<double>> nll(static_cast<std::size_t>(n_windows));
-  std::exception_ptr err;
-#ifdef _OPENMP
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n_windows > 1)
-#else
-  (void)n_threads;
-#endif
-  for (int w = 0; w < n_windows; ++w) {
-    try {
-      std::vector<int> t(ids.begin() + static_cast<std::ptrdiff_t>(w) * context,
-                         ids.begin() + static_cast<std::ptrdiff_t>(w + 1) * context);
-      if (bos >= 0) t[0] = bos;
-      HostCache cache = engine.make_cache();
-      ForwardOptions opt;
-      opt.chunk_size = chunk_size;
-      const RowMatrix logits = engine.prefill(t, 0, cache, opt);  // [context x vocab]
-      std::vector<double>& out = nll[static_cast<std::size_t>(w)];
-      out.reserve(static_cast<std::size_t>(per_window));
-      for (int j = first; j < context - 1; ++j) {
-        const auto row = logits.row(j);
-        const double mx = row.maxCoeff();
-        double sum = 0;
-        for (Eigen::Index v = 0; v < row.size(); ++v) sum += std::exp(static_cast<double>(row(v)) - mx);
-        const double x = mx + std::log(sum) - row(t[static_cast<std::size_t>(j + 1)]);
-        DEPTHKV_CHECK(std::isfinite(x), "perplexity: the NLL of window " << w << " at position " << j
-                                                                         << " is not finite (inf or NaN logits)");
-        out.push_back(x);
-      }
-    } catch (...) {
-#ifdef _OPENMP
-#pragma omp critical(depthkv_perplexity_error)
-#endif
-      if (!err) err = std::current_exception();
-    }
+  std::vector<int> t(ids.begin() + static_cast<std::ptrdiff_t>(w) * context,
+                     ids.begin() + static_cast<std::ptrdiff_t>(w + 1) * context);
+  if (bos >= 0) t[0] = bos;
+  HostCache cache = engine.make_cache();
+  ForwardOptions opt;
+  opt.chunk_size = chunk_size;
+  const RowMatrix logits = engine.prefill(t, 0, cache, opt);  // [context x vocab]
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(per_window));
+  for (int j = first; j < context - 1; ++j) {
+    const auto row = logits.row(j);
+    const double mx = row.maxCoeff();
+    double sum = 0;
+    for (Eigen::Index v = 0; v < row.size(); ++v) sum += std::exp(static_cast<double>(row(v)) - mx);
+    const double x = mx + std::log(sum) - row(t[static_cast<std::size_t>(j + 1)]);
+    DEPTHKV_CHECK(std::isfinite(x), "perplexity: the NLL of window " << w << " at position " << j
+                                                                     << " is not finite (inf or NaN logits)");
+    out.push_back(x);
   }
-  if (err) std::rethrow_exception(err);
+  return out;
+}
+
+/// Summarises per-window NLLs: per-window means, the mean over every scored token, its
+/// standard error (sample variance / n) and exp(mean).
+/// @throws Error when the perplexity or the standard error is not finite
+inline PerplexityResult summarize_perplexity(const std::vector<std::vector<double>>& nll, int context,
+                                             int n_windows) {
   PerplexityResult r;
   r.context = context;
   r.n_windows = n_windows;
@@ -133,6 +125,44 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
   DEPTHKV_CHECK(std::isfinite(r.nll_stderr) && std::isfinite(r.ppl),
                 "perplexity: a mean NLL of " << r.nll << " nats overflows the perplexity exp(NLL) (a broken model)");
   return r;
+}
+
+}  // namespace detail
+
+/// Perplexity of `ids` over consecutive windows (see the file comment).
+/// @param engine the model
+/// @param ids the token stream
+/// @param context tokens per window (>= 4, at most the engine's context length)
+/// @param n_windows windows to run; 0 = every whole window of the stream
+/// @param bos the id that replaces each window's first token (-1: none)
+/// @param chunk_size prefill chunk (computation only)
+/// @param n_threads windows run in parallel (0: OpenMP's default, 1: serial)
+/// @throws Error on a context outside [4, seq_len], a stream shorter than the windows asked for,
+///   ids outside the vocabulary, a non-finite NLL (naming the window and position; the engine
+///   names the layer of a non-finite activation), or a perplexity that overflows a double
+inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<int>& ids, int context, int n_windows = 0,
+                                   int bos = -1, int chunk_size = 1024, int n_threads = 0) {
+  n_windows = detail::check_perplexity_args(engine.config(), ids, context, n_windows, bos, chunk_size, n_threads);
+  std::vector<std::vector<double>> nll(static_cast<std::size_t>(n_windows));
+  std::exception_ptr err;
+#ifdef _OPENMP
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n_windows > 1)
+#else
+  (void)n_threads;
+#endif
+  for (int w = 0; w < n_windows; ++w) {
+    try {
+      nll[static_cast<std::size_t>(w)] = detail::window_nlls(engine, ids, w, context, bos, chunk_size);
+    } catch (...) {
+#ifdef _OPENMP
+#pragma omp critical(depthkv_perplexity_error)
+#endif
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+  return detail::summarize_perplexity(nll, context, n_windows);
 }
 
 }  // namespace llama

@@ -153,6 +153,13 @@ inline std::uint64_t sample_seed(std::uint64_t seed, std::uint64_t index) {
   return g.next();
 }
 
+/// @return the end offset of each whitespace-separated word of `text`, in order
+inline std::vector<std::size_t> word_ends(const std::string& text) {
+  std::vector<std::size_t> word_end;
+  for (const auto& w : depthkv::detail::word_spans(text)) word_end.push_back(w.second);
+  return word_end;
+}
+
 /// The longest prefix of whole words of `text` whose encoding (with BOS) has at most
 /// `max_tokens` tokens (binary search on the word count; encoding length grows with the prefix).
 /// Sets `cut` when the text had to be shortened.
@@ -160,14 +167,7 @@ inline std::string fit_words(const TextTokenizer& tok, const std::string& text, 
   cut = false;
   if (static_cast<int>(tok.encode(text, true, false).size()) <= max_tokens) return text;
   cut = true;
-  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
-  std::vector<std::size_t> word_end;  // end offset of each word
-  for (std::size_t i = 0; i < text.size();) {
-    while (i < text.size() && is_space(text[i])) ++i;
-    if (i >= text.size()) break;
-    while (i < text.size() && !is_space(text[i])) ++i;
-    word_end.push_back(i);
-  }
+  const std::vector<std::size_t> word_end = word_ends(text);
   std::size_t lo = 0, hi = word_end.size();  // invariant: prefix of lo words fits (0 words: BOS only)
   while (lo + 1 < hi) {
     const std::size_t mid = (lo + hi) / 2;
@@ -177,6 +177,142 @@ inline std::string fit_words(const TextTokenizer& tok, const std::string& text, 
       hi = mid;
   }
   return lo == 0 ? std::string() : text.substr(0, word_end[lo - 1]);
+}
+
+/// Validates `probe_representations`' inputs.
+/// @param n number of texts
+/// @param opt the options
+/// @param max_tokens the effective tokens per pass (`opt.max_tokens` or the model's seq_len)
+/// @throws Error naming the first bad value
+inline void check_probe_options(int n, const ProbeOptions& opt, int max_tokens) {
+  DEPTHKV_CHECK(n >= 2, "the representation probe needs at least 2 texts (InfoNCE negatives), got " << n);
+  DEPTHKV_CHECK(opt.drop_fraction >= 0.0 && opt.drop_fraction <= 1.0,
+                "drop fraction " << opt.drop_fraction << " outside [0, 1]");
+  DEPTHKV_CHECK(max_tokens >= 2, "max_tokens " << max_tokens << " must be >= 2 (BOS and one token)");
+  DEPTHKV_CHECK(opt.bootstrap_resamples >= 1, "bootstrap resamples " << opt.bootstrap_resamples << " must be >= 1");
+  DEPTHKV_CHECK(opt.confidence > 0.0 && opt.confidence < 1.0, "confidence " << opt.confidence << " outside (0, 1)");
+  DEPTHKV_CHECK(opt.infonce.temperature > 0.0 && opt.infonce.batch_size >= 2,
+                "InfoNCE temperature " << opt.infonce.temperature << " must be > 0 and batch size "
+                                       << opt.infonce.batch_size << " >= 2");
+}
+
+/// @return the stage index (`static_cast<int>(RepresentationStage)`) whose tensor is `point`,
+///         or -1 when `point` is not one of the four stage points
+inline int stage_index_of(CapturePoint point) {
+  int s = -1;
+  for (RepresentationStage st : representation_stages())
+    if (capture_point_of(st) == point) s = static_cast<int>(st);
+  return s;
+}
+
+/// pooled[stage][layer]: an [n x dim] matrix, one row per sample.
+using StagePools = std::array<std::vector<Eigen::MatrixXd>, 4>;
+
+/// @return four stages of `n_layers` [n x dim] matrices (contents unset, every row is written)
+inline StagePools make_stage_pools(int n_layers, int n, int dim) {
+  StagePools p;
+  for (std::size_t s = 0; s < 4; ++s) p[s].assign(static_cast<std::size_t>(n_layers), Eigen::MatrixXd(n, dim));
+  return p;
+}
+
+/// Sums one forward pass's hidden states over tokens (from position `first_pos` on) per stage
+/// and layer, then pools them into one row of a `StagePools`.
+class StageTokenSums {
+ public:
+  /// @param n_layers layers of the model
+  /// @param dim hidden size
+  /// @param first_pos first position summed (0 includes BOS, 1 leaves it out)
+  StageTokenSums(int n_layers, int dim, std::int32_t first_pos)
+      : n_layers_(n_layers), first_pos_(first_pos),
+        sums_(static_cast<std::size_t>(4 * n_layers), Eigen::VectorXd(dim)) {}
+
+  /// Zeroes every sum (before a pass).
+  void reset() {
+    for (auto& v : sums_) v.setZero();
+  }
+
+  /// Adds the rows of a captured block (positions pos0..) at or after `first_pos` to the sum of
+  /// `point`'s stage at `layer`; ignores points that are not stage points.
+  void add(int layer, CapturePoint point, std::int32_t pos0, const RowMatrix& rows) {
+    const int s = stage_index_of(point);
+    if (s < 0) return;
+    const Eigen::Index skip = std::max<Eigen::Index>(0, static_cast<Eigen::Index>(first_pos_) - pos0);
+    if (skip >= rows.rows()) return;
+    sums_[static_cast<std::size_t>(s * n_layers_ + layer)] +=
+        rows.bottomRows(rows.rows() - skip).cast<double>().colwise().sum().transpose();
+  }
+
+  /// Writes `pooled_embedding(sum / count)` of every stage and layer into row `sample` of `out`.
+  /// @param count tokens summed (the pass's tokens minus `first_pos`)
+  /// @param sample the row (also named in the error)
+  /// @param out the pools
+  /// @throws Error on a non-finite sum
+  void pool_into(double count, int sample, StagePools& out) const {
+    for (int s = 0; s < 4; ++s) {
+      for (int l = 0; l < n_layers_; ++l) {
+        const Eigen::VectorXd& sum = sums_[static_cast<std::size_t>(s * n_layers_ + l)];
+        DEPTHKV_CHECK(sum.allFinite(), "non-finite hidden states at layer " << l << ", stage "
+                                                                             << to_string(representation_stages()[static_cast<std::size_t>(s)])
+                                                                             << " (sample " << sample << ")");
+        const Eigen::MatrixXd mean = (sum / count).transpose();  // [1 x D]
+        out[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)].row(sample) = pooled_embedding(mean).transpose();
+      }
+    }
+  }
+
+ private:
+  int n_layers_;
+  std::int32_t first_pos_;
+  std::vector<Eigen::VectorXd> sums_;  ///< [stage * n_layers + layer]
+};
+
+/// One sample's two token sequences: the text cut to whole words within `max_tokens` and its
+/// perturbed copy (`drop_words`, seeded per sample), both BOS first.
+struct ProbeSampleIds {
+  std::vector<int> text;       ///< the (possibly truncated) text
+  std::vector<int> perturbed;  ///< its perturbed copy, capped at max_tokens
+  bool cut = false;            ///< the text was truncated to fit
+};
+
+/// Builds sample `i`'s token sequences (steps 1-2 of the file comment).
+/// @throws Error when no word of the text fits in `max_tokens` tokens
+inline ProbeSampleIds probe_sample_ids(const TextTokenizer& tok, const std::string& raw, int i,
+                                       const ProbeOptions& opt, int max_tokens) {
+  ProbeSampleIds ids;
+  const std::string text = fit_words(tok, raw, max_tokens, ids.cut);
+  DEPTHKV_CHECK(text.find_first_not_of(" \t\n\r\f\v") != std::string::npos,
+                "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
+  const std::string perturbed = drop_words(text, opt.drop_fraction, sample_seed(opt.seed, static_cast<std::uint64_t>(i)));
+  ids.text = tok.encode(text, /*bos=*/true, /*eos=*/false);
+  ids.perturbed = tok.encode(perturbed, /*bos=*/true, /*eos=*/false);
+  if (static_cast<int>(ids.perturbed.size()) > max_tokens)
+    ids.perturbed.resize(static_cast<std::size_t>(max_tokens));  // BPE corner case
+  const int min_len = opt.include_bos ? 1 : 2;
+  DEPTHKV_CHECK(static_cast<int>(ids.text.size()) >= min_len && static_cast<int>(ids.perturbed.size()) >= min_len,
+                "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
+  assert(static_cast<int>(ids.text.size()) <= max_tokens);
+  return ids;
+}
+
+/// Fills `r.stages` from the pooled anchors and positives: per stage and layer, InfoNCE losses
+/// with their bootstrap mean CI (seeded from `opt.seed ^ 0xB007B007` and stage * L + layer),
+/// effective rank and spectral entropy of the anchors.
+inline void compute_stage_metrics(const StagePools& anchors, const StagePools& positives, const ProbeOptions& opt,
+                                  ProbeResult& r) {
+  const int L = r.n_layers;
+  for (int s = 0; s < 4; ++s) {
+    StageMetrics& m = r.stages[static_cast<std::size_t>(s)];
+    for (int l = 0; l < L; ++l) {
+      const Eigen::MatrixXd& z = anchors[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)];
+      const Eigen::MatrixXd& zp = positives[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)];
+      std::vector<double> loss = infonce_losses(z, zp, opt.infonce);
+      m.infonce.push_back(bootstrap_mean_ci(loss, opt.bootstrap_resamples, opt.confidence,
+                                            sample_seed(opt.seed ^ 0xB007B007ULL, static_cast<std::uint64_t>(s * L + l))));
+      m.losses.push_back(std::move(loss));
+      m.erank.push_back(effective_rank(z));
+      m.sentropy.push_back(spectral_entropy(z));
+    }
+  }
 }
 
 }  // namespace detail
@@ -197,31 +333,19 @@ inline ProbeResult probe_representations(const LlamaEngine& engine, const TextTo
   const int L = cfg.n_layers, D = cfg.dim;
   const int n = static_cast<int>(texts.size());
   const int max_tokens = opt.max_tokens > 0 ? opt.max_tokens : cfg.seq_len;
-  DEPTHKV_CHECK(n >= 2, "the representation probe needs at least 2 texts (InfoNCE negatives), got " << n);
-  DEPTHKV_CHECK(opt.drop_fraction >= 0.0 && opt.drop_fraction <= 1.0,
-                "drop fraction " << opt.drop_fraction << " outside [0, 1]");
-  DEPTHKV_CHECK(max_tokens >= 2, "max_tokens " << max_tokens << " must be >= 2 (BOS and one token)");
-  DEPTHKV_CHECK(opt.bootstrap_resamples >= 1, "bootstrap resamples " << opt.bootstrap_resamples << " must be >= 1");
-  DEPTHKV_CHECK(opt.confidence > 0.0 && opt.confidence < 1.0, "confidence " << opt.confidence << " outside (0, 1)");
-  DEPTHKV_CHECK(opt.infonce.temperature > 0.0 && opt.infonce.batch_size >= 2,
-                "InfoNCE temperature " << opt.infonce.temperature << " must be > 0 and batch size "
-                                       << opt.infonce.batch_size << " >= 2");
+  detail::check_probe_options(n, opt, max_tokens);
 
   ProbeResult r;
   r.n_layers = L;
   r.n_samples = n;
-  // pooled[stage][layer]: rows = samples; anchors (texts) and positives (perturbed copies)
-  std::array<std::vector<Eigen::MatrixXd>, 4> anchors, positives;
-  for (std::size_t s = 0; s < 4; ++s) {
-    anchors[s].assign(static_cast<std::size_t>(L), Eigen::MatrixXd(n, D));
-    positives[s].assign(static_cast<std::size_t>(L), Eigen::MatrixXd(n, D));
-  }
+  // anchors (texts) and positives (perturbed copies)
+  detail::StagePools anchors = detail::make_stage_pools(L, n, D);
+  detail::StagePools positives = detail::make_stage_pools(L, n, D);
 
   unsigned points = 0;
   for (RepresentationStage s : representation_stages()) points |= capture_bit(capture_point_of(s));
-  // sums[stage * L + layer]: token sums of the current pass
-  std::vector<Eigen::VectorXd> sums(static_cast<std::size_t>(4 * L), Eigen::VectorXd(D));
   const std::int32_t first_pos = opt.include_bos ? 0 : 1;
+  detail::StageTokenSums sums(L, D, first_pos);
 
   ForwardOptions fo;
   fo.chunk_size = opt.chunk_size;
@@ -231,71 +355,30 @@ inline ProbeResult probe_representations(const LlamaEngine& engine, const TextTo
   fo.n_threads = opt.n_threads;
   fo.capture = [&](int layer, CapturePoint point, std::int32_t pos0, const RowMatrix& rows) {
     if (opt.capture) opt.capture(layer, point, pos0, rows);
-    int s = -1;
-    for (RepresentationStage st : representation_stages())
-      if (capture_point_of(st) == point) s = static_cast<int>(st);
-    if (s < 0) return;
-    const Eigen::Index skip = std::max<Eigen::Index>(0, static_cast<Eigen::Index>(first_pos) - pos0);
-    if (skip >= rows.rows()) return;
-    sums[static_cast<std::size_t>(s * L + layer)] +=
-        rows.bottomRows(rows.rows() - skip).cast<double>().colwise().sum().transpose();
+    sums.add(layer, point, pos0, rows);
   };
 
-  auto run_pass = [&](const std::vector<int>& ids, int sample, std::array<std::vector<Eigen::MatrixXd>, 4>& out) {
-    for (auto& v : sums) v.setZero();
+  auto run_pass = [&](const std::vector<int>& ids, int sample, detail::StagePools& out) {
+    sums.reset();
     HostCache cache = engine.make_cache(static_cast<int>(ids.size()));
     engine.prefill(ids, 0, cache, fo);
     ++r.forward_passes;
-    const double count = static_cast<double>(ids.size()) - static_cast<double>(first_pos);
-    for (int s = 0; s < 4; ++s) {
-      for (int l = 0; l < L; ++l) {
-        const Eigen::VectorXd& sum = sums[static_cast<std::size_t>(s * L + l)];
-        DEPTHKV_CHECK(sum.allFinite(), "non-finite hidden states at layer " << l << ", stage "
-                                                                             << to_string(representation_stages()[static_cast<std::size_t>(s)])
-                                                                             << " (sample " << sample << ")");
-        const Eigen::MatrixXd mean = (sum / count).transpose();  // [1 x D]
-        out[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)].row(sample) = pooled_embedding(mean).transpose();
-      }
-    }
+    sums.pool_into(static_cast<double>(ids.size()) - static_cast<double>(first_pos), sample, out);
   };
 
   for (int i = 0; i < n; ++i) {
-    bool cut = false;
-    const std::string text = detail::fit_words(tok, texts[static_cast<std::size_t>(i)], max_tokens, cut);
-    if (cut) ++r.truncated;
-    DEPTHKV_CHECK(text.find_first_not_of(" \t\n\r\f\v") != std::string::npos,
-                  "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
-    const std::string perturbed =
-        drop_words(text, opt.drop_fraction, detail::sample_seed(opt.seed, static_cast<std::uint64_t>(i)));
-    const std::vector<int> a = tok.encode(text, /*bos=*/true, /*eos=*/false);
-    std::vector<int> b = tok.encode(perturbed, /*bos=*/true, /*eos=*/false);
-    if (static_cast<int>(b.size()) > max_tokens) b.resize(static_cast<std::size_t>(max_tokens));  // BPE corner case
-    const int min_len = opt.include_bos ? 1 : 2;
-    DEPTHKV_CHECK(static_cast<int>(a.size()) >= min_len && static_cast<int>(b.size()) >= min_len,
-                  "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
-    assert(static_cast<int>(a.size()) <= max_tokens);
-    r.tokens.push_back(static_cast<int>(a.size()));
-    r.tokens_perturbed.push_back(static_cast<int>(b.size()));
-    run_pass(a, i, anchors);
-    run_pass(b, i, positives);
+    const detail::ProbeSampleIds ids =
+        detail::probe_sample_ids(tok, texts[static_cast<std::size_t>(i)], i, opt, max_tokens);
+    if (ids.cut) ++r.truncated;
+    r.tokens.push_back(static_cast<int>(ids.text.size()));
+    r.tokens_perturbed.push_back(static_cast<int>(ids.perturbed.size()));
+    run_pass(ids.text, i, anchors);
+    run_pass(ids.perturbed, i, positives);
     if (opt.progress) opt.progress(i + 1, n);
   }
   const auto t_fwd = Clock::now();
 
-  for (int s = 0; s < 4; ++s) {
-    StageMetrics& m = r.stages[static_cast<std::size_t>(s)];
-    for (int l = 0; l < L; ++l) {
-      const Eigen::MatrixXd& z = anchors[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)];
-      const Eigen::MatrixXd& zp = positives[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)];
-      std::vector<double> loss = infonce_losses(z, zp, opt.infonce);
-      m.infonce.push_back(bootstrap_mean_ci(loss, opt.bootstrap_resamples, opt.confidence,
-                                            detail::sample_seed(opt.seed ^ 0xB007B007ULL,
-                                                                static_cast<std::uint64_t>(s * L + l))));
-      m.losses.push_back(std::move(loss));
-      m.erank.push_back(effective_rank(z));
-      m.sentropy.push_back(spectral_entropy(z));
-    }
-  }
+  detail::compute_stage_metrics(anchors, positives, opt, r);
   const auto t_end = Clock::now();
   r.seconds_forward = std::chrono::duration<double>(t_fwd - t_start).count();
   r.seconds_metrics = std::chrono::duration<double>(t_end - t_fwd).count();

@@ -140,6 +140,31 @@ struct DocumentSplit {
   bool operator!=(const DocumentSplit& o) const { return !(*this == o); }
 };
 
+namespace detail {
+
+/// The pieces of `text` between occurrences of `sep` (not empty), each with leading and trailing
+/// ASCII whitespace (" \t\n\r\v\f") removed; pieces left empty are dropped.
+/// @param text the corpus
+/// @param sep the separator (not empty)
+/// @return the pieces, in text order
+inline std::vector<std::string> split_trimmed(const std::string& text, const std::string& sep) {
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  std::vector<std::string> docs;
+  std::size_t p = 0;
+  while (p <= text.size()) {
+    std::size_t q = text.find(sep, p);
+    if (q == std::string::npos) q = text.size();
+    std::size_t b = p, e = q;
+    while (b < e && space(text[b])) ++b;
+    while (e > b && space(text[e - 1])) --e;
+    if (e > b) docs.push_back(text.substr(b, e - b));
+    p = q + sep.size();
+  }
+  return docs;
+}
+
+}  // namespace detail
+
 /// Splits a corpus into documents (rule 1 of the file comment).
 /// @param text the corpus
 /// @param split the rule (default: the TinyStories opening rule, which is split_stories(text))
@@ -156,19 +181,7 @@ inline std::vector<std::string> split_documents(const std::string& text, const D
   DEPTHKV_CHECK(text.empty() || text.find(sep) != std::string::npos,
                 "document " << split.describe() << " does not occur in the text (" << text.size()
                             << " bytes); give the separator that is in the text, or no splitting");
-  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
-  std::vector<std::string> docs;
-  std::size_t p = 0;
-  while (p <= text.size()) {
-    std::size_t q = text.find(sep, p);
-    if (q == std::string::npos) q = text.size();
-    std::size_t b = p, e = q;
-    while (b < e && space(text[b])) ++b;
-    while (e > b && space(text[e - 1])) --e;
-    if (e > b) docs.push_back(text.substr(b, e - b));
-    p = q + sep.size();
-  }
-  return docs;
+  return detail::split_trimmed(text, sep);
 }
 
 /// Encodes every story (document) with BOS before it and concatenates the tokens (rule 2).

@@ -370,64 +370,92 @@ class Tokenizer : public TextTokenizer {
     }
   }
 
+  // A candidate merge of the adjacent positions (left, right) into piece `id` of score `score`;
+  // the stamps are the two positions' versions when the candidate was made.
+  struct MergeCand {
+    float score;
+    std::size_t left, right;
+    std::uint32_t stamp_left, stamp_right;
+    int id;
+  };
+  // Heap order: the highest score on top, the leftmost on ties.
+  struct MergeWorse {
+    bool operator()(const MergeCand& a, const MergeCand& b) const {
+      if (a.score != b.score) return a.score < b.score;
+      return a.left > b.left;
+    }
+  };
+  using MergeHeap = std::priority_queue<MergeCand, std::vector<MergeCand>, MergeWorse>;
+
+  // The positions of `merge` as a doubly linked list: neighbours, liveness and a version per
+  // position (bumped when the position's token changes).
+  struct MergeList {
+    static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+    std::vector<std::size_t> prev, next;
+    std::vector<std::uint32_t> stamp;
+    std::vector<char> alive;
+
+    explicit MergeList(std::size_t n) : prev(n), next(n), stamp(n, 0), alive(n, 1) {
+      for (std::size_t i = 0; i < n; ++i) {
+        prev[i] = i == 0 ? kNone : i - 1;
+        next[i] = i + 1 == n ? kNone : i + 1;
+      }
+    }
+    // True when both positions of `c` are alive, still adjacent and unchanged since `c` was made.
+    bool is_current(const MergeCand& c) const {
+      return alive[c.left] && alive[c.right] && next[c.left] == c.right && stamp[c.left] == c.stamp_left &&
+             stamp[c.right] == c.stamp_right;
+    }
+    // Applies `c`: its left position takes the merged token, its right position is unlinked.
+    void join(const MergeCand& c, std::vector<int>& tokens) {
+      tokens[c.left] = c.id;
+      ++stamp[c.left];
+      alive[c.right] = 0;
+      next[c.left] = next[c.right];
+      if (next[c.right] != kNone) prev[next[c.right]] = c.left;
+    }
+    // Keeps the alive positions of `tokens`, in order.
+    void compact(std::vector<int>& tokens) const {
+      std::size_t w = 0;
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (alive[i]) tokens[w++] = tokens[i];
+      }
+      tokens.resize(w);
+    }
+  };
+
+  // Pushes the candidate merge of positions (l, r) when both exist, their pieces merge and the
+  // merged piece scores above run.c's initial best_score (-1e10).
+  void push_merge(const std::vector<int>& tokens, const MergeList& list, std::size_t l, std::size_t r,
+                  MergeHeap& heap) const {
+    if (l == MergeList::kNone || r == MergeList::kNone) return;
+    const auto it = merges_.find(pair_key(canon_[static_cast<std::size_t>(tokens[l])],
+                                           canon_[static_cast<std::size_t>(tokens[r])]));
+    if (it == merges_.end()) return;
+    const int id = it->second;
+    const float s = scores_[static_cast<std::size_t>(id)];
+    const float kFloor = -1e10f;  // run.c's initial best_score: only scores above it merge
+    if (!(s > kFloor)) return;
+    heap.push(MergeCand{s, l, r, list.stamp[l], list.stamp[r], id});
+  }
+
   // Greedy merging of the best-scored adjacent pair (leftmost on ties), as run.c's loop, with a
   // max-heap of candidate pairs over a linked list; stale candidates are skipped lazily.
   void merge(std::vector<int>& tokens) const {
     const std::size_t n = tokens.size();
     if (n < 2) return;
-    struct Cand {
-      float score;
-      std::size_t left, right;
-      std::uint32_t stamp_left, stamp_right;
-      int id;
-    };
-    struct Worse {
-      bool operator()(const Cand& a, const Cand& b) const {
-        if (a.score != b.score) return a.score < b.score;
-        return a.left > b.left;
-      }
-    };
-    const std::size_t none = static_cast<std::size_t>(-1);
-    std::vector<std::size_t> prev(n), next(n);
-    std::vector<std::uint32_t> stamp(n, 0);
-    std::vector<char> alive(n, 1);
-    for (std::size_t i = 0; i < n; ++i) {
-      prev[i] = i == 0 ? none : i - 1;
-      next[i] = i + 1 == n ? none : i + 1;
-    }
-    std::priority_queue<Cand, std::vector<Cand>, Worse> heap;
-    const float kFloor = -1e10f;  // run.c's initial best_score: only scores above it merge
-    auto push = [&](std::size_t l, std::size_t r) {
-      if (l == none || r == none) return;
-      const auto it = merges_.find(pair_key(canon_[static_cast<std::size_t>(tokens[l])],
-                                             canon_[static_cast<std::size_t>(tokens[r])]));
-      if (it == merges_.end()) return;
-      const int id = it->second;
-      const float s = scores_[static_cast<std::size_t>(id)];
-      if (!(s > kFloor)) return;
-      heap.push(Cand{s, l, r, stamp[l], stamp[r], id});
-    };
-    for (std::size_t i = 0; i + 1 < n; ++i) push(i, i + 1);
+    MergeList list(n);
+    MergeHeap heap;
+    for (std::size_t i = 0; i + 1 < n; ++i) push_merge(tokens, list, i, i + 1, heap);
     while (!heap.empty()) {
-      const Cand c = heap.top();
+      const MergeCand c = heap.top();
       heap.pop();
-      if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || stamp[c.left] != c.stamp_left ||
-          stamp[c.right] != c.stamp_right) {
-        continue;
-      }
-      tokens[c.left] = c.id;
-      ++stamp[c.left];
-      alive[c.right] = 0;
-      next[c.left] = next[c.right];
-      if (next[c.right] != none) prev[next[c.right]] = c.left;
-      push(prev[c.left], c.left);
-      push(c.left, next[c.left]);
+      if (!list.is_current(c)) continue;
+      list.join(c, tokens);
+      push_merge(tokens, list, list.prev[c.left], c.left, heap);
+      push_merge(tokens, list, c.left, list.next[c.left], heap);
     }
-    std::size_t w = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (alive[i]) tokens[w++] = tokens[i];
-    }
-    tokens.resize(w);
+    list.compact(tokens);
   }
 
   std::vector<std::string> pieces_;   // as stored
@@ -443,6 +471,42 @@ class Tokenizer : public TextTokenizer {
   bool add_dummy_prefix_ = true;
 };
 
+namespace detail {
+
+/// @return true for the characters between token ids: ',', '[', ']' and whitespace
+inline bool is_token_id_separator(char c) {
+  return c == ',' || c == '[' || c == ']' || std::isspace(static_cast<unsigned char>(c));
+}
+
+/// An optionally signed decimal integer read by `scan_decimal`.
+struct ScannedDecimal {
+  long long value = 0;     ///< signed value; the magnitude saturates above 2^40 (far above any int)
+  std::size_t digits = 0;  ///< digits read (0: no number)
+};
+
+/// Reads an optional '+'/'-' and the decimal digits that follow in `text` from byte `i`.
+/// @param text the text
+/// @param i the start; on return, the byte after the last character read
+/// @return the value and the number of digits
+inline ScannedDecimal scan_decimal(const std::string& text, std::size_t& i) {
+  const std::size_t n = text.size();
+  ScannedDecimal d;
+  bool neg = false;
+  if (text[i] == '-' || text[i] == '+') {
+    neg = text[i] == '-';
+    ++i;
+  }
+  while (i < n && text[i] >= '0' && text[i] <= '9') {
+    if (d.value < (1LL << 40)) d.value = d.value * 10 + (text[i] - '0');  // saturates far above any int
+    ++i;
+    ++d.digits;
+  }
+  if (neg) d.value = -d.value;
+  return d;
+}
+
+}  // namespace detail
+
 /// Parses token ids separated by whitespace and/or commas (brackets '[' ']' are ignored, so a
 /// JSON array works too).
 /// @param text the ids, decimal
@@ -456,28 +520,16 @@ inline std::vector<int> parse_token_ids(const std::string& text, int vocab_size,
   std::vector<int> ids;
   std::size_t i = 0;
   const std::size_t n = text.size();
-  auto is_sep = [](char c) { return c == ',' || c == '[' || c == ']' || std::isspace(static_cast<unsigned char>(c)); };
   while (i < n) {
-    if (is_sep(text[i])) {
+    if (detail::is_token_id_separator(text[i])) {
       ++i;
       continue;
     }
     const std::size_t start = i;
-    bool neg = false;
-    if (text[i] == '-' || text[i] == '+') {
-      neg = text[i] == '-';
-      ++i;
-    }
-    long long v = 0;
-    std::size_t digits = 0;
-    while (i < n && text[i] >= '0' && text[i] <= '9') {
-      if (v < (1LL << 40)) v = v * 10 + (text[i] - '0');  // saturates far above any int
-      ++i;
-      ++digits;
-    }
-    DEPTHKV_CHECK(digits > 0 && (i == n || is_sep(text[i])),
+    const detail::ScannedDecimal d = detail::scan_decimal(text, i);
+    DEPTHKV_CHECK(d.digits > 0 && (i == n || detail::is_token_id_separator(text[i])),
                   source << ": not a token id at byte " << start << ": '" << text.substr(start, 16) << "'");
-    if (neg) v = -v;
+    const long long v = d.value;
     DEPTHKV_CHECK(v >= 0 && v < vocab_size, source << ": token id " << text.substr(start, i - start)
                                                    << " at byte " << start << " is out of range [0, " << vocab_size
                                                    << ")");

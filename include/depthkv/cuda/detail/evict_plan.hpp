@@ -311,13 +311,10 @@ inline bool auto_one_block_per_row(int n_rows, int max_n, int n_sms, std::size_t
   return max_n <= kOneBlockMaxN && n_rows >= n_sms;
 }
 
-/// Why a batched eviction's parameters are rejected (the CUDA `Evict` then returns
-/// cudaErrorInvalidValue; `EvictParamsError` gives this text), or null when they are accepted.
-/// @param rows_null whether the row table pointer is null, @param elem_bytes sizeof(T) of the K/V
-/// elements, @param d_workspace / @param workspace_bytes the caller's workspace
-inline const char* evict_params_problem(int n_rows, bool rows_null, int max_n, int head_dim, std::size_t elem_bytes,
-                                        int n_sink, int n_recent, const void* d_workspace,
-                                        std::size_t workspace_bytes) {
+/// The shape half of `evict_params_problem`: why the row count, lengths, sink/recent counts,
+/// row table or head size are rejected, or null when they are accepted.
+inline const char* evict_shape_problem(int n_rows, bool rows_null, int max_n, int head_dim, std::size_t elem_bytes,
+                                       int n_sink, int n_recent) {
   if (n_rows < 0) return "n_rows < 0";
   if (max_n < 0) return "max_n < 0";
   if (max_n > kEvictMaxN)
@@ -327,12 +324,31 @@ inline const char* evict_params_problem(int n_rows, bool rows_null, int max_n, i
   if (n_rows > 0 && head_dim < 1) return "head_dim < 1";
   if (elem_bytes == 0 || static_cast<std::size_t>(head_dim > 0 ? head_dim : 0) > std::size_t{0x7fffffff} / elem_bytes)
     return "head_dim * sizeof(T) above 2^31 - 1 bytes";
+  return nullptr;
+}
+
+/// The workspace half of `evict_params_problem`: why the caller's workspace is rejected for
+/// `n_rows` rows of at most `max_n` tokens (too small, null or misaligned), or null when accepted.
+inline const char* evict_workspace_problem(int n_rows, int max_n, const void* d_workspace,
+                                           std::size_t workspace_bytes) {
   const std::size_t need = evict_workspace_layout(n_rows, max_n).total_bytes;
   if (workspace_bytes < need) return "workspace smaller than EvictWorkspaceBytes(params)";
   if (need > 0 && d_workspace == nullptr) return "null workspace";
   if (need > 0 && reinterpret_cast<std::uintptr_t>(d_workspace) % kEvictWorkspaceAlignment != 0u)
     return "workspace not aligned to kEvictWorkspaceAlignment = 256 bytes";
   return nullptr;
+}
+
+/// Why a batched eviction's parameters are rejected (the CUDA `Evict` then returns
+/// cudaErrorInvalidValue; `EvictParamsError` gives this text), or null when they are accepted.
+/// @param rows_null whether the row table pointer is null, @param elem_bytes sizeof(T) of the K/V
+/// elements, @param d_workspace / @param workspace_bytes the caller's workspace
+inline const char* evict_params_problem(int n_rows, bool rows_null, int max_n, int head_dim, std::size_t elem_bytes,
+                                        int n_sink, int n_recent, const void* d_workspace,
+                                        std::size_t workspace_bytes) {
+  if (const char* why = evict_shape_problem(n_rows, rows_null, max_n, head_dim, elem_bytes, n_sink, n_recent))
+    return why;
+  return evict_workspace_problem(n_rows, max_n, d_workspace, workspace_bytes);
 }
 
 /// Largest copy unit (16, 8, 4, 2 or 1 bytes) dividing every byte quantity OR-ed into `or_bits`

@@ -204,6 +204,62 @@ struct PagedCompactPlan {
   std::vector<std::int32_t> freed_begin;  ///< [tables + 1]: table t's freed blocks are freed[freed_begin[t] .. freed_begin[t+1])
 };
 
+namespace detail {
+
+/// Checks the layer's `n_tables` block tables: every entry inside [0, num_blocks) and no block
+/// listed twice across them.
+/// @throws Error naming the table, the entry and the block
+inline void check_paged_tables(const std::vector<std::int32_t>* block_tables, int n_tables, int num_blocks) {
+  std::vector<char> seen(static_cast<std::size_t>(num_blocks > 0 ? num_blocks : 0), 0);
+  for (int t = 0; t < n_tables; ++t) {
+    for (std::size_t j = 0; j < block_tables[t].size(); ++j) {
+      const std::int32_t b = block_tables[t][j];
+      DEPTHKV_CHECK(paged_block_ok(b, num_blocks),
+                    "table " << t << " entry " << j << ": block " << b << " outside [0, " << num_blocks << ")");
+      DEPTHKV_CHECK(!seen[static_cast<std::size_t>(b)], "table " << t << " entry " << j << ": block " << b
+                                                                 << " listed twice in the layer's tables");
+      seen[static_cast<std::size_t>(b)] = 1;
+    }
+  }
+}
+
+/// Checks head `h`: its size within [0, cap] (its table's capacity in tokens), its kept count
+/// within [0, size], and its kept slots non-null, inside [0, size) and strictly ascending.
+/// @throws Error naming the head
+inline void check_paged_head(int h, std::size_t cap, int size, const std::int32_t* kept, int n_kept) {
+  DEPTHKV_CHECK(size >= 0 && static_cast<std::size_t>(size) <= cap,
+                "head " << h << ": size " << size << " outside [0, " << cap << "] (its table's capacity)");
+  DEPTHKV_CHECK(n_kept >= 0 && n_kept <= size,
+                "head " << h << ": kept count " << n_kept << " outside [0, " << size << "]");
+  DEPTHKV_CHECK(n_kept == 0 || kept != nullptr, "head " << h << ": null kept slots");
+  for (int i = 0; i < n_kept; ++i)
+    DEPTHKV_CHECK(paged_kept_ok(kept, i, size),
+                  "head " << h << ": kept slot " << kept[i] << " at " << i
+                          << (kept[i] < 0 || kept[i] >= size ? " outside [0, size)" : " not above the previous one"));
+}
+
+/// The plan of validated inputs: each table keeps the blocks its survivors need (per-layer: the
+/// largest kept count; per-head: the head's), the rest are freed in table order.
+inline PagedCompactPlan make_paged_compact_plan(bool per_layer, int n_tables, int block_size, int n_kv_heads,
+                                                const std::vector<std::int32_t>* block_tables, const int* n_kept) {
+  PagedCompactPlan p;
+  p.n_kept.assign(n_kept, n_kept + n_kv_heads);
+  p.freed_begin.push_back(0);
+  int max_kept = 0;
+  for (int h = 0; h < n_kv_heads; ++h) max_kept = n_kept[h] > max_kept ? n_kept[h] : max_kept;
+  for (int t = 0; t < n_tables; ++t) {
+    const int need = paged_blocks_for(per_layer ? max_kept : n_kept[t], block_size);
+    const std::vector<std::int32_t>& tab = block_tables[t];
+    const int len = static_cast<int>(tab.size()) < need ? static_cast<int>(tab.size()) : need;
+    p.table_len.push_back(len);
+    p.freed.insert(p.freed.end(), tab.begin() + len, tab.end());
+    p.freed_begin.push_back(static_cast<std::int32_t>(p.freed.size()));
+  }
+  return p;
+}
+
+}  // namespace detail
+
 /// Plans the compaction of one paged layer, validating everything first (nothing is modified;
 /// the kernel moves the rows, the caller then returns `freed` to the pool, truncates the tables
 /// to `table_len` and takes the survivors' positions).
@@ -224,43 +280,12 @@ inline PagedCompactPlan plan_paged_compact(PagedTables tables, int block_size, i
                 "null sizes, tables or kept lists");
   const bool per_layer = tables == PagedTables::kPerLayer;
   const int n_tables = per_layer ? (n_kv_heads > 0 ? 1 : 0) : n_kv_heads;
-  std::vector<char> seen(static_cast<std::size_t>(num_blocks > 0 ? num_blocks : 0), 0);
-  for (int t = 0; t < n_tables; ++t) {
-    for (std::size_t j = 0; j < block_tables[t].size(); ++j) {
-      const std::int32_t b = block_tables[t][j];
-      DEPTHKV_CHECK(detail::paged_block_ok(b, num_blocks),
-                    "table " << t << " entry " << j << ": block " << b << " outside [0, " << num_blocks << ")");
-      DEPTHKV_CHECK(!seen[static_cast<std::size_t>(b)], "table " << t << " entry " << j << ": block " << b
-                                                                 << " listed twice in the layer's tables");
-      seen[static_cast<std::size_t>(b)] = 1;
-    }
-  }
+  detail::check_paged_tables(block_tables, n_tables, num_blocks);
   for (int h = 0; h < n_kv_heads; ++h) {
     const std::size_t cap = block_tables[per_layer ? 0 : h].size() * static_cast<std::size_t>(block_size);
-    DEPTHKV_CHECK(sizes[h] >= 0 && static_cast<std::size_t>(sizes[h]) <= cap,
-                  "head " << h << ": size " << sizes[h] << " outside [0, " << cap << "] (its table's capacity)");
-    DEPTHKV_CHECK(n_kept[h] >= 0 && n_kept[h] <= sizes[h],
-                  "head " << h << ": kept count " << n_kept[h] << " outside [0, " << sizes[h] << "]");
-    DEPTHKV_CHECK(n_kept[h] == 0 || kept[h] != nullptr, "head " << h << ": null kept slots");
-    for (int i = 0; i < n_kept[h]; ++i)
-      DEPTHKV_CHECK(detail::paged_kept_ok(kept[h], i, sizes[h]),
-                    "head " << h << ": kept slot " << kept[h][i] << " at " << i
-                            << (kept[h][i] < 0 || kept[h][i] >= sizes[h] ? " outside [0, size)" : " not above the previous one"));
+    detail::check_paged_head(h, cap, sizes[h], kept[h], n_kept[h]);
   }
-  PagedCompactPlan p;
-  p.n_kept.assign(n_kept, n_kept + n_kv_heads);
-  p.freed_begin.push_back(0);
-  int max_kept = 0;
-  for (int h = 0; h < n_kv_heads; ++h) max_kept = n_kept[h] > max_kept ? n_kept[h] : max_kept;
-  for (int t = 0; t < n_tables; ++t) {
-    const int need = detail::paged_blocks_for(per_layer ? max_kept : n_kept[t], block_size);
-    const std::vector<std::int32_t>& tab = block_tables[t];
-    const int len = static_cast<int>(tab.size()) < need ? static_cast<int>(tab.size()) : need;
-    p.table_len.push_back(len);
-    p.freed.insert(p.freed.end(), tab.begin() + len, tab.end());
-    p.freed_begin.push_back(static_cast<std::int32_t>(p.freed.size()));
-  }
-  return p;
+  return detail::make_paged_compact_plan(per_layer, n_tables, block_size, n_kv_heads, block_tables, n_kept);
 }
 
 /// `plan_paged_compact` for a `PagedLayer` (its sizes, tables and pool), with one kept list per head.
