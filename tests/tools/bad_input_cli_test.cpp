@@ -232,7 +232,7 @@ TEST_CASE("cli: an empty or non-numeric value of a numeric option is refused, no
                         "2>&1"),
                 "--skip: expected a number, got an empty value");
   const std::string an = "analyze --model " + m + " --profile " + good + " --text " + t + " ";
-  for (const char* opt : {"--samples", "--skip", "--keep", "--tau", "--batch", "--seed", "--max-tokens"})
+  for (const char* opt : {"--samples", "--skip", "--layer-keep", "--tau", "--batch", "--seed", "--max-tokens"})
     require_error(run_cli(an + opt + " ''", "2>&1"), std::string(opt) + ": expected a number, got an empty value");
 }
 
