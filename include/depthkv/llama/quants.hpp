@@ -14,10 +14,10 @@
 /// Products: for the block types, `quant_matvec` and `quant_matmul` quantize the activations
 /// to int8 per 32 values (per 256 values for Q4_K, Q5_K, Q6_K, summing a whole block in int32)
 /// and multiply blocks as integers (AVX2 `maddubs`), as llama.cpp does;
-/// the float types (F32, F16, BF16) are converted in registers and multiplied with FMA (the engine
-/// multiplies F32 weights with Eigen's float32 product instead: llama/gguf.hpp). The int8 kernel's error is the activation
-/// rounding: each dot product is within sum |w| * max|x| / 254 per 32 values of the exact one
-/// (per 256 values for Q4_K, Q5_K, Q6_K); `QuantKernel::kDequantize` keeps the float-exact
+/// the float types (F32, F16, BF16) are converted in registers and multiplied with FMA (the
+/// engine multiplies F32 weights with Eigen's float32 product instead: llama/gguf.hpp). The int8
+/// kernel's error is the activation rounding: each dot product is within sum |w| * max|x| / 254
+/// per 32 values of the exact one (per 256 values for Q4_K, Q5_K, Q6_K); `QuantKernel::kDequantize` keeps the float-exact
 /// products for checks. Why these kernels (measurements of benchmarks/quant_bench.cpp):
 /// benchmarks/RESULTS.md, "Quantized matrix products".
 ///
