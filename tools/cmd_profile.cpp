@@ -296,7 +296,7 @@ void register_profile(CLI::App& app) {
       ->check(at_least(0));
   c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
       ->capture_default_str();
-  c->add_option("--ratios", a->ratios, "probed keep ratios")->capture_default_str();
+  c->add_option("--ratios", a->ratios, "probed layer keep ratios (each layer alone pruned to each)")->capture_default_str();
   CLI::Option* metrics =
       c->add_option("--metrics", a->metrics,
                     "loss metric of the curves (kl, dnll or top1) and/or infonce (representation metrics for the "
