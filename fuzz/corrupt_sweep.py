@@ -1208,6 +1208,7 @@ OPTS = {
     "--topp": _f(lambda v: 0 <= v <= 1),
     "--seed": ("uint", lambda v: 0 <= v < 2 ** 32 or (None if v < 2 ** 64 else False)),
     "--keep": _f(lambda v: 0 < v <= 1),
+    "--layer-keep": _f(lambda v: 0 < v < 1),
     "--sinks": _i(0), "--recent": _i(0), "--obs-window": _i(1),
     "--kernel": ("int", lambda v: v >= 1 and v % 2 == 1),
     "--head-alpha": _f(lambda v: 0 <= v <= 1),
@@ -1253,7 +1254,7 @@ def cli_base(base, sub):
     if sub == "analyze":
         return (["analyze", "--model", S, "--profile", P, "--text", T, "--samples", "4", "--max-tokens", "32",
                  "--batch", "4", "--recompute"],
-                ["--samples", "--skip", "--keep", "--tau", "--batch", "--seed", "--max-tokens", "--threads"],
+                ["--samples", "--skip", "--layer-keep", "--tau", "--batch", "--seed", "--max-tokens", "--threads"],
                 ["--model", "--profile", "--text", "--tokenizer"], ["--write"])
     if sub == "tokenize":
         return (["tokenize", "-m", S, "--text-file", T], [], ["-m", "--text-file", "-z"], [])
@@ -1279,8 +1280,8 @@ def exercise(argv, sub, opt):
         argv = argv + ["--schedule", "decode"]
     if opt == "--head-alpha" and "--head-alloc" not in argv:
         argv = argv + ["--head-alloc", "adaptive"]
-    if sub == "profile" and opt == "--probe-samples" and "--metric" not in argv:
-        argv = argv + ["--metric", "kl,infonce"]
+    if sub == "profile" and opt == "--probe-samples" and "--metrics" not in argv:
+        argv = argv + ["--metrics", "kl,infonce"]
     return argv
 
 
@@ -1296,8 +1297,6 @@ def set_opt(argv, opt, val):
 def value_rule(opt, s, sub):
     """Whether value string `s` of `opt` must be refused (True), is valid (False) or has no rule (None)."""
     typ, pred = OPTS[opt]
-    if opt == "--keep" and sub == "analyze":
-        pred = lambda v: 0 < v < 1  # noqa: E731
     if opt == "--skip" and sub == "analyze":
         pred = lambda v: v >= -1  # noqa: E731
     if opt == "--windows" and sub == "perplexity":
@@ -1379,7 +1378,7 @@ def gen_cli(base, rng, case):
                          ("--pooling", ["bogus", ""]), ("--head-alloc", ["bogus"]), ("--preset", ["bogus", ""])],
             "profile": [("--scorers", ["", "bogus", ",", "h2o,h2o", "h2o,bogus"]),
                         ("--ratios", ["", "0.5,0.1", "0,0.5", "0.1,1.5", "0.1,nan", "0.1,,0.2", "-0.1", "inf", "0.1,0.1"]),
-                        ("--metric", ["bogus", "", "kl,kl"]), ("--schedule", ["bogus", ""]),
+                        ("--metrics", ["bogus", "", "kl,kl"]), ("--schedule", ["bogus", ""]),
                         ("--doc-opening", [""]), ("--doc-separator", ["", "\n"])],
             "allocate": [("--policy", ["bogus", ""]), ("--scorer", ["bogus", ""]), ("--preset", ["bogus", "best"])],
             # '' for --scorer / --scorers: the option's own default (not given)
@@ -1394,7 +1393,7 @@ def gen_cli(base, rng, case):
         val = rng.choice(vals)
         argv = set_opt(argv, opt, val)
         case.label = "cli/%s/%s" % (sub, opt)
-        valid = {("--scorers", "h2o,h2o"), ("--metric", "kl,kl"), ("--doc-separator", "\n"), ("--doc-opening", ""),
+        valid = {("--scorers", "h2o,h2o"), ("--metrics", "kl,kl"), ("--doc-separator", "\n"), ("--doc-opening", ""),
                  ("--doc-separator", ""), ("--preset", "best"), ("-p", "x" * 100000), ("-p", "\u00ff\u00fe"),
                  ("-p", ""), ("--keep", "0.5,0.5"), ("--ratios", "0.1,0.1"), ("--scorers", ","),
                  ("--policies", ","), ("--scorer", ""), ("--scorers", "")}

@@ -25,7 +25,7 @@ OTHER=/usr/share/common-licenses/GPL-3   # non-story English text shipped with e
 
 echo "== 1. profile stories260K: 24 calibration windows (0..23) of 384+128 tokens, H2O and SnapKV"
 $DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 --windows 24 \
-  --scorers h2o,snapkv --metric kl,infonce -o "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.profile.txt"
+  --scorers h2o,snapkv --metrics kl,infonce -o "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.profile.txt"
 
 echo "== 2. evaluate on 64 later windows (24..87): five policies x two scorers x four budgets"
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \

@@ -1,12 +1,12 @@
 // depthkv analyze: the DepthKV paper's analysis on our models. Per stage, the
 // Spearman rank correlation across layers between each representation metric (InfoNCE,
 // effective rank, spectral entropy; depthkv/llama/representation_probe.hpp) and the measured
-// per-layer sensitivity (the profile's loss when only that layer is pruned to --keep, default
-// 0.2, for each scorer in the profile), with its two-sided p-value (exact permutation test for
+// per-layer sensitivity (the profile's loss when only that layer keeps the ratio --layer-keep,
+// default 0.2, for each scorer in the profile), with its two-sided p-value (exact permutation test for
 // up to 9 layers).
 //
 // Metrics: read from the profile's layer_metrics when all of them are present (written by
-// `depthkv profile --metric infonce` or by `--write` here), else computed with --samples stories
+// `depthkv profile --metrics infonce` or by `--write` here), else computed with --samples stories
 // of --text. Probe texts: documents of --text (split as the profile records; by default the
 // TinyStories rule) after skipping --skip of them; by default (--skip -1) the first one that
 // starts after the profile's last calibration window, so the probe texts are disjoint from the
@@ -39,6 +39,7 @@
 #include "depthkv/profile_io.hpp"
 #include "depthkv/representation_metrics.hpp"
 #include "depthkv/sensitivity_profile.hpp"
+#include "flag_alias.hpp"
 #include "model_io.hpp"
 
 namespace depthkv_cli {
@@ -48,7 +49,7 @@ struct AnalyzeArgs {
   std::string model, tokenizer, profile, text, write;
   int samples = 64;
   int skip = -1;
-  double keep = 0.2;
+  double layer_keep = 0.2;
   double tau = 0.1;
   int batch = 16;
   unsigned long long seed = 0;
@@ -193,7 +194,7 @@ void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
   using namespace depthkv::llama;
   const int L = prof.n_layers;
   std::printf("model %s, %d layers; sensitivity = KL when only that layer keeps %.2f%s; metrics: %s\n",
-              base_name(a.model).c_str(), L, a.keep, probed ? "" : " (interpolated: not a probed ratio)", source.c_str());
+              base_name(a.model).c_str(), L, a.layer_keep, probed ? "" : " (interpolated: not a probed ratio)", source.c_str());
   std::printf("\nper layer:\n%-6s", "layer");
   for (const auto& kv : sens) std::printf(" %12s", ("KL " + kv.first).c_str());
   for (auto st : representation_stages()) std::printf(" %26s", ("infonce/" + to_string(st)).c_str());
@@ -253,7 +254,7 @@ void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
 
 void run_analyze(const AnalyzeArgs& a) {
   using namespace depthkv;
-  DEPTHKV_CHECK(a.keep > 0.0 && a.keep < 1.0, "--keep must be in (0, 1), got " << a.keep);
+  DEPTHKV_CHECK(a.layer_keep > 0.0 && a.layer_keep < 1.0, "--layer-keep must be in (0, 1), got " << a.layer_keep);
   ProfileFile prof = load_profile(a.profile, a.model);
   DEPTHKV_CHECK(!prof.scorers.empty(), "profile '" << a.profile << "' holds no measured scorer (nothing to correlate with)");
   const int L = prof.n_layers;
@@ -264,12 +265,12 @@ void run_analyze(const AnalyzeArgs& a) {
   std::string source = "profile '" + base_name(a.profile) + "'";
   if (!has_all_metrics(prof) || a.recompute) source = compute_metrics(a, prof, out);
 
-  const std::map<std::string, std::vector<double>> sens = sensitivities(prof, a.keep);
+  const std::map<std::string, std::vector<double>> sens = sensitivities(prof, a.layer_keep);
   bool probed = false;
-  for (double r : prof.keep_ratios) probed = probed || std::abs(r - a.keep) < 1e-9;
+  for (double r : prof.keep_ratios) probed = probed || std::abs(r - a.layer_keep) < 1e-9;
   out["model"] = base_name(a.model);
   out["n_layers"] = L;
-  out["keep"] = a.keep;
+  out["keep"] = a.layer_keep;
   out["keep_probed"] = probed;
   out["metrics_source"] = source;
   out["sensitivity"] = sens;
@@ -300,9 +301,12 @@ void register_analyze(CLI::App& app) {
   c->add_option("--skip", a->skip, "stories skipped before the probe stories (-1: the first story after the profile's calibration windows)")
       ->capture_default_str()
       ->check(at_least(-1));
-  c->add_option("--keep", a->keep, "sensitivity = KL when only that layer keeps this ratio, in (0, 1) (interpolated when not probed)")
-      ->capture_default_str()
-      ->check(finite_number());
+  CLI::Option* layer_keep =
+      c->add_option("--layer-keep", a->layer_keep,
+                    "sensitivity = KL when only that layer keeps this ratio, in (0, 1) (interpolated when not probed)")
+          ->capture_default_str()
+          ->check(finite_number());
+  add_deprecated_alias(c, layer_keep, "--keep", a->layer_keep, {finite_number()});  // renamed: --keep is the global ratio
   c->add_option("--tau", a->tau, "InfoNCE temperature (> 0)")->capture_default_str()->check(greater_than(0));
   c->add_option("--batch", a->batch, "InfoNCE batch size (in-batch negatives)")->capture_default_str()->check(at_least(2));
   c->add_option("--seed", a->seed, "perturbation and bootstrap seed")->capture_default_str()->check(in_range(0, 18446744073709551615.0L));

@@ -18,6 +18,7 @@
 #include "depthkv/llama/representation_probe.hpp"
 #include "depthkv/profile_io.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "flag_alias.hpp"
 #include "model_io.hpp"
 
 namespace depthkv_cli {
@@ -25,7 +26,7 @@ namespace {
 
 struct ProfileArgs {
   std::string model, tokenizer, text, tokens, output, scorers = "h2o,snapkv", ratios = "0.05,0.1,0.2,0.3,0.5,0.75";
-  std::string metric = "kl";
+  std::string metrics = "kl";
   std::string schedule = "oneshot";  ///< oneshot: evict once after the context; chunked: after every chunk
   int context = 384, continuation = 128, windows = 24, skip = 0, threads = 0, chunk = 1024, probe_samples = 64;
   bool resume = false;
@@ -35,7 +36,7 @@ struct ProfileArgs {
   DocumentSettings docs;
 };
 
-/// What --metric asks for: the loss metric of the curves (kl, dnll or top1; "" for none) and/or
+/// What --metrics asks for: the loss metric of the curves (kl, dnll or top1; "" for none) and/or
 /// the representation metrics ("infonce"; alone it skips the pruned runs).
 struct MetricChoice {
   std::string loss_metric;
@@ -49,11 +50,11 @@ MetricChoice parse_metrics(const std::string& list) {
       c.infonce = true;
     } else {
       depthkv::parse_loss_metric(m);
-      DEPTHKV_CHECK(c.loss_metric.empty(), "--metric: give at most one of kl, dnll, top1");
+      DEPTHKV_CHECK(c.loss_metric.empty(), "--metrics: give at most one of kl, dnll, top1");
       c.loss_metric = m;
     }
   }
-  DEPTHKV_CHECK(c.infonce || !c.loss_metric.empty(), "--metric is empty");
+  DEPTHKV_CHECK(c.infonce || !c.loss_metric.empty(), "--metrics is empty");
   return c;
 }
 
@@ -103,8 +104,8 @@ void probe_into(const ProfileArgs& a, const depthkv::llama::LlamaEngine& engine,
                 depthkv::ProfileFile& out) {
   using namespace depthkv;
   using namespace depthkv::llama;
-  DEPTHKV_CHECK(tok != nullptr, "--metric infonce needs text and a tokenizer");
-  DEPTHKV_CHECK(a.tokens.empty(), "--metric infonce needs --text (it perturbs words)");
+  DEPTHKV_CHECK(tok != nullptr, "--metrics infonce needs text and a tokenizer");
+  DEPTHKV_CHECK(a.tokens.empty(), "--metrics infonce needs --text (it perturbs words)");
   const std::vector<std::string> stories = split_text(read_text_file(a.text), a.text, a.docs.split);
   const int first =
       first_story_after(*tok, stories, static_cast<long long>(a.skip + a.windows) * (a.context + a.continuation));
@@ -207,7 +208,7 @@ void run_profile(const ProfileArgs& a) {
   for (const std::string& s : scorer_names) scorer_cfgs.push_back(a.sel.scorer(s));
   ProfilerOptions popt;
   popt.keep_ratios = parse_doubles(a.ratios, "--ratios");
-  const MetricChoice metrics = parse_metrics(a.metric);
+  const MetricChoice metrics = parse_metrics(a.metrics);
 
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
   const LlamaEngine engine(lm.model);
@@ -295,12 +296,14 @@ void register_profile(CLI::App& app) {
       ->check(at_least(0));
   c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm")
       ->capture_default_str();
-  c->add_option("--ratios", a->ratios, "probed keep ratios")->capture_default_str();
-  c->add_option("--metric", a->metric,
-                "loss metric of the curves (kl, dnll or top1) and/or infonce (representation metrics for the "
-                "mga/mlma policies), e.g. kl,infonce")
-      ->capture_default_str();
-  c->add_option("--probe-samples", a->probe_samples, "stories probed by --metric infonce (after the calibration windows)")
+  c->add_option("--ratios", a->ratios, "probed layer keep ratios (each layer alone pruned to each)")->capture_default_str();
+  CLI::Option* metrics =
+      c->add_option("--metrics", a->metrics,
+                    "loss metric of the curves (kl, dnll or top1) and/or infonce (representation metrics for the "
+                    "mga/mlma policies), e.g. kl,infonce")
+          ->capture_default_str();
+  add_deprecated_alias(c, metrics, "--metric", a->metrics);  // renamed: a list is plural
+  c->add_option("--probe-samples", a->probe_samples, "stories probed by --metrics infonce (after the calibration windows)")
       ->capture_default_str()
       ->check(at_least(1));
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");

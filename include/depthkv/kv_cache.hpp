@@ -7,9 +7,9 @@
 /// ## The Layer concept
 /// A `Layer` stores the keys and values of one transformer layer, per KV head, in position
 /// order. Each KV head may hold a different number of tokens (per-head budgets). Members, and who
-/// uses each (E: evictor, evictor.hpp; S: scorers, token_scorer.hpp; G: engine, llama/engine.hpp;
-/// C: `KVCache`; P: eviction schedule and evaluation, eviction_schedule.hpp and llama/eval.hpp,
-/// through `KVCache`):
+/// uses each (E: evictor, evictor.hpp; S: scorers, token_scorer.hpp; G: the engine's forward pass;
+/// C: `KVCache`; P: eviction schedule and evaluation, eviction_schedule.hpp and an engine's
+/// evaluation loop, through `KVCache`):
 /// - `using Scalar`: the stored element type (`float`, `Eigen::half`, `Eigen::bfloat16`, ...) (G);
 /// - `int n_kv_heads()`, `int head_dim()` (E, S, G, P);
 /// - `int size(int h)`: tokens held by head h, in slots `[0, size(h))` (E, S, G);

@@ -26,7 +26,7 @@
 /// never an overwrite; `blocks_to_append()` (one token) and `blocks_for_tokens(n)` (n tokens) are
 /// the back-pressure signals an engine checks first. The reference engine checks
 /// `blocks_for_tokens` of every layer against its pool before a forward pass touches the cache,
-/// so that a short pool leaves the sequence as it was (llama/engine.hpp).
+/// so that a short pool leaves the sequence as it was.
 /// `compact` (the evictor's) moves the survivors of a head to its first slots, in position order;
 /// `shrink_to_fit` (called by `evict` unless `EvictOptions::shrink` is false) then returns every
 /// block beyond the fewest that hold the survivors to the pool. `clear()` and the destructor
@@ -47,7 +47,7 @@
 ///
 /// The paged layer satisfies the Layer concept of kv_cache.hpp except `token_stride()` (a head's
 /// rows are strided only inside a block): the evictor, the scorers and `KVCache` take it, and the
-/// reference engine (llama/engine.hpp) gathers a head's rows through `key`/`value` before attention.
+/// reference engine gathers a head's rows through `key`/`value` before attention.
 ///
 /// @code
 /// depthkv::BlockPool<Eigen::half> pool(/*num_blocks=*/4096, /*block_size=*/16, n_kv, hd);

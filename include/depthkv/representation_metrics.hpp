@@ -393,7 +393,7 @@ inline double student_t_two_sided_p(double t, double df) {
 /// A rank correlation and its two-sided p-value. The correlation of a constant series (all its
 /// values equal, so all its ranks tie) is undefined (0/0): then `defined()` is false, `rho` is
 /// NaN and `p_value` 1, and `x_constant` / `y_constant` say which side was constant; a caller
-/// that prints or writes the result reports it as undefined with that reason (depthkv analyze:
+/// that prints or writes the result reports it as undefined with that reason (e.g.
 /// "undefined (constant ...)"), never as a number.
 struct Correlation {
   double rho = 0.0;     ///< Spearman's rho (Pearson on average ranks); NaN when one side is constant

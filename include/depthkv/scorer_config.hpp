@@ -66,8 +66,8 @@ struct ScorerConfig {
   bool output_aware = false;
   /// Lookahead observation (>= 0; 0 = off): the scorer observes the attention of the model's
   /// own next `lookahead` tokens, greedy-decoded after the context on the full cache and then
-  /// removed from it, instead of the context's queries (`observe_lookahead`, llama/eval.hpp, is
-  /// the reference engine's loop; the recipe for other engines is there). H2O then sums the
+  /// removed from it, instead of the context's queries (`observe_lookahead`, lookahead.hpp, runs
+  /// it for any engine through a step function). H2O then sums the
   /// lookahead rows, SnapKV takes all of them as its observation window (`window` is not used),
   /// TOVA the last one. For h2o, h2o-v1, h2o-v2, snapkv and tova. As Lookahead Q-Cache (Wang et
   /// al. 2025, arXiv 2505.20334) does with pseudo queries: the queries that read the pruned cache

@@ -27,7 +27,7 @@
 ///
 /// ## Lookahead (`ScorerConfig::lookahead` = G > 0)
 /// The scorer is fed the attention rows of the G lookahead queries only (`observe_lookahead`,
-/// llama/eval.hpp): the sums over i above run over those G positions, SnapKV's window is G
+/// lookahead.hpp): the sums over i above run over those G positions, SnapKV's window is G
 /// (instead of `window`), TOVA's last position is the last lookahead token.
 ///
 /// ## Output-aware rescaling (`ScorerConfig::output_aware`)

@@ -14,20 +14,12 @@
 /// Products: for the block types, `quant_matvec` and `quant_matmul` quantize the activations
 /// to int8 per 32 values (per 256 values for Q4_K, Q5_K, Q6_K, summing a whole block in int32)
 /// and multiply blocks as integers (AVX2 `maddubs`), as llama.cpp does;
-/// the float types (F32, F16, BF16) are converted in registers and multiplied with FMA. Why:
-/// benchmarks/quant_bench.cpp measures both kernels per type at the TinyLlama-1.1B shapes
-/// (benchmarks/RESULTS.md). Dequantizing each block to a float buffer first costs more
-/// instructions per weight than reading the weight does: at one thread it ran at 1-8 GFLOP/s in
-/// matvec, at or below Eigen's float32 matvec of the dequantized matrix (7-11 GFLOP/s on the
-/// DRAM-sized shapes, memory bound), while the int8 kernel ran at 20-44 GFLOP/s for every block
-/// type (2.1-4.5x float32 there, reading 4-8x fewer bytes). In the 512-token matmul, dequantizing
-/// a tile and running Eigen's GEMM is at best as fast as float32 (the GEMM is the cost); the int8
-/// kernel was ahead or level in all but three of the 36 type x shape cells. The int8 kernel's
-/// cost is the activation rounding (each dot product is within sum |w| * max|x| / 254 per 32
-/// values of the exact one; per 256 values for Q4_K, Q5_K, Q6_K, whose per-256 kernel ran 2-3x
-/// the per-32 one in the 512-token matmul); `QuantKernel::kDequantize` keeps the float-exact products for
-/// checks. F16/BF16 rows converted in registers beat the float32 matvec (half the bytes); for
-/// F32 weights Eigen's own product is faster than this FMA loop.
+/// the float types (F32, F16, BF16) are converted in registers and multiplied with FMA (the
+/// engine multiplies F32 weights with Eigen's float32 product instead: llama/gguf.hpp). The int8
+/// kernel's error is the activation rounding: each dot product is within sum |w| * max|x| / 254
+/// per 32 values of the exact one (per 256 values for Q4_K, Q5_K, Q6_K); `QuantKernel::kDequantize` keeps the float-exact
+/// products for checks. Why these kernels (measurements of benchmarks/quant_bench.cpp):
+/// benchmarks/RESULTS.md, "Quantized matrix products".
 ///
 /// @code
 /// #include <depthkv/llama/quants.hpp>

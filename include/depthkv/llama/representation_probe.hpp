@@ -411,7 +411,7 @@ inline void write_layer_metrics(ProfileFile& f, const ProbeResult& r) {
   }
 }
 
-/// `probe_representations` then `write_layer_metrics` (what `depthkv profile --metric infonce` calls).
+/// `probe_representations` then `write_layer_metrics` (what `depthkv profile --metrics infonce` calls).
 /// @param f the profile file to add the metrics to
 /// @param engine, tok, texts, opt as `probe_representations`
 /// @return the probe result (timings for the cost report)
