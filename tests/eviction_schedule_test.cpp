@@ -593,7 +593,7 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
                       Catch::Contains("needs one output projection per layer"));
   bad = sc;
   bad.head_alpha = -0.5;
-  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("head_alpha -0.5"));
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("head_split.alpha -0.5 outside [0, 1]"));
 }
 
 TEST_CASE("head curves in score_and_evict and EvictionSchedule: the head-optimal budgets, one chunk equals oneshot, "

@@ -316,7 +316,7 @@ TEST_CASE("output-aware scores and adaptive head budgets through score_and_evict
   }
   EvalConfig bad = cfg;
   bad.head_alpha = 1.5;
-  CHECK_THROWS_WITH(PruningEvaluator(engine, windows, bad), Catch::Contains("head_alpha 1.5"));
+  CHECK_THROWS_WITH(PruningEvaluator(engine, windows, bad), Catch::Contains("head_split.alpha 1.5 outside [0, 1]"));
 }
 
 TEST_CASE("adaptive head budgets change the evaluation", "[eval][head_budget]") {

@@ -252,7 +252,7 @@ TEST_CASE("cli: --min-tokens takes -1 or a count, analyze's options and 64-bit v
   require_error(run_cli(an + "--max-tokens -5", "2>&1"), "--max-tokens: must be >= 0, got -5");
   require_error(run_cli(an + "--tau 0", "2>&1"), "--tau: must be > 0, got 0");
   require_error(run_cli(an + "--batch 1", "2>&1"), "--batch: must be >= 2, got 1");
-  require_error(run_cli(an + "--layer-keep nan", "2>an + "--keep nan", "2>&1"), "--keep: expected1"), "--layer-keep: expected a finite number, got nan");
+  require_error(run_cli(an + "--layer-keep nan", "2>&1"), "--layer-keep: expected a finite number, got nan");
   require_error(run_cli(an + "--seed -3", "2>&1"), "--seed: must be in [0, 18446744073709551615], got -3");
   // no saturation at 2^63-1: an integer beyond the type is an error
   require_error(run_cli("generate --model " + m + " --max-kv-tokens 99999999999999999999", "2>&1"),
