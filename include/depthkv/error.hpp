@@ -49,5 +49,16 @@ namespace detail {
     }                                                             \
   } while (0)
 
+/// `DEPTHKV_CHECK` whose message is prefixed with `func` (a string) instead of the calling
+/// function's name: for checks moved into a helper that still speak for the public function.
+#define DEPTHKV_CHECK_AS(func, cond, msg)                         \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      std::ostringstream depthkv_check_os_;                       \
+      depthkv_check_os_ << msg;                                   \
+      ::depthkv::detail::throw_error(func, depthkv_check_os_.str()); \
+    }                                                             \
+  } while (0)
+
 /// Throws `depthkv::Error` unconditionally with a stream-expression message.
 #define DEPTHKV_FAIL(msg) DEPTHKV_CHECK(false, msg)

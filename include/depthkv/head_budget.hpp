@@ -98,23 +98,23 @@ inline std::vector<int> uniform_head_budgets(const LayerScores& scores,
                                              const std::vector<const std::int32_t*>& positions,
                                              const std::vector<int>& keep, Protection prot, double alpha) {
   const int H = static_cast<int>(scores.size());
-  DEPTHKV_CHECK(H >= 1, "no heads");
-  DEPTHKV_CHECK(static_cast<int>(keep.size()) == H, "" << keep.size() << " head budgets for " << H << " heads");
-  DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
+  DEPTHKV_CHECK_AS("head_budgets", H >= 1, "no heads");
+  DEPTHKV_CHECK_AS("head_budgets", static_cast<int>(keep.size()) == H, "" << keep.size() << " head budgets for " << H << " heads");
+  DEPTHKV_CHECK_AS("head_budgets", prot.n_sink >= 0 && prot.n_recent >= 0,
                 "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
-  DEPTHKV_CHECK(alpha >= 0.0 && alpha <= 1.0, "alpha " << alpha << " outside [0, 1]");  // false for NaN
-  DEPTHKV_CHECK(positions.empty() || static_cast<int>(positions.size()) == H,
+  DEPTHKV_CHECK_AS("head_budgets", alpha >= 0.0 && alpha <= 1.0, "alpha " << alpha << " outside [0, 1]");  // false for NaN
+  DEPTHKV_CHECK_AS("head_budgets", positions.empty() || static_cast<int>(positions.size()) == H,
                 "" << positions.size() << " position rows for " << H << " heads");
   std::vector<int> k(static_cast<std::size_t>(H));
   for (int h = 0; h < H; ++h) {
     const int n = static_cast<int>(scores[static_cast<std::size_t>(h)].size());
     const int kh = keep[static_cast<std::size_t>(h)];
-    DEPTHKV_CHECK(kh >= 0, "head " << h << ": keep must be >= 0, got " << kh);
+    DEPTHKV_CHECK_AS("head_budgets", kh >= 0, "head " << h << ": keep must be >= 0, got " << kh);
     const int p = protected_count(n, prot.n_sink, prot.n_recent);
-    DEPTHKV_CHECK(kh >= n || kh >= p,
+    DEPTHKV_CHECK_AS("head_budgets", kh >= n || kh >= p,
                   "head " << h << ": keep " << kh << " < " << p << " protected tokens (of " << n << ")");
     const int bad = first_nan_slot(scores[static_cast<std::size_t>(h)]);
-    DEPTHKV_CHECK(bad < 0, "head " << h << ": NaN score at slot " << bad);
+    DEPTHKV_CHECK_AS("head_budgets", bad < 0, "head " << h << ": NaN score at slot " << bad);
     k[static_cast<std::size_t>(h)] = std::min(kh, n);
   }
   return k;
