@@ -692,3 +692,56 @@ TEST_CASE("head curves in score_and_evict and EvictionSchedule: the head-optimal
   bad.head_profile = &small;
   REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("head profile has"));
 }
+
+TEST_CASE("EvictionSchedule with fixed targets: per-head targets of the tokens seen, only layers over them evicted",
+          "[schedule]") {
+  const LlamaModel model = model_of(31, 3);
+  const LlamaEngine engine(model);
+  const auto& c = model.config;
+  const int n = 120;
+  const std::vector<int> tokens = random_tokens(n, c.vocab_size, 7);
+  ScheduleConfig sc;
+  sc.protection = {1, 2};
+  sc.targets.length = n;
+  sc.targets.split = false;
+  sc.targets.keep.assign(static_cast<std::size_t>(c.n_layers), std::vector<int>(static_cast<std::size_t>(c.n_kv_heads), n));
+  sc.targets.keep[1][0] = 30;  // one head of one layer pruned, every other head keeps all
+  EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  llama::HostCache cache = engine.make_cache();
+  ForwardOptions opt;
+  opt.chunk_size = 16;
+  opt.all_logits = false;
+  opt.observer = s.observer();
+  int evictions = 0;
+  opt.after_chunk = [&](int seen, std::int32_t) {
+    const bool ev = s.after_chunk(cache);
+    evictions += ev ? 1 : 0;
+    if (!ev) return;
+    REQUIRE(s.last_report().evictions[0].kept_slots.empty());  // layers within their targets are left alone
+    REQUIRE(s.last_report().evictions[2].kept_slots.empty());
+    REQUIRE(cache.layer(1).size(0) == keep_tokens(30.0 / n, seen, sc.protection));
+    for (int h = 1; h < c.n_kv_heads; ++h) REQUIRE(cache.layer(1).size(h) == seen);
+    REQUIRE(cache.layer(0).size(0) == seen);
+  };
+  engine.prefill(tokens, 0, cache, opt);
+  REQUIRE(evictions == n / 16 + 1);  // after every chunk (the first chunk already holds more than 30/120 of it)
+  REQUIRE(cache.layer(1).size(0) == 30);
+  REQUIRE(s.budgets()[1] == (30 + (c.n_kv_heads - 1) * n + c.n_kv_heads / 2) / c.n_kv_heads);
+
+  // bad plans name what is wrong
+  ScheduleConfig bad = sc;
+  bad.budget.keep_ratio = 0.5;
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads),
+                      Catch::Contains("targets replace the global budget"));
+  bad = sc;
+  bad.targets.keep.pop_back();
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("targets for 2 layers"));
+  bad = sc;
+  bad.targets.keep[2][1] = 2;
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads),
+                      Catch::Contains("layer 2 head 1: target 2 below the 3 protected tokens"));
+  bad = sc;
+  bad.targets.length = 0;
+  REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads),
+                      Catch::Contains("targets.length must be >= 1"));
+}

@@ -13,7 +13,7 @@ For each model (stories260K, aidreams260K from the data folder):
  3. Every kvpress press runs on every window at every keep ratio: the context is prefilled under
     the press, then the continuation is teacher-forced on the compressed cache (positions after
     the full context). Metric: mean over windows and continuation rows of KL(full || pruned), as
-    `depthkv eval` defines it (llama/eval.hpp `compare_logits`).
+    `depthkv eval` defines it (metrics.hpp `compare_logits`).
  4. `depthkv eval --json` runs depthkv's policies on the same windows; depthkv's per-layer budgets
     are also applied inside kvpress with kvpress's own SnapKV scorer (and with AdaKV inside each
     layer).

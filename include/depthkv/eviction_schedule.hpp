@@ -31,6 +31,10 @@
 /// cache over budget evicts (DepthKV: prune after each prefill chunk); `interval = M` evicts every
 /// M decoded tokens, as kvpress's DecodingPress does.
 ///
+/// With `targets` (a `TargetPlan`: fixed final budgets per layer and KV head, for a sequence of
+/// known length) instead of a global budget, a call evicts the layers that hold more than their
+/// targets for the tokens seen (steps 2 and 3 only, on those layers).
+///
 /// B = `total_tokens`, or `llround(keep_ratio * L * seen)`, and never below the protected tokens
 /// (sum over layers of min(held, n_sink + n_recent)). A schedule whose only call comes after the
 /// whole context ("chunked" with one chunk) evicts exactly as `score_and_evict` does.
@@ -217,8 +221,43 @@ std::vector<std::vector<int>> head_level_budgets(const KVCache<Layer>& cache, co
   return allocate_head_units(head_profile, H, u);
 }
 
-/// Allocates `br` (lengths, caps and floors set), scores, splits each layer's budget across its
-/// heads, evicts and compacts the scorers.
+/// Scores the layers `ids` of the cache, splits each one's per-head starting budgets `start[i]`
+/// across its heads (`split.mode` when `resplit`; as given otherwise), evicts them (every layer
+/// validated before any is touched) and compacts their scorers: the one score -> split -> evict
+/// -> compact step of `score_and_evict` and `EvictionSchedule`.
+/// @return one eviction per entry of `ids`
+template <class Layer>
+std::vector<LayerEviction> split_evict_compact(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers,
+                                               const std::vector<int>& ids, const std::vector<std::vector<int>>& start,
+                                               bool resplit, Protection prot, const EvictOptions& opt,
+                                               const HeadSplit& split) {
+  DEPTHKV_CHECK_AS("layer_scores", static_cast<int>(scorers.size()) == cache.n_layers(),
+                   scorers.size() << " scorers for " << cache.n_layers() << " layers");
+  DEPTHKV_CHECK_AS("layer_scores", split.wo == nullptr || static_cast<int>(split.wo->size()) == cache.n_layers(),
+                   split.wo->size() << " output projections for " << cache.n_layers() << " layers");
+  std::vector<Layer*> layers;
+  std::vector<LayerScores> scores;
+  scores.reserve(ids.size());
+  for (int l : ids) {
+    const auto i = static_cast<std::size_t>(l);
+    layers.push_back(&cache.layer(l));
+    scores.push_back(scorers[i].scores(cache.layer(l), split.wo ? &(*split.wo)[i] : nullptr));
+  }
+  std::vector<std::vector<int>> keep = start;
+  if (resplit && split.mode != HeadAllocation::kUniform)  // reads only; the evictor validates before it mutates
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      keep[i] = layer_head_budgets(split.mode, *layers[i], ids[i], scores[i], start[i], prot, split.alpha);
+  std::vector<const LayerScores*> sp;
+  for (const LayerScores& s : scores) sp.push_back(&s);
+  std::vector<LayerEviction> ev = evict_layers(layers, sp, keep, prot, opt, ids);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t h = 0; h < ev[i].kept_slots.size(); ++h)
+      scorers[static_cast<std::size_t>(ids[i])].compact(static_cast<int>(h), ev[i].kept_slots[h].data(),
+                                                        static_cast<int>(ev[i].kept_slots[h].size()));
+  return ev;
+}
+
+/// Allocates `br` (lengths, caps and floors set), then `split_evict_compact` on every layer.
 template <class Layer>
 PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, AllocationPolicy policy,
                                const BudgetRequest& br, const SensitivityProfile* profile, Protection prot,
@@ -226,32 +265,23 @@ PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& 
   PruneReport rep;
   rep.lengths = cache.lengths();
   rep.bytes_before = cache.bytes();
-  std::vector<std::vector<int>> keep;  // per head, before the cross-head split
+  std::vector<std::vector<int>> start;  // per head, before the cross-head split
   if (split.head_profile != nullptr) {  // head-level optimal budgets
     rep.head_budgets = head_level_budgets(cache, br, *split.head_profile, prot);
-    keep = rep.head_budgets;
-    for (const auto& row : keep) {
+    start = rep.head_budgets;
+    for (const auto& row : start) {
       long long t = 0;
       for (int x : row) t += x;
       rep.budgets.push_back(static_cast<int>(std::llround(static_cast<double>(t) / static_cast<double>(row.size()))));
     }
   } else {
     rep.budgets = BudgetAllocator().allocate(policy, br, profile);
+    for (int l = 0; l < cache.n_layers(); ++l)
+      start.emplace_back(static_cast<std::size_t>(cache.layer(l).n_kv_heads()), rep.budgets[static_cast<std::size_t>(l)]);
   }
-  const std::vector<LayerScores> scores = layer_scores(scorers, cache, split.wo);
-  if (split.head_profile == nullptr && split.mode == HeadAllocation::kUniform)
-    rep.evictions = evict(cache, scores, rep.budgets, prot, opt);  // validates everything first
-  else if (split.head_profile == nullptr)  // head_budgets validates and only reads; then evict validates first
-    rep.evictions = evict(cache, scores, head_budgets(split.mode, cache, scores, rep.budgets, prot, split.alpha), prot, opt);
-  else if (split.mode == HeadAllocation::kUniform)
-    rep.evictions = evict(cache, scores, keep, prot, opt);
-  else
-    rep.evictions = evict(cache, scores, head_budgets(split.mode, cache, scores, keep, prot, split.alpha), prot, opt);
-  for (int l = 0; l < cache.n_layers(); ++l)
-    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
-      const auto& kept = rep.evictions[static_cast<std::size_t>(l)].kept_slots[static_cast<std::size_t>(h)];
-      scorers[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
-    }
+  std::vector<int> ids(static_cast<std::size_t>(cache.n_layers()));
+  for (int l = 0; l < cache.n_layers(); ++l) ids[static_cast<std::size_t>(l)] = l;
+  rep.evictions = split_evict_compact(cache, scorers, ids, start, true, prot, opt, split);
   rep.bytes_after = cache.bytes();
   return rep;
 }
@@ -300,6 +330,28 @@ inline PruneRequest prune_request(const PruneSpec& spec, const PolicyData& data,
   return req;
 }
 
+/// Fixed final budgets of a sequence of known length, reached as it is read (a chunked plan):
+/// head h of layer l ends with `keep[l][h]` of the `length` tokens. After `seen < length` tokens
+/// its target is `keep_tokens(keep[l][h] / length, seen, protection)` (the same fraction; a
+/// budget >= `length` stays as it is), from `length` tokens on `keep[l][h]`. A layer is evicted
+/// only when one of its heads holds more than its target. With `split` each layer's targets are
+/// split again across its heads by the schedule's `head_allocation` (as allocator budgets are);
+/// without it every head keeps its own target.
+struct TargetPlan {
+  int length = 0;
+  std::vector<std::vector<int>> keep;  ///< [layer][KV head]
+  bool split = true;
+
+  bool empty() const { return keep.empty(); }
+  /// The targets of layer l's heads after `seen` tokens.
+  std::vector<int> at(int l, long long seen, Protection prot) const {
+    std::vector<int> t = keep[static_cast<std::size_t>(l)];
+    for (int& k : t)
+      if (seen < length && k < length) k = keep_tokens(static_cast<double>(k) / length, static_cast<int>(seen), prot);
+    return t;
+  }
+};
+
 /// Settings of an `EvictionSchedule`.
 struct ScheduleConfig {
   AllocationPolicy policy = AllocationPolicy::kUniform;
@@ -321,6 +373,9 @@ struct ScheduleConfig {
   double head_alpha = kDefaultHeadAlpha;
   /// One output projection per layer for an output-aware scorer (must outlive the schedule).
   const std::vector<OutputProjection>* output_projections = nullptr;
+  /// Fixed per-layer (per-head) targets instead of a global budget (`budget` then sets neither
+  /// total_tokens nor keep_ratio, and `policy` is not used).
+  TargetPlan targets;
 };
 
 /// The `ScheduleConfig` of `spec` with the policy data it reads (the resolved form of a spec:
@@ -367,32 +422,20 @@ class EvictionSchedule {
   /// @param n_layers, n_heads, n_kv_heads the model's shape (every layer the same heads)
   /// @throws Error on a budget with neither or both of total_tokens / keep_ratio, a ratio outside
   ///   [0, 1], a negative total, preset lengths/caps/floors, interval < 1, a curve-based policy
-  ///   without a profile, or an invalid scorer / head counts
+  ///   without a profile, or an invalid scorer / head counts; with `targets`: a budget set
+  ///   too, a length < 1, targets of another shape than the model's, or one below the
+  ///   protected count of `length` tokens
   EvictionSchedule(ScheduleConfig cfg, int n_layers, int n_heads, int n_kv_heads) : cfg_(std::move(cfg)) {
     DEPTHKV_CHECK(n_layers >= 1, "n_layers must be >= 1, got " << n_layers);
-    const BudgetRequest& b = cfg_.budget;
-    const bool has_total = b.total_tokens != -1, has_ratio = !(b.keep_ratio == -1.0);
-    DEPTHKV_CHECK(has_total != has_ratio, "set exactly one of budget.total_tokens and budget.keep_ratio");
-    DEPTHKV_CHECK(!has_total || b.total_tokens >= 0, "total_tokens " << b.total_tokens << " is negative");
-    DEPTHKV_CHECK(!has_ratio || (std::isfinite(b.keep_ratio) && b.keep_ratio >= 0.0 && b.keep_ratio <= 1.0),
-                  "keep_ratio " << b.keep_ratio << " is outside [0, 1]");
-    DEPTHKV_CHECK(b.lengths.empty() && b.caps.empty() && b.floors.empty(),
-                  "budget.lengths, caps and floors are set by the schedule; leave them empty");
+    if (cfg_.targets.empty())
+      check_budget(n_layers, n_kv_heads);
+    else
+      check_targets(n_layers, n_kv_heads);
     detail::check_interval(cfg_.interval);
     DEPTHKV_CHECK(cfg_.scorer.lookahead == 0,
                   "a schedule evicts while the context is read; lookahead (" << cfg_.scorer.lookahead
                       << ") needs the whole context first: use one eviction after the prefill");
     detail::check_protection(cfg_.protection);
-    DEPTHKV_CHECK(cfg_.head_profile != nullptr || cfg_.profile != nullptr ||
-                      !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
-                  "policy " << to_string(cfg_.policy) << " needs a sensitivity profile");
-    DEPTHKV_CHECK(cfg_.head_profile != nullptr || !is_head_policy(cfg_.policy), "policy head-optimal needs head curves");
-    if (cfg_.head_profile != nullptr) {
-      cfg_.head_profile->validate();
-      DEPTHKV_CHECK(cfg_.head_profile->n_layers() == n_layers * n_kv_heads,
-                    "head profile has " << cfg_.head_profile->n_layers() << " rows for " << n_layers << " layers x "
-                                        << n_kv_heads << " KV heads");
-    }
     DEPTHKV_CHECK(cfg_.evict.n_threads >= 0, "evict.n_threads must be >= 0, got " << cfg_.evict.n_threads);
     detail::check_head_alpha(cfg_.head_alpha);
     DEPTHKV_CHECK(!cfg_.scorer.output_aware ||
@@ -460,41 +503,108 @@ class EvictionSchedule {
   }
 
  private:
+  // The global budget's checks (the constructor's, without targets).
+  void check_budget(int n_layers, int n_kv_heads) const {
+    const BudgetRequest& b = cfg_.budget;
+    const bool has_total = b.total_tokens != -1, has_ratio = !(b.keep_ratio == -1.0);
+    DEPTHKV_CHECK_AS("EvictionSchedule", has_total != has_ratio,
+                     "set exactly one of budget.total_tokens and budget.keep_ratio");
+    DEPTHKV_CHECK_AS("EvictionSchedule", !has_total || b.total_tokens >= 0,
+                     "total_tokens " << b.total_tokens << " is negative");
+    DEPTHKV_CHECK_AS("EvictionSchedule",
+                     !has_ratio || (std::isfinite(b.keep_ratio) && b.keep_ratio >= 0.0 && b.keep_ratio <= 1.0),
+                     "keep_ratio " << b.keep_ratio << " is outside [0, 1]");
+    DEPTHKV_CHECK_AS("EvictionSchedule", b.lengths.empty() && b.caps.empty() && b.floors.empty(),
+                     "budget.lengths, caps and floors are set by the schedule; leave them empty");
+    DEPTHKV_CHECK_AS("EvictionSchedule",
+                     cfg_.head_profile != nullptr || cfg_.profile != nullptr ||
+                         !policy_needs_profile(cfg_.policy, !b.robustness.empty()),
+                     "policy " << to_string(cfg_.policy) << " needs a sensitivity profile");
+    DEPTHKV_CHECK_AS("EvictionSchedule", cfg_.head_profile != nullptr || !is_head_policy(cfg_.policy),
+                     "policy head-optimal needs head curves");
+    if (cfg_.head_profile != nullptr) {
+      cfg_.head_profile->validate();
+      DEPTHKV_CHECK_AS("EvictionSchedule", cfg_.head_profile->n_layers() == n_layers * n_kv_heads,
+                       "head profile has " << cfg_.head_profile->n_layers() << " rows for " << n_layers
+                                           << " layers x " << n_kv_heads << " KV heads");
+    }
+  }
+  // The target plan's checks (the constructor's, with targets).
+  void check_targets(int n_layers, int n_kv_heads) const {
+    const TargetPlan& t = cfg_.targets;
+    DEPTHKV_CHECK_AS("EvictionSchedule", cfg_.budget.total_tokens == -1 && cfg_.budget.keep_ratio == -1.0,
+                     "targets replace the global budget: leave budget.total_tokens and budget.keep_ratio unset");
+    DEPTHKV_CHECK_AS("EvictionSchedule", t.length >= 1, "targets.length must be >= 1, got " << t.length);
+    DEPTHKV_CHECK_AS("EvictionSchedule", static_cast<int>(t.keep.size()) == n_layers,
+                     "targets for " << t.keep.size() << " layers, model has " << n_layers);
+    const int prot = std::min(t.length, cfg_.protection.n_sink + cfg_.protection.n_recent);
+    for (std::size_t l = 0; l < t.keep.size(); ++l) {
+      DEPTHKV_CHECK_AS("EvictionSchedule", static_cast<int>(t.keep[l].size()) == n_kv_heads,
+                       "layer " << l << ": " << t.keep[l].size() << " targets for " << n_kv_heads << " KV heads");
+      for (std::size_t h = 0; h < t.keep[l].size(); ++h)
+        DEPTHKV_CHECK_AS("EvictionSchedule", t.keep[l][h] >= prot,
+                         "layer " << l << " head " << h << ": target " << t.keep[l][h] << " below the " << prot
+                                  << " protected tokens");
+    }
+  }
+
   long long protected_total(const std::vector<int>& held) const {
     long long p = 0;
     for (int n : held) p += std::min(n, cfg_.protection.n_sink + cfg_.protection.n_recent);
     return p;
   }
 
+  // The cache's lengths now, after checking that every layer grew by the same count since the
+  // last call.
   template <class Layer>
-  bool step(KVCache<Layer>& cache, bool force = false) {
-    DEPTHKV_CHECK(cache.n_layers() == n_layers(),
-                  "cache has " << cache.n_layers() << " layers, schedule " << n_layers());
+  std::vector<int> grown_lengths(const KVCache<Layer>& cache) const {
+    DEPTHKV_CHECK_AS("step", cache.n_layers() == n_layers(),
+                     "cache has " << cache.n_layers() << " layers, schedule " << n_layers());
     const std::vector<int> held = cache.lengths();
     const int grown = held[0] - held_[0];
     for (int l = 0; l < n_layers(); ++l) {
       const int g = held[static_cast<std::size_t>(l)] - held_[static_cast<std::size_t>(l)];
-      DEPTHKV_CHECK(g >= 0, "layer " << l << " holds " << held[static_cast<std::size_t>(l)]
-                                     << " tokens, fewer than the " << held_[static_cast<std::size_t>(l)]
-                                     << " after the last call (evicted outside the schedule?)");
-      DEPTHKV_CHECK(g == grown, "layer " << l << " grew by " << g << " tokens since the last call, layer 0 by "
-                                         << grown);
+      DEPTHKV_CHECK_AS("step", g >= 0,
+                       "layer " << l << " holds " << held[static_cast<std::size_t>(l)] << " tokens, fewer than the "
+                                << held_[static_cast<std::size_t>(l)]
+                                << " after the last call (evicted outside the schedule?)");
+      DEPTHKV_CHECK_AS("step", g == grown,
+                       "layer " << l << " grew by " << g << " tokens since the last call, layer 0 by " << grown);
     }
+    return held;
+  }
+
+  template <class Layer>
+  bool step(KVCache<Layer>& cache, bool force = false) {
+    const std::vector<int> held = grown_lengths(cache);
+    const int grown = held[0] - held_[0];
     const long long seen = seen_ + grown, pending = pending_ + grown;
+    const bool due = force || pending >= cfg_.interval;
+    const bool evicted = due && (cfg_.targets.empty() ? evict_to_budget(cache, held, seen) : evict_to_targets(cache, seen));
+    // commit (nothing below throws)
+    seen_ = seen;
+    if (!evicted) {
+      pending_ = pending;
+      held_ = held;
+      return false;
+    }
+    held_ = cache.lengths();
+    pending_ = 0;
+    ++n_evictions_;
+    return true;
+  }
+
+  // An eviction to the global budget when the layers hold more (file comment); sets `last_`.
+  template <class Layer>
+  bool evict_to_budget(KVCache<Layer>& cache, const std::vector<int>& held, long long seen) {
     long long sum_held = 0;
     for (int n : held) sum_held += n;
     const long long total = global_budget(seen, held);
     // with head curves the budget counts per head: over budget when the heads hold more than H * B
     const long long H = cache.layer(0).n_kv_heads();
-    const bool within = cfg_.head_profile != nullptr ? H * total >= detail::head_tokens(cache) : total >= sum_held;
-    if ((!force && pending < cfg_.interval) || within) {  // nothing to do yet
-      seen_ = seen;
-      pending_ = pending;
-      held_ = held;
-      return false;
-    }
-    DEPTHKV_CHECK(seen <= static_cast<long long>(std::numeric_limits<int>::max()),
-                  "sequence of " << seen << " tokens is too long");
+    if (cfg_.head_profile != nullptr ? H * total >= detail::head_tokens(cache) : total >= sum_held) return false;
+    DEPTHKV_CHECK_AS("step", seen <= static_cast<long long>(std::numeric_limits<int>::max()),
+                     "sequence of " << seen << " tokens is too long");
     BudgetRequest br = cfg_.budget;
     br.lengths.assign(held.size(), static_cast<int>(seen));
     bool all_full = true;
@@ -509,14 +619,46 @@ class EvictionSchedule {
       br.keep_ratio = -1.0;
       br.total_tokens = total;
     }
-    PruneReport rep =
-        detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict,
-                                   {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, cfg_.head_profile});
-    // commit (nothing below throws)
-    held_ = cache.lengths();
-    seen_ = seen;
-    pending_ = 0;
-    ++n_evictions_;
+    last_ = detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict,
+                                       {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, cfg_.head_profile});
+    return true;
+  }
+
+  // An eviction of the layers over their targets (`TargetPlan`); sets `last_`: its head budgets
+  // are every layer's targets (capped at what each head holds), its evictions empty for the
+  // layers left alone.
+  template <class Layer>
+  bool evict_to_targets(KVCache<Layer>& cache, long long seen) {
+    std::vector<int> ids;
+    std::vector<std::vector<int>> start, targets;
+    for (int l = 0; l < n_layers(); ++l) {
+      std::vector<int> t = cfg_.targets.at(l, seen, cfg_.protection);
+      bool over = false;
+      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+        over = over || cache.layer(l).size(h) > t[static_cast<std::size_t>(h)];
+        t[static_cast<std::size_t>(h)] = std::min(t[static_cast<std::size_t>(h)], cache.layer(l).size(h));
+      }
+      targets.push_back(t);
+      if (!over) continue;
+      ids.push_back(l);
+      start.push_back(cfg_.targets.at(l, seen, cfg_.protection));
+    }
+    if (ids.empty()) return false;
+    PruneReport rep;
+    rep.lengths = cache.lengths();
+    rep.bytes_before = cache.bytes();
+    std::vector<LayerEviction> ev =
+        detail::split_evict_compact(cache, scorers_, ids, start, cfg_.targets.split, cfg_.protection, cfg_.evict,
+                                    {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, nullptr});
+    rep.evictions.resize(static_cast<std::size_t>(n_layers()));
+    for (std::size_t i = 0; i < ids.size(); ++i) rep.evictions[static_cast<std::size_t>(ids[i])] = std::move(ev[i]);
+    for (const auto& row : targets) {
+      long long k = 0;
+      for (int x : row) k += x;
+      rep.budgets.push_back(static_cast<int>(std::llround(static_cast<double>(k) / static_cast<double>(row.size()))));
+    }
+    rep.head_budgets = std::move(targets);
+    rep.bytes_after = cache.bytes();
     last_ = std::move(rep);
     return true;
   }

@@ -255,11 +255,11 @@ std::vector<std::int32_t> select_keep(const T16* scores, const std::int32_t* pos
 namespace detail {
 
 /// Step 1 of evict_layers: checks the shapes and keep ranges of every layer and head (nothing is
-/// touched); `label_layers` adds "layer l" to messages.
+/// touched); a non-empty `labels` names layer l "layer labels[l]" in messages.
 /// @return the first row (layer, KV head) of each layer, and the row count last
 template <class Layer>
 std::vector<int> check_layers(const std::vector<Layer*>& layers, const std::vector<const LayerScores*>& scores,
-                              const std::vector<std::vector<int>>& keep, Protection prot, bool label_layers) {
+                              const std::vector<std::vector<int>>& keep, Protection prot, const std::vector<int>& labels) {
   const int n_layers = static_cast<int>(layers.size());
   std::vector<int> row0(static_cast<std::size_t>(n_layers) + 1, 0);
   for (int l = 0; l < n_layers; ++l) {
@@ -269,7 +269,7 @@ std::vector<int> check_layers(const std::vector<Layer*>& layers, const std::vect
     const int nh = L.n_kv_heads();
     auto where = [&](int h) {  // "layer l head h: ", "head h: ", "layer l: " or ""
       std::ostringstream os;
-      if (label_layers) os << "layer " << l << (h >= 0 ? " " : ": ");
+      if (!labels.empty()) os << "layer " << labels[static_cast<std::size_t>(l)] << (h >= 0 ? " " : ": ");
       if (h >= 0) os << "head " << h << ": ";
       return os.str();
     };
@@ -292,18 +292,19 @@ std::vector<int> check_layers(const std::vector<Layer*>& layers, const std::vect
   return row0;
 }
 
-/// Evicts `layers[l]` to `keep[l][h]` tokens per head; `label_layers` adds "layer l" to messages.
+/// Evicts `layers[l]` to `keep[l][h]` tokens per head; a non-empty `labels` names layer l
+/// "layer labels[l]" in messages.
 template <class Layer>
 std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
                                         const std::vector<const LayerScores*>& scores,
                                         const std::vector<std::vector<int>>& keep, Protection prot,
-                                        const EvictOptions& opt, bool label_layers) {
+                                        const EvictOptions& opt, const std::vector<int>& labels) {
   DEPTHKV_CHECK(prot.n_sink >= 0 && prot.n_recent >= 0,
                 "protection must be >= 0, got n_sink " << prot.n_sink << ", n_recent " << prot.n_recent);
   opt.validate();
   const int n_layers = static_cast<int>(layers.size());
   // 1. shapes and keep ranges, every layer and head, before anything else
-  const std::vector<int> row0 = check_layers(layers, scores, keep, prot, label_layers);
+  const std::vector<int> row0 = check_layers(layers, scores, keep, prot, labels);
   const int n_rows = row0.back();
   std::vector<LayerEviction> result(static_cast<std::size_t>(n_layers));
   for (int l = 0; l < n_layers; ++l) {
@@ -328,7 +329,8 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
     const int n = L.size(h);
     const int bad = first_nan(s.data(), n, opt.max_simd_level);
     if (bad >= 0) {
-      if (label_layers) DEPTHKV_FAIL("layer " << l << " head " << h << ": NaN score at slot " << bad);
+      if (!labels.empty())
+        DEPTHKV_FAIL("layer " << labels[static_cast<std::size_t>(l)] << " head " << h << ": NaN score at slot " << bad);
       DEPTHKV_FAIL("head " << h << ": NaN score at slot " << bad);
     }
     LayerEviction& E = result[static_cast<std::size_t>(l)];
@@ -370,7 +372,7 @@ template <class Layer>
 LayerEviction evict_layer(Layer& layer, const LayerScores& scores, const std::vector<int>& keep_per_head,
                           Protection prot, EvictOptions opt = {}) {
   std::vector<LayerEviction> r =
-      detail::evict_layers<Layer>({&layer}, {&scores}, {keep_per_head}, prot, opt, false);
+      detail::evict_layers<Layer>({&layer}, {&scores}, {keep_per_head}, prot, opt, {});
   return std::move(r.front());
 }
 
@@ -403,11 +405,13 @@ std::vector<LayerEviction> evict(KVCache<Layer>& cache, const std::vector<LayerS
                 "keep has " << keep_per_head.size() << " layers, cache " << cache.n_layers());
   std::vector<Layer*> layers;
   std::vector<const LayerScores*> s;
+  std::vector<int> labels;
   for (int l = 0; l < cache.n_layers(); ++l) {
     layers.push_back(&cache.layer(l));
     s.push_back(&scores[static_cast<std::size_t>(l)]);
+    labels.push_back(l);
   }
-  return detail::evict_layers(layers, s, keep_per_head, prot, opt, true);
+  return detail::evict_layers(layers, s, keep_per_head, prot, opt, labels);
 }
 
 }  // namespace depthkv

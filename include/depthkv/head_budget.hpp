@@ -332,6 +332,20 @@ inline double predicted_head_loss(const SensitivityProfile& head_profile, const 
 
 namespace detail {
 
+/// `head_budgets` of layer `l` of a cache, its errors naming the layer.
+template <class Layer, class Keep>
+std::vector<int> layer_head_budgets(HeadAllocation mode, const Layer& layer, int l, const LayerScores& scores,
+                                    const Keep& keep, Protection prot, double alpha) {
+  try {
+    return head_budgets(mode, layer, scores, keep, prot, alpha);
+  } catch (const Error& e) {
+    const std::string prefix = "head_budgets: ";
+    std::string m = e.message();
+    if (m.compare(0, prefix.size(), prefix) == 0) m.erase(0, prefix.size());
+    throw Error(prefix + "layer " + std::to_string(l) + ": " + m);
+  }
+}
+
 template <class Layer, class Keep>
 std::vector<std::vector<int>> head_budgets_all(HeadAllocation mode, const KVCache<Layer>& cache,
                                                const std::vector<LayerScores>& scores, const std::vector<Keep>& keep,
@@ -341,17 +355,9 @@ std::vector<std::vector<int>> head_budgets_all(HeadAllocation mode, const KVCach
   DEPTHKV_CHECK(static_cast<int>(keep.size()) == cache.n_layers(),
                 "keep has " << keep.size() << " layers, cache " << cache.n_layers());
   std::vector<std::vector<int>> out(keep.size());
-  for (int l = 0; l < cache.n_layers(); ++l) {
-    try {
-      out[static_cast<std::size_t>(l)] = head_budgets(mode, cache.layer(l), scores[static_cast<std::size_t>(l)],
-                                                      keep[static_cast<std::size_t>(l)], prot, alpha);
-    } catch (const Error& e) {
-      const std::string prefix = "head_budgets: ";
-      std::string m = e.message();
-      if (m.compare(0, prefix.size(), prefix) == 0) m.erase(0, prefix.size());
-      throw Error(prefix + "layer " + std::to_string(l) + ": " + m);
-    }
-  }
+  for (int l = 0; l < cache.n_layers(); ++l)
+    out[static_cast<std::size_t>(l)] = layer_head_budgets(mode, cache.layer(l), l, scores[static_cast<std::size_t>(l)],
+                                                          keep[static_cast<std::size_t>(l)], prot, alpha);
   return out;
 }
 

@@ -21,5 +21,7 @@
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/llama/sampler.hpp"
 #include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/engine_lookahead.hpp"
+#include "depthkv/llama/eval_config.hpp"
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/text_windows.hpp"

@@ -621,9 +621,9 @@ TEST_CASE("engine [real]: a full budget through evict leaves the logits bit-iden
     engine.prefill(ctx, 0, plain);
     auto scorers = depthkv::llama::make_scorers(engine.config(), sc);
     ForwardOptions opt;
-    opt.observer = depthkv::llama::observe_into(scorers);
+    opt.observer = depthkv::observe_into(scorers);
     engine.prefill(ctx, 0, pruned, opt);
-    const auto scores = depthkv::llama::layer_scores(scorers, pruned);
+    const auto scores = depthkv::layer_scores(scorers, pruned);
     const auto ev = depthkv::evict(pruned, scores, std::vector<int>(5, 300), depthkv::Protection{4, 8});
     REQUIRE(ev[2].kept_slots[1].size() == 300u);
     REQUIRE(pruned.bytes() == plain.bytes());

@@ -1,0 +1,467 @@
+#pragma once
+/// @file llama/detail/eval_runs.hpp
+/// @brief `PruningEvaluator`'s runs (llama/eval.hpp): the full run of every window with its
+/// stored activations and scores, and one pruned run of a window under a plan (from the stored
+/// activations, from scratch, or under an `EvictionSchedule`).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "depthkv/error.hpp"
+#include "depthkv/eviction_schedule.hpp"
+#include "depthkv/evictor.hpp"
+#include "depthkv/head_budget.hpp"
+#include "depthkv/kv_cache.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/engine_lookahead.hpp"
+#include "depthkv/llama/eval_config.hpp"
+#include "depthkv/llama/output_projections.hpp"
+#include "depthkv/llama/text_windows.hpp"
+#include "depthkv/metrics.hpp"
+#include "depthkv/prune_spec.hpp"
+#include "depthkv/sensitivity_profiler.hpp"
+#include "depthkv/token_scorer.hpp"
+
+namespace depthkv {
+namespace llama {
+namespace detail {
+
+/// The state and runs behind `PruningEvaluator` (its file comment gives the protocol).
+class EvalRuns {
+ public:
+  /// Validates the settings and runs the full (unpruned) passes of every window.
+  EvalRuns(const LlamaEngine& engine, std::vector<EvalWindow> windows, EvalConfig cfg)
+      : engine_(engine), windows_(std::move(windows)), cfg_(std::move(cfg)) {
+    DEPTHKV_CHECK_AS("PruningEvaluator", !cfg_.scorers.empty(), "no scorer configured");
+    DEPTHKV_CHECK_AS("PruningEvaluator", cfg_.chunk_size >= 1, "chunk_size must be >= 1, got " << cfg_.chunk_size);
+    check_thread_count(cfg_.n_threads, "n_threads");
+    for (std::size_t w = 0; w < windows_.size(); ++w)
+      DEPTHKV_CHECK_AS("PruningEvaluator", !windows_[w].context.empty() && !windows_[w].continuation.empty(),
+                    "window " << w << " has an empty context or continuation");
+    bool output_aware = false;
+    for (const ScorerConfig& s : cfg_.scorers) {
+      TokenScorer(s, engine.config().n_heads, engine.config().n_kv_heads);
+      output_aware = output_aware || s.output_aware;
+      DEPTHKV_CHECK_AS("PruningEvaluator", !cfg_.chunked_plans || s.lookahead == 0,
+                    "chunked plans evict while the context is read; lookahead (" << s.lookahead
+                                                                                 << ") needs the whole context first");
+      for (std::size_t w = 0; w < windows_.size() && s.lookahead > 0; ++w) {  // observe_lookahead's check, up front
+        const long long ctx = static_cast<long long>(windows_[w].context.size());
+        DEPTHKV_CHECK_AS("PruningEvaluator", ctx + s.lookahead <= engine.config().seq_len,
+                      "lookahead: " << s.lookahead << " greedy tokens after a context of " << ctx
+                                    << " tokens do not fit the model's context of " << engine.config().seq_len
+                                    << " tokens (at most "
+                                    << std::max<long long>(0, engine.config().seq_len - ctx) << " here)");
+      }
+    }
+    depthkv::detail::check_head_alpha(cfg_.head_alpha);
+    if (output_aware) {
+      wo_storage_ = OutputProjections(engine.model());
+      wo_ = wo_storage_.views();
+    }
+    refs_.resize(windows_.size());
+    parallel_windows([&](int w) { refs_[static_cast<std::size_t>(w)] = full_run(windows_[static_cast<std::size_t>(w)]); });
+  }
+
+  int n_windows() const { return static_cast<int>(windows_.size()); }
+  int n_layers() const { return engine_.config().n_layers; }
+  int n_kv_heads() const { return engine_.config().n_kv_heads; }
+  int n_scorers() const { return static_cast<int>(cfg_.scorers.size()); }
+
+  /// Per-window results in the profiler's form.
+  static SampleMetrics to_sample_metrics(const std::vector<WindowResult>& results) {
+    SampleMetrics m;
+    for (const WindowResult& r : results) {
+      m.kl.push_back(r.metrics.loss.kl);
+      m.dnll.push_back(r.metrics.loss.dnll);
+      m.top1_disagree.push_back(r.metrics.loss.top1_disagree);
+    }
+    return m;
+  }
+
+  struct Reference {
+    HostCache cache;                         // full context cache
+    std::vector<RowMatrix> inputs;           // [L + 1] continuation residual input of layer l (L: final)
+    RowMatrix logits;                        // full continuation logits
+    std::size_t full_peak = 0;               // KV bytes of the full cache after the continuation
+    std::vector<std::vector<LayerScores>> scores;  // [scorer][layer]
+    std::vector<int> targets;
+    double nll = 0;
+  };
+
+  const Reference& ref(int w) const {
+    DEPTHKV_CHECK(w >= 0 && w < n_windows(), "window " << w << " outside [0, " << n_windows() << ")");
+    return refs_[static_cast<std::size_t>(w)];
+  }
+  const std::vector<OutputProjection>* wo() const { return wo_.empty() ? nullptr : &wo_; }
+  const OutputProjection* wo(int l) const { return wo_.empty() ? nullptr : &wo_[static_cast<std::size_t>(l)]; }
+  // A plan's context budgets: per layer (`layer[l]` for every head, split across the heads by
+  // EvalConfig::head_allocation), or per head (`heads[l][h]`, kept exactly unless `resplit`).
+  struct Budgets {
+    std::vector<int> layer;
+    std::vector<std::vector<int>> heads;
+    bool resplit = false;
+
+    bool per_head() const { return !heads.empty(); }
+    // the starting budget of every head of layer l
+    std::vector<int> start(int l, int n_heads) const {
+      return per_head() ? heads[static_cast<std::size_t>(l)]
+                        : std::vector<int>(static_cast<std::size_t>(n_heads), layer[static_cast<std::size_t>(l)]);
+    }
+    // whether layer l keeps fewer than n tokens in some head
+    bool prunes(int l, int n) const {
+      if (!per_head()) return layer[static_cast<std::size_t>(l)] < n;
+      for (int k : heads[static_cast<std::size_t>(l)])
+        if (k < n) return true;
+      return false;
+    }
+    // tokens layer l keeps over all heads of n each
+    long long tokens(int l, int n, int n_heads) const {
+      long long t = 0;
+      for (int k : start(l, n_heads)) t += std::min(k, n);
+      return t;
+    }
+    // WindowResult::budgets: per layer, the mean per head (rounded)
+    std::vector<int> per_layer(int n_layers, int n, int n_heads) const {
+      if (!per_head()) return layer;
+      std::vector<int> out(static_cast<std::size_t>(n_layers));
+      for (int l = 0; l < n_layers; ++l)
+        out[static_cast<std::size_t>(l)] = static_cast<int>(std::llround(static_cast<double>(tokens(l, n, n_heads)) / n_heads));
+      return out;
+    }
+  };
+  // Per-head budgets of layer l from the starting budgets `start`: split by
+  // EvalConfig::head_allocation for layer plans and resplit head plans, else as given.
+  template <class Layer>
+  std::vector<int> head_keep(const Budgets& b, const Layer& layer, const LayerScores& s, std::vector<int> start) const {
+    if (cfg_.head_allocation == HeadAllocation::kUniform || (b.per_head() && !b.resplit)) return start;
+    return head_budgets(cfg_.head_allocation, layer, s, start, cfg_.protection, cfg_.head_alpha);
+  }
+  // One SampleMetrics per keep ratio: every (window, ratio) run in parallel, with the budgets
+  // budgets_of(context tokens n, keep_tokens(ratio, n, protection)).
+  template <class BudgetsOf>
+  std::vector<SampleMetrics> per_ratio(const std::vector<double>& keep_ratios, int scorer, BudgetsOf&& budgets_of) const {
+    check_scorer(scorer);
+    const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
+    for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
+    std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
+    parallel_tasks(R * W, [&](int t) {
+      const int k = t / W, w = t % W;
+      const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+      res[static_cast<std::size_t>(t)] =
+          run_one(w, scorer, budgets_of(n, keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection)));
+    });
+    std::vector<SampleMetrics> out;
+    for (int k = 0; k < R; ++k)
+      out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,
+                                                                res.begin() + static_cast<std::ptrdiff_t>(k + 1) * W)));
+    return out;
+  }
+  // `evaluate`'s requirement: the spec prunes as the evaluator observed.
+  void check_spec(const PruneSpec& spec, int scorer) const {
+    DEPTHKV_CHECK(!windows_.empty(), "no windows to evaluate");
+    const ScorerConfig& o = cfg_.scorers[static_cast<std::size_t>(scorer)];
+    const ScorerConfig& s = spec.scorer;
+    DEPTHKV_CHECK(scorer_name(s) == scorer_name(o) && s.window == o.window && s.kernel == o.kernel && s.pooling == o.pooling &&
+                      s.output_aware == o.output_aware && s.lookahead == o.lookahead,
+                  "the spec's scorer differs from the evaluator's scorer " << scorer);
+    DEPTHKV_CHECK(spec.protection.n_sink == cfg_.protection.n_sink && spec.protection.n_recent == cfg_.protection.n_recent &&
+                      spec.head_split.mode == cfg_.head_allocation && spec.head_split.alpha == cfg_.head_alpha &&
+                      spec.schedule.chunk == cfg_.chunk_size,
+                  "the spec's protection, head split or chunk differ from the evaluator's");
+    for (const EvalWindow& w : windows_)
+      DEPTHKV_CHECK(w.context.size() == windows_.front().context.size(), "windows of several context lengths");
+  }
+  void check_scorer(int scorer) const {
+    DEPTHKV_CHECK(scorer >= 0 && scorer < n_scorers(), "scorer " << scorer << " outside [0, " << n_scorers() << ")");
+  }
+
+  template <class F>
+  void parallel_windows(F&& f) const {
+    parallel_tasks(n_windows(), std::forward<F>(f));
+  }
+  template <class F>
+  void parallel_tasks(int n, F&& f) const {
+    std::exception_ptr err;
+#ifdef _OPENMP
+    const int threads = cfg_.n_threads > 0 ? cfg_.n_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n > 1)
+#endif
+    for (int w = 0; w < n; ++w) {
+      try {
+        f(w);
+      } catch (...) {
+#ifdef _OPENMP
+#pragma omp critical(depthkv_eval_error)
+#endif
+        if (!err) err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
+  Reference full_run(const EvalWindow& win) const {
+    const LlamaConfig& c = engine_.config();
+    Reference r;
+    r.cache = engine_.make_cache();
+    std::vector<std::vector<TokenScorer>> sets;
+    for (const ScorerConfig& s : cfg_.scorers) sets.push_back(make_scorers(c, s));
+    std::vector<std::vector<TokenScorer>*> context_sets, lookahead_sets;
+    for (auto& set : sets) (set.front().config().lookahead > 0 ? lookahead_sets : context_sets).push_back(&set);
+    ForwardOptions opt;
+    opt.chunk_size = cfg_.chunk_size;
+    opt.all_logits = false;
+    opt.observer = [&context_sets](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+      for (std::vector<TokenScorer>* set : context_sets) (*set)[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+    };
+    const RowMatrix last = engine_.prefill(win.context, 0, r.cache, opt);
+    if (!lookahead_sets.empty())
+      observe_lookahead(engine_, r.cache, last_argmax(last), static_cast<std::int32_t>(win.context.size()), lookahead_sets);
+    for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache, wo()));
+    // Continuation on a copy (the stored cache stays context-only), capturing layer inputs.
+    HostCache work = r.cache;
+    const int tc = static_cast<int>(win.continuation.size());
+    r.inputs.assign(static_cast<std::size_t>(c.n_layers) + 1, RowMatrix(tc, c.dim));
+    const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
+    ForwardOptions fo;
+    fo.chunk_size = cfg_.chunk_size;
+    fo.capture_points = capture_bit(CapturePoint::kLayerInput) | capture_bit(CapturePoint::kLayerOutput);
+    fo.capture = [&](int l, CapturePoint p, std::int32_t p0, const RowMatrix& rows) {
+      const int idx = p == CapturePoint::kLayerInput ? l : l + 1;
+      if (p == CapturePoint::kLayerOutput && l + 1 < c.n_layers) return;  // = next layer's input
+      r.inputs[static_cast<std::size_t>(idx)].middleRows(p0 - pos0, rows.rows()) = rows;
+    };
+    r.logits = engine_.teacher_force(win.continuation, pos0, work, fo);
+    r.full_peak = work.bytes();
+    r.targets = continuation_targets(win.continuation);
+    r.nll = compare_logits(r.logits, r.logits, r.targets).nll_full;
+    return r;
+  }
+
+  template <class KeepFn>
+  std::vector<WindowResult> run_all(int scorer, KeepFn&& keep_of) const {
+    check_scorer(scorer);
+    std::vector<WindowResult> out(windows_.size());
+    std::vector<Budgets> keeps(windows_.size());
+    for (int w = 0; w < n_windows(); ++w) keeps[static_cast<std::size_t>(w)] = keep_of(w);  // validates (serial)
+    parallel_windows([&](int w) { out[static_cast<std::size_t>(w)] = run_one(w, scorer, keeps[static_cast<std::size_t>(w)]); });
+    return out;
+  }
+
+  WindowResult run_one(int w, int scorer, const Budgets& keep) const {
+    if (cfg_.chunked_plans) return run_chunked_plan(w, scorer, keep);
+    return cfg_.reuse ? run_reuse(w, scorer, keep) : run_naive(w, scorer, keep);
+  }
+
+  std::size_t layer_bytes(int tokens) const {
+    return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().n_kv_heads) *
+           static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
+  }
+  std::size_t head_token_bytes(long long tokens) const {
+    return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
+  }
+
+  WindowResult run_reuse(int w, int scorer, const Budgets& keep) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const Reference& r = refs_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    WindowResult res;
+    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
+    int first = c.n_layers;
+    for (int l = 0; l < c.n_layers; ++l) {
+      res.bytes_full += layer_bytes(n_ctx);
+      res.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx, c.n_kv_heads));
+      if (keep.prunes(l, n_ctx) && first == c.n_layers) first = l;
+    }
+    RowMatrix x = r.inputs[static_cast<std::size_t>(first)];
+    ForwardOptions fo;
+    const int tc = static_cast<int>(x.rows());
+    // bytes at the end: layers below `first` hold the full context + continuation
+    std::size_t bytes_end = 0;
+    for (int l = 0; l < first; ++l) bytes_end += r.cache.layer(l).bytes() + layer_bytes(tc);
+    res.bytes_full_peak = r.full_peak;
+    for (int l = first; l < c.n_layers; ++l) {
+      HostLayer<float> kv = r.cache.layer(l);
+      if (keep.prunes(l, n_ctx)) {
+        const LayerScores& s = r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)];
+        evict_layer(kv, s, head_keep(keep, kv, s, keep.start(l, c.n_kv_heads)), cfg_.protection);
+      }
+      // the continuation in chunks, as the full run processed it
+      for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {
+        const int t = std::min(cfg_.chunk_size, tc - c0);
+        RowMatrix xc = x.middleRows(c0, t);
+        engine_.forward_layer(l, xc, n_ctx + c0, kv, fo);
+        x.middleRows(c0, t) = xc;
+      }
+      bytes_end += kv.bytes();
+    }
+    res.bytes_peak = std::max(r.cache.bytes(), bytes_end);  // before the eviction, or at the end
+    layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
+    RowMatrix logits(tc, c.vocab_size);
+    for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {  // per chunk, as the full run (same rounding)
+      const int t = std::min(cfg_.chunk_size, tc - c0);
+      logits.middleRows(c0, t) = engine_.logits(x.middleRows(c0, t), nullptr, n_ctx + c0);
+      LlamaEngine::check_finite(logits.middleRows(c0, t), n_ctx + c0, "the logits");
+    }
+    res.metrics = compare_logits(r.logits, logits, r.targets);
+    return res;
+  }
+
+  WindowResult run_naive(int w, int scorer, const Budgets& keep) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    ForwardOptions opt;
+    opt.chunk_size = cfg_.chunk_size;
+    opt.all_logits = false;
+    // full run from scratch
+    HostCache full = engine_.make_cache();
+    engine_.prefill(win.context, 0, full, opt);
+    const RowMatrix lf = engine_.teacher_force(win.continuation, n_ctx, full, opt);
+    // pruned run from scratch
+    HostCache cache = engine_.make_cache();
+    std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
+    ForwardOptions po = opt;
+    const bool lookahead = sc.front().config().lookahead > 0;
+    if (!lookahead) po.observer = observe_into(sc);
+    const RowMatrix last = engine_.prefill(win.context, 0, cache, po);
+    if (lookahead) observe_lookahead(engine_, cache, last_argmax(last), n_ctx, {&sc});
+    WindowResult res;
+    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
+    res.bytes_full = cache.bytes();
+    res.bytes_full_peak = full.bytes();
+    const std::vector<LayerScores> scores = layer_scores(sc, cache, wo());
+    std::vector<std::vector<int>> per_head(static_cast<std::size_t>(c.n_layers));
+    for (int l = 0; l < c.n_layers; ++l)
+      per_head[static_cast<std::size_t>(l)] =
+          head_keep(keep, cache.layer(l), scores[static_cast<std::size_t>(l)], keep.start(l, c.n_kv_heads));
+    evict(cache, scores, per_head, cfg_.protection);
+    res.bytes_kept = cache.bytes();
+    const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
+    res.bytes_peak = std::max(res.bytes_full, cache.bytes());
+    layer_tokens_ += static_cast<long long>(c.n_layers) * (2 * n_ctx + 2 * static_cast<long long>(win.continuation.size()));
+    res.metrics = compare_logits(lf, lp, continuation_targets(win.continuation));
+    return res;
+  }
+
+  // The prefill of window `w` in chunks, `evict_chunk(seen, cache)` called after every chunk
+  // (`seen` context tokens appended; the peak is taken before it) and `after_prefill(cache)` once
+  // at its end, then the continuation by `continuation(cache, res)` (its logits, [tc][vocab]):
+  // the accounting shared by the chunked plans and the schedules.
+  template <class EvictFn, class AfterFn, class ContinuationFn>
+  WindowResult run_evicting(int w, AttentionObserver observer, EvictFn&& evict_chunk, AfterFn&& after_prefill,
+                            ContinuationFn&& continuation) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const Reference& r = refs_[static_cast<std::size_t>(w)];
+    HostCache cache = engine_.make_cache();
+    WindowResult res;
+    res.bytes_full = r.cache.bytes();
+    res.bytes_full_peak = r.full_peak;
+    ForwardOptions po;
+    po.chunk_size = cfg_.chunk_size;
+    po.all_logits = false;
+    po.observer = std::move(observer);
+    po.after_chunk = [&](int seen, std::int32_t) {
+      res.bytes_peak = std::max(res.bytes_peak, cache.bytes());  // the chunk appended, not yet evicted
+      evict_chunk(seen, cache);
+    };
+    engine_.prefill(win.context, 0, cache, po);
+    after_prefill(cache);
+    res.bytes_kept = cache.bytes();
+    res.budgets = cache.lengths();
+    const RowMatrix lp = continuation(cache, res);
+    res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+    layer_tokens_ += static_cast<long long>(c.n_layers) * static_cast<long long>(win.context.size() + win.continuation.size());
+    res.metrics = compare_logits(r.logits, lp, r.targets);
+    return res;
+  }
+
+  // The continuation teacher-forced in chunks, the cache not evicted.
+  RowMatrix continue_plain(int w, HostCache& cache) const {
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    ForwardOptions fo;
+    fo.chunk_size = cfg_.chunk_size;
+    return engine_.teacher_force(win.continuation, static_cast<std::int32_t>(win.context.size()), cache, fo);
+  }
+
+  // A plan evicted after every prefill chunk (EvalConfig::chunked_plans): a schedule with the
+  // plan's budgets as fixed targets.
+  WindowResult run_chunked_plan(int w, int scorer, const Budgets& keep) const {
+    const LlamaConfig& c = engine_.config();
+    const int n_ctx = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+    ScheduleConfig sc = schedule_base(scorer);
+    sc.targets.length = n_ctx;
+    sc.targets.split = !keep.per_head() || keep.resplit;
+    for (int l = 0; l < c.n_layers; ++l) sc.targets.keep.push_back(keep.start(l, c.n_kv_heads));
+    WindowResult res = run_schedule(w, sc, ScheduleEval::kPrefill, /*evict_at_end=*/false);
+    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
+    return res;
+  }
+  // A schedule's settings with the evaluator's scorer, protection, head split and projections.
+  ScheduleConfig schedule_base(int scorer, ScheduleConfig sc = {}) const {
+    sc.scorer = cfg_.scorers[static_cast<std::size_t>(scorer)];
+    sc.protection = cfg_.protection;
+    sc.head_allocation = cfg_.head_allocation;
+    sc.head_alpha = cfg_.head_alpha;
+    sc.output_projections = wo();
+    return sc;
+  }
+
+  // A schedule over window w's prefill (and its continuation with kDecode); `evict_at_end`: one
+  // more eviction after the last chunk whatever the interval (`evict_now`).
+  WindowResult run_schedule(int w, const ScheduleConfig& sc, ScheduleEval mode, bool evict_at_end = true) const {
+    const LlamaConfig& c = engine_.config();
+    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
+    const int n_ctx = static_cast<int>(win.context.size());
+    const int tc = static_cast<int>(win.continuation.size());
+    EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    const auto continuation = [&](HostCache& cache, WindowResult& res) {
+      if (mode == ScheduleEval::kPrefill) return continue_plain(w, cache);
+      // blocks that end where the schedule may evict: each token sees its decode-time cache
+      ForwardOptions fo;
+      fo.chunk_size = cfg_.chunk_size;
+      fo.observer = schedule.observer();
+      RowMatrix lp(tc, c.vocab_size);
+      for (int t0 = 0; t0 < tc;) {
+        const int t = static_cast<int>(std::min<long long>(tc - t0, std::max<long long>(1, sc.interval - schedule.pending())));
+        const std::vector<int> block(win.continuation.begin() + t0, win.continuation.begin() + t0 + t);
+        lp.middleRows(t0, t) = engine_.teacher_force(block, n_ctx + t0, cache, fo);
+        res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
+        schedule.after_decode_step(cache);
+        t0 += t;
+      }
+      return lp;
+    };
+    return run_evicting(
+        w, schedule.observer(), [&](int, HostCache& cache) { schedule.after_chunk(cache); },
+        [&](HostCache& cache) {
+          if (evict_at_end) schedule.evict_now(cache);
+        },
+        continuation);
+  }
+
+  const LlamaEngine& engine_;
+  std::vector<EvalWindow> windows_;
+  EvalConfig cfg_;
+  std::vector<Reference> refs_;
+  OutputProjections wo_storage_;      // owns the float copies of stored (F16, quantized) wo that wo_ views
+  std::vector<OutputProjection> wo_;  // per layer, when a scorer is output-aware
+  mutable std::atomic<long long> layer_tokens_{0};
+};
+
+}  // namespace detail
+}  // namespace llama
+}  // namespace depthkv

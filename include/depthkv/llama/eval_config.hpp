@@ -1,0 +1,55 @@
+#pragma once
+/// @file llama/eval_config.hpp
+/// @brief The settings and per-window results of `PruningEvaluator` (llama/eval.hpp).
+
+#include <cstddef>
+#include <vector>
+
+#include "depthkv/head_budget.hpp"
+#include "depthkv/metrics.hpp"
+#include "depthkv/scorer_config.hpp"
+#include "depthkv/selection.hpp"
+
+namespace depthkv {
+namespace llama {
+
+/// Settings of a `PruningEvaluator`.
+struct EvalConfig {
+  /// Scorers observed during the full run (one profile / evaluation per entry; index = `scorer`
+  /// argument of the evaluation calls).
+  std::vector<ScorerConfig> scorers = std::vector<ScorerConfig>(1);  // one H2O scorer
+  Protection protection;  ///< tokens every head keeps (inside the budget)
+  int chunk_size = 1024;  ///< prefill chunk (computation only; eviction happens once after the context)
+  int n_threads = 0;      ///< windows evaluated in parallel: 0 = OpenMP's default, 1 = serial
+  bool reuse = true;      ///< reuse the full run's activations (false: recompute everything, for checks)
+  /// Plans (`evaluate_plan`, `evaluate_budgets`, `layer_metrics`, hence the profiler) evict after
+  /// every prefill chunk instead of once after the context, as `EvictionSchedule` with interval 1
+  /// does: after the chunk that brings a layer to `s` tokens seen, the layer with final budget
+  /// k of n context tokens keeps `keep_tokens(k / n, s, protection)` (= k at s = n). The context
+  /// is then recomputed for every plan (no activation reuse).
+  bool chunked_plans = false;
+  /// How each layer's budget is split across its KV heads (head_budget.hpp) in every plan and
+  /// schedule; the adaptive split's floor fraction.
+  HeadAllocation head_allocation = HeadAllocation::kUniform;
+  double head_alpha = kDefaultHeadAlpha;
+};
+
+/// Result of one window under one plan.
+struct WindowResult {
+  ContinuationMetrics metrics;
+  std::vector<int> budgets;      ///< tokens kept per layer (context part)
+  std::size_t bytes_kept = 0;    ///< KV bytes of the context after eviction (all layers)
+  std::size_t bytes_full = 0;    ///< KV bytes of the full context
+  /// Most KV bytes the pruned run's layers held at once (`cache.bytes()` at its largest: before
+  /// an eviction, or at the end of the continuation).
+  std::size_t bytes_peak = 0;
+  /// Most KV bytes the full run held (full context + continuation).
+  std::size_t bytes_full_peak = 0;
+};
+
+/// What a schedule evaluation evicts: the context only (kPrefill), or the continuation too
+/// (kDecode, every `interval` teacher-forced tokens).
+enum class ScheduleEval { kPrefill, kDecode };
+
+}  // namespace llama
+}  // namespace depthkv
