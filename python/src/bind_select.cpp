@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <Eigen/Core>
+#include <nanobind/stl/vector.h>
 
 #include "common.hpp"
 #include "depthkv/evictor.hpp"
