@@ -215,8 +215,8 @@ def select_keep(scores, k, protection: Sequence[int] = (0, 0), positions=None):
     per_head = np.ndim(k) > 0
     ks = [int(x) for x in np.ravel(k)] if per_head else [int(k)]
     n_sink, n_recent = _protection(protection)
-    rows = _core.select_keep(scores, ks, n_sink, n_recent, positions)
-    if getattr(scores, "ndim", 1) == 1:
+    rows, matrix = _core.select_keep(scores, ks, n_sink, n_recent, positions)
+    if not matrix:
         return rows[0]
     if per_head:
         return rows

@@ -96,9 +96,10 @@ std::string without_function(const std::string& msg) {
   return msg.substr(colon + 2);
 }
 
-/// Kept slots of every row: a list of int32 arrays, one per row (head).
+/// Kept slots of every row: (a list of int32 arrays, one per row (head); whether the scores
+/// were given as a matrix [heads, n]).
 /// @param keep one keep count per row, or one for all
-nb::list select_keep(const AnyArray& scores, const std::vector<long long>& keep, int n_sink, int n_recent,
+nb::tuple select_keep(const AnyArray& scores, const std::vector<long long>& keep, int n_sink, int n_recent,
                      const nb::handle& positions) {
   const ScoreType type = score_type(scores);
   const Rows s = host_rows(scores, "scores");
@@ -120,7 +121,7 @@ nb::list select_keep(const AnyArray& scores, const std::vector<long long>& keep,
     const std::size_t m = kept.size();
     out.append(owning_array(std::move(kept), {m}));
   }
-  return out;
+  return nb::make_tuple(out, s.matrix);
 }
 
 }  // namespace
@@ -128,8 +129,8 @@ nb::list select_keep(const AnyArray& scores, const std::vector<long long>& keep,
 void bind_select(nb::module_& m) {
   m.def("select_keep", &select_keep, nb::arg("scores"), nb::arg("keep"), nb::arg("n_sink"), nb::arg("n_recent"),
         nb::arg("positions").none(),
-        "Kept slots of each row of scores ([n] or [heads, n]) by the evictor's rule: a list of int32 "
-        "arrays, one per row. Use depthkv.select_keep.");
+        "Kept slots of each row of scores ([n] or [heads, n]) by the evictor's rule: (a list of int32 "
+        "arrays, one per row; whether scores was [heads, n]). Use depthkv.select_keep.");
 }
 
 }  // namespace depthkv_py

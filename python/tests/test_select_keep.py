@@ -96,3 +96,23 @@ def test_bad_input_raises_error(bad, message):
         bad()
     assert isinstance(e.value, ValueError)
     assert str(e.value).startswith("select_keep: ") or "protection" in str(e.value)
+
+
+class _DLPackOnly:
+    """A DLPack producer that is not a numpy array (as a torch CPU tensor is)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_producers_are_accepted():
+    s = np.random.default_rng(2).standard_normal((4, 100)).astype(np.float32)
+    assert np.array_equal(depthkv.select_keep(_DLPackOnly(s), 30, (4, 16)), depthkv.select_keep(s, 30, (4, 16)))
+    with pytest.raises(depthkv.Error, match="got float64"):
+        depthkv.select_keep(_DLPackOnly(s.astype(np.float64)), 30)
