@@ -1,0 +1,102 @@
+"""depthkv.allocate and depthkv.preset against ``depthkv allocate --json`` (byte for byte)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import depthkv
+from conftest import AIDREAMS_BEST, STORIES, run_cli
+
+KEEPS = [0.1, 0.2, 0.3, 0.5]
+# each profile with the selection its curves were measured under (its calibration.selection)
+PROFILES = {"stories": (STORIES, (4, 16), 16), "aidreams-best": (AIDREAMS_BEST, (0, 4), 4)}
+# the policies the library refuses on each: 6 middle layers of 5, no head curves; no InfoNCE scores
+REFUSED = {"stories": {"mlma6", "head-optimal"}, "aidreams-best": {"mga", "mlma2", "mlma4", "mlma6"}}
+
+
+def cli_text(alloc):
+    """The JSON text ``depthkv allocate --json`` prints (nlohmann: sorted keys, indent 2)."""
+    return json.dumps(alloc.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def cli_args(path, keep, policy, scorer, prot, window):
+    args = ["allocate", "--profile", path, "--keep", repr(keep), "--policy", policy, "--json",
+            "--sinks", str(prot[0]), "--recent", str(prot[1]), "--obs-window", str(window)]
+    return args + (["--scorer", scorer] if scorer else [])
+
+
+def error_text(stderr):
+    """The message of the program's "depthkv: error: ..." line."""
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("depthkv: error: ")]
+    assert lines, stderr
+    return lines[-1][len("depthkv: error: "):]
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("scorer", [None, "h2o", "snapkv"])
+def test_every_policy_and_keep_equals_cli(cli, name, scorer):
+    path, prot, window = PROFILES[name]
+    prof = depthkv.load_profile(path)
+    refused = set()
+    for policy in depthkv.POLICIES:
+        for keep in KEEPS:
+            rc, out, err = run_cli(cli, *cli_args(path, keep, policy, scorer, prot, window))
+            if rc != 0:  # the library refuses: Python must raise the same message
+                with pytest.raises(depthkv.Error) as e:
+                    depthkv.allocate(prof, keep, policy=policy, scorer=scorer, protection=prot, obs_window=window)
+                assert str(e.value) == error_text(err), (policy, keep)
+                refused.add(policy)
+                continue
+            a = depthkv.allocate(prof, keep, policy=policy, scorer=scorer, protection=prot, obs_window=window)
+            assert cli_text(a) == out, (policy, keep)
+            assert a.budgets.dtype == np.int32 and a.budgets.shape == (prof.n_layers,)
+    assert refused == REFUSED[name]
+
+
+def test_head_optimal_gives_head_budgets_of_exact_total():
+    prof = depthkv.load_profile(AIDREAMS_BEST)
+    a = depthkv.allocate(prof, 0.3, policy="head-optimal", scorer="snapkv", protection=(0, 4))
+    H = prof.n_kv_heads("snapkv")
+    assert a.head_budgets.shape == (prof.n_layers, H)
+    assert a.total == int(a.head_budgets.sum()) == round(0.3 * 96 * prof.n_layers) * H
+    assert a.budgets.tolist() == [int(np.floor(m + 0.5)) for m in a.head_budgets.mean(axis=1)]
+
+
+def test_total_tokens_and_lengths(cli):
+    prof = depthkv.load_profile(STORIES)
+    by_keep = depthkv.allocate(prof, 0.25, policy="optimal", scorer="h2o")
+    by_tokens = depthkv.allocate(prof, total_tokens=int(by_keep.total), policy="optimal", scorer="h2o")
+    assert np.array_equal(by_keep.budgets, by_tokens.budgets)
+    rc, out, _ = run_cli(cli, "allocate", "--profile", STORIES, "--keep", "0.2", "--length", "200",
+                         "--policy", "pyramid", "--json")
+    assert rc == 0
+    a = depthkv.allocate(prof, 0.2, policy="pyramid", lengths=200)
+    assert cli_text(a) == out
+    ragged = depthkv.allocate(prof, 0.2, policy="uniform", lengths=[100, 200, 300, 400, 500])
+    assert ragged.lengths.tolist() == [100, 200, 300, 400, 500]
+    assert ragged.total == round(0.2 * 1500)
+
+
+def test_preset_best_equals_cli(cli):
+    prof = depthkv.load_profile(AIDREAMS_BEST)
+    for keep in KEEPS:
+        spec = depthkv.preset("best", prof, keep, protection=(0, 4), obs_window=4)
+        rc, out, err = run_cli(cli, "allocate", "--profile", AIDREAMS_BEST, "--keep", repr(keep), "--preset", "best",
+                               "--json", "--sinks", "0", "--recent", "4", "--obs-window", "4")
+        assert rc == 0, err
+        assert f"--preset best: scorer {spec['scorer']} " in err
+        for scorer, loss in spec.predicted.items():
+            assert f"{scorer} {loss:.6g}" in err
+        assert spec["policy"] == "head-optimal" and spec["output_aware"] is True and spec["lookahead"] == 32
+        assert (spec["sinks"], spec["recent"], spec["budget"]) == (0, 4, {"keep": keep})
+        a = depthkv.allocate(prof, keep, policy=spec["policy"], scorer=spec["scorer"], protection=(0, 4), obs_window=4)
+        assert cli_text(a) == out
+    assert depthkv.preset("best", prof, 0.2, protection=(0, 4), lookahead=8)["lookahead"] == 8
+
+
+def test_preset_refuses_a_profile_without_head_curves():
+    with pytest.raises(depthkv.Error, match="no complete head curves"):
+        depthkv.preset("best", depthkv.load_profile(STORIES), 0.2)
+    with pytest.raises(depthkv.Error, match="unknown preset 'fastest'"):
+        depthkv.preset("fastest", depthkv.load_profile(AIDREAMS_BEST), 0.2)

@@ -1,0 +1,40 @@
+#!/bin/sh
+# Builds the depthkv Python package (pip install .: scikit-build-core + nanobind over the headers)
+# into a virtual environment outside the repository and runs its pytest suite (python/tests;
+# numpy only). The identity checks run the depthkv program: $DEPTHKV_CLI, else
+# build/release/tools/depthkv (what scripts/test.sh builds), else it is built here (target
+# depthkv_cli in build/python-cli). Environment: DEPTHKV_VENV (default /tmp/depthkv-venv; reused
+# when it exists), JOBS (build jobs, default nproc). Each phase prints its wall time.
+# Needs python3-venv and python3-dev (scripts/install-deps.sh) and PyPI for the build tools.
+set -eu
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="${DEPTHKV_VENV:-/tmp/depthkv-venv}"
+JOBS="${JOBS:-$(nproc)}"
+T0=$(date +%s)
+phase() { echo "python-test.sh: $1 done at $(( $(date +%s) - T0 )) s"; }
+case "$VENV" in
+  "$ROOT" | "$ROOT"/*) echo "python-test.sh: DEPTHKV_VENV ($VENV) must be outside the repository" >&2; exit 2 ;;
+esac
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest
+phase "virtual environment"
+CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation --force-reinstall --no-deps "$ROOT"
+phase "package build"
+if [ -z "${DEPTHKV_CLI:-}" ]; then
+  if [ -x build/release/tools/depthkv ]; then
+    DEPTHKV_CLI="$ROOT/build/release/tools/depthkv"
+  else
+    cmake -S . -B build/python-cli -DCMAKE_BUILD_TYPE=Release -DDEPTHKV_WERROR=ON -DDEPTHKV_ENABLE_CUDA=OFF \
+      -DDEPTHKV_BUILD_TESTS=OFF -DDEPTHKV_BUILD_EXAMPLES=OFF -DDEPTHKV_BUILD_BENCHMARKS=OFF >/dev/null
+    cmake --build build/python-cli --target depthkv_cli -j "$JOBS"
+    DEPTHKV_CLI="$ROOT/build/python-cli/tools/depthkv"
+    phase "depthkv program"
+  fi
+fi
+# from outside the checkout, so that `import depthkv` is the installed package
+cd "$VENV"
+DEPTHKV_CLI="$DEPTHKV_CLI" DEPTHKV_REQUIRE_CLI=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/python/tests"
+phase "pytest"
+echo "python-test.sh: all Python tests passed"
