@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds depthkv warnings-as-errors (CUDA code too, when nvcc is present) and runs the whole test
-# suite, then builds the test programs and the depthkv program under AddressSanitizer +
+# suite, then the Python package's tests (scripts/python-test.sh: pip install . into a virtual
+# environment outside the repository, pytest), then builds the test programs and the depthkv program under AddressSanitizer +
 # UndefinedBehaviorSanitizer and runs every test but the packaging test (no header check,
 # examples, benchmarks or CUDA code in that build). ctest fails when it finds no tests.
 # Every test has a time limit (TEST_TIMEOUT seconds, default 300, 7x the slowest test under ASan: ctest --timeout), so a hang fails
@@ -16,6 +17,8 @@ cmake --build build/release -j "$JOBS"
 phase "release build"
 ctest --test-dir build/release --output-on-failure --no-tests=error --timeout "$TEST_TIMEOUT" -j "$JOBS"
 phase "release tests"
+DEPTHKV_CLI="$(pwd)/build/release/tools/depthkv" JOBS="$JOBS" scripts/python-test.sh
+phase "Python package tests"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS="-O1 -g1" -DDEPTHKV_WERROR=ON -DDEPTHKV_SANITIZE=ON \
   -DDEPTHKV_ENABLE_CUDA=OFF -DDEPTHKV_BUILD_BENCHMARKS=OFF -DDEPTHKV_BUILD_EXAMPLES=OFF -DDEPTHKV_HEADER_CHECK=OFF
 cmake --build build/asan -j "$JOBS"
@@ -23,4 +26,4 @@ phase "sanitizer build"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan --output-on-failure --no-tests=error --timeout "$TEST_TIMEOUT" -j "$JOBS" -E package_consumer
 phase "sanitizer tests"
-echo "test.sh: all tests passed (release and ASan+UBSan)"
+echo "test.sh: all tests passed (release, Python and ASan+UBSan)"
