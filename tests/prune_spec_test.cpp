@@ -166,6 +166,16 @@ TEST_CASE("PruneSpec: the allocator request, the schedule and score_and_evict co
   REQUIRE(sc.protection.n_sink == 4);
   REQUIRE(sc.head_allocation == depthkv::HeadAllocation::kAdaptive);
   REQUIRE(sc.head_alpha == 0.3);
+  // and the oneshot request the same settings
+  const depthkv::PruneRequest pr = depthkv::prune_request(s, {});
+  REQUIRE(pr.budget.total_tokens == 90);
+  REQUIRE(pr.budget.lengths.empty());
+  REQUIRE(pr.protection.n_sink == 4);
+  REQUIRE(pr.head_allocation == depthkv::HeadAllocation::kAdaptive);
+  REQUIRE(pr.head_alpha == 0.3);
+  REQUIRE(pr.floors_from_protection);
+  s.policy = depthkv::AllocationPolicy::kHeadOptimal;
+  REQUIRE_THROWS_WITH(depthkv::prune_request(s, {}), Contains("head-optimal needs head curves"));
   REQUIRE(depthkv::parse_allocation_policy("head-optimal") == depthkv::AllocationPolicy::kHeadOptimal);
   REQUIRE(depthkv::to_string(depthkv::parse_schedule_mode("decode")) == "decode");
 }

@@ -142,27 +142,32 @@ inline int keep_tokens(double ratio, int n, Protection prot) {
   return static_cast<int>(std::max<long long>(prot_n, std::min<long long>(k, n)));
 }
 
-/// What `score_and_evict` does: the allocation policy, the global budget (`budget.keep_ratio`
-/// or `budget.total_tokens`, plus the policy parameters; `budget.lengths` is filled from the
-/// cache), the profile for the curve-based policies, and the protected tokens.
-struct PruneRequest {
+/// How the budget of one eviction is found and split (what `PruneRequest` and `ScheduleConfig`
+/// share): the allocation policy, the global budget (`budget.keep_ratio` or
+/// `budget.total_tokens`, plus the policy parameters), the curves, the protected tokens and the
+/// split across KV heads.
+struct PruneSettings {
   AllocationPolicy policy = AllocationPolicy::kUniform;
   BudgetRequest budget;
-  const SensitivityProfile* profile = nullptr;
+  const SensitivityProfile* profile = nullptr;  ///< for the curve-based policies (must outlive its use)
   /// Per-(layer, KV head) curves (n_layers * n_kv_heads rows, row l * n_kv_heads + h): when set,
   /// the budgets are head-level optimal (`head_optimal_budgets`; `policy` and `profile` are not
   /// used), then split again by `head_allocation` when that is adaptive.
   const SensitivityProfile* head_profile = nullptr;
-  Protection protection;
-  /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
-  /// (eviction cannot go below the protected count).
-  bool floors_from_protection = true;
+  Protection protection;  ///< tokens every head keeps (inside the budget)
   /// How each layer's budget is split across its KV heads (head_budget.hpp) and the adaptive
   /// split's floor fraction.
   HeadAllocation head_allocation = HeadAllocation::kUniform;
   double head_alpha = kDefaultHeadAlpha;
   /// One output projection per layer, for output-aware scorers (`layer_scores`); null otherwise.
   const std::vector<OutputProjection>* output_projections = nullptr;
+};
+
+/// What `score_and_evict` does: `PruneSettings` (`budget.lengths` is filled from the cache).
+struct PruneRequest : PruneSettings {
+  /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
+  /// (eviction cannot go below the protected count).
+  bool floors_from_protection = true;
 };
 
 /// What `score_and_evict` (or one eviction of an `EvictionSchedule`) did.
@@ -307,26 +312,40 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
                                     {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile});
 }
 
+namespace detail {
+
+/// The `PruneSettings` of `spec` with the policy data it reads (the resolved form of a spec: its
+/// budget request without lengths, its curves and projections as pointers).
+/// @throws Error on an invalid spec, or head-optimal without head curves
+inline PruneSettings prune_settings(const PruneSpec& spec, const PolicyData& data,
+                                    const std::vector<OutputProjection>* wo) {
+  spec.validate();
+  DEPTHKV_CHECK(!is_head_policy(spec.policy) || data.head_curves != nullptr, "policy head-optimal needs head curves");
+  PruneSettings p;
+  p.policy = spec.policy;
+  p.budget = spec.budget_request({});
+  p.budget.lengths.clear();
+  p.budget.floors.clear();
+  p.budget.infonce = data.infonce;
+  p.profile = policy_needs_profile(spec.policy) ? data.layer_curves : nullptr;
+  p.head_profile = is_head_policy(spec.policy) ? data.head_curves : nullptr;
+  p.protection = spec.protection;
+  p.head_allocation = spec.head_split.mode;
+  p.head_alpha = spec.head_split.alpha;
+  p.output_projections = wo;
+  return p;
+}
+
+}  // namespace detail
+
 /// The `PruneRequest` of `spec` with the policy data it reads (what `score_and_evict` does for
 /// a oneshot spec).
 /// @param wo one output projection per layer for an output-aware scorer (null otherwise)
 /// @throws Error on an invalid spec, or head-optimal without head curves
 inline PruneRequest prune_request(const PruneSpec& spec, const PolicyData& data,
                                   const std::vector<OutputProjection>* wo = nullptr) {
-  spec.validate();
-  DEPTHKV_CHECK(!is_head_policy(spec.policy) || data.head_curves != nullptr, "policy head-optimal needs head curves");
   PruneRequest req;
-  req.policy = spec.policy;
-  req.budget = spec.budget_request({});
-  req.budget.lengths.clear();
-  req.budget.floors.clear();
-  req.budget.infonce = data.infonce;
-  req.profile = policy_needs_profile(spec.policy) ? data.layer_curves : nullptr;
-  req.head_profile = is_head_policy(spec.policy) ? data.head_curves : nullptr;
-  req.protection = spec.protection;
-  req.head_allocation = spec.head_split.mode;
-  req.head_alpha = spec.head_split.alpha;
-  req.output_projections = wo;
+  static_cast<PruneSettings&>(req) = detail::prune_settings(spec, data, wo);
   return req;
 }
 
@@ -352,54 +371,28 @@ struct TargetPlan {
   }
 };
 
-/// Settings of an `EvictionSchedule`.
-struct ScheduleConfig {
-  AllocationPolicy policy = AllocationPolicy::kUniform;
-  /// The global budget: `total_tokens` (fixed KV tokens over all layers) or `keep_ratio` (of the
-  /// tokens seen so far, times the layer count), exactly one set; plus the policy's parameters.
-  /// `lengths`, `caps` and `floors` are filled by the schedule (must be empty).
-  BudgetRequest budget;
-  const SensitivityProfile* profile = nullptr;  ///< for the curve-based policies (must outlive the schedule)
-  /// Per-(layer, KV head) curves: head-level optimal budgets instead of `policy` (file comment;
-  /// must outlive the schedule).
-  const SensitivityProfile* head_profile = nullptr;
-  Protection protection;                        ///< tokens every head keeps (inside the budget)
-  ScorerConfig scorer;                          ///< the token scorer of every layer
-  int interval = 1;                             ///< evict once this many tokens were appended (>= 1)
-  EvictOptions evict;                           ///< shrinking and threads of each eviction
-  /// How each layer's budget is split across its KV heads (head_budget.hpp), and the adaptive
-  /// split's floor fraction.
-  HeadAllocation head_allocation = HeadAllocation::kUniform;
-  double head_alpha = kDefaultHeadAlpha;
-  /// One output projection per layer for an output-aware scorer (must outlive the schedule).
-  const std::vector<OutputProjection>* output_projections = nullptr;
+/// Settings of an `EvictionSchedule`: `PruneSettings` (the global budget is `total_tokens`, fixed
+/// KV tokens over all layers, or `keep_ratio` of the tokens seen so far times the layer count,
+/// exactly one set; `budget.lengths`, `caps` and `floors` are filled by the schedule and must be
+/// empty), the scorer and the interval.
+struct ScheduleConfig : PruneSettings {
+  ScorerConfig scorer;  ///< the token scorer of every layer
+  int interval = 1;     ///< evict once this many tokens were appended (>= 1)
+  EvictOptions evict;   ///< shrinking and threads of each eviction
   /// Fixed per-layer (per-head) targets instead of a global budget (`budget` then sets neither
   /// total_tokens nor keep_ratio, and `policy` is not used).
   TargetPlan targets;
 };
 
-/// The `ScheduleConfig` of `spec` with the policy data it reads (the resolved form of a spec:
-/// its budget request without lengths, its curves and projections as pointers).
+/// The `ScheduleConfig` of `spec` with the policy data it reads.
 /// @param wo one output projection per layer for an output-aware scorer (null otherwise)
 /// @throws Error on an invalid spec, or head-optimal without head curves
 inline ScheduleConfig schedule_config(const PruneSpec& spec, const PolicyData& data,
                                       const std::vector<OutputProjection>* wo = nullptr) {
-  spec.validate();
   ScheduleConfig sc;
-  sc.policy = spec.policy;
-  sc.budget = spec.budget_request({});
-  sc.budget.lengths.clear();
-  sc.budget.floors.clear();
-  sc.budget.infonce = data.infonce;
-  sc.profile = policy_needs_profile(spec.policy) ? data.layer_curves : nullptr;
-  DEPTHKV_CHECK(!is_head_policy(spec.policy) || data.head_curves != nullptr, "policy head-optimal needs head curves");
-  sc.head_profile = is_head_policy(spec.policy) ? data.head_curves : nullptr;
-  sc.protection = spec.protection;
+  static_cast<PruneSettings&>(sc) = detail::prune_settings(spec, data, wo);
   sc.scorer = spec.scorer;
   sc.interval = spec.schedule.interval;
-  sc.head_allocation = spec.head_split.mode;
-  sc.head_alpha = spec.head_split.alpha;
-  sc.output_projections = wo;
   return sc;
 }
 
