@@ -1008,7 +1008,7 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
   }
 }
 
-TEST_CASE("gguf: errors name the function the caller called, not its helpers", "[llama][gguf][corrupt]") {
+TEST_CASE("gguf: errors name the function the caller called (not its helpers)", "[llama][gguf][corrupt]") {
   // what() = "depthkv: <function>: <source>: ..."; the model checks speak for load_gguf, the
   // file checks for the parse of GgufFile::open / from_memory
   auto starts = [](const std::string& msg, const std::string& head) {
