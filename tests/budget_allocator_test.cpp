@@ -633,6 +633,16 @@ TEST_CASE("proportional from a profile: sensitive layers pruned less", "[allocat
   req.protect_layer0 = false;
   const auto c = BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p);
   REQUIRE(c == std::vector<int>{155, 155, 60, 110});
+  // bad eps and ratio: the messages name the proportional family's allocation, as its other checks
+  req.sensitivity_eps = 0.0;
+  REQUIRE_THROWS_WITH(
+      BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p),
+      Catch::StartsWith("depthkv: allocate_proportional_family: proportional: sensitivity_eps 0"));
+  req.sensitivity_eps = 1e-6;
+  req.sensitivity_keep_ratio = 2.0;
+  REQUIRE_THROWS_WITH(
+      BudgetAllocator().allocate(AllocationPolicy::kProportional, req, &p),
+      Catch::StartsWith("depthkv: allocate_proportional_family: proportional: sensitivity_keep_ratio 2"));
 }
 
 TEST_CASE("middle and mlp keep the middle layers full", "[allocator]") {

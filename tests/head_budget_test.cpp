@@ -191,6 +191,9 @@ TEST_CASE("head budgets refuse bad input with a depthkv::Error naming it", "[hea
   const I32 p[3] = {0, 1, 2};
   CHECK_THROWS_WITH(depthkv::head_budgets(HeadAllocation::kAdaptive, ok, std::vector<const I32*>{p}, 2, {}, 0.2),
                     Catch::Contains("1 position rows for 2 heads"));
+  CHECK_THROWS_WITH(
+      depthkv::head_budgets(HeadAllocation::kAdaptive, ok, std::vector<const I32*>{p, nullptr}, 2, {}, 0.2),
+      Catch::StartsWith("depthkv: head_budgets: head 1: null positions"));  // the function called
   CHECK_THROWS_WITH(depthkv::parse_head_allocation("ada"), Catch::Contains("unknown head allocation 'ada'"));
   // the cache-wide form names the layer; the cache is only read
   depthkv::KVCache<depthkv::HostLayer<float>> cache(std::vector<depthkv::HostLayer<float>>(2, depthkv::HostLayer<float>(2, 1)));

@@ -564,11 +564,12 @@ inline std::vector<double> proportional_scores(AllocationPolicy policy, const Al
   if (policy != AllocationPolicy::kProportional) return checked_scores(req.infonce, c.n, "infonce", name);
   if (!req.robustness.empty()) return checked_scores(req.robustness, c.n, "robustness", name);
   check_profile(profile, c.n, name);
-  DEPTHKV_CHECK(std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
-                name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
+  DEPTHKV_CHECK_AS("allocate_proportional_family",
+                   std::isfinite(req.sensitivity_eps) && req.sensitivity_eps > 0.0,
+                   name << ": sensitivity_eps " << req.sensitivity_eps << " must be > 0");
   const double r = req.sensitivity_keep_ratio;
-  DEPTHKV_CHECK(std::isfinite(r) && r <= 1.0,
-                name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
+  DEPTHKV_CHECK_AS("allocate_proportional_family", std::isfinite(r) && r <= 1.0,
+                   name << ": sensitivity_keep_ratio " << r << " must be <= 1 (<= 0: mean over ratios)");
   std::vector<double> s;
   for (int l = 0; l < c.n; ++l) {
     const double sens = r > 0.0 ? profile->loss_at(l, r) : profile->loss.row(l).mean();

@@ -157,7 +157,8 @@ inline void adaptive_head_budgets(const LayerScores& scores, const std::vector<c
     const std::vector<float>& s = scores[static_cast<std::size_t>(h)];
     const int n = static_cast<int>(s.size());
     const std::int32_t* pos = positions.empty() ? nullptr : positions[static_cast<std::size_t>(h)];
-    DEPTHKV_CHECK(n == 0 || positions.empty() || pos != nullptr, "head " << h << ": null positions");
+    DEPTHKV_CHECK_AS("head_budgets", n == 0 || positions.empty() || pos != nullptr,
+                     "head " << h << ": null positions");
     const int p = protected_count(n, prot.n_sink, prot.n_recent);
     const int floor_n = static_cast<int>(std::floor(alpha * static_cast<double>(keep[static_cast<std::size_t>(h)])));
     const int f = std::min(n, std::max(p, floor_n));

@@ -517,7 +517,8 @@ TEST_CASE("plan_paged_compact rejects bad input with a clear message and changes
     Bytes k0, v0, k1, v1;
     pool_bytes(pool, k0, v0);
     REQUIRE_THROWS_WITH(dc::plan_paged_compact(layer, {{0, 1}}), Contains("1 kept lists for 2 KV heads"));
-    REQUIRE_THROWS_WITH(dc::plan_paged_compact(layer, {{0, 1}, {3, 2}}), Contains("head 1: kept slot 2 at 1 not above the previous one"));
+    REQUIRE_THROWS_WITH(dc::plan_paged_compact(layer, {{0, 1}, {3, 2}}),
+                        Contains("plan_paged_compact: head 1: kept slot 2 at 1 not above the previous one"));
     REQUIRE_THROWS_WITH(dc::plan_paged_compact(layer, {{0, 0}, {1}}), Contains("head 0: kept slot 0 at 1 not above"));
     REQUIRE_THROWS_WITH(dc::plan_paged_compact(layer, {{0, 8}, {1}}), Contains("head 0: kept slot 8 at 1 outside [0, size)"));
     REQUIRE_THROWS_WITH(dc::plan_paged_compact(layer, {{-1}, {1}}), Contains("head 0: kept slot -1 at 0 outside"));
@@ -529,13 +530,14 @@ TEST_CASE("plan_paged_compact rejects bad input with a clear message and changes
     const I32* lists[2] = {nullptr, nullptr};
     std::vector<std::vector<I32>> tabs;
     for (int t = 0; t < (tables == PagedTables::kPerLayer ? 1 : 2); ++t) tabs.push_back(layer.block_table(t));
-    REQUIRE_THROWS_WITH(dc::plan_paged_compact(tables, 3, 2, sizes_big, tabs.data(), lists, counts, 32),
-                        Contains("head 0: size 10 outside [0, 9]"));
+    REQUIRE_THROWS_WITH(
+        dc::plan_paged_compact(tables, 3, 2, sizes_big, tabs.data(), lists, counts, 32),
+        Contains("plan_paged_compact: head 0: size 10 outside [0, 9]"));  // the function called
     const int sizes[2] = {8, 8};
     std::vector<std::vector<I32>> bad = tabs;
     bad[0][1] = 32;
     REQUIRE_THROWS_WITH(dc::plan_paged_compact(tables, 3, 2, sizes, bad.data(), lists, counts, 32),
-                        Contains("table 0 entry 1: block 32 outside [0, 32)"));
+                        Contains("plan_paged_compact: table 0 entry 1: block 32 outside [0, 32)"));
     bad = tabs;
     bad.back()[2] = bad[0][0];
     REQUIRE_THROWS_WITH(dc::plan_paged_compact(tables, 3, 2, sizes, bad.data(), lists, counts, 32),

@@ -328,6 +328,8 @@ TEST_CASE("bpe: broken vocabularies are clear errors", "[llama][bpe][corrupt]") 
   v = tiny_vocab({"ab"}, {"a q"});
   v.tokens[0x71] = "not-q";
   CHECK(message(v).find("'q', which is not a token") != std::string::npos);
+  CHECK(message(v).rfind("depthkv: BpeTokenizer: BPE merge 0 'a q' names 'q'", 0) ==
+        0);  // the constructor's name
   v = tiny_vocab({}, {"a b"});
   CHECK(message(v).find("'ab', which is not a token") != std::string::npos);
   v = tiny_vocab({}, {"ab"});

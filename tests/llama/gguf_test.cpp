@@ -1008,6 +1008,43 @@ TEST_CASE("gguf: unsupported models are clear errors", "[llama][gguf][corrupt]")
   }
 }
 
+TEST_CASE("gguf: errors name the function the caller called (not its helpers)", "[llama][gguf][corrupt]") {
+  // what() = "depthkv: <function>: <source>: ..."; the model checks speak for load_gguf, the
+  // file checks for the parse of GgufFile::open / from_memory
+  auto starts = [](const std::string& msg, const std::string& head) {
+    return msg.compare(0, head.size(), head) == 0;
+  };
+  auto load_err = [](GgufWriter w) {
+    const Bytes b = w.build();
+    return error_of([&] { load_gguf_from_memory(b.data(), b.size(), "m.gguf"); });
+  };
+  Synth s;
+  GgufWriter w = s.writer();
+  w.kv_u32("llama.expert_count", 8);  // the shape's checks
+  CHECK(starts(load_err(w), "depthkv: load_gguf: m.gguf: mixture-of-experts"));
+  w = s.writer();
+  w.kvs.erase(w.kvs.begin() + 7);           // llama.rope.freq_base
+  w.kv_f32("llama.rope.freq_base", -1.0f);  // RoPE, norm and context checks
+  CHECK(starts(load_err(w), "depthkv: load_gguf: m.gguf: rope.freq_base -1 is out of range"));
+  w = s.writer();
+  w.f32_tensor("blk.0.attn_output.bias", {32},
+               std::vector<float>(32, 0.0f));  // the check that every tensor is used
+  CHECK(starts(load_err(w), "depthkv: load_gguf: m.gguf: unexpected tensor 'blk.0.attn_output.bias'"));
+  w = s.writer();
+  w.tensors.erase(w.tensors.begin());  // token_embd.weight: the vocabulary size
+  CHECK(starts(load_err(w), "depthkv: load_gguf: m.gguf: tensor 'token_embd.weight' is missing"));
+  Bytes cut = s.writer().build();
+  cut.resize(cut.size() - 1);  // the data section: the last tensor runs past the end
+  const std::string msg = error_of([&] { GgufFile::from_memory(cut.data(), cut.size(), "cut.gguf"); });
+  CHECK(starts(msg, "depthkv: parse: cut.gguf: tensor '"));
+  CHECK(contains(msg, "extends past the end of the file"));
+  GgufWriter e;
+  e.kv_str("", "x");  // the metadata
+  const Bytes eb = e.build();
+  CHECK(starts(error_of([&] { GgufFile::from_memory(eb.data(), eb.size(), "e.gguf"); }),
+               "depthkv: parse: e.gguf: metadata pair 0 has an empty key"));
+}
+
 TEST_CASE("gguf: vocabulary errors and gpt2 vocabularies", "[llama][gguf][tokenizer]") {
   auto vocab_err = [](GgufWriter w) {
     const Bytes b = w.build();

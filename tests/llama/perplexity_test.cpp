@@ -93,6 +93,11 @@ TEST_CASE("perplexity: bad input is a clear error", "[perplexity]") {
   CHECK(msg([&] { perplexity(engine, bad, 16, 1); }).find("token 50 at 5 is outside the vocabulary") !=
         std::string::npos);
   CHECK(msg([&] { perplexity(engine, ids, 16, 1, spec.vocab); }).find("BOS id 50") != std::string::npos);
+  // the argument checks speak for perplexity (the function called), as its own checks do
+  CHECK(msg([&] { perplexity(engine, ids, 65); }).rfind("depthkv: perplexity: perplexity: context 65", 0) ==
+        0);
+  CHECK(msg([&] { perplexity(engine, bad, 16, 1); }).rfind("depthkv: perplexity: perplexity: token 50", 0) ==
+        0);
 }
 
 TEST_CASE("perplexity: weights so large that the logits overflow are an error, not a NaN perplexity", "[perplexity]") {

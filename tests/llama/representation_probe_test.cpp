@@ -202,10 +202,13 @@ TEST_CASE("probe: texts are cut to whole words within max_tokens", "[probe]") {
 TEST_CASE("probe: invalid input throws", "[probe]") {
   const LlamaModel model = random_model(2, 512, 4);
   const LlamaEngine engine(model);
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"Once upon a time."}),
-                  depthkv::Error);
-  CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"One two three.", "   "}),
-                  depthkv::Error);
+  // the messages name probe_representations (the function called), not its helpers
+  CHECK_THROWS_WITH(
+      depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"Once upon a time."}),
+      Catch::StartsWith("depthkv: probe_representations: the representation probe needs at least 2 texts"));
+  CHECK_THROWS_WITH(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(),
+                                                          {"One two three.", "   "}),
+                    Catch::StartsWith("depthkv: probe_representations: text 1 has no word that fits"));
   ProbeOptions bad;
   bad.drop_fraction = 1.5;
   CHECK_THROWS_AS(depthkv::llama::probe_representations(engine, depthkv_test::stories_tok512(), {"a b c", "d e f"}, bad),

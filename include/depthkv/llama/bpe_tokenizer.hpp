@@ -366,15 +366,19 @@ class BpeTokenizer : public TextTokenizer {
     for (std::size_t r = 0; r < vocab.merges.size(); ++r) {
       const std::string& m = vocab.merges[r];
       const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-      DEPTHKV_CHECK(sp != std::string::npos && sp + 1 < m.size(),
-                    "BPE merge " << r << " '" << m << "' is not two strings separated by a space");
+      DEPTHKV_CHECK_AS("BpeTokenizer", sp != std::string::npos && sp + 1 < m.size(),
+                       "BPE merge " << r << " '" << m << "' is not two strings separated by a space");
       const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
       const int l = lookup(left), rt = lookup(right), merged = lookup(left + right);
-      DEPTHKV_CHECK(l >= 0, "BPE merge " << r << " '" << m << "' names '" << left << "', which is not a token");
-      DEPTHKV_CHECK(rt >= 0, "BPE merge " << r << " '" << m << "' names '" << right << "', which is not a token");
-      DEPTHKV_CHECK(merged >= 0, "BPE merge " << r << " '" << m << "' makes '" << left + right
-                                              << "', which is not a token");
-      DEPTHKV_CHECK(r < static_cast<std::size_t>(std::numeric_limits<int>::max()), "too many BPE merges");
+      DEPTHKV_CHECK_AS("BpeTokenizer", l >= 0,
+                       "BPE merge " << r << " '" << m << "' names '" << left << "', which is not a token");
+      DEPTHKV_CHECK_AS("BpeTokenizer", rt >= 0,
+                       "BPE merge " << r << " '" << m << "' names '" << right << "', which is not a token");
+      DEPTHKV_CHECK_AS(
+          "BpeTokenizer", merged >= 0,
+          "BPE merge " << r << " '" << m << "' makes '" << left + right << "', which is not a token");
+      DEPTHKV_CHECK_AS("BpeTokenizer", r < static_cast<std::size_t>(std::numeric_limits<int>::max()),
+                       "too many BPE merges");
       merges_.emplace(pair_key(l, rt), Merge{static_cast<int>(r), merged});
     }
   }

@@ -507,13 +507,14 @@ class GgufFile {
     metadata_.reserve(static_cast<std::size_t>(n_kv));
     for (std::uint64_t k = 0; k < n_kv; ++k) {
       std::string key = read_string(in, kMaxKeyLength, "a metadata key");
-      DEPTHKV_CHECK(!key.empty(), source_ << ": metadata pair " << k << " has an empty key");
+      DEPTHKV_CHECK_AS("parse", !key.empty(), source_ << ": metadata pair " << k << " has an empty key");
       const std::uint32_t t = in.read<std::uint32_t>("a metadata value type");
-      DEPTHKV_CHECK(t <= 12, source_ << ": metadata '" << key << "' has value type " << t
-                                     << ", which is not a GGUF value type");
+      DEPTHKV_CHECK_AS(
+          "parse", t <= 12,
+          source_ << ": metadata '" << key << "' has value type " << t << ", which is not a GGUF value type");
       GgufValue v = read_value(in, static_cast<GgufType>(t), key, 0);
-      DEPTHKV_CHECK(key_index_.emplace(key, metadata_.size()).second,
-                    source_ << ": duplicate metadata key '" << key << "'");
+      DEPTHKV_CHECK_AS("parse", key_index_.emplace(key, metadata_.size()).second,
+                       source_ << ": duplicate metadata key '" << key << "'");
       metadata_.emplace_back(std::move(key), std::move(v));
     }
   }
@@ -521,10 +522,11 @@ class GgufFile {
   void read_alignment() {
     alignment_ = 32;
     if (const GgufValue* a = find("general.alignment")) {
-      DEPTHKV_CHECK(a->is_integer() && a->is_unsigned(), source_ << ": general.alignment is " << to_string(a->type)
-                                                                 << ", expected an unsigned integer");
-      DEPTHKV_CHECK(a->u > 0 && a->u <= (1u << 30) && (a->u & (a->u - 1)) == 0,
-                    source_ << ": general.alignment " << a->u << " is not a power of two in [1, 2^30]");
+      DEPTHKV_CHECK_AS(
+          "parse", a->is_integer() && a->is_unsigned(),
+          source_ << ": general.alignment is " << to_string(a->type) << ", expected an unsigned integer");
+      DEPTHKV_CHECK_AS("parse", a->u > 0 && a->u <= (1u << 30) && (a->u & (a->u - 1)) == 0,
+                       source_ << ": general.alignment " << a->u << " is not a power of two in [1, 2^30]");
       alignment_ = a->u;
     }
   }
@@ -533,31 +535,37 @@ class GgufFile {
   GgufTensorInfo parse_tensor_info(detail::ByteReader& in, std::uint64_t k) const {
     GgufTensorInfo t;
     t.name = read_string(in, kMaxTensorNameLength, "a tensor name");
-    DEPTHKV_CHECK(!t.name.empty(), source_ << ": tensor " << k << " has an empty name");
+    DEPTHKV_CHECK_AS("parse", !t.name.empty(), source_ << ": tensor " << k << " has an empty name");
     const std::uint32_t n_dims = in.read<std::uint32_t>("a tensor dimension count");
-    DEPTHKV_CHECK(n_dims >= 1 && n_dims <= kMaxDims, source_ << ": tensor '" << t.name << "' has " << n_dims
-                                                             << " dimensions (1 to " << kMaxDims << " allowed)");
+    DEPTHKV_CHECK_AS("parse", n_dims >= 1 && n_dims <= kMaxDims,
+                     source_ << ": tensor '" << t.name << "' has " << n_dims << " dimensions (1 to "
+                             << kMaxDims << " allowed)");
     t.n_elements = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const std::uint64_t ne = in.read<std::uint64_t>("a tensor dimension");
-      DEPTHKV_CHECK(ne >= 1, source_ << ": tensor '" << t.name << "' has dimension " << d << " = 0");
-      DEPTHKV_CHECK(detail::checked_mul(t.n_elements, ne, t.n_elements) &&
-                        t.n_elements <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
-                    source_ << ": tensor '" << t.name << "' has too many elements");
+      DEPTHKV_CHECK_AS("parse", ne >= 1,
+                       source_ << ": tensor '" << t.name << "' has dimension " << d << " = 0");
+      DEPTHKV_CHECK_AS(
+          "parse",
+          detail::checked_mul(t.n_elements, ne, t.n_elements) &&
+              t.n_elements <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+          source_ << ": tensor '" << t.name << "' has too many elements");
       t.dims.push_back(ne);
     }
     t.type = in.read<std::uint32_t>("a tensor type");
     t.offset = in.read<std::uint64_t>("a tensor offset");
     GgmlTypeInfo info{};
     if (ggml_type_info(t.type, info)) {
-      DEPTHKV_CHECK(t.dims[0] % info.block_size == 0,
-                    source_ << ": tensor '" << t.name << "' of type " << info.name << " has ne[0] = " << t.dims[0]
-                            << ", not a multiple of its block size " << info.block_size);
-      DEPTHKV_CHECK(detail::checked_mul(t.n_elements / info.block_size, info.type_size, t.n_bytes),
-                    source_ << ": tensor '" << t.name << "' is too large");
+      DEPTHKV_CHECK_AS("parse", t.dims[0] % info.block_size == 0,
+                       source_ << ": tensor '" << t.name << "' of type " << info.name << " has ne[0] = "
+                               << t.dims[0] << ", not a multiple of its block size " << info.block_size);
+      DEPTHKV_CHECK_AS("parse",
+                       detail::checked_mul(t.n_elements / info.block_size, info.type_size, t.n_bytes),
+                       source_ << ": tensor '" << t.name << "' is too large");
     }
-    DEPTHKV_CHECK(t.offset % alignment_ == 0, source_ << ": tensor '" << t.name << "' has offset " << t.offset
-                                                      << ", not a multiple of the alignment " << alignment_);
+    DEPTHKV_CHECK_AS("parse", t.offset % alignment_ == 0,
+                     source_ << ": tensor '" << t.name << "' has offset " << t.offset
+                             << ", not a multiple of the alignment " << alignment_);
     return t;
   }
 
@@ -567,15 +575,18 @@ class GgufFile {
     const std::uint64_t pad = (alignment_ - end % alignment_) % alignment_;
     data_offset_ = end + pad;
     if (tensors_.empty()) return;
-    DEPTHKV_CHECK(data_offset_ <= size_, source_ << ": the data section would start at " << data_offset_
-                                                 << ", past the end of the file (" << size_ << " bytes)");
+    DEPTHKV_CHECK_AS("parse", data_offset_ <= size_,
+                     source_ << ": the data section would start at " << data_offset_
+                             << ", past the end of the file (" << size_ << " bytes)");
     const std::uint64_t data_size = size_ - data_offset_;
     for (const GgufTensorInfo& t : tensors_) {
       std::uint64_t stop = 0;
-      DEPTHKV_CHECK(t.offset <= data_size && detail::checked_add(t.offset, t.n_bytes, stop) && stop <= data_size,
-                    source_ << ": tensor '" << t.name << "' (" << ggml_type_name(t.type) << ", " << t.n_bytes
-                            << " bytes at data offset " << t.offset << ") extends past the end of the file (data section of "
-                            << data_size << " bytes)");
+      DEPTHKV_CHECK_AS(
+          "parse",
+          t.offset <= data_size && detail::checked_add(t.offset, t.n_bytes, stop) && stop <= data_size,
+          source_ << ": tensor '" << t.name << "' (" << ggml_type_name(t.type) << ", " << t.n_bytes
+                  << " bytes at data offset " << t.offset
+                  << ") extends past the end of the file (data section of " << data_size << " bytes)");
     }
   }
 
@@ -873,32 +884,38 @@ inline void gguf_load_layer(const GgufFile& f, const Architecture& a, const Llam
 inline void gguf_read_shape(const GgufFile& f, const Architecture& a, LlamaConfig& c) {
   const std::string& src = f.source();
   const GgufHparamKeys& k = a.keys;
-  DEPTHKV_CHECK(f.get_int(a.key(k.expert_count), 0) == 0,
-                src << ": mixture-of-experts models (" << a.key(k.expert_count) << " > 0) are not supported");
+  DEPTHKV_CHECK_AS(
+      "load_gguf", f.get_int(a.key(k.expert_count), 0) == 0,
+      src << ": mixture-of-experts models (" << a.key(k.expert_count) << " > 0) are not supported");
   c.dim = gguf_hparam(f, a.key(k.embedding_length), 1, 1 << 16);
   c.hidden_dim = gguf_hparam(f, a.key(k.feed_forward_length), 1, 1 << 20);
   c.n_layers = gguf_hparam(f, a.key(k.block_count), 1, 1 << 10);
   c.n_heads = gguf_hparam(f, a.key(k.head_count), 1, 1 << 10);
   c.n_kv_heads = f.find(a.key(k.head_count_kv)) ? gguf_hparam(f, a.key(k.head_count_kv), 1, c.n_heads) : c.n_heads;
-  DEPTHKV_CHECK(c.n_heads % c.n_kv_heads == 0, src << ": head_count " << c.n_heads
-                                                   << " is not a multiple of head_count_kv " << c.n_kv_heads);
+  DEPTHKV_CHECK_AS(
+      "load_gguf", c.n_heads % c.n_kv_heads == 0,
+      src << ": head_count " << c.n_heads << " is not a multiple of head_count_kv " << c.n_kv_heads);
   if (f.find(a.key(k.key_length))) {
     c.head_dim = gguf_hparam(f, a.key(k.key_length), 1, 1 << 12);
   } else {
-    DEPTHKV_CHECK(c.dim % c.n_heads == 0, src << ": embedding_length " << c.dim << " is not divisible by head_count "
-                                              << c.n_heads << " and attention.key_length is absent");
+    DEPTHKV_CHECK_AS("load_gguf", c.dim % c.n_heads == 0,
+                     src << ": embedding_length " << c.dim << " is not divisible by head_count " << c.n_heads
+                         << " and attention.key_length is absent");
     c.head_dim = c.dim / c.n_heads;
   }
-  DEPTHKV_CHECK(c.head_dim % 2 == 0, src << ": head dimension " << c.head_dim << " must be even (RoPE pairs)");
+  DEPTHKV_CHECK_AS("load_gguf", c.head_dim % 2 == 0,
+                   src << ": head dimension " << c.head_dim << " must be even (RoPE pairs)");
   if (f.find(a.key(k.value_length))) {
     const int vl = gguf_hparam(f, a.key(k.value_length), 1, 1 << 12);
-    DEPTHKV_CHECK(vl == c.head_dim, src << ": attention.value_length " << vl << " differs from key_length " << c.head_dim
-                                        << " (not supported)");
+    DEPTHKV_CHECK_AS("load_gguf", vl == c.head_dim,
+                     src << ": attention.value_length " << vl << " differs from key_length " << c.head_dim
+                         << " (not supported)");
   }
   if (f.find(a.key(k.rope_dimension_count))) {
     const int rd = gguf_hparam(f, a.key(k.rope_dimension_count), 1, 1 << 12);
-    DEPTHKV_CHECK(rd == c.head_dim, src << ": rope.dimension_count " << rd << " differs from the head dimension "
-                                        << c.head_dim << " (partial RoPE is not supported)");
+    DEPTHKV_CHECK_AS("load_gguf", rd == c.head_dim,
+                     src << ": rope.dimension_count " << rd << " differs from the head dimension "
+                         << c.head_dim << " (partial RoPE is not supported)");
   }
 }
 
@@ -911,17 +928,19 @@ inline void gguf_read_rope_norm_context(const GgufFile& f, const Architecture& a
   const bool has_linear = f.find(a.key(k.rope_scale_linear)) != nullptr;
   double scale_factor = f.get_float(a.key(k.rope_scaling_factor), 1.0);
   if (!f.find(a.key(k.rope_scaling_factor)) && has_linear) scale_factor = f.get_float(a.key(k.rope_scale_linear));
-  DEPTHKV_CHECK(std::isfinite(scale_factor) && scale_factor > 0 && scale_factor < 1e6,
-                src << ": RoPE scaling factor " << scale_factor << " is out of range");
-  DEPTHKV_CHECK(scaling == "none" || scaling == "linear" || scale_factor == 1.0,
-                src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor
-                    << ") is not supported (supported: none, linear, and rope_freqs.weight factors)");
+  DEPTHKV_CHECK_AS("load_gguf", std::isfinite(scale_factor) && scale_factor > 0 && scale_factor < 1e6,
+                   src << ": RoPE scaling factor " << scale_factor << " is out of range");
+  DEPTHKV_CHECK_AS("load_gguf", scaling == "none" || scaling == "linear" || scale_factor == 1.0,
+                   src << ": RoPE scaling '" << scaling << "' (factor " << scale_factor
+                       << ") is not supported (supported: none, linear, and rope_freqs.weight factors)");
   if (scaling == "linear" || (scaling == "none" && has_linear)) c.rope_freq_scale = static_cast<float>(1.0 / scale_factor);
   const double theta = f.get_float(a.key(k.rope_freq_base), 10000.0);
-  DEPTHKV_CHECK(std::isfinite(theta) && theta > 1.0 && theta < 1e12, src << ": rope.freq_base " << theta << " is out of range");
+  DEPTHKV_CHECK_AS("load_gguf", std::isfinite(theta) && theta > 1.0 && theta < 1e12,
+                   src << ": rope.freq_base " << theta << " is out of range");
   c.rope_theta = static_cast<float>(theta);
   const double eps = f.get_float(a.key(k.rms_epsilon), 1e-5);
-  DEPTHKV_CHECK(std::isfinite(eps) && eps > 0 && eps < 1, src << ": attention.layer_norm_rms_epsilon " << eps << " is out of range");
+  DEPTHKV_CHECK_AS("load_gguf", std::isfinite(eps) && eps > 0 && eps < 1,
+                   src << ": attention.layer_norm_rms_epsilon " << eps << " is out of range");
   c.rms_eps = static_cast<float>(eps);
   c.seq_len = gguf_hparam(f, a.key(k.context_length), 1, 1 << 24);
 }
@@ -929,9 +948,11 @@ inline void gguf_read_rope_norm_context(const GgufFile& f, const Architecture& a
 // The vocabulary size: the second dimension of the token embedding.
 inline int gguf_vocab_size(const GgufFile& f, const Architecture& a) {
   const GgufTensorInfo* emb = f.find_tensor(a.tensors.token_embd);
-  DEPTHKV_CHECK(emb != nullptr, f.source() << ": tensor '" << a.tensors.token_embd << "' is missing");
-  DEPTHKV_CHECK(emb->dims.size() >= 2 && emb->dims[1] >= 1 && emb->dims[1] <= (1u << 24),
-                f.source() << ": tensor '" << a.tensors.token_embd << "' does not have a vocabulary dimension in [1, 2^24]");
+  DEPTHKV_CHECK_AS("load_gguf", emb != nullptr,
+                   f.source() << ": tensor '" << a.tensors.token_embd << "' is missing");
+  DEPTHKV_CHECK_AS("load_gguf", emb->dims.size() >= 2 && emb->dims[1] >= 1 && emb->dims[1] <= (1u << 24),
+                   f.source() << ": tensor '" << a.tensors.token_embd
+                              << "' does not have a vocabulary dimension in [1, 2^24]");
   return static_cast<int>(emb->dims[1]);
 }
 
@@ -951,8 +972,9 @@ inline void gguf_load_head(const GgufFile& f, const Architecture& a, LlamaModel&
   if (gguf_uses(a.rope_freqs, f.find_tensor(n.rope_freqs) != nullptr)) {
     gguf_vector(f, n.rope_freqs, c.head_dim / 2, m.rope_freq_factors, used);
     for (Eigen::Index i = 0; i < m.rope_freq_factors.size(); ++i) {
-      DEPTHKV_CHECK(m.rope_freq_factors(i) > 0, f.source() << ": " << n.rope_freqs << "[" << i << "] = "
-                                                           << m.rope_freq_factors(i) << " must be positive");
+      DEPTHKV_CHECK_AS("load_gguf", m.rope_freq_factors(i) > 0,
+                       f.source() << ": " << n.rope_freqs << "[" << i << "] = " << m.rope_freq_factors(i)
+                                  << " must be positive");
     }
   }
 }
@@ -960,9 +982,10 @@ inline void gguf_load_head(const GgufFile& f, const Architecture& a, LlamaModel&
 // Refuses a file with a tensor the engine would not use.
 inline void gguf_check_all_used(const GgufFile& f, const Architecture& a, int n_layers, const std::set<std::string>& used) {
   for (const GgufTensorInfo& t : f.tensors()) {
-    DEPTHKV_CHECK(used.count(t.name) != 0, f.source() << ": unexpected tensor '" << t.name << "' for architecture '"
-                                                      << a.name << "' (" << n_layers << " blocks): the engine would "
-                                                      << "ignore it, so the model is not supported");
+    DEPTHKV_CHECK_AS("load_gguf", used.count(t.name) != 0,
+                     f.source() << ": unexpected tensor '" << t.name << "' for architecture '" << a.name
+                                << "' (" << n_layers << " blocks): the engine would "
+                                << "ignore it, so the model is not supported");
   }
 }
 

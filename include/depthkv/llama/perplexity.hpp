@@ -51,20 +51,25 @@ namespace detail {
 /// @throws Error as `perplexity` does for bad arguments, in its order
 inline int check_perplexity_args(const LlamaConfig& c, const std::vector<int>& ids, int context, int n_windows,
                                  int bos, int chunk_size, int n_threads) {
-  DEPTHKV_CHECK(context >= 4 && context <= c.seq_len,
-                "perplexity: context " << context << " is outside [4, " << c.seq_len << "] (the model's context length)");
-  DEPTHKV_CHECK(n_windows >= 0, "perplexity: n_windows must be >= 0, got " << n_windows);
-  DEPTHKV_CHECK(bos < c.vocab_size, "perplexity: BOS id " << bos << " is outside the vocabulary of " << c.vocab_size);
-  DEPTHKV_CHECK(chunk_size >= 1, "perplexity: chunk_size must be >= 1, got " << chunk_size);
+  DEPTHKV_CHECK_AS("perplexity", context >= 4 && context <= c.seq_len,
+                   "perplexity: context " << context << " is outside [4, " << c.seq_len
+                                          << "] (the model's context length)");
+  DEPTHKV_CHECK_AS("perplexity", n_windows >= 0, "perplexity: n_windows must be >= 0, got " << n_windows);
+  DEPTHKV_CHECK_AS("perplexity", bos < c.vocab_size,
+                   "perplexity: BOS id " << bos << " is outside the vocabulary of " << c.vocab_size);
+  DEPTHKV_CHECK_AS("perplexity", chunk_size >= 1, "perplexity: chunk_size must be >= 1, got " << chunk_size);
   check_thread_count(n_threads, "perplexity: n_threads");
   const long long available = static_cast<long long>(ids.size()) / context;
-  DEPTHKV_CHECK(available >= 1, "perplexity: " << ids.size() << " tokens are fewer than one window of " << context);
+  DEPTHKV_CHECK_AS("perplexity", available >= 1,
+                   "perplexity: " << ids.size() << " tokens are fewer than one window of " << context);
   if (n_windows == 0) n_windows = static_cast<int>(std::min<long long>(available, 1 << 30));
-  DEPTHKV_CHECK(n_windows <= available, "perplexity: " << ids.size() << " tokens hold " << available << " windows of "
-                                                       << context << "; asked for " << n_windows);
+  DEPTHKV_CHECK_AS("perplexity", n_windows <= available,
+                   "perplexity: " << ids.size() << " tokens hold " << available << " windows of " << context
+                                  << "; asked for " << n_windows);
   for (std::size_t i = 0; i < static_cast<std::size_t>(n_windows) * static_cast<std::size_t>(context); ++i)
-    DEPTHKV_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size,
-                  "perplexity: token " << ids[i] << " at " << i << " is outside the vocabulary of " << c.vocab_size);
+    DEPTHKV_CHECK_AS(
+        "perplexity", ids[i] >= 0 && ids[i] < c.vocab_size,
+        "perplexity: token " << ids[i] << " at " << i << " is outside the vocabulary of " << c.vocab_size);
   return n_windows;
 }
 
@@ -91,8 +96,9 @@ inline std::vector<double> window_nlls(const LlamaEngine& engine, const std::vec
     double sum = 0;
     for (Eigen::Index v = 0; v < row.size(); ++v) sum += std::exp(static_cast<double>(row(v)) - mx);
     const double x = mx + std::log(sum) - row(t[static_cast<std::size_t>(j + 1)]);
-    DEPTHKV_CHECK(std::isfinite(x), "perplexity: the NLL of window " << w << " at position " << j
-                                                                     << " is not finite (inf or NaN logits)");
+    DEPTHKV_CHECK_AS("perplexity", std::isfinite(x),
+                     "perplexity: the NLL of window " << w << " at position " << j
+                                                      << " is not finite (inf or NaN logits)");
     out.push_back(x);
   }
   return out;
@@ -122,8 +128,9 @@ inline PerplexityResult summarize_perplexity(const std::vector<std::vector<doubl
   const double var = n > 1 ? std::max(0.0, (sum2 - n * r.nll * r.nll) / (n - 1)) : 0.0;
   r.nll_stderr = std::sqrt(var / n);
   r.ppl = std::exp(r.nll);
-  DEPTHKV_CHECK(std::isfinite(r.nll_stderr) && std::isfinite(r.ppl),
-                "perplexity: a mean NLL of " << r.nll << " nats overflows the perplexity exp(NLL) (a broken model)");
+  DEPTHKV_CHECK_AS(
+      "perplexity", std::isfinite(r.nll_stderr) && std::isfinite(r.ppl),
+      "perplexity: a mean NLL of " << r.nll << " nats overflows the perplexity exp(NLL) (a broken model)");
   return r;
 }
 

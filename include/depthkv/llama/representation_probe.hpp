@@ -185,15 +185,19 @@ inline std::string fit_words(const TextTokenizer& tok, const std::string& text, 
 /// @param max_tokens the effective tokens per pass (`opt.max_tokens` or the model's seq_len)
 /// @throws Error naming the first bad value
 inline void check_probe_options(int n, const ProbeOptions& opt, int max_tokens) {
-  DEPTHKV_CHECK(n >= 2, "the representation probe needs at least 2 texts (InfoNCE negatives), got " << n);
-  DEPTHKV_CHECK(opt.drop_fraction >= 0.0 && opt.drop_fraction <= 1.0,
-                "drop fraction " << opt.drop_fraction << " outside [0, 1]");
-  DEPTHKV_CHECK(max_tokens >= 2, "max_tokens " << max_tokens << " must be >= 2 (BOS and one token)");
-  DEPTHKV_CHECK(opt.bootstrap_resamples >= 1, "bootstrap resamples " << opt.bootstrap_resamples << " must be >= 1");
-  DEPTHKV_CHECK(opt.confidence > 0.0 && opt.confidence < 1.0, "confidence " << opt.confidence << " outside (0, 1)");
-  DEPTHKV_CHECK(opt.infonce.temperature > 0.0 && opt.infonce.batch_size >= 2,
-                "InfoNCE temperature " << opt.infonce.temperature << " must be > 0 and batch size "
-                                       << opt.infonce.batch_size << " >= 2");
+  DEPTHKV_CHECK_AS("probe_representations", n >= 2,
+                   "the representation probe needs at least 2 texts (InfoNCE negatives), got " << n);
+  DEPTHKV_CHECK_AS("probe_representations", opt.drop_fraction >= 0.0 && opt.drop_fraction <= 1.0,
+                   "drop fraction " << opt.drop_fraction << " outside [0, 1]");
+  DEPTHKV_CHECK_AS("probe_representations", max_tokens >= 2,
+                   "max_tokens " << max_tokens << " must be >= 2 (BOS and one token)");
+  DEPTHKV_CHECK_AS("probe_representations", opt.bootstrap_resamples >= 1,
+                   "bootstrap resamples " << opt.bootstrap_resamples << " must be >= 1");
+  DEPTHKV_CHECK_AS("probe_representations", opt.confidence > 0.0 && opt.confidence < 1.0,
+                   "confidence " << opt.confidence << " outside (0, 1)");
+  DEPTHKV_CHECK_AS("probe_representations", opt.infonce.temperature > 0.0 && opt.infonce.batch_size >= 2,
+                   "InfoNCE temperature " << opt.infonce.temperature << " must be > 0 and batch size "
+                                          << opt.infonce.batch_size << " >= 2");
 }
 
 /// @return the stage index (`static_cast<int>(RepresentationStage)`) whose tensor is `point`,
@@ -251,9 +255,11 @@ class StageTokenSums {
     for (int s = 0; s < 4; ++s) {
       for (int l = 0; l < n_layers_; ++l) {
         const Eigen::VectorXd& sum = sums_[static_cast<std::size_t>(s * n_layers_ + l)];
-        DEPTHKV_CHECK(sum.allFinite(), "non-finite hidden states at layer " << l << ", stage "
-                                                                             << to_string(representation_stages()[static_cast<std::size_t>(s)])
-                                                                             << " (sample " << sample << ")");
+        DEPTHKV_CHECK_AS("probe_representations", sum.allFinite(),
+                         "non-finite hidden states at layer "
+                             << l << ", stage "
+                             << to_string(representation_stages()[static_cast<std::size_t>(s)]) << " (sample "
+                             << sample << ")");
         const Eigen::MatrixXd mean = (sum / count).transpose();  // [1 x D]
         out[static_cast<std::size_t>(s)][static_cast<std::size_t>(l)].row(sample) = pooled_embedding(mean).transpose();
       }
@@ -280,16 +286,18 @@ inline ProbeSampleIds probe_sample_ids(const TextTokenizer& tok, const std::stri
                                        const ProbeOptions& opt, int max_tokens) {
   ProbeSampleIds ids;
   const std::string text = fit_words(tok, raw, max_tokens, ids.cut);
-  DEPTHKV_CHECK(text.find_first_not_of(" \t\n\r\f\v") != std::string::npos,
-                "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
+  DEPTHKV_CHECK_AS("probe_representations", text.find_first_not_of(" \t\n\r\f\v") != std::string::npos,
+                   "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
   const std::string perturbed = drop_words(text, opt.drop_fraction, sample_seed(opt.seed, static_cast<std::uint64_t>(i)));
   ids.text = tok.encode(text, /*bos=*/true, /*eos=*/false);
   ids.perturbed = tok.encode(perturbed, /*bos=*/true, /*eos=*/false);
   if (static_cast<int>(ids.perturbed.size()) > max_tokens)
     ids.perturbed.resize(static_cast<std::size_t>(max_tokens));  // BPE corner case
   const int min_len = opt.include_bos ? 1 : 2;
-  DEPTHKV_CHECK(static_cast<int>(ids.text.size()) >= min_len && static_cast<int>(ids.perturbed.size()) >= min_len,
-                "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
+  DEPTHKV_CHECK_AS(
+      "probe_representations",
+      static_cast<int>(ids.text.size()) >= min_len && static_cast<int>(ids.perturbed.size()) >= min_len,
+      "text " << i << " has no word that fits in " << max_tokens << " tokens (nothing to pool)");
   assert(static_cast<int>(ids.text.size()) <= max_tokens);
   return ids;
 }

@@ -214,10 +214,12 @@ inline void check_paged_tables(const std::vector<std::int32_t>* block_tables, in
   for (int t = 0; t < n_tables; ++t) {
     for (std::size_t j = 0; j < block_tables[t].size(); ++j) {
       const std::int32_t b = block_tables[t][j];
-      DEPTHKV_CHECK(paged_block_ok(b, num_blocks),
-                    "table " << t << " entry " << j << ": block " << b << " outside [0, " << num_blocks << ")");
-      DEPTHKV_CHECK(!seen[static_cast<std::size_t>(b)], "table " << t << " entry " << j << ": block " << b
-                                                                 << " listed twice in the layer's tables");
+      DEPTHKV_CHECK_AS(
+          "plan_paged_compact", paged_block_ok(b, num_blocks),
+          "table " << t << " entry " << j << ": block " << b << " outside [0, " << num_blocks << ")");
+      DEPTHKV_CHECK_AS(
+          "plan_paged_compact", !seen[static_cast<std::size_t>(b)],
+          "table " << t << " entry " << j << ": block " << b << " listed twice in the layer's tables");
       seen[static_cast<std::size_t>(b)] = 1;
     }
   }
@@ -227,15 +229,16 @@ inline void check_paged_tables(const std::vector<std::int32_t>* block_tables, in
 /// within [0, size], and its kept slots non-null, inside [0, size) and strictly ascending.
 /// @throws Error naming the head
 inline void check_paged_head(int h, std::size_t cap, int size, const std::int32_t* kept, int n_kept) {
-  DEPTHKV_CHECK(size >= 0 && static_cast<std::size_t>(size) <= cap,
-                "head " << h << ": size " << size << " outside [0, " << cap << "] (its table's capacity)");
-  DEPTHKV_CHECK(n_kept >= 0 && n_kept <= size,
-                "head " << h << ": kept count " << n_kept << " outside [0, " << size << "]");
-  DEPTHKV_CHECK(n_kept == 0 || kept != nullptr, "head " << h << ": null kept slots");
+  DEPTHKV_CHECK_AS("plan_paged_compact", size >= 0 && static_cast<std::size_t>(size) <= cap,
+                   "head " << h << ": size " << size << " outside [0, " << cap << "] (its table's capacity)");
+  DEPTHKV_CHECK_AS("plan_paged_compact", n_kept >= 0 && n_kept <= size,
+                   "head " << h << ": kept count " << n_kept << " outside [0, " << size << "]");
+  DEPTHKV_CHECK_AS("plan_paged_compact", n_kept == 0 || kept != nullptr, "head " << h << ": null kept slots");
   for (int i = 0; i < n_kept; ++i)
-    DEPTHKV_CHECK(paged_kept_ok(kept, i, size),
-                  "head " << h << ": kept slot " << kept[i] << " at " << i
-                          << (kept[i] < 0 || kept[i] >= size ? " outside [0, size)" : " not above the previous one"));
+    DEPTHKV_CHECK_AS(
+        "plan_paged_compact", paged_kept_ok(kept, i, size),
+        "head " << h << ": kept slot " << kept[i] << " at " << i
+                << (kept[i] < 0 || kept[i] >= size ? " outside [0, size)" : " not above the previous one"));
 }
 
 /// The plan of validated inputs: each table keeps the blocks its survivors need (per-layer: the

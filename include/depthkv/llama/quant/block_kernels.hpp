@@ -1,9 +1,11 @@
 #pragma once
 /// @file llama/quant/block_kernels.hpp
-/// @brief The pieces every quantized type's product kernels share: the int8 activation blocks
-/// (`ActQ8` per 32 values, `ActQ8K` per 256) and their quantizers, the run-time choice of the
-/// AVX2 + FMA + F16C kernels, and the AVX2 building blocks of a block dot product (nibble and
-/// bit unpacking, `maddubs` / `madd` accumulation into per-token float accumulators).
+/// @brief The pieces every quantized type's product kernels share: the traits members that
+/// follow from the block type (`BlockTraits`), the int8 activation blocks (`ActQ8` per 32 values,
+/// `ActQ8K` per 256) and their quantizers, the run-time choice of the AVX2 + FMA + F16C kernels,
+/// and the AVX2 building blocks of a block dot product (nibble and bit unpacking, `maddubs` /
+/// `madd` accumulation into per-token float accumulators, the minimum and offset terms through
+/// the activation sums, the chunk of a 16-groups-of-16 block).
 ///
 /// A type's block kernel (its traits' `dot_q8_avx2`, see type_list.hpp) adds the products of one
 /// weight block with NT tokens' activation chunks to `acc[t]` (8 float lanes, summed at the end)
@@ -43,8 +45,20 @@ namespace detail {
 ///   block at blk (read in place) with chunks c0.. of the NT tokens' activations a[t];
 /// - when kQ8K, `template <int NT> static void dot_q8k_avx2(const std::uint8_t* blk,
 ///   const ActQ8K* const* a, std::int64_t i, __m256* acc)`: the same with activation block i.
+/// A type's traits derive the first four from `BlockTraits` and add the kernels.
 template <GgmlType T>
 struct QuantTraits;
+
+/// The members of QuantTraits that follow from the block type: `Block` = B, `kValues` = N,
+/// `kQ8K` = Q8K and `dequantize`, the block type's `dequantize_block(const B&, float*)` overload
+/// (found by argument-dependent lookup in namespace llama, beside B).
+template <class B, int N, bool Q8K = false>
+struct BlockTraits {
+  using Block = B;
+  static constexpr int kValues = N;
+  static constexpr bool kQ8K = Q8K;
+  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+};
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
 #define DEPTHKV_QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -73,15 +87,20 @@ struct ActQ8 {
   std::int8_t qs[32];
 };
 
+/// The int8 scale of n values v: d = max|v| / 127, and id = 1 / d (0 when d is 0).
+inline void act_scale(const float* v, int n, float& d, float& id) {
+  float amax = 0;
+  for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(v[j]));
+  d = amax / 127.0f;
+  id = d != 0 ? 1.0f / d : 0.0f;
+}
+
 /// Quantizes n (a multiple of 32) floats into n / 32 ActQ8 blocks (round to nearest).
 inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
   for (std::int64_t b = 0; b < n / 32; ++b) {
     const float* v = x + 32 * b;
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    out[b].d = d;
+    float id;
+    act_scale(v, 32, out[b].d, id);
     int s0 = 0, s1 = 0;
     for (int j = 0; j < 32; ++j) {
       out[b].qs[j] = static_cast<std::int8_t>(std::lrintf(v[j] * id));
@@ -108,11 +127,8 @@ struct alignas(32) ActQ8K {
 inline void quantize_act_q8k(const float* x, std::int64_t n, ActQ8K* out) {
   for (std::int64_t b = 0; b < n / 256; ++b) {
     const float* v = x + 256 * b;
-    float amax = 0;
-    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    out[b].d = d;
+    float id;
+    act_scale(v, 256, out[b].d, id);
     for (int g = 0; g < 16; ++g) {
       int s = 0;
       for (int j = 16 * g; j < 16 * g + 16; ++j) {
@@ -153,6 +169,16 @@ DEPTHKV_QUANT_AVX2 inline __m256i bits_to_bytes_avx2(const std::uint8_t* p) {
 DEPTHKV_QUANT_AVX2 inline __m256i nibbles_avx2(const std::uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+/// The 32 five-bit codes of Q5_0 / Q5_1: the nibbles of the 16 bytes at qs (nibbles_avx2) with
+/// bit j of the 32 bits at qh as 16 of value j.
+DEPTHKV_QUANT_AVX2 inline __m256i nibbles5_avx2(const std::uint8_t* qs, const std::uint8_t* qh) {
+  const __m256i high = _mm256_and_si256(bits_to_bytes_avx2(qh), _mm256_set1_epi8(16));
+  return _mm256_or_si256(nibbles_avx2(qs), high);
+}
+/// 32 bytes: bits 2 s and 2 s + 1 (s = 0..3) of each byte of q, as 0..3.
+DEPTHKV_QUANT_AVX2 inline __m256i crumbs_avx2(__m256i q, int s) {
+  return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
 }
 /// 16 x int16 sums of pairs u * q (u unsigned, 0..127) of one chunk.
 DEPTHKV_QUANT_AVX2 inline __m256i pairs_u_avx2(__m256i u, const ActQ8& a) {
@@ -199,6 +225,38 @@ DEPTHKV_QUANT_AVX2 inline void acc_unsigned16_avx2(__m256i u, int sc0, int sc1, 
     const __m256 p = _mm256_cvtepi32_ps(scale_pairs_avx2(pairs_u_avx2(u, a[t][c]), sc0, sc1));
     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(f * a[t][c].d), p, acc[t]);
   }
+}
+
+/// acc_s[t] += f * (d_x(t, c) * (sum of q_x over chunk c of token t)): a block's minimum f
+/// (one per 32 values) times the activation sum.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_sum_avx2(const ActQ8* const* a, std::int64_t c, float f, float* acc_s) {
+  for (int t = 0; t < NT; ++t) {
+    const ActQ8& x = a[t][c];
+    const float s = static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]) * x.d;
+    acc_s[t] += f * s;
+  }
+}
+/// acc_s[t] -= f * d_x(t, c) * (m0 * s0 + m1 * s1), s0 and s1 the sums of q_x over values 0-15
+/// and 16-31 of chunk c of token t: the minimums or offsets m0, m1 (integers, per 16 values)
+/// of a chunk, scaled by f.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void sub_group_sums_avx2(const ActQ8* const* a, std::int64_t c, float f, int m0,
+                                                   int m1, float* acc_s) {
+  for (int t = 0; t < NT; ++t) {
+    const ActQ8& x = a[t][c];
+    acc_s[t] -= f * x.d * static_cast<float>(m0 * x.s[0] + m1 * x.s[1]);
+  }
+}
+/// Chunk c of a block of 16 groups of 16 values (Q2_K, Q3_K, Q6_K), w = d * sc * u - f * m per
+/// group: acc_unsigned16_avx2 with the scales sc0, sc1 and sub_group_sums_avx2 with the
+/// minimums m0, m1 of the chunk's two groups.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void acc_groups16_avx2(__m256i u, int sc0, int sc1, float d, int m0, int m1,
+                                                 float f, const ActQ8* const* a, std::int64_t c, __m256* acc,
+                                                 float* acc_s) {
+  acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c, d, acc);
+  sub_group_sums_avx2<NT>(a, c, f, m0, m1, acc_s);
 }
 
 /// sumi[t] += madd(maddubs(u, q), sc) for chunk c (32 values) of block i of every token: u the

@@ -51,11 +51,7 @@ DEPTHKV_QUANT_AVX2 inline __m256i iq4nl_values_avx2(const std::uint8_t* nibbles)
 
 /// IQ4_NL traits (see QuantTraits): signed table values, one scale per block.
 template <>
-struct QuantTraits<GgmlType::kIQ4_NL> {
-  using Block = BlockIQ4_NL;
-  static constexpr int kValues = 32;
-  static constexpr bool kQ8K = false;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kIQ4_NL> : BlockTraits<BlockIQ4_NL, 32> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,

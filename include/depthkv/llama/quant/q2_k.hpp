@@ -48,32 +48,21 @@ namespace detail {
 
 /// Q2_K traits (see QuantTraits): 2-bit codes with a 4-bit scale and minimum per 16 values.
 template <>
-struct QuantTraits<GgmlType::kQ2_K> {
-  using Block = BlockQ2_K;
-  static constexpr int kValues = 256;
-  static constexpr bool kQ8K = false;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ2_K> : BlockTraits<BlockQ2_K, 256> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
                                              __m256* acc, float* acc_s) {
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
-    const std::uint8_t* scales = blk + offsetof(Block, scales);
+    const float dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
+    const std::uint8_t* sc = blk + offsetof(Block, scales);
     for (int n = 0; n < 2; ++n) {
       const __m256i q =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * n));
       for (int s = 0; s < 4; ++s) {
         const int c = 4 * n + s;
-        const __m256i u =
-            _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
-        const int sc0 = scales[2 * c] & 0xF, sc1 = scales[2 * c + 1] & 0xF;
-        const int m0 = scales[2 * c] >> 4, m1 = scales[2 * c + 1] >> 4;
-        const float fcorr = half_avx2(load_u16(blk + offsetof(Block, dmin)));
-        acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
-        for (int t = 0; t < NT; ++t) {
-          const ActQ8& x = a[t][c0 + c];
-          acc_s[t] -= fcorr * x.d * static_cast<float>(m0 * x.s[0] + m1 * x.s[1]);
-        }
+        acc_groups16_avx2<NT>(crumbs_avx2(q, s), sc[2 * c] & 0xF, sc[2 * c + 1] & 0xF, d, sc[2 * c] >> 4,
+                              sc[2 * c + 1] >> 4, dmin, a, c0 + c, acc, acc_s);
       }
     }
   }

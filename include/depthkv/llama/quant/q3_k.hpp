@@ -67,11 +67,7 @@ namespace detail {
 /// Q3_K traits (see QuantTraits): 2-bit codes plus the hmask bit (u = q + 4 hbit, offset 4 through
 /// the activation sums), a signed 6-bit scale per 16 values.
 template <>
-struct QuantTraits<GgmlType::kQ3_K> {
-  using Block = BlockQ3_K;
-  static constexpr int kValues = 256;
-  static constexpr bool kQ8K = false;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ3_K> : BlockTraits<BlockQ3_K, 256> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
@@ -85,15 +81,9 @@ struct QuantTraits<GgmlType::kQ3_K> {
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * n));
       for (int s = 0; s < 4; ++s) {
         const int c = 4 * n + s;
-        __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
-        u = _mm256_or_si256(u, bit_plane_avx2(hm, c, 4));
+        const __m256i u = _mm256_or_si256(crumbs_avx2(q, s), bit_plane_avx2(hm, c, 4));
         const int sc0 = sc3[2 * c], sc1 = sc3[2 * c + 1];
-        const int m0 = 4 * sc0, m1 = 4 * sc1;
-        acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
-        for (int t = 0; t < NT; ++t) {
-          const ActQ8& x = a[t][c0 + c];
-          acc_s[t] -= d * x.d * static_cast<float>(m0 * x.s[0] + m1 * x.s[1]);
-        }
+        acc_groups16_avx2<NT>(u, sc0, sc1, d, 4 * sc0, 4 * sc1, d, a, c0 + c, acc, acc_s);  // offset 4
       }
     }
   }

@@ -38,11 +38,7 @@ namespace detail {
 
 /// Q4_0 traits (see QuantTraits): signed codes q - 8, one scale per block.
 template <>
-struct QuantTraits<GgmlType::kQ4_0> {
-  using Block = BlockQ4_0;
-  static constexpr int kValues = 32;
-  static constexpr bool kQ8K = false;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ4_0> : BlockTraits<BlockQ4_0, 32> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,

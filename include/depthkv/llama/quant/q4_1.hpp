@@ -38,11 +38,7 @@ namespace detail {
 
 /// Q4_1 traits (see QuantTraits): unsigned codes, the minimum through the activation sums.
 template <>
-struct QuantTraits<GgmlType::kQ4_1> {
-  using Block = BlockQ4_1;
-  static constexpr int kValues = 32;
-  static constexpr bool kQ8K = false;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ4_1> : BlockTraits<BlockQ4_1, 32> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
@@ -50,11 +46,7 @@ struct QuantTraits<GgmlType::kQ4_1> {
     const __m256i u = nibbles_avx2(blk + offsetof(Block, qs));
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     acc_unsigned_avx2<NT>(u, a, c0, d, acc);
-    for (int t = 0; t < NT; ++t) {
-      const ActQ8& x = a[t][c0];
-      const float s = static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]) * x.d;
-      acc_s[t] += half_avx2(load_u16(blk + offsetof(Block, m))) * s;
-    }
+    acc_sum_avx2<NT>(a, c0, half_avx2(load_u16(blk + offsetof(Block, m))), acc_s);
   }
 #endif
 };

@@ -42,6 +42,20 @@ inline void q4k_scale_min(int j, const std::uint8_t* q, std::uint8_t& sc, std::u
   }
 }
 
+/// Scale d * sc and minimum dmin * m of group j (0..7) of a Q4_K / Q5_K block (q4k_scale_min).
+/// @param j the group
+/// @param q the 12 packed bytes
+/// @param d the block's d
+/// @param dmin the block's dmin
+/// @param dl the group's scale (written)
+/// @param ml the group's minimum (written)
+inline void q4k_group(int j, const std::uint8_t* q, float d, float dmin, float& dl, float& ml) {
+  std::uint8_t sc, m;
+  q4k_scale_min(j, q, sc, m);
+  dl = d * static_cast<float>(sc);
+  ml = dmin * static_cast<float>(m);
+}
+
 /// Dequantizes one Q4_K block into its 256 floats.
 /// @param b the block
 /// @param y destination of 256 floats
@@ -49,11 +63,9 @@ inline void dequantize_block(const BlockQ4_K& b, float* y) {
   const float d = fp16_to_float(b.d), dmin = fp16_to_float(b.dmin);
   const std::uint8_t* q = b.qs;
   for (int j = 0; j < 4; ++j, q += 32) {
-    std::uint8_t sc, m;
-    q4k_scale_min(2 * j, b.scales, sc, m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    q4k_scale_min(2 * j + 1, b.scales, sc, m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    float d1, m1, d2, m2;
+    q4k_group(2 * j, b.scales, d, dmin, d1, m1);
+    q4k_group(2 * j + 1, b.scales, d, dmin, d2, m2);
     for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
     for (int l = 0; l < 32; ++l) y[32 + l] = d2 * static_cast<float>(q[l] >> 4) - m2;
     y += 64;
@@ -79,29 +91,33 @@ DEPTHKV_QUANT_AVX2 inline __m256i q45k_codes_avx2(__m256i q, __m256i hbits, int 
   return u;
 }
 
+/// The 32 bytes qh of a Q5_K block (kHigh; Q4_K: zero).
+template <class Block, bool kHigh>
+DEPTHKV_QUANT_AVX2 inline __m256i q45k_hbits_avx2(const std::uint8_t* blk) {
+  if constexpr (kHigh) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
+  } else {
+    (void)blk;
+    return _mm256_setzero_si256();
+  }
+}
+
 /// Block kernel of kQ8Activations for Q4_K (kHigh false) and Q5_K (kHigh true): see QuantTraits.
 template <class Block, bool kHigh, int NT>
 DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a,
                                                 std::int64_t c0, __m256* acc, float* acc_s) {
   const float d = half_avx2(load_u16(blk + offsetof(Block, d))),
               dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
-  __m256i hbits = _mm256_setzero_si256();
-  if constexpr (kHigh)
-    hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
+  const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
   for (int j = 0; j < 4; ++j) {
     const __m256i q =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
     for (int h = 0; h < 2; ++h) {
       const int c = 2 * j + h;
-      const __m256i u = q45k_codes_avx2<kHigh>(q, hbits, h, c);
-      std::uint8_t sc, m;
-      q4k_scale_min(c, blk + offsetof(Block, scales), sc, m);
-      acc_unsigned_avx2<NT>(u, a, c0 + c, d * static_cast<float>(sc), acc);
-      const float fm = dmin * static_cast<float>(m);
-      for (int t = 0; t < NT; ++t) {
-        const ActQ8& x = a[t][c0 + c];
-        acc_s[t] -= fm * x.d * static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]);
-      }
+      float dl, ml;
+      q4k_group(c, blk + offsetof(Block, scales), d, dmin, dl, ml);
+      acc_unsigned_avx2<NT>(q45k_codes_avx2<kHigh>(q, hbits, h, c), a, c0 + c, dl, acc);
+      sub_group_sums_avx2<NT>(a, c0 + c, ml, 1, 1, acc_s);
     }
   }
 }
@@ -134,9 +150,7 @@ DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8k_avx2(const std::uint8_t* blk, const 
   const __m128i mn = _mm256_extracti128_si256(sm, 1);
   const __m256i mins16 =
       _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));  // per bsum
-  __m256i hbits = _mm256_setzero_si256();
-  if constexpr (kHigh)
-    hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh)));
+  const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
   for (int j = 0; j < 4; ++j) {
     const __m256i q =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
@@ -161,11 +175,7 @@ DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8k_avx2(const std::uint8_t* blk, const 
 
 /// Q4_K traits (see QuantTraits): 4-bit codes, a 6-bit scale and minimum per 32 values.
 template <>
-struct QuantTraits<GgmlType::kQ4_K> {
-  using Block = BlockQ4_K;
-  static constexpr int kValues = 256;
-  static constexpr bool kQ8K = true;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ4_K> : BlockTraits<BlockQ4_K, 256, true> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,

@@ -45,25 +45,14 @@ namespace detail {
 
 /// Q5_1 traits (see QuantTraits): unsigned 5-bit codes, the minimum through the activation sums.
 template <>
-struct QuantTraits<GgmlType::kQ5_1> {
-  using Block = BlockQ5_1;
-  static constexpr int kValues = 32;
-  static constexpr bool kQ8K = false;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ5_1> : BlockTraits<BlockQ5_1, 32> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
                                              __m256* acc, float* acc_s) {
-    const __m256i high =
-        _mm256_and_si256(bits_to_bytes_avx2(blk + offsetof(Block, qh)), _mm256_set1_epi8(16));
-    const __m256i u = _mm256_or_si256(nibbles_avx2(blk + offsetof(Block, qs)), high);
-    const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
-    acc_unsigned_avx2<NT>(u, a, c0, d, acc);
-    for (int t = 0; t < NT; ++t) {
-      const ActQ8& x = a[t][c0];
-      const float s = static_cast<float>(static_cast<int>(x.s[0]) + x.s[1]) * x.d;
-      acc_s[t] += half_avx2(load_u16(blk + offsetof(Block, m))) * s;
-    }
+    const __m256i u = nibbles5_avx2(blk + offsetof(Block, qs), blk + offsetof(Block, qh));
+    acc_unsigned_avx2<NT>(u, a, c0, half_avx2(load_u16(blk + offsetof(Block, d))), acc);
+    acc_sum_avx2<NT>(a, c0, half_avx2(load_u16(blk + offsetof(Block, m))), acc_s);
   }
 #endif
 };

@@ -34,11 +34,9 @@ inline void dequantize_block(const BlockQ5_K& b, float* y) {
   const float d = fp16_to_float(b.d), dmin = fp16_to_float(b.dmin);
   const std::uint8_t* ql = b.qs;
   for (int j = 0; j < 4; ++j, ql += 32) {
-    std::uint8_t sc, m;
-    q4k_scale_min(2 * j, b.scales, sc, m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    q4k_scale_min(2 * j + 1, b.scales, sc, m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    float d1, m1, d2, m2;
+    q4k_group(2 * j, b.scales, d, dmin, d1, m1);
+    q4k_group(2 * j + 1, b.scales, d, dmin, d2, m2);
     const int u1 = 1 << (2 * j), u2 = 2 << (2 * j);
     for (int l = 0; l < 32; ++l)
       y[l] = d1 * static_cast<float>((ql[l] & 0xF) + ((b.qh[l] & u1) ? 16 : 0)) - m1;
@@ -52,11 +50,7 @@ namespace detail {
 
 /// Q5_K traits (see QuantTraits): the Q4_K kernels with the fifth bit plane.
 template <>
-struct QuantTraits<GgmlType::kQ5_K> {
-  using Block = BlockQ5_K;
-  static constexpr int kValues = 256;
-  static constexpr bool kQ8K = true;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ5_K> : BlockTraits<BlockQ5_K, 256, true> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,

@@ -52,27 +52,33 @@ inline void dequantize_block(const BlockQ6_K& b, float* y) {
 namespace detail {
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
-/// The 32 unsigned 6-bit codes (0..63) of chunk k (0..3) of one 128-value half of a Q6_K block,
-/// from its 64 low-nibble bytes (ql0, ql1) and 32 high-bit bytes (qh).
-DEPTHKV_QUANT_AVX2 inline __m256i q6k_codes_avx2(__m256i ql0, __m256i ql1, __m256i qh, int k) {
+/// One 128-value half n (0, 1) of a Q6_K block: its 64 low-nibble bytes (ql0, ql1) and 32
+/// high-bit bytes (qh).
+struct Q6kHalf {
+  __m256i ql0, ql1, qh;
+};
+/// Loads half n of the Q6_K block at blk.
+DEPTHKV_QUANT_AVX2 inline Q6kHalf q6k_half_avx2(const std::uint8_t* blk, int n) {
+  const std::uint8_t* ql = blk + offsetof(BlockQ6_K, ql) + 64 * n;
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ6_K, qh) + 32 * n))};
+}
+/// The 32 unsigned 6-bit codes (0..63) of chunk k (0..3) of one 128-value half h of a Q6_K block.
+DEPTHKV_QUANT_AVX2 inline __m256i q6k_codes_avx2(const Q6kHalf& h, int k) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  const __m256i lo = k == 0   ? _mm256_and_si256(ql0, m4)
-                     : k == 1 ? _mm256_and_si256(ql1, m4)
-                     : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
-                              : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
-  const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
-  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  const __m256i lo = k == 0   ? _mm256_and_si256(h.ql0, m4)
+                     : k == 1 ? _mm256_and_si256(h.ql1, m4)
+                     : k == 2 ? _mm256_and_si256(_mm256_srli_epi16(h.ql0, 4), m4)
+                              : _mm256_and_si256(_mm256_srli_epi16(h.ql1, 4), m4);
+  return _mm256_or_si256(lo, _mm256_slli_epi16(crumbs_avx2(h.qh, k), 4));
 }
 #endif
 
 /// Q6_K traits (see QuantTraits): unsigned 6-bit codes u = q + 32 with an int8 scale per 16
 /// values, the offset 32 through the activation sums.
 template <>
-struct QuantTraits<GgmlType::kQ6_K> {
-  using Block = BlockQ6_K;
-  static constexpr int kValues = 256;
-  static constexpr bool kQ8K = true;
-  static void dequantize(const Block& b, float* y) { dequantize_block(b, y); }
+struct QuantTraits<GgmlType::kQ6_K> : BlockTraits<BlockQ6_K, 256, true> {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   template <int NT>
   DEPTHKV_QUANT_AVX2 static void dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a, std::int64_t c0,
@@ -80,22 +86,14 @@ struct QuantTraits<GgmlType::kQ6_K> {
     const float d = half_avx2(load_u16(blk + offsetof(Block, d)));
     const std::uint8_t* scales = blk + offsetof(Block, scales);
     for (int n = 0; n < 2; ++n) {
-      const __m256i ql0 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n));
-      const __m256i ql1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n + 32));
-      const __m256i qh =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh) + 32 * n));
+      const Q6kHalf h = q6k_half_avx2(blk, n);
       for (int k = 0; k < 4; ++k) {
         const int c = 4 * n + k;
-        const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
         const int sc0 = static_cast<std::int8_t>(scales[8 * n + 2 * k]);
         const int sc1 = static_cast<std::int8_t>(scales[8 * n + 2 * k + 1]);
-        acc_unsigned16_avx2<NT>(u, sc0, sc1, a, c0 + c, d, acc);
-        for (int t = 0; t < NT; ++t) {
-          const ActQ8& x = a[t][c0 + c];
-          acc_s[t] -= d * x.d * 32.0f * static_cast<float>(sc0 * x.s[0] + sc1 * x.s[1]);
-        }
+        // the offset 32 of u as the minimums 32 sc0, 32 sc1
+        acc_groups16_avx2<NT>(q6k_codes_avx2(h, k), sc0, sc1, d, 32 * sc0, 32 * sc1, d, a, c0 + c, acc,
+                              acc_s);
       }
     }
   }
@@ -107,15 +105,10 @@ struct QuantTraits<GgmlType::kQ6_K> {
     __m256i sumi[NT];
     for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
-      const __m256i ql0 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n));
-      const __m256i ql1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, ql) + 64 * n + 32));
-      const __m256i qh =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qh) + 32 * n));
+      const Q6kHalf h = q6k_half_avx2(blk, n);
       for (int k = 0; k < 4; ++k) {
         const int c = 4 * n + k;
-        const __m256i u = q6k_codes_avx2(ql0, ql1, qh, k);
+        const __m256i u = q6k_codes_avx2(h, k);
         const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * c + 1]), _mm_set1_epi16(scales[2 * c]));
         q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
       }

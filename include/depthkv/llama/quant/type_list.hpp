@@ -7,9 +7,10 @@
 /// Adding a block type X whose ggml number and size are in ggml_type.hpp's table:
 /// 1. Write `quant/x.hpp` (copy the closest existing type): `struct BlockX`, the stored layout
 ///    with a static_assert on its size; `dequantize_block(const BlockX&, float*)`, bit-exact with
-///    llama.cpp's `dequantize_row_x`; and `detail::QuantTraits<GgmlType::kX>` with the members
-///    block_kernels.hpp lists (`Block`, `kValues`, `kQ8K`, `dequantize`, the AVX2 block kernel
-///    `dot_q8_avx2<NT>`, and `dot_q8k_avx2<NT>` when `kQ8K`).
+///    llama.cpp's `dequantize_row_x`; and `detail::QuantTraits<GgmlType::kX>`, derived from
+///    `detail::BlockTraits<BlockX, values per block>` (`Block`, `kValues`, `kQ8K`, `dequantize`),
+///    with the AVX2 block kernel `dot_q8_avx2<NT>` (and `dot_q8k_avx2<NT>` when `kQ8K`), built
+///    from the shared pieces of block_kernels.hpp.
 /// 2. Include it below and add `GgmlType::kX` to `BlockTypes`.
 /// Everything else follows from the list: `dequantize_row`, `ggml_type_dequantizable` and its
 /// list of names, the scalar and AVX2 products of every kernel (quant/products.hpp) and kAuto's
