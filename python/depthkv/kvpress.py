@@ -73,6 +73,10 @@ UNWRAPPED_OK = ("flash_attention_2", "flash_attention_3")
 #: policies with per-head budgets
 HEAD_POLICIES = ("head-optimal",)
 
+#: kvpress scorer press class -> the depthkv scorer whose curves match it
+KVPRESS_SCORERS = {"SnapKVPress": "snapkv", "ObservedAttentionPress": "h2o", "TOVAPress": "tova",
+                   "KnormPress": "knorm"}
+
 _MARK = "_depthkv_wrapped"
 _STATE = "_depthkv_head_tails"
 
@@ -154,6 +158,12 @@ def _layers(model):
     return inner.layers
 
 
+def _curves_for(press, profile) -> Optional[str]:
+    """The profile's scorer matching the kvpress press (KVPRESS_SCORERS), else None (the profile's first)."""
+    name = KVPRESS_SCORERS.get(type(press).__name__)
+    return name if name in profile.scorers else None
+
+
 def _default_press(profile) -> ScorerPress:
     sel = profile.selection or {}
     return SnapKVPress(window_size=int(sel.get("obs_window", 64)), kernel_size=int(sel.get("kernel", 5)))
@@ -167,7 +177,8 @@ class DepthKVPress(BasePress):
     :param policy: a depthkv allocation policy (:data:`depthkv.POLICIES`)
     :param press: the kvpress ScorerPress whose ``score`` ranks the tokens (default SnapKVPress with the
         profile's obs_window and kernel); its compression_ratio is not used
-    :param scorer: whose curves of the profile the allocator reads (default: the profile's first)
+    :param scorer: whose curves of the profile the allocator reads (default: the depthkv scorer matching
+        ``press`` when the profile has its curves, e.g. "snapkv" for SnapKVPress; else the profile's first)
     :param protection: (n_sink, n_recent) kept in every head, inside the budget
     :param min_tokens: the allocator's safeguard floor (-1 automatic, 0 off, N tokens per layer)
     :raises Error: on a keep outside (0, 1], an unknown policy, a press that is no ScorerPress, or a
@@ -188,7 +199,8 @@ class DepthKVPress(BasePress):
         if not isinstance(press, ScorerPress):
             raise Error(f"DepthKVPress: press must be a kvpress ScorerPress, got {type(press).__name__}")
         self.profile, self.keep, self.policy, self.press = profile, float(keep), policy, press
-        self.scorer, self.protection, self.min_tokens = scorer, tuple(int(x) for x in protection), int(min_tokens)
+        self.scorer = scorer if scorer is not None else _curves_for(press, profile)
+        self.protection, self.min_tokens = tuple(int(x) for x in protection), int(min_tokens)
         self.obs_window = int(getattr(press, "window_size", depthkv.DEFAULT_OBS_WINDOW))
         self._allocations: Dict[int, depthkv.Allocation] = {}
         self._report: Dict[int, dict] = {}

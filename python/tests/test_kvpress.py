@@ -1,17 +1,26 @@
 """depthkv.kvpress.DepthKVPress on the Hugging Face conversion of stories260K (and aidreams260K for the
 per-head budgets): physical per-layer cache lengths, continuation logits equal to a masked full
 cache, bad input, and kvpress's pipeline. Needs torch, transformers and kvpress
-(python/requirements-hf.txt); skipped without them."""
+(python/requirements-hf.txt); skipped without them, unless DEPTHKV_REQUIRE_HF=1 (scripts/python-test.sh),
+which makes a missing one an error."""
 
+import importlib
 import importlib.util
 import os
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install -r python/requirements-hf.txt)")
-pytest.importorskip("transformers", reason="transformers is not installed (pip install -r python/requirements-hf.txt)")
-pytest.importorskip("kvpress", reason="kvpress is not installed (pip install -r python/requirements-hf.txt)")
+
+def _need(name):
+    if os.environ.get("DEPTHKV_REQUIRE_HF") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name, reason=f"{name} is not installed (pip install -r python/requirements-hf.txt)")
+
+
+torch = _need("torch")
+_need("transformers")
+_need("kvpress")
 
 import depthkv  # noqa: E402
 from conftest import AIDREAMS_BEST, ROOT, STORIES  # noqa: E402
@@ -124,8 +133,9 @@ def test_physical_lengths_are_the_budgets(models, window, stories, attn):
     ctx, _ = window
     press = DepthKVPress(stories, keep=0.2, policy="optimal")
     cache = prefill(models[attn], ctx, press)
-    budgets = depthkv.allocate(stories, keep=0.2, policy="optimal", lengths=[len(ctx)] * stories.n_layers,
-                               obs_window=16).budgets.tolist()
+    assert press.scorer == "snapkv"  # the curves of the wrapped SnapKVPress
+    budgets = depthkv.allocate(stories, keep=0.2, policy="optimal", scorer="snapkv",
+                               lengths=[len(ctx)] * stories.n_layers, obs_window=16).budgets.tolist()
     assert len(set(budgets)) > 1, "the test needs layers of different budgets"
     assert sum(budgets) == round(0.2 * len(ctx) * stories.n_layers)
     for l, layer in enumerate(cache.layers):
@@ -171,7 +181,7 @@ def test_head_budgets_mask_the_tails(peer, attn):
     ctx, cont = ids[:CONTEXT], ids[CONTEXT:]
     press = DepthKVPress(prof, keep=0.2, policy="head-optimal", protection=(0, 4))
     cache = prefill(model, ctx, press)
-    a = depthkv.allocate(prof, keep=0.2, policy="head-optimal", lengths=[CONTEXT] * prof.n_layers,
+    a = depthkv.allocate(prof, keep=0.2, policy="head-optimal", scorer="snapkv", lengths=[CONTEXT] * prof.n_layers,
                          protection=(0, 4), obs_window=press.obs_window)
     report = press.memory_report()
     assert sum(r["masked"] for r in report) > 0, "the test needs heads of different budgets"
@@ -184,6 +194,18 @@ def test_head_budgets_mask_the_tails(peer, attn):
     sdpa = model if attn == "sdpa" else peer.to_hf(path, "sdpa")
     ref = masked_reference(peer, sdpa, ctx, cont, press.kept, a.head_budgets.tolist())
     assert torch.allclose(logits, ref, atol=1e-4, rtol=0), float((logits - ref).abs().max())
+
+
+def test_scorer_chooses_the_curves(models, window, stories):
+    ctx, _ = window
+    lengths = {}
+    for scorer in ("snapkv", "h2o"):
+        press = DepthKVPress(stories, keep=0.2, scorer=scorer)
+        cache = prefill(models["sdpa"], ctx, press)
+        lengths[scorer] = [layer.keys.shape[2] for layer in cache.layers]
+        assert lengths[scorer] == depthkv.allocate(stories, keep=0.2, scorer=scorer, lengths=len(ctx),
+                                                   obs_window=16).budgets.tolist()
+    assert lengths["snapkv"] != lengths["h2o"]
 
 
 def test_bad_input(models, stories):
@@ -212,5 +234,6 @@ def test_pipeline_with_a_question(models, tokenizer, stories):
     out = pipe(context, question="Where did the girl go?", press=press, cache=cache, max_new_tokens=16)
     assert isinstance(out["answer"], str) and out["answer"].strip()
     n = len(tokenizer.encode(tokenizer.bos_token + context, add_special_tokens=False))
-    budgets = depthkv.allocate(stories, keep=0.3, lengths=[n] * stories.n_layers, obs_window=16).budgets.tolist()
+    budgets = depthkv.allocate(stories, keep=0.3, scorer="snapkv", lengths=[n] * stories.n_layers,
+                               obs_window=16).budgets.tolist()
     assert [layer.keys.shape[2] for layer in cache.layers] == budgets
