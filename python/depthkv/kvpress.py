@@ -14,8 +14,10 @@ token budgets come from a depthkv profile, with physically smaller per-layer cac
 Or ``KVPressTextGenerationPipeline(...)(context, question=..., press=press)``.
 
 Budgets. At the prefill of an n-token context, ``depthkv.allocate(profile, keep=keep, policy=policy,
-lengths=[n] * n_layers, protection=protection, obs_window=...)`` gives the budget of every layer (and
-of every KV head for the head policies); their sum is exact. The wrapped kvpress scorer press
+lengths=[n] * n_layers, scorer=..., protection=protection, obs_window=...)`` gives the budget of every
+layer (and of every KV head for the head policies); their sum is exact. The curves read are those of
+``scorer``, by default the depthkv scorer matching the wrapped press (``KVPRESS_SCORERS``: "snapkv"
+for SnapKVPress) when the profile has them. The wrapped kvpress scorer press
 (``press``, default kvpress's ``SnapKVPress`` with the profile's observation window and kernel)
 scores the tokens of each layer per KV head; :func:`depthkv.select_keep` picks the kept tokens by
 the C++ library's ranking rule: the first n_sink and last n_recent tokens always, then the best
