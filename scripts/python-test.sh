@@ -1,10 +1,13 @@
 #!/bin/sh
 # Builds the depthkv Python package (pip install .: scikit-build-core + nanobind over the headers)
-# into a virtual environment outside the repository and runs its pytest suite (python/tests;
-# numpy only). The identity checks run the depthkv program: $DEPTHKV_CLI, else
-# build/release/tools/depthkv (what scripts/test.sh builds), else it is built here (target
-# depthkv_cli in build/python-cli). Environment: DEPTHKV_VENV (default /tmp/depthkv-venv; reused
-# when it exists), JOBS (build jobs, default nproc). Each phase prints its wall time.
+# into a virtual environment outside the repository and runs its pytest suite (python/tests):
+# the numpy tests, and the Hugging Face / kvpress tests (test_kvpress.py) with torch, transformers
+# and kvpress from python/requirements-hf.txt (a few minutes to download on a fresh environment;
+# DEPTHKV_HF_TESTS=0 leaves them out, and they are then skipped). The identity checks run the
+# depthkv program: $DEPTHKV_CLI, else build/release/tools/depthkv (what scripts/test.sh builds),
+# else it is built here (target depthkv_cli in build/python-cli). Environment: DEPTHKV_VENV
+# (default /tmp/depthkv-venv; reused when it exists), JOBS (build jobs, default nproc). Each phase
+# prints its wall time.
 # Needs python3-venv and python3-dev (scripts/install-deps.sh) and PyPI for the build tools.
 set -eu
 cd "$(dirname "$0")/.."
@@ -19,6 +22,10 @@ esac
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest
 phase "virtual environment"
+if [ "${DEPTHKV_HF_TESTS:-1}" != 0 ]; then
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r python/requirements-hf.txt
+  phase "Hugging Face requirements (python/requirements-hf.txt)"
+fi
 CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
   --no-build-isolation --force-reinstall --no-deps "$ROOT"
 phase "package build"
@@ -35,6 +42,6 @@ if [ -z "${DEPTHKV_CLI:-}" ]; then
 fi
 # from outside the checkout, so that `import depthkv` is the installed package
 cd "$VENV"
-DEPTHKV_CLI="$DEPTHKV_CLI" DEPTHKV_REQUIRE_CLI=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/python/tests"
+DEPTHKV_CLI="$DEPTHKV_CLI" DEPTHKV_REQUIRE_CLI=1 DEPTHKV_REQUIRE_HF="${DEPTHKV_HF_TESTS:-1}" "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/python/tests"
 phase "pytest"
 echo "python-test.sh: all Python tests passed"
