@@ -199,9 +199,10 @@ inline std::vector<double> parse_doubles(const std::string& s, const char* what)
 }
 
 /// The keep ratios every subcommand accepts: (0, 1].
-/// @throws depthkv::Error naming --keep otherwise
-inline void check_keep(double keep) {
-  DEPTHKV_CHECK(keep > 0.0 && keep <= 1.0, "--keep: " << keep << " outside (0, 1]");
+/// @param flag the option that gave `keep` (eval's "--keeps", allocate's and generate's "--keep")
+/// @throws depthkv::Error naming `flag` otherwise
+inline void check_keep(double keep, const char* flag) {
+  DEPTHKV_CHECK(keep > 0.0 && keep <= 1.0, flag << ": " << keep << " outside (0, 1]");
 }
 
 /// @param name "none", "max" or "avg"
