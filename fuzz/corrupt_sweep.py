@@ -128,7 +128,7 @@ class Base:
         self.small_tokens = os.path.join(self.dir, "small.tokens")
         open(self.small_tokens, "w").write(" ".join(map(str, self.small_ids)) + "\n")
         # a small profile of stories260K.bin on the small text (context 64 + 8, the default selection, so
-        # that eval, allocate and analyze run with their defaults at --keep 0.5)
+        # that eval, allocate and analyze run with their defaults at keep ratio 0.5)
         self.sprof = os.path.join(self.dir, "small.profile.json")
         r = subprocess.run([exe, "profile", "--model", self.sbin, "--text", self.small, "--context", "64",
                             "--continuation", "8", "--windows", "2", "-o", self.sprof], capture_output=True,
@@ -450,7 +450,7 @@ def gen_profile(base, rng, case):
         if rng.random() < 0.5:
             case.argv += ["--json"]
     elif c == "eval":
-        case.argv = ["eval", "--model", model, "--profile", P] + text + ["--windows", "1", "--keep", "0.5"]
+        case.argv = ["eval", "--model", model, "--profile", P] + text + ["--windows", "1", "--keeps", "0.5"]
         if path != base.sprof:
             case.argv += ["--context", "64", "--continuation", "8", "--skip", "0"]
         if best:
@@ -818,7 +818,7 @@ def gen_model_command(base, rng, case, c, F, tok=None, vocab_only=False, bpe=Fal
         case.expect_stdout = False
     else:  # eval, with a small profile measured on another model file: refused unless the model is the same
         case.argv = ["eval", "--model", F] + z + ["--profile", base.sprof_gguf if gguf else base.sprof, "--text",
-                                                  base.small, "--windows", "1", "--keep", "0.5"]
+                                                  base.small, "--windows", "1", "--keeps", "0.5"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1034,7 +1034,7 @@ def gen_tokens(base, rng, case):
             case.argv += ["--json"]
     elif c == "eval":
         case.argv = ["eval", "--model", base.sbin, "--profile", base.sprof, "--tokens", T, "--windows", "1", "--skip",
-                     "0", "--keep", "0.5", "--policies", "uniform,optimal"]
+                     "0", "--keeps", "0.5", "--policies", "uniform,optimal"]
         if rng.random() < 0.3:
             case.argv += ["--json"]
     else:
@@ -1155,7 +1155,7 @@ def gen_text(base, rng, case):
             case.refuse("text too short for one window")
     elif c == "eval":
         case.argv = ["eval", "--model", base.sbin, "--profile", base.sprof, "--text", T, "--windows", "1", "--skip",
-                     "0", "--keep", "0.5", "--policies", "uniform,optimal"]
+                     "0", "--keeps", "0.5", "--policies", "uniform,optimal"]
         if few_tokens:
             case.refuse("text too short for one window")
     elif c == "analyze":
@@ -1207,7 +1207,7 @@ OPTS = {
     "--temperature": _f(lambda v: math.isfinite(v) and v >= 0),
     "--topp": _f(lambda v: 0 <= v <= 1),
     "--seed": ("uint", lambda v: 0 <= v < 2 ** 32 or (None if v < 2 ** 64 else False)),
-    "--keep": _f(lambda v: 0 < v <= 1),
+    "--keep": _f(lambda v: 0 < v <= 1), "--keeps": _f(lambda v: 0 < v <= 1),
     "--layer-keep": _f(lambda v: 0 < v < 1),
     "--sinks": _i(0), "--recent": _i(0), "--obs-window": _i(1),
     "--kernel": ("int", lambda v: v >= 1 and v % 2 == 1),
@@ -1246,9 +1246,9 @@ def cli_base(base, sub):
         return (["allocate", "--profile", P, "--keep", "0.5"], ["--keep", "--length", "--min-tokens"] + sel,
                 ["--profile"], [])
     if sub == "eval":
-        return (["eval", "--model", S, "--profile", P, "--text", T, "--windows", "1", "--keep", "0.5", "--policies",
+        return (["eval", "--model", S, "--profile", P, "--text", T, "--windows", "1", "--keeps", "0.5", "--policies",
                  "uniform,optimal"],
-                ["--keep", "--context", "--continuation", "--windows", "--skip", "--min-tokens", "--chunk",
+                ["--keeps", "--context", "--continuation", "--windows", "--skip", "--min-tokens", "--chunk",
                  "--interval", "--threads"] + sel,
                 ["--model", "--profile", "--text", "--tokenizer"], ["--csv", "--plot", "--windows-out"])
     if sub == "analyze":
@@ -1382,7 +1382,7 @@ def gen_cli(base, rng, case):
                         ("--doc-opening", [""]), ("--doc-separator", ["", "\n"])],
             "allocate": [("--policy", ["bogus", ""]), ("--scorer", ["bogus", ""]), ("--preset", ["bogus", "best"])],
             # '' for --scorer / --scorers: the option's own default (not given)
-            "eval": [("--keep", ["", "0.1,,0.2", "0.1,nan", "0,0.5", "1.5", "0.5,0.5", ","]),
+            "eval": [("--keeps", ["", "0.1,,0.2", "0.1,nan", "0,0.5", "1.5", "0.5,0.5", ","]),
                      ("--policies", ["", "bogus", "uniform,bogus", ","]), ("--scorers", ["", "bogus"]),
                      ("--schedule", ["bogus", ""])],
             "analyze": [("--bogus-flag", ["1"])],
@@ -1395,7 +1395,7 @@ def gen_cli(base, rng, case):
         case.label = "cli/%s/%s" % (sub, opt)
         valid = {("--scorers", "h2o,h2o"), ("--metrics", "kl,kl"), ("--doc-separator", "\n"), ("--doc-opening", ""),
                  ("--doc-separator", ""), ("--preset", "best"), ("-p", "x" * 100000), ("-p", "\u00ff\u00fe"),
-                 ("-p", ""), ("--keep", "0.5,0.5"), ("--ratios", "0.1,0.1"), ("--scorers", ","),
+                 ("-p", ""), ("--keeps", "0.5,0.5"), ("--ratios", "0.1,0.1"), ("--scorers", ","),
                  ("--policies", ","), ("--scorer", ""), ("--scorers", "")}
         if (opt, val) not in valid:
             case.refuse("%s %r" % (opt, val))

@@ -29,14 +29,14 @@ $DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 -
 
 echo "== 2. evaluate on 64 later windows (24..87): five policies x two scorers x four budgets"
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
-  --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
+  --keeps 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
   --csv "$OUT/stories260K.eval.csv" --plot "$OUT/stories260K.eval.svg" | tee "$OUT/stories260K.eval.txt"
 
 echo "== 3. safeguard floor on non-story text ($OTHER): off (0), default (sinks+recent+8)"
 for m in 0 -1; do
   echo "-- --min-tokens $m"
   $DK eval --model "$STORIES" --text "$OTHER" --profile "$OUT/stories260K.profile.json" --windows 16 \
-    --keep 0.1,0.2,0.3 --policies uniform,proportional,optimal --scorers h2o,snapkv --min-tokens $m
+    --keeps 0.1,0.2,0.3 --policies uniform,proportional,optimal --scorers h2o,snapkv --min-tokens $m
 done | tee "$OUT/stories260K.safeguard.txt"
 
 echo "== 4. second model: aidreams260K, context 96 + continuation 32 (its trained context is 128)"
@@ -46,12 +46,12 @@ $DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windo
 for m in -1 0; do
   echo "-- --min-tokens $m"
   $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.profile.json" --windows 128 --sinks 2 --recent 4 --obs-window 4 \
-    --keep 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
+    --keeps 0.1,0.2,0.3,0.5 --policies uniform,pyramid,proportional,middle,optimal --scorers h2o,snapkv \
     --min-tokens $m --plot "$OUT/aidreams260K.eval$m.svg"
 done | tee "$OUT/aidreams260K.eval.txt"
 echo "== 5. the paper's InfoNCE-guided allocation (MGA, MLMA, MLP) on stories260K, and how well InfoNCE predicts sensitivity"
 $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" --windows 64 \
-  --keep 0.2,0.3,0.5 --policies uniform,optimal,mga,mlma2,mlp --scorers h2o,snapkv | tee "$OUT/stories260K.infonce_eval.txt"
+  --keeps 0.2,0.3,0.5 --policies uniform,optimal,mga,mlma2,mlp --scorers h2o,snapkv | tee "$OUT/stories260K.infonce_eval.txt"
 $DK analyze --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.profile.json" | tee "$OUT/stories260K.analyze.txt"
 echo "== 6. --preset best (chosen on calibration windows, docs/results/preset.md, lookahead.md; protection: protection.md, 4/16 and 0/4): its curves, then both models' evaluation windows"
 $DK profile --model "$STORIES" --text "$TEXT" --context 384 --continuation 128 --windows 24 --preset best \
@@ -60,9 +60,9 @@ $DK profile --model "$AID" --text "$TEXT" --context 96 --continuation 32 --windo
   --preset best -o "$OUT/aidreams260K.best.profile.json" > "$OUT/aidreams260K.best.profile.txt"
 {
   $DK eval --model "$STORIES" --text "$TEXT" --profile "$OUT/stories260K.best.profile.json" --windows 64 --preset best \
-    --keep 0.1,0.2,0.3,0.5
+    --keeps 0.1,0.2,0.3,0.5
   $DK eval --model "$AID" --text "$TEXT" --profile "$OUT/aidreams260K.best.profile.json" --windows 128 \
-    --sinks 0 --recent 4 --obs-window 4 --preset best --keep 0.1,0.2,0.3,0.5
+    --sinks 0 --recent 4 --obs-window 4 --preset best --keeps 0.1,0.2,0.3,0.5
 } | tee "$OUT/best.eval.txt"
 
 echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the preset's lookahead of 32 tokens): uniform, optimal per layer, head-optimal per KV head, each head exact or re-split by the scores (adaptive); story text and GPL-3"
@@ -72,10 +72,10 @@ echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the 
       set -- $src
       $DK eval --model "$STORIES" --text "$1" --profile "$OUT/stories260K.best.profile.json" --windows "$2" \
         --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha --policies uniform,optimal,head-optimal \
-        --keep 0.1,0.2,0.3,0.5
+        --keeps 0.1,0.2,0.3,0.5
       $DK eval --model "$AID" --text "$1" --profile "$OUT/aidreams260K.best.profile.json" --windows "$3" \
         --sinks 0 --recent 4 --obs-window 4 --scorers snapkv --output-aware --lookahead 32 --head-alloc $ha \
-        --policies uniform,optimal,head-optimal --keep 0.1,0.2,0.3,0.5
+        --policies uniform,optimal,head-optimal --keeps 0.1,0.2,0.3,0.5
     done
   done
 } | tee "$OUT/heads.eval.txt"

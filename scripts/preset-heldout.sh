@@ -28,12 +28,12 @@ check() {
     local text=$TEXT win=$ws
     [[ $src == other ]] && text=$OTHER win=$wo
     $DK eval --model "$model" --text "$text" --profile "$plain" --windows "$win" "$@" --scorers snapkv \
-      --policies uniform --keep $KEEP --csv "$WORK/$name.$src.plain.csv" > /dev/null 2>&1
+      --policies uniform --keeps $KEEP --csv "$WORK/$name.$src.plain.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv,h2o \
-      --output-aware --lookahead 32 --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa.csv" > /dev/null 2>&1
+      --output-aware --lookahead 32 --policies uniform --keeps $KEEP --csv "$WORK/$name.$src.oa.csv" > /dev/null 2>&1
     $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --scorers snapkv,h2o \
-      --output-aware --lookahead 0 --policies uniform --keep $KEEP --csv "$WORK/$name.$src.oa0.csv" > /dev/null 2>&1
-    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --preset best --keep $KEEP \
+      --output-aware --lookahead 0 --policies uniform --keeps $KEEP --csv "$WORK/$name.$src.oa0.csv" > /dev/null 2>&1
+    $DK eval --model "$model" --text "$text" --profile "$own" --windows "$win" "$@" --preset best --keeps $KEEP \
       --csv "$WORK/$name.$src.best.csv" > /dev/null 2>&1
   done
 }

@@ -41,7 +41,7 @@ run_model() {
       $DK profile --model "$model" --text "$TEXT" --context "$ctx" --continuation "$cont" --windows "$half" \
         --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" --head-curves -o "$WORK/$tag.profile.json" > /dev/null 2>&1
       $DK eval --model "$model" --text "$TEXT" --profile "$WORK/$tag.profile.json" --skip "$half" --windows "$half" \
-        --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" --policies uniform,optimal,head-optimal --keep $KEEP \
+        --scorers "$sc" "${sel[@]}" "${pool[@]}" "${flags[@]}" --policies uniform,optimal,head-optimal --keeps $KEEP \
         --csv "$OUT/$tag.csv" > /dev/null 2>&1
       rm -f "$OUT/$tag-sensitivity.csv"
       echo "preset-selection: $tag done"

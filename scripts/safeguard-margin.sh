@@ -45,7 +45,7 @@ run_model() {
   $DK profile "${io[@]}" --windows "$half" "${plain[@]}" --scorers h2o,snapkv -o "$WORK/$name.plain.profile.json" \
     > /dev/null 2>&1
   $DK profile "${io[@]}" --windows "$half" "${best[@]}" --preset best -o "$WORK/$name.best.profile.json" > /dev/null 2>&1
-  local ev=(eval "${io[@]}" --skip "$half" --windows "$half" --keep "$KEEP")
+  local ev=(eval "${io[@]}" --skip "$half" --windows "$half" --keeps "$KEEP")
   for m in $MARGINS default; do
     local mp=-1 mb=-1
     [[ $m != default ]] && mp=$((ps + pr + m)) mb=$((bs + br + m))

@@ -23,7 +23,7 @@ $DK profile --model "$A" --text "$TEXT" --context 96 --continuation 32 --windows
 for m in 14 -1 0; do
   $DK eval --model "$A" --text "$TEXT" --profile "$WORK/profile.json" --skip 24 --windows 24 "${SEL[@]}" \
     --scorers snapkv,h2o --output-aware --pooling max --min-tokens "$m" --policies uniform,optimal,head-optimal \
-    --keep 0.1,0.2 --csv "$WORK/m$m.csv" > /dev/null 2>&1
+    --keeps 0.1,0.2 --csv "$WORK/m$m.csv" > /dev/null 2>&1
 done
 python3 - "$WORK" > docs/results/safeguard-shrink.md <<'PY'
 import csv, os, sys

@@ -32,9 +32,9 @@ aprof aidreams260K.oa_ada $OA $AD
 
 # evaluation windows: the first after the calibration windows (stories260K 24..87, aidreams260K 48..175)
 sev() { local n=$1 sc=$2 p=$3; shift 3; $DK eval --model "$S" --text "$TEXT" --profile "$p" --scorers $sc \
-  --policies uniform,optimal --keep 0.1,0.2,0.3 --csv "$OUT/$n.csv" "$@" > /dev/null 2>&1; }
+  --policies uniform,optimal --keeps 0.1,0.2,0.3 --csv "$OUT/$n.csv" "$@" > /dev/null 2>&1; }
 aev() { local n=$1 p=$2; shift 2; $DK eval --model "$A" --text "$TEXT" --profile "$p" --scorers snapkv $ASEL \
-  --windows 128 --policies uniform,optimal --keep 0.1,0.2,0.3 --csv "$OUT/$n.csv" "$@" > /dev/null 2>&1; }
+  --windows 128 --policies uniform,optimal --keeps 0.1,0.2,0.3 --csv "$OUT/$n.csv" "$@" > /dev/null 2>&1; }
 sev s_snapkv_plain snapkv $SP
 sev s_snapkv_oa snapkv $SP $OA
 sev s_snapkv_ada snapkv $SP $AD

@@ -9,6 +9,6 @@ split_preset_best() {
   $DK profile --model "$model" --text "$TEXT" --context "$ctx" --continuation "$cont" --windows "$half" \
     "$@" --preset best -o "$WORK/$tag.profile.json" > /dev/null 2>&1
   $DK eval --model "$model" --text "$TEXT" --profile "$WORK/$tag.profile.json" --skip "$half" --windows "$half" \
-    "$@" --preset best --keep $KEEP --csv "$csv" > /dev/null 2>&1
+    "$@" --preset best --keeps $KEEP --csv "$csv" > /dev/null 2>&1
   rm -f "${csv%.csv}-sensitivity.csv"
 }

@@ -39,7 +39,7 @@ run_model() {
   for set in eval untouched; do
     local skip=$eskip
     [[ $set == untouched ]] && skip=$uskip
-    local ev=(eval --model "$model" --text "$TEXT" --skip "$skip" --windows "$n" --keep "$KEEP")
+    local ev=(eval --model "$model" --text "$TEXT" --skip "$skip" --windows "$n" --keeps "$KEEP")
     $DK "${ev[@]}" --profile "$plain" "${main[@]}" --scorers h2o,snapkv \
       --policies uniform,pyramid,proportional,middle,optimal --csv "$OUT/$set.$name.main.csv" > "$OUT/$set.$name.main.txt"
     $DK "${ev[@]}" --profile "$plain" "${best[@]}" --scorers snapkv --policies uniform \

@@ -199,17 +199,24 @@ inline std::vector<double> parse_doubles(const std::string& s, const char* what)
 }
 
 /// The keep ratios every subcommand accepts: (0, 1].
-/// @throws depthkv::Error naming --keep otherwise
-inline void check_keep(double keep) {
-  DEPTHKV_CHECK(keep > 0.0 && keep <= 1.0, "--keep: " << keep << " outside (0, 1]");
+/// @param flag the option that gave `keep` (eval's "--keeps", allocate's and generate's "--keep")
+/// @throws depthkv::Error naming `flag` otherwise
+inline void check_keep(double keep, const char* flag) {
+  DEPTHKV_CHECK(keep > 0.0 && keep <= 1.0, flag << ": " << keep << " outside (0, 1]");
 }
 
-/// @param name "none", "max" or "avg"
-/// @throws depthkv::Error on another name
+/// `--pooling` through the library's depthkv::parse_pooling.
+/// @param name one of the library's pooling names ("none", "max" or "avg")
+/// @throws depthkv::Error on another name: the library's message, prefixed with "--pooling: "
 inline depthkv::Pooling parse_pooling(const std::string& name) {
-  for (depthkv::Pooling p : {depthkv::Pooling::kNone, depthkv::Pooling::kMax, depthkv::Pooling::kAvg})
-    if (depthkv::to_string(p) == name) return p;
-  DEPTHKV_FAIL("--pooling: unknown pooling '" << name << "' (expected none, max or avg)");
+  try {
+    return depthkv::parse_pooling(name);
+  } catch (const depthkv::Error& e) {
+    std::string why = e.message();
+    const std::string own = "parse_pooling: ";  // DEPTHKV_CHECK's prefix: said once, by this function
+    if (why.compare(0, own.size(), own) == 0) why.erase(0, own.size());
+    DEPTHKV_FAIL("--pooling: " << why);
+  }
 }
 
 /// Token-selection settings of every subcommand: `--sinks`, `--recent`, `--obs-window`, `--kernel`,

@@ -60,7 +60,7 @@ void run_allocate(const AllocateArgs& a) {
   a.sel.check();
   const ProfileFile f = load_profile(a.profile);
   const AllocationPolicy policy = parse_allocation_policy(a.policy);
-  check_keep(a.keep);
+  check_keep(a.keep, "--keep");
   DEPTHKV_CHECK(a.length >= 0, "--length must be >= 1, got " << a.length);
   const int length = a.length > 0 ? a.length : f.calibration.context;
   DEPTHKV_CHECK(length >= 1, "the profile records no context length (calibration.context "

@@ -27,6 +27,7 @@
 #include "depthkv/preset.hpp"
 #include "depthkv/profile_io.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
+#include "flag_alias.hpp"
 #include "model_io.hpp"
 #include "policy_request.hpp"
 
@@ -201,16 +202,21 @@ struct EvalPlan {
   bool choose_scorer = false;
 };
 
-EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
-  using namespace depthkv;
-  EvalPlan p;
-  p.keeps = parse_doubles(a.keeps, "--keep");
-  for (double k : p.keeps) check_keep(k);
+/// The plan's keep ratios (`--keeps`, each in (0, 1]) and policies (`--policies`, not empty).
+void plan_keeps_and_policies(const EvalArgs& a, EvalPlan& p) {
+  p.keeps = parse_doubles(a.keeps, "--keeps");
+  for (double k : p.keeps) check_keep(k, "--keeps");
   for (const std::string& name : split_list(a.policies)) {
     p.policies.push_back(depthkv::parse_allocation_policy(name));
     p.policy_names.push_back(depthkv::to_string(p.policies.back()));
   }
-  DEPTHKV_CHECK(!p.policies.empty(), "--policies is empty");
+  DEPTHKV_CHECK_AS("plan_eval", !p.policies.empty(), "--policies is empty");  // plan_eval speaks for it
+}
+
+EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
+  using namespace depthkv;
+  EvalPlan p;
+  plan_keeps_and_policies(a, p);
   for (depthkv::AllocationPolicy policy : p.policies) {  // once, for the first policy that prunes by the curves
     const std::string note = selection_note(policy, f, a.sel);
     if (!note.empty()) {
@@ -560,7 +566,8 @@ void register_eval(CLI::App& app) {
   c->add_option("--tokens", a->tokens, "pre-tokenized evaluation input: a file of token ids (instead of --text)");
   a->docs.add_options(c, "the profile's document split ('Once upon a time', TinyStories, unless it records another)");
   c->add_option("--profile", a->profile, "profile file of this model (from depthkv profile)")->required();
-  c->add_option("--keep", a->keeps, "global keep ratios, each in (0, 1]")->capture_default_str();
+  CLI::Option* keeps = c->add_option("--keeps", a->keeps, "global keep ratios, each in (0, 1]")->capture_default_str();
+  add_deprecated_alias(c, keeps, "--keep", a->keeps);  // renamed: a list flag is plural
   c->add_option("--policies", a->policies,
                 "allocation policies, any of " + depthkv::allocation_policy_names() + ", " + kHeadOptimal +
                     " (per KV head, from the profile's head curves; with --head-alloc adaptive each layer's "

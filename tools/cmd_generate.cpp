@@ -47,7 +47,7 @@ struct GenerateArgs {
 
 /// @throws depthkv::Error on a bad combination of the arguments (before anything is loaded)
 void check_generate_args(const GenerateArgs& a) {
-  check_keep(a.keep);
+  check_keep(a.keep, "--keep");
   a.sel.check();
   DEPTHKV_CHECK(a.steps >= 0, "--steps must be >= 0, got " << a.steps);
   DEPTHKV_CHECK(std::isfinite(a.temperature) && a.temperature >= 0.0f,

@@ -467,7 +467,7 @@ def evaluate_model(name, a, out_rows):
         full.append(continuation_logits(models["sdpa"], w["context"], w["continuation"], None))
     nll_hf = float(np.mean([nll(f, w["continuation"]) for f, w in zip(full, W["windows"])]))
 
-    dk_rows = run_depthkv(a.depthkv, common, ["--keep", ",".join(map(str, a.keep)), "--policies",
+    dk_rows = run_depthkv(a.depthkv, common, ["--keeps", ",".join(map(str, a.keep)), "--policies",
                                                "uniform,optimal", "--scorers", "snapkv,h2o"] + a.depthkv_extra)
     nll_dk = dk_rows[0]["nll_full"]
     print(f"full-cache NLL: HF {nll_hf:.5f}, depthkv {nll_dk:.5f}", flush=True)
@@ -507,7 +507,7 @@ def evaluate_model(name, a, out_rows):
         osel = json.load(open(own))["calibration"]["selection"]
         common_own = [x if x != profile else own for x in common[:len(common) - len(m["selection"])]] + [
             "--sinks", str(osel["sinks"]), "--recent", str(osel["recent"]), "--obs-window", str(osel["obs_window"])]
-        keeps = ["--keep", ",".join(map(str, a.keep))]
+        keeps = ["--keeps", ",".join(map(str, a.keep))]
         for row in run_depthkv(a.depthkv, common_own, keeps + ["--preset", "best"]):
             res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
             res.setdefault("preset_scorer", {})[str(row["keep"])] = row["scorer"]

@@ -23,7 +23,8 @@
 /// base.protection = {4, 16};
 /// base.budget = depthkv::Budget::keep(0.2);
 /// depthkv::PresetChoice c = depthkv::preset("best", f, base, std::vector<int>(f.n_layers, 384));
-/// // c.spec: what `depthkv eval --preset best --keep 0.2` evaluates on 384-token contexts
+/// // c.spec: the whole spec for keeping 20% of 384-token contexts (c.spec.scorer: the candidate
+/// // of the lowest predicted loss, c.predicted: each candidate's)
 /// @endcode
 
 #include <optional>

@@ -612,7 +612,7 @@ inline PruneSpec selection_from_json(const nlohmann::json& j, const std::string&
 
 
 /// The token selection a profile was measured under: its `calibration.selection`, or for files
-/// written before that field existed, the selection `depthkv profile` put at the start of the
+/// written before that field existed, the selection the profile's writer put at the start of the
 /// calibration description: "sinks=S window=W kernel=K" (recent = observation window = W, max
 /// pooling) or "sinks=S recent=R obs_window=W kernel=K pooling=P" (`describe_selection`'s form).
 /// This and `selection_from_json` are the one reader of older profile files.

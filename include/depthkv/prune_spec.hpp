@@ -136,14 +136,16 @@ struct Safeguard {
   int tokens = 0;                   ///< kTokens: the floor per layer (>= 1)
   int margin = kSafeguardMargin;    ///< kAuto: tokens above the protected ones (>= 0)
 
-  /// From the CLI's `--min-tokens` spelling: -1 automatic, 0 off, N tokens.
+  /// From the safeguard's minimum tokens per layer as one integer: -1 automatic, 0 off, N >= 1
+  /// a floor of N tokens.
   static Safeguard from_min_tokens(int min_tokens) {
     Safeguard s;
     s.mode = min_tokens < 0 ? Mode::kAuto : min_tokens == 0 ? Mode::kOff : Mode::kTokens;
     s.tokens = min_tokens > 0 ? min_tokens : 0;
     return s;
   }
-  /// The `--min-tokens` spelling of this safeguard (-1 automatic, 0 off, N tokens).
+  /// The inverse of `from_min_tokens`: this safeguard's minimum tokens per layer as one integer
+  /// (-1 automatic, 0 off, N tokens).
   int min_tokens() const { return mode == Mode::kAuto ? -1 : mode == Mode::kOff ? 0 : tokens; }
   /// The floor per layer under `prot` (0: off).
   int floor(const Protection& prot) const {

@@ -135,7 +135,7 @@ TEST_CASE("cli: a --lookahead that does not fit the model's context is refused a
                         "2>&1"),
                 "--lookahead 100000: 100000 greedy tokens after the context of 64 tokens do not fit the model's "
                 "context of 512 tokens (at most 448)");
-  require_error(run_cli("eval --model " + m + common + " --profile " + stories_profile() + " --keep 0.5", "2>&1"),
+  require_error(run_cli("eval --model " + m + common + " --profile " + stories_profile() + " --keeps 0.5", "2>&1"),
                 "--lookahead 100000: 100000 greedy tokens after the context of 64 tokens do not fit the model's "
                 "context of 512 tokens (at most 448)");
   // what fits still runs
@@ -169,7 +169,7 @@ TEST_CASE("output files and standard output that cannot be written are errors", 
   const std::string m = stories_model();
   require_error(run_cli("eval --model " + m + " --text " + stories_text() + " --profile " + stories_profile() +
                             " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 "
-                            "--windows 1 --keep 0.5 --policies uniform --csv /dev/full",
+                            "--windows 1 --keeps 0.5 --policies uniform --csv /dev/full",
                         "2>&1 >/dev/null"),
                 "cannot write '/dev/full' (CSV): disk full or not writable");
 }
@@ -280,7 +280,7 @@ TEST_CASE("eval --plot: a device or a missing folder is refused before any work,
           "[cli][bad_input]") {
   const std::string prof = stories_profile();
   const std::string ev = "eval --model " + stories_model() + " --text " + stories_text() + " --profile " + prof +
-                         " --sinks 2 --recent 4 --obs-window 4 --windows 1 --keep 0.5 --policies uniform --threads 1 ";
+                         " --sinks 2 --recent 4 --obs-window 4 --windows 1 --keeps 0.5 --policies uniform --threads 1 ";
   const bool had_gp = std::filesystem::exists("/dev/full.gp");
   require_error(run_cli(ev + "--plot /dev/full", "2>&1"), "--plot '/dev/full': not a regular file");
   CHECK(std::filesystem::exists("/dev/full.gp") == had_gp);

@@ -29,7 +29,7 @@ std::string model_flag() {
 }
 const std::string kSmall = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
 const std::string kProfile = " --windows 4 --ratios 0.2,0.5 --scorers h2o";
-const std::string kEval = " --windows 3 --keep 0.3 --policies uniform,optimal";
+const std::string kEval = " --windows 3 --keeps 0.3 --policies uniform,optimal";
 
 std::string tinystories() { return depthkv_test::data_path("text/tinystories_valid.txt"); }
 

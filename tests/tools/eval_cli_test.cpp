@@ -89,7 +89,7 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   Fixture fx;
   const std::string base =
       "eval --model " + fx.model + " --text " + fx.text + " --profile " + shell_quoted(fx.profile) +
-      " --sinks 2 --recent 4 --obs-window 4 --threads 1 --keep 0.3 --policies uniform,optimal --windows 3";
+      " --sinks 2 --recent 4 --obs-window 4 --threads 1 --keeps 0.3 --policies uniform,optimal --windows 3";
   require_error(run_cli(base + " --skip 2", "2>&1"),
                 "evaluation windows (tokens 160..400 of tinystories_valid.txt) overlap the profile's calibration "
                 "windows (tokens 0..320): use --skip >= 4");
@@ -118,8 +118,8 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   // keep ratios outside (0, 1], and a malformed list
   const std::string no_keep = "eval --model " + fx.model + " --text " + fx.text + " --profile " +
                               shell_quoted(fx.profile) + " --threads 1 --policies uniform --windows 1";
-  require_error(run_cli(no_keep + " --keep 0.3,0", "2>&1"), "--keep: 0 outside (0, 1]");
-  require_error(run_cli(no_keep + " --keep 0.3,x", "2>&1"), "--keep: 'x' is not a number");
+  require_error(run_cli(no_keep + " --keeps 0.3,0", "2>&1"), "--keeps: 0 outside (0, 1]");
+  require_error(run_cli(no_keep + " --keeps 0.3,x", "2>&1"), "--keeps: 'x' is not a number");
 }
 
 TEST_CASE("eval --windows-out writes the evaluation windows' ids and evaluates nothing", "[cli][eval][real]") {
@@ -245,7 +245,7 @@ TEST_CASE("allocate and eval note protection other than the profile was measured
   }
   // eval says so before it starts (here it then stops: its windows overlap the calibration windows)
   const auto ev = run_cli("eval --model " + fx.model + " --text " + fx.text + " --profile " +
-                              shell_quoted(fx.profile) + " --keep 0.3 --policies uniform,optimal --skip 2",
+                              shell_quoted(fx.profile) + " --keeps 0.3 --policies uniform,optimal --skip 2",
                           "2>&1");
   require_error(ev, "overlap the profile's calibration windows");
   REQUIRE(ev.out.find(note + "sinks=4 recent=16 obs_window=16 kernel=7 pooling=max" + pass) != std::string::npos);
@@ -364,7 +364,7 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
   REQUIRE(f.calibration.selection->head_split.mode == depthkv::HeadAllocation::kAdaptive);
   REQUIRE(f.calibration.selection->head_split.alpha == 0.25);
   const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) +
-                           common + " --keep 0.3 --policies uniform,optimal --windows 2";
+                           common + " --keeps 0.3 --policies uniform,optimal --windows 2";
   const std::string csv = tmp_path("oa.csv");
   const auto r = run_cli(eval + flags + " --json --csv " + shell_quoted(csv), "2>/dev/null");
   REQUIRE(r.status == 0);
@@ -423,7 +423,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   REQUIRE(f.calibration.selection->scorer.lookahead == 32);  // the preset's lookahead
   const std::string base =
       "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common + " --windows 2";
-  const std::string eval = base + " --keep 0.1,0.3,0.5";
+  const std::string eval = base + " --keeps 0.1,0.3,0.5";
   const auto r = run_cli(eval + " --preset best --json", "2>/dev/null");
   REQUIRE(r.status == 0);
   const nlohmann::json rows = nlohmann::json::parse(r.out);
@@ -455,7 +455,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     }
     REQUIRE(row["scorer"] == lowest);
     // the same flags spelled out, with the chosen scorer, give the same row
-    const auto spelled = run_cli(base + " --scorers " + lowest + spelled_flags + " --keep " +
+    const auto spelled = run_cli(base + " --scorers " + lowest + spelled_flags + " --keeps " +
                                      std::to_string(row["keep"].get<double>()),
                                  "2>/dev/null");
     REQUIRE(spelled.status == 0);
@@ -464,28 +464,28 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     REQUIRE(srow["budgets"] == row["budgets"]);
   }
   // --lookahead given with the preset wins over the preset's, and is the spelled-out flag's row
-  const auto r0 = run_cli(base + " --keep 0.3 --preset best --lookahead 0 --json", "2>/dev/null");
+  const auto r0 = run_cli(base + " --keeps 0.3 --preset best --lookahead 0 --json", "2>/dev/null");
   REQUIRE(r0.status == 0);
   const nlohmann::json row0 = nlohmann::json::parse(r0.out).at(0);
   REQUIRE(row0["lookahead"] == 0);
-  const auto s0 = run_cli(base + " --keep 0.3 --scorers " + row0["scorer"].get<std::string>() +
+  const auto s0 = run_cli(base + " --keeps 0.3 --scorers " + row0["scorer"].get<std::string>() +
                               " --policies head-optimal --pooling max --output-aware --json",
                           "2>/dev/null");
   REQUIRE(s0.status == 0);
   REQUIRE(nlohmann::json::parse(s0.out).at(0)["kl"] == row0["kl"]);
-  require_error(run_cli(base + " --keep 0.3 --preset best --lookahead -1", "2>&1"), "--lookahead >= 0");
+  require_error(run_cli(base + " --keeps 0.3 --preset best --lookahead -1", "2>&1"), "--lookahead >= 0");
   // a profile of one candidate (the earlier preset's): that scorer; one without head curves: refused
   const std::string one = small_profile("--scorers snapkv --pooling max --output-aware --head-curves --ratios 0.2,0.5",
                                         "profile_best_snapkv.json");
   const std::string eval_one = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(one) + common +
-                               " --keep 0.3 --windows 2 --preset best --json";
+                               " --keeps 0.3 --windows 2 --preset best --json";
   const auto r1 = run_cli(eval_one, "2>/dev/null");
   REQUIRE(r1.status == 0);
   REQUIRE(nlohmann::json::parse(r1.out).at(0)["scorer"] == "snapkv");
   const std::string none =
       small_profile("--scorers snapkv,h2o --pooling max --output-aware --ratios 0.2,0.5", "profile_best_none.json");
   require_error(run_cli("eval --model " + model + " --text " + text + " --profile " + shell_quoted(none) + common +
-                            " --keep 0.3 --windows 2 --preset best",
+                            " --keeps 0.3 --windows 2 --preset best",
                         "2>&1"),
                 "--preset best chooses among the scorers snapkv,h2o, and the profile has complete curves and head "
                 "curves of none: profile it with depthkv profile --preset best");
@@ -539,7 +539,7 @@ TEST_CASE("preset best and --output-aware run on Q8_0 and F16 GGUFs (wo dequanti
   const std::string best = small_profile("--preset best --ratios 0.2,0.5", "profile_best_q8_0.json", q8);
   REQUIRE(depthkv::load_profile(best).calibration.selection->scorer.output_aware);
   const auto e = run_cli("eval --model " + shell_quoted(q8) + " --text " + text + " --profile " + shell_quoted(best) +
-                         common + " --windows 2 --keep 0.3 --preset best --json");
+                         common + " --windows 2 --keeps 0.3 --preset best --json");
   REQUIRE(e.status == 0);
   const nlohmann::json row = nlohmann::json::parse(e.out).at(0);
   REQUIRE(row["preset"] == "best");
@@ -555,7 +555,7 @@ TEST_CASE("preset best and --output-aware run on Q8_0 and F16 GGUFs (wo dequanti
   // F16: --output-aware spelled out
   const std::string oa = small_profile("--scorers snapkv --output-aware --ratios 0.2,0.5", "profile_oa_f16.json", f16);
   const auto ef = run_cli("eval --model " + shell_quoted(f16) + " --text " + text + " --profile " + shell_quoted(oa) +
-                              common + " --windows 2 --keep 0.3 --scorers snapkv --output-aware --json",
+                              common + " --windows 2 --keeps 0.3 --scorers snapkv --output-aware --json",
                           "2>&1 >/dev/null");
   INFO(ef.out);
   REQUIRE(ef.status == 0);
@@ -594,7 +594,7 @@ TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budge
   REQUIRE(j["total"] == sum);
   // eval: head-optimal rows beside the layer policies, at the same KV bytes
   const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common +
-                           " --keep 0.3 --windows 2 --policies optimal,head-optimal --json";
+                           " --keeps 0.3 --windows 2 --policies optimal,head-optimal --json";
   const auto e = run_cli(eval, "2>/dev/null");
   REQUIRE(e.status == 0);
   const nlohmann::json rows = nlohmann::json::parse(e.out);
@@ -609,7 +609,7 @@ TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budge
   // refused: head-optimal without head curves, or with a schedule; an unknown policy lists it
   const std::string plain = small_profile("--ratios 0.2,0.5 --scorers snapkv", "profile_noheads.json");
   require_error(run_cli("eval --model " + model + " --text " + text + " --profile " + shell_quoted(plain) + common +
-                            " --keep 0.3 --windows 2 --policies head-optimal",
+                            " --keeps 0.3 --windows 2 --policies head-optimal",
                         "2>&1"),
                 "no head curves for scorer 'snapkv': measure them with depthkv profile --head-curves");
   // the chunked schedule with one chunk per context evicts once, as oneshot; with 16-token chunks it bounds memory

@@ -48,6 +48,7 @@ RenamedProfile renamed_profile(const std::string& name, const std::string& more)
 
 const std::string kKeepNote = "depthkv: note: --keep is deprecated here, use --layer-keep";
 const std::string kMetricNote = "depthkv: note: --metric is deprecated here, use --metrics";
+const std::string kKeepsNote = "depthkv: note: --keep is deprecated here, use --keeps";
 
 /// `text` without its lines holding "seconds" (run times).
 std::string renamed_untimed(const std::string& text) {
@@ -62,6 +63,15 @@ std::string renamed_untimed(const std::string& text) {
 depthkv_test::CliRun renamed_analyze(const std::string& prof, const std::string& more, bool err) {
   return run_cli("analyze --model " + renamed_model() + " --profile " + prof + " --text " + renamed_text() +
                      " --samples 4 --batch 4 --recompute --max-tokens 8 --threads 1 --json " + more,
+                 err ? "2>&1 >/dev/null" : "2>/dev/null");
+}
+
+/// eval's JSON (one window, context 64 + 16, uniform h2o) of the profile `prof` with the extra
+/// flags `more`: stdout, or stderr with `err`.
+depthkv_test::CliRun renamed_eval(const std::string& prof, const std::string& more, bool err) {
+  return run_cli("eval --model " + renamed_model() + " --profile " + prof + " --text " + renamed_text() +
+                     " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 1"
+                     " --policies uniform --json " + more,
                  err ? "2>&1 >/dev/null" : "2>/dev/null");
 }
 
@@ -113,6 +123,39 @@ TEST_CASE("analyze: --layer-keep is the per-layer ratio; --keep is a deprecated 
   require_error(run_cli(an + "--keep 0.5 --layer-keep 0.5", "2>&1"), "--keep excludes --layer-keep");
 }
 
+TEST_CASE("eval: --keeps takes the list of keep ratios; --keep is a deprecated alias with the same output",
+          "[cli][renamed]") {
+  REQUIRE(renamed_profile("eval.json", "").run.status == 0);
+  const std::string prof = shell_quoted(renamed_path("eval.json"));
+  const depthkv_test::CliRun fresh = renamed_eval(prof, "--keeps 0.3,0.5", false);
+  const depthkv_test::CliRun old = renamed_eval(prof, "--keep 0.3,0.5", false);
+  REQUIRE(fresh.status == 0);
+  REQUIRE(old.status == 0);
+  CHECK(fresh.out.find("\"keep\": 0.3,") != std::string::npos);
+  CHECK(fresh.out.find("\"keep\": 0.5,") != std::string::npos);
+  CHECK(fresh.out.find("\"keep\": 0.1,") == std::string::npos);  // not the default list
+  CHECK(old.out == fresh.out);  // the note goes to stderr
+
+  CHECK(renamed_eval(prof, "--keep 0.3,0.5", true).out.find(kKeepsNote + "\n") != std::string::npos);
+  CHECK(renamed_eval(prof, "--keeps 0.3,0.5", true).out.find("deprecated") == std::string::npos);
+
+  // both names refuse the same values, naming eval's flag; both together are an error
+  require_error(run_cli("eval --model " + renamed_model() + " --profile " + prof + " --text " + renamed_text() +
+                            " --keeps 0.3,1.5",
+                        "2>&1"),
+                "--keeps: 1.5 outside (0, 1]");
+  require_error(run_cli("eval --model " + renamed_model() + " --profile " + prof + " --text " + renamed_text() +
+                            " --keep 0.3,x",
+                        "2>&1"),
+                "--keeps: 'x' is not a number");
+  require_error(run_cli("eval --model " + renamed_model() + " --profile " + prof + " --text " + renamed_text() +
+                            " --keep 0.3 --keeps 0.3",
+                        "2>&1"),
+                "--keep excludes --keeps");
+  // allocate's --keep takes one ratio and keeps its name
+  require_error(run_cli("allocate --profile " + prof + " --keep 1.5", "2>&1"), "--keep: 1.5 outside (0, 1]");
+}
+
 TEST_CASE("help lists the new names only", "[cli][renamed]") {
   const depthkv_test::CliRun an = run_cli("analyze --help");
   CHECK(an.out.find("--layer-keep") != std::string::npos);
@@ -121,4 +164,8 @@ TEST_CASE("help lists the new names only", "[cli][renamed]") {
   CHECK(pr.out.find("--metrics") != std::string::npos);
   for (std::size_t at = pr.out.find("--metric"); at != std::string::npos; at = pr.out.find("--metric", at + 1))
     CHECK(pr.out.compare(at, 9, "--metrics") == 0);
+  const depthkv_test::CliRun ev = run_cli("eval --help");
+  CHECK(ev.out.find("--keeps") != std::string::npos);
+  for (std::size_t at = ev.out.find("--keep"); at != std::string::npos; at = ev.out.find("--keep", at + 1))
+    CHECK(ev.out.compare(at, 7, "--keeps") == 0);
 }

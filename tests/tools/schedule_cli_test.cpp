@@ -30,7 +30,7 @@ TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes with
                   " --windows 4 --ratios 0.2,0.5 --scorers h2o -o " + shell_quoted(profile))
               .status == 0);
   const std::string base = "eval --model " + depthkv_test::stories_model_arg() + " --text " + text + " --profile " + shell_quoted(profile) +
-                           common + " --keep 0.2 --policies uniform,optimal --windows 3 --json";
+                           common + " --keeps 0.2 --policies uniform,optimal --windows 3 --json";
   const auto once = run_cli(base), one_chunk = run_cli(base + " --schedule chunked"),
              chunked = run_cli(base + " --schedule chunked --chunk 16"),
              spaced = run_cli(base + " --schedule chunked --chunk 8 --interval 24");
@@ -56,7 +56,7 @@ TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes with
   // decode: a short context and a long continuation, evicted every --interval tokens
   const std::string longer = "eval --model " + depthkv_test::stories_model_arg() + " --text " + text + " --profile " + shell_quoted(profile) +
                              " --context 32 --continuation 48 --sinks 2 --recent 4 --obs-window 4 --threads 1"
-                             " --keep 0.2 --policies uniform,optimal --windows 3 --json --chunk 16";
+                             " --keeps 0.2 --policies uniform,optimal --windows 3 --json --chunk 16";
   const auto pre = run_cli(longer + " --schedule chunked"), dec = run_cli(longer + " --schedule decode --interval 4");
   REQUIRE(pre.status == 0);
   REQUIRE(dec.status == 0);
