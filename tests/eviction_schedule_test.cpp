@@ -331,7 +331,7 @@ TEST_CASE("EvictionSchedule: keep-all and protection-raised budgets", "[schedule
   }
 }
 
-TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot; chunked peak within budget + one chunk",
+TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot, chunked peak within budget + one chunk",
           "[schedule][eval]") {
   const LlamaModel model = model_of(17, 3);
   const LlamaEngine engine(model);
@@ -375,7 +375,7 @@ TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot; chunke
   }
 }
 
-TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by token; peak within budget + interval",
+TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by token, peak within budget + interval",
           "[schedule][eval]") {
   const LlamaModel model = model_of(19, 3);
   const LlamaEngine engine(model);
@@ -442,7 +442,7 @@ TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by
   }
 }
 
-TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot; chunks equal the uniform EvictionSchedule",
+TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot, chunks equal the uniform EvictionSchedule",
           "[schedule][eval]") {
   const LlamaModel model = model_of(23, 3);
   const LlamaEngine engine(model);
@@ -492,7 +492,7 @@ TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot; chunks equa
   for (std::size_t w = 0; w < windows.size(); ++w) REQUIRE(m[0].kl[w] == Approx(q[w].metrics.loss.kl).margin(1e-12));
 }
 
-TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chunk equals score_and_evict; "
+TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chunk equals score_and_evict, "
           "layer totals exact after every eviction",
           "[schedule][head_budget]") {
   const LlamaModel model = model_of(23);

@@ -268,7 +268,7 @@ TEST_CASE("BlockPool accounting over random append, evict and free of many seque
   }
 }
 
-TEST_CASE("BlockPool exhaustion: a clear error, never an overwrite; blocks_to_append signals it first", "[paged]") {
+TEST_CASE("BlockPool exhaustion: a clear error, never an overwrite, blocks_to_append signals it first", "[paged]") {
   BlockPool<float> pool(2, 2, 1, 2);
   PagedLayer<float> a(pool, 1, 2), b(pool, 1, 2);
   const float r1[2] = {1, 2}, r2[2] = {3, 4};

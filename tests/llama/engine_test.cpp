@@ -224,7 +224,7 @@ TEST_CASE("engine: batched prefill equals the naive reference for every chunk si
   }
 }
 
-TEST_CASE("engine: decode steps equal chunked prefill; last-row logits option", "[engine]") {
+TEST_CASE("engine: decode steps equal chunked prefill, last-row logits option", "[engine]") {
   RandomSpec spec;
   const LlamaModel model = random_model(spec);
   const LlamaEngine engine(model);
@@ -646,7 +646,7 @@ TEST_CASE("engine [real]: mean NLL over the first 64 windows of 512 tokens", "[e
   REQUIRE(std::abs(nll - 1.26) < 0.02);
 }
 
-TEST_CASE("engine: non-finite activations or logits are an error naming the layer and position; the cache is kept",
+TEST_CASE("engine: non-finite activations or logits are an error naming the layer and position, the cache is kept",
           "[engine]") {
   RandomSpec spec;
   const LlamaModel good = random_model(spec);

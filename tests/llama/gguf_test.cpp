@@ -1113,7 +1113,7 @@ std::vector<int> test_tokens(int n, int vocab, unsigned seed) {
 
 }  // namespace
 
-TEST_CASE("gguf: block-quantized, F16 and BF16 weights stay in place in the mapping; dequantize forces float32",
+TEST_CASE("gguf: block-quantized, F16 and BF16 weights stay in place in the mapping, dequantize forces float32",
           "[llama][gguf][quant]") {
   Synth s = quant_synth(depthkv_test::kTQ4_K);
   s.types["ffn_up"] = depthkv_test::kTF16;    // F16 stays in place

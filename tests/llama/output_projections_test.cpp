@@ -176,7 +176,7 @@ TEST_CASE("OutputProjections: a wo of the wrong shape, with two forms or an unco
   CHECK_THROWS_WITH(OutputProjections(bad), Catch::EndsWith("2 layer weight sets for 3 layers"));
 }
 
-TEST_CASE("output-aware scores on F16 and Q8_0 GGUFs equal those with the dequantized float wo; the evaluator runs",
+TEST_CASE("output-aware scores on F16 and Q8_0 GGUFs equal those with the dequantized float wo, the evaluator runs",
           "[llama][output_projections][gguf][eval]") {
   for (bool q8_0 : {false, true}) {
     CAPTURE(q8_0);

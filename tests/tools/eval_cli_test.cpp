@@ -152,7 +152,7 @@ TEST_CASE("eval --windows-out writes the evaluation windows' ids and evaluates n
   require_error(run_cli(base + " --windows-out /nonexistent-dir/w.json", "2>&1"), "cannot write '/nonexistent-dir/w.json'");
 }
 
-TEST_CASE("the selection flags are --sinks --recent --obs-window --kernel --pooling everywhere; --window is refused",
+TEST_CASE("the selection flags are --sinks --recent --obs-window --kernel --pooling everywhere, --window is refused",
           "[cli][real]") {
   Fixture fx;
   const std::string split = "--window is no longer an option: use --recent N --obs-window N (--window N set both)";
@@ -406,7 +406,7 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
   std::remove(csv.c_str());
 }
 
-TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head-optimal; rows name it",
+TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head-optimal, rows name it",
           "[cli][eval][real]") {
   const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
@@ -473,7 +473,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
                           "2>/dev/null");
   REQUIRE(s0.status == 0);
   REQUIRE(nlohmann::json::parse(s0.out).at(0)["kl"] == row0["kl"]);
-  require_error(run_cli(base + " --keeps 0.3 --preset best --lookahead -1", "2>&1"), "--lookahead >= 0");
+  require_error(run_cli(base + " --keeps 0.3 --preset best --lookahead -1", "2>&1"), "--lookahead: must be >= 0, got -1");
   // a profile of one candidate (the earlier preset's): that scorer; one without head curves: refused
   const std::string one = small_profile("--scorers snapkv --pooling max --output-aware --head-curves --ratios 0.2,0.5",
                                         "profile_best_snapkv.json");

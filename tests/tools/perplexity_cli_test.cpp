@@ -12,7 +12,7 @@ using depthkv_test::require_error;
 using depthkv_test::run_cli;
 using depthkv_test::shell_quoted;
 
-TEST_CASE("perplexity: the same figures from .bin and .gguf, JSON and table agree; errors", "[cli][perplexity][real]") {
+TEST_CASE("perplexity: the same figures from .bin and .gguf, JSON and table agree, errors", "[cli][perplexity][real]") {
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const std::string bin = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string gguf = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.gguf"));

@@ -77,7 +77,7 @@ depthkv_test::CliRun renamed_eval(const std::string& prof, const std::string& mo
 
 }  // namespace
 
-TEST_CASE("profile: --metrics sets the metric; --metric is a deprecated alias that says so on stderr", "[cli][renamed]") {
+TEST_CASE("profile: --metrics sets the metric, --metric is a deprecated alias that says so on stderr", "[cli][renamed]") {
   const RenamedProfile fresh = renamed_profile("metrics_new.json", "--metrics dnll");
   REQUIRE(fresh.run.status == 0);
   CHECK(fresh.file.find("\"metric\": \"dnll\"") != std::string::npos);
@@ -99,7 +99,7 @@ TEST_CASE("profile: --metrics sets the metric; --metric is a deprecated alias th
                 "--metric excludes --metrics");
 }
 
-TEST_CASE("analyze: --layer-keep is the per-layer ratio; --keep is a deprecated alias with the same output",
+TEST_CASE("analyze: --layer-keep is the per-layer ratio, --keep is a deprecated alias with the same output",
           "[cli][renamed]") {
   REQUIRE(renamed_profile("analyze.json", "").run.status == 0);
   const std::string prof = shell_quoted(renamed_path("analyze.json"));
@@ -123,7 +123,7 @@ TEST_CASE("analyze: --layer-keep is the per-layer ratio; --keep is a deprecated 
   require_error(run_cli(an + "--keep 0.5 --layer-keep 0.5", "2>&1"), "--keep excludes --layer-keep");
 }
 
-TEST_CASE("eval: --keeps takes the list of keep ratios; --keep is a deprecated alias with the same output",
+TEST_CASE("eval: --keeps takes the list of keep ratios, --keep is a deprecated alias with the same output",
           "[cli][renamed]") {
   REQUIRE(renamed_profile("eval.json", "").run.status == 0);
   const std::string prof = shell_quoted(renamed_path("eval.json"));

@@ -21,7 +21,7 @@ namespace {
 constexpr double kTokenBytes = 5 * 4 * 8 * 2 * 4;  // per position, all layers
 }  // namespace
 
-TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes within budget + one chunk",
+TEST_CASE("eval --schedule chunked: one chunk equals oneshot, peak_kv_bytes within budget + one chunk",
           "[cli][eval][schedule][real]") {
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const std::string profile = depthkv_test::scratch_dir().file("schedule_profile.json");
@@ -72,11 +72,11 @@ TEST_CASE("eval --schedule chunked: one chunk equals oneshot; peak_kv_bytes with
   }
   require_error(run_cli(base + " --schedule sometimes", "2>&1"),
                 "--schedule must be oneshot, chunked or decode, got 'sometimes'");
-  require_error(run_cli(base + " --schedule chunked --interval 0", "2>&1"), "--interval must be >= 1, got 0");
+  require_error(run_cli(base + " --schedule chunked --interval 0", "2>&1"), "--interval: must be >= 1, got 0");
   std::remove(profile.c_str());
 }
 
-TEST_CASE("profile --schedule chunked: recorded in the file; one chunk equals oneshot", "[cli][profile][schedule][real]") {
+TEST_CASE("profile --schedule chunked: recorded in the file, one chunk equals oneshot", "[cli][profile][schedule][real]") {
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const auto& dir = depthkv_test::scratch_dir();
   const std::string p1 = dir.file("prof_once.json"), p2 = dir.file("prof_one_chunk.json"), p3 = dir.file("prof_chunked.json");
@@ -110,7 +110,7 @@ TEST_CASE("profile --schedule chunked: recorded in the file; one chunk equals on
                 "--resume: '" + p1 + "' was measured with other settings (text, document split, windows, ratios or schedule)");
 }
 
-TEST_CASE("generate --max-kv-tokens: bounded cache; a budget never reached gives the default output",
+TEST_CASE("generate --max-kv-tokens: bounded cache, a budget never reached gives the default output",
           "[cli][generate][schedule][real]") {
   const std::string g = "generate --model " + depthkv_test::stories_model_arg() + " --prompt 'Once upon a time' -t 0 -n 200 ";
   const auto full = run_cli(g), big = run_cli(g + "--max-kv-tokens 100000");
