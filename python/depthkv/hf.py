@@ -8,10 +8,11 @@ library, the CLI and :class:`depthkv.kvpress.DepthKVPress` read.
 
 Protocol (``depthkv profile``, include/depthkv/llama/eval.hpp). A window is a context (``context``
 tokens, default 384) and a continuation (``continuation``, default 128). The full run prefills the
-context with eager attention and ``output_attentions=True``; every layer's
-:class:`depthkv.TokenScorer` observes that layer's attention probabilities of the context (SnapKV:
-its last ``window`` query positions; TOVA: the last one) and scores the context's slots per KV
-head. The continuation is then teacher-forced on the full cache (positions n, n+1, ...). For each
+context with eager attention; as each layer runs, its :class:`depthkv.TokenScorer` observes the
+layer's attention probabilities of the context (the weights ``output_attentions=True`` returns,
+taken by a hook on the attention module, so that only one layer's probabilities exist at a time;
+SnapKV: the last ``window`` query positions; TOVA: the last one) and scores the context's slots
+per KV head. The continuation is then teacher-forced on the full cache (positions n, n+1, ...). For each
 layer l and keep ratio r, only layer l's context cache is pruned, physically: each KV head keeps
 ``depthkv.keep_tokens(r, n, protection)`` slots chosen by :func:`depthkv.select_keep` (the library's
 ranking: the first n_sink and last n_recent always, then the best scores, ties to the earlier
@@ -171,65 +172,6 @@ class _Metrics(NamedTuple):
     top1: float
 
 
-class _FullRun:
-    """The full run of one window: the context caches, every layer's attention, the continuation's
-    log-probabilities and argmax, and (for reuse) every decoder layer's continuation output."""
-
-    def __init__(self, model, w: Window, need_attention: bool, reuse: bool):
-        dev = model.device
-        self.model, self.n, self.tc = model, len(w.context), len(w.continuation)
-        self.cont = torch.tensor([w.continuation], device=dev)
-        self.pos = torch.arange(self.n, self.n + self.tc, device=dev)[None]
-        self.targets = torch.tensor(w.continuation[1:], device="cpu")
-        impl = model.config._attn_implementation
-        if need_attention and impl != "eager":
-            model.set_attn_implementation("eager")
-        try:
-            cache = DynamicCache()
-            out = model.model(input_ids=torch.tensor([w.context], device=dev), past_key_values=cache,
-                              output_attentions=need_attention)
-        finally:
-            if model.config._attn_implementation != impl:
-                model.set_attn_implementation(impl)
-        self.attentions = out.attentions if need_attention else None
-        self.keys = [layer.keys for layer in cache.layers]
-        self.values = [layer.values for layer in cache.layers]
-        self.outputs: List[object] = []
-        hooks = []
-        if reuse:
-            for layer in _layers(model):
-                hooks.append(layer.register_forward_hook(lambda m, a, o: self.outputs.append(o)))
-        try:
-            logits = self.continuation(self.keys, self.values)
-        finally:
-            for h in hooks:
-                h.remove()
-        self.logp = torch.log_softmax(logits.double(), dim=-1)
-        self.top = logits.argmax(-1)
-        self.nll = float(-self.logp[:-1].gather(1, self.targets[:, None]).mean())
-
-    def continuation(self, keys, values, first: int = 0) -> torch.Tensor:
-        """The continuation's logits [Tc, vocab] (float32, CPU) on a cache of the given layers;
-        layers below ``first`` replay the full run's outputs."""
-        layers = _layers(self.model)
-        for i in range(first):
-            layers[i].forward = (lambda out: (lambda *a, **k: out))(self.outputs[i])
-        try:
-            with torch.no_grad():
-                out = self.model(input_ids=self.cont, past_key_values=_cache_of(keys, values), position_ids=self.pos)
-        finally:
-            for i in range(first):
-                del layers[i].forward
-        return out.logits[0].float().cpu()
-
-    def metrics(self, logits: torch.Tensor) -> _Metrics:
-        lp = torch.log_softmax(logits.double(), dim=-1)
-        kl = float((self.logp.exp() * (self.logp - lp)).sum(-1).mean())
-        dnll = float(-lp[:-1].gather(1, self.targets[:, None]).mean()) - self.nll
-        top1 = float((logits.argmax(-1) != self.top).double().mean())
-        return _Metrics(kl, dnll, top1)
-
-
 class _Settings(NamedTuple):
     scorers: List[str]
     ratios: List[float]
@@ -242,20 +184,100 @@ class _Settings(NamedTuple):
     reuse: bool
 
 
+class _FullRun:
+    """The full run of one window: the context caches, every layer's scorers (fed during the
+    prefill, one layer's attention at a time), the continuation's log-probabilities and argmax, and
+    (for reuse) every decoder layer's continuation output."""
+
+    def __init__(self, model, w: Window, s: _Settings):
+        dev = model.device
+        self.model, self.n, self.tc = model, len(w.context), len(w.continuation)
+        self.cont = torch.tensor([w.continuation], device=dev)
+        self.pos = torch.arange(self.n, self.n + self.tc, device=dev)[None]
+        self.targets = torch.tensor(w.continuation[1:], device="cpu")
+        self.scorers = self._prefill(model, torch.tensor([w.context], device=dev), s)
+        self.outputs: List[object] = []
+        hooks = [layer.register_forward_hook(lambda m, a, o: self.outputs.append(o))
+                 for layer in (_layers(model) if s.reuse else [])]
+        try:
+            logits = self.continuation(self.keys, self.values)
+        finally:
+            for h in hooks:
+                h.remove()
+        self.logp = torch.log_softmax(logits.double(), dim=-1)
+        self.top = logits.argmax(-1)
+        self.nll = float(-self.logp[:-1].gather(1, self.targets[:, None]).mean())
+
+    def _prefill(self, model, ids: torch.Tensor, s: _Settings) -> List[Dict[str, depthkv.TokenScorer]]:
+        """Prefills the context with eager attention; a hook on every attention module feeds that
+        layer's probabilities to its scorers as the layer runs (no layer's probabilities are kept)."""
+        cfg = model.config
+        scorers = [{x: depthkv.TokenScorer(x, cfg.num_attention_heads, cfg.num_key_value_heads, window=s.window,
+                                           kernel=s.kernel, pooling=s.pooling, output_aware=s.output_aware)
+                    for x in s.scorers} for _ in _layers(model)]
+        need = any(x != "knorm" for x in s.scorers)
+
+        def feed(layer: int):
+            def hook(module, args, out):
+                probs = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+                if probs is None:
+                    raise Error(f"depthkv.hf.profile: layer {layer}'s attention returned no probabilities "
+                                "(the prefill needs eager attention)")
+                for x, sc in scorers[layer].items():
+                    if x != "knorm":
+                        first = {"snapkv": max(0, self.n - s.window), "tova": self.n - 1}.get(x, 0)
+                        sc.observe(probs[0, :, first:, :].detach().float().cpu(), q_pos0=first)
+            return hook
+
+        impl = cfg._attn_implementation
+        hooks = [layer.self_attn.register_forward_hook(feed(i)) for i, layer in enumerate(_layers(model))] if need else []
+        if need and impl != "eager":
+            model.set_attn_implementation("eager")
+        try:
+            cache = DynamicCache()
+            with torch.no_grad():
+                model.model(input_ids=ids, past_key_values=cache)
+        finally:
+            for h in hooks:
+                h.remove()
+            if model.config._attn_implementation != impl:
+                model.set_attn_implementation(impl)
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
+        return scorers
+
+    def continuation(self, keys, values, first: int = 0) -> torch.Tensor:
+        """The continuation's logits [Tc, vocab] (float32, CPU) on a cache of the given layers;
+        layers below ``first`` replay the full run's outputs."""
+        layers = _layers(self.model)
+        saved = [layers[i].__dict__.get("forward") for i in range(first)]  # e.g. accelerate's hooked forward
+        for i in range(first):
+            layers[i].forward = (lambda out: (lambda *a, **k: out))(self.outputs[i])
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=self.cont, past_key_values=_cache_of(keys, values), position_ids=self.pos)
+        finally:
+            for i in range(first):
+                if saved[i] is None:
+                    del layers[i].forward
+                else:
+                    layers[i].forward = saved[i]
+        return out.logits[0].float().cpu()
+
+    def metrics(self, logits: torch.Tensor) -> _Metrics:
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        kl = float((self.logp.exp() * (self.logp - lp)).sum(-1).mean())
+        dnll = float(-lp[:-1].gather(1, self.targets[:, None]).mean()) - self.nll
+        top1 = float((logits.argmax(-1) != self.top).double().mean())
+        return _Metrics(kl, dnll, top1)
+
+
 def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
     """float32 [n_kv_heads, n]: the scorer's scores of layer ``layer``'s context slots."""
-    cfg = model.config
-    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    sc = depthkv.TokenScorer(scorer, n_heads, n_kv, window=s.window, kernel=s.kernel, pooling=s.pooling,
-                             output_aware=s.output_aware)
-    if scorer != "knorm":
-        first = {"snapkv": max(0, run.n - s.window), "tova": run.n - 1}.get(scorer, 0)
-        probs = run.attentions[layer][0, :, first:, :].detach().float().cpu()
-        sc.observe(probs, q_pos0=first)
     keys = run.keys[layer][0].float().cpu() if scorer == "knorm" else None
     values = run.values[layer][0].float().cpu() if scorer in ("h2o-v1", "h2o-v2") or s.output_aware else None
     wo = _layers(model)[layer].self_attn.o_proj.weight.detach().float().cpu() if s.output_aware else None
-    return sc.scores(run.n, keys=keys, values=values, wo=wo)
+    return run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)
 
 
 def _gathered(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
@@ -392,13 +414,11 @@ def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = 
     layer_m = {x: np.zeros((3, L, R, W)) for x in s.scorers}
     head_m = {x: np.zeros((3, L * H, R, W)) for x in s.scorers} if s.head_curves else {}
     bar = _Progress(progress, W * len(s.scorers) * L * R * (1 + (H if s.head_curves else 0)))
-    need_attention = any(x != "knorm" for x in s.scorers)
     was_training = model.training
     model.eval()
     try:
         for w, win in enumerate(windows):
-            with torch.no_grad():
-                run = _FullRun(model, win, need_attention, s.reuse)
+            run = _FullRun(model, win, s)
             for x in s.scorers:
                 for layer in range(L):
                     sc = _layer_scores(model, run, s, x, layer)
@@ -423,3 +443,74 @@ def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = 
     if output is not None:
         depthkv.save_profile(prof, output)
     return prof
+
+
+# ---- python -m depthkv.hf profile ---------------------------------------------------------------
+
+def _parser():
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m depthkv.hf", description="depthkv for Hugging Face causal LMs")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("profile", help="measure per-layer loss curves and write a profile file (as depthkv profile)")
+    p.add_argument("--model", required=True, help="HF model name or folder (AutoModelForCausalLM.from_pretrained)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="calibration text file (tokenized as one text by the model's tokenizer)")
+    src.add_argument("--windows-file", help="token windows: a depthkv eval --windows-out file")
+    p.add_argument("-o", "--output", required=True, help="profile file to write (JSON)")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context tokens per window (pruned)")
+    p.add_argument("--continuation", type=int, default=DEFAULT_CONTINUATION, help="continuation tokens per window")
+    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS, help="calibration windows")
+    p.add_argument("--skip", type=int, default=0, help="windows of --text skipped first")
+    p.add_argument("--scorers", default="snapkv", help="token scorers, comma-separated (h2o, snapkv, tova, ...)")
+    p.add_argument("--ratios", default=",".join(map(str, DEFAULT_RATIOS)), help="probed keep ratios")
+    p.add_argument("--sinks", type=int, default=depthkv.DEFAULT_PROTECTION[0], help="attention-sink tokens kept")
+    p.add_argument("--recent", type=int, default=depthkv.DEFAULT_PROTECTION[1], help="recent tokens kept")
+    p.add_argument("--obs-window", type=int, default=depthkv.DEFAULT_OBS_WINDOW, help="SnapKV's observation window")
+    p.add_argument("--kernel", type=int, default=depthkv.DEFAULT_KERNEL, help="SnapKV's pooling kernel (odd)")
+    p.add_argument("--pooling", default="max", help="SnapKV's pooling: max, avg or none")
+    p.add_argument("--output-aware", action="store_true", help="output-aware (CriticalKV) rescaling")
+    p.add_argument("--head-curves", action="store_true", help="also measure the per-(layer, KV head) curves")
+    p.add_argument("--metric", default="kl", help="the profile's default metric: kl, dnll or top1")
+    p.add_argument("--no-reuse", action="store_true", help="recompute the layers below the pruned one")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16, float16)")
+    p.add_argument("--attn", default="sdpa", help="attention implementation of the continuation runs (sdpa or eager)")
+    p.add_argument("--name", help="model name recorded in the profile (default: --model)")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m depthkv.hf profile ...``: loads the model with transformers, runs :func:`profile`
+    with a progress line on stderr, writes the profile and prints its curves."""
+    a = _parser().parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    dtype = a.dtype if a.dtype == "auto" else getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation=a.attn).to(a.device).eval()
+    tokenizer, data = None, a.windows_file
+    if a.text:
+        tokenizer = AutoTokenizer.from_pretrained(a.model)
+        with open(a.text, encoding="utf-8") as f:
+            data = f.read()
+    t0 = time.perf_counter()
+    try:
+        prof = profile(model, tokenizer, data, keep_ratios=[float(x) for x in a.ratios.split(",")], scorer=a.scorers,
+                       protection=(a.sinks, a.recent), window=a.obs_window, kernel=a.kernel, pooling=a.pooling,
+                       output_aware=a.output_aware, head_curves=a.head_curves, context=a.context,
+                       continuation=a.continuation, n_windows=a.windows, skip=a.skip, metric=a.metric,
+                       reuse=not a.no_reuse, name=a.name or a.model, text_file=a.text or a.windows_file,
+                       output=a.output, progress=True)
+    except Error as e:
+        print(f"depthkv.hf: error: {e}", file=sys.stderr)
+        return 1
+    print(f"profile written to {a.output} ({time.perf_counter() - t0:.2f} s)")
+    for s in prof.scorers:
+        print(f"\nscorer {s}: mean {prof.metric} per layer (rows) and keep ratio (columns), +- standard error")
+        print("layer" + "".join(f"  {r:15.2f}" for r in prof.keep_ratios))
+        mean, se = prof.curves(s), prof.curves(s, stderr=True)
+        for layer in range(prof.n_layers):
+            print(f"{layer:5d}" + "".join(f"  {m:7.4f}+-{e:6.4f}" for m, e in zip(mean[layer], se[layer])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

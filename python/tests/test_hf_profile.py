@@ -123,3 +123,19 @@ def test_bad_input(model):
         depthkv.hf.profile(model, None, [([1, 99999], [2, 3])])
     with pytest.raises(depthkv.Error, match="unknown loss metric"):
         depthkv.hf.profile(model, None, w, keep_ratios=(0.5,), metric="nll")
+
+
+def test_command_line(model, cli_run, tmp_path, capsys):
+    """python -m depthkv.hf profile (its main(), in this process)."""
+    model.save_pretrained(tmp_path / "m")
+    out = tmp_path / "cli.profile.json"
+    args = ["profile", "--model", str(tmp_path / "m"), "--windows-file", cli_run[0], "--scorers", "h2o", "--device",
+            "cpu", "--name", "m", "-o", str(out)]
+    assert depthkv.hf.main(args + ["--ratios", "0.3"]) == 0
+    cap = capsys.readouterr()
+    assert "depthkv.hf.profile h2o: 5/5 runs" in cap.err and "profile written to" in cap.out
+    api = depthkv.hf.profile(model, None, cli_run[0], keep_ratios=(0.3,), scorer="h2o")
+    np.testing.assert_allclose(depthkv.load_profile(out).curves("h2o"), api.curves("h2o"), rtol=1e-6)
+    assert depthkv.load_profile(out).model["file"] == "m"
+    assert depthkv.hf.main(args + ["--ratios", "1.5"]) == 1
+    assert "depthkv.hf: error: " in capsys.readouterr().err
