@@ -136,16 +136,26 @@ def model_identity(model, name: Optional[str] = None) -> Tuple[str, int, str, in
 
 # ---- the runs of one window ---------------------------------------------------------------------
 
+def _is_windows_file(data) -> bool:
+    return isinstance(data, dict) or (isinstance(data, (str, os.PathLike)) and str(data).endswith(".json")
+                                      and os.path.exists(data))
+
+
+def _is_texts(data) -> bool:
+    return isinstance(data, str) or (isinstance(data, (list, tuple)) and len(data) > 0 and isinstance(data[0], str))
+
+
 def _as_windows(tokenizer, data, context, continuation, n_windows, skip) -> Tuple[List[Window], dict]:
     """The windows of ``data``: texts (needs the tokenizer), windows, or a --windows-out dict / file."""
-    if isinstance(data, dict) or (isinstance(data, (str, os.PathLike)) and str(data).endswith(".json")
-                                  and os.path.exists(data)):
+    if _is_windows_file(data):
         ws, meta = load_windows(data)
         return ws[:n_windows] if n_windows else ws, meta
-    if isinstance(data, str) or (isinstance(data, (list, tuple)) and data and isinstance(data[0], str)):
+    if _is_texts(data):
         if tokenizer is None:
             raise Error("depthkv.hf.profile: texts need a tokenizer")
         return windows_from_texts(tokenizer, data, context, continuation, n_windows, skip), {"skip": skip}
+    if data is None:
+        raise Error("depthkv.hf.profile: give texts, token windows or a windows file")
     ws = []
     for w in data:
         c, t = (w["context"], w["continuation"]) if isinstance(w, dict) else w
@@ -342,20 +352,27 @@ class _Progress:
                   end=end, file=sys.stderr, flush=True)
 
 
+def _ratios(keep_ratios) -> List[float]:
+    ratios = [float(r) for r in keep_ratios]
+    if not ratios or any(not 0.0 < r < 1.0 for r in ratios) or ratios != sorted(set(ratios)):
+        raise Error(f"depthkv.hf.profile: keep_ratios must be strictly ascending in (0, 1), got {list(keep_ratios)}")
+    return ratios
+
+
 def _settings(model, scorer, keep_ratios, protection, window, kernel, pooling, output_aware, head_curves,
-              reuse) -> _Settings:
+              reuse, metric) -> _Settings:
     scorers = [x.strip() for x in scorer.split(",")] if isinstance(scorer, str) else [str(x) for x in scorer]
     if not scorers or len(set(scorers)) != len(scorers):
         raise Error(f"depthkv.hf.profile: give one or more distinct scorers, got {scorer!r}")
     for name in scorers:  # every scorer setting checked by the library before any run
         depthkv.TokenScorer(name, model.config.num_attention_heads, model.config.num_key_value_heads,
                             window=window, kernel=kernel, pooling=pooling, output_aware=output_aware)
-    ratios = [float(r) for r in keep_ratios]
-    if not ratios or any(not 0.0 < r < 1.0 for r in ratios) or ratios != sorted(set(ratios)):
-        raise Error(f"depthkv.hf.profile: keep_ratios must be strictly ascending in (0, 1), got {list(keep_ratios)}")
+    ratios = _ratios(keep_ratios)
     prot = depthkv._protection(protection)
     if min(prot) < 0:
         raise Error(f"depthkv.hf.profile: protection must be >= 0, got {prot}")
+    if metric not in ("kl", "dnll", "top1"):
+        raise Error(f"depthkv.hf.profile: unknown loss metric {metric!r} (expected kl, dnll or top1)")
     if head_curves and model.config._attn_implementation not in WRAPPED:
         raise Error("depthkv.hf.profile: head curves need sdpa or eager attention (per-head masks)")
     return _Settings(scorers, ratios, prot, int(window), int(kernel), str(pooling), bool(output_aware),
@@ -374,6 +391,37 @@ def _check_windows(model, windows: List[Window]) -> Tuple[int, int]:
     if any(not 0 <= t < vocab for w in windows for t in w.context + w.continuation):
         raise Error(f"depthkv.hf.profile: a token id outside the vocabulary of {vocab}")
     return n, tc
+
+
+def _measure(model, windows: List[Window], s: _Settings, progress) -> Tuple[dict, dict]:
+    """Per scorer, the metrics (kl, dnll, top1) of every run: [3, n_layers, n_ratios, n_windows]
+    and, with head curves, [3, n_layers * n_kv_heads, n_ratios, n_windows]."""
+    L, H = len(_layers(model)), model.config.num_key_value_heads
+    R, W = len(s.ratios), len(windows)
+    layer_m = {x: np.zeros((3, L, R, W)) for x in s.scorers}
+    head_m = {x: np.zeros((3, L * H, R, W)) for x in s.scorers} if s.head_curves else {}
+    bar = _Progress(progress, W * len(s.scorers) * L * R * (1 + (H if s.head_curves else 0)))
+    was_training = model.training
+    model.eval()
+    try:
+        for w, win in enumerate(windows):
+            run = _FullRun(model, win, s)
+            for x in s.scorers:
+                for layer in range(L):
+                    sc = _layer_scores(model, run, s, x, layer)
+                    for k, m in enumerate(_layer_runs(run, s, sc, layer, s.reuse)):
+                        layer_m[x][:, layer, k, w] = m
+                    bar.step(R, x)
+                    if not s.head_curves:
+                        continue
+                    for h, row in enumerate(_head_runs(model, run, s, sc, layer, s.reuse)):
+                        for k, m in enumerate(row):
+                            head_m[x][:, layer * H + h, k, w] = m
+                    bar.step(R * H, x + " heads")
+            del run
+    finally:
+        model.train(was_training)
+    return layer_m, head_m
 
 
 def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = DEFAULT_RATIOS,
@@ -405,34 +453,13 @@ def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = 
     :param progress: True for a progress line on stderr, or a function (done, total)
     :raises Error: on bad settings or windows, a model whose attention cannot be masked per layer
     """
-    s = _settings(model, scorer, keep_ratios, protection, window, kernel, pooling, output_aware, head_curves, reuse)
+    s = _settings(model, scorer, keep_ratios, protection, window, kernel, pooling, output_aware, head_curves, reuse,
+                  metric)
     windows, meta = _as_windows(tokenizer, data, context, continuation, n_windows, skip)
     n, tc = _check_windows(model, windows)
     install_attention(model, who="depthkv.hf.profile")
     L, H = len(_layers(model)), model.config.num_key_value_heads
-    R, W = len(s.ratios), len(windows)
-    layer_m = {x: np.zeros((3, L, R, W)) for x in s.scorers}
-    head_m = {x: np.zeros((3, L * H, R, W)) for x in s.scorers} if s.head_curves else {}
-    bar = _Progress(progress, W * len(s.scorers) * L * R * (1 + (H if s.head_curves else 0)))
-    was_training = model.training
-    model.eval()
-    try:
-        for w, win in enumerate(windows):
-            run = _FullRun(model, win, s)
-            for x in s.scorers:
-                for layer in range(L):
-                    sc = _layer_scores(model, run, s, x, layer)
-                    for k, m in enumerate(_layer_runs(run, s, sc, layer, s.reuse)):
-                        layer_m[x][:, layer, k, w] = m
-                    bar.step(R, x)
-                    if s.head_curves:
-                        for h, row in enumerate(_head_runs(model, run, s, sc, layer, s.reuse)):
-                            for k, m in enumerate(row):
-                                head_m[x][:, layer * H + h, k, w] = m
-                        bar.step(R * H, x + " heads")
-            del run
-    finally:
-        model.train(was_training)
+    layer_m, head_m = _measure(model, windows, s, progress)
     ident = model_identity(model, name)
     src = text_file if text_file is not None else str(meta.get("source", ""))
     prof = _core.profile_from_samples(

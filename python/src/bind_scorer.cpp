@@ -165,23 +165,25 @@ class PyScorer {
     return out;
   }
 
+  /// An optional array argument (None: false).
+  static bool optional_array(const nb::handle& h, const char* what, AnyArray& out) {
+    if (h.is_none()) return false;
+    DEPTHKV_CHECK_AS(kFunc, nb::try_cast(h, out), what << " must be an array, got " << nb::inst_name(h).c_str());
+    check_float_array(out, what, 3, "[n_kv_heads, n, head_dim]");
+    return true;
+  }
+
   /// Points the layer at the key/value arrays (when given), checking their shapes against each
   /// other, the scorer's KV heads and the sizes.
   void attach(ArrayLayer& layer, const nb::handle& keys, const nb::handle& values) const {
     AnyArray k, v;
-    const bool has_k = !keys.is_none(), has_v = !values.is_none();
-    DEPTHKV_CHECK_AS(kFunc, !has_k || nb::try_cast(keys, k), "keys must be an array, got " << nb::inst_name(keys).c_str());
-    DEPTHKV_CHECK_AS(kFunc, !has_v || nb::try_cast(values, v),
-                     "values must be an array, got " << nb::inst_name(values).c_str());
+    const bool has_k = optional_array(keys, "keys", k), has_v = optional_array(values, "values", v);
     if (!has_k && !has_v) return;
     const AnyArray& a = has_k ? k : v;
-    for (const AnyArray* x : {has_k ? &k : nullptr, has_v ? &v : nullptr}) {
-      if (x == nullptr) continue;
-      check_float_array(*x, x == &k ? "keys" : "values", 3, "[n_kv_heads, n, head_dim]");
-      DEPTHKV_CHECK_AS(kFunc, x->shape(0) == a.shape(0) && x->shape(1) == a.shape(1) && x->shape(2) == a.shape(2) &&
-                                  x->stride(0) == a.stride(0) && x->stride(1) == a.stride(1),
-                       "keys and values must have the same shape and strides");
-    }
+    DEPTHKV_CHECK_AS(kFunc, !(has_k && has_v) || (k.shape(0) == v.shape(0) && k.shape(1) == v.shape(1) &&
+                                                   k.shape(2) == v.shape(2) && k.stride(0) == v.stride(0) &&
+                                                   k.stride(1) == v.stride(1)),
+                     "keys and values must have the same shape and strides");
     DEPTHKV_CHECK_AS(kFunc, dim_of(a, 0) == layer.kv_heads,
                      "keys/values have " << a.shape(0) << " KV heads, the scorer " << layer.kv_heads);
     for (int s : layer.sizes)
