@@ -39,11 +39,21 @@ def cli_run(cli, tmp_path_factory):
     d = tmp_path_factory.mktemp("hfprof")
     bin_path = _model_path("stories260K")
     common = ["--model", bin_path, "--text", TEXT, "--windows", "1", "--skip", str(SKIP), "--threads", "2"]
-    rc, _, err = run_cli(cli, "eval", *common, "--profile", STORIES, "--windows-out", str(d / "w.json"))
-    assert rc == 0, err
-    rc, _, err = run_cli(cli, "profile", *common, "--scorers", "snapkv", "--ratios", ",".join(map(str, RATIOS)),
-                         "--head-curves", "-o", str(d / "cli.json"))
-    assert rc == 0, err
+    # the engine's OpenMP regions spin while they wait by default, which on a busy machine (CI) makes
+    # the profile run ~10x slower; the results do not depend on it
+    old = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    try:
+        rc, _, err = run_cli(cli, "eval", *common, "--profile", STORIES, "--windows-out", str(d / "w.json"))
+        assert rc == 0, err
+        rc, _, err = run_cli(cli, "profile", *common, "--scorers", "snapkv", "--ratios", ",".join(map(str, RATIOS)),
+                             "--head-curves", "-o", str(d / "cli.json"))
+        assert rc == 0, err
+    finally:
+        if old is None:
+            del os.environ["OMP_WAIT_POLICY"]
+        else:
+            os.environ["OMP_WAIT_POLICY"] = old
     return str(d / "w.json"), depthkv.load_profile(d / "cli.json")
 
 
@@ -141,3 +151,16 @@ def test_command_line(model, cli_run, tmp_path, capsys):
     assert depthkv.load_profile(out).model["file"] == "m"
     assert depthkv.hf.main(args + ["--ratios", "1.5"]) == 1
     assert "depthkv.hf: error: " in capsys.readouterr().err
+
+
+def test_the_profile_drives_depthkv_press(hf_run, model, cli_run):
+    from depthkv.kvpress import DepthKVPress
+    from transformers import DynamicCache
+    prof = hf_run[0]
+    ctx = depthkv.hf.load_windows(cli_run[0])[0][0].context
+    press = DepthKVPress(prof, keep=0.2, policy="optimal")
+    cache = DynamicCache()
+    with torch.no_grad(), press(model):
+        model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
+    budgets = depthkv.allocate(prof, keep=0.2, scorer="snapkv", lengths=len(ctx)).budgets.tolist()
+    assert [layer.keys.shape[2] for layer in cache.layers] == budgets
