@@ -8,6 +8,9 @@ input raises :class:`depthkv.Error` (a ``ValueError``) with the C++ ``depthkv::E
 >>> a = depthkv.allocate(prof, keep=0.2, policy="optimal", scorer="snapkv")
 >>> a.budgets                       # tokens each layer keeps (numpy int32)
 >>> kept = depthkv.select_keep(scores, 40, protection=(4, 16))   # scores: float32 [heads, n]
+>>> sc = depthkv.TokenScorer("snapkv", n_heads=8, n_kv_heads=4)   # the library's scorers over arrays
+>>> sc.observe(probs)                  # attention probabilities float32 [n_heads, n_queries, n_keys]
+>>> s = sc.scores()                    # float32 [n_kv_heads, n_keys]
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ __all__ = [
     "allocate",
     "preset",
     "select_keep",
+    "keep_tokens",
+    "TokenScorer",
+    "SCORERS",
 ]
 
 #: Every allocation policy name (the layer policies, then "head-optimal").
@@ -45,6 +51,8 @@ DEFAULT_PROTECTION: Tuple[int, int] = (4, 16)
 DEFAULT_OBS_WINDOW = 16
 #: The SnapKV pooling kernel of ``depthkv allocate`` when no --kernel is given.
 DEFAULT_KERNEL = 7
+#: The built-in token scorers (include/depthkv/token_scorer.hpp).
+SCORERS: List[str] = ["h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -222,3 +230,115 @@ def select_keep(scores, k, protection: Sequence[int] = (0, 0), positions=None):
         return rows
     n = len(rows[0]) if rows else 0
     return np.stack(rows) if rows else np.zeros((0, n), dtype=np.int32)
+
+
+def keep_tokens(ratio: float, n: int, protection: Sequence[int] = DEFAULT_PROTECTION) -> int:
+    """Tokens a row of ``n`` keeps at keep ratio ``ratio`` (``depthkv::keep_tokens``, what the
+    profiler prunes a layer to): ``round(ratio * n)``, at least the protected count (n_sink +
+    n_recent, capped at n), at most n; ratio >= 1 keeps all.
+
+    :raises Error: on a negative or NaN ratio, or n < 0
+    """
+    n_sink, n_recent = _protection(protection)
+    return _core.keep_tokens(float(ratio), int(n), n_sink, n_recent)
+
+
+def _host_array(x, what: str):
+    """A torch tensor detached (DLPack refuses tensors that require grad); lists refused."""
+    if isinstance(x, (list, tuple)):
+        raise Error(f"TokenScorer: {what} must be an array (numpy.asarray({what}, dtype=numpy.float32)), not a list")
+    return x.detach() if hasattr(x, "detach") else x
+
+
+class TokenScorer:
+    """The library's token scorer of one layer (``depthkv::TokenScorer``, include/depthkv/token_scorer.hpp,
+    where the formulas are), fed with attention probabilities as arrays and read in place.
+
+    >>> sc = depthkv.TokenScorer("h2o", n_heads=8, n_kv_heads=4)
+    >>> sc.observe(attn[0])           # float32 [n_heads, n_queries, n_keys]: positions 0, 1, ...
+    >>> sc.scores()                    # float32 [n_kv_heads, n_keys]: s_j = sum over queries and the group's heads
+
+    Scorers (:data:`SCORERS`): "h2o" (cumulative attention), "h2o-v1"/"h2o-v2" (times ||V_j||_1 / _2:
+    pass ``values``), "snapkv" (the last ``window`` observed positions' attention, pooled along the
+    slots with ``kernel`` and ``pooling`` "max", "avg" or "none"), "tova" (the last position's
+    attention), "knorm" (-||K_j||_2: pass ``keys``; observes nothing). Query head q belongs to KV
+    head ``q // (n_heads // n_kv_heads)`` (GQA): its rows are summed into that KV head.
+    ``output_aware=True`` multiplies h2o, snapkv and tova scores by the size of the value's
+    contribution to the attention output (CriticalKV): pass ``values`` and ``wo``. ``lookahead=G``
+    makes SnapKV's window the G observed rows (feed the rows of G lookahead queries).
+
+    :param scorer: one of :data:`SCORERS`
+    :param n_heads: query heads (a positive multiple of n_kv_heads)
+    :param n_kv_heads: KV heads (default: n_heads)
+    :param window: SnapKV's observation window (default 16, the CLI's --obs-window)
+    :param kernel: SnapKV's pooling kernel (odd; default 7)
+    :raises Error: on bad head counts, window < 1, an even kernel, an unknown scorer or pooling,
+        output-aware scoring of a scorer that does not allow it, a negative lookahead
+    """
+
+    def __init__(self, scorer: str, n_heads: int, n_kv_heads: Optional[int] = None, *,
+                 window: int = DEFAULT_OBS_WINDOW, kernel: int = DEFAULT_KERNEL, pooling: str = "max",
+                 output_aware: bool = False, lookahead: int = 0):
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self._s = _core.TokenScorer(str(scorer), int(n_heads), int(n_kv_heads), int(window), int(kernel),
+                                    str(pooling), bool(output_aware), int(lookahead))
+
+    scorer = property(lambda self: self._s.scorer, doc="the scorer's name")
+    n_heads = property(lambda self: self._s.n_heads)
+    n_kv_heads = property(lambda self: self._s.n_kv_heads)
+    window = property(lambda self: self._s.window)
+    kernel = property(lambda self: self._s.kernel)
+    pooling = property(lambda self: self._s.pooling)
+    output_aware = property(lambda self: self._s.output_aware)
+    lookahead = property(lambda self: self._s.lookahead)
+
+    def observe(self, probs, q_pos0: int = 0, q_head: Optional[int] = None) -> None:
+        """Adds attention-probability rows: ``probs[q, i, j]`` is query head q's probability, at
+        position ``q_pos0 + i``, of slot j (masked entries 0). Rows of one head arrive with
+        non-decreasing positions (later calls continue, e.g. a chunked prefill); the number of
+        slots may grow from call to call.
+
+        :param probs: float32 [n_heads, n_queries, n_keys] (or [n_queries, n_keys] with ``q_head``) on
+            the CPU (numpy, or a torch tensor through DLPack), read in place; its last dimension must
+            be contiguous (rows and heads may be strided)
+        :param q_pos0: the position of the first row
+        :param q_head: the query head of a 2-D ``probs``
+        :raises Error: on a bad shape, dtype, device or layout, a NaN, infinite or negative
+            probability, or a position before one already observed; the scorer is unchanged then
+        """
+        self._s.observe(_host_array(probs, "probs"), int(q_pos0), None if q_head is None else int(q_head))
+
+    def scores(self, n=None, *, keys=None, values=None, wo=None):
+        """Scores of the slots a layer holds: a higher score is a more important token.
+
+        :param n: slots per KV head (an int, or one per head); default: those of ``keys``/``values``,
+            else the slots the observed rows covered. Slots past the observed ones score 0 (attention
+            scorers).
+        :param keys: float32 [n_kv_heads, >= n, head_dim] (knorm reads them)
+        :param values: float32 [n_kv_heads, >= n, head_dim] (h2o-v1, h2o-v2 and output-aware scorers read them)
+        :param wo: float32 [dim, n_heads * head_dim], the layer's output projection (``o_proj.weight``),
+            for output-aware scorers
+        :return: float32 [n_kv_heads, n], or a list of float32 rows when the heads hold different counts
+        :raises Error: on bad shapes or dtypes, a missing array the scorer reads, fewer slots than observed
+        """
+        if n is None and (keys is not None or values is not None):
+            n = int((keys if keys is not None else values).shape[1])
+        if n is not None and np.ndim(n) > 0:
+            n = [int(x) for x in np.ravel(n)]
+        elif n is not None:
+            n = int(n)
+        kv = [None if a is None else _host_array(a, name) for a, name in ((keys, "keys"), (values, "values"), (wo, "wo"))]
+        return self._s.scores(n, *kv)
+
+    def observed_size(self, kv_head: int) -> int:
+        """Slots of KV head ``kv_head`` covered by the observed rows (0 for knorm)."""
+        return self._s.observed_size(int(kv_head))
+
+    def reset(self) -> None:
+        """Forgets every observation."""
+        self._s.reset()
+
+    def __repr__(self) -> str:
+        return (f"TokenScorer({self.scorer!r}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"window={self.window}, kernel={self.kernel}, pooling={self.pooling!r}, "
+                f"output_aware={self.output_aware}, lookahead={self.lookahead})")

@@ -71,5 +71,9 @@ nb::object owning_array(std::vector<T>&& v, std::initializer_list<std::size_t> s
 void bind_profile(nb::module_& m);
 /// Registers select_keep.
 void bind_select(nb::module_& m);
+/// Registers TokenScorer and keep_tokens.
+void bind_scorer(nb::module_& m);
+/// Registers profile_from_samples.
+void bind_profiler(nb::module_& m);
 
 }  // namespace depthkv_py

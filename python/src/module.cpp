@@ -24,4 +24,6 @@ NB_MODULE(_core, m) {
       error);
   depthkv_py::bind_profile(m);
   depthkv_py::bind_select(m);
+  depthkv_py::bind_scorer(m);
+  depthkv_py::bind_profiler(m);
 }

@@ -1,0 +1,543 @@
+"""depthkv for Hugging Face causal LMs: :func:`profile` measures a model's per-layer (and per-(layer,
+KV head)) loss curves with the protocol of ``depthkv profile`` and returns the profile the C++
+library, the CLI and :class:`depthkv.kvpress.DepthKVPress` read.
+
+>>> import depthkv, depthkv.hf
+>>> prof = depthkv.hf.profile(model, tokenizer, texts, scorer="snapkv", output="model.profile.json")
+>>> depthkv.allocate(prof, keep=0.2).budgets
+
+Protocol (``depthkv profile``, include/depthkv/llama/eval.hpp). A window is a context (``context``
+tokens, default 384) and a continuation (``continuation``, default 128). The full run prefills the
+context with eager attention; as each layer runs, its :class:`depthkv.TokenScorer` observes the
+layer's attention probabilities of the context (the weights ``output_attentions=True`` returns,
+taken by a hook on the attention module, so that only one layer's probabilities exist at a time;
+SnapKV: the last ``window`` query positions; TOVA: the last one) and scores the context's slots
+per KV head. The continuation is then teacher-forced on the full cache (positions n, n+1, ...). For each
+layer l and keep ratio r, only layer l's context cache is pruned, physically: each KV head keeps
+``depthkv.keep_tokens(r, n, protection)`` slots chosen by :func:`depthkv.select_keep` (the library's
+ranking: the first n_sink and last n_recent always, then the best scores, ties to the earlier
+position), in position order; every other layer keeps its full cache, and the continuation is
+teacher-forced again with its original positions. Metrics per window, over the continuation rows:
+mean KL(full || pruned) of the next-token distributions (log-softmax in float64), the increase of
+the mean NLL of the true next tokens (the rows that have one), and the fraction of rows whose
+argmax differs. The library's ``SensitivityProfiler`` aggregates them over the windows (mean and
+standard error, ``_core.profile_from_samples``). With ``head_curves=True`` each (layer l, KV head
+h, ratio r) is measured the same way with only head h of layer l pruned; the other heads of the
+layer keep everything, and head h's pruned slots are masked (depthkv.kvpress's head-tail rule).
+
+Activation reuse (``reuse=True``): layers below the pruned one see exactly the full run's inputs
+and caches, so their continuation outputs are the full run's; they are stored once per window and
+replayed instead of recomputed (each decoder layer is called as ``layer(hidden_states, ...)`` and
+returns what it returned in the full run), so a run for layer l computes layers l.. only. This
+holds for decoders whose layers read nothing but their input and their own cache (Llama, Mistral,
+Qwen, Gemma, ...); pass ``reuse=False`` for other models.
+
+Per-layer cache lengths go through the attention mask rule of depthkv.kvpress (sdpa, eager; flash
+attention without head curves), installed on the model by :func:`profile`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+import depthkv
+from depthkv import Error, _core
+from depthkv._attention import _STATE, WRAPPED, _layers, install_attention
+
+__all__ = ["profile", "Window", "windows_from_texts", "load_windows", "model_identity", "DEFAULT_RATIOS"]
+
+#: The keep ratios ``depthkv profile`` probes by default.
+DEFAULT_RATIOS: Tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+#: ``depthkv profile``'s window shape and count.
+DEFAULT_CONTEXT, DEFAULT_CONTINUATION, DEFAULT_WINDOWS = 384, 128, 24
+
+
+class Window(NamedTuple):
+    """One calibration window: token ids of the context (pruned) and of the continuation (scored)."""
+    context: List[int]
+    continuation: List[int]
+
+
+def windows_from_texts(tokenizer, texts: Union[str, Iterable[str]], context: int = DEFAULT_CONTEXT,
+                       continuation: int = DEFAULT_CONTINUATION, n_windows: Optional[int] = DEFAULT_WINDOWS,
+                       skip: int = 0) -> List[Window]:
+    """Consecutive windows of ``context + continuation`` tokens of the texts, each text tokenized by
+    ``tokenizer`` (with its special tokens, e.g. BOS) and the ids concatenated; ``skip`` windows are
+    left out first, then ``n_windows`` are taken (None: all that fit).
+
+    :raises Error: when the texts hold fewer tokens than the windows need
+    """
+    if isinstance(texts, str):
+        texts = [texts]
+    size = int(context) + int(continuation)
+    if int(context) < 1 or int(continuation) < 2:
+        raise Error(f"windows: context must be >= 1 and continuation >= 2, got {context} and {continuation}")
+    need = None if n_windows is None else (int(skip) + int(n_windows)) * size
+    ids: List[int] = []
+    for t in texts:
+        ids.extend(int(x) for x in tokenizer(t)["input_ids"])
+        if need is not None and len(ids) >= need:
+            break
+    count = len(ids) // size - int(skip) if n_windows is None else int(n_windows)
+    if count < 1 or (int(skip) + count) * size > len(ids):
+        raise Error(f"windows: the texts hold {len(ids)} tokens; {skip} + {n_windows} windows of {size} need "
+                    f"{(int(skip) + max(count, 1)) * size}")
+    out = []
+    for w in range(int(skip), int(skip) + count):
+        a = w * size
+        out.append(Window(ids[a:a + int(context)], ids[a + int(context):a + size]))
+    return out
+
+
+def load_windows(path_or_dict) -> Tuple[List[Window], dict]:
+    """The windows of a ``depthkv eval --windows-out`` file (or its parsed dict): (windows, the file's
+    other keys: context, continuation, skip, source, model)."""
+    d = path_or_dict
+    if not isinstance(d, dict):
+        with open(os.fspath(d), encoding="utf-8") as f:
+            d = json.load(f)
+    if "windows" not in d:
+        raise Error("load_windows: no 'windows' key (expected depthkv eval --windows-out's file)")
+    ws = [Window([int(x) for x in w["context"]], [int(x) for x in w["continuation"]]) for w in d["windows"]]
+    return ws, {k: v for k, v in d.items() if k != "windows"}
+
+
+def model_identity(model, name: Optional[str] = None) -> Tuple[str, int, str, int]:
+    """(name, bytes, hash, bytes hashed) recorded as the profile's model: the HF name or path
+    (``model.name_or_path``, else the class name), the bytes of its state dict, and
+    "blake2b64:" + a 64-bit BLAKE2b of its config (JSON, without the transformers version, the
+    attention implementation and the name) and of every state-dict tensor (name, dtype, shape, bytes)."""
+    name = name or getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or type(model).__name__
+    cfg = model.config.to_dict()
+    for k in ("transformers_version", "_attn_implementation", "attn_implementation", "_name_or_path",
+              "_attn_implementation_autoset", "output_attentions"):
+        cfg.pop(k, None)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    size = 0
+    for key, t in sorted(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+        h.update(raw.tobytes())
+        size += raw.size
+    return str(name), int(size), "blake2b64:" + h.hexdigest(), int(size)
+
+
+# ---- the runs of one window ---------------------------------------------------------------------
+
+def _is_windows_file(data) -> bool:
+    return isinstance(data, dict) or (isinstance(data, (str, os.PathLike)) and str(data).endswith(".json")
+                                      and os.path.exists(data))
+
+
+def _is_texts(data) -> bool:
+    return isinstance(data, str) or (isinstance(data, (list, tuple)) and len(data) > 0 and isinstance(data[0], str))
+
+
+def _as_windows(tokenizer, data, context, continuation, n_windows, skip) -> Tuple[List[Window], dict]:
+    """The windows of ``data``: texts (needs the tokenizer), windows, or a --windows-out dict / file."""
+    if _is_windows_file(data):
+        ws, meta = load_windows(data)
+        return ws[:n_windows] if n_windows else ws, meta
+    if _is_texts(data):
+        if tokenizer is None:
+            raise Error("depthkv.hf.profile: texts need a tokenizer")
+        return windows_from_texts(tokenizer, data, context, continuation, n_windows, skip), {"skip": skip}
+    if data is None:
+        raise Error("depthkv.hf.profile: give texts, token windows or a windows file")
+    ws = []
+    for w in data:
+        c, t = (w["context"], w["continuation"]) if isinstance(w, dict) else w
+        ws.append(Window([int(x) for x in c], [int(x) for x in t]))
+    return ws[:n_windows] if n_windows else ws, {"skip": skip}
+
+
+def _cache_of(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> DynamicCache:
+    """A DynamicCache whose layers hold the given tensors (no copy; appends make new tensors)."""
+    cache = DynamicCache()
+    layers = []
+    for k, v in zip(keys, values):
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        layers.append(layer)
+    cache.layers = layers
+    return cache
+
+
+class _Metrics(NamedTuple):
+    kl: float
+    dnll: float
+    top1: float
+
+
+class _Settings(NamedTuple):
+    scorers: List[str]
+    ratios: List[float]
+    protection: Tuple[int, int]
+    window: int
+    kernel: int
+    pooling: str
+    output_aware: bool
+    head_curves: bool
+    reuse: bool
+
+
+class _FullRun:
+    """The full run of one window: the context caches, every layer's scorers (fed during the
+    prefill, one layer's attention at a time), the continuation's log-probabilities and argmax, and
+    (for reuse) every decoder layer's continuation output."""
+
+    def __init__(self, model, w: Window, s: _Settings):
+        dev = model.device
+        self.model, self.n, self.tc = model, len(w.context), len(w.continuation)
+        self.cont = torch.tensor([w.continuation], device=dev)
+        self.pos = torch.arange(self.n, self.n + self.tc, device=dev)[None]
+        self.targets = torch.tensor(w.continuation[1:], device="cpu")
+        self.scorers = self._prefill(model, torch.tensor([w.context], device=dev), s)
+        self.outputs: List[object] = []
+        hooks = [layer.register_forward_hook(lambda m, a, o: self.outputs.append(o))
+                 for layer in (_layers(model) if s.reuse else [])]
+        try:
+            logits = self.continuation(self.keys, self.values)
+        finally:
+            for h in hooks:
+                h.remove()
+        self.logp = torch.log_softmax(logits.double(), dim=-1)
+        self.top = logits.argmax(-1)
+        self.nll = float(-self.logp[:-1].gather(1, self.targets[:, None]).mean())
+
+    def _prefill(self, model, ids: torch.Tensor, s: _Settings) -> List[Dict[str, depthkv.TokenScorer]]:
+        """Prefills the context with eager attention; a hook on every attention module feeds that
+        layer's probabilities to its scorers as the layer runs (no layer's probabilities are kept)."""
+        cfg = model.config
+        scorers = [{x: depthkv.TokenScorer(x, cfg.num_attention_heads, cfg.num_key_value_heads, window=s.window,
+                                           kernel=s.kernel, pooling=s.pooling, output_aware=s.output_aware)
+                    for x in s.scorers} for _ in _layers(model)]
+        need = any(x != "knorm" for x in s.scorers)
+
+        def feed(layer: int):
+            def hook(module, args, out):
+                probs = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+                if probs is None:
+                    raise Error(f"depthkv.hf.profile: layer {layer}'s attention returned no probabilities "
+                                "(the prefill needs eager attention)")
+                for x, sc in scorers[layer].items():
+                    if x != "knorm":
+                        first = {"snapkv": max(0, self.n - s.window), "tova": self.n - 1}.get(x, 0)
+                        sc.observe(probs[0, :, first:, :].detach().float().cpu(), q_pos0=first)
+            return hook
+
+        impl = cfg._attn_implementation
+        hooks = [layer.self_attn.register_forward_hook(feed(i)) for i, layer in enumerate(_layers(model))] if need else []
+        if need and impl != "eager":
+            model.set_attn_implementation("eager")
+        try:
+            cache = DynamicCache()
+            with torch.no_grad():
+                model.model(input_ids=ids, past_key_values=cache)
+        finally:
+            for h in hooks:
+                h.remove()
+            if model.config._attn_implementation != impl:
+                model.set_attn_implementation(impl)
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
+        return scorers
+
+    def continuation(self, keys, values, first: int = 0) -> torch.Tensor:
+        """The continuation's logits [Tc, vocab] (float32, CPU) on a cache of the given layers;
+        layers below ``first`` replay the full run's outputs."""
+        layers = _layers(self.model)
+        saved = [layers[i].__dict__.get("forward") for i in range(first)]  # e.g. accelerate's hooked forward
+        for i in range(first):
+            layers[i].forward = (lambda out: (lambda *a, **k: out))(self.outputs[i])
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=self.cont, past_key_values=_cache_of(keys, values), position_ids=self.pos)
+        finally:
+            for i in range(first):
+                if saved[i] is None:
+                    del layers[i].forward
+                else:
+                    layers[i].forward = saved[i]
+        return out.logits[0].float().cpu()
+
+    def metrics(self, logits: torch.Tensor) -> _Metrics:
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        kl = float((self.logp.exp() * (self.logp - lp)).sum(-1).mean())
+        dnll = float(-lp[:-1].gather(1, self.targets[:, None]).mean()) - self.nll
+        top1 = float((logits.argmax(-1) != self.top).double().mean())
+        return _Metrics(kl, dnll, top1)
+
+
+def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
+    """float32 [n_kv_heads, n]: the scorer's scores of layer ``layer``'s context slots."""
+    keys = run.keys[layer][0].float().cpu() if scorer == "knorm" else None
+    values = run.values[layer][0].float().cpu() if scorer in ("h2o-v1", "h2o-v2") or s.output_aware else None
+    wo = _layers(model)[layer].self_attn.o_proj.weight.detach().float().cpu() if s.output_aware else None
+    return run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)
+
+
+def _gathered(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    """t [1, n_kv, n, d] at slots idx [n_kv, m] (per head)."""
+    i = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64)).to(t.device)
+    return t.gather(2, i[None, :, :, None].expand(1, -1, -1, t.shape[-1]))
+
+
+def _layer_runs(run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, reuse: bool) -> List[_Metrics]:
+    """Only layer ``layer`` pruned, at each ratio."""
+    out = []
+    for r in s.ratios:
+        k = depthkv.keep_tokens(r, run.n, s.protection)
+        kept = depthkv.select_keep(scores, k, s.protection)
+        keys, values = list(run.keys), list(run.values)
+        keys[layer], values[layer] = _gathered(keys[layer], kept), _gathered(values[layer], kept)
+        out.append(run.metrics(run.continuation(keys, values, layer if reuse else 0)))
+    return out
+
+
+def _head_runs(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, reuse: bool) -> List[List[_Metrics]]:
+    """Only KV head h of layer ``layer`` pruned, at each ratio ([head][ratio]): the head's kept slots
+    first (position order), its other slots after them, masked."""
+    attn = _layers(model)[layer].self_attn
+    n_kv = scores.shape[0]
+    out = []
+    for h in range(n_kv):
+        row = []
+        for r in s.ratios:
+            k = depthkv.keep_tokens(r, run.n, s.protection)
+            kept = depthkv.select_keep(scores[h], k, s.protection)
+            order = np.tile(np.arange(run.n), (n_kv, 1))
+            order[h] = np.concatenate([kept, np.setdiff1d(np.arange(run.n), kept)])
+            keys, values = list(run.keys), list(run.values)
+            keys[layer], values[layer] = _gathered(keys[layer], order), _gathered(values[layer], order)
+            lengths = torch.full((n_kv,), run.n)
+            lengths[h] = k
+            setattr(attn, _STATE, (lengths, run.n))
+            try:
+                row.append(run.metrics(run.continuation(keys, values, layer if reuse else 0)))
+            finally:
+                setattr(attn, _STATE, None)
+        out.append(row)
+    return out
+
+
+class _Progress:
+    def __init__(self, progress, total: int):
+        self.fn = progress if callable(progress) else None
+        self.bar = progress is True
+        self.done, self.total, self.t0 = 0, total, time.perf_counter()
+
+    def step(self, n: int, label: str) -> None:
+        self.done += n
+        if self.fn is not None:
+            self.fn(self.done, self.total)
+        if self.bar:
+            el = time.perf_counter() - self.t0
+            eta = el / self.done * (self.total - self.done) if self.done else 0.0
+            end = "\n" if self.done == self.total else ""
+            print(f"\rdepthkv.hf.profile {label}: {self.done}/{self.total} runs, {el:.1f} s, eta {eta:.1f} s   ",
+                  end=end, file=sys.stderr, flush=True)
+
+
+def _ratios(keep_ratios) -> List[float]:
+    ratios = [float(r) for r in keep_ratios]
+    if not ratios or any(not 0.0 < r < 1.0 for r in ratios) or ratios != sorted(set(ratios)):
+        raise Error(f"depthkv.hf.profile: keep_ratios must be strictly ascending in (0, 1), got {list(keep_ratios)}")
+    return ratios
+
+
+def _settings(model, scorer, keep_ratios, protection, window, kernel, pooling, output_aware, head_curves,
+              reuse, metric) -> _Settings:
+    scorers = [x.strip() for x in scorer.split(",")] if isinstance(scorer, str) else [str(x) for x in scorer]
+    if not scorers or len(set(scorers)) != len(scorers):
+        raise Error(f"depthkv.hf.profile: give one or more distinct scorers, got {scorer!r}")
+    for name in scorers:  # every scorer setting checked by the library before any run
+        depthkv.TokenScorer(name, model.config.num_attention_heads, model.config.num_key_value_heads,
+                            window=window, kernel=kernel, pooling=pooling, output_aware=output_aware)
+    ratios = _ratios(keep_ratios)
+    prot = depthkv._protection(protection)
+    if min(prot) < 0:
+        raise Error(f"depthkv.hf.profile: protection must be >= 0, got {prot}")
+    if metric not in ("kl", "dnll", "top1"):
+        raise Error(f"depthkv.hf.profile: unknown loss metric {metric!r} (expected kl, dnll or top1)")
+    if head_curves and model.config._attn_implementation not in WRAPPED:
+        raise Error("depthkv.hf.profile: head curves need sdpa or eager attention (per-head masks)")
+    return _Settings(scorers, ratios, prot, int(window), int(kernel), str(pooling), bool(output_aware),
+                     bool(head_curves), bool(reuse))
+
+
+def _check_windows(model, windows: List[Window]) -> Tuple[int, int]:
+    if not windows:
+        raise Error("depthkv.hf.profile: no windows")
+    n, tc = len(windows[0].context), len(windows[0].continuation)
+    if any(len(w.context) != n or len(w.continuation) != tc for w in windows):
+        raise Error("depthkv.hf.profile: every window must have the same context and continuation lengths")
+    if n < 1 or tc < 2:
+        raise Error(f"depthkv.hf.profile: context must be >= 1 and continuation >= 2 tokens, got {n} and {tc}")
+    vocab = model.config.vocab_size
+    if any(not 0 <= t < vocab for w in windows for t in w.context + w.continuation):
+        raise Error(f"depthkv.hf.profile: a token id outside the vocabulary of {vocab}")
+    return n, tc
+
+
+def _measure(model, windows: List[Window], s: _Settings, progress) -> Tuple[dict, dict]:
+    """Per scorer, the metrics (kl, dnll, top1) of every run: [3, n_layers, n_ratios, n_windows]
+    and, with head curves, [3, n_layers * n_kv_heads, n_ratios, n_windows]."""
+    L, H = len(_layers(model)), model.config.num_key_value_heads
+    R, W = len(s.ratios), len(windows)
+    layer_m = {x: np.zeros((3, L, R, W)) for x in s.scorers}
+    head_m = {x: np.zeros((3, L * H, R, W)) for x in s.scorers} if s.head_curves else {}
+    bar = _Progress(progress, W * len(s.scorers) * L * R * (1 + (H if s.head_curves else 0)))
+    was_training = model.training
+    model.eval()
+    try:
+        for w, win in enumerate(windows):
+            run = _FullRun(model, win, s)
+            for x in s.scorers:
+                for layer in range(L):
+                    sc = _layer_scores(model, run, s, x, layer)
+                    for k, m in enumerate(_layer_runs(run, s, sc, layer, s.reuse)):
+                        layer_m[x][:, layer, k, w] = m
+                    bar.step(R, x)
+                    if not s.head_curves:
+                        continue
+                    for h, row in enumerate(_head_runs(model, run, s, sc, layer, s.reuse)):
+                        for k, m in enumerate(row):
+                            head_m[x][:, layer * H + h, k, w] = m
+                    bar.step(R * H, x + " heads")
+            del run
+    finally:
+        model.train(was_training)
+    return layer_m, head_m
+
+
+def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = DEFAULT_RATIOS,
+            scorer: Union[str, Sequence[str]] = "snapkv", protection: Sequence[int] = depthkv.DEFAULT_PROTECTION,
+            window: int = depthkv.DEFAULT_OBS_WINDOW, kernel: int = depthkv.DEFAULT_KERNEL, pooling: str = "max",
+            output_aware: bool = False, head_curves: bool = False, context: int = DEFAULT_CONTEXT,
+            continuation: int = DEFAULT_CONTINUATION, n_windows: Optional[int] = DEFAULT_WINDOWS, skip: int = 0,
+            metric: str = "kl", reuse: bool = True, name: Optional[str] = None, text_file: Optional[str] = None,
+            output=None, progress: Union[bool, Callable[[int, int], None], None] = None) -> depthkv.Profile:
+    """Measures the loss curves of a Hugging Face causal LM (module docstring: the protocol) and
+    returns them as a :class:`depthkv.Profile` (written to ``output`` when given).
+
+    :param model: a transformers causal LM (``model.model`` its decoder, ``model.config`` with
+        num_attention_heads and num_key_value_heads), on any device, in eval mode
+    :param tokenizer: the model's tokenizer (needed for texts only; None for token windows)
+    :param data: texts (a str or a list of str: cut into windows of context + continuation tokens,
+        :func:`windows_from_texts`), token windows (a list of (context ids, continuation ids) or of
+        dicts with "context" and "continuation"), or a ``depthkv eval --windows-out`` file / dict
+    :param keep_ratios: probed ratios, strictly ascending in (0, 1) (default: ``depthkv profile``'s six)
+    :param scorer: a scorer name or several (:data:`depthkv.SCORERS`; "h2o,snapkv" as the CLI's --scorers)
+    :param protection: (n_sink, n_recent) every head keeps (the CLI's --sinks, --recent)
+    :param window, kernel, pooling, output_aware: the scorers' settings (--obs-window, --kernel, --pooling, --output-aware)
+    :param head_curves: also measure the per-(layer, KV head) curves (n_kv_heads times the runs)
+    :param context, continuation, n_windows, skip: the windows cut from texts (n_windows also limits given windows)
+    :param metric: the profile's default metric ("kl", "dnll" or "top1"); all three are stored
+    :param reuse: replay the full run's outputs below the pruned layer (module docstring)
+    :param name: the model name recorded (default: ``model.name_or_path``)
+    :param text_file: the calibration source recorded (default: the windows file's source, else "")
+    :param progress: True for a progress line on stderr, or a function (done, total)
+    :raises Error: on bad settings or windows, a model whose attention cannot be masked per layer
+    """
+    s = _settings(model, scorer, keep_ratios, protection, window, kernel, pooling, output_aware, head_curves, reuse,
+                  metric)
+    windows, meta = _as_windows(tokenizer, data, context, continuation, n_windows, skip)
+    n, tc = _check_windows(model, windows)
+    install_attention(model, who="depthkv.hf.profile")
+    L, H = len(_layers(model)), model.config.num_key_value_heads
+    layer_m, head_m = _measure(model, windows, s, progress)
+    ident = model_identity(model, name)
+    src = text_file if text_file is not None else str(meta.get("source", ""))
+    prof = _core.profile_from_samples(
+        L, s.ratios, {x: tuple(np.ascontiguousarray(a) for a in m) for x, m in layer_m.items()},
+        {x: (H, tuple(np.ascontiguousarray(a) for a in m)) for x, m in head_m.items()}, ident, src, n, tc,
+        int(meta.get("skip", 0)), "hf " + ("pre-tokenized" if tokenizer is None else "text"),
+        (s.protection[0], s.protection[1], s.window, s.kernel), s.pooling, s.output_aware, str(metric))
+    if output is not None:
+        depthkv.save_profile(prof, output)
+    return prof
+
+
+# ---- python -m depthkv.hf profile ---------------------------------------------------------------
+
+def _parser():
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m depthkv.hf", description="depthkv for Hugging Face causal LMs")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("profile", help="measure per-layer loss curves and write a profile file (as depthkv profile)")
+    p.add_argument("--model", required=True, help="HF model name or folder (AutoModelForCausalLM.from_pretrained)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="calibration text file (tokenized as one text by the model's tokenizer)")
+    src.add_argument("--windows-file", help="token windows: a depthkv eval --windows-out file")
+    p.add_argument("-o", "--output", required=True, help="profile file to write (JSON)")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context tokens per window (pruned)")
+    p.add_argument("--continuation", type=int, default=DEFAULT_CONTINUATION, help="continuation tokens per window")
+    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS, help="calibration windows")
+    p.add_argument("--skip", type=int, default=0, help="windows of --text skipped first")
+    p.add_argument("--scorers", default="snapkv", help="token scorers, comma-separated (h2o, snapkv, tova, ...)")
+    p.add_argument("--ratios", default=",".join(map(str, DEFAULT_RATIOS)), help="probed keep ratios")
+    p.add_argument("--sinks", type=int, default=depthkv.DEFAULT_PROTECTION[0], help="attention-sink tokens kept")
+    p.add_argument("--recent", type=int, default=depthkv.DEFAULT_PROTECTION[1], help="recent tokens kept")
+    p.add_argument("--obs-window", type=int, default=depthkv.DEFAULT_OBS_WINDOW, help="SnapKV's observation window")
+    p.add_argument("--kernel", type=int, default=depthkv.DEFAULT_KERNEL, help="SnapKV's pooling kernel (odd)")
+    p.add_argument("--pooling", default="max", help="SnapKV's pooling: max, avg or none")
+    p.add_argument("--output-aware", action="store_true", help="output-aware (CriticalKV) rescaling")
+    p.add_argument("--head-curves", action="store_true", help="also measure the per-(layer, KV head) curves")
+    p.add_argument("--metric", default="kl", help="the profile's default metric: kl, dnll or top1")
+    p.add_argument("--no-reuse", action="store_true", help="recompute the layers below the pruned one")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16, float16)")
+    p.add_argument("--attn", default="sdpa", help="attention implementation of the continuation runs (sdpa or eager)")
+    p.add_argument("--name", help="model name recorded in the profile (default: --model)")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m depthkv.hf profile ...``: loads the model with transformers, runs :func:`profile`
+    with a progress line on stderr, writes the profile and prints its curves."""
+    a = _parser().parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    dtype = a.dtype if a.dtype == "auto" else getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation=a.attn).to(a.device).eval()
+    tokenizer, data = None, a.windows_file
+    if a.text:
+        tokenizer = AutoTokenizer.from_pretrained(a.model)
+        with open(a.text, encoding="utf-8") as f:
+            data = f.read()
+    t0 = time.perf_counter()
+    try:
+        prof = profile(model, tokenizer, data, keep_ratios=[float(x) for x in a.ratios.split(",")], scorer=a.scorers,
+                       protection=(a.sinks, a.recent), window=a.obs_window, kernel=a.kernel, pooling=a.pooling,
+                       output_aware=a.output_aware, head_curves=a.head_curves, context=a.context,
+                       continuation=a.continuation, n_windows=a.windows, skip=a.skip, metric=a.metric,
+                       reuse=not a.no_reuse, name=a.name or a.model, text_file=a.text or a.windows_file,
+                       output=a.output, progress=True)
+    except Error as e:
+        print(f"depthkv.hf: error: {e}", file=sys.stderr)
+        return 1
+    print(f"profile written to {a.output} ({time.perf_counter() - t0:.2f} s)")
+    for s in prof.scorers:
+        print(f"\nscorer {s}: mean {prof.metric} per layer (rows) and keep ratio (columns), +- standard error")
+        print("layer" + "".join(f"  {r:15.2f}" for r in prof.keep_ratios))
+        mean, se = prof.curves(s), prof.curves(s, stderr=True)
+        for layer in range(prof.n_layers):
+            print(f"{layer:5d}" + "".join(f"  {m:7.4f}+-{e:6.4f}" for m, e in zip(mean[layer], se[layer])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
