@@ -277,9 +277,11 @@ struct PolicyData {
 
 /// The budgets of one allocation: per layer (`layers`, every head of layer l keeps layers[l]),
 /// and with head-optimal per head too (`heads[l][h]`; `layers[l]` is then the mean, rounded).
+/// With `PruneSpec::tiers` > 0, `tier[l]` is layer l's tier (`AllocationInfo::tier`); else empty.
 struct Allocation {
   std::vector<int> layers;
   std::vector<std::vector<int>> heads;
+  std::vector<int> tier;
 };
 
 /// Allocates `spec`'s budget over layers of `lengths` tokens (`PruneSpec::budget_request` plus
@@ -291,7 +293,9 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
   req.infonce = data.infonce;
   Allocation a;
   if (!is_head_policy(spec.policy)) {
-    a.layers = BudgetAllocator().allocate(spec.policy, req, data.layer_curves);
+    AllocationInfo info;
+    a.layers = BudgetAllocator().allocate(spec.policy, req, data.layer_curves, &info);
+    a.tier = info.tier;
     return a;
   }
   DEPTHKV_CHECK(data.head_curves != nullptr && data.n_kv_heads >= 1, "policy head-optimal needs head curves");
