@@ -75,7 +75,9 @@ TEST_CASE("allocate --tiers: the library's tiered budgets and tiers; refusals", 
   REQUIRE_THAT(text.out, Catch::Contains("layer  budget  keep ratio  tier"));
   require_error(run_cli(base + " --keep 0.3 --policy uniform --tiers 2", "2>&1"),
                 "tiers 2: only the optimal policy takes tiers, not 'uniform'");
-  require_error(run_cli(base + " --keep 0.3 --policy head-optimal --tiers 2", "2>&1"), "only the optimal policy takes tiers");
+  const std::string heads = std::string(DEPTHKV_TEST_SOURCE_DIR) + "/../docs/results/aidreams260K.best.profile.json";
+  require_error(run_cli("allocate --profile " + shell_quoted(heads) + " --keep 0.3 --policy head-optimal --tiers 2", "2>&1"),
+                "tiers 2: only the optimal policy takes tiers, not 'head-optimal'");
   const auto neg = run_cli(base + " --keep 0.3 --tiers -1", "2>&1");
   REQUIRE(neg.status != 0);
   REQUIRE_THAT(neg.out, Catch::Contains("--tiers"));
