@@ -233,6 +233,7 @@ struct SelectionSettings {
   std::string head_alloc = "uniform";  ///< cross-head split of each layer's budget: uniform or adaptive
   double head_alpha = depthkv::kDefaultHeadAlpha;  ///< the adaptive split's per-head floor fraction
   int lookahead = 0;           ///< greedy tokens after the context whose attention the scorers observe (0: off)
+  int tiers = 0;               ///< --tiers (allocate, eval): the optimal policy's tiers (0: no limit; PruneSpec::tiers)
 
   /// generate's defaults: nothing protected, an observation window of 32 (ScorerConfig's).
   static SelectionSettings generate() {
@@ -303,6 +304,18 @@ struct SelectionSettings {
         ->check(at_least(0));
     renamed(c, "--window", old_window);
     if (old_sink) renamed(c, "--sink", "--sinks N");
+  }
+
+  /// Registers --tiers (allocate and eval): the optimal policy's budgets in at most K tiers.
+  /// @param scope what the flag applies to, for the help text
+  template <class App>
+  void add_tiers_option(App* c, const std::string& scope) {
+    c->add_option("--tiers", tiers,
+                  "budgets of the optimal policy in at most K tiers (" + scope +
+                      "): tiers of layers whose budgets differ by at most one token, for engines that share one "
+                      "block table per group of layers (vLLM's KV-cache groups); the total stays exact; 0: no limit")
+        ->capture_default_str()
+        ->check(at_least(0));
   }
 
  private:

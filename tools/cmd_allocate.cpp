@@ -55,6 +55,16 @@ void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, cons
   std::printf("predicted total loss (%s, convexified head curves): %.4f\n", f.metric.c_str(), pred);
 }
 
+// The per-layer table; with --tiers a column naming each layer's tier.
+void print_layer_table(const std::vector<int>& b, const std::vector<int>& tier, int length) {
+  std::printf("layer  budget  keep ratio%s\n", tier.empty() ? "" : "  tier");
+  for (std::size_t l = 0; l < b.size(); ++l) {
+    std::printf("%5zu  %6d  %10.3f", l, b[l], static_cast<double>(b[l]) / length);
+    if (!tier.empty()) std::printf("  %4d", tier[l]);
+    std::printf("\n");
+  }
+}
+
 void run_allocate(const AllocateArgs& a) {
   using namespace depthkv;
   a.sel.check();
@@ -95,14 +105,16 @@ void run_allocate(const AllocateArgs& a) {
     nlohmann::json j = {{"policy", to_string(policy)}, {"scorer", scorer}, {"keep", a.keep},
                         {"length", length},           {"budgets", b},     {"total", total}};
     if (in.has_profile) j["predicted_loss"] = pred;
+    if (a.sel.tiers > 0) {
+      j["tiers"] = a.sel.tiers;
+      j["tier"] = info.tier;
+    }
     std::printf("%s\n", json_text(j).c_str());
     return;
   }
   std::printf("policy %s, scorer %s, keep %.3f of %d tokens x %d layers = %lld tokens\n", to_string(policy).c_str(),
               scorer.c_str(), a.keep, length, f.n_layers, total);
-  std::printf("layer  budget  keep ratio\n");
-  for (std::size_t l = 0; l < b.size(); ++l)
-    std::printf("%5zu  %6d  %10.3f\n", l, b[l], static_cast<double>(b[l]) / length);
+  print_layer_table(b, info.tier, length);
   if (in.has_profile) std::printf("predicted total loss (%s, convexified curves): %.4f\n", f.metric.c_str(), pred);
   if (info.safeguard_fallback) std::printf("note: the safeguard floor could not be met; uniform was used\n");
 }
@@ -126,6 +138,7 @@ void register_allocate(CLI::App& app) {
       ->capture_default_str()
       ->check(min_tokens_value());
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
+  a->sel.add_tiers_option(c, "--policy optimal only; --json adds \"tiers\" and each layer's \"tier\"");
   c->add_flag("--json", a->json, "print JSON");
   a->preset.add_option(c, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   c->callback([a] {

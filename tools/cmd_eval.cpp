@@ -64,6 +64,7 @@ struct Row {
   /// --preset: each candidate scorer's predicted loss at this budget (the lowest chose `scorer`)
   std::vector<std::pair<std::string, double>> predicted;
   depthkv::PruneSpec spec;  ///< --preset: the spec evaluated (depthkv::preset's)
+  int tiers = 0;            ///< --tiers on an optimal row (0: no limit); written to the JSON only when > 0
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -211,6 +212,11 @@ void plan_keeps_and_policies(const EvalArgs& a, EvalPlan& p) {
     p.policy_names.push_back(depthkv::to_string(p.policies.back()));
   }
   DEPTHKV_CHECK_AS("plan_eval", !p.policies.empty(), "--policies is empty");  // plan_eval speaks for it
+  const bool optimal = std::find(p.policies.begin(), p.policies.end(), depthkv::AllocationPolicy::kOptimal) !=
+                       p.policies.end();
+  DEPTHKV_CHECK_AS("plan_eval", a.sel.tiers == 0 || optimal,
+                   "--tiers " << a.sel.tiers << " applies to the optimal policy only, and --policies ("
+                              << a.policies << ") has no optimal");
 }
 
 EvalPlan plan_eval(const EvalArgs& a, const depthkv::ProfileFile& f) {
@@ -317,10 +323,11 @@ depthkv::ScheduleMode schedule_mode(const EvalArgs& a) {
 }
 
 /// The spec of one row: the selection flags, `scorer`, `keep`, `policy`, the schedule and the
-/// safeguard of the arguments.
+/// safeguard of the arguments; `--tiers` on the optimal rows only.
 depthkv::PruneSpec row_spec(const EvalArgs& a, const std::string& scorer, double keep, depthkv::AllocationPolicy policy) {
   depthkv::PruneSpec spec = request_spec(a.sel, scorer, keep, policy, a.min_tokens);
   spec.schedule = {schedule_mode(a), a.chunk, a.interval};
+  if (policy != depthkv::AllocationPolicy::kOptimal) spec.tiers = 0;
   return spec;
 }
 
@@ -339,6 +346,7 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::Prof
   r.output_aware = spec.scorer.output_aware;
   r.head_alloc = to_string(spec.head_split.mode);
   r.head_alpha = spec.head_split.alpha;
+  r.tiers = spec.tiers;
   const std::vector<llama::WindowResult> results = ev.evaluate(spec, curves.data(), scorer_index);
   r.budgets = results.front().budgets;  // the same in every window (same lengths, same spec)
   std::vector<double> kl, dnll, top1, kept, full, peak, full_peak;
@@ -379,6 +387,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
                    {"peak_kv_bytes", r.peak_kv_bytes},
                    {"full_kv_bytes", r.full_kv_bytes}});
     if (a.sel.lookahead > 0) arr.back()["lookahead"] = a.sel.lookahead;
+    if (r.tiers > 0) arr.back()["tiers"] = r.tiers;
     if (r.head_settings) {
       arr.back()["output_aware"] = r.output_aware;
       arr.back()["head_alloc"] = r.head_alloc;
@@ -542,6 +551,8 @@ void run_eval(const EvalArgs& a) {
                                               nll_full_mean);
   const double eval_s = seconds_since(t1);
 
+  if (!a.json && a.sel.tiers > 0)
+    std::printf("tiers: the optimal rows' budgets in at most %d tiers (--tiers)\n", a.sel.tiers);
   if (a.json)
     print_json(rows, a);
   else
@@ -585,6 +596,7 @@ void register_eval(CLI::App& app) {
       ->capture_default_str()
       ->check(min_tokens_value());
   a->sel.add_options(c, /*old_window=*/"--recent N --obs-window N (--window N set both)");
+  a->sel.add_tiers_option(c, "the optimal rows of --policies; the other policies as always");
   c->add_option("--chunk", a->chunk, "prefill chunk size (chunked: eviction after every chunk)")
       ->capture_default_str()
       ->check(at_least(1));

@@ -20,13 +20,14 @@ namespace depthkv_cli {
 /// The CLI name of the head-level curve-optimal policy (depthkv::AllocationPolicy::kHeadOptimal).
 inline const std::string kHeadOptimal = depthkv::to_string(depthkv::AllocationPolicy::kHeadOptimal);
 
-/// The spec of one request: the selection flags, `scorer`, a keep ratio, `policy` and the
-/// safeguard's `--min-tokens` spelling (-1 automatic, 0 off, N tokens).
+/// The spec of one request: the selection flags, `scorer`, a keep ratio, `policy`, the
+/// safeguard's `--min-tokens` spelling (-1 automatic, 0 off, N tokens) and `--tiers`.
 inline depthkv::PruneSpec request_spec(const SelectionSettings& sel, const std::string& scorer, double keep,
                                        depthkv::AllocationPolicy policy, int min_tokens) {
   depthkv::PruneSpec s = sel.spec(scorer);
   s.budget = depthkv::Budget::keep(keep);
   s.policy = policy;
+  s.tiers = sel.tiers;
   s.safeguard = depthkv::Safeguard::from_min_tokens(min_tokens);
   return s;
 }

@@ -63,6 +63,34 @@
 ///   as `mga` (layer 0 also unpruned when `protect_layer0`).
 /// - `mlp`: the two middle layers kept full, the rest uniform (`middle` with n_middle = 2).
 ///
+/// ## Tiers (`tiers` = k, optimal only)
+/// Paged serving engines share one block table among the layers of a group (vLLM's KV-cache
+/// groups), so per-layer budgets free memory only when the layers fall into a few groups.
+/// With k in [1, L) the optimal policy returns budgets in at most k tiers:
+/// - A tier is a set of layers whose budgets are the uniform policy's split of the tier's total
+///   over them (the common water level within their floors and caps, then largest remainder,
+///   lower layer first). So within a tier the budgets differ by at most one token: a tier of m
+///   layers and total T holds floor(T / m) in m - (T mod m) layers and one token more in the
+///   others (when every floor <= T / m <= every cap; a layer whose floor or cap excludes the
+///   level holds that bound instead). The result has at most 2k distinct values, at most k when
+///   each tier's total is a multiple of its size; `AllocationInfo::tier` names each layer's tier.
+///   An engine that stores one length per tier sizes it at the tier's largest budget (at most
+///   one token above any of its layers').
+/// - The sum is exactly B, floors and caps hold, and the result is deterministic.
+/// - Search: b* = the unrestricted optimal budgets; layers ordered by ascending b* (ties: lower
+///   layer first); tiers are contiguous runs of that order. For each t in [1, k], dynamic
+///   programming over the run boundaries finds the t runs of least summed predicted loss when
+///   each run's total is its share of b* (the sum of b* over it); then tokens move between the
+///   runs (steps of 2^p tokens down to 1, the best single move each time) while a move lowers
+///   the predicted loss. Of the k candidates the one of least predicted loss wins (ties: fewer
+///   tiers), so the predicted loss never rises with k.
+/// - What it is not: the optimum over all partitions (runs of the b* order only; exact when the
+///   curves do not cross in that order) nor over all run totals (the balancing stops at a local
+///   minimum of single moves).
+/// - k = 1: the uniform split over the effective floors (the uniform policy when `min_tokens` is
+///   0). k >= L: exactly the unrestricted optimal budgets. k = 0: no limit (the default).
+///   When the safeguard falls back to uniform, that is one tier. Other policies refuse k > 0.
+///
 /// ## The safeguard floor (`min_tokens`, proportional/optimal/mga/mlma*)
 /// Curve-optimal budgets can starve a layer, and a starved layer can collapse on text unlike the
 /// calibration text. `min_tokens` raises every layer's floor to min(min_tokens, cap) (e.g. sinks +
@@ -90,6 +118,7 @@
 #include <numeric>
 #include <queue>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -200,6 +229,9 @@ struct BudgetRequest {
   /// else the curve's loss at this keep ratio (e.g. the paper's single ablation ratio)
   double sensitivity_keep_ratio = 0.0;
   std::vector<double> infonce;      ///< mga/mlma*: per-layer InfoNCE loss (>= 0)
+  /// optimal: at most this many tiers of per-layer budgets (see "Tiers" in the file comment);
+  /// 0 = no limit (the exact curve-optimal budgets). Other policies refuse a value above 0.
+  int tiers = 0;
 };
 
 /// Tokens the default safeguard floor adds to the protected ones (README "Safeguard floor").
@@ -227,6 +259,9 @@ struct AllocationInfo {
   double prune_cap = std::numeric_limits<double>::quiet_NaN();  ///< proportional family: cap used (after lifting)
   bool safeguard_fallback = false;   ///< min_tokens could not be met for every layer: uniform used
   bool protected_reduced = false;    ///< protected layers (layer 0 / middle) could not be kept full
+  /// optimal with `BudgetRequest::tiers` > 0: each layer's tier (0, 1, ...: tier 0 holds the
+  /// layers of the smallest unrestricted optimal budgets); empty otherwise
+  std::vector<int> tier;
   std::vector<double> scores;        ///< proportional family: the robustness scores used
 };
 
@@ -297,6 +332,7 @@ inline AllocContext prepare_request(const BudgetRequest& req) {
   DEPTHKV_CHECK(c.total <= sc, "infeasible: the budget of " << c.total << " tokens exceeds the sum of the caps ("
                                                            << sc << " tokens)");
   DEPTHKV_CHECK(req.min_tokens >= 0, "min_tokens " << req.min_tokens << " is negative");
+  DEPTHKV_CHECK(req.tiers >= 0, "tiers " << req.tiers << " is negative (0: no limit)");
   return c;
 }
 
@@ -516,6 +552,181 @@ inline std::vector<int> allocate_optimal(const AllocContext& c, const std::vecto
   return round_to_budget(t, floors, c.caps, c.total);
 }
 
+/// The loss model of the tier search: layer l's convexified curve f_l read at b / length_l (0 for
+/// a layer of length 0, as `predicted_loss`), and a tier's split of its total over its layers.
+struct TierModel {
+  const AllocContext* c = nullptr;
+  const std::vector<int>* floors = nullptr;  ///< the effective floors (safeguard included)
+  std::vector<LossCurve> hull;
+
+  TierModel(const AllocContext& ctx, const std::vector<int>& e, const SensitivityProfile& p) : c(&ctx), floors(&e) {
+    for (int l = 0; l < ctx.n; ++l) hull.push_back(lower_hull(raw_curve(p, l)));
+  }
+  double loss(int l, int b) const {
+    const auto i = static_cast<std::size_t>(l);
+    return c->len[i] > 0 ? hull[i].eval(static_cast<double>(b) / c->len[i]) : 0.0;
+  }
+  /// The uniform policy's split of `total` over `members` (ascending layers): the common water
+  /// level within their floors and caps, then largest remainder (lower layer first).
+  std::vector<int> split(const std::vector<int>& members, long long total) const {
+    std::vector<int> f, cp, local(members.size());
+    for (int l : members) {
+      f.push_back((*floors)[static_cast<std::size_t>(l)]);
+      cp.push_back(c->caps[static_cast<std::size_t>(l)]);
+    }
+    std::iota(local.begin(), local.end(), 0);
+    std::vector<double> t(members.size(), 0.0);
+    uniform_targets(local, f, cp, static_cast<double>(total), t);
+    return round_to_budget(t, f, cp, total);
+  }
+  /// Predicted loss of `members` under `split(members, total)`.
+  double tier_loss(const std::vector<int>& members, long long total) const {
+    const std::vector<int> b = split(members, total);
+    double s = 0.0;
+    for (std::size_t i = 0; i < members.size(); ++i) s += loss(members[i], b[i]);
+    return s;
+  }
+};
+
+/// One tier: its layers (ascending), its total and the totals it may take (sum of its floors,
+/// sum of its caps), and its predicted loss at `total`.
+struct Tier {
+  std::vector<int> members;
+  long long total = 0, lo = 0, hi = 0;
+  double loss = 0.0;
+};
+
+/// The tier of the run order[i, j), its total the sum of the unrestricted budgets `opt` over it.
+inline Tier make_tier(const TierModel& m, const std::vector<int>& order, const std::vector<int>& opt, int i, int j) {
+  Tier t;
+  t.members.assign(order.begin() + i, order.begin() + j);
+  std::sort(t.members.begin(), t.members.end());
+  for (int l : t.members) {
+    const auto u = static_cast<std::size_t>(l);
+    t.total += opt[u];
+    t.lo += (*m.floors)[u];
+    t.hi += m.c->caps[u];
+  }
+  t.loss = m.tier_loss(t.members, t.total);
+  return t;
+}
+
+/// For every t in [1, k]: the partition of `order` into exactly t contiguous runs of least
+/// summed tier loss (each run's total fixed to its unrestricted total), by dynamic programming
+/// over the run boundaries. Ties: the earlier boundary.
+/// @return parts[t - 1] = the run ends of the best t-run partition (ascending, last = n)
+inline std::vector<std::vector<int>> partition_runs(const TierModel& m, const std::vector<int>& order,
+                                                    const std::vector<int>& opt, int k) {
+  const int n = static_cast<int>(order.size());
+  const double inf = std::numeric_limits<double>::infinity();
+  auto at = [n](int i, int j) { return static_cast<std::size_t>(i) * static_cast<std::size_t>(n + 1) + static_cast<std::size_t>(j); };
+  std::vector<double> cost(at(n, n) + 1, inf);
+  for (int i = 0; i < n; ++i)
+    for (int j = i + 1; j <= n; ++j) cost[at(i, j)] = make_tier(m, order, opt, i, j).loss;
+  // best[t][j]: least loss of order[0, j) in exactly t runs; from[t][j]: where its last run starts
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(k + 1), std::vector<double>(static_cast<std::size_t>(n + 1), inf));
+  std::vector<std::vector<int>> from(best.size(), std::vector<int>(static_cast<std::size_t>(n + 1), -1));
+  best[0][0] = 0.0;
+  for (int t = 1; t <= k; ++t)
+    for (int j = t; j <= n; ++j)
+      for (int i = t - 1; i < j; ++i) {
+        const double v = best[static_cast<std::size_t>(t - 1)][static_cast<std::size_t>(i)] + cost[at(i, j)];
+        if (v < best[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)]) {
+          best[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)] = v;
+          from[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)] = i;
+        }
+      }
+  std::vector<std::vector<int>> parts;
+  for (int t = 1; t <= k; ++t) {
+    std::vector<int> ends;
+    for (int j = n, s = t; s > 0; j = from[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)], --s) ends.push_back(j);
+    std::reverse(ends.begin(), ends.end());
+    parts.push_back(ends);
+  }
+  return parts;
+}
+
+/// Moves tokens between tiers while that lowers the summed predicted loss: steps of s tokens
+/// (s = powers of two, largest first, down to 1), each time the single move (one tier gives s,
+/// another takes s, both within their floors and caps) of the largest decrease, until no move
+/// of s lowers the loss by more than 1e-12 relative. The totals keep their sum.
+inline void balance_tiers(const TierModel& m, std::vector<Tier>& tiers) {
+  long long step = 1, span = 0;
+  for (const Tier& t : tiers) span = std::max(span, t.hi - t.lo);
+  while (step * 2 <= span) step *= 2;
+  const std::size_t k = tiers.size();
+  for (; step >= 1; step /= 2) {
+    for (;;) {
+      double sum = 0.0;
+      std::vector<double> down(k, std::numeric_limits<double>::infinity()), up(k, std::numeric_limits<double>::infinity());
+      for (std::size_t g = 0; g < k; ++g) {
+        const Tier& t = tiers[g];
+        sum += t.loss;
+        if (t.total - step >= t.lo) down[g] = m.tier_loss(t.members, t.total - step);
+        if (t.total + step <= t.hi) up[g] = m.tier_loss(t.members, t.total + step);
+      }
+      double gain = 1e-12 * std::max(1.0, std::abs(sum));
+      std::size_t from = k, to = k;
+      for (std::size_t a = 0; a < k; ++a)
+        for (std::size_t b = 0; b < k; ++b) {
+          const double g = tiers[a].loss + tiers[b].loss - down[a] - up[b];  // inf terms never win
+          if (a != b && g > gain) std::tie(gain, from, to) = std::make_tuple(g, a, b);
+        }
+      if (from == k) break;
+      tiers[from].total -= step;
+      tiers[from].loss = down[from];
+      tiers[to].total += step;
+      tiers[to].loss = up[to];
+    }
+  }
+}
+
+/// Layers in ascending `opt` order (ties: the lower layer first).
+inline std::vector<int> ascending_order(const std::vector<int>& opt) {
+  std::vector<int> order(opt.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return opt[static_cast<std::size_t>(a)] < opt[static_cast<std::size_t>(b)]; });
+  return order;
+}
+
+/// Each layer its own tier, numbered in `ascending_order(opt)` (tiers >= n_layers).
+inline std::vector<int> tier_ranks(const std::vector<int>& opt) {
+  const std::vector<int> order = ascending_order(opt);
+  std::vector<int> rank(opt.size());
+  for (std::size_t r = 0; r < order.size(); ++r) rank[static_cast<std::size_t>(order[r])] = static_cast<int>(r);
+  return rank;
+}
+
+/// The tiered optimal budgets (see "Tiers" in the file comment) from the unrestricted ones `opt`:
+/// for each t <= k, the best t-run partition of the layers in ascending `opt` order, its totals
+/// balanced; the one of least predicted loss (ties: fewer tiers). Fills `info->tier`.
+inline std::vector<int> allocate_tiers(const TierModel& m, const std::vector<int>& opt, int k, AllocationInfo* info) {
+  const int n = static_cast<int>(opt.size());
+  const std::vector<int> order = ascending_order(opt);
+  std::vector<Tier> chosen;
+  double chosen_loss = std::numeric_limits<double>::infinity();
+  for (const std::vector<int>& ends : partition_runs(m, order, opt, std::min(k, n))) {
+    std::vector<Tier> tiers;
+    for (std::size_t r = 0, i = 0; r < ends.size(); i = static_cast<std::size_t>(ends[r++]))
+      tiers.push_back(make_tier(m, order, opt, static_cast<int>(i), ends[r]));
+    balance_tiers(m, tiers);
+    double loss = 0.0;
+    for (const Tier& t : tiers) loss += t.loss;
+    if (loss < chosen_loss) std::tie(chosen, chosen_loss) = std::make_pair(tiers, loss);
+  }
+  std::vector<int> b(static_cast<std::size_t>(n)), tier(static_cast<std::size_t>(n));
+  for (std::size_t g = 0; g < chosen.size(); ++g) {
+    const std::vector<int> part = m.split(chosen[g].members, chosen[g].total);
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      b[static_cast<std::size_t>(chosen[g].members[i])] = part[i];
+      tier[static_cast<std::size_t>(chosen[g].members[i])] = static_cast<int>(g);
+    }
+  }
+  if (info) info->tier = tier;
+  return b;
+}
+
 /// Resets `*info` (when given) to the request's budget, floors and caps.
 inline void start_allocation_info(const AllocContext& c, AllocationInfo* info) {
   if (!info) return;
@@ -601,10 +812,13 @@ class BudgetAllocator {
   ///         the sum of caps, a cap above the length, a floor above a cap, both or neither of
   ///         total_tokens/keep_ratio, a missing or invalid profile, a profile/lengths layer-count
   ///         mismatch, missing/NaN/negative robustness or InfoNCE scores, more middle layers than
-  ///         layers, a bad pyramid window/beta or pruning cap)
+  ///         layers, a bad pyramid window/beta or pruning cap, negative tiers, tiers > 0 with a
+  ///         policy other than optimal)
   std::vector<int> allocate(AllocationPolicy policy, const BudgetRequest& req,
                             const SensitivityProfile* profile = nullptr, AllocationInfo* info = nullptr) const {
     const detail::AllocContext c = detail::prepare_request(req);
+    DEPTHKV_CHECK(req.tiers == 0 || policy == AllocationPolicy::kOptimal,
+                  "tiers " << req.tiers << ": only the optimal policy takes tiers, not '" << to_string(policy) << "'");
     detail::start_allocation_info(c, info);
     switch (policy) {
       case AllocationPolicy::kUniform: return detail::allocate_uniform(c, c.floors);
@@ -627,15 +841,23 @@ class BudgetAllocator {
 
  private:
   /// The optimal policy: the curve-optimal split (`detail::allocate_optimal`) above the safeguard
-  /// floors, or the uniform split when those floors exceed the budget.
+  /// floors, restricted to `req.tiers` tiers when that is in [1, n_layers) (`detail::allocate_tiers`),
+  /// or the uniform split (one tier) when those floors exceed the budget.
   /// @throws Error on a missing or invalid profile
   static std::vector<int> allocate_optimal_policy(const detail::AllocContext& c, const BudgetRequest& req,
                                                   const SensitivityProfile* profile, AllocationInfo* info) {
     detail::check_profile(profile, c.n, to_string(AllocationPolicy::kOptimal).c_str());
     const std::vector<int> e = detail::safeguard_floors(c, req.min_tokens, req.safeguard_shrink);
     if (info) info->floors = e;
-    if (detail::sum_of(e) > c.total) return fallback(c, info);
-    return detail::allocate_optimal(c, e, *profile);
+    if (detail::sum_of(e) > c.total) {
+      std::vector<int> b = fallback(c, info);
+      if (info && req.tiers > 0) info->tier.assign(b.size(), 0);
+      return b;
+    }
+    std::vector<int> b = detail::allocate_optimal(c, e, *profile);
+    if (req.tiers > 0 && req.tiers < c.n) return detail::allocate_tiers(detail::TierModel(c, e, *profile), b, req.tiers, info);
+    if (info && req.tiers > 0) info->tier = detail::tier_ranks(b);
+    return b;
   }
 
   /// The proportional family (proportional, mga, mlma2/4/6): robustness scores s_l (the request's,

@@ -238,9 +238,12 @@ std::vector<int> head_budgets(HeadAllocation mode, const Layer& layer, const Lay
 /// tokens, B the layer request's budget (`total_tokens`, or llround(keep_ratio * sum(lengths))
 /// as the allocator resolves it: the layer request counts tokens per head, as every head of
 /// layer l keeps budget[l]); `min_tokens` and the other parameters are copied.
-/// @throws Error on n_kv_heads < 1 or floors / caps of another size than the lengths
+/// @throws Error on n_kv_heads < 1, floors / caps of another size than the lengths, or tiers > 0
+///         (tiers are per-layer budgets of the optimal policy, not per-head)
 inline BudgetRequest head_unit_request(const BudgetRequest& layer_req, int n_kv_heads) {
   DEPTHKV_CHECK(n_kv_heads >= 1, "n_kv_heads must be >= 1, got " << n_kv_heads);
+  DEPTHKV_CHECK(layer_req.tiers == 0, "tiers " << layer_req.tiers << ": only the optimal policy takes tiers, not '"
+                                               << to_string(AllocationPolicy::kHeadOptimal) << "'");
   const std::size_t L = layer_req.lengths.size();
   DEPTHKV_CHECK(layer_req.floors.empty() || layer_req.floors.size() == L,
                 "floors has " << layer_req.floors.size() << " entries for " << L << " layers");

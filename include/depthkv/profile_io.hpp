@@ -490,7 +490,7 @@ enum class SpecFields { kSelection, kAll };
 /// "output_aware", "head_alloc", "head_alpha" only when `has_head_settings()`; "lookahead" only
 /// when not 0. `kAll` adds "scorer" (its name), "policy", "budget" ({"keep": r} or
 /// {"tokens": n}), "schedule" ({"mode", "chunk", "interval"}) and "safeguard" ({"min_tokens":
-/// -1 automatic | 0 off | N, "margin"}).
+/// -1 automatic | 0 off | N, "margin"}), and "tiers" only when not 0.
 /// @throws Error when the spec is invalid (`PruneSpec::validate`)
 inline nlohmann::json prune_spec_to_json(const PruneSpec& s, SpecFields fields = SpecFields::kAll) {
   s.validate();
@@ -510,6 +510,7 @@ inline nlohmann::json prune_spec_to_json(const PruneSpec& s, SpecFields fields =
                                     : nlohmann::json{{"tokens", s.budget.total_tokens()}};
   j["schedule"] = {{"mode", to_string(s.schedule.mode)}, {"chunk", s.schedule.chunk}, {"interval", s.schedule.interval}};
   j["safeguard"] = {{"min_tokens", s.safeguard.min_tokens()}, {"margin", s.safeguard.margin}};
+  if (s.tiers != 0) j["tiers"] = s.tiers;
   return j;
 }
 
@@ -562,6 +563,7 @@ inline void spec_keys_from_json(const nlohmann::json& j, const std::string& w, P
     s.safeguard = Safeguard::from_min_tokens(spec_int(g, "min_tokens", wg, -1));
     if (g.contains("margin")) s.safeguard.margin = spec_int(g, "margin", wg);
   }
+  if (j.contains("tiers")) s.tiers = spec_int(j, "tiers", w);
 }
 
 /// The older spelling of a selection record, {"n_sink", "n_recent", "window", "kernel"}: the

@@ -6,7 +6,8 @@
 /// - the scorer (`ScorerConfig`: kind, SnapKV window/kernel/pooling, output-aware, lookahead);
 /// - the protection (sink and recent tokens every head keeps, inside the budget);
 /// - the budget (`Budget`: a keep ratio of the tokens seen, or a token total over all layers);
-/// - the allocation policy (`AllocationPolicy`, head-optimal included);
+/// - the allocation policy (`AllocationPolicy`, head-optimal included) and, for optimal, the
+///   number of tiers of its layer budgets (`tiers`, budget_allocator.hpp "Tiers"; 0: no limit);
 /// - the head split (`HeadSplitSpec`: how each layer's budget is divided across its KV heads);
 /// - the schedule (`ScheduleSpec`: oneshot, chunked or decode, with chunk and interval);
 /// - the safeguard floor of the curve-based policies (`Safeguard`).
@@ -181,6 +182,7 @@ struct PruneSpec {
   Protection protection;                                  ///< tokens every head keeps (inside the budget)
   Budget budget = Budget::keep(1.0);                      ///< the global budget
   AllocationPolicy policy = AllocationPolicy::kUniform;   ///< the split across layers (or heads)
+  int tiers = 0;                                          ///< optimal: at most this many tiers (0: no limit)
   HeadSplitSpec head_split;                               ///< the split of a layer's budget across heads
   ScheduleSpec schedule;                                  ///< when evictions happen
   Safeguard safeguard;                                    ///< the curve-based policies' floor
@@ -191,7 +193,8 @@ struct PruneSpec {
   ///   that has none, negative protection, a budget outside its range, head_split.alpha outside
   ///   [0, 1], schedule.chunk or schedule.interval < 1, a lookahead with a chunked or decode
   ///   schedule (the lookahead needs the whole context first), safeguard.tokens < 1 in kTokens
-  ///   mode or a negative safeguard.margin
+  ///   mode, a negative safeguard.margin, negative tiers or tiers > 0 with a policy other than
+  ///   optimal
   void validate() const {
     DEPTHKV_CHECK(scorer.window >= 1, "scorer.window must be >= 1, got " << scorer.window);
     DEPTHKV_CHECK(scorer.kernel >= 1 && scorer.kernel % 2 == 1, "scorer.kernel must be odd and >= 1, got " << scorer.kernel);
@@ -215,11 +218,14 @@ struct PruneSpec {
     DEPTHKV_CHECK(safeguard.mode != Safeguard::Mode::kTokens || safeguard.tokens >= 1,
                   "safeguard.tokens must be >= 1, got " << safeguard.tokens);
     DEPTHKV_CHECK(safeguard.margin >= 0, "safeguard.margin must be >= 0, got " << safeguard.margin);
+    DEPTHKV_CHECK(tiers >= 0, "tiers must be >= 0 (0: no limit), got " << tiers);
+    DEPTHKV_CHECK(tiers == 0 || policy == AllocationPolicy::kOptimal,
+                  "tiers (" << tiers << "): only the optimal policy takes tiers, not " << to_string(policy));
   }
 
   /// The allocator request for layers of `lengths` tokens: the budget, floors from the
-  /// protection (`protection_floors`), the safeguard floor and pyramid's window (the scorer's
-  /// observation window).
+  /// protection (`protection_floors`), the safeguard floor, pyramid's window (the scorer's
+  /// observation window) and the tiers.
   BudgetRequest budget_request(const std::vector<int>& lengths) const {
     BudgetRequest req;
     req.lengths = lengths;
@@ -228,6 +234,7 @@ struct PruneSpec {
     req.window = scorer.window;
     req.min_tokens = safeguard.floor(protection);
     req.safeguard_shrink = safeguard.mode == Safeguard::Mode::kAuto;
+    req.tiers = tiers;
     return req;
   }
 
@@ -270,9 +277,11 @@ struct PolicyData {
 
 /// The budgets of one allocation: per layer (`layers`, every head of layer l keeps layers[l]),
 /// and with head-optimal per head too (`heads[l][h]`; `layers[l]` is then the mean, rounded).
+/// With `PruneSpec::tiers` > 0, `tier[l]` is layer l's tier (`AllocationInfo::tier`); else empty.
 struct Allocation {
   std::vector<int> layers;
   std::vector<std::vector<int>> heads;
+  std::vector<int> tier;
 };
 
 /// Allocates `spec`'s budget over layers of `lengths` tokens (`PruneSpec::budget_request` plus
@@ -284,7 +293,9 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
   req.infonce = data.infonce;
   Allocation a;
   if (!is_head_policy(spec.policy)) {
-    a.layers = BudgetAllocator().allocate(spec.policy, req, data.layer_curves);
+    AllocationInfo info;
+    a.layers = BudgetAllocator().allocate(spec.policy, req, data.layer_curves, &info);
+    a.tier = info.tier;
     return a;
   }
   DEPTHKV_CHECK(data.head_curves != nullptr && data.n_kv_heads >= 1, "policy head-optimal needs head curves");
@@ -300,6 +311,7 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
 /// Field-for-field equality of two specs.
 inline bool operator==(const PruneSpec& a, const PruneSpec& b) {
   return a.same_selection(b) && scorer_name(a.scorer) == scorer_name(b.scorer) && a.budget == b.budget && a.policy == b.policy &&
+         a.tiers == b.tiers &&
          a.schedule == b.schedule && a.safeguard == b.safeguard;
 }
 inline bool operator!=(const PruneSpec& a, const PruneSpec& b) { return !(a == b); }

@@ -83,6 +83,9 @@ class Allocation:
         predicted_loss: the predicted total loss on the convexified curves (None when the policy reads no curves)
         policy, scorer: what allocated
         lengths: int32 [n_layers], tokens each layer (each of its heads) held
+        tiers: the request's tiers (0: no limit)
+        tier: int32 [n_layers], each layer's tier when tiers > 0 (tier 0: the layers of the smallest
+            unrestricted optimal budgets), else None
     """
 
     def __init__(self, d: dict, keep: Optional[float], total_tokens: Optional[int]):
@@ -93,6 +96,8 @@ class Allocation:
         self.total: int = d["total"]
         self.predicted_loss: Optional[float] = d["predicted_loss"]
         self.lengths: np.ndarray = d["lengths"]
+        self.tiers: int = d["tiers"]
+        self.tier: Optional[np.ndarray] = d["tier"]
         self.keep = keep
         self.total_tokens = total_tokens
 
@@ -118,6 +123,8 @@ class Allocation:
         d["total"] = self.total
         if self.predicted_loss is not None:
             d["predicted_loss"] = self.predicted_loss
+        if self.tiers > 0:
+            d.update(tiers=self.tiers, tier=self.tier.tolist())
         return d
 
     def __repr__(self) -> str:
@@ -152,7 +159,7 @@ def _budget(keep: Optional[float], total_tokens: Optional[int]) -> Tuple[Optiona
 def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Optional[int] = None,
              policy: str = "optimal", scorer: Optional[str] = None, lengths=None,
              protection: Sequence[int] = DEFAULT_PROTECTION, obs_window: int = DEFAULT_OBS_WINDOW,
-             min_tokens: int = -1) -> Allocation:
+             min_tokens: int = -1, tiers: int = 0) -> Allocation:
     """Per-layer (and for "head-optimal" per-head) budgets: ``depthkv::allocate`` over the profile.
 
     The same request as ``depthkv allocate --profile F --keep K --policy P --scorer S --json``,
@@ -166,12 +173,16 @@ def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Op
     :param protection: (n_sink, n_recent) every head keeps, inside the budget
     :param obs_window: the scorer's observation window (pyramid's window)
     :param min_tokens: the safeguard floor: -1 automatic, 0 off, N tokens per layer
-    :raises Error: on an invalid request, a policy whose curves the profile lacks, or an infeasible budget
+    :param tiers: "optimal" only: the budgets in at most this many tiers, each tier's layers within
+        one token of each other, the total exact (``BudgetRequest::tiers``, budget_allocator.hpp
+        "Tiers"; ``depthkv allocate --tiers``); 0: no limit
+    :raises Error: on an invalid request, a policy whose curves the profile lacks, an infeasible budget,
+        negative tiers or tiers with another policy
     """
     keep, total_tokens = _budget(keep, total_tokens)
     n_sink, n_recent = _protection(protection)
     d = _core.allocate(profile, str(policy), scorer or "", keep, total_tokens, _lengths(lengths, profile.n_layers),
-                       n_sink, n_recent, int(obs_window), int(min_tokens))
+                       n_sink, n_recent, int(obs_window), int(min_tokens), int(tiers))
     return Allocation(d, keep, total_tokens)
 
 

@@ -162,11 +162,13 @@ long long sum_of(const std::vector<int>& v) {
 /// depthkv.allocate: `depthkv::allocate` of the request over the profile's curves.
 nb::dict allocate(const ProfileFile& f, const std::string& policy_name, const std::string& scorer_name,
                   std::optional<double> keep, std::optional<long long> total_tokens,
-                  std::optional<std::vector<int>> lengths_in, int n_sink, int n_recent, int obs_window, int min_tokens) {
+                  std::optional<std::vector<int>> lengths_in, int n_sink, int n_recent, int obs_window, int min_tokens,
+                  int tiers) {
   const depthkv::AllocationPolicy policy = depthkv::parse_allocation_policy(policy_name);
   const depthkv::PruneSpec spec = [&] {
     depthkv::PruneSpec s = request_spec(keep, total_tokens, n_sink, n_recent, obs_window, min_tokens);
     s.policy = policy;
+    s.tiers = tiers;
     return s;
   }();
   std::vector<int> lengths = layer_lengths(f, lengths_in);
@@ -193,6 +195,8 @@ nb::dict allocate(const ProfileFile& f, const std::string& policy_name, const st
     out["total"] = sum_of(a.layers);
   }
   const std::size_t n_layers = a.layers.size();
+  out["tiers"] = tiers;
+  out["tier"] = a.tier.empty() ? nb::none() : nb::object(owning_array(std::move(a.tier), {n_layers}));
   out["budgets"] = owning_array(std::move(a.layers), {n_layers});
   out["lengths"] = owning_array(std::move(lengths), {static_cast<std::size_t>(f.n_layers)});
   return out;
@@ -222,7 +226,7 @@ void bind_profile(nb::module_& m) {
         nb::arg("profile"), nb::arg("path"));
   m.def("allocate", &allocate, nb::arg("profile"), nb::arg("policy"), nb::arg("scorer"), nb::arg("keep").none(),
         nb::arg("total_tokens").none(), nb::arg("lengths").none(), nb::arg("n_sink"), nb::arg("n_recent"),
-        nb::arg("obs_window"), nb::arg("min_tokens"));
+        nb::arg("obs_window"), nb::arg("min_tokens"), nb::arg("tiers"));
   m.def("preset", &preset, nb::arg("name"), nb::arg("profile"), nb::arg("keep").none(), nb::arg("total_tokens").none(),
         nb::arg("lengths").none(), nb::arg("n_sink"), nb::arg("n_recent"), nb::arg("obs_window"), nb::arg("kernel"),
         nb::arg("min_tokens"), nb::arg("lookahead").none());

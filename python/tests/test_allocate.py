@@ -100,3 +100,29 @@ def test_preset_refuses_a_profile_without_head_curves():
         depthkv.preset("best", depthkv.load_profile(STORIES), 0.2)
     with pytest.raises(depthkv.Error, match="unknown preset 'fastest'"):
         depthkv.preset("fastest", depthkv.load_profile(AIDREAMS_BEST), 0.2)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_tiers_equal_cli(cli, name):
+    """depthkv.allocate(..., tiers=k) equals ``depthkv allocate --tiers k --json`` byte for byte."""
+    path, prot, window = PROFILES[name]
+    prof = depthkv.load_profile(path)
+    for keep in KEEPS:
+        for k in (1, 2, 3, 4):
+            rc, out, err = run_cli(cli, *cli_args(path, keep, "optimal", "snapkv", prot, window), "--tiers", str(k))
+            assert rc == 0, err
+            a = depthkv.allocate(prof, keep, policy="optimal", scorer="snapkv", protection=prot, obs_window=window,
+                                 tiers=k)
+            assert cli_text(a) == out, (keep, k)
+            assert a.tiers == k and a.tier.shape == (prof.n_layers,)
+            assert len(set(a.tier.tolist())) <= k
+            for t in set(a.tier.tolist()):  # a tier's budgets differ by at most one token
+                b = a.budgets[a.tier == t]
+                assert int(b.max()) - int(b.min()) <= 1
+            assert a.total == int(a.budgets.sum())
+    plain = depthkv.allocate(prof, 0.2, policy="optimal", scorer="snapkv", protection=prot, obs_window=window)
+    assert plain.tiers == 0 and plain.tier is None and "tiers" not in plain.to_dict()
+    with pytest.raises(depthkv.Error, match="only the optimal policy takes tiers, not uniform"):
+        depthkv.allocate(prof, 0.2, policy="uniform", tiers=2)
+    with pytest.raises(depthkv.Error, match="tiers must be >= 0"):
+        depthkv.allocate(prof, 0.2, tiers=-1)
