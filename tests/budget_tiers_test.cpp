@@ -113,7 +113,7 @@ TEST_CASE("tiers: at most k tiers, exact totals, k >= L exact, k = 1 uniform, lo
   }
 }
 
-TEST_CASE("tiers: two kinds of layers in two tiers lose nothing; one tier costs more", "[allocator][tiers]") {
+TEST_CASE("tiers: two kinds of layers in two tiers lose nothing, one tier costs more", "[allocator][tiers]") {
   // layers 0, 2, 4 steep (sensitive), 1, 3 flat: two tiers hold the optimum's predicted loss
   SensitivityProfile p;
   p.keep_ratios = {0.1, 0.25, 0.5, 0.75};

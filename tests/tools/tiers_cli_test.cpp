@@ -47,7 +47,7 @@ std::pair<std::vector<int>, std::vector<int>> tiers_cli_library(double keep, int
 
 }  // namespace
 
-TEST_CASE("allocate --tiers: the library's tiered budgets and tiers; refusals", "[tools][tiers]") {
+TEST_CASE("allocate --tiers: the library's tiered budgets and tiers, refusals", "[tools][tiers]") {
   const std::string base = "allocate --profile " + shell_quoted(tiers_cli_profile()) + " --scorer snapkv --json";
   for (double keep : {0.1, 0.3}) {
     for (int k : {1, 2, 3, 5}) {
@@ -83,7 +83,7 @@ TEST_CASE("allocate --tiers: the library's tiered budgets and tiers; refusals", 
   REQUIRE_THAT(neg.out, Catch::Contains("--tiers"));
 }
 
-TEST_CASE("eval --tiers: the optimal rows carry the tiers, the other policies do not; refusals", "[tools][tiers]") {
+TEST_CASE("eval --tiers: the optimal rows carry the tiers, the other policies do not, refusals", "[tools][tiers]") {
   const std::string base = "eval --model " + depthkv_test::stories_model_arg() + " --text " +
                            shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt")) + " --profile " +
                            shell_quoted(tiers_cli_profile()) +
