@@ -17,6 +17,9 @@
 #   RETRY_NO_WERROR=1  a program that fails with -Werror is built once more without it (the
 #                 on-device fallback of gpu_check.sh; BUILD_INFO and the output say so)
 #   DEPTHKV_COMMIT the commit to record (default: git rev-parse, "(with local changes)" when dirty)
+#   WHEEL_PYTHON  a Python with scikit-build-core and nanobind: DIR also gets the depthkv wheel
+#                 (pip wheel, with the CUDA extension for CUDA_ARCHS) that gpu_check.sh's python_cuda
+#                 step installs; its Python version must be the GPU machine's (a wheel is per version)
 # Without Eigen (/usr/include/eigen3 or EIGEN_INCLUDE) the eviction test is built with
 # -DDEPTHKV_TEST_NO_CPU_EVICTOR: its reference is then the naive one alone (the paged compaction
 # test needs Eigen: its reference is PagedLayer with the CPU evictor).
@@ -124,4 +127,16 @@ for t in cuda_score_test cuda_evict_test cuda_paged_compact_test evict_cuda_benc
     ok=1
   fi
 done
+if [ -n "${WHEEL_PYTHON:-}" ]; then
+  rm -f "$DIR"/depthkv-*.whl
+  archs=$(for a in $CUDA_ARCHS; do printf '%s-real;' "$a"; done)
+  if CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$WHEEL_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$DIR" \
+       -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=${archs}${last}-virtual" . >"$DIR/wheel.build.log" 2>&1; then
+    echo "built $(ls "$DIR"/depthkv-*.whl)"
+  else
+    echo "FAILED: the depthkv wheel (see $DIR/wheel.build.log)"
+    tail -20 "$DIR/wheel.build.log"
+    ok=1
+  fi
+fi
 exit $ok

@@ -23,6 +23,8 @@
 #   5. evict_cuda_bench, BENCH_RUNS runs (5) per configuration (55)
 #   6. compute-sanitizer racecheck of small random cases (45), only if that much time is left
 #   7. torch.topk + gather baseline (benchmarks/torch_topk_baseline.py; 60), only if time is left
+#   8. the Python package's CUDA path (scripts/gpu_python_check.sh: python/tests/test_cuda.py with the
+#      wheel in DIR; 60), only if time is left; SKIPPED without a wheel or torch with CUDA
 # A required step gets at most the time left; with under 10 s left it is SKIPPED (time).
 # Results: PASS; FAIL (non-zero exit, timeout, missing program; exit 77 "no device" counts as FAIL
 # on a machine that has a GPU); SKIPPED (time; compute-sanitizer missing or refusing the device,
@@ -78,6 +80,7 @@ T_MEMCHECK=60
 T_BENCH=55
 T_RACECHECK=45
 T_TORCH=60
+T_PYTHON=60
 BIN=${PREBUILT:-$BUILD_DIR}
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -90,6 +93,7 @@ PLAN=(
   "evict_cuda_bench|$T_BENCH|required|\$BIN/evict_cuda_bench --tokens $BENCH_TOKENS --runs $BENCH_RUNS"
   "racecheck|$T_RACECHECK|optional|\$SAN --tool racecheck --error-exitcode 3 \$BIN/cuda_evict_test --random-only --cases 3 --seconds 3 --budget-mb 2"
   "torch_topk_baseline|$T_TORCH|optional|python3 benchmarks/torch_topk_baseline.py --tokens $BENCH_TOKENS --runs $BENCH_RUNS"
+  "python_cuda|$T_PYTHON|optional|scripts/gpu_python_check.sh \$BIN"
 )
 
 print_plan() {
@@ -257,7 +261,7 @@ run_step() {  # run_step NAME LIMIT KIND OUTFILE CMD...
         record "$name" SKIPPED "$dt" "incomplete: timed out after ${limit}s under compute-sanitizer, no error reported before"
         return
       fi ;;
-    torch_topk_baseline)
+    torch_topk_baseline|python_cuda)
       if grep -q '^SKIP' "$out.tmp" && { [ $rc -eq 0 ] || [ $rc -eq 77 ]; }; then
         record "$name" SKIPPED "$dt" "$(grep -m1 '^SKIP' "$out.tmp")"
         rm -f "$out.tmp"
@@ -283,14 +287,14 @@ for entry in "${PLAN[@]}"; do
   case $name in
     memcheck|racecheck) out=$SANOUT ;;
     evict_cuda_bench) out=$BENCH ;;
-    torch_topk_baseline) out=$TORCH ;;
+    torch_topk_baseline|python_cuda) out=$TORCH ;;
   esac
   case $name in
     memcheck|racecheck)
       if [ "${SKIP_SANITIZER:-0}" = 1 ]; then record "$name" SKIPPED 0 "SKIP_SANITIZER=1"; continue; fi
       if [ -z "$SAN" ]; then record "$name" SKIPPED 0 "compute-sanitizer not installed"; continue; fi ;;
   esac
-  if [ "$name" != torch_topk_baseline ]; then
+  if [ "$name" != torch_topk_baseline ] && [ "$name" != python_cuda ]; then
     prog=$(echo "$cmd" | grep -oE '\$BIN/[a-z_]+' | head -1 | sed 's/\$BIN\///')
     if [ ! -x "$BIN/$prog" ]; then record "$name" FAIL 0 "program $BIN/$prog missing"; continue; fi
   fi

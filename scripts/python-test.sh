@@ -5,7 +5,8 @@
 # and kvpress from python/requirements-hf.txt (a few minutes to download on a fresh environment;
 # DEPTHKV_HF_TESTS=0 leaves them out, and they are then skipped). The identity checks run the
 # depthkv program: $DEPTHKV_CLI, else build/release/tools/depthkv (what scripts/test.sh builds),
-# else it is built here (target depthkv_cli in build/python-cli). Environment: DEPTHKV_VENV
+# else it is built here (target depthkv_cli in build/python-cli). With nvcc on PATH the package
+# includes its CUDA extension (depthkv._cuda), which test_cuda.py requires then. Environment: DEPTHKV_VENV
 # (default /tmp/depthkv-venv; reused when it exists), JOBS (build jobs, default nproc). Each phase
 # prints its wall time.
 # Needs python3-venv and python3-dev (scripts/install-deps.sh) and PyPI for the build tools.
@@ -40,7 +41,9 @@ if [ -z "${DEPTHKV_CLI:-}" ]; then
     phase "depthkv program"
   fi
 fi
-# from outside the checkout, so that `import depthkv` is the installed package
+# from outside the checkout, so that `import depthkv` is the installed package; with nvcc on PATH
+# the package must have its CUDA extension (python/tests/test_cuda.py checks it)
+command -v nvcc >/dev/null 2>&1 && export DEPTHKV_REQUIRE_CUDA_BUILD=1
 cd "$VENV"
 DEPTHKV_CLI="$DEPTHKV_CLI" DEPTHKV_REQUIRE_CLI=1 DEPTHKV_REQUIRE_HF="${DEPTHKV_HF_TESTS:-1}" "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/python/tests"
 phase "pytest"
