@@ -274,11 +274,7 @@ PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& 
   if (split.head_profile != nullptr) {  // head-level optimal budgets
     rep.head_budgets = head_level_budgets(cache, br, *split.head_profile, prot);
     start = rep.head_budgets;
-    for (const auto& row : start) {
-      long long t = 0;
-      for (int x : row) t += x;
-      rep.budgets.push_back(static_cast<int>(std::llround(static_cast<double>(t) / static_cast<double>(row.size()))));
-    }
+    rep.budgets = mean_per_layer(start);
   } else {
     rep.budgets = BudgetAllocator().allocate(policy, br, profile);
     for (int l = 0; l < cache.n_layers(); ++l)
@@ -625,16 +621,17 @@ class EvictionSchedule {
     std::vector<int> ids;
     std::vector<std::vector<int>> start, targets;
     for (int l = 0; l < n_layers(); ++l) {
-      std::vector<int> t = cfg_.targets.at(l, seen, cfg_.protection);
+      std::vector<int> uncapped = cfg_.targets.at(l, seen, cfg_.protection);
+      std::vector<int> t = uncapped;  // the report's targets: capped at what each head holds
       bool over = false;
       for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
         over = over || cache.layer(l).size(h) > t[static_cast<std::size_t>(h)];
         t[static_cast<std::size_t>(h)] = std::min(t[static_cast<std::size_t>(h)], cache.layer(l).size(h));
       }
-      targets.push_back(t);
+      targets.push_back(std::move(t));
       if (!over) continue;
       ids.push_back(l);
-      start.push_back(cfg_.targets.at(l, seen, cfg_.protection));
+      start.push_back(std::move(uncapped));
     }
     if (ids.empty()) return false;
     PruneReport rep;
@@ -645,11 +642,7 @@ class EvictionSchedule {
                                     {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, nullptr});
     rep.evictions.resize(static_cast<std::size_t>(n_layers()));
     for (std::size_t i = 0; i < ids.size(); ++i) rep.evictions[static_cast<std::size_t>(ids[i])] = std::move(ev[i]);
-    for (const auto& row : targets) {
-      long long k = 0;
-      for (int x : row) k += x;
-      rep.budgets.push_back(static_cast<int>(std::llround(static_cast<double>(k) / static_cast<double>(row.size()))));
-    }
+    rep.budgets = detail::mean_per_layer(targets);
     rep.head_budgets = std::move(targets);
     rep.bytes_after = cache.bytes();
     last_ = std::move(rep);

@@ -336,6 +336,19 @@ inline double predicted_head_loss(const SensitivityProfile& head_profile, const 
 
 namespace detail {
 
+/// The per-layer budgets of per-head rows: layer l's budget is `round(sum_h rows[l][h] / H_l)`
+/// (the mean per head, what a layer of per-head budgets reports as its one budget).
+inline std::vector<int> mean_per_layer(const std::vector<std::vector<int>>& rows) {
+  std::vector<int> out;
+  out.reserve(rows.size());
+  for (const std::vector<int>& row : rows) {
+    long long t = 0;
+    for (int x : row) t += x;
+    out.push_back(row.empty() ? 0 : static_cast<int>(std::llround(static_cast<double>(t) / static_cast<double>(row.size()))));
+  }
+  return out;
+}
+
 /// `head_budgets` of layer `l` of a cache, its errors naming the layer.
 template <class Layer, class Keep>
 std::vector<int> layer_head_budgets(HeadAllocation mode, const Layer& layer, int l, const LayerScores& scores,

@@ -300,11 +300,7 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
   }
   DEPTHKV_CHECK(data.head_curves != nullptr && data.n_kv_heads >= 1, "policy head-optimal needs head curves");
   a.heads = head_optimal_budgets(*data.head_curves, data.n_kv_heads, req);
-  for (const std::vector<int>& row : a.heads) {
-    long long t = 0;
-    for (int x : row) t += x;
-    a.layers.push_back(static_cast<int>(std::llround(static_cast<double>(t) / static_cast<double>(row.size()))));
-  }
+  a.layers = detail::mean_per_layer(a.heads);
   return a;
 }
 
