@@ -584,10 +584,14 @@ def make_press(name: str, profile=None, *, policy: str = "optimal", scorer_press
         from depthkv.kvpress import DepthKVPress
         prot = tuple(protection) if protection is not None else depthkv.DEFAULT_PROTECTION
         inner = scorer_press if scorer_press is not None else "kvpress:snapkv"
-        label = f"DepthKVPress {policy} + " + (inner[8:] if inner.startswith("kvpress:") else f"depthkv {inner}")
+        own = not inner.startswith("kvpress:")
+        if not own and inner[8:] not in _kvpress_table():
+            raise Error(f"make_press: unknown kvpress press {inner!r} (kvpress:NAME, NAME one of "
+                        f"{', '.join(KVPRESS_NAMES)})")
+        label = f"DepthKVPress {policy} + " + (f"depthkv {inner}" if own else _kvpress_table()[inner[8:]][0])
 
         def depthkv_press(keep):
-            sp = _kvpress_table()[inner[8:]][2](w, kernel) if inner.startswith("kvpress:") else inner
+            sp = inner if own else _kvpress_table()[inner[8:]][2](w, kernel)
             return DepthKVPress(profile, keep, policy, sp, protection=prot, check_model=check_model)
         return PressMaker(label, depthkv_press)
     table = _kvpress_table()
