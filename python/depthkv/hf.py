@@ -117,12 +117,15 @@ def load_windows(path_or_dict) -> Tuple[List[Window], dict]:
 def model_identity(model, name: Optional[str] = None) -> Tuple[str, int, str, int]:
     """(name, bytes, hash, bytes hashed) recorded as the profile's model: the HF name or path
     (``model.name_or_path``, else the class name), the bytes of its state dict, and
-    "blake2b64:" + a 64-bit BLAKE2b of its config (JSON, without the transformers version, the
-    attention implementation and the name) and of every state-dict tensor (name, dtype, shape, bytes)."""
+    "blake2b64:" + a 64-bit BLAKE2b of its config (JSON, without the fields that do not change its
+    outputs: the transformers version, the attention implementation, the name, architectures and
+    dtype, which ``save_pretrained`` fills in, and runtime output flags) and of every state-dict
+    tensor (name, dtype, shape, bytes), so a model saved and loaded again keeps its identity."""
     name = name or getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or type(model).__name__
     cfg = model.config.to_dict()
     for k in ("transformers_version", "_attn_implementation", "attn_implementation", "_name_or_path",
-              "_attn_implementation_autoset", "output_attentions"):
+              "_attn_implementation_autoset", "output_attentions", "output_hidden_states", "return_dict",
+              "use_cache", "architectures", "dtype", "torch_dtype"):
         cfg.pop(k, None)
     h = hashlib.blake2b(digest_size=8)
     h.update(json.dumps(cfg, sort_keys=True, default=str).encode())

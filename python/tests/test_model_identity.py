@@ -15,6 +15,7 @@ import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402
 from conftest import AIDREAMS_BEST  # noqa: E402
 from depthkv.kvpress import DepthKVPress  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 CTX = [1] + list(range(5, 100))
 CONT = list(range(100, 116))
@@ -52,12 +53,15 @@ def test_the_right_profiles_apply(aidreams, models, stories):  # noqa: F811
         prefill(models["sdpa"], CTX, DepthKVPress(best, keep=0.3))
 
 
-def test_a_hf_profile_checks_the_weights(models, hf_profile):  # noqa: F811
+def test_a_hf_profile_checks_the_weights(models, hf_profile, tmp_path):  # noqa: F811
     model = models["sdpa"]
     assert hf_profile.model["header_hash"] == depthkv.hf.model_identity(model)[2]
     depthkv.hf.check_profile_model(hf_profile, model)
     cache = prefill(model, CTX, DepthKVPress(hf_profile, keep=0.5))
     assert len(cache.layers) == 5
+    model.save_pretrained(tmp_path / "m")  # fills in config fields (architectures, dtype)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager")
+    depthkv.hf.check_profile_model(hf_profile, again)  # the same model, saved and loaded
     other = copy.deepcopy(model)
     with torch.no_grad():
         other.model.layers[2].self_attn.v_proj.weight[0, 0] += 0.5
