@@ -53,6 +53,9 @@ PEER_ROWS = {
     "DepthKVPress optimal + kvpress SnapKV, select_protection (0, 0)": "depthkv optimal budgets + kvpress SnapKV",
     "DepthKVPress head-optimal + kvpress SnapKV, select_protection (0, 0)":
         "depthkv head-optimal budgets + kvpress SnapKV",
+    # depthkv's own scorers by name: `depthkv eval` of the C++ engine on the same windows
+    "DepthKVPress optimal + depthkv snapkv": "depthkv snapkv optimal",
+    "DepthKVPress optimal + depthkv h2o": "depthkv h2o optimal",
 }
 
 

@@ -32,6 +32,13 @@ returns what it returned in the full run), so a run for layer l computes layers 
 holds for decoders whose layers read nothing but their input and their own cache (Llama, Mistral,
 Qwen, Gemma, ...); pass ``reuse=False`` for other models.
 
+Evaluation (:func:`evaluate`, ``python -m depthkv.hf eval``): the same windows and metrics, with
+the whole cache compressed by a press (a :class:`depthkv.kvpress.DepthKVPress` or a kvpress press,
+:func:`make_press`) at each of a list of keep ratios, instead of one layer at a time.
+
+Model identity (:func:`check_profile_model`): the hash :func:`model_identity` records lets
+DepthKVPress refuse a profile of another model.
+
 Per-layer cache lengths go through the attention mask rule of depthkv.kvpress (sdpa, eager; flash
 attention without head curves), installed on the model by :func:`profile`.
 """
@@ -55,8 +62,8 @@ import depthkv
 from depthkv import Error, _core
 from depthkv._attention import _STATE, WRAPPED, _layers, install_attention
 
-__all__ = ["profile", "evaluate", "Window", "windows_from_texts", "load_windows", "model_identity",
-           "check_profile_model", "DEFAULT_RATIOS"]
+__all__ = ["profile", "evaluate", "make_press", "PressMaker", "eval_table", "KVPRESS_NAMES", "Window",
+           "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "DEFAULT_RATIOS"]
 
 #: The keep ratios ``depthkv profile`` probes by default.
 DEFAULT_RATIOS: Tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)

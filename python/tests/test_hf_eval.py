@@ -97,6 +97,22 @@ def test_depthkv_press_matches_the_committed_figures(models, windows, stories): 
         assert abs(kl / ref["kl"][PEER_ROW][str(keep)] - 1) < REL, (keep, kl, ref["kl"][PEER_ROW][str(keep)])
 
 
+def test_own_scorers_match_the_cpp_engine(models, windows, stories, cli):  # noqa: F811
+    """DepthKVPress with depthkv's snapkv by name gives `depthkv eval`'s KL (the C++ engine, same
+    windows, profile and protection) within 2%."""
+    bin_path = os.path.join(ROOT, "..", "shared", "models", "stories260K", "stories260K.bin")
+    rc, out, err = run_cli(cli, "eval", "--model", bin_path, "--text", TEXT, "--profile", STORIES, "--windows", "4",
+                           "--skip", "24", "--keeps", "0.1,0.3", "--policies", "optimal", "--scorers", "snapkv",
+                           "--threads", "1", "--json")
+    assert rc == 0, err
+    ref = {row["keep"]: row for row in json.loads(out)}
+    press = depthkv.hf.make_press("depthkv", stories, scorer_press="snapkv")
+    r = depthkv.hf.evaluate(models["sdpa"], None, windows, press, (0.1, 0.3), n_windows=4)
+    for keep, kl, lengths in zip(r["keeps"], r["kl"], r["lengths"]):
+        assert lengths == ref[keep]["budgets"]
+        assert abs(kl / ref[keep]["kl"] - 1) < REL, (keep, kl, ref[keep]["kl"])
+
+
 def test_command_line(models, windows, stories, tmp_path, capsys):  # noqa: F811
     """python -m depthkv.hf eval (its main(), in this process)."""
     model = models["sdpa"]
