@@ -59,6 +59,10 @@ PEER_ROWS = {
 }
 
 
+#: kvpress rows whose per-layer cache lengths are listed
+LENGTH_ROWS = ("kvpress SnapKV", "kvpress PyramidKV")
+
+
 def load_peer():
     path = os.path.join(ROOT, "benchmarks", "kvpress_peer", "run.py")
     spec = importlib.util.spec_from_file_location("kvpress_peer_run", path)
@@ -224,7 +228,7 @@ def model_section(res, peer_rows, keeps):
     md += ["", "Per-layer cache lengths after compression (the cache tensors' length of every layer, last window):",
            ""] + keep_header("press", keeps)
     md += [f"| {label} | " + " | ".join(" ".join(map(str, x)) if x else "" for x in r["lengths"]) + " |"
-           for label, r in res["rows"].items() if label.startswith("DepthKVPress") or label == "kvpress SnapKV"]
+           for label, r in res["rows"].items() if label.startswith("DepthKVPress") or label in LENGTH_ROWS]
     t = res.get("timing")
     if t:
         md += ["", f"Profile time on calibration windows {t['windows'][0]}..{t['windows'][1] - 1} (scorers "
@@ -250,7 +254,12 @@ def write_results(a, rows):
           "its caches hold their budgets physically (head-optimal: the per-head tails masked). \"select_protection "
           "(0, 0)\": the kept tokens ranked by kvpress's SnapKV scores alone, as kvpress_peer's rows with depthkv's "
           "budgets do; the other DepthKVPress rows keep the profile's sinks and recent tokens in every head "
-          "(the library's rule). kvpress's presses as in kvpress_peer (head-wise ones by an additive mask).", ""]
+          "(the library's rule). kvpress's presses as in kvpress_peer (head-wise ones by an additive mask). "
+          "kvpress's PyramidKV gives its layers different lengths at keep 0.5 (see the lengths below); "
+          "kvpress_peer's run fails there (transformers builds every layer's mask with layer 0's width), here it runs "
+          "because DepthKVPress's per-layer mask rule (depthkv._attention, installed on sdpa process-wide by the "
+          "DepthKVPress rows before it) handles any per-layer lengths. The profile times are wall times on a "
+          "shared 2-core machine: a rough comparison.", ""]
     for res in rows:
         md += model_section(res, peer.get(res["model"], {"kl": {}}), a.keep)
     out = a.out if os.path.isabs(a.out) else os.path.join(RESULTS, a.out)
