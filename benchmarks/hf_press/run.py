@@ -59,6 +59,8 @@ PEER_ROWS = {
 }
 
 
+#: the issue's 2% check: DepthKVPress with depthkv's budgets, ranking by kvpress's SnapKV (per-window KL kept)
+CHECK_ROW = "DepthKVPress optimal + kvpress SnapKV, select_protection (0, 0)"
 #: kvpress rows whose per-layer cache lengths are listed
 LENGTH_ROWS = ("kvpress SnapKV", "kvpress PyramidKV")
 
@@ -239,6 +241,16 @@ def model_section(res, peer_rows, keeps):
     return md + [""]
 
 
+def slim(rows):
+    """The results without the per-window KL, except for the issue's check row (CHECK_ROW)."""
+    out = []
+    for res in rows:
+        res = dict(res, rows={label: {k: v for k, v in r.items() if k != "kl_windows" or label == CHECK_ROW}
+                              for label, r in res["rows"].items()})
+        out.append(res)
+    return out
+
+
 def write_results(a, rows):
     peer = {r["model"]: r for r in json.load(open(os.path.join(RESULTS, "kvpress_peer.json")))}
     from importlib.metadata import version
@@ -264,7 +276,7 @@ def write_results(a, rows):
         md += model_section(res, peer.get(res["model"], {"kl": {}}), a.keep)
     out = a.out if os.path.isabs(a.out) else os.path.join(RESULTS, a.out)
     open(out + ".md", "w").write("\n".join(md))
-    json.dump(rows, open(out + ".json", "w"), indent=1)
+    json.dump(slim(rows), open(out + ".json", "w"), indent=1)
     print(f"wrote {out}.md, {out}.json")
 
 
