@@ -32,6 +32,13 @@ returns what it returned in the full run), so a run for layer l computes layers 
 holds for decoders whose layers read nothing but their input and their own cache (Llama, Mistral,
 Qwen, Gemma, ...); pass ``reuse=False`` for other models.
 
+Evaluation (:func:`evaluate`, ``python -m depthkv.hf eval``): the same windows and metrics, with
+the whole cache compressed by a press (a :class:`depthkv.kvpress.DepthKVPress` or a kvpress press,
+:func:`make_press`) at each of a list of keep ratios, instead of one layer at a time.
+
+Model identity (:func:`check_profile_model`): the hash :func:`model_identity` records lets
+DepthKVPress refuse a profile of another model.
+
 Per-layer cache lengths go through the attention mask rule of depthkv.kvpress (sdpa, eager; flash
 attention without head curves), installed on the model by :func:`profile`.
 """
@@ -43,6 +50,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext as _nullcontext
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -54,7 +62,8 @@ import depthkv
 from depthkv import Error, _core
 from depthkv._attention import _STATE, WRAPPED, _layers, install_attention
 
-__all__ = ["profile", "Window", "windows_from_texts", "load_windows", "model_identity", "DEFAULT_RATIOS"]
+__all__ = ["profile", "evaluate", "make_press", "PressMaker", "eval_table", "KVPRESS_NAMES", "Window",
+           "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "DEFAULT_RATIOS"]
 
 #: The keep ratios ``depthkv profile`` probes by default.
 DEFAULT_RATIOS: Tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
@@ -115,12 +124,15 @@ def load_windows(path_or_dict) -> Tuple[List[Window], dict]:
 def model_identity(model, name: Optional[str] = None) -> Tuple[str, int, str, int]:
     """(name, bytes, hash, bytes hashed) recorded as the profile's model: the HF name or path
     (``model.name_or_path``, else the class name), the bytes of its state dict, and
-    "blake2b64:" + a 64-bit BLAKE2b of its config (JSON, without the transformers version, the
-    attention implementation and the name) and of every state-dict tensor (name, dtype, shape, bytes)."""
+    "blake2b64:" + a 64-bit BLAKE2b of its config (JSON, without the fields that do not change its
+    outputs: the transformers version, the attention implementation, the name, architectures and
+    dtype, which ``save_pretrained`` fills in, and runtime output flags) and of every state-dict
+    tensor (name, dtype, shape, bytes), so a model saved and loaded again keeps its identity."""
     name = name or getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or type(model).__name__
     cfg = model.config.to_dict()
     for k in ("transformers_version", "_attn_implementation", "attn_implementation", "_name_or_path",
-              "_attn_implementation_autoset", "output_attentions"):
+              "_attn_implementation_autoset", "output_attentions", "output_hidden_states", "return_dict",
+              "use_cache", "architectures", "dtype", "torch_dtype"):
         cfg.pop(k, None)
     h = hashlib.blake2b(digest_size=8)
     h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
@@ -132,6 +144,42 @@ def model_identity(model, name: Optional[str] = None) -> Tuple[str, int, str, in
         h.update(raw.tobytes())
         size += raw.size
     return str(name), int(size), "blake2b64:" + h.hexdigest(), int(size)
+
+
+def _hf_hash(profile) -> Optional[str]:
+    h = str((profile.model or {}).get("header_hash", ""))
+    return h if h.startswith("blake2b64:") else None
+
+
+def check_profile_model(profile, model, who: str = "depthkv", hash_check: bool = True) -> None:
+    """Refuses a profile of another model (the rule). Always: the profile's layer count equals the
+    model's decoder layers, and the KV heads of its head curves (when it has any) equal
+    ``config.num_key_value_heads``. With ``hash_check``, when the profile was made by
+    :func:`profile` (its model hash is "blake2b64:..."), that hash equals :func:`model_identity`'s
+    of the model (config and weights). Profiles made by ``depthkv profile`` record the hash of a
+    GGUF / llama2.c file, which an HF model cannot reproduce: only the structure is checked.
+
+    :raises Error: naming the profile's model and what differs (and ``check_model=False`` as the way
+        to skip the hash)
+    """
+    rec = profile.model or {}
+    name = rec.get("file", "?")
+    n_layers = len(_layers(model))
+    if profile.n_layers != n_layers:
+        raise Error(f"{who}: the profile is of another model: it has {profile.n_layers} layers, the model "
+                    f"{n_layers} (profile of {name})")
+    n_kv = int(model.config.num_key_value_heads)
+    for s in profile.scorers:
+        h = profile.n_kv_heads(s)
+        if h is not None and h != n_kv:
+            raise Error(f"{who}: the profile is of another model: its {s} head curves are for {h} KV heads, the "
+                        f"model has {n_kv} (profile of {name})")
+    want = _hf_hash(profile)
+    if hash_check and want is not None:
+        got = model_identity(model)[2]
+        if got != want:
+            raise Error(f"{who}: the profile is of another model: it records {name} ({want}), the model hashes "
+                        f"to {got} (config and weights; pass check_model=False to apply it anyway)")
 
 
 # ---- the runs of one window ---------------------------------------------------------------------
@@ -182,6 +230,25 @@ class _Metrics(NamedTuple):
     top1: float
 
 
+class _Reference:
+    """The full-cache continuation of one window: log-probabilities (float64), argmax and NLL of the
+    true next tokens; :meth:`metrics` compares a pruned run's logits [Tc, vocab] with it."""
+
+    def __init__(self, logits: torch.Tensor, targets: torch.Tensor):
+        self.logp = torch.log_softmax(logits.double(), dim=-1)
+        self.top = logits.argmax(-1)
+        self.targets = targets
+        self.nll = float(-self.logp[:-1].gather(1, targets[:, None]).mean())
+
+    def metrics(self, logits: torch.Tensor) -> _Metrics:
+        """Mean KL(full || pruned) over the rows, the NLL increase, the fraction of changed argmax."""
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        kl = float((self.logp.exp() * (self.logp - lp)).sum(-1).mean())
+        dnll = float(-lp[:-1].gather(1, self.targets[:, None]).mean()) - self.nll
+        top1 = float((logits.argmax(-1) != self.top).double().mean())
+        return _Metrics(kl, dnll, top1)
+
+
 class _Settings(NamedTuple):
     scorers: List[str]
     ratios: List[float]
@@ -214,9 +281,8 @@ class _FullRun:
         finally:
             for h in hooks:
                 h.remove()
-        self.logp = torch.log_softmax(logits.double(), dim=-1)
-        self.top = logits.argmax(-1)
-        self.nll = float(-self.logp[:-1].gather(1, self.targets[:, None]).mean())
+        self.ref = _Reference(logits, self.targets)
+        self.nll = self.ref.nll
 
     def _prefill(self, model, ids: torch.Tensor, s: _Settings) -> List[Dict[str, depthkv.TokenScorer]]:
         """Prefills the context with eager attention; a hook on every attention module feeds that
@@ -275,11 +341,7 @@ class _FullRun:
         return out.logits[0].float().cpu()
 
     def metrics(self, logits: torch.Tensor) -> _Metrics:
-        lp = torch.log_softmax(logits.double(), dim=-1)
-        kl = float((self.logp.exp() * (self.logp - lp)).sum(-1).mean())
-        dnll = float(-lp[:-1].gather(1, self.targets[:, None]).mean()) - self.nll
-        top1 = float((logits.argmax(-1) != self.top).double().mean())
-        return _Metrics(kl, dnll, top1)
+        return self.ref.metrics(logits)
 
 
 def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
@@ -472,44 +534,270 @@ def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = 
     return prof
 
 
-# ---- python -m depthkv.hf profile ---------------------------------------------------------------
+# ---- evaluation of a press: KL(full || pruned) over windows --------------------------------------
+
+def _kvpress_table():
+    """kvpress's presses by name (:data:`KVPRESS_NAMES`): name -> (label, the attention
+    implementation the press needs, factory (window, kernel) -> press); the presses and settings of
+    benchmarks/kvpress_peer."""
+    import kvpress as kp
+
+    def snap(w, k):
+        return kp.SnapKVPress(window_size=w, kernel_size=k)
+    return {
+        "snapkv": ("kvpress SnapKV", "sdpa", snap),
+        "adakv-snapkv": ("kvpress AdaKV+SnapKV", "sdpa", lambda w, k: kp.AdaKVPress(snap(w, k))),
+        "criticalkv-snapkv": ("kvpress CriticalKV+SnapKV", "sdpa", lambda w, k: kp.CriticalKVPress(snap(w, k))),
+        "criticaladakv-snapkv": ("kvpress CriticalAdaKV+SnapKV", "sdpa",
+                                 lambda w, k: kp.CriticalAdaKVPress(snap(w, k))),
+        "pyramidkv": ("kvpress PyramidKV", "sdpa", lambda w, k: kp.PyramidKVPress(window_size=w, kernel_size=k)),
+        "tova": ("kvpress TOVA", "sdpa", lambda w, k: kp.TOVAPress()),
+        "streamingllm": ("kvpress StreamingLLM", "sdpa", lambda w, k: kp.StreamingLLMPress(n_sink=4)),
+        "expected-attention": ("kvpress ExpectedAttention", "sdpa", lambda w, k: kp.ExpectedAttentionPress()),
+        "adakv-expected-attention": ("kvpress AdaKV+ExpectedAttention", "sdpa",
+                                     lambda w, k: kp.AdaKVPress(kp.ExpectedAttentionPress(use_vnorm=True))),
+        "keydiff": ("kvpress KeyDiff", "sdpa", lambda w, k: kp.KeyDiffPress()),
+        "knorm": ("kvpress Knorm", "sdpa", lambda w, k: kp.KnormPress()),
+        "observed-attention": ("kvpress ObservedAttention (H2O)", "eager", lambda w, k: kp.ObservedAttentionPress()),
+    }
+
+
+KVPRESS_NAMES = ("snapkv", "adakv-snapkv", "criticalkv-snapkv", "criticaladakv-snapkv", "pyramidkv", "tova",
+                 "streamingllm", "expected-attention", "adakv-expected-attention", "keydiff", "knorm",
+                 "observed-attention")
+
+
+class PressMaker(NamedTuple):
+    """What :func:`evaluate` runs: ``make(keep)`` returns the press at a keep ratio; ``attn`` is the
+    attention implementation it needs (None: the model's)."""
+    label: str
+    make: Callable[[float], object]
+    attn: Optional[str] = None
+
+
+def make_press(name: str, profile=None, *, policy: str = "optimal", scorer_press=None, window: Optional[int] = None,
+               kernel: int = depthkv.DEFAULT_KERNEL, protection: Optional[Sequence[int]] = None,
+               check_model: bool = True) -> PressMaker:
+    """A press by name for :func:`evaluate`: "depthkv" (:class:`depthkv.kvpress.DepthKVPress` with
+    ``profile`` and ``policy``; ``scorer_press`` a kvpress name of :data:`KVPRESS_NAMES` built with
+    ``window``/``kernel``, a depthkv scorer name, or None: kvpress's SnapKV with the profile's
+    obs_window and ``kernel``), or a kvpress press of :data:`KVPRESS_NAMES` (its compression ratio
+    1 - keep; ``window``, default the profile's obs_window or 16, and ``kernel`` for the SnapKV ones).
+
+    :raises Error: on an unknown name, or "depthkv" without a profile
+    """
+    sel = (profile.selection or {}) if isinstance(profile, depthkv.Profile) else {}
+    w = int(window if window is not None else sel.get("obs_window", depthkv.DEFAULT_OBS_WINDOW))
+    if name == "depthkv":
+        if profile is None:
+            raise Error("make_press: the depthkv press needs a profile")
+        from depthkv.kvpress import DepthKVPress
+        prot = tuple(protection) if protection is not None else depthkv.DEFAULT_PROTECTION
+        inner = scorer_press if scorer_press is not None else "kvpress:snapkv"
+        own = not inner.startswith("kvpress:")
+        if not own and inner[8:] not in _kvpress_table():
+            raise Error(f"make_press: unknown kvpress press {inner!r} (kvpress:NAME, NAME one of "
+                        f"{', '.join(KVPRESS_NAMES)})")
+        label = f"DepthKVPress {policy} + " + (f"depthkv {inner}" if own else _kvpress_table()[inner[8:]][0])
+
+        def depthkv_press(keep):
+            sp = inner if own else _kvpress_table()[inner[8:]][2](w, kernel)
+            return DepthKVPress(profile, keep, policy, sp, protection=prot, check_model=check_model)
+        return PressMaker(label, depthkv_press)
+    table = _kvpress_table()
+    if name not in table:
+        raise Error(f"make_press: unknown press {name!r} (depthkv or one of {', '.join(KVPRESS_NAMES)})")
+    label, attn, factory = table[name]
+
+    def kvpress_press(keep):
+        p = factory(w, kernel)
+        p.compression_ratio = 1.0 - float(keep)
+        return p
+    return PressMaker(label, kvpress_press, attn)
+
+
+def _as_maker(press) -> PressMaker:
+    if isinstance(press, PressMaker):
+        return press
+    if isinstance(press, str):
+        return make_press(press)
+    if hasattr(press, "with_keep"):  # a DepthKVPress
+        return PressMaker(f"DepthKVPress {press.policy}", press.with_keep)
+    if callable(press) and not hasattr(press, "compress"):
+        return PressMaker(getattr(press, "__name__", "press"), press)
+    if hasattr(press, "compression_ratio"):
+        def at(keep, p=press):
+            p.compression_ratio = 1.0 - float(keep)
+            return p
+        return PressMaker(type(press).__name__, at)
+    raise Error(f"evaluate: press must be a name, a press, a PressMaker or a function keep -> press, "
+                f"got {type(press).__name__}")
+
+
+class _EvalProgress:
+    """tqdm when installed, else a counter line on stderr."""
+
+    def __init__(self, enabled: bool, total: int, label: str):
+        self.bar, self.line, self.done, self.total, self.label = None, False, 0, total, label
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc=f"depthkv.hf eval {label}", unit="run", file=sys.stderr)
+        except ImportError:
+            self.line, self.t0 = True, time.perf_counter()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.line:
+            end = "\n" if self.done == self.total else ""
+            print(f"\rdepthkv.hf eval {self.label}: {self.done}/{self.total} runs, "
+                  f"{time.perf_counter() - self.t0:.1f} s   ", end=end, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _eval_window(model, w: Window, maker: PressMaker, keeps: List[float], bar: _EvalProgress):
+    """(full-cache NLL, per keep (metrics, per-layer cache lengths)) of one window."""
+    dev = model.device
+    ctx = torch.tensor([w.context], device=dev)
+    n, tc = len(w.context), len(w.continuation)
+    cont = torch.tensor([w.continuation], device=dev)
+    pos = torch.arange(n, n + tc, device=dev)[None]
+    targets = torch.tensor(w.continuation[1:])
+
+    def logits_under(press):
+        cache = DynamicCache()
+        with torch.no_grad():
+            with press(model) if press is not None else _nullcontext():
+                model.model(input_ids=ctx, past_key_values=cache)
+            lengths = [int(layer.keys.shape[-2]) for layer in cache.layers]
+            out = model(input_ids=cont, past_key_values=cache, position_ids=pos)
+        bar.step()
+        return out.logits[0].float().cpu(), lengths
+
+    full, _ = logits_under(None)
+    ref = _Reference(full, targets)
+    rows = []
+    for keep in keeps:
+        logits, lengths = logits_under(maker.make(keep))
+        rows.append((ref.metrics(logits), lengths))
+    return ref.nll, rows
+
+
+def _keeps(keeps) -> List[float]:
+    ks = [float(k) for k in (keeps if isinstance(keeps, (list, tuple, np.ndarray)) else [keeps])]
+    if not ks or any(not 0.0 < k <= 1.0 for k in ks):
+        raise Error(f"evaluate: keeps must be in (0, 1], got {list(ks)}")
+    return ks
+
+
+def evaluate(model, tokenizer=None, data=None, press="snapkv", keeps: Sequence[float] = (0.1, 0.2, 0.3, 0.5), *,
+             context: int = DEFAULT_CONTEXT, continuation: int = DEFAULT_CONTINUATION,
+             n_windows: Optional[int] = DEFAULT_WINDOWS, skip: int = 0, progress: bool = False) -> dict:
+    """KL(full || pruned) of a press over windows (the protocol of :func:`profile` and ``depthkv
+    eval``): per window, the context is prefilled under the press (``with press(model)``, the
+    cache compressed by it), then the continuation is teacher-forced on the compressed cache at its
+    original positions; the full run is the same without the press. Metrics per window over the
+    continuation rows: mean KL(full || pruned) (log-softmax in float64), the NLL increase of the
+    true next tokens, the fraction of changed argmax; averaged over the windows.
+
+    :param data: texts, token windows or a ``depthkv eval --windows-out`` file (as :func:`profile`)
+    :param press: a name (:func:`make_press`: a kvpress press of :data:`KVPRESS_NAMES`), a
+        :class:`PressMaker`, a :class:`depthkv.kvpress.DepthKVPress` (re-made per keep), a kvpress
+        press (its ``compression_ratio`` set to 1 - keep) or a function keep -> press
+    :param keeps: keep ratios in (0, 1]
+    :param context, continuation, n_windows, skip: the windows cut from texts
+    :param progress: a progress bar on stderr (tqdm when installed)
+    :return: {"press", "keeps", "kl", "dnll", "top1" (per keep, the mean over windows), "kl_windows"
+        ([keep][window]), "lengths" (per keep, every layer's cache length after the compression of
+        the last window), "windows" ([first, end) of ``skip`` numbering), "context", "continuation",
+        "nll_full", "seconds"}
+    :raises Error: on bad windows or keeps, an unknown press, a DepthKVPress profile of another model
+    """
+    maker, ks = _as_maker(press), _keeps(keeps)
+    windows, meta = _as_windows(tokenizer, data, context, continuation, n_windows, skip)
+    n, tc = _check_windows(model, windows)
+    impl = model.config._attn_implementation
+    bar = _EvalProgress(bool(progress), len(windows) * (1 + len(ks)), maker.label)
+    t0 = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    if maker.attn is not None and maker.attn != impl:
+        model.set_attn_implementation(maker.attn)
+    try:
+        per = [_eval_window(model, w, maker, ks, bar) for w in windows]
+    finally:
+        bar.close()
+        model.train(was_training)
+        if model.config._attn_implementation != impl:
+            model.set_attn_implementation(impl)
+    first = int(meta.get("skip", 0))
+    m = np.array([[row[0] for row in rows] for _, rows in per])  # [window, keep, metric]
+    return {"press": maker.label, "keeps": ks, "kl": m[:, :, 0].mean(0).tolist(), "dnll": m[:, :, 1].mean(0).tolist(),
+            "top1": m[:, :, 2].mean(0).tolist(), "kl_windows": m[:, :, 0].T.tolist(),
+            "lengths": [row[1] for row in per[-1][1]], "windows": [first, first + len(windows)], "context": n,
+            "continuation": tc, "nll_full": float(np.mean([p[0] for p in per])),
+            "seconds": time.perf_counter() - t0}
+
+
+# ---- python -m depthkv.hf profile | eval ---------------------------------------------------------
+
+def _common_args(p) -> None:
+    """The model, data and window arguments of both commands."""
+    p.add_argument("--model", required=True, help="HF model name or folder (AutoModelForCausalLM.from_pretrained)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text file (tokenized as one text by the model's tokenizer)")
+    src.add_argument("--windows-file", help="token windows: a depthkv eval --windows-out file")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context tokens per window (pruned)")
+    p.add_argument("--continuation", type=int, default=DEFAULT_CONTINUATION, help="continuation tokens per window")
+    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS, help="windows")
+    p.add_argument("--skip", type=int, default=0, help="windows of --text skipped first")
+    p.add_argument("--sinks", type=int, default=depthkv.DEFAULT_PROTECTION[0], help="attention-sink tokens kept")
+    p.add_argument("--recent", type=int, default=depthkv.DEFAULT_PROTECTION[1], help="recent tokens kept")
+    p.add_argument("--kernel", type=int, default=depthkv.DEFAULT_KERNEL, help="SnapKV's pooling kernel (odd)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16, float16)")
+    p.add_argument("--attn", default="sdpa", help="attention implementation (sdpa or eager)")
+
 
 def _parser():
     import argparse
     ap = argparse.ArgumentParser(prog="python -m depthkv.hf", description="depthkv for Hugging Face causal LMs")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("profile", help="measure per-layer loss curves and write a profile file (as depthkv profile)")
-    p.add_argument("--model", required=True, help="HF model name or folder (AutoModelForCausalLM.from_pretrained)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="calibration text file (tokenized as one text by the model's tokenizer)")
-    src.add_argument("--windows-file", help="token windows: a depthkv eval --windows-out file")
+    _common_args(p)
     p.add_argument("-o", "--output", required=True, help="profile file to write (JSON)")
-    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context tokens per window (pruned)")
-    p.add_argument("--continuation", type=int, default=DEFAULT_CONTINUATION, help="continuation tokens per window")
-    p.add_argument("--windows", type=int, default=DEFAULT_WINDOWS, help="calibration windows")
-    p.add_argument("--skip", type=int, default=0, help="windows of --text skipped first")
     p.add_argument("--scorers", default="snapkv", help="token scorers, comma-separated (h2o, snapkv, tova, ...)")
     p.add_argument("--ratios", default=",".join(map(str, DEFAULT_RATIOS)), help="probed keep ratios")
-    p.add_argument("--sinks", type=int, default=depthkv.DEFAULT_PROTECTION[0], help="attention-sink tokens kept")
-    p.add_argument("--recent", type=int, default=depthkv.DEFAULT_PROTECTION[1], help="recent tokens kept")
     p.add_argument("--obs-window", type=int, default=depthkv.DEFAULT_OBS_WINDOW, help="SnapKV's observation window")
-    p.add_argument("--kernel", type=int, default=depthkv.DEFAULT_KERNEL, help="SnapKV's pooling kernel (odd)")
     p.add_argument("--pooling", default="max", help="SnapKV's pooling: max, avg or none")
     p.add_argument("--output-aware", action="store_true", help="output-aware (CriticalKV) rescaling")
     p.add_argument("--head-curves", action="store_true", help="also measure the per-(layer, KV head) curves")
     p.add_argument("--metric", default="kl", help="the profile's default metric: kl, dnll or top1")
     p.add_argument("--no-reuse", action="store_true", help="recompute the layers below the pruned one")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
-    p.add_argument("--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16, float16)")
-    p.add_argument("--attn", default="sdpa", help="attention implementation of the continuation runs (sdpa or eager)")
     p.add_argument("--name", help="model name recorded in the profile (default: --model)")
+    e = sub.add_parser("eval", help="KL(full || pruned) of a press over windows, at several keep ratios")
+    _common_args(e)
+    e.add_argument("--press", default="depthkv", help="depthkv (DepthKVPress: needs --profile) or a kvpress press: "
+                   + ", ".join(KVPRESS_NAMES))
+    e.add_argument("--profile", help="depthkv profile file (for --press depthkv)")
+    e.add_argument("--policy", default="optimal", help="depthkv allocation policy (for --press depthkv)")
+    e.add_argument("--scores", default="kvpress:snapkv", help="the scores DepthKVPress ranks by: kvpress:NAME (a "
+                   "kvpress press above) or a depthkv scorer (snapkv, h2o, tova, ...)")
+    e.add_argument("--keeps", default="0.1,0.2,0.3,0.5", help="keep ratios, comma-separated")
+    e.add_argument("--obs-window", type=int, default=None, help="observation window (default: the profile's, or 16)")
+    e.add_argument("--no-check-model", action="store_true", help="apply a profile whose model hash differs")
+    e.add_argument("--json", action="store_true", help="print the result as JSON")
     return ap
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m depthkv.hf profile ...``: loads the model with transformers, runs :func:`profile`
-    with a progress line on stderr, writes the profile and prints its curves."""
-    a = _parser().parse_args(argv)
+def _load(a):
+    """The model, tokenizer (None for --windows-file) and data of the command line."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     dtype = a.dtype if a.dtype == "auto" else getattr(torch, a.dtype)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation=a.attn).to(a.device).eval()
@@ -518,17 +806,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(a.model)
         with open(a.text, encoding="utf-8") as f:
             data = f.read()
+    return model, tokenizer, data
+
+
+def _main_profile(a) -> int:
+    model, tokenizer, data = _load(a)
     t0 = time.perf_counter()
-    try:
-        prof = profile(model, tokenizer, data, keep_ratios=[float(x) for x in a.ratios.split(",")], scorer=a.scorers,
-                       protection=(a.sinks, a.recent), window=a.obs_window, kernel=a.kernel, pooling=a.pooling,
-                       output_aware=a.output_aware, head_curves=a.head_curves, context=a.context,
-                       continuation=a.continuation, n_windows=a.windows, skip=a.skip, metric=a.metric,
-                       reuse=not a.no_reuse, name=a.name or a.model, text_file=a.text or a.windows_file,
-                       output=a.output, progress=True)
-    except Error as e:
-        print(f"depthkv.hf: error: {e}", file=sys.stderr)
-        return 1
+    prof = profile(model, tokenizer, data, keep_ratios=[float(x) for x in a.ratios.split(",")], scorer=a.scorers,
+                   protection=(a.sinks, a.recent), window=a.obs_window, kernel=a.kernel, pooling=a.pooling,
+                   output_aware=a.output_aware, head_curves=a.head_curves, context=a.context,
+                   continuation=a.continuation, n_windows=a.windows, skip=a.skip, metric=a.metric,
+                   reuse=not a.no_reuse, name=a.name or a.model, text_file=a.text or a.windows_file,
+                   output=a.output, progress=True)
     print(f"profile written to {a.output} ({time.perf_counter() - t0:.2f} s)")
     for s in prof.scorers:
         print(f"\nscorer {s}: mean {prof.metric} per layer (rows) and keep ratio (columns), +- standard error")
@@ -538,6 +827,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{layer:5d}" + "".join(f"  {m:7.4f}+-{e:6.4f}" for m, e in zip(mean[layer], se[layer])))
     return 0
 
+
+def eval_table(r: dict) -> str:
+    """The text table of an :func:`evaluate` result: per keep, the mean KL, NLL increase, changed
+    argmax and the per-layer cache lengths after compression (of the last window)."""
+    lines = [f"{r['press']}: windows {r['windows'][0]}..{r['windows'][1] - 1} ({r['context']} + {r['continuation']} "
+             f"tokens), full-cache NLL {r['nll_full']:.5f}, {r['seconds']:.1f} s",
+             f"{'keep':>6}  {'KL(full||pruned)':>16}  {'dNLL':>9}  {'top1 changed':>12}  cache lengths per layer"]
+    for k, kl, dn, t1, ln in zip(r["keeps"], r["kl"], r["dnll"], r["top1"], r["lengths"]):
+        lines.append(f"{k:6.2f}  {kl:16.6f}  {dn:9.5f}  {t1:12.4f}  {' '.join(map(str, ln))}")
+    return "\n".join(lines)
+
+
+def _main_eval(a) -> int:
+    prof = depthkv.load_profile(a.profile) if a.profile else None
+    maker = make_press(a.press, prof, policy=a.policy, scorer_press=a.scores, window=a.obs_window, kernel=a.kernel,
+                       protection=(a.sinks, a.recent), check_model=not a.no_check_model)
+    model, tokenizer, data = _load(a)
+    r = evaluate(model, tokenizer, data, maker, [float(x) for x in a.keeps.split(",")], context=a.context,
+                 continuation=a.continuation, n_windows=a.windows, skip=a.skip, progress=True)
+    print(json.dumps(r) if a.json else eval_table(r))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m depthkv.hf profile|eval ...``: profile loads the model with transformers, runs
+    :func:`profile` with a progress line on stderr, writes the profile and prints its curves; eval
+    runs :func:`evaluate` for one press and prints its table (or ``--json``)."""
+    a = _parser().parse_args(argv)
+    try:
+        return _main_profile(a) if a.command == "profile" else _main_eval(a)
+    except Error as e:
+        print(f"depthkv.hf: error: {e}", file=sys.stderr)
+        return 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,22 @@ for SnapKVPress) when the profile has them. The wrapped kvpress scorer press
 (``press``, default kvpress's ``SnapKVPress`` with the profile's observation window and kernel)
 scores the tokens of each layer per KV head; :func:`depthkv.select_keep` picks the kept tokens by
 the C++ library's ranking rule: the first n_sink and last n_recent tokens always, then the best
-scores (ties: the earlier position), so protection is the library's, inside the budget.
+scores (ties: the earlier position), so protection is the library's, inside the budget
+(``select_protection=(0, 0)`` ranks by the press's scores alone, as kvpress keeps tokens).
+
+depthkv's own scorers. ``press="snapkv"`` (or "h2o", "h2o-v1", "h2o-v2", "tova", "knorm":
+:data:`depthkv.SCORERS`) ranks the tokens by the library's :class:`depthkv.TokenScorer` over the
+attention rows of the layer's prefill (depthkv._scoring: the observation window's queries against
+the keys, computed as kvpress's SnapKV computes them; all rows for the H2O scorers, the last one
+for TOVA), with the profile's selection (obs_window, kernel, pooling, output_aware; its lookahead
+is not applied). The scores of the last prefill are kept in ``scores`` ([batch, n_kv, n] per layer).
+
+Model identity (the rule). When the press is applied to a model, the profile must be of that model
+(:func:`depthkv.hf.check_profile_model`): the same number of layers and, for head curves, of KV
+heads, always; and, for a profile made by :func:`depthkv.hf.profile` (it records a hash of the HF
+config and weights), the same hash, unless ``check_model=False``. Profiles made by ``depthkv
+profile`` from a GGUF / llama2.c file record that file's hash, which an HF model cannot reproduce:
+only their structure is checked. The hash is computed once per model and press.
 
 Physical sizes. After the prefill, layer l of the ``DynamicCache`` holds exactly ``budget[l]``
 keys and values per KV head (the kept tokens in position order, RoPE already applied at their
@@ -53,7 +68,7 @@ the physical length and the masked (head, slot) count.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -64,6 +79,8 @@ from kvpress.presses.snapkv_press import SnapKVPress
 import depthkv
 from depthkv import Error
 from depthkv._attention import _STATE, WRAPPED, _layers, install_attention, layer_mask  # noqa: F401
+from depthkv._scoring import own_scores
+from depthkv.hf import check_profile_model
 
 __all__ = ["DepthKVPress", "install_attention"]
 
@@ -76,9 +93,25 @@ KVPRESS_SCORERS = {"SnapKVPress": "snapkv", "ObservedAttentionPress": "h2o", "TO
 
 
 def _curves_for(press, profile) -> Optional[str]:
-    """The profile's scorer matching the kvpress press (KVPRESS_SCORERS), else None (the profile's first)."""
-    name = KVPRESS_SCORERS.get(type(press).__name__)
+    """The profile's scorer matching the press (a depthkv scorer name, or a kvpress press through
+    KVPRESS_SCORERS), else None (the profile's first)."""
+    name = press if isinstance(press, str) else KVPRESS_SCORERS.get(type(press).__name__)
     return name if name in profile.scorers else None
+
+
+def _own_settings(name: str, profile) -> dict:
+    """The settings of depthkv's scorer ``name``: the profile's selection (obs_window, kernel,
+    pooling, output_aware), else the library's defaults; checked by the library."""
+    if name not in depthkv.SCORERS:
+        raise Error(f"DepthKVPress: unknown scorer {name!r} (one of {', '.join(depthkv.SCORERS)}, or a kvpress "
+                    "ScorerPress)")
+    sel = profile.selection or {}
+    s = {"window": int(sel.get("obs_window", depthkv.DEFAULT_OBS_WINDOW)),
+         "kernel": int(sel.get("kernel", depthkv.DEFAULT_KERNEL)), "pooling": str(sel.get("pooling", "max")),
+         "output_aware": bool(sel.get("output_aware", False)) and name in ("h2o", "snapkv", "tova")}
+    depthkv.TokenScorer(name, 1, 1, window=s["window"], kernel=s["kernel"], pooling=s["pooling"],
+                        output_aware=s["output_aware"])
+    return s
 
 
 def _default_press(profile) -> ScorerPress:
@@ -92,19 +125,30 @@ class DepthKVPress(BasePress):
     :param profile: a :class:`depthkv.Profile` or the path of a profile file
     :param keep: global keep ratio in (0, 1]
     :param policy: a depthkv allocation policy (:data:`depthkv.POLICIES`)
-    :param press: the kvpress ScorerPress whose ``score`` ranks the tokens (default SnapKVPress with the
-        profile's obs_window and kernel); its compression_ratio is not used
+    :param press: what ranks the tokens: a kvpress ScorerPress (its ``score``; default SnapKVPress with
+        the profile's obs_window and kernel; its compression_ratio is not used), or the name of one of
+        depthkv's own scorers (:data:`depthkv.SCORERS`: "snapkv", "h2o", "tova", ...) over the layer's
+        attention rows (module docstring, "depthkv's own scorers")
     :param scorer: whose curves of the profile the allocator reads (default: the depthkv scorer matching
-        ``press`` when the profile has its curves, e.g. "snapkv" for SnapKVPress; else the profile's first)
-    :param protection: (n_sink, n_recent) kept in every head, inside the budget
+        ``press`` when the profile has its curves, e.g. "snapkv" for SnapKVPress or "snapkv"; else the
+        profile's first)
+    :param protection: (n_sink, n_recent) the allocator counts every head to keep, and (unless
+        ``select_protection`` is given) the selection keeps, inside the budget
     :param min_tokens: the allocator's safeguard floor (-1 automatic, 0 off, N tokens per layer)
-    :raises Error: on a keep outside (0, 1], an unknown policy, a press that is no ScorerPress, or a
-        request the allocator refuses for the profile's own context length
+    :param check_model: compare the HF model hash a profile of :func:`depthkv.hf.profile` records with
+        the model's (:func:`depthkv.hf.check_profile_model`; layer and KV-head counts are always checked)
+    :param select_protection: (n_sink, n_recent) the selection forces into the kept set (default:
+        ``protection``); (0, 0) ranks by the press's scores alone, as kvpress's presses keep tokens
+        (kvpress's SnapKV protects its observation window by its scores)
+    :raises Error: on a keep outside (0, 1], an unknown policy, a press that is neither a ScorerPress
+        nor a scorer name, or a request the allocator refuses for the profile's own context length;
+        when applied to a model (``with press(model)``), on a profile of another model
     """
 
-    def __init__(self, profile, keep: float, policy: str = "optimal", press: Optional[ScorerPress] = None,
+    def __init__(self, profile, keep: float, policy: str = "optimal", press: Union[ScorerPress, str, None] = None,
                  scorer: Optional[str] = None, protection: Sequence[int] = depthkv.DEFAULT_PROTECTION,
-                 min_tokens: int = -1):
+                 min_tokens: int = -1, check_model: bool = True,
+                 select_protection: Optional[Sequence[int]] = None):
         if not isinstance(profile, depthkv.Profile):
             profile = depthkv.load_profile(profile)
         if not isinstance(keep, (int, float)) or not 0.0 < float(keep) <= 1.0:
@@ -113,18 +157,37 @@ class DepthKVPress(BasePress):
             raise Error(f"DepthKVPress: unknown policy {policy!r} (one of {', '.join(depthkv.POLICIES)})")
         if press is None:
             press = _default_press(profile)
-        if not isinstance(press, ScorerPress):
-            raise Error(f"DepthKVPress: press must be a kvpress ScorerPress, got {type(press).__name__}")
+        if isinstance(press, str):
+            self.own = _own_settings(press, profile)
+        elif isinstance(press, ScorerPress):
+            self.own = None
+        else:
+            raise Error(f"DepthKVPress: press must be a kvpress ScorerPress or a depthkv scorer name, "
+                        f"got {type(press).__name__}")
         self.profile, self.keep, self.policy, self.press = profile, float(keep), policy, press
         self.scorer = scorer if scorer is not None else _curves_for(press, profile)
         self.protection, self.min_tokens = tuple(int(x) for x in protection), int(min_tokens)
-        self.obs_window = int(getattr(press, "window_size", depthkv.DEFAULT_OBS_WINDOW))
+        self.select_protection = tuple(int(x) for x in (protection if select_protection is None
+                                                       else select_protection))
+        self.check_model = bool(check_model)
+        self.obs_window = int(self.own["window"] if self.own else getattr(press, "window_size",
+                                                                            depthkv.DEFAULT_OBS_WINDOW))
         self._allocations: Dict[int, depthkv.Allocation] = {}
         self._report: Dict[int, dict] = {}
+        self._checked: Dict[int, bool] = {}
         #: per layer, the kept slots of the last prefill: int64 [batch, n_kv, physical] (a head's first
         #: budget slots are its kept tokens, the rest its masked tail)
         self.kept: Dict[int, torch.Tensor] = {}
+        #: per layer, the scores the last prefill ranked: float32 [batch, n_kv, n] (CPU)
+        self.scores: Dict[int, torch.Tensor] = {}
         self.allocation(None)  # validates the request on the profile's context length
+
+    def with_keep(self, keep: float) -> "DepthKVPress":
+        """The same press (profile, policy, scorer press, protection) at another keep ratio."""
+        other = DepthKVPress(self.profile, keep, self.policy, self.press, self.scorer, self.protection,
+                             self.min_tokens, self.check_model, self.select_protection)
+        other._checked = self._checked
+        return other
 
     @property
     def compression_ratio(self) -> float:
@@ -145,10 +208,9 @@ class DepthKVPress(BasePress):
         return self._allocations[n]
 
     def post_init_from_model(self, model) -> None:
-        n_layers = len(_layers(model))
-        if n_layers != self.profile.n_layers:
-            raise Error(f"DepthKVPress: the profile has {self.profile.n_layers} layers, the model {n_layers} "
-                        f"(profile of {self.profile.model.get('file', '?')})")
+        if id(model) not in self._checked:
+            check_profile_model(self.profile, model, "DepthKVPress", hash_check=self.check_model)
+            self._checked[id(model)] = True
         n_kv = model.config.num_key_value_heads
         if self.per_head:
             a = self.allocation(None)
@@ -157,7 +219,8 @@ class DepthKVPress(BasePress):
         if self.per_head and model.config._attn_implementation not in WRAPPED:
             raise Error("DepthKVPress: per-head budgets need sdpa or eager attention")
         install_attention(model)
-        self.press.post_init_from_model(model)
+        if self.own is None:
+            self.press.post_init_from_model(model)
 
     def _head_budgets(self, layer: int, n: int, n_kv: int) -> List[int]:
         a = self.allocation(n)
@@ -173,9 +236,9 @@ class DepthKVPress(BasePress):
         """int64 [n_kv, physical]: per head its kept slots (ascending), then its next-ranked slots."""
         s = scores.detach().to(torch.float32).cpu().contiguous().numpy()
         if len(set(ks)) == 1:
-            return torch.from_numpy(depthkv.select_keep(s, ks[0], self.protection).astype(np.int64))
-        kept = depthkv.select_keep(s, ks, self.protection)
-        top = depthkv.select_keep(s, physical, self.protection)
+            return torch.from_numpy(depthkv.select_keep(s, ks[0], self.select_protection).astype(np.int64))
+        kept = depthkv.select_keep(s, ks, self.select_protection)
+        top = depthkv.select_keep(s, physical, self.select_protection)
         rows = []
         for h, row in enumerate(kept):
             tail = np.setdiff1d(top[h], row)[: physical - len(row)]
@@ -186,7 +249,7 @@ class DepthKVPress(BasePress):
         layer = module.layer_idx
         bsz, n_kv, n, head_dim = keys.shape
         if layer == 0:
-            self._report, self.kept = {}, {}
+            self._report, self.kept, self.scores = {}, {}, {}
         ks = self._head_budgets(layer, n, n_kv)
         physical = max(ks)
         self._report[layer] = {"layer": layer, "length": n, "budgets": ks, "physical": physical,
@@ -195,7 +258,12 @@ class DepthKVPress(BasePress):
         if min(ks) >= n:
             self.kept[layer] = torch.arange(n).expand(bsz, n_kv, n)
             return keys, values
-        scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+        if self.own is not None:
+            scores = own_scores(self.press, self.own, module, hidden_states, keys, values,
+                                kwargs["position_embeddings"])
+        else:
+            scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+        self.scores[layer] = scores.detach().float().cpu()
         idx = torch.stack([self._select(scores[b], ks, physical) for b in range(bsz)]).to(keys.device)
         self.kept[layer] = idx
         if physical > min(ks):

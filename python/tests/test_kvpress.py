@@ -218,7 +218,7 @@ def test_bad_input(models, stories):
         DepthKVPress(stories, keep=0.2, press=object())
     other = depthkv.load_profile(AIDREAMS_BEST)  # 4 layers; stories260K has 5
     press = DepthKVPress(other, keep=0.2, protection=(0, 4))
-    with pytest.raises(depthkv.Error, match="the profile has 4 layers, the model 5"):
+    with pytest.raises(depthkv.Error, match="the profile is of another model: it has 4 layers, the model 5"):
         prefill(models["sdpa"], [1] * 64, press)
 
 
