@@ -43,6 +43,8 @@ struct EvalArgs {
   /// and every `interval` tokens of the continuation
   std::string schedule = "oneshot";
   int interval = 1;                  ///< chunked: evict once this many tokens were appended
+  std::string continuation_source = "text";  ///< text or model (EvalConfig::continuation_source)
+  bool oracle = false;                       ///< every row followed by its oracle row (EvalConfig::oracle)
   bool json = false;
   SelectionSettings sel;
   PresetSettings preset;
@@ -65,6 +67,7 @@ struct Row {
   std::vector<std::pair<std::string, double>> predicted;
   depthkv::PruneSpec spec;  ///< --preset: the spec evaluated (depthkv::preset's)
   int tiers = 0;            ///< --tiers on an optimal row (0: no limit); written to the JSON only when > 0
+  bool oracle = false;      ///< --oracle: the row's spec with oracle scores (scorer written "<name>+oracle")
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -388,6 +391,8 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
                    {"full_kv_bytes", r.full_kv_bytes}});
     if (a.sel.lookahead > 0) arr.back()["lookahead"] = a.sel.lookahead;
     if (r.tiers > 0) arr.back()["tiers"] = r.tiers;
+    if (a.continuation_source != "text") arr.back()["continuation_source"] = a.continuation_source;
+    if (r.oracle) arr.back()["oracle"] = true;
     if (r.head_settings) {
       arr.back()["output_aware"] = r.output_aware;
       arr.back()["head_alloc"] = r.head_alloc;
@@ -415,6 +420,25 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
   std::printf("%s\n", json_text(arr).c_str());
 }
 
+/// The lines --continuation-source model and --oracle add under the table's header (none by default).
+void print_protocol_notes(const EvalArgs& a) {
+  if (a.continuation_source != "text")
+    std::printf("continuation: the model's own greedy continuation (--continuation-source %s)\n",
+                a.continuation_source.c_str());
+  if (a.oracle)
+    std::printf("oracle: each row's '+oracle' twin scores the context by the continuation's own attention "
+                "(a measurement, not a method)\n");
+}
+
+/// --preset: the scorer each budget chose and every candidate's predicted loss.
+void print_preset_choice(const EvalArgs& a, const depthkv::ProfileFile& f, const std::vector<Row>& rows) {
+  std::printf("\n--preset %s: each budget's scorer has the lowest predicted loss (%s, head curves):\n",
+              a.preset.name.c_str(), f.metric.c_str());
+  for (const Row& r : rows)
+    if (!r.oracle)
+      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str());
+}
+
 /// The table, each policy's KL against uniform's at the same budget, and the timing line.
 void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPlan& plan, const WindowPlan& w,
                  const std::vector<Row>& rows, double nll_full, double full_s, double eval_s) {
@@ -430,6 +454,7 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
                   ? ("; measured with eviction after every " + std::to_string(f.calibration.eviction_chunk) + "-token chunk").c_str()
                   : "",
               a.sel.describe().c_str());
+  print_protocol_notes(a);
   const depthkv::ScheduleMode mode = schedule_mode(a);
   if (mode == depthkv::ScheduleMode::kChunked)
     std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: after the context\n",
@@ -443,12 +468,7 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   for (const Row& r : rows)
     std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
                 join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
-  if (plan.choose_scorer) {
-    std::printf("\n--preset %s: each budget's scorer has the lowest predicted loss (%s, head curves):\n",
-                a.preset.name.c_str(), f.metric.c_str());
-    for (const Row& r : rows)
-      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str());
-  }
+  if (plan.choose_scorer) print_preset_choice(a, f, rows);
   const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
   if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
   for (const std::string& sc : plan.scorers)
@@ -474,9 +494,20 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
   std::vector<Row> rows;
   Progress bar("eval");
   const long long total = static_cast<long long>((plan.choose_scorer ? 1 : plan.scorers.size()) * plan.keeps.size() *
-                                                 plan.policies.size());
+                                                 plan.policies.size() * (a.oracle ? 2 : 1));
   const auto index_of = [&](const std::string& scorer) {
     return static_cast<int>(std::find(plan.scorers.begin(), plan.scorers.end(), scorer) - plan.scorers.begin());
+  };
+  // --oracle: the row's spec again, with the oracle twin of its scorer (index + scorer count)
+  const auto add_oracle = [&] {
+    if (!a.oracle) return;
+    const Row& last = rows.back();
+    Row o = evaluate_row(ev, f, last.spec, index_of(last.scorer) + static_cast<int>(plan.scorers.size()), nll_full);
+    o.scorer += "+oracle";
+    o.oracle = true;
+    o.predicted = last.predicted;
+    o.spec = last.spec;
+    rows.push_back(o);
   };
   if (plan.choose_scorer) {
     for (double keep : plan.keeps)
@@ -487,6 +518,7 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
         rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full));
         rows.back().predicted = c.predicted;
         rows.back().spec = c.spec;
+        add_oracle();
         bar.update(static_cast<long long>(rows.size()), total);
       }
     return rows;
@@ -495,6 +527,8 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
     for (double keep : plan.keeps)
       for (depthkv::AllocationPolicy policy : plan.policies) {
         rows.push_back(evaluate_row(ev, f, row_spec(a, scorer, keep, policy), index_of(scorer), nll_full));
+        rows.back().spec = row_spec(a, scorer, keep, policy);
+        add_oracle();
         bar.update(static_cast<long long>(rows.size()), total);
       }
   return rows;
@@ -506,6 +540,9 @@ void run_eval(const EvalArgs& a) {
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
   schedule_mode(a);  // refuses an unknown --schedule first
+  parse_continuation_source(a.continuation_source);
+  DEPTHKV_CHECK(!a.oracle || schedule_mode(a) == ScheduleMode::kOneshot,
+                "--oracle measures one-shot eviction only, not --schedule " << a.schedule);
   if (!a.plot.empty()) check_plot_path(a.plot);
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
   const EvalPlan plan = plan_eval(a, f);
@@ -539,6 +576,12 @@ void run_eval(const EvalArgs& a) {
   ecfg.n_threads = a.threads;
   ecfg.head_allocation = a.sel.head_allocation();
   ecfg.head_alpha = a.sel.head_alpha;
+  ecfg.continuation_source = parse_continuation_source(a.continuation_source);
+  if (a.oracle) {  // every scorer twice: observed (0..n-1), oracle (n..2n-1)
+    ecfg.oracle.assign(ecfg.scorers.size(), false);
+    ecfg.oracle.resize(2 * ecfg.scorers.size(), true);
+    ecfg.scorers.insert(ecfg.scorers.end(), plan.scorer_configs.begin(), plan.scorer_configs.end());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t0);
@@ -608,6 +651,13 @@ void register_eval(CLI::App& app) {
       ->capture_default_str()
       ->check(at_least(1));
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(thread_count());
+  c->add_option("--continuation-source", a->continuation_source,
+                "text: teacher-force the window's own continuation; model: the model's greedy continuation of the "
+                "context (generated on the full cache), teacher-forced on the full and the pruned cache")
+      ->capture_default_str();
+  c->add_flag("--oracle", a->oracle,
+              "follow every row by its oracle twin ('<scorer>+oracle'): the same budgets, scores from the attention "
+              "of the continuation itself (a measurement of the limit, not a method; one-shot only)");
   c->add_flag("--json", a->json, "print the rows as one JSON array");
   c->add_option("--windows-out", a->windows_out,
                 "write the evaluation windows' token ids (JSON) to this file and stop, evaluating nothing");
