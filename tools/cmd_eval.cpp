@@ -68,6 +68,14 @@ struct Row {
   depthkv::PruneSpec spec;  ///< --preset: the spec evaluated (depthkv::preset's)
   int tiers = 0;            ///< --tiers on an optimal row (0: no limit); written to the JSON only when > 0
   bool oracle = false;      ///< --oracle: the row's spec with oracle scores (scorer written "<name>+oracle")
+  int fallback_windows = 0; ///< --preset: windows served by depthkv::preset_fallback_spec (preset_trusts_input false)
+};
+
+/// --preset's per-input rule on the evaluator's windows (depthkv::preset_trusts_input): which
+/// windows it serves with its spec, and each window's fallback result for one row.
+struct PresetFallback {
+  std::vector<bool> trusted;
+  std::vector<depthkv::llama::WindowResult> results;
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -337,7 +345,8 @@ depthkv::PruneSpec row_spec(const EvalArgs& a, const std::string& scorer, double
 /// One row: `spec` evaluated on every window (the library's `PruningEvaluator::evaluate`) and
 /// the means over the windows.
 Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::ProfileFile& f,
-                 const depthkv::PruneSpec& spec, int scorer_index, double nll_full) {
+                 const depthkv::PruneSpec& spec, int scorer_index, double nll_full,
+                 const PresetFallback* fallback = nullptr) {
   using namespace depthkv;
   const std::string scorer = scorer_name(spec.scorer);
   const PolicyCurves curves = policy_curves(f, scorer, spec.policy);
@@ -350,8 +359,13 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::Prof
   r.head_alloc = to_string(spec.head_split.mode);
   r.head_alpha = spec.head_split.alpha;
   r.tiers = spec.tiers;
-  const std::vector<llama::WindowResult> results = ev.evaluate(spec, curves.data(), scorer_index);
+  std::vector<llama::WindowResult> results = ev.evaluate(spec, curves.data(), scorer_index);
   r.budgets = results.front().budgets;  // the same in every window (same lengths, same spec)
+  for (std::size_t w = 0; fallback && w < results.size(); ++w)
+    if (!fallback->trusted[w]) {
+      results[w] = fallback->results[w];
+      ++r.fallback_windows;
+    }
   std::vector<double> kl, dnll, top1, kept, full, peak, full_peak;
   for (const llama::WindowResult& wr : results) {
     kl.push_back(wr.metrics.loss.kl);
@@ -393,6 +407,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
     if (r.tiers > 0) arr.back()["tiers"] = r.tiers;
     if (a.continuation_source != "text") arr.back()["continuation_source"] = a.continuation_source;
     if (r.oracle) arr.back()["oracle"] = true;
+    if (a.preset.active() && !r.oracle) arr.back()["fallback_windows"] = r.fallback_windows;
     if (r.head_settings) {
       arr.back()["output_aware"] = r.output_aware;
       arr.back()["head_alloc"] = r.head_alloc;
@@ -436,7 +451,11 @@ void print_preset_choice(const EvalArgs& a, const depthkv::ProfileFile& f, const
               a.preset.name.c_str(), f.metric.c_str());
   for (const Row& r : rows)
     if (!r.oracle)
-      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str());
+      std::printf("  keep %.2f: %s (%s)%s\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str(),
+                  r.fallback_windows > 0 ? ("; plain snapkv uniform on " + std::to_string(r.fallback_windows) +
+                                            " windows the model predicts poorly")
+                                               .c_str()
+                                         : "");
 }
 
 /// The table, each policy's KL against uniform's at the same budget, and the timing line.
@@ -490,7 +509,7 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
 /// depthkv::preset (its scorer: the lowest predicted loss on the profile's head curves).
 std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a,
                                const depthkv::ProfileFile& f, const EvalPlan& plan, const std::vector<int>& lengths,
-                               double nll_full) {
+                               double nll_full, const std::vector<bool>& trusted) {
   std::vector<Row> rows;
   Progress bar("eval");
   const long long total = static_cast<long long>((plan.choose_scorer ? 1 : plan.scorers.size()) * plan.keeps.size() *
@@ -515,7 +534,10 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
         const depthkv::PresetChoice c =
             depthkv::preset(a.preset.name, f, row_spec(a, plan.scorers.front(), keep, policy), lengths, a.sel.lookahead);
         const std::string scorer = depthkv::scorer_name(c.spec.scorer);
-        rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full));
+        PresetFallback fb{trusted, {}};
+        const depthkv::PruneSpec fs = depthkv::preset_fallback_spec(a.preset.name, row_spec(a, scorer, keep, policy));
+        fb.results = ev.evaluate(fs, depthkv::PolicyData{}, ev.n_scorers() - 1);  // the fallback scorer: last
+        rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full, &fb));
         rows.back().predicted = c.predicted;
         rows.back().spec = c.spec;
         add_oracle();
@@ -532,6 +554,33 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
         bar.update(static_cast<long long>(rows.size()), total);
       }
   return rows;
+}
+
+/// --preset: the per-input rule's signal measured in the full runs, and its fallback scorer
+/// observed there too (the last scorer).
+void add_preset_fallback(const EvalArgs& a, const EvalPlan& plan, depthkv::llama::EvalConfig& ecfg) {
+  ecfg.context_nll_tokens = depthkv::kPresetTrustTokens;
+  const depthkv::PruneSpec base = row_spec(a, plan.scorers.front(), 1.0, depthkv::AllocationPolicy::kUniform);
+  ecfg.scorers.push_back(depthkv::preset_fallback_spec(a.preset.name, base).scorer);
+  if (!ecfg.oracle.empty()) ecfg.oracle.push_back(false);
+}
+
+/// --preset: per window, whether the preset serves it with its own spec
+/// (depthkv::preset_trusts_input); the signals go to stderr. Empty without --preset.
+std::vector<bool> preset_trust(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, const EvalPlan& plan,
+                               int vocab_size) {
+  std::vector<bool> trusted;
+  if (!plan.choose_scorer) return trusted;
+  std::string signals;
+  for (int w = 0; w < ev.n_windows(); ++w) {
+    trusted.push_back(depthkv::preset_trusts_input(a.preset.name, ev.context_nll(w), vocab_size));
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.3f", w ? " " : "", depthkv::normalized_nll(ev.context_nll(w), vocab_size));
+    signals += buf;
+  }
+  std::fprintf(stderr, "eval: --preset %s: normalized context NLL per window (trusted up to %.2f): %s\n",
+               a.preset.name.c_str(), depthkv::kPresetMaxNormalizedNll, signals.c_str());
+  return trusted;
 }
 
 void run_eval(const EvalArgs& a) {
@@ -582,6 +631,7 @@ void run_eval(const EvalArgs& a) {
     ecfg.oracle.resize(2 * ecfg.scorers.size(), true);
     ecfg.scorers.insert(ecfg.scorers.end(), plan.scorer_configs.begin(), plan.scorer_configs.end());
   }
+  if (plan.choose_scorer) add_preset_fallback(a, plan, ecfg);
   const auto t0 = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t0);
@@ -590,8 +640,9 @@ void run_eval(const EvalArgs& a) {
   const double nll_full_mean = mean_of(nll_full);
 
   const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<bool> trusted = preset_trust(ev, a, plan, lm.model.config.vocab_size);
   const std::vector<Row> rows = evaluate_rows(ev, a, f, plan, std::vector<int>(static_cast<std::size_t>(L), w.context),
-                                              nll_full_mean);
+                                              nll_full_mean, trusted);
   const double eval_s = seconds_since(t1);
 
   if (!a.json && a.sel.tiers > 0)

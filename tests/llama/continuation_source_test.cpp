@@ -161,3 +161,33 @@ TEST_CASE("bytes_peak counts the lookahead's G slots in every head of every laye
     }
   }
 }
+
+TEST_CASE("context_nll: the mean NLL of the context's last tokens, from an all-logits prefill", "[eval][trust]") {
+  const LlamaModel model = contsrc_model(14);
+  const LlamaEngine engine(model);
+  const auto windows = depthkv_test::random_windows(2, 40, 6, model.config.vocab_size, 8);
+  for (int tokens : {0, 8, 100}) {
+    CAPTURE(tokens);
+    EvalConfig cfg;
+    cfg.chunk_size = 16;
+    cfg.context_nll_tokens = tokens;
+    const PruningEvaluator ev(engine, windows, cfg);
+    for (int w = 0; w < ev.n_windows(); ++w) {
+      const std::vector<int>& ctx = windows[static_cast<std::size_t>(w)].context;
+      HostCache cache = engine.make_cache();
+      ForwardOptions opt;
+      opt.all_logits = true;
+      const RowMatrix all = engine.prefill(ctx, 0, cache, opt);
+      const int n = std::min(tokens, static_cast<int>(ctx.size()) - 1);
+      double nll = 0;
+      for (int i = static_cast<int>(ctx.size()) - n; i < static_cast<int>(ctx.size()); ++i) {
+        const Eigen::RowVectorXd row = all.row(i - 1).cast<double>();
+        const double lse = row.maxCoeff() + std::log((row.array() - row.maxCoeff()).exp().sum());
+        nll += lse - row(ctx[static_cast<std::size_t>(i)]);
+      }
+      if (n > 0) nll /= n;
+      REQUIRE(ev.context_nll(w) == Approx(nll).epsilon(1e-4));
+      if (tokens > 0) REQUIRE(ev.context_nll(w) > 0.5);  // random tokens: far from predictable
+    }
+  }
+}

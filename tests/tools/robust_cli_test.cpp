@@ -75,3 +75,39 @@ TEST_CASE("generate prints the lookahead's time apart from the prefill and the d
   REQUIRE(without.status == 0);
   REQUIRE(without.out.find("lookahead:") == std::string::npos);
 }
+
+TEST_CASE("eval --preset best serves text the model cannot predict as plain SnapKV uniform", "[cli][eval][real]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::string stories = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string flags = " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  const std::string profile = tmp_path("robust-best-profile.json");
+  REQUIRE(run_cli("profile --model " + model + " --text " + stories + flags +
+                  " --windows 3 --ratios 0.1,0.5 --preset best -o " + shell_quoted(profile))
+              .status == 0);
+  // a constructed text of unrelated symbols and digits: the model predicts it no better than chance
+  const std::string noise = tmp_path("robust-noise.txt");
+  {
+    std::FILE* f = std::fopen(noise.c_str(), "w");
+    REQUIRE(f);
+    unsigned x = 12345;
+    for (int i = 0; i < 6000; ++i) {
+      x = x * 1103515245u + 12345u;
+      std::fputc("#{}[]<>|~^%$@&*0123456789qzxjQZXJ"[(x >> 16) % 33], f);
+    }
+    std::fclose(f);
+  }
+  const std::string base = "eval --model " + model + flags + " --windows 4 --keeps 0.2,0.5 --json --profile ";
+  const nlohmann::json best = robust_rows(base + shell_quoted(profile) + " --text " + shell_quoted(noise) + " --preset best");
+  const nlohmann::json plain = robust_rows(base + shell_quoted(profile) + " --text " + shell_quoted(noise) +
+                                           " --scorers snapkv --policies uniform");
+  REQUIRE(best.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    REQUIRE(best[i]["fallback_windows"] == 4);
+    REQUIRE(best[i]["kl"].get<double>() == plain[i]["kl"].get<double>());
+  }
+  // story text keeps the preset's own spec on every window
+  const nlohmann::json own = robust_rows(base + shell_quoted(profile) + " --text " + stories + " --skip 3 --preset best");
+  for (const auto& row : own) REQUIRE(row["fallback_windows"] == 0);
+  std::remove(profile.c_str());
+  std::remove(noise.c_str());
+}

@@ -106,6 +106,9 @@ class PruningEvaluator : private detail::EvalRuns {
   const RowMatrix& full_logits(int w) const { return ref(w).logits; }
   /// Full-cache mean NLL of window w's continuation targets.
   double nll_full(int w) const { return ref(w).nll; }
+  /// Mean NLL of window w's last `config().context_nll_tokens` context tokens under the model
+  /// (0 when not measured).
+  double context_nll(int w) const { return ref(w).context_nll; }
   /// Layer-token products run by plan evaluations so far (a cost measure: a full
   /// context+continuation pass of window w costs `L * (|context| + Tc)`).
   long long layer_tokens_run() const { return layer_tokens_.load(); }

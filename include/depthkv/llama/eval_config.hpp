@@ -65,6 +65,10 @@ struct EvalConfig {
   /// as it observes a lookahead of `Tc` tokens; its own `lookahead` is not run). One-shot plans
   /// only (no chunked plans or schedules). Its size: 0 or `scorers.size()`.
   std::vector<bool> oracle{};
+  /// Context tokens, at its end, whose mean NLL under the model the full run measures
+  /// (`PruningEvaluator::context_nll`; e.g. `kPresetTrustTokens` for `preset_trusts_input`):
+  /// each predicted from the tokens before it, at most all but the first; 0 = not measured.
+  int context_nll_tokens = 0;
 };
 
 /// Result of one window under one plan.
