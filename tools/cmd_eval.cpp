@@ -43,6 +43,8 @@ struct EvalArgs {
   /// and every `interval` tokens of the continuation
   std::string schedule = "oneshot";
   int interval = 1;                  ///< chunked: evict once this many tokens were appended
+  std::string continuation_source = "text";  ///< text or model (EvalConfig::continuation_source)
+  bool oracle = false;                       ///< every row followed by its oracle row (EvalConfig::oracle)
   bool json = false;
   SelectionSettings sel;
   PresetSettings preset;
@@ -65,6 +67,15 @@ struct Row {
   std::vector<std::pair<std::string, double>> predicted;
   depthkv::PruneSpec spec;  ///< --preset: the spec evaluated (depthkv::preset's)
   int tiers = 0;            ///< --tiers on an optimal row (0: no limit); written to the JSON only when > 0
+  bool oracle = false;      ///< --oracle: the row's spec with oracle scores (scorer written "<name>+oracle")
+  int fallback_windows = 0; ///< --preset: windows served by depthkv::preset_fallback_spec (preset_trusts_input false)
+};
+
+/// --preset's per-input rule on the evaluator's windows (depthkv::preset_trusts_input): which
+/// windows it serves with its spec, and each window's fallback result for one row.
+struct PresetFallback {
+  std::vector<bool> trusted;
+  std::vector<depthkv::llama::WindowResult> results;
 };
 
 double mean_of(const std::vector<double>& v) { return depthkv::mean_and_stderr(v).first; }
@@ -334,7 +345,8 @@ depthkv::PruneSpec row_spec(const EvalArgs& a, const std::string& scorer, double
 /// One row: `spec` evaluated on every window (the library's `PruningEvaluator::evaluate`) and
 /// the means over the windows.
 Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::ProfileFile& f,
-                 const depthkv::PruneSpec& spec, int scorer_index, double nll_full) {
+                 const depthkv::PruneSpec& spec, int scorer_index, double nll_full,
+                 const PresetFallback* fallback = nullptr) {
   using namespace depthkv;
   const std::string scorer = scorer_name(spec.scorer);
   const PolicyCurves curves = policy_curves(f, scorer, spec.policy);
@@ -347,8 +359,13 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::Prof
   r.head_alloc = to_string(spec.head_split.mode);
   r.head_alpha = spec.head_split.alpha;
   r.tiers = spec.tiers;
-  const std::vector<llama::WindowResult> results = ev.evaluate(spec, curves.data(), scorer_index);
+  std::vector<llama::WindowResult> results = ev.evaluate(spec, curves.data(), scorer_index);
   r.budgets = results.front().budgets;  // the same in every window (same lengths, same spec)
+  for (std::size_t w = 0; fallback && w < results.size(); ++w)
+    if (!fallback->trusted[w]) {
+      results[w] = fallback->results[w];
+      ++r.fallback_windows;
+    }
   std::vector<double> kl, dnll, top1, kept, full, peak, full_peak;
   for (const llama::WindowResult& wr : results) {
     kl.push_back(wr.metrics.loss.kl);
@@ -388,6 +405,9 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
                    {"full_kv_bytes", r.full_kv_bytes}});
     if (a.sel.lookahead > 0) arr.back()["lookahead"] = a.sel.lookahead;
     if (r.tiers > 0) arr.back()["tiers"] = r.tiers;
+    if (a.continuation_source != "text") arr.back()["continuation_source"] = a.continuation_source;
+    if (r.oracle) arr.back()["oracle"] = true;
+    if (a.preset.active() && !r.oracle) arr.back()["fallback_windows"] = r.fallback_windows;
     if (r.head_settings) {
       arr.back()["output_aware"] = r.output_aware;
       arr.back()["head_alloc"] = r.head_alloc;
@@ -415,6 +435,29 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
   std::printf("%s\n", json_text(arr).c_str());
 }
 
+/// The lines --continuation-source model and --oracle add under the table's header (none by default).
+void print_protocol_notes(const EvalArgs& a) {
+  if (a.continuation_source != "text")
+    std::printf("continuation: the model's own greedy continuation (--continuation-source %s)\n",
+                a.continuation_source.c_str());
+  if (a.oracle)
+    std::printf("oracle: each row's '+oracle' twin scores the context by the continuation's own attention "
+                "(a measurement, not a method)\n");
+}
+
+/// --preset: the scorer each budget chose and every candidate's predicted loss.
+void print_preset_choice(const EvalArgs& a, const depthkv::ProfileFile& f, const std::vector<Row>& rows) {
+  std::printf("\n--preset %s: each budget's scorer has the lowest predicted loss (%s, head curves):\n",
+              a.preset.name.c_str(), f.metric.c_str());
+  for (const Row& r : rows)
+    if (!r.oracle)
+      std::printf("  keep %.2f: %s (%s)%s\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str(),
+                  r.fallback_windows > 0 ? ("; plain snapkv uniform on " + std::to_string(r.fallback_windows) +
+                                            " windows the model predicts poorly")
+                                               .c_str()
+                                         : "");
+}
+
 /// The table, each policy's KL against uniform's at the same budget, and the timing line.
 void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPlan& plan, const WindowPlan& w,
                  const std::vector<Row>& rows, double nll_full, double full_s, double eval_s) {
@@ -430,6 +473,7 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
                   ? ("; measured with eviction after every " + std::to_string(f.calibration.eviction_chunk) + "-token chunk").c_str()
                   : "",
               a.sel.describe().c_str());
+  print_protocol_notes(a);
   const depthkv::ScheduleMode mode = schedule_mode(a);
   if (mode == depthkv::ScheduleMode::kChunked)
     std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: after the context\n",
@@ -443,12 +487,7 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   for (const Row& r : rows)
     std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
                 join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
-  if (plan.choose_scorer) {
-    std::printf("\n--preset %s: each budget's scorer has the lowest predicted loss (%s, head curves):\n",
-                a.preset.name.c_str(), f.metric.c_str());
-    for (const Row& r : rows)
-      std::printf("  keep %.2f: %s (%s)\n", r.keep, r.scorer.c_str(), describe_predicted(r.predicted).c_str());
-  }
+  if (plan.choose_scorer) print_preset_choice(a, f, rows);
   const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
   if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
   for (const std::string& sc : plan.scorers)
@@ -470,13 +509,24 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
 /// depthkv::preset (its scorer: the lowest predicted loss on the profile's head curves).
 std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a,
                                const depthkv::ProfileFile& f, const EvalPlan& plan, const std::vector<int>& lengths,
-                               double nll_full) {
+                               double nll_full, const std::vector<bool>& trusted) {
   std::vector<Row> rows;
   Progress bar("eval");
   const long long total = static_cast<long long>((plan.choose_scorer ? 1 : plan.scorers.size()) * plan.keeps.size() *
-                                                 plan.policies.size());
+                                                 plan.policies.size() * (a.oracle ? 2 : 1));
   const auto index_of = [&](const std::string& scorer) {
     return static_cast<int>(std::find(plan.scorers.begin(), plan.scorers.end(), scorer) - plan.scorers.begin());
+  };
+  // --oracle: the row's spec again, with the oracle twin of its scorer (index + scorer count)
+  const auto add_oracle = [&] {
+    if (!a.oracle) return;
+    const Row& last = rows.back();
+    Row o = evaluate_row(ev, f, last.spec, index_of(last.scorer) + static_cast<int>(plan.scorers.size()), nll_full);
+    o.scorer += "+oracle";
+    o.oracle = true;
+    o.predicted = last.predicted;
+    o.spec = last.spec;
+    rows.push_back(o);
   };
   if (plan.choose_scorer) {
     for (double keep : plan.keeps)
@@ -484,9 +534,13 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
         const depthkv::PresetChoice c =
             depthkv::preset(a.preset.name, f, row_spec(a, plan.scorers.front(), keep, policy), lengths, a.sel.lookahead);
         const std::string scorer = depthkv::scorer_name(c.spec.scorer);
-        rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full));
+        PresetFallback fb{trusted, {}};
+        const depthkv::PruneSpec fs = depthkv::preset_fallback_spec(a.preset.name, row_spec(a, scorer, keep, policy));
+        fb.results = ev.evaluate(fs, depthkv::PolicyData{}, ev.n_scorers() - 1);  // the fallback scorer: last
+        rows.push_back(evaluate_row(ev, f, c.spec, index_of(scorer), nll_full, &fb));
         rows.back().predicted = c.predicted;
         rows.back().spec = c.spec;
+        add_oracle();
         bar.update(static_cast<long long>(rows.size()), total);
       }
     return rows;
@@ -495,9 +549,38 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
     for (double keep : plan.keeps)
       for (depthkv::AllocationPolicy policy : plan.policies) {
         rows.push_back(evaluate_row(ev, f, row_spec(a, scorer, keep, policy), index_of(scorer), nll_full));
+        rows.back().spec = row_spec(a, scorer, keep, policy);
+        add_oracle();
         bar.update(static_cast<long long>(rows.size()), total);
       }
   return rows;
+}
+
+/// --preset: the per-input rule's signal measured in the full runs, and its fallback scorer
+/// observed there too (the last scorer).
+void add_preset_fallback(const EvalArgs& a, const EvalPlan& plan, depthkv::llama::EvalConfig& ecfg) {
+  ecfg.context_nll_tokens = depthkv::kPresetTrustTokens;
+  const depthkv::PruneSpec base = row_spec(a, plan.scorers.front(), 1.0, depthkv::AllocationPolicy::kUniform);
+  ecfg.scorers.push_back(depthkv::preset_fallback_spec(a.preset.name, base).scorer);
+  if (!ecfg.oracle.empty()) ecfg.oracle.push_back(false);
+}
+
+/// --preset: per window, whether the preset serves it with its own spec
+/// (depthkv::preset_trusts_input); the signals go to stderr. Empty without --preset.
+std::vector<bool> preset_trust(const depthkv::llama::PruningEvaluator& ev, const EvalArgs& a, const EvalPlan& plan,
+                               int vocab_size) {
+  std::vector<bool> trusted;
+  if (!plan.choose_scorer) return trusted;
+  std::string signals;
+  for (int w = 0; w < ev.n_windows(); ++w) {
+    trusted.push_back(depthkv::preset_trusts_input(a.preset.name, ev.context_nll(w), vocab_size));
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.3f", w ? " " : "", depthkv::normalized_nll(ev.context_nll(w), vocab_size));
+    signals += buf;
+  }
+  std::fprintf(stderr, "eval: --preset %s: normalized context NLL per window (trusted up to %.2f): %s\n",
+               a.preset.name.c_str(), depthkv::kPresetMaxNormalizedNll, signals.c_str());
+  return trusted;
 }
 
 void run_eval(const EvalArgs& a) {
@@ -506,6 +589,9 @@ void run_eval(const EvalArgs& a) {
   a.sel.check();
   DEPTHKV_CHECK(a.text.empty() != a.tokens.empty(), "give exactly one of --text FILE and --tokens FILE");
   schedule_mode(a);  // refuses an unknown --schedule first
+  parse_continuation_source(a.continuation_source);
+  DEPTHKV_CHECK(!a.oracle || schedule_mode(a) == ScheduleMode::kOneshot,
+                "--oracle measures one-shot eviction only, not --schedule " << a.schedule);
   if (!a.plot.empty()) check_plot_path(a.plot);
   const ProfileFile f = load_profile(a.profile, a.model);  // refuses a profile of another model
   const EvalPlan plan = plan_eval(a, f);
@@ -539,6 +625,13 @@ void run_eval(const EvalArgs& a) {
   ecfg.n_threads = a.threads;
   ecfg.head_allocation = a.sel.head_allocation();
   ecfg.head_alpha = a.sel.head_alpha;
+  ecfg.continuation_source = parse_continuation_source(a.continuation_source);
+  if (a.oracle) {  // every scorer twice: observed (0..n-1), oracle (n..2n-1)
+    ecfg.oracle.assign(ecfg.scorers.size(), false);
+    ecfg.oracle.resize(2 * ecfg.scorers.size(), true);
+    ecfg.scorers.insert(ecfg.scorers.end(), plan.scorer_configs.begin(), plan.scorer_configs.end());
+  }
+  if (plan.choose_scorer) add_preset_fallback(a, plan, ecfg);
   const auto t0 = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t0);
@@ -547,8 +640,9 @@ void run_eval(const EvalArgs& a) {
   const double nll_full_mean = mean_of(nll_full);
 
   const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<bool> trusted = preset_trust(ev, a, plan, lm.model.config.vocab_size);
   const std::vector<Row> rows = evaluate_rows(ev, a, f, plan, std::vector<int>(static_cast<std::size_t>(L), w.context),
-                                              nll_full_mean);
+                                              nll_full_mean, trusted);
   const double eval_s = seconds_since(t1);
 
   if (!a.json && a.sel.tiers > 0)
@@ -608,6 +702,13 @@ void register_eval(CLI::App& app) {
       ->capture_default_str()
       ->check(at_least(1));
   c->add_option("--threads", a->threads, "threads (0: OpenMP default)")->capture_default_str()->check(thread_count());
+  c->add_option("--continuation-source", a->continuation_source,
+                "text: teacher-force the window's own continuation; model: the model's greedy continuation of the "
+                "context (generated on the full cache), teacher-forced on the full and the pruned cache")
+      ->capture_default_str();
+  c->add_flag("--oracle", a->oracle,
+              "follow every row by its oracle twin ('<scorer>+oracle'): the same budgets, scores from the attention "
+              "of the continuation itself (a measurement of the limit, not a method; one-shot only)");
   c->add_flag("--json", a->json, "print the rows as one JSON array");
   c->add_option("--windows-out", a->windows_out,
                 "write the evaluation windows' token ids (JSON) to this file and stop, evaluating nothing");

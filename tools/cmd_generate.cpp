@@ -124,7 +124,9 @@ struct Prefill {
   std::unique_ptr<depthkv::EvictionSchedule> schedule;
   depthkv::llama::RowMatrix logits;
   std::size_t peak_bytes = 0;
-  double ms = 0;
+  double ms = 0;            ///< the prefill's time
+  double lookahead_ms = 0;  ///< the lookahead's time (its decode steps on the full prompt cache)
+  int lookahead = 0;        ///< the lookahead's decode steps (0: none ran)
 };
 
 void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const GenerateArgs& a, const depthkv::PruneSpec& spec,
@@ -157,7 +159,12 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
   p.logits = engine.prefill(std::vector<int>(run.prompt.begin(), run.prompt.begin() + run.n_feed), 0, p.cache, opt);
   p.ms = 1000.0 * seconds_since(t0);
   if (!prune) return;
-  if (spec.scorer.lookahead > 0) observe_lookahead(engine, p.cache, last_argmax(p.logits), run.n_feed, {&scorers});
+  if (spec.scorer.lookahead > 0) {
+    const auto t1 = std::chrono::steady_clock::now();
+    observe_lookahead(engine, p.cache, last_argmax(p.logits), run.n_feed, {&scorers});
+    p.lookahead_ms = 1000.0 * seconds_since(t1);
+    p.lookahead = spec.scorer.lookahead;
+  }
   const PruneReport rep = score_and_evict(p.cache, scorers, prune_request(spec, curves.data(), wo_views));
   std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(spec.scorer).c_str(), a.policy.c_str(),
                a.keep);
@@ -217,6 +224,16 @@ void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cf
                token_bytes * static_cast<std::size_t>(p.schedule->tokens_seen()), p.schedule->tokens_seen());
 }
 
+/// The lookahead's cost line (stderr), apart from the prefill's and the decode's: nothing when
+/// no lookahead ran.
+void report_lookahead(const Prefill& p) {
+  if (p.lookahead <= 0) return;
+  std::fprintf(stderr,
+               "lookahead: %d decode steps on the full prompt cache (%d extra KV slots per head) in %.2f ms (%.0f%% "
+               "of the prefill's time)\n",
+               p.lookahead, p.lookahead, p.lookahead_ms, p.ms > 0 ? 100.0 * p.lookahead_ms / p.ms : 0.0);
+}
+
 void run_generate(const GenerateArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -254,6 +271,7 @@ void run_generate(const GenerateArgs& a) {
   std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
                run.n_feed, p.ms, p.ms > 0 ? 1000.0 * run.n_feed / p.ms : 0.0, decoded, decode_ms,
                decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
+  report_lookahead(p);
 }
 
 }  // namespace

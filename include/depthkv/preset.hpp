@@ -15,7 +15,17 @@
 ///   (`predicted_head_loss` on its own head curves; ties: the earlier candidate);
 /// - protection, budget, safeguard and schedule: the request's (`base`), since the protection
 ///   depends on the context length.
-/// The choices were made on calibration windows only (docs/results/preset.md, lookahead.md).
+/// - per input, whether to use all of the above (`preset_trusts_input`): only on text the model
+///   predicts about as well as the kinds the rule was set on; otherwise the request is served by
+///   the fallback, plain SnapKV with uniform budgets and no lookahead (`preset_fallback_spec`).
+///   The signal is the mean NLL of the context's last `kPresetTrustTokens` tokens under the
+///   model (each predicted from the tokens before it), divided by ln(vocabulary size) so that it
+///   reads the same for any vocabulary (1.0: no better than uniform guessing). A model's greedy
+///   lookahead on text it cannot predict attends to other tokens than the real continuation
+///   needs, and the profile's curves were measured on text it predicts; the fallback is the
+///   plainest baseline, so a distrusted input is served exactly as plain SnapKV would serve it.
+/// The choices were made on calibration windows only (docs/results/preset.md, lookahead.md,
+/// robust.md).
 ///
 /// @code
 /// depthkv::ProfileFile f = depthkv::load_profile("stories260K.best.profile.json");
@@ -27,6 +37,7 @@
 /// // of the lowest predicted loss, c.predicted: each candidate's)
 /// @endcode
 
+#include <cmath>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -42,6 +53,16 @@ namespace depthkv {
 
 /// The lookahead tokens of "best" when the request gives none.
 inline constexpr int kPresetLookahead = 32;
+
+/// The context tokens (at its end) whose mean NLL is "best"'s per-input signal
+/// (`preset_trusts_input`).
+inline constexpr int kPresetTrustTokens = 32;
+
+/// The largest normalized context NLL (mean NLL in nats / ln(vocabulary size)) at which "best"
+/// uses its lookahead and head-optimal budgets (`preset_trusts_input`): the largest value of any
+/// calibration window (stories and licence text, both reference models, docs/results/robust.md),
+/// rounded up, so that the rule never overrides the preset on text like what it was chosen on.
+inline constexpr double kPresetMaxNormalizedNll = 1.5;
 
 /// The InfoNCE stage the InfoNCE-guided policies (mga, mlma*) read from a profile.
 inline const char* const kInfoNCEKey = "infonce/post_attn";
@@ -121,6 +142,39 @@ inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optio
   base.scorer.lookahead = lookahead ? *lookahead : kPresetLookahead;
   base.head_split = HeadSplitSpec{};
   base.policy = AllocationPolicy::kHeadOptimal;
+  return base;
+}
+
+/// `nll` (mean nats per token) / ln(`vocab_size`): 1.0 is the NLL of uniform guessing.
+/// @throws Error on a vocabulary of fewer than 2 tokens or a NaN or negative NLL
+inline double normalized_nll(double nll, int vocab_size) {
+  DEPTHKV_CHECK(vocab_size >= 2, "normalized NLL: vocabulary of " << vocab_size << " tokens");
+  DEPTHKV_CHECK(nll >= 0.0, "normalized NLL: NLL " << nll << " is negative or NaN");
+  return nll / std::log(static_cast<double>(vocab_size));
+}
+
+/// Whether preset `name` serves an input with its own spec (true) or with
+/// `preset_fallback_spec` (false): true when `context_nll`, the mean NLL (nats) of the context's
+/// last `kPresetTrustTokens` tokens (all but its first when it is shorter) under the model, is
+/// at most `kPresetMaxNormalizedNll` * ln(`vocab_size`). See the file comment.
+/// @throws Error on an unknown preset, or as `normalized_nll`
+inline bool preset_trusts_input(const std::string& name, double context_nll, int vocab_size) {
+  check_preset_name(name);
+  return normalized_nll(context_nll, vocab_size) <= kPresetMaxNormalizedNll;
+}
+
+/// What preset `name` serves a distrusted input with: plain SnapKV (`base`'s window and kernel,
+/// default pooling, not output-aware, no lookahead) with uniform budgets and an even head split;
+/// `base`'s protection, budget, safeguard and schedule.
+/// @throws Error on an unknown preset
+inline PruneSpec preset_fallback_spec(const std::string& name, PruneSpec base) {
+  check_preset_name(name);
+  base.scorer = scorer_config("snapkv", base.scorer);
+  base.scorer.pooling = ScorerConfig().pooling;
+  base.scorer.output_aware = false;
+  base.scorer.lookahead = 0;
+  base.head_split = HeadSplitSpec{};
+  base.policy = AllocationPolicy::kUniform;
   return base;
 }
 

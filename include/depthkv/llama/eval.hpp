@@ -17,6 +17,11 @@
 /// distributions computed while feeding continuation token i, all of which read the pruned
 /// cache: KL(full || pruned) and top-1 agreement over all `Tc` rows, and the NLL of the true next
 /// token over the `Tc - 1` rows that have one inside the window.
+/// The continuation is the window's text (`ContinuationSource::kText`) or the model's own greedy
+/// continuation of the context (`kModel`, generated on the full cache, then teacher-forced on
+/// the full and on every pruned cache as above). An oracle scorer (`EvalConfig::oracle`, a
+/// measurement) scores the context by the attention of the continuation's own `Tc` queries,
+/// observed while the full run teacher-forces it.
 /// `evaluate_schedule` runs the bounded-memory variant instead: the pruned run prefills the
 /// context in chunks under an `EvictionSchedule` (eviction after every chunk, to the budget of
 /// the tokens seen so far) and reaches the same final budget before the continuation; with
@@ -101,6 +106,9 @@ class PruningEvaluator : private detail::EvalRuns {
   const RowMatrix& full_logits(int w) const { return ref(w).logits; }
   /// Full-cache mean NLL of window w's continuation targets.
   double nll_full(int w) const { return ref(w).nll; }
+  /// Mean NLL of window w's last `config().context_nll_tokens` context tokens under the model
+  /// (0 when not measured).
+  double context_nll(int w) const { return ref(w).context_nll; }
   /// Layer-token products run by plan evaluations so far (a cost measure: a full
   /// context+continuation pass of window w costs `L * (|context| + Tc)`).
   long long layer_tokens_run() const { return layer_tokens_.load(); }
@@ -188,6 +196,7 @@ class PruningEvaluator : private detail::EvalRuns {
   std::vector<WindowResult> evaluate_schedule(const ScheduleConfig& sc, int scorer = 0,
                                               ScheduleEval mode = ScheduleEval::kPrefill) const {
     check_scorer(scorer);
+    DEPTHKV_CHECK(!is_oracle(scorer), "scorer " << scorer << " takes oracle scores, which a schedule cannot use");
     const ScheduleConfig cfg = schedule_base(scorer, sc);
     const LlamaConfig& c = engine_.config();
     EvictionSchedule(cfg, c.n_layers, c.n_heads, c.n_kv_heads);  // validates (serial)

@@ -66,12 +66,41 @@ class EvalRuns {
       }
     }
     depthkv::detail::check_head_alpha(cfg_.head_alpha);
+    DEPTHKV_CHECK_AS("PruningEvaluator", cfg_.oracle.empty() || cfg_.oracle.size() == cfg_.scorers.size(),
+                     "oracle flags for " << cfg_.oracle.size() << " of " << cfg_.scorers.size() << " scorers");
+    DEPTHKV_CHECK_AS("PruningEvaluator", !cfg_.chunked_plans || !any_oracle(),
+                     "chunked plans evict while the context is read; oracle scores need the continuation first");
     if (output_aware) {
       wo_storage_ = OutputProjections(engine.model());
       wo_ = wo_storage_.views();
     }
     refs_.resize(windows_.size());
     parallel_windows([&](int w) { refs_[static_cast<std::size_t>(w)] = full_run(windows_[static_cast<std::size_t>(w)]); });
+  }
+
+  // Whether scorer s takes oracle scores (EvalConfig::oracle); whether any does.
+  bool is_oracle(int s) const { return !cfg_.oracle.empty() && cfg_.oracle[static_cast<std::size_t>(s)]; }
+  bool any_oracle() const {
+    for (bool o : cfg_.oracle)
+      if (o) return true;
+    return false;
+  }
+  // The lookahead tokens scorer s decodes on the full context cache before its eviction (0 for
+  // an oracle, which reads the continuation).
+  int lookahead_of(int s) const { return is_oracle(s) ? 0 : cfg_.scorers[static_cast<std::size_t>(s)].lookahead; }
+  // The scorers of scorer s for a window of `tc` continuation tokens: an oracle observes all
+  // `tc` continuation rows (as a lookahead of `tc` tokens would).
+  std::vector<TokenScorer> scorers_of(int s, int tc) const {
+    ScorerConfig sc = cfg_.scorers[static_cast<std::size_t>(s)];
+    if (is_oracle(s)) sc.lookahead = tc;
+    return make_scorers(engine_.config(), sc);
+  }
+  // Every oracle scorer keeps the state of the context's `n` slots only (the continuation's
+  // slots it observed are not in the cache that is scored).
+  static void keep_context_state(std::vector<TokenScorer>& set, int n) {
+    for (TokenScorer& s : set)
+      depthkv::detail::keep_prefix(s.n_kv_heads(), std::vector<int>(static_cast<std::size_t>(s.n_kv_heads()), n),
+                                   [&s](int h, const std::int32_t* slots, int k) { s.compact(h, slots, k); });
   }
 
   int n_windows() const { return static_cast<int>(windows_.size()); }
@@ -98,6 +127,7 @@ class EvalRuns {
     std::vector<std::vector<LayerScores>> scores;  // [scorer][layer]
     std::vector<int> targets;
     double nll = 0;
+    double context_nll = 0;  // EvalConfig::context_nll_tokens
   };
 
   const Reference& ref(int w) const {
@@ -211,29 +241,77 @@ class EvalRuns {
     if (err) std::rethrow_exception(err);
   }
 
-  Reference full_run(const EvalWindow& win) const {
+  // The scorer sets by what they observe: the context, a lookahead, the continuation (oracle).
+  void split_sets(std::vector<std::vector<TokenScorer>>& sets, std::vector<std::vector<TokenScorer>*>& context,
+                  std::vector<std::vector<TokenScorer>*>& lookahead, std::vector<std::vector<TokenScorer>*>& oracle) const {
+    for (int s = 0; s < n_scorers(); ++s) {
+      std::vector<TokenScorer>* set = &sets[static_cast<std::size_t>(s)];
+      (is_oracle(s) ? oracle : set->front().config().lookahead > 0 ? lookahead : context).push_back(set);
+    }
+  }
+  // The context's scores of the oracle sets (after the continuation, their state cut to the
+  // context first) or of the others, into r.scores.
+  void store_scores(std::vector<std::vector<TokenScorer>>& sets, Reference& r, bool oracle) const {
+    const int n = r.cache.layer(0).size(0);
+    for (std::size_t s = 0; s < sets.size(); ++s) {
+      if (is_oracle(static_cast<int>(s)) != oracle) continue;
+      if (oracle) keep_context_state(sets[s], n);
+      r.scores[s] = layer_scores(sets[s], r.cache, wo());
+    }
+  }
+
+  // Captures into `tail` the last layer's output rows at positions [first, first + n).
+  void capture_tail(ForwardOptions& opt, RowMatrix& tail, int first, int n) const {
+    const int L = engine_.config().n_layers;
+    tail = RowMatrix(n, engine_.config().dim);
+    opt.capture_points = capture_bit(CapturePoint::kLayerOutput);
+    opt.capture = [&tail, first, n, L](int l, CapturePoint, std::int32_t p0, const RowMatrix& rows) {
+      if (l != L - 1) return;
+      for (Eigen::Index i = 0; i < rows.rows(); ++i) {
+        const long long p = p0 + i;
+        if (p >= first && p < first + n) tail.row(static_cast<Eigen::Index>(p - first)) = rows.row(i);
+      }
+    };
+  }
+  // The mean NLL of the context's last tail.rows() tokens from the rows that predict them.
+  double tail_nll(const RowMatrix& tail, const std::vector<int>& context) const {
+    const int n = static_cast<int>(tail.rows()), first = static_cast<int>(context.size()) - 1 - n;
+    const RowMatrix logits = engine_.logits(tail, nullptr, first);
+    std::vector<int> targets(context.end() - n, context.end());
+    return compare_logits(logits, logits, targets).nll_full;
+  }
+
+  // The full run of `win`; with ContinuationSource::kModel its continuation is replaced first by
+  // the model's greedy one (the same number of tokens).
+  Reference full_run(EvalWindow& win) const {
     const LlamaConfig& c = engine_.config();
     Reference r;
     r.cache = engine_.make_cache();
+    const int tc = static_cast<int>(win.continuation.size());
     std::vector<std::vector<TokenScorer>> sets;
-    for (const ScorerConfig& s : cfg_.scorers) sets.push_back(make_scorers(c, s));
-    std::vector<std::vector<TokenScorer>*> context_sets, lookahead_sets;
-    for (auto& set : sets) (set.front().config().lookahead > 0 ? lookahead_sets : context_sets).push_back(&set);
+    for (int s = 0; s < n_scorers(); ++s) sets.push_back(scorers_of(s, tc));
+    std::vector<std::vector<TokenScorer>*> context_sets, lookahead_sets, oracle_sets;
+    split_sets(sets, context_sets, lookahead_sets, oracle_sets);
     ForwardOptions opt;
     opt.chunk_size = cfg_.chunk_size;
     opt.all_logits = false;
     opt.observer = [&context_sets](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
       for (std::vector<TokenScorer>* set : context_sets) (*set)[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
     };
+    const int nll_rows = std::min(cfg_.context_nll_tokens, static_cast<int>(win.context.size()) - 1);
+    RowMatrix tail;  // the last layer's output at the rows predicting the context's last nll_rows tokens
+    if (nll_rows > 0) capture_tail(opt, tail, static_cast<int>(win.context.size()) - 1 - nll_rows, nll_rows);
     const RowMatrix last = engine_.prefill(win.context, 0, r.cache, opt);
-    if (!lookahead_sets.empty())
-      observe_lookahead(engine_, r.cache, last_argmax(last), static_cast<std::int32_t>(win.context.size()), lookahead_sets);
-    for (auto& set : sets) r.scores.push_back(layer_scores(set, r.cache, wo()));
+    if (nll_rows > 0) r.context_nll = tail_nll(tail, win.context);
+    const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
+    if (cfg_.continuation_source == ContinuationSource::kModel)
+      win.continuation = greedy_continuation(engine_, r.cache, last_argmax(last), pos0, tc);
+    if (!lookahead_sets.empty()) observe_lookahead(engine_, r.cache, last_argmax(last), pos0, lookahead_sets);
+    r.scores.resize(sets.size());
+    store_scores(sets, r, /*oracle=*/false);
     // Continuation on a copy (the stored cache stays context-only), capturing layer inputs.
     HostCache work = r.cache;
-    const int tc = static_cast<int>(win.continuation.size());
     r.inputs.assign(static_cast<std::size_t>(c.n_layers) + 1, RowMatrix(tc, c.dim));
-    const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
     ForwardOptions fo;
     fo.chunk_size = cfg_.chunk_size;
     fo.capture_points = capture_bit(CapturePoint::kLayerInput) | capture_bit(CapturePoint::kLayerOutput);
@@ -242,7 +320,12 @@ class EvalRuns {
       if (p == CapturePoint::kLayerOutput && l + 1 < c.n_layers) return;  // = next layer's input
       r.inputs[static_cast<std::size_t>(idx)].middleRows(p0 - pos0, rows.rows()) = rows;
     };
+    if (!oracle_sets.empty())
+      fo.observer = [&oracle_sets](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+        for (std::vector<TokenScorer>* set : oracle_sets) (*set)[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+      };
     r.logits = engine_.teacher_force(win.continuation, pos0, work, fo);
+    store_scores(sets, r, /*oracle=*/true);
     r.full_peak = work.bytes();
     r.targets = continuation_targets(win.continuation);
     r.nll = compare_logits(r.logits, r.logits, r.targets).nll_full;
@@ -267,6 +350,11 @@ class EvalRuns {
   std::size_t layer_bytes(int tokens) const {
     return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().n_kv_heads) *
            static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
+  }
+  // KV bytes the lookahead of scorer s appends to the full context cache before the eviction:
+  // G slots in every KV head of every layer.
+  std::size_t lookahead_bytes(int s) const {
+    return static_cast<std::size_t>(engine_.config().n_layers) * layer_bytes(lookahead_of(s));
   }
   std::size_t head_token_bytes(long long tokens) const {
     return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
@@ -307,7 +395,8 @@ class EvalRuns {
       }
       bytes_end += kv.bytes();
     }
-    res.bytes_peak = std::max(r.cache.bytes(), bytes_end);  // before the eviction, or at the end
+    // before the eviction (with the lookahead's slots), or at the end
+    res.bytes_peak = std::max(r.cache.bytes() + lookahead_bytes(scorer), bytes_end);
     layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
     RowMatrix logits(tc, c.vocab_size);
     for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {  // per chunk, as the full run (same rounding)
@@ -327,15 +416,19 @@ class EvalRuns {
     opt.chunk_size = cfg_.chunk_size;
     opt.all_logits = false;
     // full run from scratch
+    // (the oracle observes the full run's continuation)
+    std::vector<TokenScorer> sc = scorers_of(scorer, static_cast<int>(win.continuation.size()));
+    const bool oracle = is_oracle(scorer), lookahead = !oracle && sc.front().config().lookahead > 0;
     HostCache full = engine_.make_cache();
     engine_.prefill(win.context, 0, full, opt);
-    const RowMatrix lf = engine_.teacher_force(win.continuation, n_ctx, full, opt);
+    ForwardOptions fo = opt;
+    if (oracle) fo.observer = observe_into(sc);
+    const RowMatrix lf = engine_.teacher_force(win.continuation, n_ctx, full, fo);
+    if (oracle) keep_context_state(sc, n_ctx);
     // pruned run from scratch
     HostCache cache = engine_.make_cache();
-    std::vector<TokenScorer> sc = make_scorers(c, cfg_.scorers[static_cast<std::size_t>(scorer)]);
     ForwardOptions po = opt;
-    const bool lookahead = sc.front().config().lookahead > 0;
-    if (!lookahead) po.observer = observe_into(sc);
+    if (!lookahead && !oracle) po.observer = observe_into(sc);
     const RowMatrix last = engine_.prefill(win.context, 0, cache, po);
     if (lookahead) observe_lookahead(engine_, cache, last_argmax(last), n_ctx, {&sc});
     WindowResult res;
@@ -350,7 +443,7 @@ class EvalRuns {
     evict(cache, scores, per_head, cfg_.protection);
     res.bytes_kept = cache.bytes();
     const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
-    res.bytes_peak = std::max(res.bytes_full, cache.bytes());
+    res.bytes_peak = std::max(res.bytes_full + lookahead_bytes(scorer), cache.bytes());
     layer_tokens_ += static_cast<long long>(c.n_layers) * (2 * n_ctx + 2 * static_cast<long long>(win.continuation.size()));
     res.metrics = compare_logits(lf, lp, continuation_targets(win.continuation));
     return res;
