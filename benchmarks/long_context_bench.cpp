@@ -24,7 +24,13 @@
 // Usage: long_context_bench (--model F | --shape S [--type T] [--layers N]) [--context N]
 //          [--decode M] [--threads T] [--keep R] [--schedule chunked] [--chunk C] [--interval I]
 //          [--scorer preset|NAME] [--sinks N] [--recent N] [--prefill real|synthetic]
-//          [--max-seconds S] [--json F]
+//          [--max-seconds S] [--shrink] [--json F]
+//
+// The cache is sized once (make_cache): for the whole sequence with the full cache, for the
+// budget + a chunk + an interval + the protected tokens with keep < 1, and evictions keep its
+// capacity (EvictOptions::shrink off), as an engine that knows its budget sizes a sequence;
+// --shrink uses the library's defaults instead (no capacity reserved, doubling on demand,
+// shrinking after every eviction), whose reallocations show in the peak RSS.
 
 #include <algorithm>
 #include <chrono>
@@ -85,7 +91,17 @@ struct Settings {
   std::string model, shape, type = "Q8_0", schedule = "chunked", scorer = "preset", prefill = "real", json;
   int layers = 0, context = 4096, decode = 32, threads = 2, chunk = 1024, interval = 32, sinks = 4, recent = 16;
   double keep = 1.0, max_seconds = 0;
+  bool shrink = false;
   bool full() const { return keep >= 1.0; }
+  /// Slots per head the cache is sized for at the start: the whole sequence (full cache), or
+  /// the budget + a chunk + an interval + the protected tokens (keep < 1, unless --shrink: then
+  /// none, and the layers grow on demand by doubling and shrink after every eviction, the
+  /// library's defaults).
+  int capacity() const {
+    if (full()) return context + decode;
+    if (shrink) return 0;
+    return static_cast<int>(std::ceil(keep * (context + decode))) + std::max(chunk, interval) + interval + sinks + recent;
+  }
 };
 
 /// What is wrong with the input and size options ("" when nothing).
@@ -117,6 +133,7 @@ bool parse_settings(int argc, char** argv, Settings& s) {
   a.option("--schedule", s.schedule).option("--chunk", s.chunk).option("--interval", s.interval);
   a.option("--scorer", s.scorer).option("--sinks", s.sinks).option("--recent", s.recent);
   a.option("--prefill", s.prefill).option("--max-seconds", s.max_seconds).option("--json", s.json);
+  a.flag("--shrink", s.shrink);
   if (!a.parse(argc, argv)) return false;
   const std::string e = size_error(s).empty() ? cache_error(s) : size_error(s);
   return e.empty() || a.fail(e);
@@ -190,7 +207,7 @@ namespace {
 /// One run: the engine, its cache and (keep < 1) the schedule, the timers around them.
 class Run {
  public:
-  Run(const LlamaModel& model, const Settings& s) : s_(s), engine_(model), cache_(engine_.make_cache(s.full() ? s.context + s.decode : 0)) {
+  Run(const LlamaModel& model, const Settings& s) : s_(s), engine_(model), cache_(engine_.make_cache(s.capacity())) {
     if (s.full()) return;
     const LlamaConfig& c = model.config;
     ScheduleConfig sc;
@@ -203,6 +220,7 @@ class Run {
     sc.interval = s.interval;
     sc.protection = {s.sinks, s.recent};
     sc.policy = AllocationPolicy::kUniform;
+    sc.evict.shrink = s.shrink;
     schedule_ = std::make_unique<EvictionSchedule>(sc, c.n_layers, c.n_heads, c.n_kv_heads);
     feed_ = schedule_->observer();
     opt_.observer = [this](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
@@ -378,8 +396,9 @@ void print_report(const Settings& s, const std::string& scorer, const LlamaModel
   if (s.full())
     std::printf("  cache: full\n");
   else
-    std::printf("  cache: keep %.3g, chunked schedule, interval %d, scorer %s, uniform policy, sinks %d + recent %d (%d evictions)\n",
-                s.keep, s.interval, scorer.c_str(), s.sinks, s.recent, f.evictions);
+    std::printf("  cache: keep %.3g, chunked schedule, interval %d, scorer %s, uniform policy, sinks %d + recent %d (%d evictions); "
+                "%s\n", s.keep, s.interval, scorer.c_str(), s.sinks, s.recent, f.evictions,
+                s.shrink ? "grown on demand, shrunk after every eviction" : ("sized for " + std::to_string(s.capacity()) + " tokens per head").c_str());
   if (real)
     std::printf("  prefill: %.2f s = %.1f tok/s\n", f.prefill_s, s.context / f.prefill_s);
   else
@@ -418,6 +437,7 @@ void write_json(const Settings& s, const std::string& scorer, const LlamaModel& 
      << "\", \"n_layers\": " << m.config.n_layers << ", \"context\": " << s.context << ", \"decode\": " << s.decode
      << ", \"threads\": " << s.threads << ", \"keep\": " << s.keep << ", \"mode\": \"" << (s.full() ? "full" : "keep")
      << "\", \"schedule\": \"" << (s.full() ? "none" : s.schedule) << "\", \"chunk\": " << s.chunk << ", \"interval\": " << s.interval
+     << ", \"shrink\": " << (s.shrink ? "true" : "false") << ", \"capacity_tokens\": " << s.capacity()
      << ", \"scorer\": \"" << scorer << "\", \"prefill\": \"" << s.prefill << "\", \"prefill_s\": " << f.prefill_s
      << ", \"prefill_tok_s\": " << (real ? std::to_string(s.context / f.prefill_s) : "null") << ", \"decode_s\": " << f.decode_s
      << ", \"decode_tok_s\": " << s.decode / f.decode_s
