@@ -39,8 +39,10 @@ with --lc-bench, depthkv's benchmarks/long_context_bench runs on the same GGUF w
 threads for each --lc-keeps ratio (1 = full cache). Every run writes one --json file into
 --lc-out in long_context_bench's field names, for benchmarks/long_context_plot.py:
 
-    /tmp/venv-llamacpp/bin/python benchmarks/llamacpp_check/run.py --shapes qwen2.5-0.5b --types Q8_0 \
-        --contexts 2048,4096,8192 --decode 64 --threads 2 --lc-bench build/benchmarks/long_context_bench
+    /tmp/venv-llamacpp/bin/python benchmarks/llamacpp_check/run.py --shapes tinyllama-1.1b --types Q4_K_M \
+        --contexts 2048,4096,8192,16384,32768 --decode 64 --threads 2 --lc-bench build/benchmarks/long_context_bench
+
+(a shape's vocabulary must be in ../shared/vocab: llama-spm and llama-bpe are, qwen2 is not)
 
 --repack on|off sets llama.cpp's weight repacking (`use_extra_bufts` of the model parameters;
 llama-cpp-python 0.3.36 crashed on AVX-512 machines in the repacking path): off by default, and
