@@ -31,6 +31,22 @@ rounding.
 Raw results are appended to --results (JSON lines); the table is rendered from that file into
 benchmarks/RESULTS.md between the markers of its llama.cpp section (--write-results), so shapes
 can be run one at a time (--shapes) and rendered together.
+
+Long contexts (--contexts 2048,4096,...): for each shape and type, llama.cpp's full cache (F16 K
+and V, its default) prefills each context and decodes --decode tokens after it, each context in
+its own process (its peak RSS is the run's: ru_maxrss, which includes the Python interpreter);
+with --lc-bench, depthkv's benchmarks/long_context_bench runs on the same GGUF with the same
+threads for each --lc-keeps ratio (1 = full cache). Every run writes one --json file into
+--lc-out in long_context_bench's field names, for benchmarks/long_context_plot.py:
+
+    /tmp/venv-llamacpp/bin/python benchmarks/llamacpp_check/run.py --shapes tinyllama-1.1b --types Q4_K_M \
+        --contexts 2048,4096,8192,16384,32768 --decode 64 --threads 2 --lc-bench build/benchmarks/long_context_bench
+
+(a shape's vocabulary must be in ../shared/vocab: llama-spm and llama-bpe are, qwen2 is not)
+
+--repack on|off sets llama.cpp's weight repacking (`use_extra_bufts` of the model parameters;
+llama-cpp-python 0.3.36 crashed on AVX-512 machines in the repacking path): off by default, and
+every long-context figure records which.
 """
 
 import argparse
@@ -288,6 +304,91 @@ def check_shape(shape, a, llama_cpp, Llama):
     return rows
 
 
+def set_repack(llama_cpp, on):
+    """Makes every model llama-cpp-python loads from now on use (or not) llama.cpp's repacked
+    weight buffers (`use_extra_bufts`); returns False when this llama.cpp has no such setting."""
+    low = llama_cpp.llama_cpp
+    fields = [f[0] for f in low.llama_model_params._fields_]
+    if "use_extra_bufts" not in fields:
+        return False
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = bool(on)
+        return p
+    low.llama_model_default_params = params
+    llama_cpp.llama_model_default_params = params
+    return True
+
+
+def best_window(step_s, w):
+    """tok/s of the fastest w consecutive steps (all of them when fewer)."""
+    n = min(len(step_s), w)
+    return n / min(sum(step_s[i:i + n]) for i in range(len(step_s) - n + 1))
+
+
+def lc_one(a):
+    """One long-context run of llama.cpp's full cache (in its own process): prints its JSON."""
+    import resource
+    import llama_cpp
+    from llama_cpp import Llama
+    repack_set = set_repack(llama_cpp, a.repack == "on")
+    s = SHAPES[a.lc_shape]
+    n_ctx = a.lc_context + a.decode + 16
+    llm = Llama(model_path=a.lc_one, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a.threads,
+                n_threads_batch=a.threads, logits_all=False, verbose=False)
+    rng = np.random.default_rng(a.seed + 2)
+    ids = [int(x) for x in rng.integers(3, VOCAB_PLAIN[s["vocab"]], size=a.lc_context + a.decode)]
+    t0 = time.perf_counter()
+    llm.eval(ids[:a.lc_context])
+    prefill_s = time.perf_counter() - t0
+    steps = []
+    for i in range(a.decode):
+        t = time.perf_counter()
+        llm.eval([ids[a.lc_context + i]])
+        steps.append(time.perf_counter() - t)
+    kv_bytes = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2 * n_ctx  # F16 K and V, n_ctx cells allocated
+    row = dict(engine="llama.cpp", input=a.lc_one, shape=a.lc_shape, mode="full", keep=1.0, context=a.lc_context,
+               decode=a.decode, threads=a.threads, prefill="real", prefill_s=prefill_s,
+               prefill_tok_s=a.lc_context / prefill_s, decode_s=sum(steps), decode_tok_s=a.decode / sum(steps),
+               decode_tok_s_best_window=best_window(steps, 32),
+               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, kv_peak_bytes=kv_bytes,
+               kv_end_bytes=kv_bytes, repack=(a.repack == "on") if repack_set else "default (no use_extra_bufts)",
+               llama_cpp_python=llama_cpp.__version__, load_avg=os.getloadavg()[0], unix_time=int(time.time()))
+    print(json.dumps(row))
+
+
+def long_contexts(a, llama_cpp):
+    """--contexts: llama.cpp's full cache (and depthkv's runs with --lc-bench) per context."""
+    os.makedirs(a.lc_out, exist_ok=True)
+    for shape in a.shapes.split(","):
+        base = os.path.join(a.tmp, "%s-F16.gguf" % shape)
+        if not os.path.exists(base):
+            os.makedirs(a.tmp, exist_ok=True)
+            write_synthetic(shape, base, a.seed, a.scale)
+        for t in a.types:
+            path = base if t == "F16" else os.path.join(a.tmp, "%s-%s.gguf" % (shape, t))
+            if not os.path.exists(path):
+                quantize(llama_cpp, base, path, t, a.threads)
+            for ctx in [int(c) for c in a.contexts.split(",")]:
+                stem = os.path.join(a.lc_out, "%s-%s-%%s-%d.json" % (shape, t, ctx))
+                log(shape, t, ctx, ": llama.cpp full cache, repack", a.repack)
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--lc-one", path, "--lc-shape", shape,
+                                    "--lc-context", str(ctx), "--decode", str(a.decode), "--threads", str(a.threads),
+                                    "--repack", a.repack, "--seed", str(a.seed)], capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise RuntimeError("llama.cpp run failed:\n" + r.stdout + r.stderr)
+                with open(stem % "llamacpp", "w") as f:
+                    f.write(r.stdout.strip().splitlines()[-1] + "\n")
+                for keep in ([] if not a.lc_bench else a.lc_keeps.split(",")):
+                    log(shape, t, ctx, ": depthkv keep", keep)
+                    cmd = [a.lc_bench, "--model", path, "--context", str(ctx), "--decode", str(a.decode), "--threads",
+                           str(a.threads), "--keep", keep, "--prefill", a.lc_prefill, "--scorer", a.lc_scorer,
+                           "--json", stem % ("keep" + keep)]
+                    subprocess.run(cmd, check=True)
+
+
 def render(results_path):
     rows = {}
     with open(results_path) as f:
@@ -341,7 +442,20 @@ if __name__ == "__main__":
     ap.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results", "llamacpp_check.jsonl"))
     ap.add_argument("--write-results", action="store_true", help="render --results into benchmarks/RESULTS.md")
     ap.add_argument("--render-only", action="store_true", help="only render (no runs)")
+    ap.add_argument("--contexts", default="", help="long contexts, comma-separated (e.g. 2048,4096,8192,16384,32768)")
+    ap.add_argument("--repack", choices=["on", "off"], default="off", help="llama.cpp's weight repacking (use_extra_bufts)")
+    ap.add_argument("--lc-out", default=os.path.join(REPO, "benchmarks", "results", "long_context"))
+    ap.add_argument("--lc-bench", default="", help="depthkv's long_context_bench, run on the same files")
+    ap.add_argument("--lc-keeps", default="1,0.2,0.1")
+    ap.add_argument("--lc-prefill", choices=["real", "synthetic"], default="synthetic")
+    ap.add_argument("--lc-scorer", default="snapkv")
+    ap.add_argument("--lc-one", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--lc-shape", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--lc-context", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.lc_one:
+        lc_one(args)
+        sys.exit(0)
     if args.quick:
         args.types, args.prompt, args.decode, args.logits_tokens = "F16,Q8_0,Q4_K_M", 128, 8, 32
     args.types = args.types.split(",")
@@ -350,6 +464,10 @@ if __name__ == "__main__":
             ap.error("unknown type " + t)
     if "F16" in args.types:  # the reference of KL(F16 || type) comes first
         args.types = ["F16"] + [t for t in args.types if t != "F16"]
+    if args.contexts:
+        import llama_cpp
+        long_contexts(args, llama_cpp)
+        sys.exit(0)
     if not args.render_only:
         import llama_cpp
         from llama_cpp import Llama

@@ -1,0 +1,20 @@
+set terminal svg size 1500,480 noenhanced font "sans,11" background rgb "white"
+set output "docs/results/long_context.svg"
+set multiplot layout 1,3 title "synthetic Qwen2.5-0.5B shape, Q8_0 weights, float32 KV, 2 threads, synthetic prefill, SnapKV chunked schedule (chunk 1024, interval 32); first figure on a 2-core machine loaded by 3 other engineers (load average 6-12)"
+set logscale x 2
+set xrange [1700:40000]
+set xtics (2048, 4096, 8192, 16384, 32768)
+set xlabel "context tokens"
+set key top left
+set grid
+set yrange [0:*]
+set ylabel "decode tokens/s"
+set title "decode speed after the context (fastest window of steps)"
+plot "docs/results/long_context.dat" index 0 using 1:5 with linespoints title "full", "" index 1 using 1:5 with linespoints title "keep 0.2", "" index 2 using 1:5 with linespoints title "keep 0.1"
+set ylabel "peak RSS MiB"
+set title "peak resident memory"
+plot "docs/results/long_context.dat" index 0 using 1:3 with linespoints title "full", "" index 1 using 1:3 with linespoints title "keep 0.2", "" index 2 using 1:3 with linespoints title "keep 0.1"
+set ylabel "peak KV MiB"
+set title "peak KV cache bytes"
+plot "docs/results/long_context.dat" index 0 using 1:4 with linespoints title "full", "" index 1 using 1:4 with linespoints title "keep 0.2", "" index 2 using 1:4 with linespoints title "keep 0.1"
+unset multiplot
