@@ -702,11 +702,13 @@ class LlamaEngine {
   /// stored form `Q` (then `W` is empty) the stored rows are multiplied instead: `quant_matvec`
   /// for one row, `quant_matmul` for several (int8 activations for block types, F16/BF16
   /// converted in registers; quant/products.hpp). Products below kParallelGemmWork multiply-adds
-  /// run on one thread, larger ones on `cpu.n_threads`; the bytes are the same for every count.
+  /// (kParallelGemvWork for one row) run on one thread, larger ones on `cpu.n_threads`; the bytes
+  /// are the same for every count.
   static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y, const CpuOptions& cpu) {
     const double out = Q.empty() ? static_cast<double>(W.rows()) : static_cast<double>(Q.rows);
     const double in = Q.empty() ? static_cast<double>(W.cols()) : static_cast<double>(Q.cols);
-    const int threads = static_cast<double>(x.rows()) * out * in < kParallelGemmWork ? 1 : thread_count(cpu.n_threads);
+    const double limit = x.rows() == 1 ? kParallelGemvWork : kParallelGemmWork;
+    const int threads = static_cast<double>(x.rows()) * out * in < limit ? 1 : thread_count(cpu.n_threads);
     if (!Q.empty()) {
       const QuantProductOptions qopt(CpuOptions{threads, cpu.max_simd_level}, QuantKernel::kAuto);
       if (x.rows() == 1) {
@@ -724,8 +726,9 @@ class LlamaEngine {
   /// y = x W^T (x with several rows) on `threads` threads: the rows of W are split into slices of
   /// a multiple of kGemmSliceRows rows, one single-threaded Eigen product per slice, so every
   /// thread count gives the bytes of Eigen's single-threaded product (Eigen's own multi-threaded
-  /// product blocks the depth differently and differs in the last bits). Inside an active OpenMP
-  /// region the product is Eigen's, on the calling thread.
+  /// product blocks the depth differently and differs in the last bits). One slice runs on the
+  /// calling thread (run_eigen_serial: no team); several run on a team of one thread per slice.
+  /// Inside an active OpenMP region the product is Eigen's, on the calling thread.
   static void gemm(const RowMatrix& W, const RowMatrix& x, RowMatrix& y, int threads) {
 #ifdef _OPENMP
     if (omp_get_active_level() == 0) {
@@ -733,13 +736,19 @@ class LlamaEngine {
       Eigen::Index per = (out + threads - 1) / threads;
       per = std::max<Eigen::Index>(1, (per + kGemmSliceRows - 1) / kGemmSliceRows) * kGemmSliceRows;
       const int slices = static_cast<int>((out + per - 1) / per);
+      const auto slice = [&](int i) {
+        const Eigen::Index r0 = i * per, nr = std::min(out, r0 + per) - r0;
+        y.middleCols(r0, nr).noalias() = x * W.middleRows(r0, nr).transpose();
+      };
+      if (slices <= 1) {
+        depthkv::detail::run_eigen_serial([&] { slice(0); });
+        return;
+      }
       std::vector<std::exception_ptr> errors(static_cast<std::size_t>(slices));
-      // at least two threads: Eigen multiplies on one thread only inside a team of several
-#pragma omp parallel for schedule(static, 1) num_threads(std::max(2, slices))
+#pragma omp parallel for schedule(static, 1) num_threads(slices)
       for (int i = 0; i < slices; ++i) {
         try {
-          const Eigen::Index r0 = i * per, nr = std::min(out, r0 + per) - r0;
-          y.middleCols(r0, nr).noalias() = x * W.middleRows(r0, nr).transpose();
+          slice(i);
         } catch (...) {
           errors[static_cast<std::size_t>(i)] = std::current_exception();
         }
@@ -875,8 +884,12 @@ class LlamaEngine {
     }
   }
 
-  /// Multiply-adds below which a projection runs single-threaded.
+  /// Multiply-adds below which a projection of several rows runs single-threaded.
   static constexpr double kParallelGemmWork = 1 << 23;
+  /// Multiply-adds below which a one-row product (decode) runs single-threaded: a matvec reads
+  /// each weight once, so from about a MiB of weights the split over threads pays for its
+  /// fork-join (a higher threshold left most of a 0.5B-1B model's decode products on one thread).
+  static constexpr double kParallelGemvWork = 1 << 18;
   /// Rows of W per slice of a multi-threaded float projection come in multiples of this (a
   /// multiple of Eigen's register-block rows for SSE, AVX and AVX-512 floats: 12, 24, 48), so each
   /// row of the product takes the same kernel path as in one single-threaded product.
