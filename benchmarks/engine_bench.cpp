@@ -12,8 +12,12 @@
 //     the same shape on this machine (same run), and decode's weight traffic against a measured
 //     memcpy bandwidth (decode reads every weight once per token).
 //
-// Usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--windows N]
-//                     [--skip-synthetic] [--data DIR]
+// --threads T runs every forward call on T threads (0: all cores); --f16 stores the synthetic
+// model's matrices as F16 rows (QuantWeight, as a GGUF F16 file holds them) instead of F32;
+// --skip-stories leaves out stories260K and its profiling.
+//
+// Usage: engine_bench [--layers N] [--prompt N] [--decode N] [--chunk N] [--windows N] [--threads T]
+//                     [--f16] [--skip-synthetic] [--skip-stories] [--data DIR]
 
 #include <algorithm>
 #include <chrono>
@@ -98,7 +102,7 @@ void print_stats(const char* what, const EngineStats& st) {
 }
 
 void bench_model(const char* name, const LlamaModel& model, int prompt, int decode, int chunk, double gemm_rate,
-                 double mem_rate) {
+                 double mem_rate, int threads) {
   const LlamaEngine engine(model);
   const LlamaConfig& c = model.config;
   std::vector<int> tokens(static_cast<std::size_t>(prompt));
@@ -114,6 +118,7 @@ void bench_model(const char* name, const LlamaModel& model, int prompt, int deco
   opt.chunk_size = chunk;
   opt.all_logits = false;  // a prefill needs only the last logits
   opt.stats = &pst;
+  opt.n_threads = threads;
   auto t0 = Clock::now();
   const RowMatrix last = engine.prefill(tokens, 0, cache, opt);
   const double prefill_s = seconds(t0);
@@ -122,7 +127,7 @@ void bench_model(const char* name, const LlamaModel& model, int prompt, int deco
   last.row(0).maxCoeff(&next);
   t0 = Clock::now();
   for (int i = 0; i < decode; ++i) {
-    const Eigen::VectorXf lg = engine.decode(static_cast<int>(next), prompt + i, cache, &dst);
+    const Eigen::VectorXf lg = engine.decode(static_cast<int>(next), prompt + i, cache, &dst, depthkv::CpuOptions{threads, 2});
     lg.maxCoeff(&next);
   }
   const double decode_s = seconds(t0);
@@ -194,15 +199,16 @@ void bench_profiling(const LlamaModel& model, const std::string& data, int n_win
 }  // namespace
 
 int main(int argc, char** argv) {
-  int layers = 22, prompt = 512, decode = 32, chunk = 1024, windows = 16;
-  bool synthetic = true;
+  int layers = 22, prompt = 512, decode = 32, chunk = 1024, windows = 16, threads = 0;
+  bool synthetic = true, stories_too = true, f16 = false;
   std::string data = depthkv_bench::default_data_dir();
   depthkv_bench::Args args("engine_bench");
   args.option("--layers", layers).option("--prompt", prompt).option("--decode", decode).option("--chunk", chunk);
   args.option("--windows", windows).flag("--skip-synthetic", synthetic, false).option("--data", data);
+  args.option("--threads", threads).flag("--f16", f16).flag("--skip-stories", stories_too, false);
   if (!args.parse(argc, argv)) return 2;
-  if (layers < 1 || prompt < 1 || decode < 0 || chunk < 1 || windows < 1) {
-    std::fprintf(stderr, "engine_bench: --layers, --prompt, --chunk, --windows must be >= 1 and --decode >= 0\n");
+  if (layers < 1 || prompt < 1 || decode < 0 || chunk < 1 || windows < 1 || threads < 0) {
+    std::fprintf(stderr, "engine_bench: --layers, --prompt, --chunk, --windows must be >= 1, --decode and --threads >= 0\n");
     return 2;
   }
   try {
@@ -220,16 +226,22 @@ int main(int argc, char** argv) {
                 "memcpy (256 MiB): %.1f GB/s\n",
                 std::min(prompt, 1024), gemm_big, std::min(prompt, 512), gemm_small, mem);
 
-    const LlamaModel stories = load_llama2c(data + "/models/stories260K/stories260K.bin");
-    bench_model("stories260K", stories, std::min(prompt, stories.config.seq_len - decode), decode, chunk, gemm_small, mem);
-    bench_profiling(stories, data, windows);
+    std::printf("forward calls on %d threads (0: all cores)\n", threads);
+    if (stories_too) {
+      const LlamaModel stories = load_llama2c(data + "/models/stories260K/stories260K.bin");
+      bench_model("stories260K", stories, std::min(prompt, stories.config.seq_len - decode), decode, chunk, gemm_small,
+                  mem, threads);
+      bench_profiling(stories, data, windows);
+    }
     if (synthetic) {
       const auto t0 = Clock::now();
-      const LlamaModel tl = synthetic_tinyllama(layers);
+      LlamaModel tl = synthetic_tinyllama(layers);
+      if (f16) depthkv_bench::store_as_f16(tl);
       std::printf("\n(synthetic weights built in %.1f s)", seconds(t0));
       char name[96];
-      std::snprintf(name, sizeof name, "synthetic TinyLlama-1.1B shape, %d of 22 layers", layers);
-      bench_model(name, tl, prompt, decode, chunk, gemm_big, mem);
+      std::snprintf(name, sizeof name, "synthetic TinyLlama-1.1B shape, %d of 22 layers, %s weights", layers,
+                    f16 ? "F16" : "F32");
+      bench_model(name, tl, prompt, decode, chunk, gemm_big, mem, threads);
     }
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());

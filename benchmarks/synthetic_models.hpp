@@ -24,6 +24,8 @@ namespace depthkv_bench {
 using depthkv::llama::LlamaConfig;
 using depthkv::llama::LlamaLayerWeights;
 using depthkv::llama::LlamaModel;
+using depthkv::llama::QuantWeight;
+using depthkv::llama::GgmlType;
 using depthkv::llama::RowMatrix;
 
 /// Fast deterministic fill (xorshift), uniform in [-scale, scale].
@@ -99,9 +101,6 @@ inline const std::vector<SyntheticShape>& synthetic_shapes() {
 inline std::vector<std::string> synthetic_types() { return {"F32", "F16", "Q8_0", "Q4_K_M"}; }
 
 namespace detail {
-
-using depthkv::llama::GgmlType;
-using depthkv::llama::QuantWeight;
 
 /// Where a block type keeps its fp16 scales, and each scale's value as a multiple of the
 /// largest weight magnitude `a` (so that random bytes give |w| <= about a).
@@ -279,6 +278,33 @@ inline LlamaModel synthetic_model(const std::string& shape, const std::string& t
   m.source_path = "synthetic " + shape + " " + type;
   m.file_size = bytes;
   return m;
+}
+
+/// Moves the float matrix `w` into F16 rows (`q`, owning its bytes), as a GGUF F16 file holds it.
+inline void to_f16_weight(RowMatrix& w, QuantWeight& q) {
+  auto bytes = std::make_shared<std::vector<Eigen::half>>(static_cast<std::size_t>(w.size()));
+  for (Eigen::Index i = 0; i < w.size(); ++i) (*bytes)[static_cast<std::size_t>(i)] = Eigen::half(w.data()[i]);
+  q.type = GgmlType::kF16;
+  q.data = reinterpret_cast<const std::uint8_t*>(bytes->data());
+  q.rows = w.rows();
+  q.cols = w.cols();
+  q.row_bytes = static_cast<std::uint64_t>(w.cols()) * 2;
+  q.keep_alive = bytes;
+  w.resize(0, 0);
+}
+
+/// Stores every matrix of `m` (projections and classifier) as F16 rows instead of float32.
+inline void store_as_f16(LlamaModel& m) {
+  for (LlamaLayerWeights& w : m.layers) {
+    to_f16_weight(w.wq, w.wq_quant);
+    to_f16_weight(w.wk, w.wk_quant);
+    to_f16_weight(w.wv, w.wv_quant);
+    to_f16_weight(w.wo, w.wo_quant);
+    to_f16_weight(w.w1, w.w1_quant);
+    to_f16_weight(w.w2, w.w2_quant);
+    to_f16_weight(w.w3, w.w3_quant);
+  }
+  to_f16_weight(m.classifier, m.classifier_quant);
 }
 
 }  // namespace depthkv_bench

@@ -41,6 +41,7 @@ struct GenerateArgs {
   int chunk = 1024, threads = 0;
   long long max_kv_tokens = -1;  ///< bounded memory: KV tokens over all layers (-1: off)
   int interval = 32;             ///< with max_kv_tokens: evict every this many tokens
+  std::string kv_type = depthkv::llama::kv_type_name(depthkv::llama::kDefaultKvType);  ///< f16 or f32
   SelectionSettings sel = SelectionSettings::generate();
   PresetSettings preset;
 };
@@ -58,6 +59,7 @@ void check_generate_args(const GenerateArgs& a) {
   depthkv::llama::check_thread_count(a.threads, "--threads");
   DEPTHKV_CHECK(a.max_kv_tokens < 0 || a.keep >= 1.0, "give --keep or --max-kv-tokens, not both");
   DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
+  (void)depthkv::llama::parse_kv_type(a.kv_type);
 }
 
 /// The positions of one run: the prompt's tokens, those prefilled, and the positions run.
@@ -118,9 +120,10 @@ depthkv::PolicyCurves generate_curves(const depthkv::PruneSpec& spec, const dept
 }
 
 /// The prompt's prefill, evicting with the schedule (--max-kv-tokens) as it goes, then the
-/// one-shot eviction (--keep).
+/// one-shot eviction (--keep), on a cache of type `Cache` (--kv-type).
+template <class Cache>
 struct Prefill {
-  depthkv::llama::HostCache cache;
+  Cache cache;
   std::unique_ptr<depthkv::EvictionSchedule> schedule;
   depthkv::llama::RowMatrix logits;
   std::size_t peak_bytes = 0;
@@ -129,9 +132,10 @@ struct Prefill {
   int lookahead = 0;        ///< the lookahead's decode steps (0: none ran)
 };
 
+template <class Cache>
 void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const GenerateArgs& a, const depthkv::PruneSpec& spec,
                        const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo,
-                       const RunShape& run, Prefill& p) {
+                       const RunShape& run, Prefill<Cache>& p) {
   using namespace depthkv;
   using namespace depthkv::llama;
   const LlamaConfig& cfg = engine.config();
@@ -177,8 +181,9 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
 
 /// run.c's generation loop after the prefill (stdout), decoding on the (pruned) cache.
 /// @return the decoded tokens
+template <class Cache>
 int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
-                    depthkv::llama::Sampler& sampler, const GenerateArgs& a, const RunShape& run, Prefill& p) {
+                    depthkv::llama::Sampler& sampler, const GenerateArgs& a, const RunShape& run, Prefill<Cache>& p) {
   using namespace depthkv::llama;
   const int n_prompt = static_cast<int>(run.prompt.size());
   int token = run.prompt[0], pos = 0, decoded = 0;
@@ -213,10 +218,12 @@ int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::ll
 }
 
 /// The bounded run's memory line (stderr).
-void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cfg, Prefill& p) {
+template <class Cache>
+void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cfg, Prefill<Cache>& p) {
   p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
   const std::size_t token_bytes = static_cast<std::size_t>(cfg.n_layers) * static_cast<std::size_t>(cfg.n_kv_heads) *
-                                  static_cast<std::size_t>(cfg.head_dim) * 2 * sizeof(float);
+                                  static_cast<std::size_t>(cfg.head_dim) * 2 *
+                                  sizeof(typename Cache::LayerType::Scalar);
   std::fprintf(stderr,
                "kv cache: max %lld tokens (interval %d), %d evictions; peak %zu bytes, full cache would hold %zu "
                "bytes (%lld positions)\n",
@@ -226,12 +233,29 @@ void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cf
 
 /// The lookahead's cost line (stderr), apart from the prefill's and the decode's: nothing when
 /// no lookahead ran.
-void report_lookahead(const Prefill& p) {
+template <class Cache>
+void report_lookahead(const Prefill<Cache>& p) {
   if (p.lookahead <= 0) return;
   std::fprintf(stderr,
                "lookahead: %d decode steps on the full prompt cache (%d extra KV slots per head) in %.2f ms (%.0f%% "
                "of the prefill's time)\n",
                p.lookahead, p.lookahead, p.lookahead_ms, p.ms > 0 ? 100.0 * p.lookahead_ms / p.ms : 0.0);
+}
+
+/// The prefill, the pruning and the generation on `p`'s cache, then the timing line (stderr).
+template <class Cache>
+void generate_on(Prefill<Cache> p, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
+                 depthkv::llama::Sampler& sampler, const GenerateArgs& a, const depthkv::PruneSpec& spec,
+                 const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo, const RunShape& run) {
+  prefill_and_prune(engine, a, spec, curves, wo, run, p);
+  const auto t_decode = std::chrono::steady_clock::now();
+  const int decoded = generate_tokens(engine, tok, sampler, a, run, p);
+  const double decode_ms = 1000.0 * seconds_since(t_decode);
+  if (p.schedule) report_bounded(a, engine.config(), p);
+  std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
+               run.n_feed, p.ms, p.ms > 0 ? 1000.0 * run.n_feed / p.ms : 0.0, decoded, decode_ms,
+               decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
+  report_lookahead(p);
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -261,17 +285,13 @@ void run_generate(const GenerateArgs& a) {
   const PolicyCurves curves = prunes ? generate_curves(spec, file.get(), a.sel) : PolicyCurves{};
   // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
   const OutputProjections wo = spec.scorer.output_aware ? OutputProjections(lm.model) : OutputProjections();
-  Prefill p;
-  p.cache = engine.make_cache();
-  prefill_and_prune(engine, a, spec, curves, wo, run, p);
-  const auto t_decode = std::chrono::steady_clock::now();
-  const int decoded = generate_tokens(engine, *lm.tokenizer, sampler, a, run, p);
-  const double decode_ms = 1000.0 * seconds_since(t_decode);
-  if (p.schedule) report_bounded(a, cfg, p);
-  std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
-               run.n_feed, p.ms, p.ms > 0 ? 1000.0 * run.n_feed / p.ms : 0.0, decoded, decode_ms,
-               decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
-  report_lookahead(p);
+  if (parse_kv_type(a.kv_type) == KvType::kF16) {
+    generate_on(Prefill<HostCacheF16>{engine.make_cache<Eigen::half>(), {}, {}, 0, 0}, engine, *lm.tokenizer, sampler,
+                a, spec, curves, wo, run);
+  } else {
+    generate_on(Prefill<HostCache>{engine.make_cache(), {}, {}, 0, 0}, engine, *lm.tokenizer, sampler, a, spec, curves,
+                wo, run);
+  }
 }
 
 }  // namespace
@@ -323,6 +343,10 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
       ->capture_default_str()
       ->check(thread_count());
+  cmd->add_option("--kv-type", args->kv_type,
+                  "element type of the KV cache: f16 (half the bytes, as llama.cpp) or f32 (llama2.c's run.c)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "f32"}));
   args->preset.add_option(cmd, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   cmd->callback([args]() {
     args->preset.apply(args->sel, &args->scorer, &args->policy);

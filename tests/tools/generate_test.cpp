@@ -33,6 +33,11 @@ TEST_CASE("generate: greedy 200 steps from BOS equals llama2.c's output byte for
                          "' -t 0 -n 200");
   REQUIRE(r3.status == 0);
   REQUIRE(r3.out == expected);
+  // on a float32 cache (llama2.c's run.c holds float keys and values) as on the default F16 one
+  const Run r4 = run_cli("generate --model " + depthkv_test::stories_model_arg() + " -t 0 -n 200 --kv-type f32");
+  REQUIRE(r4.out == expected);
+  require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --kv-type f8", "2>&1"),
+                "--kv-type: f8 not in {f16,f32}");
 }
 
 TEST_CASE("generate: prompts, seeds and a pruned cache", "[generate][real]") {

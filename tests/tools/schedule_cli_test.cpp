@@ -118,8 +118,11 @@ TEST_CASE("generate --max-kv-tokens: bounded cache, a budget never reached gives
   REQUIRE(big.out == full.out);
   const auto bounded = run_cli(g + "--max-kv-tokens 300 --interval 16", "2>&1");
   REQUIRE(bounded.status == 0);
-  // 300 tokens + one interval of 16 in each of the 5 layers, at 256 bytes per layer-token
-  REQUIRE(bounded.out.find("peak 97280 bytes") != std::string::npos);
+  // 300 tokens + one interval of 16 in each of the 5 layers, at 128 bytes per layer-token (F16
+  // keys and values, the default) or 256 (--kv-type f32)
+  REQUIRE(bounded.out.find("peak 48640 bytes") != std::string::npos);
+  const auto bounded32 = run_cli(g + "--max-kv-tokens 300 --interval 16 --kv-type f32", "2>&1");
+  REQUIRE(bounded32.out.find("peak 97280 bytes") != std::string::npos);
   require_error(run_cli(g + "--max-kv-tokens 300 --keep 0.5", "2>&1"), "give --keep or --max-kv-tokens, not both");
   require_error(run_cli(g + "--max-kv-tokens 300 --interval 0", "2>&1"), "--interval: must be >= 1, got 0");
 }

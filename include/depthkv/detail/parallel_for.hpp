@@ -2,13 +2,15 @@
 /// @file detail/parallel_for.hpp
 /// @brief A minimal fork-join loop over task indices with std::thread (no pool kept alive: the
 /// library never owns threads between calls; engines own their threads), and `run_eigen_serial`,
-/// which keeps Eigen's products single-threaded without touching OpenMP's settings.
+/// which keeps Eigen's products single-threaded on the calling thread (no team).
 
 #include <algorithm>
 #include <atomic>
 #include <exception>
 #include <thread>
 #include <vector>
+
+#include <Eigen/Core>
 
 #include "depthkv/cpu_options.hpp"
 #include "depthkv/error.hpp"
@@ -62,16 +64,40 @@ void parallel_for(int n_tasks, int n_workers, Fn&& fn) {
     if (e) std::rethrow_exception(e);
 }
 
+#ifdef _OPENMP
+/// Sets the first element of the calling task's OpenMP thread-count ICV (nthreads-var, what
+/// `omp_get_max_threads()` returns and Eigen reads for its products) to `n` for the lifetime of
+/// the scope, and restores it at the end (also when an exception leaves the scope). The ICV
+/// belongs to the current task: other threads and tasks never see the change.
+class TaskThreadsScope {
+ public:
+  explicit TaskThreadsScope(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~TaskThreadsScope() { omp_set_num_threads(saved_); }
+  TaskThreadsScope(const TaskThreadsScope&) = delete;
+  TaskThreadsScope& operator=(const TaskThreadsScope&) = delete;
+
+ private:
+  int saved_;
+};
+#endif
+
 /// Runs `fn` on the calling thread so that Eigen's products inside it take their single-threaded
-/// path, without changing any OpenMP setting. Eigen splits a product over threads (as many as the
-/// process's OpenMP default, `OMP_NUM_THREADS`) only when it is called outside a team of several
-/// threads; so outside any active parallel region `fn` runs on thread 0 of a two-thread team (the
-/// other thread only joins it). Inside an active region a new team has one thread, and `fn` runs
-/// directly.
+/// path, without a thread team and without changing OpenMP's settings as seen after the call.
+/// Eigen splits a product over `Eigen::nbThreads()` threads (OpenMP's `omp_get_max_threads()`
+/// unless `Eigen::setNbThreads` was called) when it is called outside a team of several threads;
+/// so outside any active parallel region the calling task's thread count is 1 while `fn` runs
+/// (`TaskThreadsScope`). Only when the program set `Eigen::setNbThreads(n > 1)`, which overrides
+/// OpenMP, does `fn` run on thread 0 of a two-thread team (the other thread only joins it).
+/// Inside an active region a new team has one thread, and `fn` runs directly.
 template <class Fn>
 void run_eigen_serial(Fn&& fn) {
 #ifdef _OPENMP
   if (omp_get_active_level() == 0) {
+    const TaskThreadsScope one(1);
+    if (Eigen::nbThreads() <= 1) {
+      fn();
+      return;
+    }
     std::exception_ptr err;
 #pragma omp parallel num_threads(2)
     {

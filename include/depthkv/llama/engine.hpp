@@ -4,7 +4,11 @@
 /// RMSNorm, RoPE, grouped-query attention against per-layer, per-KV-head caches that may hold
 /// different numbers of tokens, SwiGLU; batched and chunked prefill with attention-probability
 /// capture (for the token scorers) and a hook after each chunk (for scoring and eviction), decode,
-/// teacher forcing, and hidden-state capture. Strided layers (`HostLayer`, `LayerView`) are read
+/// teacher forcing, and hidden-state capture. Attention is a tiled online-softmax kernel
+/// (detail/flash_attention.hpp) that never forms a `T x n` score matrix; only the query rows an
+/// observer receives (`ForwardOptions::observe_from`) have their probabilities formed. Keys and
+/// values are stored as float32 (`HostCache`) or F16 (`HostCacheF16`, `KvType`) and read as
+/// float. Strided layers (`HostLayer`, `LayerView`) are read
 /// in place; a `PagedLayer` (paged_cache.hpp) is gathered head by head for each attention call,
 /// and a forward pass whose tokens need more blocks than a layer's pool has free throws ("pool
 /// exhausted") before any layer is touched.
@@ -20,7 +24,8 @@
 ///   the call (position `pos0 + i`) attends, in KV head `h`, to the slots
 ///   `[0, size_before(h) + i]` (everything held before the call plus the causal part of the call).
 /// - Attention probabilities handed to the observer cover the slots of the KV head *after* the
-///   append, in slot order; masked (future) entries are 0.
+///   append, in slot order; masked (future) entries are 0. Observing does not change the output:
+///   the logits with and without an observer are the same bytes.
 /// - Matrices are row-major: activations `[tokens x dim]`, logits `[tokens x vocab]`.
 ///
 /// @code
@@ -38,6 +43,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -51,6 +57,7 @@
 #include "depthkv/cpu_options.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/kv_cache.hpp"
+#include "depthkv/llama/detail/flash_attention.hpp"
 #include "depthkv/llama/model.hpp"
 #include "depthkv/llama/quant/dequantize.hpp"
 #include "depthkv/llama/quant/products.hpp"
@@ -58,8 +65,35 @@
 namespace depthkv {
 namespace llama {
 
-/// The host KV cache the engine fills by default: per layer `[n_kv_heads][capacity][head_dim]` floats.
+/// A host KV cache of float32 keys and values: per layer `[n_kv_heads][capacity][head_dim]` floats
+/// (what `LlamaEngine::make_cache()` returns; the quality protocol, eval.hpp, runs on it).
 using HostCache = KVCache<HostLayer<float>>;
+/// A host KV cache of F16 keys and values (`LlamaEngine::make_cache<Eigen::half>()`), half the
+/// bytes of `HostCache`: keys and values are rounded to F16 when appended, read back as float.
+using HostCacheF16 = KVCache<HostLayer<Eigen::half>>;
+
+/// The element type of an engine cache's keys and values: F16 (`HostCacheF16`, half the bytes,
+/// llama.cpp's default) or float32 (`HostCache`). Which one a run uses is a static choice (the
+/// cache's type); this names it for options and command lines (`depthkv generate --kv-type`).
+enum class KvType {
+  kF16,  ///< Eigen::half: keys and values rounded to F16 when appended
+  kF32,  ///< float
+};
+
+/// The KV type of generation and the benchmarks unless told otherwise (the quality protocol,
+/// eval.hpp, runs on float32 caches).
+inline constexpr KvType kDefaultKvType = KvType::kF16;
+
+/// @return "f16" or "f32"
+inline const char* kv_type_name(KvType t) { return t == KvType::kF16 ? "f16" : "f32"; }
+
+/// @param name "f16" or "f32"
+/// @throws depthkv::Error naming the accepted names otherwise
+inline KvType parse_kv_type(const std::string& name) {
+  if (name == "f16") return KvType::kF16;
+  DEPTHKV_CHECK(name == "f32", "KV type must be f16 or f32, got '" << name << "'");
+  return KvType::kF32;
+}
 
 /// Points of a layer at which hidden states can be captured (rows = the tokens of the call).
 enum class CapturePoint {
@@ -150,6 +184,12 @@ class PhaseTimer {
   std::chrono::steady_clock::time_point t0_{};
 };
 
+/// Whether `T` is a KV element type the engine reads (float, Eigen::half, Eigen::bfloat16).
+template <class T>
+struct IsKvScalar
+    : std::bool_constant<std::is_same<T, float>::value || std::is_same<T, Eigen::half>::value ||
+                         std::is_same<T, Eigen::bfloat16>::value> {};
+
 /// Whether a layer type takes its rows from a block pool (`blocks_for_tokens(n)` and `pool()`
 /// with `num_free()`, as `PagedLayer` does).
 template <class L, class = void>
@@ -174,9 +214,10 @@ struct HasFixedCapacity<L, std::void_t<decltype(std::declval<const L&>().capacit
 
 /// Options of one forward call (prefill, teacher forcing, decode). A ForwardOptions is a
 /// `CpuOptions`: `n_threads` (OpenMP threads of this call's products and attention heads, by
-/// `num_threads` clauses: 0 = all cores, 1 = the calling thread; products below
-/// `LlamaEngine::kParallelGemmWork` multiply-adds and attention below `LlamaEngine::kParallelWork`
-/// always run single-threaded, a fork-join costs more than it saves there) and `max_simd_level`
+/// `num_threads` clauses: 0 = all cores, 1 = the calling thread, no thread team; products below
+/// `LlamaEngine::kParallelGemmWork` multiply-adds (one-row products: `kParallelGemvWork`) and
+/// attention below `LlamaEngine::kParallelWork` always run single-threaded, a fork-join costs more
+/// than it saves there) and `max_simd_level`
 /// (the quantized products' instruction set). Every thread count and level gives the same bytes.
 struct ForwardOptions : CpuOptions {
   /// Tokens per chunk: the call is processed in chunks of at most this many tokens, each chunk
@@ -186,6 +227,10 @@ struct ForwardOptions : CpuOptions {
   bool all_logits = true;
   /// Receives the attention probabilities of every layer and query head (optional).
   AttentionObserver observer;
+  /// The observer receives only the query rows at positions >= this (0: every row), e.g. a
+  /// SnapKV observation window, the last w positions of a prompt: the other rows' attention is
+  /// computed without forming their probabilities.
+  std::int32_t observe_from = 0;
   /// Called after each chunk with the number of tokens of this call processed so far and the
   /// next sequence position, e.g. to score and evict (optional). The cache may be modified.
   std::function<void(int tokens_done, std::int32_t next_pos)> after_chunk;
@@ -225,12 +270,16 @@ class LlamaEngine {
   const LlamaModel& model() const { return model_; }
   const LlamaConfig& config() const { return model_.config; }
 
-  /// An empty cache with one `HostLayer<float>` per layer.
+  /// An empty cache with one `HostLayer<T>` per layer (`make_cache()`: float32 keys and values,
+  /// `make_cache<Eigen::half>()`: F16, as llama.cpp's default cache holds them; see `KvType`).
+  /// @tparam T float, Eigen::half or Eigen::bfloat16
   /// @param capacity initial slots per head (grown on demand)
-  HostCache make_cache(int capacity = 0) const {
-    HostCache cache;
+  template <class T = float>
+  KVCache<HostLayer<T>> make_cache(int capacity = 0) const {
+    static_assert(detail::IsKvScalar<T>::value, "KV elements are float, Eigen::half or Eigen::bfloat16");
+    KVCache<HostLayer<T>> cache;
     for (int l = 0; l < config().n_layers; ++l)
-      cache.add_layer(HostLayer<float>(config().n_kv_heads, config().head_dim, capacity));
+      cache.add_layer(HostLayer<T>(config().n_kv_heads, config().head_dim, capacity));
     return cache;
   }
 
@@ -395,7 +444,8 @@ class LlamaEngine {
   ///   output holds an inf or NaN (naming the layer and position; the K/V it appended are removed)
   template <class Layer>
   void forward_layer(int l, RowMatrix& x, std::int32_t pos0, Layer& kv, const ForwardOptions& opt = ForwardOptions()) const {
-    static_assert(std::is_same<typename Layer::Scalar, float>::value, "LlamaEngine needs float KV storage");
+    static_assert(detail::IsKvScalar<typename Layer::Scalar>::value,
+                  "LlamaEngine stores keys and values as float, Eigen::half or Eigen::bfloat16");
     const LlamaConfig& c = config();
     DEPTHKV_CHECK(l >= 0 && l < c.n_layers, "layer " << l << " outside [0, " << c.n_layers << ")");
     DEPTHKV_CHECK(x.cols() == c.dim, "activations have " << x.cols() << " columns, model dim is " << c.dim);
@@ -702,11 +752,13 @@ class LlamaEngine {
   /// stored form `Q` (then `W` is empty) the stored rows are multiplied instead: `quant_matvec`
   /// for one row, `quant_matmul` for several (int8 activations for block types, F16/BF16
   /// converted in registers; quant/products.hpp). Products below kParallelGemmWork multiply-adds
-  /// run on one thread, larger ones on `cpu.n_threads`; the bytes are the same for every count.
+  /// (kParallelGemvWork for one row) run on one thread, larger ones on `cpu.n_threads`; the bytes
+  /// are the same for every count.
   static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y, const CpuOptions& cpu) {
     const double out = Q.empty() ? static_cast<double>(W.rows()) : static_cast<double>(Q.rows);
     const double in = Q.empty() ? static_cast<double>(W.cols()) : static_cast<double>(Q.cols);
-    const int threads = static_cast<double>(x.rows()) * out * in < kParallelGemmWork ? 1 : thread_count(cpu.n_threads);
+    const double limit = x.rows() == 1 ? kParallelGemvWork : kParallelGemmWork;
+    const int threads = static_cast<double>(x.rows()) * out * in < limit ? 1 : thread_count(cpu.n_threads);
     if (!Q.empty()) {
       const QuantProductOptions qopt(CpuOptions{threads, cpu.max_simd_level}, QuantKernel::kAuto);
       if (x.rows() == 1) {
@@ -724,8 +776,9 @@ class LlamaEngine {
   /// y = x W^T (x with several rows) on `threads` threads: the rows of W are split into slices of
   /// a multiple of kGemmSliceRows rows, one single-threaded Eigen product per slice, so every
   /// thread count gives the bytes of Eigen's single-threaded product (Eigen's own multi-threaded
-  /// product blocks the depth differently and differs in the last bits). Inside an active OpenMP
-  /// region the product is Eigen's, on the calling thread.
+  /// product blocks the depth differently and differs in the last bits). One slice runs on the
+  /// calling thread (run_eigen_serial: no team); several run on a team of one thread per slice.
+  /// Inside an active OpenMP region the product is Eigen's, on the calling thread.
   static void gemm(const RowMatrix& W, const RowMatrix& x, RowMatrix& y, int threads) {
 #ifdef _OPENMP
     if (omp_get_active_level() == 0) {
@@ -733,13 +786,19 @@ class LlamaEngine {
       Eigen::Index per = (out + threads - 1) / threads;
       per = std::max<Eigen::Index>(1, (per + kGemmSliceRows - 1) / kGemmSliceRows) * kGemmSliceRows;
       const int slices = static_cast<int>((out + per - 1) / per);
+      const auto slice = [&](int i) {
+        const Eigen::Index r0 = i * per, nr = std::min(out, r0 + per) - r0;
+        y.middleCols(r0, nr).noalias() = x * W.middleRows(r0, nr).transpose();
+      };
+      if (slices <= 1) {
+        depthkv::detail::run_eigen_serial([&] { slice(0); });
+        return;
+      }
       std::vector<std::exception_ptr> errors(static_cast<std::size_t>(slices));
-      // at least two threads: Eigen multiplies on one thread only inside a team of several
-#pragma omp parallel for schedule(static, 1) num_threads(std::max(2, slices))
+#pragma omp parallel for schedule(static, 1) num_threads(slices)
       for (int i = 0; i < slices; ++i) {
         try {
-          const Eigen::Index r0 = i * per, nr = std::min(out, r0 + per) - r0;
-          y.middleCols(r0, nr).noalias() = x * W.middleRows(r0, nr).transpose();
+          slice(i);
         } catch (...) {
           errors[static_cast<std::size_t>(i)] = std::current_exception();
         }
@@ -774,109 +833,129 @@ class LlamaEngine {
   }
 
   /// Grouped-query attention of the T new queries `q` `[T x n_heads*hd]` (already rotated)
-  /// against everything layer `kv` holds (the new keys already appended).
+  /// against everything layer `kv` holds (the new keys already appended): the tiled online-softmax
+  /// kernel (detail/flash_attention.hpp) for every output, then, with an observer, the
+  /// probability rows it observes (`observe`).
   template <class Layer>
   void attention(int l, const RowMatrix& q, const Layer& kv, const std::vector<int>& size_before, std::int32_t pos0,
                  RowMatrix& att, const ForwardOptions& opt) const {
+    using Scalar = typename Layer::Scalar;
     const LlamaConfig& c = config();
     const int T = static_cast<int>(q.rows());
+    std::vector<detail::FlashHead<Scalar>> heads(static_cast<std::size_t>(c.n_kv_heads));
+    std::vector<std::vector<Scalar>> gathered(static_cast<std::size_t>(c.n_kv_heads));  // paged layers' rows
     int max_n = 0;
-    for (int h = 0; h < c.n_kv_heads; ++h) max_n = std::max(max_n, kv.size(h));
-    // Heads run in parallel (OpenMP) when the work is large enough; Eigen's products inside a
-    // parallel region stay single-threaded, so there is one fork-join per layer, not per product.
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      heads[static_cast<std::size_t>(h)] =
+          head_rows(kv, h, size_before[static_cast<std::size_t>(h)], gathered[static_cast<std::size_t>(h)]);
+      max_n = std::max(max_n, kv.size(h));
+    }
+    // Several threads when the work is large enough; Eigen's products inside stay single-threaded.
     const double work = static_cast<double>(T) * max_n * c.head_dim * c.n_heads;
     const int threads = work >= kParallelWork ? thread_count(opt.n_threads) : 1;
-    if (!opt.observer) {
-      heads_in_parallel(c.n_heads, threads, [&](int qh) {
-        RowMatrix s;
-        attend_head(qh, q, kv, size_before, att, s, false);
-      });
-      return;
+    detail::flash_attention(heads.data(), detail::FlashShape{T, c.n_heads, c.n_kv_heads, c.head_dim}, q.data(),
+                            q.cols(), att.data(), att.cols(), threads);
+    if (opt.observer) observe(l, q, heads, pos0, opt, threads);
+  }
+
+  /// The key and value rows of KV head `h` of `kv`: in place for a strided layer, else (a paged
+  /// layer) copied into `buf` (keys, then values, `[n][head_dim]` each).
+  template <class Layer>
+  static detail::FlashHead<typename Layer::Scalar> head_rows(const Layer& kv, int h, int n_old,
+                                                             std::vector<typename Layer::Scalar>& buf) {
+    detail::FlashHead<typename Layer::Scalar> r;
+    r.n = kv.size(h);
+    r.n_old = n_old;
+    if constexpr (detail::HasTokenStride<Layer>::value) {
+      r.k = kv.key(h, 0);
+      r.v = kv.value(h, 0);
+      r.ld = kv.token_stride();
+    } else {
+      const std::size_t hd = static_cast<std::size_t>(kv.head_dim()), n = static_cast<std::size_t>(r.n);
+      buf.resize(2 * n * hd);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::copy_n(kv.key(h, static_cast<int>(i)), hd, buf.data() + i * hd);
+        std::copy_n(kv.value(h, static_cast<int>(i)), hd, buf.data() + (n + i) * hd);
+      }
+      r.k = buf.data();
+      r.v = buf.data() + n * hd;
+      r.ld = static_cast<std::ptrdiff_t>(hd);
     }
-    // With an observer: heads computed in parallel batches (probabilities of a batch held at
-    // most kObserverBatchBytes), then observed serially in head order.
-    const std::size_t per_head = static_cast<std::size_t>(T) * static_cast<std::size_t>(max_n) * sizeof(float);
+    return r;
+  }
+
+  /// Hands the observer the attention probabilities of the rows at positions >= `opt.observe_from`,
+  /// per query head in head order: heads computed in parallel batches (probabilities of a batch
+  /// held at most kObserverBatchBytes), then observed serially.
+  template <class Scalar>
+  void observe(int l, const RowMatrix& q, const std::vector<detail::FlashHead<Scalar>>& heads, std::int32_t pos0,
+               const ForwardOptions& opt, int threads) const {
+    const LlamaConfig& c = config();
+    const int T = static_cast<int>(q.rows());
+    const int first = static_cast<int>(std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.observe_from) - pos0, 0, T));
+    if (first == T) return;
+    const int G = c.n_heads / c.n_kv_heads;
+    int max_n = 0;
+    for (const auto& h : heads) max_n = std::max(max_n, h.n);
+    const std::size_t per_head = static_cast<std::size_t>(T - first) * static_cast<std::size_t>(max_n) * sizeof(float);
     const int batch = static_cast<int>(std::max<std::size_t>(
         1, std::min<std::size_t>(static_cast<std::size_t>(c.n_heads), kObserverBatchBytes / std::max<std::size_t>(per_head, 1))));
     std::vector<RowMatrix> probs(static_cast<std::size_t>(batch));
     for (int b0 = 0; b0 < c.n_heads; b0 += batch) {
       const int nb = std::min(batch, c.n_heads - b0);
-      heads_in_parallel(nb, nb > 1 ? threads : 1,
-                        [&](int i) { attend_head(b0 + i, q, kv, size_before, att, probs[static_cast<std::size_t>(i)], true); });
+      heads_in_parallel(nb, nb > 1 ? threads : 1, [&](int i) {
+        head_probabilities(b0 + i, q, heads[static_cast<std::size_t>((b0 + i) / G)], first,
+                           probs[static_cast<std::size_t>(i)]);
+      });
       for (int i = 0; i < nb; ++i) {
         const RowMatrix& p = probs[static_cast<std::size_t>(i)];
         const int n = static_cast<int>(p.cols());
-        opt.observer(l, b0 + i, pos0, T, p.data(), n, n);
+        opt.observer(l, b0 + i, pos0 + first, T - first, p.data(), n, n);
       }
     }
   }
 
-  /// Attention of query head `qh` for the T new queries: writes its output columns of `att`
-  /// and leaves the probabilities in `s` `[T x n]` (n = slots of its KV head; with `full_rows`,
-  /// masked entries are zeroed across the whole row, as the observer needs).
-  template <class Layer>
-  void attend_head(int qh, const RowMatrix& q, const Layer& kv, const std::vector<int>& size_before, RowMatrix& att,
-                   RowMatrix& s, bool full_rows) const {
-    using ConstMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
-    const LlamaConfig& c = config();
+  /// Attention probabilities of query head `qh` for the query rows [first, T) into `s`
+  /// `[T - first x n]` (n = slots of its KV head; masked entries 0), computed in causal tiles of
+  /// kTileRows rows: rows [r0, r0 + rows) need only the slots [0, n_old + r0 + rows).
+  template <class Scalar>
+  void head_probabilities(int qh, const RowMatrix& q, const detail::FlashHead<Scalar>& head, int first,
+                          RowMatrix& s) const {
     const int T = static_cast<int>(q.rows());
-    const int hd = c.head_dim;
-    const int h = qh / (c.n_heads / c.n_kv_heads);
+    const int hd = config().head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const int n = kv.size(h);
-    const int n_old = size_before[static_cast<std::size_t>(h)];
-    // a strided layer is read in place; a paged one (no token_stride) is gathered into [n x hd]
-    RowMatrix k_rows, v_rows;
-    const float* k0 = nullptr;
-    const float* v0 = nullptr;
-    std::ptrdiff_t ld = hd;
-    if constexpr (detail::HasTokenStride<Layer>::value) {
-      k0 = kv.key(h, 0);
-      v0 = kv.value(h, 0);
-      ld = kv.token_stride();
-    } else {
-      k_rows.resize(n, hd);
-      v_rows.resize(n, hd);
-      for (int i = 0; i < n; ++i) {
-        std::copy_n(kv.key(h, i), hd, k_rows.row(i).data());
-        std::copy_n(kv.value(h, i), hd, v_rows.row(i).data());
-      }
-      k0 = k_rows.data();
-      v0 = v_rows.data();
-    }
-    ConstMap K(k0, n, hd, Eigen::OuterStride<>(ld));
-    ConstMap V(v0, n, hd, Eigen::OuterStride<>(ld));
+    const int n = head.n, n_old = head.n_old;
+    RowMatrix kbuf;
+    const auto K = detail::flash_tile(head.k, head.ld, n, hd, kbuf);
     auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
-    auto out = att.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
-    s.resize(T, n);
+    s.resize(T - first, n);
     if (T == 1) {
       s.row(0).transpose().noalias() = K * Q.row(0).transpose();
-      float* row = s.data();
-      Eigen::Map<Eigen::ArrayXf>(row, n) *= scale;
-      softmax_prefix(row, n);
-      out.row(0).transpose().noalias() = V.transpose() * s.row(0).transpose();
+      Eigen::Map<Eigen::ArrayXf>(s.data(), n) *= scale;
+      softmax_prefix(s.data(), n);
       return;
     }
-    // Causal tiles of kTileRows queries: rows [r0, r0 + rows) need only the slots [0, n_old + r0 + rows).
-    for (int r0 = 0; r0 < T; r0 += kTileRows) {
+    for (int r0 = first; r0 < T; r0 += kTileRows) {
       const int rows = std::min(kTileRows, T - r0);
       const int m = n_old + r0 + rows;
-      auto S = s.block(r0, 0, rows, m);
-      S.noalias() = Q.middleRows(r0, rows) * K.topRows(m).transpose();
+      s.block(r0 - first, 0, rows, m).noalias() = Q.middleRows(r0, rows) * K.topRows(m).transpose();
       for (int i = 0; i < rows; ++i) {
-        float* row = s.row(r0 + i).data();
+        float* row = s.row(r0 - first + i).data();
         const int visible = n_old + r0 + i + 1;
         Eigen::Map<Eigen::ArrayXf>(row, visible) *= scale;
         softmax_prefix(row, visible);
         std::fill(row + visible, row + m, 0.0f);
       }
-      if (full_rows && m < n) s.block(r0, m, rows, n - m).setZero();
-      out.middleRows(r0, rows).noalias() = S * V.topRows(m);
+      if (m < n) s.block(r0 - first, m, rows, n - m).setZero();
     }
   }
 
-  /// Multiply-adds below which a projection runs single-threaded.
+  /// Multiply-adds below which a projection of several rows runs single-threaded.
   static constexpr double kParallelGemmWork = 1 << 23;
+  /// Multiply-adds below which a one-row product (decode) runs single-threaded: a matvec reads
+  /// each weight once, so from about a MiB of weights the split over threads pays for its
+  /// fork-join (a higher threshold left most of a 0.5B-1B model's decode products on one thread).
+  static constexpr double kParallelGemvWork = 1 << 18;
   /// Rows of W per slice of a multi-threaded float projection come in multiples of this (a
   /// multiple of Eigen's register-block rows for SSE, AVX and AVX-512 floats: 12, 24, 48), so each
   /// row of the product takes the same kernel path as in one single-threaded product.

@@ -1,0 +1,288 @@
+#pragma once
+/// @file llama/detail/flash_attention.hpp
+/// @brief `flash_attention`: causal grouped-query attention of T new queries against the keys and
+/// values each KV head of one layer holds, tiled with an online softmax (FlashAttention's
+/// recurrence, on the CPU). It never forms the `T x n` score matrix: it holds one
+/// `[query vectors x key tile]` tile of scores at a time.
+///
+/// ## Formula
+/// Query head `qh` reads KV head `h = qh / G` (`G = n_heads / n_kv_heads`). Query row `i`
+/// (position `pos0 + i`) sees the slots `j < vis_i = min(n_h, n_old_h + i + 1)` of its KV head:
+///
+///     s_ij = (q_i . k_j) / sqrt(head_dim),   out_i = sum_j e^(s_ij - m_i) v_j / sum_j e^(s_ij - m_i)
+///
+/// with `m_i` a running maximum. Keys are visited in tiles of `kFlashKeyTile` slots; per tile
+/// every row updates its maximum `m`, its sum `l` and its accumulator `a` (`head_dim` floats):
+///
+///     m' = max(m, max_j s_ij),  l' = l e^(m - m') + sum_j e^(s_ij - m'),  a' = a e^(m - m') + sum_j e^(s_ij - m') v_j
+///
+/// and `out_i = a / l` at the end. When a KV head's keys are split into parts (long contexts with
+/// few query rows, e.g. decode), each part gives its own `(m_p, l_p, a_p)`, merged in part order:
+/// `M = max_p m_p`, `out_i = sum_p a_p e^(m_p - M) / sum_p l_p e^(m_p - M)`.
+///
+/// ## Shapes and contract
+/// - `q`: `T` rows of `n_heads * head_dim` floats with leading dimension `q_ld` (row `i` holds
+///   the rotated query vectors of position `pos0 + i`, head `qh` at columns
+///   `[qh * head_dim, (qh + 1) * head_dim)`); `out` the same layout with leading dimension `out_ld`.
+/// - `heads[h]` (one per KV head): `n` key rows and `n` value rows of `head_dim` elements of
+///   `Scalar` (`float`, `Eigen::half`, `Eigen::bfloat16`: converted to float one tile at a time),
+///   row `j` at `k + j * ld` and `v + j * ld`, and `n_old`, the slots held before the call's
+///   tokens; every query row must see at least one slot (`n_old + 1 <= n`, or `n >= 1`).
+/// - Work is split into tasks (KV head, block of query rows, part of the keys); the split depends
+///   only on the shapes (`flash_plan`), never on the thread count, and each task reads its KV
+///   head's key and value tiles once for all `G` query heads of the group. Every thread count
+///   gives the same bytes; the result equals the softmax attention up to float rounding (the
+///   order of the sums differs from a row-at-a-time softmax).
+/// - Tasks run on `threads` OpenMP threads (1: the calling thread, Eigen's products serial).
+///
+/// @code
+/// std::vector<detail::FlashHead<float>> heads = ...;   // one per KV head
+/// detail::flash_attention(heads.data(), {T, n_heads, n_kv_heads, head_dim}, q.data(), q.cols(),
+///                         att.data(), att.cols(), /*threads=*/2);
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <exception>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "depthkv/detail/parallel_for.hpp"
+
+namespace depthkv {
+namespace llama {
+namespace detail {
+
+/// The key and value rows of one KV head (see the file comment).
+template <class Scalar>
+struct FlashHead {
+  const Scalar* k = nullptr;  ///< key row 0; row j at k + j * ld
+  const Scalar* v = nullptr;  ///< value row 0; row j at v + j * ld
+  std::ptrdiff_t ld = 0;      ///< elements from one row to the next (>= head_dim)
+  int n = 0;                  ///< rows held (after the call's tokens were appended)
+  int n_old = 0;              ///< rows held before the call's tokens
+};
+
+/// The sizes of one attention call.
+struct FlashShape {
+  int T = 0;           ///< query rows (tokens of the call)
+  int n_heads = 0;     ///< query heads
+  int n_kv_heads = 0;  ///< KV heads (divides n_heads)
+  int head_dim = 0;
+};
+
+/// Query vectors (query rows x group heads) per task block.
+inline constexpr int kFlashQueryVectors = 64;
+/// Key slots per tile.
+inline constexpr int kFlashKeyTile = 128;
+/// Fewer (KV head, query block) tasks than this split the keys into parts...
+inline constexpr int kFlashMinTasks = 16;
+/// ... of at least this many slots.
+inline constexpr int kFlashMinPart = 512;
+
+/// How one call is split into tasks: a function of the shapes only.
+struct FlashPlan {
+  int group = 1;           ///< query heads per KV head
+  int rows_per_block = 1;  ///< query rows per task
+  int n_blocks = 1;        ///< query blocks
+  int n_parts = 1;         ///< parts of each KV head's keys
+  int part_len = 0;        ///< slots per part (a multiple of kFlashKeyTile)
+  int n_tasks(int n_kv_heads) const { return n_kv_heads * n_blocks * n_parts; }
+};
+
+/// @param max_n the most slots any KV head holds
+inline FlashPlan flash_plan(const FlashShape& s, int max_n) {
+  FlashPlan p;
+  p.group = s.n_heads / s.n_kv_heads;
+  p.rows_per_block = std::max(1, kFlashQueryVectors / p.group);
+  p.n_blocks = (s.T + p.rows_per_block - 1) / p.rows_per_block;
+  const int base = s.n_kv_heads * p.n_blocks;
+  const int want = base >= kFlashMinTasks ? 1 : (kFlashMinTasks + base - 1) / base;
+  p.n_parts = std::max(1, std::min(want, max_n / kFlashMinPart));
+  p.part_len = (max_n + p.n_parts - 1) / p.n_parts;
+  p.part_len = std::max(1, (p.part_len + kFlashKeyTile - 1) / kFlashKeyTile) * kFlashKeyTile;
+  return p;
+}
+
+/// Running softmax state of one task: per query vector (row `(i - r0) * group + g`) the maximum,
+/// the sum and the accumulator.
+struct FlashState {
+  using Rows = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Rows acc;             ///< [vectors x head_dim]
+  Eigen::VectorXf m;    ///< running maxima (-inf: nothing seen)
+  Eigen::VectorXf l;    ///< running sums
+  void reset(int vectors, int head_dim) {
+    acc.setZero(vectors, head_dim);
+    m.setConstant(vectors, -std::numeric_limits<float>::infinity());
+    l.setZero(vectors);
+  }
+};
+
+/// `rows` rows of `head_dim` elements at `src` (stride `ld`) as float rows: in place for float,
+/// else converted into `buf`.
+template <class Scalar>
+inline Eigen::Map<const FlashState::Rows, 0, Eigen::OuterStride<>> flash_tile(const Scalar* src, std::ptrdiff_t ld,
+                                                                             int rows, int head_dim, FlashState::Rows& buf) {
+  using Map = Eigen::Map<const FlashState::Rows, 0, Eigen::OuterStride<>>;
+  if constexpr (std::is_same<Scalar, float>::value) {
+    (void)buf;
+    return Map(src, rows, head_dim, Eigen::OuterStride<>(ld));
+  } else {
+    using Stored = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    buf = Eigen::Map<const Stored, 0, Eigen::OuterStride<>>(src, rows, head_dim, Eigen::OuterStride<>(ld))
+              .template cast<float>();
+    return Map(buf.data(), rows, head_dim, Eigen::OuterStride<>(head_dim));
+  }
+}
+
+/// Turns the scores `S` of one key tile (first slot `j0`) into weights in place and updates the
+/// rows' maxima, sums and accumulator scales: entries a row may not see become 0.
+/// @param vis_end(r) the end of the slots query vector r sees
+template <class VisEnd>
+inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, VisEnd&& vis_end, FlashState& st) {
+  const int bk = static_cast<int>(S.cols());
+  for (Eigen::Index r = 0; r < S.rows(); ++r) {
+    const int vis = std::min(bk, vis_end(static_cast<int>(r)) - j0);
+    auto row = S.row(r).array();
+    if (vis <= 0) {
+      row.setZero();
+      continue;
+    }
+    row.head(vis) *= scale;
+    const float m_new = std::max(st.m(r), row.head(vis).maxCoeff());
+    const float corr = std::exp(st.m(r) - m_new);  // 0 when nothing was seen (m = -inf)
+    row.head(vis) = (row.head(vis) - m_new).exp();
+    if (vis < bk) row.tail(bk - vis).setZero();
+    st.l(r) = st.l(r) * corr + row.head(vis).sum();
+    if (corr != 1.0f) st.acc.row(r) *= corr;
+    st.m(r) = m_new;
+  }
+}
+
+/// One task: query rows [r0, r1) of every head of KV head `head`'s group against its slots
+/// [j0, j1), into `st`.
+template <class Scalar>
+void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s, const FlashPlan& p, const float* q,
+                std::ptrdiff_t q_ld, int r0, int r1, int j0, int j1, FlashState& st) {
+  const int G = p.group, hd = s.head_dim;
+  const int vectors = (r1 - r0) * G;
+  FlashState::Rows Qb(vectors, hd), S, kbuf, vbuf;
+  for (int i = r0; i < r1; ++i)
+    for (int g = 0; g < G; ++g)
+      Qb.row((i - r0) * G + g) = Eigen::Map<const Eigen::RowVectorXf>(
+          q + static_cast<std::ptrdiff_t>(i) * q_ld + static_cast<std::ptrdiff_t>(kv_head * G + g) * hd, hd);
+  st.reset(vectors, hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const auto vis_end = [&](int r) { return std::min(head.n, head.n_old + r0 + r / G + 1); };
+  const int hi = std::min(j1, std::min(head.n, head.n_old + r1));  // the last row sees the most
+  for (int jt = j0; jt < hi; jt += kFlashKeyTile) {
+    const int bk = std::min(kFlashKeyTile, hi - jt);
+    const auto K = flash_tile(head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, kbuf);
+    S.noalias() = Qb * K.transpose();
+    flash_tile_softmax(S, jt, scale, vis_end, st);
+    const auto V = flash_tile(head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, vbuf);
+    st.acc.noalias() += S * V;
+  }
+}
+
+/// Writes the merged parts `parts[0..n)` of query rows [r0, r1) of KV head `kv_head`'s group to `out`.
+inline void flash_write(const FlashState* parts, int n, int kv_head, int G, int hd, int r0, int r1, float* out,
+                        std::ptrdiff_t out_ld) {
+  for (int r = 0; r < (r1 - r0) * G; ++r) {
+    float M = -std::numeric_limits<float>::infinity();
+    for (int p = 0; p < n; ++p) M = std::max(M, parts[p].m(r));
+    float L = 0;
+    Eigen::RowVectorXf o = Eigen::RowVectorXf::Zero(hd);
+    for (int p = 0; p < n; ++p) {
+      if (parts[p].l(r) == 0) continue;  // the part held no slot this row sees
+      const float w = n == 1 ? 1.0f : std::exp(parts[p].m(r) - M);
+      L += parts[p].l(r) * w;
+      o += w * parts[p].acc.row(r);
+    }
+    const int i = r0 + r / G, qh = kv_head * G + r % G;
+    Eigen::Map<Eigen::RowVectorXf>(out + static_cast<std::ptrdiff_t>(i) * out_ld + static_cast<std::ptrdiff_t>(qh) * hd,
+                                   hd) = o / L;
+  }
+}
+
+/// Runs fn(t) for t in [0, n) on `threads` OpenMP threads (1, or inside an active region: the
+/// calling thread with Eigen serial); rethrows the lowest task's exception.
+template <class Fn>
+void flash_run(int n, int threads, Fn&& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  const auto guarded = [&](int t) {
+    try {
+      fn(t);
+    } catch (...) {
+      errors[static_cast<std::size_t>(t)] = std::current_exception();
+    }
+  };
+#ifdef _OPENMP
+  if (threads > 1 && n > 1 && omp_get_active_level() == 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(threads, n))
+    for (int t = 0; t < n; ++t) guarded(t);
+  } else
+#endif
+  {
+    (void)threads;
+    depthkv::detail::run_eigen_serial([&] {
+      for (int t = 0; t < n; ++t) guarded(t);
+    });
+  }
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+/// Causal grouped-query attention of `s.T` query rows (see the file comment).
+/// @param heads `s.n_kv_heads` KV heads' rows
+/// @param q, q_ld the queries and their leading dimension (floats)
+/// @param out, out_ld the output (same layout as q)
+/// @param threads OpenMP threads (>= 1)
+template <class Scalar>
+void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const float* q, std::ptrdiff_t q_ld,
+                     float* out, std::ptrdiff_t out_ld, int threads) {
+  int max_n = 0;
+  for (int h = 0; h < s.n_kv_heads; ++h) max_n = std::max(max_n, heads[h].n);
+  const FlashPlan p = flash_plan(s, max_n);
+  const int tasks = p.n_tasks(s.n_kv_heads);
+  std::vector<FlashState> states(p.n_parts > 1 ? static_cast<std::size_t>(tasks) : 0);
+  // task t: part t % n_parts of (KV head, block); the blocks that see the most slots come first
+  const auto unpack = [&](int t, int& h, int& r0, int& r1) {
+    const int rest = t / p.n_parts;
+    h = rest % s.n_kv_heads;
+    const int b = p.n_blocks - 1 - rest / s.n_kv_heads;
+    r0 = b * p.rows_per_block;
+    r1 = std::min(s.T, r0 + p.rows_per_block);
+  };
+  flash_run(tasks, threads, [&](int t) {
+    int h = 0, r0 = 0, r1 = 0;
+    unpack(t, h, r0, r1);
+    const int part = t % p.n_parts;
+    if (p.n_parts == 1) {
+      FlashState st;
+      flash_task(heads[h], h, s, p, q, q_ld, r0, r1, 0, heads[h].n, st);
+      flash_write(&st, 1, h, p.group, s.head_dim, r0, r1, out, out_ld);
+      return;
+    }
+    flash_task(heads[h], h, s, p, q, q_ld, r0, r1, part * p.part_len, (part + 1) * p.part_len,
+               states[static_cast<std::size_t>(t)]);
+  });
+  if (p.n_parts == 1) return;
+  for (int t = 0; t < tasks; t += p.n_parts) {
+    int h = 0, r0 = 0, r1 = 0;
+    unpack(t, h, r0, r1);
+    flash_write(&states[static_cast<std::size_t>(t)], p.n_parts, h, p.group, s.head_dim, r0, r1, out, out_ld);
+  }
+}
+
+}  // namespace detail
+}  // namespace llama
+}  // namespace depthkv

@@ -1,0 +1,195 @@
+// The tiled online-softmax attention (llama/detail/flash_attention.hpp) against a naive softmax
+// attention in double precision: max abs difference < 1e-5 on the outputs over random shapes, GQA
+// ratios, per-head cache sizes and lengths that are not multiples of the tiles; the same bytes on
+// every thread count; F16 storage read as its float values. And the engine around it: the
+// observer does not change the logits, `observe_from` hands over exactly the tail rows.
+
+#include "depthkv/llama/detail/flash_attention.hpp"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "depthkv/llama/engine.hpp"
+#include "support/random_model.hpp"
+
+namespace {
+
+using depthkv::llama::RowMatrix;
+using depthkv::llama::detail::FlashHead;
+using depthkv::llama::detail::FlashShape;
+
+// Random queries and per-KV-head key/value rows (stride head_dim + 3, to test the stride).
+struct FlashCase {
+  FlashShape shape;
+  RowMatrix q;                        // [T x n_heads*hd]
+  std::vector<std::vector<float>> kv;  // per KV head: keys then values, rows of `ld`
+  std::vector<int> n, n_old;
+  std::ptrdiff_t ld = 0;
+
+  FlashCase(int T, int n_heads, int n_kv, int hd, int n_old0, unsigned seed) : shape{T, n_heads, n_kv, hd} {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    q.resize(T, n_heads * hd);
+    for (Eigen::Index i = 0; i < q.size(); ++i) q.data()[i] = 2.0f * nd(rng);  // peaked attention
+    ld = hd + 3;
+    for (int h = 0; h < n_kv; ++h) {
+      const int old = std::max(0, n_old0 - 5 * h);  // heads of different sizes (pruned caches)
+      n_old.push_back(old);
+      n.push_back(old + T);
+      std::vector<float> rows(static_cast<std::size_t>(2 * (old + T)) * static_cast<std::size_t>(ld));
+      for (float& x : rows) x = nd(rng);
+      kv.push_back(std::move(rows));
+    }
+  }
+  template <class S>
+  std::vector<FlashHead<S>> heads(const std::vector<std::vector<S>>& data) const {
+    std::vector<FlashHead<S>> hs;
+    for (std::size_t h = 0; h < data.size(); ++h) {
+      FlashHead<S> r;
+      r.k = data[h].data();
+      r.v = data[h].data() + static_cast<std::ptrdiff_t>(n[h]) * ld;
+      r.ld = ld;
+      r.n = n[h];
+      r.n_old = n_old[h];
+      hs.push_back(r);
+    }
+    return hs;
+  }
+  RowMatrix run(int threads) const {
+    RowMatrix out(shape.T, q.cols());
+    const auto hs = heads(kv);
+    depthkv::llama::detail::flash_attention(hs.data(), shape, q.data(), q.cols(), out.data(), out.cols(), threads);
+    return out;
+  }
+  // softmax(q k^T / sqrt(hd)) v in double, row by row
+  RowMatrix naive() const {
+    const int G = shape.n_heads / shape.n_kv_heads, hd = shape.head_dim;
+    RowMatrix out(shape.T, q.cols());
+    for (int qh = 0; qh < shape.n_heads; ++qh) {
+      const std::size_t h = static_cast<std::size_t>(qh / G);
+      const float* K = kv[h].data();
+      const float* V = K + static_cast<std::ptrdiff_t>(n[h]) * ld;
+      for (int i = 0; i < shape.T; ++i) {
+        const int vis = std::min(n[h], n_old[h] + i + 1);
+        std::vector<double> s(static_cast<std::size_t>(vis));
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < vis; ++j) {
+          double d = 0;
+          for (int e = 0; e < hd; ++e) d += double(q(i, qh * hd + e)) * K[j * ld + e];
+          s[static_cast<std::size_t>(j)] = d / std::sqrt(double(hd));
+          mx = std::max(mx, s[static_cast<std::size_t>(j)]);
+        }
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (int e = 0; e < hd; ++e) {
+          double o = 0;
+          for (int j = 0; j < vis; ++j) o += s[static_cast<std::size_t>(j)] * V[j * ld + e];
+          out(i, qh * hd + e) = static_cast<float>(o / sum);
+        }
+      }
+    }
+    return out;
+  }
+};
+
+TEST_CASE("flash attention equals the naive softmax attention within 1e-5", "[flash]") {
+  struct Shape {
+    int T, heads, kv, hd, n_old;
+  };
+  // GQA ratios 1, 4, 7, 8; lengths off the 128-slot key tile and the query blocks; long caches
+  // with one or a few query rows (key parts merged), prefill blocks against a cache
+  const Shape shapes[] = {{1, 4, 4, 16, 0},    {1, 14, 2, 64, 3000}, {3, 8, 1, 32, 1700}, {7, 8, 2, 16, 300},
+                          {130, 4, 1, 16, 0},  {70, 14, 2, 64, 129}, {33, 6, 3, 8, 1},    {1, 32, 4, 64, 2500},
+                          {200, 2, 2, 32, 257}};
+  unsigned seed = 1;
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.T, sh.heads, sh.kv, sh.hd, sh.n_old);
+    const FlashCase c(sh.T, sh.heads, sh.kv, sh.hd, sh.n_old, seed++);
+    const double d = (c.run(1) - c.naive()).cwiseAbs().maxCoeff();
+    INFO("max abs difference " << d);
+    CHECK(d < 1e-5);
+  }
+}
+
+TEST_CASE("flash attention gives the same bytes on every thread count", "[flash]") {
+  for (const auto& sh : {std::vector<int>{1, 14, 2, 64, 3000}, std::vector<int>{150, 8, 2, 32, 400}}) {
+    const FlashCase c(sh[0], sh[1], sh[2], sh[3], sh[4], 9);
+    const RowMatrix one = c.run(1);
+    for (int threads : {2, 3, 8}) {
+      CAPTURE(threads);
+      CHECK((c.run(threads).array() == one.array()).all());
+    }
+  }
+}
+
+TEST_CASE("flash attention over F16 rows equals it over their float values", "[flash]") {
+  FlashCase c(40, 8, 2, 32, 700, 5);
+  std::vector<std::vector<Eigen::half>> half;
+  for (auto& rows : c.kv) {
+    std::vector<Eigen::half> hrows(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      hrows[i] = Eigen::half(rows[i]);
+      rows[i] = static_cast<float>(hrows[i]);  // the float case now holds the rounded values
+    }
+    half.push_back(std::move(hrows));
+  }
+  const auto hs = c.heads(half);
+  RowMatrix out(c.shape.T, c.q.cols());
+  depthkv::llama::detail::flash_attention(hs.data(), c.shape, c.q.data(), c.q.cols(), out.data(), out.cols(), 2);
+  CHECK((out.array() == c.run(1).array()).all());
+}
+
+struct ObservedRows {
+  std::vector<std::int32_t> pos0;
+  std::vector<int> rows;
+  std::vector<std::vector<float>> probs;  // per call, [rows x n]
+};
+
+RowMatrix observed_prefill(const depthkv::llama::LlamaEngine& engine, const std::vector<int>& tokens,
+                           std::int32_t observe_from, ObservedRows* seen) {
+  auto cache = engine.make_cache();
+  depthkv::llama::ForwardOptions opt;
+  opt.chunk_size = 40;
+  opt.observe_from = observe_from;
+  if (seen)
+    opt.observer = [seen](int, int, std::int32_t p0, int nq, const float* p, int ld, int n) {
+      seen->pos0.push_back(p0);
+      seen->rows.push_back(nq);
+      std::vector<float> rows;
+      for (int i = 0; i < nq; ++i) rows.insert(rows.end(), p + static_cast<std::ptrdiff_t>(i) * ld, p + i * ld + n);
+      seen->probs.push_back(std::move(rows));
+    };
+  return engine.prefill(tokens, 0, cache, opt);
+}
+
+TEST_CASE("engine: an observer leaves the logits bit-identical and observe_from hands over the tail rows",
+          "[flash][engine]") {
+  depthkv_test::RandomSpec spec;
+  spec.seq_len = 512;
+  const depthkv::llama::LlamaModel model = depthkv_test::random_model(spec);
+  const depthkv::llama::LlamaEngine engine(model);
+  std::vector<int> tokens(100);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int>((i * 17 + 3) % 50);
+  ObservedRows all, tail;
+  const RowMatrix plain = observed_prefill(engine, tokens, 0, nullptr);
+  CHECK((observed_prefill(engine, tokens, 0, &all).array() == plain.array()).all());
+  CHECK((observed_prefill(engine, tokens, 90, &tail).array() == plain.array()).all());
+  // chunks of 40: [0, 40) is not observed, [40, 80) neither, [80, 100) from row 10
+  REQUIRE(tail.pos0.size() == all.pos0.size() / 3);
+  const std::size_t per_chunk = tail.pos0.size();
+  for (std::size_t k = 0; k < per_chunk; ++k) {
+    CHECK(tail.pos0[k] == 90);
+    CHECK(tail.rows[k] == 10);
+    const std::vector<float>& full = all.probs[2 * per_chunk + k];  // the third chunk's call for the same head
+    const std::vector<float>& got = tail.probs[k];
+    REQUIRE(full.size() == got.size() * 2);                         // 20 rows against 10
+    double d = 0;  // the same values up to the products' rounding (other tile rows)
+    for (std::size_t j = 0; j < got.size(); ++j) d = std::max(d, double(std::fabs(got[j] - full[full.size() / 2 + j])));
+    CHECK(d < 1e-6);
+  }
+}
+
+}  // namespace
