@@ -24,7 +24,9 @@
 // Usage: long_context_bench (--model F | --shape S [--type T] [--layers N]) [--context N]
 //          [--decode M] [--threads T] [--keep R] [--schedule chunked] [--chunk C] [--interval I]
 //          [--scorer preset|NAME] [--sinks N] [--recent N] [--prefill real|synthetic]
-//          [--max-seconds S] [--shrink] [--json F]
+//          [--max-seconds S] [--shrink] [--kv-type f16|f32] [--json F]
+// --kv-type: the cache's keys and values in F16 (the default, as the engine's generate and
+// llama.cpp hold them) or float32.
 //
 // The cache is sized once (make_cache): for the whole sequence with the full cache, for the
 // budget + a chunk + an interval + the protected tokens with keep < 1, and evictions keep its
@@ -69,7 +71,9 @@
 using namespace depthkv;
 using namespace depthkv::llama;
 using Clock = std::chrono::steady_clock;
-using Cache = decltype(std::declval<const LlamaEngine&>().make_cache(0));
+/// The engine's cache of `Scalar` keys and values (float, or Eigen::half: --kv-type).
+template <class Scalar>
+using CacheOf = decltype(std::declval<const LlamaEngine&>().template make_cache<Scalar>(0));
 
 namespace {
 
@@ -89,6 +93,7 @@ double status_mb(const char* key) {
 
 struct Settings {
   std::string model, shape, type = "Q8_0", schedule = "chunked", scorer = "preset", prefill = "real", json;
+  std::string kv_type = "f16";  ///< the cache's keys and values: "f16" (the engine's default, as llama.cpp) or "f32"
   int layers = 0, context = 4096, decode = 32, threads = 2, chunk = 1024, interval = 32, sinks = 4, recent = 16;
   double keep = 1.0, max_seconds = 0;
   bool shrink = false;
@@ -113,6 +118,7 @@ std::string size_error(const Settings& s) {
   if (s.threads < 0 || s.threads > kMaxThreads) return "--threads must be in [0, " + std::to_string(kMaxThreads) + "] (0: all cores)";
   if (s.prefill != "real" && s.prefill != "synthetic") return "--prefill must be 'real' or 'synthetic'";
   if (!(s.max_seconds >= 0)) return "--max-seconds must be >= 0 (0: no limit)";
+  if (s.kv_type != "f16" && s.kv_type != "f32") return "--kv-type must be 'f16' or 'f32', got '" + s.kv_type + "'";
   return "";
 }
 
@@ -133,6 +139,7 @@ bool parse_settings(int argc, char** argv, Settings& s) {
   a.option("--schedule", s.schedule).option("--chunk", s.chunk).option("--interval", s.interval);
   a.option("--scorer", s.scorer).option("--sinks", s.sinks).option("--recent", s.recent);
   a.option("--prefill", s.prefill).option("--max-seconds", s.max_seconds).option("--json", s.json);
+  a.option("--kv-type", s.kv_type);
   a.flag("--shrink", s.shrink);
   if (!a.parse(argc, argv)) return false;
   const std::string e = size_error(s).empty() ? cache_error(s) : size_error(s);
@@ -166,6 +173,7 @@ depthkv_bench::DecodeShape decode_shape(const LlamaModel& m) {
 }
 
 /// Slots held, summed over layers and KV heads.
+template <class Cache>
 double slots_held(const Cache& cache) {
   double n = 0;
   for (int l = 0; l < cache.n_layers(); ++l)
@@ -204,10 +212,12 @@ struct Figures {
 
 namespace {
 
-/// One run: the engine, its cache and (keep < 1) the schedule, the timers around them.
+/// One run: the engine, its cache of `Scalar` keys and values and (keep < 1) the schedule, the
+/// timers around them.
+template <class Scalar>
 class Run {
  public:
-  Run(const LlamaModel& model, const Settings& s) : s_(s), engine_(model), cache_(engine_.make_cache(s.capacity())) {
+  Run(const LlamaModel& model, const Settings& s) : s_(s), engine_(model), cache_(engine_.template make_cache<Scalar>(s.capacity())) {
     if (s.full()) return;
     const LlamaConfig& c = model.config;
     ScheduleConfig sc;
@@ -256,7 +266,7 @@ class Run {
 
   const Settings& s_;
   const LlamaEngine engine_;
-  Cache cache_;
+  CacheOf<Scalar> cache_;
   std::unique_ptr<OutputProjections> wo_;
   std::unique_ptr<EvictionSchedule> schedule_;
   AttentionObserver feed_;
@@ -268,7 +278,8 @@ class Run {
 
 /// --max-seconds: stops a prefill whose time, projected linearly from the chunks done, exceeds the
 /// limit (the attention of later chunks costs more, so the projection is a lower bound).
-void Run::check_time(Clock::time_point t0, int done) const {
+template <class Scalar>
+void Run<Scalar>::check_time(Clock::time_point t0, int done) const {
   if (s_.max_seconds <= 0 || done >= s_.context) return;
   // a lower estimate: the chunks still to come cost at least as much as the ones done
   const double projected = seconds(t0) * static_cast<double>(s_.context) / done;
@@ -280,7 +291,8 @@ void Run::check_time(Clock::time_point t0, int done) const {
 
 /// Appends `n` random tokens at positions pos0.. to every layer, and (keep < 1) one attention row
 /// of random probabilities per query head at the chunk's last position.
-void Run::synthetic_chunk(int pos0, int n) {
+template <class Scalar>
+void Run<Scalar>::synthetic_chunk(int pos0, int n) {
   const LlamaConfig& c = engine_.config();
   const std::size_t row = static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim);
   std::vector<float> k(row), v(row), probs;
@@ -305,7 +317,8 @@ void Run::synthetic_chunk(int pos0, int n) {
   observer_s_ += seconds(t0);
 }
 
-void Run::prefill(Figures& f) {
+template <class Scalar>
+void Run<Scalar>::prefill(Figures& f) {
   opt_.chunk_size = s_.chunk;
   opt_.n_threads = s_.threads;
   opt_.all_logits = false;
@@ -330,7 +343,8 @@ void Run::prefill(Figures& f) {
   observer_s_ = 0;
 }
 
-void Run::decode(Figures& f) {
+template <class Scalar>
+void Run<Scalar>::decode(Figures& f) {
   const LlamaConfig& c = engine_.config();
   const auto t0 = Clock::now();
   for (int i = 0; i < s_.decode; ++i) {
@@ -364,8 +378,8 @@ struct Bound {
   double kv_full_end = 0;  ///< bytes a full cache holds at the end (context + decode tokens)
 };
 
-Bound bound_of(const depthkv_bench::DecodeShape& shape, const Figures& f, int decode) {
-  const double e = sizeof(typename std::decay_t<decltype(std::declval<Cache&>().layer(0))>::Scalar);
+/// @param e bytes per key or value element of the cache
+Bound bound_of(const depthkv_bench::DecodeShape& shape, const Figures& f, int decode, double e) {
   Bound b;
   b.pruned = depthkv_bench::decode_work(shape, f.decode_slots_sum / decode, e);
   b.full = depthkv_bench::decode_work(shape, f.decode_full_slots_sum / decode, e);
@@ -391,8 +405,9 @@ double best_window_tok_s(const std::vector<double>& step_s, int w) {
 void print_report(const Settings& s, const std::string& scorer, const LlamaModel& m, const Figures& f, const Bound& b) {
   const double mib = 1048576.0;
   const bool real = s.prefill == "real";
-  std::printf("long_context_bench: %s, %d layers; context %d (%s prefill, chunks of %d), decode %d, %d threads\n",
-              m.source_path.c_str(), m.config.n_layers, s.context, s.prefill.c_str(), s.chunk, s.decode, s.threads);
+  std::printf("long_context_bench: %s, %d layers; context %d (%s prefill, chunks of %d), decode %d, %d threads, %s KV\n",
+              m.source_path.c_str(), m.config.n_layers, s.context, s.prefill.c_str(), s.chunk, s.decode, s.threads,
+              s.kv_type == "f16" ? "F16" : "float32");
   if (s.full())
     std::printf("  cache: full\n");
   else
@@ -435,7 +450,7 @@ void write_json(const Settings& s, const std::string& scorer, const LlamaModel& 
 #endif
   js << "{\"input\": \"" << m.source_path << "\", \"shape\": \"" << s.shape << "\", \"type\": \"" << (s.shape.empty() ? "" : s.type)
      << "\", \"n_layers\": " << m.config.n_layers << ", \"context\": " << s.context << ", \"decode\": " << s.decode
-     << ", \"threads\": " << s.threads << ", \"keep\": " << s.keep << ", \"mode\": \"" << (s.full() ? "full" : "keep")
+     << ", \"threads\": " << s.threads << ", \"kv_type\": \"" << s.kv_type << "\", \"keep\": " << s.keep << ", \"mode\": \"" << (s.full() ? "full" : "keep")
      << "\", \"schedule\": \"" << (s.full() ? "none" : s.schedule) << "\", \"chunk\": " << s.chunk << ", \"interval\": " << s.interval
      << ", \"shrink\": " << (s.shrink ? "true" : "false") << ", \"capacity_tokens\": " << s.capacity()
      << ", \"scorer\": \"" << scorer << "\", \"prefill\": \"" << s.prefill << "\", \"prefill_s\": " << f.prefill_s
@@ -460,6 +475,17 @@ void write_json(const Settings& s, const std::string& scorer, const LlamaModel& 
   DEPTHKV_CHECK(out.good(), "cannot write --json " << s.json);
 }
 
+/// The prefill and the decode of one run with a cache of `Scalar` keys and values, the peak RSS
+/// read before the run's memory is freed; returns the scorer's name.
+template <class Scalar>
+std::string run_once(const LlamaModel& model, const Settings& s, Figures& f) {
+  Run<Scalar> run(model, s);
+  run.prefill(f);
+  run.decode(f);
+  f.peak_rss_mb = status_mb("VmHWM");
+  return run.scorer_name();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -470,16 +496,10 @@ int main(int argc, char** argv) {
     Figures f;
     f.rss_load_mb = status_mb("VmRSS");
     f.tokens_end = s.context + s.decode;
-    std::string scorer;
-    {
-      Run run(model, s);
-      scorer = run.scorer_name();
-      run.prefill(f);
-      run.decode(f);
-      f.peak_rss_mb = status_mb("VmHWM");
-    }
+    const bool f16 = s.kv_type == "f16";
+    const std::string scorer = f16 ? run_once<Eigen::half>(model, s, f) : run_once<float>(model, s, f);
     f.memcpy_bps = memcpy_bytes_per_s();  // after the peak is read: its buffers are not the run's
-    const Bound b = bound_of(decode_shape(model), f, s.decode);
+    const Bound b = bound_of(decode_shape(model), f, s.decode, f16 ? 2.0 : 4.0);
     print_report(s, scorer, model, f, b);
     if (!s.json.empty()) write_json(s, scorer, model, f, b);
   } catch (const depthkv::Error& e) {
