@@ -61,7 +61,8 @@ inline constexpr int kPresetLookahead = 32;
 /// The weight of the context's own SnapKV observation window beside the lookahead's queries in
 /// "best"'s scores (`ScorerConfig::context_weight`; 0 when the lookahead is 0): of the weights
 /// 0.25, 0.5, 1, 2 and 4, measured on calibration windows only (stories and licence text, both
-/// reference models, both continuation protocols, docs/results/robust.md), the ones up to 1 gave
+/// reference models, both continuation protocols, scripts/context-weight-selection.sh,
+/// docs/results/robust.md), the ones up to 1 gave
 /// the same worst ratio to plain SnapKV uniform within its standard error, and 0.25 the lowest
 /// mean ratio (the smallest cost to the lookahead's lead).
 inline constexpr double kPresetContextWeight = 0.25;
