@@ -41,13 +41,14 @@ ReadmePresetResult readme_preset_snippet(const std::string& path, ReadmeCache& c
   base.budget = Budget::keep(0.2);
   const std::vector<int> lengths(n_layers, n_prompt);   // what each layer holds when it is pruned
   PruneSpec spec = preset("best", f, base, lengths).spec;
-  // spec: output-aware scores with max pooling, a lookahead of 32 greedy tokens, head-optimal
-  // budgets, and of snapkv and h2o the scorer of the lower predicted loss for this request
+  // spec: output-aware scores with max pooling, a lookahead of 32 greedy tokens plus the
+  // context's own window (context_weight 0.25: observe_lookahead tells the scorers where the
+  // lookahead's rows begin), head-optimal budgets, and of snapkv and h2o the scorer of the lower predicted loss for this request
   PolicyCurves curves = policy_curves(f, scorer_name(spec.scorer), spec.policy);  // its head curves
 
   // Once after the prefill: scorers made from the spec, fed by your engine as in step 1
   std::vector<TokenScorer> scorers = make_scorers(n_layers, spec.scorer, n_heads, n_kv_heads);
-  prefill(cache, scorers);                              // (and the lookahead's rows)
+  prefill(cache, scorers);                              // (then observe_lookahead)
   PruneReport rep = score_and_evict(cache, scorers, prune_request(spec, curves.data(), &wo));  // wo: W_o per layer
 
   // Bounded memory instead: evict every 32 tokens (no lookahead: it needs the whole context first)

@@ -233,6 +233,7 @@ struct SelectionSettings {
   std::string head_alloc = "uniform";  ///< cross-head split of each layer's budget: uniform or adaptive
   double head_alpha = depthkv::kDefaultHeadAlpha;  ///< the adaptive split's per-head floor fraction
   int lookahead = 0;           ///< greedy tokens after the context whose attention the scorers observe (0: off)
+  double context_weight = 0;   ///< with a lookahead: the weight of the context's own window (ScorerConfig::context_weight)
   int tiers = 0;               ///< --tiers (allocate, eval): the optimal policy's tiers (0: no limit; PruneSpec::tiers)
 
   /// generate's defaults: nothing protected, an observation window of 32 (ScorerConfig's).
@@ -256,6 +257,7 @@ struct SelectionSettings {
     s.scorer.pooling = parse_pooling(pooling);
     s.scorer.output_aware = output_aware;
     s.scorer.lookahead = lookahead;
+    s.scorer.context_weight = lookahead > 0 ? context_weight : 0.0;
     s.protection = protection();
     s.head_split = {head_allocation(), head_alpha};
     return s;
@@ -266,7 +268,8 @@ struct SelectionSettings {
   ///   settings when they are not the defaults: depthkv::PruneSpec::describe_selection)
   std::string describe() const { return spec("h2o").describe_selection(); }
   /// @throws depthkv::Error on negative counts, an observation window < 1, an even or
-  ///   non-positive kernel, an unknown pooling or head allocation, or --head-alpha outside [0, 1]
+  ///   non-positive kernel, an unknown pooling or head allocation, --head-alpha outside [0, 1],
+  ///   or --context-weight > 0 without --lookahead
   void check() const {
     parse_pooling(pooling);
     DEPTHKV_CHECK(head_alloc == "uniform" || head_alloc == "adaptive",
@@ -274,6 +277,9 @@ struct SelectionSettings {
     DEPTHKV_CHECK(sinks >= 0 && recent >= 0 && obs_window >= 1 && kernel >= 1 && kernel % 2 == 1 && lookahead >= 0,
                   "bad selection settings: " << describe()
                                              << " (--sinks, --recent, --lookahead >= 0; --obs-window >= 1; odd --kernel >= 1)");
+    DEPTHKV_CHECK(context_weight == 0 || lookahead > 0,
+                  "--context-weight " << context_weight << " needs --lookahead N > 0 (it weighs the context's window "
+                                      << "beside the lookahead's queries)");
   }
   /// Registers --sinks, --recent, --obs-window, --kernel and --pooling on a subcommand, and makes
   /// the older spellings (`old_window`: what --window meant there; generate's --sink) errors that
@@ -300,6 +306,11 @@ struct SelectionSettings {
     c->add_option("--lookahead", lookahead,
                   "score by the attention of the model's next N greedy tokens after the context (decoded on the full "
                   "cache, then removed) instead of the context's queries; 0: off")
+        ->capture_default_str()
+        ->check(at_least(0));
+    c->add_option("--context-weight", context_weight,
+                  "with --lookahead: also observe the context's own last --obs-window queries, score = lookahead score "
+                  "+ W x (SnapKV window score scaled to the lookahead's mass); 0: the lookahead alone")
         ->capture_default_str()
         ->check(at_least(0));
     renamed(c, "--window", old_window);
@@ -355,6 +366,8 @@ struct PresetSettings {
     for (const std::string& f : sets) o->excludes(f);
     const auto* lookahead = c->get_option_no_throw("--lookahead");
     lookahead_given_ = [lookahead] { return lookahead != nullptr && lookahead->count() > 0; };
+    const auto* weight = c->get_option_no_throw("--context-weight");
+    weight_given_ = [weight] { return weight != nullptr && weight->count() > 0; };
   }
 
   /// The scorers the preset chooses from for each request, in tie order (depthkv::preset_candidates).
@@ -364,6 +377,10 @@ struct PresetSettings {
   std::optional<int> lookahead(const SelectionSettings& sel) const {
     return lookahead_given() ? std::optional<int>(sel.lookahead) : std::nullopt;
   }
+  /// The context weight the request gives (`--context-weight` on the command line), if any.
+  std::optional<double> context_weight(const SelectionSettings& sel) const {
+    return weight_given_ && weight_given_() ? std::optional<double>(sel.context_weight) : std::nullopt;
+  }
 
   /// Sets the selection flags, the scorers (the candidates, comma-separated), the policy(-ies)
   /// and profile's head curves to the preset's spec (depthkv::preset_spec; each pointer may be null).
@@ -371,12 +388,14 @@ struct PresetSettings {
   void apply(SelectionSettings& sel, std::string* scorers, std::string* policies, bool* head_curves = nullptr) const {
     if (!active()) return;
     depthkv::check_preset_name(name, "--preset");
-    const depthkv::PruneSpec base = depthkv::preset_spec(name, depthkv::PruneSpec{}, lookahead(sel));
+    const depthkv::PruneSpec base =
+        depthkv::preset_spec(name, depthkv::PruneSpec{}, lookahead(sel), context_weight(sel));
     sel.pooling = depthkv::to_string(base.scorer.pooling);
     sel.output_aware = base.scorer.output_aware;
     sel.head_alloc = depthkv::to_string(base.head_split.mode);
     sel.head_alpha = base.head_split.alpha;
     sel.lookahead = base.scorer.lookahead;
+    sel.context_weight = base.scorer.context_weight;
     if (scorers) {
       scorers->clear();
       for (const std::string& c : candidates()) *scorers += (scorers->empty() ? "" : ",") + c;
@@ -387,6 +406,7 @@ struct PresetSettings {
 
  private:
   std::function<bool()> lookahead_given_;  // whether --lookahead was on the command line
+  std::function<bool()> weight_given_;     // whether --context-weight was on the command line
 };
 
 /// Decodes the escapes \n, \r, \t and \\ of a command-line value (so that a shell user can

@@ -79,7 +79,7 @@ void run_allocate(const AllocateArgs& a) {
   std::string scorer = a.scorer;
   if (a.preset.active()) {  // the candidate of the lowest predicted loss
     const PresetChoice c = preset(a.preset.name, f, request_spec(a.sel, "h2o", a.keep, policy, a.min_tokens), lengths,
-                                  a.sel.lookahead);
+                                  a.sel.lookahead, a.sel.context_weight);
     scorer = scorer_name(c.spec.scorer);
     std::fprintf(stderr, "depthkv: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
                  scorer.c_str(), describe_predicted(c.predicted).c_str());

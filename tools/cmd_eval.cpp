@@ -404,6 +404,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
                    {"peak_kv_bytes", r.peak_kv_bytes},
                    {"full_kv_bytes", r.full_kv_bytes}});
     if (a.sel.lookahead > 0) arr.back()["lookahead"] = a.sel.lookahead;
+    if (a.sel.lookahead > 0 && a.sel.context_weight > 0) arr.back()["context_weight"] = a.sel.context_weight;
     if (r.tiers > 0) arr.back()["tiers"] = r.tiers;
     if (a.continuation_source != "text") arr.back()["continuation_source"] = a.continuation_source;
     if (r.oracle) arr.back()["oracle"] = true;
@@ -425,6 +426,7 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
       j["obs_window"] = a.sel.obs_window;
       j["kernel"] = a.sel.kernel;
       j["lookahead"] = a.sel.lookahead;
+      if (a.sel.context_weight > 0) j["context_weight"] = a.sel.context_weight;
       j["min_tokens"] = a.min_tokens;
       nlohmann::json pred = nlohmann::json::object();
       for (const auto& sp : r.predicted) pred[sp.first] = sp.second;
@@ -532,7 +534,8 @@ std::vector<Row> evaluate_rows(const depthkv::llama::PruningEvaluator& ev, const
     for (double keep : plan.keeps)
       for (depthkv::AllocationPolicy policy : plan.policies) {
         const depthkv::PresetChoice c =
-            depthkv::preset(a.preset.name, f, row_spec(a, plan.scorers.front(), keep, policy), lengths, a.sel.lookahead);
+            depthkv::preset(a.preset.name, f, row_spec(a, plan.scorers.front(), keep, policy), lengths, a.sel.lookahead,
+                            a.sel.context_weight);
         const std::string scorer = depthkv::scorer_name(c.spec.scorer);
         PresetFallback fb{trusted, {}};
         const depthkv::PruneSpec fs = depthkv::preset_fallback_spec(a.preset.name, row_spec(a, scorer, keep, policy));

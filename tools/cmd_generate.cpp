@@ -82,7 +82,7 @@ depthkv::PruneSpec generate_spec(const GenerateArgs& a, const depthkv::ProfileFi
     const std::vector<int> lengths(static_cast<std::size_t>(n_layers), bounded ? run.steps : run.n_feed);
     PruneSpec base = request_spec(a.sel, "h2o", a.keep, policy, -1);
     if (bounded) base.budget = Budget::tokens(std::min<long long>(a.max_kv_tokens, static_cast<long long>(n_layers) * run.steps));
-    const PresetChoice c = preset(a.preset.name, *file, base, lengths, a.sel.lookahead);
+    const PresetChoice c = preset(a.preset.name, *file, base, lengths, a.sel.lookahead, a.sel.context_weight);
     scorer = scorer_name(c.spec.scorer);
     std::fprintf(stderr, "kv cache: --preset %s: scorer %s (predicted loss %s)\n", a.preset.name.c_str(),
                  scorer.c_str(), describe_predicted(c.predicted).c_str());
@@ -93,6 +93,7 @@ depthkv::PruneSpec generate_spec(const GenerateArgs& a, const depthkv::ProfileFi
   if (bounded && spec.scorer.lookahead > 0 && a.preset.active() && !a.preset.lookahead_given()) {
     // a schedule evicts while the prompt is read, before any lookahead could run
     spec.scorer.lookahead = 0;
+    spec.scorer.context_weight = 0.0;
     std::fprintf(stderr, "kv cache: --preset %s: no lookahead with --max-kv-tokens (the schedule evicts during the prefill)\n",
                  a.preset.name.c_str());
   }
@@ -148,7 +149,8 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
   opt.n_threads = a.threads;
   if (prune) {
     scorers = make_scorers(cfg, spec.scorer);
-    if (spec.scorer.lookahead == 0) opt.observer = observe_into(scorers);  // else: observe_lookahead after the prefill
+    if (spec.scorer.lookahead == 0 || spec.scorer.context_weight > 0.0)
+      opt.observer = observe_into(scorers);  // with a lookahead: also observe_lookahead after the prefill
   }
   if (spec.schedule.mode != ScheduleMode::kOneshot) {
     p.schedule = std::make_unique<EvictionSchedule>(schedule_config(spec, curves.data(), wo_views), cfg.n_layers,

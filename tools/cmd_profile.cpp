@@ -322,6 +322,9 @@ void register_profile(CLI::App& app) {
   a->preset.add_option(c, {"--scorers", "--pooling", "--output-aware", "--head-alloc", "--head-alpha", "--head-curves"});
   c->callback([a] {
     a->preset.apply(a->sel, &a->scorers, nullptr, &a->head_curves);
+    // the preset's curves are its lookahead scorer's: the context weight blends the scores at
+    // pruning time and the budgets stay these curves' (PruneSpec::same_selection)
+    if (a->preset.active() && !a->preset.context_weight(a->sel)) a->sel.context_weight = 0.0;
     run_profile(*a);
   });
 }

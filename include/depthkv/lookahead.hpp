@@ -15,7 +15,10 @@
 /// 2. the G appended slots are removed from every head (a prefix compaction, which moves nothing);
 /// 3. every scorer keeps the state of the context's slots only (`TokenScorer::compact` with the
 ///    first `size(h)` slots),
-/// so that `layer_scores(sets[k], cache, ...)` scores the context as it was. Cost: G decode steps
+/// so that `layer_scores(sets[k], cache, ...)` scores the context as it was. Before step 1 every
+/// scorer is told that the lookahead's rows begin (`TokenScorer::begin_lookahead`): a scorer with
+/// `ScorerConfig::context_weight` > 0 keeps the context's rows it observed during the prefill
+/// apart from the lookahead's and adds their window score (token_scorer.hpp). Cost: G decode steps
 /// over the full cache; the cache holds G more tokens per head meanwhile.
 ///
 /// ## Errors
@@ -121,6 +124,8 @@ void observe_lookahead(KVCache<Layer>& cache, int first_token, std::int32_t pos0
       if (g < set->front().config().lookahead)
         (*set)[static_cast<std::size_t>(layer)].observe_block(q_head, q_pos0, n_queries, probs, ld, n);
   };
+  for (std::vector<TokenScorer>* set : sets)
+    for (TokenScorer& s : *set) s.begin_lookahead();
   try {
     int token = first_token;
     for (g = 0; g < G; ++g) token = step(token, pos0 + g, observer);

@@ -7,7 +7,11 @@
 /// ## "best"
 /// - scorer: output-aware (CriticalKV) scores with max pooling, observing the attention of the
 ///   model's next `kPresetLookahead` greedy tokens after the context (`ScorerConfig::lookahead`;
-///   another lookahead when the request gives one);
+///   another lookahead when the request gives one) and, with weight `kPresetContextWeight`, the
+///   context's own SnapKV observation window (`ScorerConfig::context_weight`:
+///   s_j = l_j + w * (L / C) * c_j, scorer_config.hpp), so that what SnapKV's window ranks high
+///   keeps a high score when the greedy lookahead attends elsewhere (text the model cannot
+///   predict); the head curves are the lookahead scorer's (measured without the context weight);
 /// - policy: head-optimal (per-(layer, KV head) budgets from the profile's head curves, LU-KV),
 ///   each head keeping exactly its budget (head split uniform);
 /// - scorer kind, per request: of the candidates {snapkv, h2o} whose head curves the profile
@@ -53,6 +57,15 @@ namespace depthkv {
 
 /// The lookahead tokens of "best" when the request gives none.
 inline constexpr int kPresetLookahead = 32;
+
+/// The weight of the context's own SnapKV observation window beside the lookahead's queries in
+/// "best"'s scores (`ScorerConfig::context_weight`; 0 when the lookahead is 0): of the weights
+/// 0.25, 0.5, 1, 2 and 4, measured on calibration windows only (stories and licence text, both
+/// reference models, both continuation protocols, scripts/context-weight-selection.sh,
+/// docs/results/robust.md), the ones up to 1 gave
+/// the same worst ratio to plain SnapKV uniform within its standard error, and 0.25 the lowest
+/// mean ratio (the smallest cost to the lookahead's lead).
+inline constexpr double kPresetContextWeight = 0.25;
 
 /// The context tokens (at its end) whose mean NLL is "best"'s per-input signal
 /// (`preset_trusts_input`).
@@ -133,13 +146,18 @@ inline std::vector<std::string> preset_candidates(const std::string& name) {
 /// `base` with the fields preset `name` sets (everything but the per-request scorer kind, which
 /// stays the first candidate's): see the file comment.
 /// @param lookahead the request's lookahead (nullopt: the preset's)
+/// @param context_weight the request's context weight (nullopt: the preset's); 0 whenever the
+///   lookahead is 0
 /// @throws Error on an unknown preset
-inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optional<int> lookahead = std::nullopt) {
+inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optional<int> lookahead = std::nullopt,
+                             std::optional<double> context_weight = std::nullopt) {
   const std::vector<std::string> c = preset_candidates(name);
   base.scorer = scorer_config(c.front(), base.scorer);
   base.scorer.pooling = Pooling::kMax;
   base.scorer.output_aware = true;
   base.scorer.lookahead = lookahead ? *lookahead : kPresetLookahead;
+  base.scorer.context_weight =
+      base.scorer.lookahead == 0 ? 0.0 : context_weight ? *context_weight : kPresetContextWeight;
   base.head_split = HeadSplitSpec{};
   base.policy = AllocationPolicy::kHeadOptimal;
   return base;
@@ -173,6 +191,7 @@ inline PruneSpec preset_fallback_spec(const std::string& name, PruneSpec base) {
   base.scorer.pooling = ScorerConfig().pooling;
   base.scorer.output_aware = false;
   base.scorer.lookahead = 0;
+  base.scorer.context_weight = 0.0;
   base.head_split = HeadSplitSpec{};
   base.policy = AllocationPolicy::kUniform;
   return base;
@@ -221,11 +240,14 @@ inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vec
 /// @param base protection, budget, safeguard, schedule and the scorer's window and kernel
 /// @param lengths the tokens each layer holds when the budget is applied (the context)
 /// @param lookahead the request's lookahead (nullopt: the preset's)
+/// @param context_weight the request's context weight (nullopt: the preset's)
 /// @throws Error on an unknown preset, a profile without the candidates' head curves, or an
 ///   infeasible request
 inline PresetChoice preset(const std::string& name, const ProfileFile& f, const PruneSpec& base,
-                           const std::vector<int>& lengths, std::optional<int> lookahead = std::nullopt) {
-  return lowest_predicted_scorer(f, preset_candidates(name), preset_spec(name, base, lookahead), lengths);
+                           const std::vector<int>& lengths, std::optional<int> lookahead = std::nullopt,
+                           std::optional<double> context_weight = std::nullopt) {
+  return lowest_predicted_scorer(f, preset_candidates(name), preset_spec(name, base, lookahead, context_weight),
+                                 lengths);
 }
 
 }  // namespace depthkv

@@ -487,8 +487,8 @@ inline ProfilerState state_from_json(const nlohmann::json& j, const std::string&
 enum class SpecFields { kSelection, kAll };
 
 /// A spec as JSON. The selection keys: "sinks", "recent", "obs_window", "kernel", "pooling";
-/// "output_aware", "head_alloc", "head_alpha" only when `has_head_settings()`; "lookahead" only
-/// when not 0. `kAll` adds "scorer" (its name), "policy", "budget" ({"keep": r} or
+/// "output_aware", "head_alloc", "head_alpha" only when `has_head_settings()`; "lookahead" and
+/// "context_weight" only when not 0. `kAll` adds "scorer" (its name), "policy", "budget" ({"keep": r} or
 /// {"tokens": n}), "schedule" ({"mode", "chunk", "interval"}) and "safeguard" ({"min_tokens":
 /// -1 automatic | 0 off | N, "margin"}), and "tiers" only when not 0.
 /// @throws Error when the spec is invalid (`PruneSpec::validate`)
@@ -503,6 +503,7 @@ inline nlohmann::json prune_spec_to_json(const PruneSpec& s, SpecFields fields =
     j["head_alpha"] = s.head_split.alpha;
   }
   if (s.scorer.lookahead != 0) j["lookahead"] = s.scorer.lookahead;
+  if (s.scorer.context_weight != 0.0) j["context_weight"] = s.scorer.context_weight;
   if (fields == SpecFields::kSelection) return j;
   j["scorer"] = scorer_name(s.scorer);
   j["policy"] = to_string(s.policy);
@@ -522,7 +523,7 @@ inline int spec_int(const nlohmann::json& j, const char* key, const std::string&
 }
 
 /// The selection keys of `prune_spec_to_json` into `s` (output_aware, head_alloc, head_alpha,
-/// lookahead optional).
+/// lookahead, context_weight optional).
 inline void selection_keys_from_json(const nlohmann::json& j, const std::string& w, PruneSpec& s) {
   s.protection.n_sink = spec_int(j, "sinks", w);
   s.protection.n_recent = spec_int(j, "recent", w);
@@ -537,6 +538,7 @@ inline void selection_keys_from_json(const nlohmann::json& j, const std::string&
   if (j.contains("head_alloc")) s.head_split.mode = parse_head_allocation(json_string(j["head_alloc"], w + ".head_alloc"));
   if (j.contains("head_alpha")) s.head_split.alpha = json_number(j["head_alpha"], w + ".head_alpha");
   if (j.contains("lookahead")) s.scorer.lookahead = spec_int(j, "lookahead", w);
+  if (j.contains("context_weight")) s.scorer.context_weight = json_number(j["context_weight"], w + ".context_weight");
 }
 
 /// The keys `kAll` adds, where present.

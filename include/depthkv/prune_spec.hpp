@@ -189,7 +189,8 @@ struct PruneSpec {
 
   /// Checks every field once.
   /// @throws Error naming the first bad field and its bound: scorer.window < 1, an even or
-  ///   non-positive scorer.kernel, scorer.lookahead < 0, output-aware or lookahead with a kind
+  ///   non-positive scorer.kernel, scorer.lookahead < 0, scorer.context_weight negative, not
+  ///   finite or > 0 without a lookahead, output-aware or lookahead with a kind
   ///   that has none, negative protection, a budget outside its range, head_split.alpha outside
   ///   [0, 1], schedule.chunk or schedule.interval < 1, a lookahead with a chunked or decode
   ///   schedule (the lookahead needs the whole context first), safeguard.tokens < 1 in kTokens
@@ -199,6 +200,10 @@ struct PruneSpec {
     DEPTHKV_CHECK(scorer.window >= 1, "scorer.window must be >= 1, got " << scorer.window);
     DEPTHKV_CHECK(scorer.kernel >= 1 && scorer.kernel % 2 == 1, "scorer.kernel must be odd and >= 1, got " << scorer.kernel);
     DEPTHKV_CHECK(scorer.lookahead >= 0, "scorer.lookahead must be >= 0, got " << scorer.lookahead);
+    DEPTHKV_CHECK(scorer.context_weight >= 0.0 && std::isfinite(scorer.context_weight),
+                  "scorer.context_weight must be finite and >= 0, got " << scorer.context_weight);
+    DEPTHKV_CHECK(scorer.context_weight == 0.0 || scorer.lookahead > 0,
+                  "scorer.context_weight " << scorer.context_weight << " needs scorer.lookahead > 0");
     if (scorer.name.empty()) {  // a registered scorer's traits are checked when its rule is made
       const bool attention_kind = scorer.kind == ScorerKind::kH2O || scorer.kind == ScorerKind::kSnapKV ||
                                   scorer.kind == ScorerKind::kTOVA;
@@ -244,8 +249,9 @@ struct PruneSpec {
     return scorer.output_aware || head_split.mode != HeadAllocation::kUniform || head_split.alpha != kDefaultHeadAlpha;
   }
   /// Whether the token selection (protection, scorer window/kernel/pooling, output-aware, head
-  /// split, lookahead) equals `o`'s; the scorer kind, budget, policy, schedule and safeguard
-  /// are not compared.
+  /// split, lookahead) equals `o`'s; the scorer kind, context weight, budget, policy, schedule
+  /// and safeguard are not compared (curves measured with the lookahead alone serve any context
+  /// weight: it blends the scores, the budgets stay the curves').
   bool same_selection(const PruneSpec& o) const {
     return protection.n_sink == o.protection.n_sink && protection.n_recent == o.protection.n_recent &&
            scorer.window == o.scorer.window && scorer.kernel == o.scorer.kernel && scorer.pooling == o.scorer.pooling &&
@@ -254,7 +260,7 @@ struct PruneSpec {
   }
   /// "sinks=S recent=R obs_window=W kernel=K pooling=P", followed by
   /// " output_aware=0|1 head_alloc=A head_alpha=X" when `has_head_settings()` and
-  /// " lookahead=G" when G > 0.
+  /// " lookahead=G" when G > 0 and " context_weight=W" when W > 0.
   std::string describe_selection() const {
     std::ostringstream os;
     os << "sinks=" << protection.n_sink << " recent=" << protection.n_recent << " obs_window=" << scorer.window
@@ -263,6 +269,7 @@ struct PruneSpec {
       os << " output_aware=" << (scorer.output_aware ? 1 : 0) << " head_alloc=" << to_string(head_split.mode)
          << " head_alpha=" << head_split.alpha;
     if (scorer.lookahead > 0) os << " lookahead=" << scorer.lookahead;
+    if (scorer.context_weight > 0.0) os << " context_weight=" << scorer.context_weight;
     return os.str();
   }
 };
@@ -306,7 +313,8 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
 
 /// Field-for-field equality of two specs.
 inline bool operator==(const PruneSpec& a, const PruneSpec& b) {
-  return a.same_selection(b) && scorer_name(a.scorer) == scorer_name(b.scorer) && a.budget == b.budget && a.policy == b.policy &&
+  return a.same_selection(b) && a.scorer.context_weight == b.scorer.context_weight &&
+         scorer_name(a.scorer) == scorer_name(b.scorer) && a.budget == b.budget && a.policy == b.policy &&
          a.tiers == b.tiers &&
          a.schedule == b.schedule && a.safeguard == b.safeguard;
 }

@@ -73,6 +73,18 @@ struct ScorerConfig {
   /// al. 2025, arXiv 2505.20334) does with pseudo queries: the queries that read the pruned cache
   /// come after the context, and these are the model's best guess of them.
   int lookahead = 0;
+  /// With a lookahead: the weight w of the context's own observation window beside the
+  /// lookahead's queries (>= 0, finite; 0 = off: the lookahead's queries only; > 0 needs
+  /// lookahead > 0). The scorer then also observes the context's queries, and slot j of a KV
+  /// head scores
+  ///     s_j = l_j + w * (L / C) * c_j      (L = sum_t l_t, or 1 when 0; c_j = 0 when C = 0)
+  /// where l_j is the kind's lookahead score (after pooling), c_j the SnapKV score of the
+  /// context's last `window` query positions pooled with `kernel` and `pooling` (for every kind),
+  /// and L, C their sums over the head's slots: both parts carry the same mass at w = 1, so a token
+  /// that SnapKV's own window ranks high stays high whatever the lookahead attends to (LAQ++,
+  /// Wang et al. 2025, arXiv 2505.20334, combines the two query sets). The output-aware rescaling
+  /// applies to s_j. JSON and spec name: "context_weight".
+  double context_weight = 0.0;
   /// A registered scorer's name (`register_scorer`, scorer_registry.hpp); empty: the built-in
   /// `kind`. The other fields are passed to the registered factory, and `TokenScorer` checks
   /// `window`, `kernel`, `output_aware` and `lookahead` for every scorer.

@@ -29,6 +29,9 @@
 /// The scorer is fed the attention rows of the G lookahead queries only (`observe_lookahead`,
 /// lookahead.hpp): the sums over i above run over those G positions, SnapKV's window is G
 /// (instead of `window`), TOVA's last position is the last lookahead token.
+/// With `ScorerConfig::context_weight` w > 0 the scorer observes the context's queries too (rows
+/// before `begin_lookahead`, which `observe_lookahead` calls) and adds their SnapKV window score,
+/// scaled to the lookahead score's mass: s_j = l_j + w * (L / C) * c_j (scorer_config.hpp).
 ///
 /// ## Output-aware rescaling (`ScorerConfig::output_aware`)
 /// CriticalKV (Feng et al. 2025, "Identify Critical KV Cache in LLM Inference from an Output
@@ -107,6 +110,7 @@
 #include "depthkv/error.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/scorer_registry.hpp"
+#include "depthkv/scorers/snapkv.hpp"
 #include "depthkv/scoring_rule.hpp"
 #include "depthkv/selection.hpp"
 
@@ -201,6 +205,15 @@ class TokenScorer {
     DEPTHKV_CHECK(cfg_.lookahead >= 0, "lookahead must be >= 0, got " << cfg_.lookahead);
     DEPTHKV_CHECK(cfg_.lookahead == 0 || rule_->observes(),
                   "lookahead applies to attention-based scorers, not " << scorer_name(cfg_));
+    DEPTHKV_CHECK(cfg_.context_weight >= 0.0 && std::isfinite(cfg_.context_weight),
+                  "context_weight must be finite and >= 0, got " << cfg_.context_weight);
+    DEPTHKV_CHECK(cfg_.context_weight == 0.0 || cfg_.lookahead > 0,
+                  "context_weight " << cfg_.context_weight << " needs a lookahead (without one the scorer observes the context)");
+    if (cfg_.context_weight > 0.0) {
+      ScorerConfig c = cfg_;
+      c.lookahead = 0;
+      context_rule_ = std::make_unique<SnapKVRule>(c, n_kv_heads);
+    }
     group_ = n_heads / n_kv_heads;
     reset();
   }
@@ -210,6 +223,8 @@ class TokenScorer {
         n_kv_heads_(o.n_kv_heads_),
         group_(o.group_),
         rule_(o.rule_ ? o.rule_->clone() : nullptr),
+        context_rule_(o.context_rule_ ? o.context_rule_->clone() : nullptr),
+        in_lookahead_(o.in_lookahead_),
         n_obs_(o.n_obs_),
         last_pos_(o.last_pos_) {}
   TokenScorer(TokenScorer&&) noexcept = default;
@@ -231,12 +246,19 @@ class TokenScorer {
     return n_obs_[static_cast<std::size_t>(kv_head)];
   }
 
-  /// Forgets every observation.
+  /// Forgets every observation (and the lookahead phase).
   void reset() {
     rule_->reset();
+    if (context_rule_) context_rule_->reset();
+    in_lookahead_ = false;
     n_obs_.assign(static_cast<std::size_t>(n_kv_heads_), 0);
     last_pos_.assign(static_cast<std::size_t>(n_heads_), -1);
   }
+
+  /// Marks the start of the lookahead's rows: with `ScorerConfig::context_weight` > 0, the rows
+  /// observed before feed the context window, the rows after the lookahead score (without it
+  /// nothing changes). `observe_lookahead` calls it before its first step; `reset` undoes it.
+  void begin_lookahead() { in_lookahead_ = true; }
 
   /// One attention-probability row of query head `q_head` at sequence position `q_pos` over the
   /// first `n` slots of its KV head (slot order; masked entries are 0). Rows of one query head
@@ -255,7 +277,11 @@ class TokenScorer {
     check_block(q_head, q_pos0, n_queries, probs, ld, n);
     if (n_queries == 0) return;
     const int kv = q_head / group_;
-    if (rule_->observes()) rule_->observe(AttentionBlock{q_head, kv, q_pos0, n_queries, probs, ld, n});
+    const AttentionBlock block{q_head, kv, q_pos0, n_queries, probs, ld, n};
+    if (context_rule_ && !in_lookahead_)
+      context_rule_->observe(block);
+    else if (rule_->observes())
+      rule_->observe(block);
     last_pos_[static_cast<std::size_t>(q_head)] = q_pos0 + n_queries - 1;
     if (rule_->observes()) n_obs_[static_cast<std::size_t>(kv)] = std::max(n_obs_[static_cast<std::size_t>(kv)], n);
   }
@@ -277,6 +303,7 @@ class TokenScorer {
       std::vector<float>& s = out[static_cast<std::size_t>(h)];
       s.assign(static_cast<std::size_t>(layer.size(h)), 0.0f);
       rule_->score(h, reader, s);
+      if (context_rule_) add_context_score(h, reader, s);
     }
     if (cfg_.output_aware) {
       const LayerScores norms = output_contribution_norms(layer, *wo);
@@ -302,6 +329,7 @@ class TokenScorer {
       DEPTHKV_CHECK(kept_slots[i] >= 0 && (i == 0 || kept_slots[i] > kept_slots[i - 1]),
                     "KV head " << kv_head << ": kept slots not strictly ascending and >= 0 at index " << i);
     rule_->compact(kv_head, kept_slots, n_kept);
+    if (context_rule_) context_rule_->compact(kv_head, kept_slots, n_kept);
     const std::size_t kv = static_cast<std::size_t>(kv_head);
     int i = 0;
     while (i < n_kept && kept_slots[i] < n_obs_[kv]) ++i;
@@ -309,6 +337,20 @@ class TokenScorer {
   }
 
  private:
+  // s_j += w * (L / C) * c_j with c the context window's score of KV head h (scorer_config.hpp).
+  void add_context_score(int h, const LayerReader& reader, std::vector<float>& s) const {
+    std::vector<float> c(s.size(), 0.0f);
+    context_rule_->score(h, reader, c);
+    double L = 0.0, C = 0.0;
+    for (std::size_t j = 0; j < s.size(); ++j) {
+      L += s[j];
+      C += c[j];
+    }
+    if (C <= 0.0) return;
+    const double f = cfg_.context_weight * (L > 0.0 ? L : 1.0) / C;
+    for (std::size_t j = 0; j < s.size(); ++j) s[j] = static_cast<float>(s[j] + f * c[j]);
+  }
+
   void check_kv_head(int h) const {
     DEPTHKV_CHECK(h >= 0 && h < n_kv_heads_, "KV head " << h << " outside [0, " << n_kv_heads_ << ")");
   }
@@ -361,6 +403,8 @@ class TokenScorer {
   int n_kv_heads_ = 0;
   int group_ = 1;
   std::unique_ptr<ScoringRule> rule_;    // the scorer's state
+  std::unique_ptr<ScoringRule> context_rule_;  // context_weight > 0: the context's SnapKV window
+  bool in_lookahead_ = false;            // begin_lookahead called (rows feed rule_)
   std::vector<int> n_obs_;               // [kv] slots covered by observed rows
   std::vector<std::int32_t> last_pos_;   // [q_head] last observed position, -1 before any
 };

@@ -188,8 +188,8 @@ def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Op
 
 class Spec(dict):
     """A ``depthkv::PruneSpec`` as a dict (the keys of ``prune_spec_to_json``: sinks, recent,
-    obs_window, kernel, pooling, output_aware, head_alloc, head_alpha, lookahead, scorer, policy,
-    budget, schedule, safeguard). ``predicted`` maps each scorer the preset considered to its
+    obs_window, kernel, pooling, output_aware, head_alloc, head_alpha, lookahead, context_weight
+    (when not 0), scorer, policy, budget, schedule, safeguard). ``predicted`` maps each scorer the preset considered to its
     predicted loss."""
 
     predicted: Dict[str, float]

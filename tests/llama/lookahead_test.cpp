@@ -257,3 +257,69 @@ TEST_CASE("observe_lookahead and the evaluator refuse a lookahead beyond the mod
   REQUIRE_THROWS_WITH(PruningEvaluator(engine, windows, ec),
                       Catch::Contains("100000 greedy tokens after a context of 12 tokens do not fit"));
 }
+
+TEST_CASE("observe_lookahead with a context weight: the lookahead's scores plus the context window's, in the "
+          "evaluator's two paths alike",
+          "[lookahead][eval]") {
+  const LlamaModel model = model_of(6);
+  const LlamaEngine engine(model);
+  const LlamaConfig& c = model.config;
+  const std::vector<int> context = tokens_of(30, c.vocab_size, 13);
+  const double w = 0.5;
+  ScorerConfig la;  // h2o over the lookahead's rows
+  la.lookahead = 5;
+  la.window = 4;
+  la.kernel = 3;
+  ScorerConfig mixed = la, window;
+  mixed.context_weight = w;
+  window.kind = ScorerKind::kSnapKV;  // the context's own window, pooled as the mixed scorer pools it
+  window.window = 4;
+  window.kernel = 3;
+  std::vector<TokenScorer> a = make_scorers(c, la), m = make_scorers(c, mixed), ctx = make_scorers(c, window);
+  HostCache cache = engine.make_cache();
+  ForwardOptions po;
+  po.all_logits = false;
+  po.observer = [&](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+    m[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+    ctx[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+  };
+  const RowMatrix last = engine.prefill(context, 0, cache, po);
+  observe_lookahead(engine, cache, last_argmax(last), static_cast<std::int32_t>(context.size()), {&a, &m});
+  const std::vector<LayerScores> sa = layer_scores(a, cache), sm = layer_scores(m, cache), sc = layer_scores(ctx, cache);
+  double moved = 0;
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const auto& la_row = sa[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+      const auto& c_row = sc[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+      const auto& m_row = sm[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+      double L = 0, C = 0;
+      for (std::size_t j = 0; j < la_row.size(); ++j) {
+        L += la_row[j];
+        C += c_row[j];
+      }
+      REQUIRE(C > 0);
+      for (std::size_t j = 0; j < la_row.size(); ++j) {
+        REQUIRE(m_row[j] == Approx(la_row[j] + w * (L / C) * c_row[j]).epsilon(1e-4).margin(1e-6));
+        moved += std::abs(m_row[j] - la_row[j]);
+      }
+    }
+  REQUIRE(moved > 0.1);
+  // the evaluator: activation reuse equals recomputation, and the weight changes the result
+  const auto windows = depthkv_test::random_windows(3, 40, 12, c.vocab_size, 19);
+  EvalConfig cfg;
+  cfg.scorers = {la, mixed};
+  cfg.protection = Protection{1, 2};
+  cfg.chunk_size = 16;
+  EvalConfig naive_cfg = cfg;
+  naive_cfg.reuse = false;
+  const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
+  const std::vector<double> plan{0.2, 0.3, 0.2};
+  double d = 0;
+  const auto a0 = reuse.evaluate_plan(plan, 0);
+  const auto r1 = reuse.evaluate_plan(plan, 1), n1 = naive.evaluate_plan(plan, 1);
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    REQUIRE(std::abs(r1[i].metrics.loss.kl - n1[i].metrics.loss.kl) < 1e-5);
+    d += std::abs(r1[i].metrics.loss.kl - a0[i].metrics.loss.kl);
+  }
+  REQUIRE(d > 1e-5);
+}

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "depthkv/llama/gguf.hpp"
+#include "depthkv/preset.hpp"
 #include "depthkv/profile_io.hpp"
 #include "llama/gguf_writer.hpp"
 #include "support/run_cli.hpp"
@@ -421,6 +422,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   REQUIRE(f.has_head_curves("snapkv"));
   REQUIRE(f.has_head_curves("h2o"));
   REQUIRE(f.calibration.selection->scorer.lookahead == 32);  // the preset's lookahead
+  REQUIRE(f.calibration.selection->scorer.context_weight == 0.0);  // curves of the lookahead alone
   const std::string base =
       "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common + " --windows 2";
   const std::string eval = base + " --keeps 0.1,0.3,0.5";
@@ -428,7 +430,10 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   REQUIRE(r.status == 0);
   const nlohmann::json rows = nlohmann::json::parse(r.out);
   REQUIRE(rows.size() == 3);  // one row per keep: the chosen scorer, one policy
-  const std::string spelled_flags = " --policies head-optimal --pooling max --output-aware --lookahead 32 --json";
+  std::ostringstream weight;
+  weight << depthkv::kPresetContextWeight;
+  const std::string spelled_flags =
+      " --policies head-optimal --pooling max --output-aware --lookahead 32 --context-weight " + weight.str() + " --json";
   for (const auto& row : rows) {
     REQUIRE(row["preset"] == "best");
     REQUIRE(row["policy"] == "head-optimal");
@@ -439,6 +444,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     REQUIRE(row["sinks"] == 2);
     REQUIRE(row["recent"] == 4);
     REQUIRE(row["lookahead"] == 32);
+    REQUIRE(row["context_weight"] == depthkv::kPresetContextWeight);
     // the chosen scorer has the lowest predicted loss, each as allocate predicts it for that scorer
     const nlohmann::json& pred = row["predicted_loss"];
     REQUIRE(pred.size() == 2);
@@ -524,6 +530,30 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   std::remove(profile.c_str());
   std::remove(one.c_str());
   std::remove(none.c_str());
+}
+
+TEST_CASE("preset best: --context-weight given wins over the preset's, 0 is the lookahead alone", "[cli][eval][real]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
+  const std::string profile = small_profile("--preset best --ratios 0.2,0.5", "profile_best_cw.json");
+  const std::string base = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) +
+                           " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 2"
+                           " --keeps 0.3 --json";
+  const auto rp = run_cli(base + " --preset best", "2>/dev/null");
+  const auto rw = run_cli(base + " --preset best --context-weight 0", "2>/dev/null");
+  REQUIRE(rp.status == 0);
+  REQUIRE(rw.status == 0);
+  const nlohmann::json rowp = nlohmann::json::parse(rp.out).at(0), roww = nlohmann::json::parse(rw.out).at(0);
+  REQUIRE(rowp["context_weight"] == depthkv::kPresetContextWeight);
+  REQUIRE(!roww.contains("context_weight"));
+  const auto sw = run_cli(base + " --scorers " + roww["scorer"].get<std::string>() +
+                              " --policies head-optimal --pooling max --output-aware --lookahead 32",
+                          "2>/dev/null");
+  REQUIRE(sw.status == 0);
+  REQUIRE(nlohmann::json::parse(sw.out).at(0)["kl"] == roww["kl"]);
+  REQUIRE(roww["kl"] != rowp["kl"]);  // the preset's weight changes the row
+  require_error(run_cli(base + " --scorers h2o --context-weight 1", "2>&1"), "--context-weight 1 needs --lookahead");
+  std::remove(profile.c_str());
 }
 
 TEST_CASE("preset best and --output-aware run on Q8_0 and F16 GGUFs (wo dequantized for the scores)",

@@ -92,7 +92,10 @@ class EvalRuns {
   // `tc` continuation rows (as a lookahead of `tc` tokens would).
   std::vector<TokenScorer> scorers_of(int s, int tc) const {
     ScorerConfig sc = cfg_.scorers[static_cast<std::size_t>(s)];
-    if (is_oracle(s)) sc.lookahead = tc;
+    if (is_oracle(s)) {
+      sc.lookahead = tc;
+      sc.context_weight = 0.0;  // the continuation's attention alone
+    }
     return make_scorers(engine_.config(), sc);
   }
   // Every oracle scorer keeps the state of the context's `n` slots only (the continuation's
@@ -204,7 +207,8 @@ class EvalRuns {
     const ScorerConfig& o = cfg_.scorers[static_cast<std::size_t>(scorer)];
     const ScorerConfig& s = spec.scorer;
     DEPTHKV_CHECK(scorer_name(s) == scorer_name(o) && s.window == o.window && s.kernel == o.kernel && s.pooling == o.pooling &&
-                      s.output_aware == o.output_aware && s.lookahead == o.lookahead,
+                      s.output_aware == o.output_aware && s.lookahead == o.lookahead &&
+                      s.context_weight == o.context_weight,
                   "the spec's scorer differs from the evaluator's scorer " << scorer);
     DEPTHKV_CHECK(spec.protection.n_sink == cfg_.protection.n_sink && spec.protection.n_recent == cfg_.protection.n_recent &&
                       spec.head_split.mode == cfg_.head_allocation && spec.head_split.alpha == cfg_.head_alpha &&
@@ -241,12 +245,15 @@ class EvalRuns {
     if (err) std::rethrow_exception(err);
   }
 
-  // The scorer sets by what they observe: the context, a lookahead, the continuation (oracle).
+  // The scorer sets by what they observe: the context, a lookahead, the continuation (oracle); a
+  // lookahead set with a context weight observes the context too.
   void split_sets(std::vector<std::vector<TokenScorer>>& sets, std::vector<std::vector<TokenScorer>*>& context,
                   std::vector<std::vector<TokenScorer>*>& lookahead, std::vector<std::vector<TokenScorer>*>& oracle) const {
     for (int s = 0; s < n_scorers(); ++s) {
       std::vector<TokenScorer>* set = &sets[static_cast<std::size_t>(s)];
-      (is_oracle(s) ? oracle : set->front().config().lookahead > 0 ? lookahead : context).push_back(set);
+      const ScorerConfig& sc = set->front().config();
+      (is_oracle(s) ? oracle : sc.lookahead > 0 ? lookahead : context).push_back(set);
+      if (!is_oracle(s) && sc.lookahead > 0 && sc.context_weight > 0.0) context.push_back(set);
     }
   }
   // The context's scores of the oracle sets (after the continuation, their state cut to the
@@ -428,7 +435,7 @@ class EvalRuns {
     // pruned run from scratch
     HostCache cache = engine_.make_cache();
     ForwardOptions po = opt;
-    if (!lookahead && !oracle) po.observer = observe_into(sc);
+    if ((!lookahead || sc.front().config().context_weight > 0.0) && !oracle) po.observer = observe_into(sc);
     const RowMatrix last = engine_.prefill(win.context, 0, cache, po);
     if (lookahead) observe_lookahead(engine_, cache, last_argmax(last), n_ctx, {&sc});
     WindowResult res;
