@@ -151,7 +151,7 @@ TEST_CASE("context_weight: refused without a lookahead, when negative or not fin
   REQUIRE_THROWS_WITH(spec.validate(), Catch::Contains("scorer.context_weight must be finite"));
 }
 
-TEST_CASE("preset best: its context weight, 0 without a lookahead and in the fallback; the spec's JSON",
+TEST_CASE("preset best: its context weight, 0 without a lookahead and in the fallback, with the spec JSON",
           "[preset][lookahead]") {
   PruneSpec base;
   base.protection = {4, 16};

@@ -277,6 +277,10 @@ class TokenScorer:
     ``output_aware=True`` multiplies h2o, snapkv and tova scores by the size of the value's
     contribution to the attention output (CriticalKV): pass ``values`` and ``wo``. ``lookahead=G``
     makes SnapKV's window the G observed rows (feed the rows of G lookahead queries).
+    ``context_weight=w`` (with a lookahead; the "best" preset's spec gives 0.25) adds the context's
+    own SnapKV window: feed the context's rows, call :meth:`begin_lookahead`, then feed the
+    lookahead's rows; per KV head ``s_j = l_j + w * (L / C) * c_j``, l the lookahead's score, c the
+    context window's, L and C their sums over the slots (include/depthkv/scorer_config.hpp).
 
     :param scorer: one of :data:`SCORERS`
     :param n_heads: query heads (a positive multiple of n_kv_heads)
@@ -284,15 +288,16 @@ class TokenScorer:
     :param window: SnapKV's observation window (default 16, the CLI's --obs-window)
     :param kernel: SnapKV's pooling kernel (odd; default 7)
     :raises Error: on bad head counts, window < 1, an even kernel, an unknown scorer or pooling,
-        output-aware scoring of a scorer that does not allow it, a negative lookahead
+        output-aware scoring of a scorer that does not allow it, a negative lookahead, a negative
+        or non-finite context_weight, or a context_weight without a lookahead
     """
 
     def __init__(self, scorer: str, n_heads: int, n_kv_heads: Optional[int] = None, *,
                  window: int = DEFAULT_OBS_WINDOW, kernel: int = DEFAULT_KERNEL, pooling: str = "max",
-                 output_aware: bool = False, lookahead: int = 0):
+                 output_aware: bool = False, lookahead: int = 0, context_weight: float = 0.0):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self._s = _core.TokenScorer(str(scorer), int(n_heads), int(n_kv_heads), int(window), int(kernel),
-                                    str(pooling), bool(output_aware), int(lookahead))
+                                    str(pooling), bool(output_aware), int(lookahead), float(context_weight))
 
     scorer = property(lambda self: self._s.scorer, doc="the scorer's name")
     n_heads = property(lambda self: self._s.n_heads)
@@ -302,6 +307,12 @@ class TokenScorer:
     pooling = property(lambda self: self._s.pooling)
     output_aware = property(lambda self: self._s.output_aware)
     lookahead = property(lambda self: self._s.lookahead)
+    context_weight = property(lambda self: self._s.context_weight)
+
+    def begin_lookahead(self) -> None:
+        """Rows observed from now on are the lookahead's; the ones before, the context's (only a
+        scorer with ``context_weight`` > 0 keeps the two apart)."""
+        self._s.begin_lookahead()
 
     def observe(self, probs, q_pos0: int = 0, q_head: Optional[int] = None) -> None:
         """Adds attention-probability rows: ``probs[q, i, j]`` is query head q's probability, at
@@ -352,4 +363,5 @@ class TokenScorer:
     def __repr__(self) -> str:
         return (f"TokenScorer({self.scorer!r}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
                 f"window={self.window}, kernel={self.kernel}, pooling={self.pooling!r}, "
-                f"output_aware={self.output_aware}, lookahead={self.lookahead})")
+                f"output_aware={self.output_aware}, lookahead={self.lookahead}, "
+                f"context_weight={self.context_weight})")

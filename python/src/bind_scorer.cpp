@@ -76,11 +76,13 @@ int dim_of(const AnyArray& a, std::size_t d) { return static_cast<int>(a.shape(d
 class PyScorer {
  public:
   PyScorer(const std::string& scorer, int n_heads, int n_kv_heads, int window, int kernel, const std::string& pooling,
-           bool output_aware, int lookahead)
-      : scorer_(make_config(scorer, window, kernel, pooling, output_aware, lookahead), n_heads, n_kv_heads) {}
+           bool output_aware, int lookahead, double context_weight)
+      : scorer_(make_config(scorer, window, kernel, pooling, output_aware, lookahead, context_weight), n_heads,
+                n_kv_heads) {}
 
   const depthkv::TokenScorer& scorer() const { return scorer_; }
   void reset() { scorer_.reset(); }
+  void begin_lookahead() { scorer_.begin_lookahead(); }
 
   /// Attention rows of every query head ([n_heads, n_queries, n_keys]) or of query head `q_head`
   /// ([n_queries, n_keys]), positions q_pos0, q_pos0 + 1, ...; all or nothing.
@@ -131,13 +133,14 @@ class PyScorer {
 
  private:
   static depthkv::ScorerConfig make_config(const std::string& scorer, int window, int kernel, const std::string& pooling,
-                                           bool output_aware, int lookahead) {
+                                           bool output_aware, int lookahead, double context_weight) {
     depthkv::ScorerConfig c = depthkv::scorer_config(scorer);
     c.window = window;
     c.kernel = kernel;
     c.pooling = depthkv::parse_pooling(pooling);
     c.output_aware = output_aware;
     c.lookahead = lookahead;
+    c.context_weight = context_weight;
     return c;
   }
 
@@ -251,9 +254,10 @@ class PyScorer {
 
 void bind_scorer(nb::module_& m) {
   nb::class_<PyScorer>(m, "TokenScorer", "The library's depthkv::TokenScorer; use depthkv.TokenScorer")
-      .def(nb::init<const std::string&, int, int, int, int, const std::string&, bool, int>(), nb::arg("scorer"),
+      .def(nb::init<const std::string&, int, int, int, int, const std::string&, bool, int, double>(), nb::arg("scorer"),
            nb::arg("n_heads"), nb::arg("n_kv_heads"), nb::arg("window"), nb::arg("kernel"), nb::arg("pooling"),
-           nb::arg("output_aware"), nb::arg("lookahead"))
+           nb::arg("output_aware"), nb::arg("lookahead"), nb::arg("context_weight"))
+      .def("begin_lookahead", &PyScorer::begin_lookahead)
       .def("observe", &PyScorer::observe, nb::arg("probs"), nb::arg("q_pos0"), nb::arg("q_head").none())
       .def("scores", &PyScorer::scores, nb::arg("n").none(), nb::arg("keys").none(), nb::arg("values").none(),
            nb::arg("wo").none())
@@ -266,7 +270,8 @@ void bind_scorer(nb::module_& m) {
       .def_prop_ro("kernel", [](const PyScorer& s) { return s.scorer().config().kernel; })
       .def_prop_ro("pooling", [](const PyScorer& s) { return depthkv::to_string(s.scorer().config().pooling); })
       .def_prop_ro("output_aware", [](const PyScorer& s) { return s.scorer().config().output_aware; })
-      .def_prop_ro("lookahead", [](const PyScorer& s) { return s.scorer().config().lookahead; });
+      .def_prop_ro("lookahead", [](const PyScorer& s) { return s.scorer().config().lookahead; })
+      .def_prop_ro("context_weight", [](const PyScorer& s) { return s.scorer().config().context_weight; });
   m.def(
       "keep_tokens",
       [](double ratio, int n, int n_sink, int n_recent) {

@@ -189,3 +189,37 @@ def test_keep_tokens():
     assert depthkv.keep_tokens(1.0, 384) == 384 and depthkv.keep_tokens(0.5, 10, (8, 8)) == 10
     with pytest.raises(depthkv.Error, match="keep ratio must be >= 0"):
         depthkv.keep_tokens(-0.1, 10)
+
+
+def _rows(rng, h, q, n):
+    p = rng.random((h, q, n)).astype(np.float32)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["snapkv", "h2o"])
+def test_context_weight_adds_the_context_window(kind):
+    """The preset's combined scores: the lookahead's scores plus w * (L / C) times the context
+    window's SnapKV scores, per KV head (checked against two separate scorers)."""
+    rng = np.random.default_rng(7)
+    ctx, look = _rows(rng, 4, 6, 10), _rows(rng, 4, 2, 10)
+    w = 0.5
+    comb = depthkv.TokenScorer(kind, 4, 2, window=3, lookahead=2, context_weight=w)
+    assert comb.context_weight == w
+    comb.observe(ctx, 0)
+    comb.begin_lookahead()
+    comb.observe(look, 6)
+    only_look = depthkv.TokenScorer(kind, 4, 2, window=3, lookahead=2)
+    only_look.observe(look, 6)
+    window = depthkv.TokenScorer("snapkv", 4, 2, window=3)
+    window.observe(ctx, 0)
+    l, c = only_look.scores(10).astype(np.float64), window.scores(10).astype(np.float64)
+    expect = l + w * (l.sum(axis=1, keepdims=True) / c.sum(axis=1, keepdims=True)) * c
+    np.testing.assert_allclose(comb.scores(10), expect, rtol=1e-6)
+    assert not np.allclose(comb.scores(10), l, rtol=1e-3)  # the context part counts
+
+
+def test_context_weight_needs_a_lookahead_and_a_finite_weight():
+    with pytest.raises(depthkv.Error, match="needs a lookahead"):
+        depthkv.TokenScorer("snapkv", 4, 2, context_weight=0.25)
+    with pytest.raises(depthkv.Error, match="context_weight"):
+        depthkv.TokenScorer("snapkv", 4, 2, lookahead=4, context_weight=-1.0)
