@@ -71,7 +71,7 @@ def write_gp(modes, dat, out, terminal, title, window):
         "set xrange [1700:40000]",
         "set xtics (2048, 4096, 8192, 16384, 32768)",
         'set xlabel "context tokens"',
-        "set key top left",
+        "set key below horizontal",  # under each panel: never over the data
         "set grid",
         "set yrange [0:*]",
     ]

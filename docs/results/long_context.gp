@@ -1,11 +1,11 @@
 set terminal svg size 1500,480 noenhanced font "sans,11" background rgb "white"
 set output "docs/results/long_context.svg"
-set multiplot layout 1,3 title "synthetic Qwen2.5-0.5B shape, Q8_0 weights, float32 KV, 2 threads, synthetic prefill, SnapKV chunked schedule (chunk 1024, interval 32); first figure on a 2-core machine loaded by 3 other engineers (load average 6-12)"
+set multiplot layout 1,3 title "Qwen2.5-0.5B shape (random weights), Q8_0, float32 KV, 2 threads, synthetic prefill, SnapKV chunked (chunk 1024, interval 32); loaded 2-core machine"
 set logscale x 2
 set xrange [1700:40000]
 set xtics (2048, 4096, 8192, 16384, 32768)
 set xlabel "context tokens"
-set key top left
+set key below horizontal
 set grid
 set yrange [0:*]
 set ylabel "decode tokens/s"
