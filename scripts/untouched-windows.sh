@@ -14,7 +14,8 @@
 #    --out kvpress_peer_untouched`).
 # Profiles: docs/results/<model>.profile.json and <model>.best.profile.json (scripts/main-job.sh).
 # Writes the rows to docs/results/untouched/ and the tables to docs/results/untouched.md.
-# Usage: scripts/untouched-windows.sh [build dir] (DEPTHKV_DATA_DIR: data folder)
+# Usage: scripts/untouched-windows.sh [build dir] (DEPTHKV_DATA_DIR: data folder; ROWS: the row
+# files to (re)write, e.g. ROWS=best after a change of the preset alone; default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build/release}
@@ -26,6 +27,8 @@ TEXT="$DATA/text/tinystories_valid.txt"
 S="$DATA/models/stories260K/stories260K.bin"
 A="$DATA/models/aidreams260K/aidreams260K.bin"
 KEEP=0.1,0.2,0.3,0.5
+ROWS=${ROWS:-main,plain,oa,oa0,best,heads}
+want() { [[ ,$ROWS, == *,$1,* ]]; }
 
 # name model windows eval-skip untouched-skip main-selection... -- preset-selection...
 run_model() {
@@ -40,16 +43,16 @@ run_model() {
     local skip=$eskip
     [[ $set == untouched ]] && skip=$uskip
     local ev=(eval --model "$model" --text "$TEXT" --skip "$skip" --windows "$n" --keeps "$KEEP")
-    $DK "${ev[@]}" --profile "$plain" "${main[@]}" --scorers h2o,snapkv \
+    want main && $DK "${ev[@]}" --profile "$plain" "${main[@]}" --scorers h2o,snapkv \
       --policies uniform,pyramid,proportional,middle,optimal --csv "$OUT/$set.$name.main.csv" > "$OUT/$set.$name.main.txt"
-    $DK "${ev[@]}" --profile "$plain" "${best[@]}" --scorers snapkv --policies uniform \
+    want plain && $DK "${ev[@]}" --profile "$plain" "${best[@]}" --scorers snapkv --policies uniform \
       --csv "$OUT/$set.$name.plain.csv" > /dev/null
-    $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv,h2o --output-aware --lookahead 32 \
+    want oa && $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv,h2o --output-aware --lookahead 32 \
       --policies uniform --csv "$OUT/$set.$name.oa.csv" > /dev/null
-    $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv,h2o --output-aware --lookahead 0 \
+    want oa0 && $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv,h2o --output-aware --lookahead 0 \
       --policies uniform --csv "$OUT/$set.$name.oa0.csv" > /dev/null
-    $DK "${ev[@]}" --profile "$own" "${best[@]}" --preset best --csv "$OUT/$set.$name.best.csv" > /dev/null
-    $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv --output-aware --lookahead 32 \
+    want best && $DK "${ev[@]}" --profile "$own" "${best[@]}" --preset best --csv "$OUT/$set.$name.best.csv" > /dev/null
+    want heads && $DK "${ev[@]}" --profile "$own" "${best[@]}" --scorers snapkv --output-aware --lookahead 32 \
       --policies uniform,optimal,head-optimal --csv "$OUT/$set.$name.heads.csv" > /dev/null
     rm -f "$OUT"/*-sensitivity.csv
     echo "untouched-windows: $name $set (windows $skip..$((skip + n - 1))) done"

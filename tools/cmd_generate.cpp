@@ -133,26 +133,57 @@ struct Prefill {
   int lookahead = 0;        ///< the lookahead's decode steps (0: none ran)
 };
 
+/// --preset with --keep: the preset's per-input rule (depthkv::preset_trusts_input) on the
+/// prompt, its fallback's scorers observing the prefill beside the preset's.
+struct PresetRule {
+  const std::string* name = nullptr;  ///< the preset; null: no rule
+  depthkv::PruneSpec fallback;        ///< depthkv::preset_fallback_spec of the run's spec
+  std::vector<depthkv::TokenScorer> scorers;  ///< the fallback's, one per layer
+};
+
+/// Whether the preset keeps its own spec for this prompt (true without a rule); the signal goes
+/// to stderr.
+bool trust_prompt(const PresetRule& rule, const depthkv::llama::TailNll* tail, int vocab_size) {
+  if (!rule.name) return true;
+  const double nll = tail ? tail->nll() : 0.0;
+  const bool trusted = depthkv::preset_trusts_input(*rule.name, nll, vocab_size);
+  std::fprintf(stderr, "kv cache: --preset %s: normalized NLL of the prompt's last %d tokens %.3f (trusted up to %.2f): %s\n",
+               rule.name->c_str(), tail ? tail->n_tokens() : 0, depthkv::normalized_nll(nll, vocab_size),
+               depthkv::kPresetMaxNormalizedNll, trusted ? "the preset's spec" : "its fallback, plain SnapKV with uniform budgets");
+  return trusted;
+}
+
 template <class Cache>
-void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const GenerateArgs& a, const depthkv::PruneSpec& spec,
+void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const GenerateArgs& a, depthkv::PruneSpec spec,
                        const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo,
-                       const RunShape& run, Prefill<Cache>& p) {
+                       const RunShape& run, PresetRule& rule, Prefill<Cache>& p) {
   using namespace depthkv;
   using namespace depthkv::llama;
   const LlamaConfig& cfg = engine.config();
-  const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
   const bool prune = a.keep < 1.0;
   std::vector<TokenScorer> scorers;
   ForwardOptions opt;
   opt.chunk_size = a.chunk;
   opt.all_logits = false;
   opt.n_threads = a.threads;
+  const std::vector<int> fed(run.prompt.begin(), run.prompt.begin() + run.n_feed);
+  std::unique_ptr<TailNll> tail;
   if (prune) {
     scorers = make_scorers(cfg, spec.scorer);
-    if (spec.scorer.lookahead == 0 || spec.scorer.context_weight > 0.0)
-      opt.observer = observe_into(scorers);  // with a lookahead: also observe_lookahead after the prefill
+    const bool own = spec.scorer.lookahead == 0 || spec.scorer.context_weight > 0.0;  // else: the lookahead only
+    if (rule.name) {
+      rule.scorers = make_scorers(cfg, rule.fallback.scorer);
+      opt.observer = [&scorers, &rule, own](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+        if (own) scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+        rule.scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+      };
+      if (fed.size() >= 2) tail = std::make_unique<TailNll>(engine, fed, kPresetTrustTokens, opt);
+    } else if (own) {
+      opt.observer = observe_into(scorers);
+    }
   }
   if (spec.schedule.mode != ScheduleMode::kOneshot) {
+    const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
     p.schedule = std::make_unique<EvictionSchedule>(schedule_config(spec, curves.data(), wo_views), cfg.n_layers,
                                                     cfg.n_heads, cfg.n_kv_heads);
     opt.observer = p.schedule->observer();
@@ -162,9 +193,14 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
-  p.logits = engine.prefill(std::vector<int>(run.prompt.begin(), run.prompt.begin() + run.n_feed), 0, p.cache, opt);
+  p.logits = engine.prefill(fed, 0, p.cache, opt);
   p.ms = 1000.0 * seconds_since(t0);
   if (!prune) return;
+  if (!trust_prompt(rule, tail.get(), cfg.vocab_size)) {
+    spec = rule.fallback;
+    scorers = std::move(rule.scorers);
+  }
+  const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
   if (spec.scorer.lookahead > 0) {
     const auto t1 = std::chrono::steady_clock::now();
     observe_lookahead(engine, p.cache, last_argmax(p.logits), run.n_feed, {&scorers});
@@ -172,8 +208,8 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
     p.lookahead = spec.scorer.lookahead;
   }
   const PruneReport rep = score_and_evict(p.cache, scorers, prune_request(spec, curves.data(), wo_views));
-  std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(spec.scorer).c_str(), a.policy.c_str(),
-               a.keep);
+  std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(spec.scorer).c_str(),
+               to_string(spec.policy).c_str(), a.keep);
   for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
   std::fprintf(stderr, " of %d; %zu of %zu bytes", run.n_feed, rep.bytes_after, rep.bytes_before);
   if (spec.scorer.lookahead > 0)
@@ -249,7 +285,12 @@ template <class Cache>
 void generate_on(Prefill<Cache> p, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
                  depthkv::llama::Sampler& sampler, const GenerateArgs& a, const depthkv::PruneSpec& spec,
                  const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo, const RunShape& run) {
-  prefill_and_prune(engine, a, spec, curves, wo, run, p);
+  PresetRule rule;
+  if (a.preset.active() && a.keep < 1.0) {  // a bounded run evicts before the prompt's NLL is known
+    rule.name = &a.preset.name;
+    rule.fallback = depthkv::preset_fallback_spec(a.preset.name, spec);
+  }
+  prefill_and_prune(engine, a, spec, curves, wo, run, rule, p);
   const auto t_decode = std::chrono::steady_clock::now();
   const int decoded = generate_tokens(engine, tok, sampler, a, run, p);
   const double decode_ms = 1000.0 * seconds_since(t_decode);
@@ -281,7 +322,14 @@ void run_generate(const GenerateArgs& a) {
   run.prompt = lm.tokenizer->encode(a.prompt, /*bos=*/true, /*eos=*/false);
   DEPTHKV_CHECK(!run.prompt.empty(), "the prompt encodes to no tokens");
   run.n_feed = std::min(static_cast<int>(run.prompt.size()), run.steps);
-  const PruneSpec spec = generate_spec(a, file.get(), cfg.n_layers, run);
+  PruneSpec spec = generate_spec(a, file.get(), cfg.n_layers, run);
+  if (a.keep < 1.0 && a.preset.active() && !a.preset.lookahead_given() && spec.scorer.lookahead > cfg.seq_len - run.n_feed) {
+    // the preset's own lookahead shortened to the model's context left after the prompt
+    spec.scorer.lookahead = std::max(0, cfg.seq_len - run.n_feed);
+    if (spec.scorer.lookahead == 0) spec.scorer.context_weight = 0.0;
+    std::fprintf(stderr, "kv cache: --preset %s: lookahead shortened to %d tokens (the model's context of %d holds a prompt of %d)\n",
+                 a.preset.name.c_str(), spec.scorer.lookahead, cfg.seq_len, run.n_feed);
+  }
   if (a.keep < 1.0 && spec.scorer.lookahead > 0) check_lookahead(spec.scorer.lookahead, run.n_feed, cfg.seq_len, "prompt");
   const bool prunes = a.keep < 1.0 || a.max_kv_tokens >= 0;
   const PolicyCurves curves = prunes ? generate_curves(spec, file.get(), a.sel) : PolicyCurves{};

@@ -424,19 +424,57 @@ def set_ratio(press, keep):
     press.compression_ratio = 1.0 - keep
 
 
+def depthkv_common(name, a, skip=None, windows=None):
+    """(model folder, checkpoint, main profile path, its selection, `depthkv eval` arguments) of `name`
+    (`skip`, `windows`: instead of --skip and --windows)."""
+    mdir = os.path.join(a.data, "models", name)
+    bin_path = os.path.join(mdir, name + ".bin")
+    text = os.path.join(a.data, "text", "tinystories_valid.txt")
+    profile = os.path.join(ROOT, "docs", "results", name + ".profile.json")
+    sel = json.load(open(profile))["calibration"]["selection"]
+    m = MODELS[name]
+    windows = windows or a.windows or m["windows"]
+    skip = skip if skip is not None else a.skip.get(name)
+    common = ["--model", bin_path, "--text", text, "--profile", profile, "--windows", str(windows),
+              "--threads", str(a.threads)] + (["--skip", str(skip)] if skip is not None else []) + m["selection"]
+    return mdir, bin_path, profile, sel, common
+
+
+def own_common(name, a, common, profile):
+    """`common` with the preset's profile (<model>.best.profile.json) and its own protection, or None."""
+    own = os.path.join(a.best_profile_dir, name + ".best.profile.json")
+    if not os.path.exists(own):
+        return None
+    osel = json.load(open(own))["calibration"]["selection"]
+    return [x if x != profile else own for x in common[:len(common) - len(MODELS[name]["selection"])]] + [
+        "--sinks", str(osel["sinks"]), "--recent", str(osel["recent"]), "--obs-window", str(osel["obs_window"])]
+
+
+def preset_rows(a, res, common_own):
+    """`depthkv eval --preset best` on `common_own`'s windows into res["kl"] and res["preset_scorer"]."""
+    rows = run_depthkv(a.depthkv, common_own, ["--keeps", ",".join(map(str, a.keep)), "--preset", "best"])
+    res["kl"]["depthkv --preset best"] = {str(r["keep"]): r["kl"] for r in rows}  # in place: the row order stays
+    res["preset_scorer"] = {str(r["keep"]): r["scorer"] for r in rows}
+
+
+def refresh_preset(rows, a):
+    """Reruns only the `--preset best` rows of a results JSON (kvpress's rows and depthkv's others kept)."""
+    for res in rows:
+        name = res["model"]
+        first, end = res["windows"]  # the windows the JSON was measured on
+        _, _, profile, _, common = depthkv_common(name, a, skip=first, windows=end - first)
+        common_own = own_common(name, a, common, profile)
+        if common_own is None or "depthkv --preset best" not in res["kl"]:
+            continue
+        before = dict(res["kl"]["depthkv --preset best"])
+        preset_rows(a, res, common_own)
+        print(f"== {name}: --preset best {before} -> {res['kl']['depthkv --preset best']}", flush=True)
+
+
 def evaluate_model(name, a, out_rows):
     import kvpress as kp
-    data = a.data
-    mdir = os.path.join(data, "models", name)
-    bin_path = os.path.join(mdir, name + ".bin")
-    text = os.path.join(data, "text", "tinystories_valid.txt")
-    profile = os.path.join(ROOT, "docs", "results", name + ".profile.json")
-    prof = json.load(open(profile))
-    sel = prof["calibration"]["selection"]
+    mdir, bin_path, profile, sel, common = depthkv_common(name, a)
     m = MODELS[name]
-    windows = a.windows or m["windows"]
-    common = ["--model", bin_path, "--text", text, "--profile", profile, "--windows", str(windows),
-              "--threads", str(a.threads)] + (["--skip", str(a.skip[name])] if name in a.skip else []) + m["selection"]
     wpath = os.path.join(a.work, name + ".windows.json")
     r = subprocess.run([a.depthkv, "eval"] + common + ["--windows-out", wpath], capture_output=True, text=True)
     if r.returncode != 0:
@@ -504,13 +542,9 @@ def evaluate_model(name, a, out_rows):
     own = os.path.join(a.best_profile_dir, name + ".best.profile.json")
     if os.path.exists(own) and not a.plain_only:
         # the preset's profile's own protection (it may differ from the main profile's)
-        osel = json.load(open(own))["calibration"]["selection"]
-        common_own = [x if x != profile else own for x in common[:len(common) - len(m["selection"])]] + [
-            "--sinks", str(osel["sinks"]), "--recent", str(osel["recent"]), "--obs-window", str(osel["obs_window"])]
+        common_own = own_common(name, a, common, profile)
         keeps = ["--keeps", ",".join(map(str, a.keep))]
-        for row in run_depthkv(a.depthkv, common_own, keeps + ["--preset", "best"]):
-            res["kl"].setdefault("depthkv --preset best", {})[str(row["keep"])] = row["kl"]
-            res.setdefault("preset_scorer", {})[str(row["keep"])] = row["scorer"]
+        preset_rows(a, res, common_own)
         scorers = ",".join(s for s in ("snapkv", "h2o") if s in json.load(open(own))["scorers"])
         # the scorers as the preset's profile measured them (its lookahead, if any)
         look = int(json.load(open(own))["calibration"]["selection"].get("lookahead", 0))
@@ -739,13 +773,19 @@ def main():
                     help="folder of the <model>.best.profile.json files (the `own` profiles, head curves included)")
     ap.add_argument("--no-heads", action="store_true", help="no head-level rows (head-optimal, LUKV)")
     ap.add_argument("--from-json", default="", help="only rewrite the table and plot from this results JSON")
+    ap.add_argument("--refresh-preset", default="",
+                    help="rerun only the `--preset best` rows of this results JSON (no torch needed), then "
+                         "rewrite it, its table and its plot (--out)")
     a = ap.parse_args()
     a.keep = [float(k) for k in a.keep.split(",")]
     a.presses = [p for p in a.presses.split(",") if p]
     a.depthkv_extra = a.depthkv_extra.split()
     a.skip = {n: int(v) for n, v in (x.split("=") for x in a.skip.split(",") if x)}
-    if a.from_json:
-        write_results(json.load(open(a.from_json)), a)
+    if a.from_json or a.refresh_preset:
+        rows = json.load(open(a.from_json or a.refresh_preset))
+        if a.refresh_preset:
+            refresh_preset(rows, a)
+        write_results(rows, a)
         return 0
     os.makedirs(a.work, exist_ok=True)
     torch.set_num_threads(a.torch_threads)

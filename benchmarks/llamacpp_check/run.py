@@ -359,6 +359,37 @@ def lc_one(a):
     print(json.dumps(row))
 
 
+def quantize_with_binary(bin_dir, src, dst, type_name, threads):
+    """llama.cpp's own `llama-quantize` program (--llama-bench's folder) instead of the Python binding."""
+    subprocess.run([os.path.join(bin_dir, "llama-quantize"), src, dst, type_name, str(threads)], check=True,
+                   capture_output=True)
+
+
+def lc_llama_bench(a, path, shape, ctx):
+    """One long-context run of llama.cpp's full cache with its own `llama-bench` program (--llama-bench):
+    the context is filled by a real prefill of `ctx` tokens (`-d`, not timed), then --decode tokens are
+    generated one at a time (`-n`, timed; llama-bench reports their mean rate, so the fastest window is
+    that mean); the peak RSS is the process's (GNU time's maximum resident set size)."""
+    s = SHAPES[shape]
+    cmd = ["/usr/bin/time", "-f", "MAXRSS_KB %M", os.path.join(a.llama_bench, "llama-bench"), "-m", path, "-p", "0",
+           "-n", str(a.decode), "-d", str(ctx), "-t", str(a.threads), "-r", "1", "--repack",
+           "1" if a.repack == "on" else "0", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("llama-bench failed:\n" + r.stdout + r.stderr)
+    test = json.loads(r.stdout)[0]
+    rss_kb = int(r.stderr.split("MAXRSS_KB")[-1].split()[0])
+    decode_s = test["avg_ns"] / 1e9
+    n_ctx = ctx + a.decode
+    kv_bytes = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2 * n_ctx  # F16 K and V of the cells in use
+    return dict(engine="llama.cpp", input=path, shape=shape, mode="full", keep=1.0, context=ctx, decode=a.decode,
+                threads=a.threads, prefill="real (llama-bench -d, not timed)", decode_s=decode_s,
+                decode_tok_s=test["avg_ts"], decode_tok_s_best_window=test["avg_ts"], peak_rss_mb=rss_kb / 1024.0,
+                kv_peak_bytes=kv_bytes, kv_end_bytes=kv_bytes, repack=a.repack == "on",
+                llama_cpp_build=test.get("build_commit", ""), llama_cpp_program="llama-bench",
+                load_avg=os.getloadavg()[0], unix_time=int(time.time()))
+
+
 def long_contexts(a, llama_cpp):
     """--contexts: llama.cpp's full cache (and depthkv's runs with --lc-bench) per context."""
     os.makedirs(a.lc_out, exist_ok=True)
@@ -370,10 +401,19 @@ def long_contexts(a, llama_cpp):
         for t in a.types:
             path = base if t == "F16" else os.path.join(a.tmp, "%s-%s.gguf" % (shape, t))
             if not os.path.exists(path):
-                quantize(llama_cpp, base, path, t, a.threads)
+                if a.llama_bench:
+                    quantize_with_binary(a.llama_bench, base, path, t, a.threads)
+                else:
+                    quantize(llama_cpp, base, path, t, a.threads)
             for ctx in [int(c) for c in a.contexts.split(",")]:
                 stem = os.path.join(a.lc_out, "%s-%s-%%s-%d.json" % (shape, t, ctx))
                 log(shape, t, ctx, ": llama.cpp full cache, repack", a.repack)
+                if a.llama_bench:
+                    if not a.lc_skip_llamacpp:
+                        with open(stem % "llamacpp", "w") as f:
+                            f.write(json.dumps(lc_llama_bench(a, path, shape, ctx)) + "\n")
+                    run_lc_bench(a, path, ctx, stem)
+                    continue
                 r = subprocess.run([sys.executable, os.path.abspath(__file__), "--lc-one", path, "--lc-shape", shape,
                                     "--lc-context", str(ctx), "--decode", str(a.decode), "--threads", str(a.threads),
                                     "--repack", a.repack, "--seed", str(a.seed)], capture_output=True, text=True)
@@ -381,12 +421,17 @@ def long_contexts(a, llama_cpp):
                     raise RuntimeError("llama.cpp run failed:\n" + r.stdout + r.stderr)
                 with open(stem % "llamacpp", "w") as f:
                     f.write(r.stdout.strip().splitlines()[-1] + "\n")
-                for keep in ([] if not a.lc_bench else a.lc_keeps.split(",")):
-                    log(shape, t, ctx, ": depthkv keep", keep)
-                    cmd = [a.lc_bench, "--model", path, "--context", str(ctx), "--decode", str(a.decode), "--threads",
-                           str(a.threads), "--keep", keep, "--prefill", a.lc_prefill, "--scorer", a.lc_scorer,
-                           "--json", stem % ("keep" + keep)]
-                    subprocess.run(cmd, check=True)
+                run_lc_bench(a, path, ctx, stem)
+
+
+def run_lc_bench(a, path, ctx, stem):
+    """depthkv's long_context_bench on the same file and threads, per --lc-keeps ratio (--lc-bench)."""
+    for keep in ([] if not a.lc_bench else a.lc_keeps.split(",")):
+        log(os.path.basename(path), ctx, ": depthkv keep", keep)
+        cmd = [a.lc_bench, "--model", path, "--context", str(ctx), "--decode", str(a.decode), "--threads",
+               str(a.threads), "--keep", keep, "--prefill", a.lc_prefill, "--scorer", a.lc_scorer,
+               "--json", stem % ("keep" + keep)] + a.lc_extra.split()
+        subprocess.run(cmd, check=True)
 
 
 def render(results_path):
@@ -449,6 +494,11 @@ if __name__ == "__main__":
     ap.add_argument("--lc-keeps", default="1,0.2,0.1")
     ap.add_argument("--lc-prefill", choices=["real", "synthetic"], default="synthetic")
     ap.add_argument("--lc-scorer", default="snapkv")
+    ap.add_argument("--lc-extra", default="", help="more long_context_bench flags (space-separated)")
+    ap.add_argument("--llama-bench", default="",
+                    help="folder of llama.cpp's llama-bench and llama-quantize programs: --contexts runs them "
+                         "instead of llama-cpp-python (no Python binding needed)")
+    ap.add_argument("--lc-skip-llamacpp", action="store_true", help="--contexts: depthkv's runs only")
     ap.add_argument("--lc-one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--lc-shape", default="", help=argparse.SUPPRESS)
     ap.add_argument("--lc-context", type=int, default=0, help=argparse.SUPPRESS)
@@ -465,8 +515,11 @@ if __name__ == "__main__":
     if "F16" in args.types:  # the reference of KL(F16 || type) comes first
         args.types = ["F16"] + [t for t in args.types if t != "F16"]
     if args.contexts:
-        import llama_cpp
-        long_contexts(args, llama_cpp)
+        if args.llama_bench:
+            long_contexts(args, None)
+        else:
+            import llama_cpp
+            long_contexts(args, llama_cpp)
         sys.exit(0)
     if not args.render_only:
         import llama_cpp

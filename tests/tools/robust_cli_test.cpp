@@ -1,5 +1,6 @@
-// Tests of `depthkv eval --continuation-source` and `--oracle`, and of the lookahead's timing line
-// in `depthkv generate`, as separate processes on the real stories260K model.
+// Tests of `depthkv eval --continuation-source` and `--oracle`, of the lookahead's timing line in
+// `depthkv generate`, and of --preset best's per-input rule in `depthkv eval` and `depthkv
+// generate`, as separate processes on the real stories260K model.
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -110,4 +111,51 @@ TEST_CASE("eval --preset best serves text the model cannot predict as plain Snap
   for (const auto& row : own) REQUIRE(row["fallback_windows"] == 0);
   std::remove(profile.c_str());
   std::remove(noise.c_str());
+}
+
+TEST_CASE("generate --preset best applies the per-input rule to its prompt", "[cli][generate][real]") {
+  const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
+  const std::string flags = " --sinks 2 --recent 4 --obs-window 4 --threads 1";
+  const std::string profile = tmp_path("robust-generate-profile.json");
+  REQUIRE(run_cli("profile --model " + model + " --text " +
+                  shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt")) + flags +
+                  " --context 64 --continuation 16 --windows 3 --ratios 0.1,0.5 --preset best -o " + shell_quoted(profile))
+              .status == 0);
+  std::string noise;  // unrelated symbols and digits: the model predicts them no better than chance
+  unsigned x = 777;
+  for (int i = 0; i < 160; ++i) {
+    x = x * 1103515245u + 12345u;
+    noise += "#{}[]<>|~^%$@&*0123456789qzxjQZXJ"[(x >> 16) % 33];
+  }
+  const std::string g = "generate --model " + model + flags + " -t 0 -n 260 --keep 0.4 --prompt ";
+  const std::string best = " --preset best --profile " + shell_quoted(profile);
+  const auto fell = run_cli(g + shell_quoted(noise) + best, "2>&1");
+  REQUIRE(fell.status == 0);
+  REQUIRE(fell.out.find("its fallback, plain SnapKV with uniform budgets") != std::string::npos);
+  REQUIRE(fell.out.find("kv cache: snapkv/uniform keep 0.400") != std::string::npos);
+  REQUIRE(fell.out.find("lookahead:") == std::string::npos);
+  // the generated text equals plain SnapKV with uniform budgets, asked for directly
+  const auto text = run_cli(g + shell_quoted(noise) + best, "2>/dev/null");
+  const auto plain = run_cli(g + shell_quoted(noise) + " --scorer snapkv --policy uniform", "2>/dev/null");
+  REQUIRE(plain.status == 0);
+  REQUIRE(text.out == plain.out);
+  const auto own = run_cli(g + "'Once upon a time there was a little girl named Lily. She loved to play in the park "
+                               "with her friends. One day she saw a big red ball.'" + best, "2>&1");
+  REQUIRE(own.status == 0);
+  REQUIRE(own.out.find(": the preset's spec") != std::string::npos);
+  REQUIRE(own.out.find("/head-optimal keep 0.400") != std::string::npos);
+  REQUIRE(own.out.find("lookahead: 32 decode steps") != std::string::npos);
+  // a prompt that leaves less than 32 positions of the model's context: the preset's lookahead
+  // shrinks to what is left; a --lookahead asked for explicitly is still refused
+  std::string story;
+  for (int i = 0; i < 70; ++i) story += "Lily played in the park. ";
+  const auto shrunk = run_cli(g.substr(0, g.find(" -n 260")) + " -n 0 --keep 0.4 --prompt '" + story + "'" + best, "2>&1");
+  REQUIRE(shrunk.status == 0);
+  REQUIRE(shrunk.out.find("kv cache: --preset best: lookahead shortened to ") != std::string::npos);
+  const auto asked = run_cli(g.substr(0, g.find(" -n 260")) + " -n 0 --keep 0.4 --prompt '" + story + "'" + best +
+                                 " --lookahead 32",
+                             "2>&1");
+  REQUIRE(asked.status != 0);
+  REQUIRE(asked.out.find("do not fit the model's context") != std::string::npos);
+  std::remove(profile.c_str());
 }

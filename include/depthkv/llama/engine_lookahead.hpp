@@ -2,8 +2,11 @@
 /// @file llama/engine_lookahead.hpp
 /// @brief The reference engine's side of the core scorers: one `TokenScorer` per layer of a
 /// model, the lookahead observation (`depthkv::observe_lookahead`, lookahead.hpp) with this
-/// engine's decode step, and the model's greedy continuation of a context.
+/// engine's decode step, the model's greedy continuation of a context, and the NLL of a
+/// context's last tokens measured during its prefill (`TailNll`, the signal of
+/// `preset_trusts_input`).
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "depthkv/kv_cache.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/lookahead.hpp"
+#include "depthkv/metrics.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/token_scorer.hpp"
 
@@ -78,6 +82,52 @@ std::vector<int> greedy_continuation(const LlamaEngine& engine, KVCache<Layer> c
   }
   return out;
 }
+
+/// The mean NLL (nats) of a context's last `n` tokens under the model, taken from the prefill
+/// that reads the context: `TailNll(engine, context, n, opt)` hooks `opt.capture` to keep the
+/// last layer's output rows at positions [size - 1 - n, size - 1) (the rows that predict those
+/// tokens); after `engine.prefill(context, 0, cache, opt)`, `nll()` applies the classifier to
+/// them. n is clamped to size - 1 (the first token has no prediction). The hook replaces any
+/// capture `opt` had; `opt` must outlive the prefill only, the TailNll the `nll()` call.
+class TailNll {
+ public:
+  /// @throws Error on n < 1 or a context of fewer than 2 tokens
+  TailNll(const LlamaEngine& engine, const std::vector<int>& context, int n, ForwardOptions& opt)
+      : engine_(engine), context_(context) {
+    DEPTHKV_CHECK(n >= 1, "context NLL: need n >= 1 tokens, got " << n);
+    DEPTHKV_CHECK(context.size() >= 2, "context NLL: the context holds " << context.size() << " token(s), need 2");
+    n = std::min(n, static_cast<int>(context.size()) - 1);
+    first_ = static_cast<int>(context.size()) - 1 - n;
+    rows_ = RowMatrix(n, engine.config().dim);
+    const int last_layer = engine.config().n_layers - 1, first = first_;
+    RowMatrix& rows = rows_;
+    opt.capture_points = capture_bit(CapturePoint::kLayerOutput);
+    opt.capture = [&rows, first, n, last_layer](int l, CapturePoint, std::int32_t p0, const RowMatrix& x) {
+      if (l != last_layer) return;
+      for (Eigen::Index i = 0; i < x.rows(); ++i) {
+        const long long p = p0 + i;
+        if (p >= first && p < first + n) rows.row(static_cast<Eigen::Index>(p - first)) = x.row(i);
+      }
+    };
+  }
+  TailNll(const TailNll&) = delete;  // the hook refers to this object's rows
+  TailNll& operator=(const TailNll&) = delete;
+
+  /// The tokens measured.
+  int n_tokens() const { return static_cast<int>(rows_.rows()); }
+  /// The mean NLL of the measured tokens (after the prefill).
+  double nll() const {
+    const RowMatrix logits = engine_.logits(rows_, nullptr, first_);
+    const std::vector<int> targets(context_.end() - rows_.rows(), context_.end());
+    return compare_logits(logits, logits, targets).nll_full;
+  }
+
+ private:
+  const LlamaEngine& engine_;
+  const std::vector<int>& context_;
+  int first_ = 0;
+  RowMatrix rows_;
+};
 
 }  // namespace llama
 }  // namespace depthkv

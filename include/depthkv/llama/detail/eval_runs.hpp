@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -267,27 +268,6 @@ class EvalRuns {
     }
   }
 
-  // Captures into `tail` the last layer's output rows at positions [first, first + n).
-  void capture_tail(ForwardOptions& opt, RowMatrix& tail, int first, int n) const {
-    const int L = engine_.config().n_layers;
-    tail = RowMatrix(n, engine_.config().dim);
-    opt.capture_points = capture_bit(CapturePoint::kLayerOutput);
-    opt.capture = [&tail, first, n, L](int l, CapturePoint, std::int32_t p0, const RowMatrix& rows) {
-      if (l != L - 1) return;
-      for (Eigen::Index i = 0; i < rows.rows(); ++i) {
-        const long long p = p0 + i;
-        if (p >= first && p < first + n) tail.row(static_cast<Eigen::Index>(p - first)) = rows.row(i);
-      }
-    };
-  }
-  // The mean NLL of the context's last tail.rows() tokens from the rows that predict them.
-  double tail_nll(const RowMatrix& tail, const std::vector<int>& context) const {
-    const int n = static_cast<int>(tail.rows()), first = static_cast<int>(context.size()) - 1 - n;
-    const RowMatrix logits = engine_.logits(tail, nullptr, first);
-    std::vector<int> targets(context.end() - n, context.end());
-    return compare_logits(logits, logits, targets).nll_full;
-  }
-
   // The full run of `win`; with ContinuationSource::kModel its continuation is replaced first by
   // the model's greedy one (the same number of tokens).
   Reference full_run(EvalWindow& win) const {
@@ -305,11 +285,11 @@ class EvalRuns {
     opt.observer = [&context_sets](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
       for (std::vector<TokenScorer>* set : context_sets) (*set)[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
     };
-    const int nll_rows = std::min(cfg_.context_nll_tokens, static_cast<int>(win.context.size()) - 1);
-    RowMatrix tail;  // the last layer's output at the rows predicting the context's last nll_rows tokens
-    if (nll_rows > 0) capture_tail(opt, tail, static_cast<int>(win.context.size()) - 1 - nll_rows, nll_rows);
+    std::unique_ptr<TailNll> tail;
+    if (cfg_.context_nll_tokens > 0 && win.context.size() >= 2)
+      tail = std::make_unique<TailNll>(engine_, win.context, cfg_.context_nll_tokens, opt);
     const RowMatrix last = engine_.prefill(win.context, 0, r.cache, opt);
-    if (nll_rows > 0) r.context_nll = tail_nll(tail, win.context);
+    if (tail) r.context_nll = tail->nll();
     const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
     if (cfg_.continuation_source == ContinuationSource::kModel)
       win.continuation = greedy_continuation(engine_, r.cache, last_argmax(last), pos0, tc);
