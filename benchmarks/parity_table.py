@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""The parity table of benchmarks/long_context_runs.sh's set D: depthkv (gguf_engine_bench --json)
+against llama.cpp (llama-bench -o json, repacking off and on) on the same files, prefill and decode
+tok/s at each thread count, and depthkv's ratio to each llama.cpp setting. Standard library only.
+
+    python3 benchmarks/parity_table.py benchmarks/results/long_context/quiet
+"""
+import json
+import os
+import sys
+
+TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+
+
+def llama(path):
+    """{(repack, 'pp'|'tg'): tok/s} of one llama-bench JSON file."""
+    out = {}
+    for t in json.load(open(path)):
+        kind = "pp" if t["n_prompt"] > 0 else "tg"
+        out[(bool(t["repack"]), kind)] = t["avg_ts"]
+    return out
+
+
+def main(d):
+    rows = ["| type | threads | prefill 512 tok/s depthkv / llama.cpp repack off / on | ratio (off / on) | "
+            "decode tok/s depthkv / llama.cpp off / on | ratio (off / on) |", "|---|---|---|---|---|---|"]
+    for typ in TYPES:
+        for t in (1, 2):
+            dk_path, lc_path = (os.path.join(d, f"parity-{e}-{typ}-t{t}.json") for e in ("depthkv", "llamacpp"))
+            if not (os.path.exists(dk_path) and os.path.exists(lc_path)):
+                continue
+            dk, lc = json.load(open(dk_path)), llama(lc_path)
+            cells = []
+            for kind, key in (("pp", "prefill_tok_s"), ("tg", "decode_tok_s")):
+                off, on = lc.get((False, kind)), lc.get((True, kind))
+                cells.append(f"{dk[key]:.1f} / {off:.1f} / {on:.1f}")
+                cells.append(f"{dk[key] / off:.2f}x / {dk[key] / on:.2f}x")
+            rows.append(f"| {typ} | {t} | " + " | ".join(cells) + " |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/long_context/quiet")
