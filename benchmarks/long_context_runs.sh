@@ -11,8 +11,10 @@
 #     the preset's scorer (output-aware SnapKV) for its scoring cost;
 #  C. the prefill target: Qwen2.5-0.5B shape, Q8_0, a real 16K prefill, full and keep 0.1;
 #  D. parity: TinyLlama-1.1B shape in F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, prefill 512 and decode 32,
-#     1 and 2 threads, depthkv's gguf_engine_bench and llama.cpp's llama-bench (repacking off and on).
-# Usage: benchmarks/long_context_runs.sh BUILD LLAMA_BIN_DIR GGUF_PYTHON [A|B|C|D ...]
+#     1 and 2 threads, depthkv's gguf_engine_bench and llama.cpp's llama-bench (repacking off and on);
+#  E. OpenMP's wait policy: Q4_K_M, 2 threads, prompt 128 + 32 decoded, with and without one busy
+#     process beside: depthkv with OMP_WAIT_POLICY unset and passive, llama.cpp (repacking off).
+# Usage: benchmarks/long_context_runs.sh BUILD LLAMA_BIN_DIR GGUF_PYTHON [A|B|C|D|E ...]
 #   BUILD: a Release build with benchmarks; LLAMA_BIN_DIR: llama.cpp's build/bin (llama-bench,
 #   llama-quantize); GGUF_PYTHON: a Python with numpy and gguf. OUT (default
 #   benchmarks/results/long_context/quiet), GGUF_DIR (default /tmp/depthkv-long-context).
@@ -20,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=$1 LLAMA=$2 PY=$3
 shift 3
-SETS=${*:-A B C D}
+SETS=${*:-A B C D E}
 OUT=${OUT:-benchmarks/results/long_context/quiet}
 GGUF_DIR=${GGUF_DIR:-/tmp/depthkv-long-context}
 LC="$BUILD/benchmarks/long_context_bench"
@@ -59,6 +61,20 @@ for set in $SETS; do
             --json "$OUT/parity-depthkv-$type-t$t.json" 2>&1 | tee -a "$OUT/runs.log"
           "$LLAMA/llama-bench" -m "$f" -p 512 -n 32 -t $t -r 2 --repack 0,1 -o json > "$OUT/parity-llamacpp-$type-t$t.json"
         done
+      done ;;
+    E)
+      # OpenMP's wait policy, on the quiet machine and beside one busy process (a CPU hog on one of
+      # the two cores): Q4_K_M, 2 threads, depthkv with the default policy and with passive waiting
+      f="$GGUF_DIR/tinyllama-1.1b-Q4_K_M.gguf"
+      for hog in none one; do
+        pid=
+        if [[ $hog == one ]]; then (while :; do :; done) & pid=$!; fi
+        for pol in default passive; do
+          env $([[ $pol == passive ]] && echo OMP_WAIT_POLICY=passive) "$BUILD/benchmarks/gguf_engine_bench" "$f" \
+            --prompt 128 --decode 32 --threads 2 --repeat 2 --json "$OUT/wait-depthkv-$pol-hog$hog.json" > /dev/null
+        done
+        "$LLAMA/llama-bench" -m "$f" -p 128 -n 32 -t 2 -r 2 --repack 0 -o json > "$OUT/wait-llamacpp-hog$hog.json"
+        if [[ -n $pid ]]; then kill $pid; fi
       done ;;
     *) echo "unknown set $set" >&2; exit 2 ;;
   esac
