@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include "common.hpp"
+#include "error_translator.hpp"
 
 NB_MODULE(_core, m) {
   m.doc() = "depthkv's C++ library (header-only) bound with nanobind; use the depthkv package";
@@ -13,15 +14,7 @@ NB_MODULE(_core, m) {
       nullptr);
   if (error == nullptr) throw nanobind::python_error();
   m.attr("Error") = nanobind::steal(error);
-  nanobind::register_exception_translator(
-      [](const std::exception_ptr& p, void* payload) {
-        try {
-          std::rethrow_exception(p);
-        } catch (const depthkv::Error& e) {
-          PyErr_SetString(static_cast<PyObject*>(payload), e.message().c_str());
-        }
-      },
-      error);
+  depthkv_py::raise_errors_as(error);
   depthkv_py::bind_profile(m);
   depthkv_py::bind_select(m);
   depthkv_py::bind_scorer(m);
