@@ -17,7 +17,8 @@
 /// 1. re-runs the allocator with `lengths` = the tokens seen by every layer (as oneshot eviction
 ///    would at this point), `caps` = what each layer holds now (a layer cannot grow back) and
 ///    floors from the protection, so that the layers sum exactly to B;
-/// 2. scores every layer (`layer_scores`; output-aware scorers read `output_projections`), splits
+/// 2. scores every layer (`TokenScorer::cached_scores`; output-aware scorers read
+///    `output_projections` and compute n_j only for the slots appended since), splits
 ///    each layer's budget across its KV heads (`head_budgets`: `head_allocation`, uniform by
 ///    default) and evicts (`evict`, `EvictOptions`);
 ///    with `head_profile` (per-(layer, KV head) curves) step 1 allocates per head instead: the
@@ -41,7 +42,8 @@
 ///
 /// ## Errors
 /// Invalid input throws `depthkv::Error`; a call that throws leaves the cache, the scorers and
-/// the schedule's counters unchanged (everything is validated before the first change).
+/// the schedule's counters unchanged (everything is validated before the first change), except
+/// that an output-aware scorer's norm cache may hold the slots appended since (still valid).
 ///
 /// @code
 /// depthkv::ScheduleConfig sc;
@@ -246,7 +248,7 @@ std::vector<LayerEviction> split_evict_compact(KVCache<Layer>& cache, std::vecto
   for (int l : ids) {
     const auto i = static_cast<std::size_t>(l);
     layers.push_back(&cache.layer(l));
-    scores.push_back(scorers[i].scores(cache.layer(l), split.wo ? &(*split.wo)[i] : nullptr));
+    scores.push_back(scorers[i].cached_scores(cache.layer(l), split.wo ? &(*split.wo)[i] : nullptr));
   }
   std::vector<std::vector<int>> keep = start;
   if (resplit && split.mode != HeadAllocation::kUniform)  // reads only; the evictor validates before it mutates

@@ -52,6 +52,19 @@
 /// of scores serves every keep ratio of a profile and the cross-head split of head_budget.hpp),
 /// so the rescaled score alone ranks the tokens.
 ///
+/// ## Output-norm cache
+/// `scores` computes n_j for every slot at every call. `cached_scores` (what `score_and_evict` and
+/// `EvictionSchedule` call) gives the same scores bit for bit but keeps n_j per slot and KV head
+/// and computes it only for the slots appended since its last call, so that an eviction every
+/// `interval` tokens costs O(new tokens) in the projection. The cache is valid as long as the
+/// layer's slots change only by appending and by the evictions reported through `compact` (kept
+/// slot i <- kept_slots[i]): the contract the observed rows already rely on. A caller that
+/// replaces the layer's values otherwise (truncates and re-appends, reuses the scorer for another
+/// sequence) calls `reset` (or makes a new scorer). The cache remembers the layer object (its
+/// address) and the `OutputProjection` view (pointer, shape, strides) it was filled from: a call
+/// with another one rebuilds it from scratch. A call finding a KV head that holds fewer slots than
+/// are cached throws `Error` (slots were evicted without `compact`) and changes nothing.
+///
 /// ## GQA
 /// With `n_heads` query heads and `n_kv_heads` KV heads, query head q belongs to KV head
 /// `q / (n_heads / n_kv_heads)`. Every accumulator lives per KV head: the rows of the group's query
@@ -132,13 +145,12 @@ struct OutputProjection {
   std::int64_t col_stride = 1;  ///< elements between columns
 };
 
-/// n_j of the output-aware rescaling for every slot of `layer` (file comment):
-/// n[h][j] = (1 / G) * sum_{q in group(h)} ||W_o^{(q)} V_{h,j}||_1, G = n_heads / n_kv_heads.
-/// @return n[h][slot], row h of length layer.size(h)
-/// @throws Error on a null matrix, dim < 1, a head_dim other than the layer's, a head count that
-///   is not a positive multiple of the layer's KV heads, or a non-positive stride
+namespace detail {
+
+/// The checks of `output_contribution_norms` (its @throws) on `wo` against `layer`.
+/// @return the row stride (`wo.row_stride`, or n_heads * head_dim for 0)
 template <class Layer>
-LayerScores output_contribution_norms(const Layer& layer, const OutputProjection& wo) {
+std::int64_t check_output_projection(const Layer& layer, const OutputProjection& wo) {
   DEPTHKV_CHECK(wo.data != nullptr, "output projection: null data");
   DEPTHKV_CHECK(wo.dim >= 1, "output projection: dim must be >= 1, got " << wo.dim);
   DEPTHKV_CHECK(wo.head_dim == layer.head_dim(),
@@ -149,33 +161,68 @@ LayerScores output_contribution_norms(const Layer& layer, const OutputProjection
   const std::int64_t rs = wo.row_stride == 0 ? static_cast<std::int64_t>(wo.n_heads) * wo.head_dim : wo.row_stride;
   DEPTHKV_CHECK(rs >= 1 && wo.col_stride >= 1,
                 "output projection: strides must be >= 1, got row " << rs << ", column " << wo.col_stride);
+  return rs;
+}
+
+/// n_j of slots [j_begin, j_end) of KV head `h` into out[0, j_end - j_begin), `wo` checked
+/// (`check_output_projection`, row stride `rs`): one matrix product W_o^{(q)} [V_j ...] per query
+/// head q of the group over blocks of up to 256 slots starting at j_begin. Each slot is its own
+/// column of the products, and every column is computed the same way: a block's columns are
+/// padded (columns whose results are ignored) to a multiple of 8 and to at least
+/// `EIGEN_GEMM_TO_COEFFBASED_THRESHOLD - dim - head_dim`, so that every product is Eigen's
+/// blocked matrix-matrix product (not its matrix-vector or small coefficient-wise product, which
+/// sum in other orders) and every slot lies in a full panel of its kernel (panel width 4; the
+/// columns of a partial panel round differently when dim is not a multiple of the SIMD width).
+/// So n_j does not depend on which other slots share its block: the tests pin this bit for bit
+/// (output_norm_cache_test.cpp), and the scorer's per-slot cache (`TokenScorer::cached_scores`)
+/// relies on it. `v` and `y` are scratch.
+template <class Layer>
+void output_norms_range(const Layer& layer, const OutputProjection& wo, std::int64_t rs, int h, int j_begin, int j_end,
+                        float* out, Eigen::MatrixXf& v, Eigen::MatrixXf& y) {
   using Strided = Eigen::Map<const Eigen::MatrixXf, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
   const int hd = wo.head_dim, group = wo.n_heads / layer.n_kv_heads();
   constexpr int kBlock = 256;  // slots per product
-  LayerScores out(static_cast<std::size_t>(layer.n_kv_heads()));
-  Eigen::MatrixXf v(hd, kBlock), y;
-  for (int h = 0; h < layer.n_kv_heads(); ++h) {
-    const int n = layer.size(h);
-    std::vector<float>& o = out[static_cast<std::size_t>(h)];
-    o.assign(static_cast<std::size_t>(n), 0.0f);
-    for (int j0 = 0; j0 < n; j0 += kBlock) {
-      const int m = std::min(kBlock, n - j0);
-      for (int j = 0; j < m; ++j) {
-        const auto* row = layer.value(h, j0 + j);
-        for (int d = 0; d < hd; ++d) v(d, j) = detail::to_float(row[d]);
-      }
-      for (int g = 0; g < group; ++g) {
-        const int q = h * group + g;
-        const Strided w(wo.data + static_cast<std::int64_t>(q) * hd * wo.col_stride, wo.dim, hd,
-                        Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(wo.col_stride, rs));
-        y.noalias() = w * v.leftCols(m);
-        for (int j = 0; j < m; ++j) o[static_cast<std::size_t>(j0 + j)] += y.col(j).cwiseAbs().sum();
-      }
-      for (int j = 0; j < m; ++j) o[static_cast<std::size_t>(j0 + j)] /= static_cast<float>(group);
+  const int min_cols = EIGEN_GEMM_TO_COEFFBASED_THRESHOLD - wo.dim - hd;  // < 20
+  v.setZero(hd, kBlock);
+  std::fill(out, out + (j_end - j_begin), 0.0f);
+  for (int j0 = j_begin; j0 < j_end; j0 += kBlock) {
+    const int m = std::min(kBlock, j_end - j0), cols = (std::max(m, min_cols) + 7) / 8 * 8;  // <= kBlock
+    float* o = out + (j0 - j_begin);
+    for (int j = 0; j < m; ++j) {
+      const auto* row = layer.value(h, j0 + j);
+      for (int d = 0; d < hd; ++d) v(d, j) = detail::to_float(row[d]);
     }
+    for (int g = 0; g < group; ++g) {
+      const int q = h * group + g;
+      const Strided w(wo.data + static_cast<std::int64_t>(q) * hd * wo.col_stride, wo.dim, hd,
+                      Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(wo.col_stride, rs));
+      y.noalias() = w * v.leftCols(cols);
+      for (int j = 0; j < m; ++j) o[j] += y.col(j).cwiseAbs().sum();
+    }
+    for (int j = 0; j < m; ++j) o[j] /= static_cast<float>(group);
+  }
+}
+
+}  // namespace detail
+
+/// n_j of the output-aware rescaling for every slot of `layer` (file comment):
+/// n[h][j] = (1 / G) * sum_{q in group(h)} ||W_o^{(q)} V_{h,j}||_1, G = n_heads / n_kv_heads.
+/// @return n[h][slot], row h of length layer.size(h)
+/// @throws Error on a null matrix, dim < 1, a head_dim other than the layer's, a head count that
+///   is not a positive multiple of the layer's KV heads, or a non-positive stride
+template <class Layer>
+LayerScores output_contribution_norms(const Layer& layer, const OutputProjection& wo) {
+  const std::int64_t rs = detail::check_output_projection(layer, wo);
+  LayerScores out(static_cast<std::size_t>(layer.n_kv_heads()));
+  Eigen::MatrixXf v, y;
+  for (int h = 0; h < layer.n_kv_heads(); ++h) {
+    std::vector<float>& o = out[static_cast<std::size_t>(h)];
+    o.assign(static_cast<std::size_t>(layer.size(h)), 0.0f);
+    detail::output_norms_range(layer, wo, rs, h, 0, layer.size(h), o.data(), v, y);
   }
   return out;
 }
+
 /// Token-importance accumulator of one layer (see the file comment for the scorers, GQA and
 /// memory): checks every argument, keeps the positions and coverage, and runs the scorer's
 /// `ScoringRule` (scoring_rule.hpp; built-in or registered, `make_scoring_rule`).
@@ -226,7 +273,10 @@ class TokenScorer {
         context_rule_(o.context_rule_ ? o.context_rule_->clone() : nullptr),
         in_lookahead_(o.in_lookahead_),
         n_obs_(o.n_obs_),
-        last_pos_(o.last_pos_) {}
+        last_pos_(o.last_pos_),
+        norms_(o.norms_),
+        norms_layer_(o.norms_layer_),
+        norms_wo_(o.norms_wo_) {}
   TokenScorer(TokenScorer&&) noexcept = default;
   TokenScorer& operator=(const TokenScorer& o) {
     if (this != &o) *this = TokenScorer(o);
@@ -246,13 +296,22 @@ class TokenScorer {
     return n_obs_[static_cast<std::size_t>(kv_head)];
   }
 
-  /// Forgets every observation (and the lookahead phase).
+  /// Forgets every observation (and the lookahead phase) and empties the output-norm cache.
   void reset() {
     rule_->reset();
     if (context_rule_) context_rule_->reset();
     in_lookahead_ = false;
     n_obs_.assign(static_cast<std::size_t>(n_kv_heads_), 0);
     last_pos_.assign(static_cast<std::size_t>(n_heads_), -1);
+    norms_.assign(static_cast<std::size_t>(n_kv_heads_), {});
+    norms_layer_ = nullptr;
+    norms_wo_ = OutputProjection();
+  }
+
+  /// Slots of KV head `kv_head` whose output-aware norm n_j is cached (`cached_scores`).
+  int cached_norms(int kv_head) const {
+    check_kv_head(kv_head);
+    return static_cast<int>(norms_[static_cast<std::size_t>(kv_head)].size());
   }
 
   /// Marks the start of the lookahead's rows: with `ScorerConfig::context_weight` > 0, the rows
@@ -297,28 +356,30 @@ class TokenScorer {
   template <class Layer>
   LayerScores scores(const Layer& layer, const OutputProjection* wo = nullptr) const {
     check_scored_layer(layer.n_kv_heads(), wo, [&layer](int h) { return layer.size(h); });
-    LayerScores out(static_cast<std::size_t>(n_kv_heads_));
-    const LayerReader reader(layer);
-    for (int h = 0; h < n_kv_heads_; ++h) {
-      std::vector<float>& s = out[static_cast<std::size_t>(h)];
-      s.assign(static_cast<std::size_t>(layer.size(h)), 0.0f);
-      rule_->score(h, reader, s);
-      if (context_rule_) add_context_score(h, reader, s);
-    }
-    if (cfg_.output_aware) {
-      const LayerScores norms = output_contribution_norms(layer, *wo);
-      for (int h = 0; h < n_kv_heads_; ++h) {
-        std::vector<float>& s = out[static_cast<std::size_t>(h)];
-        const std::vector<float>& nh = norms[static_cast<std::size_t>(h)];
-        for (std::size_t j = 0; j < s.size(); ++j) s[j] = (s[j] + kOutputAwareEpsilon) * nh[j];
-      }
-    }
+    LayerScores out = rule_scores(layer);
+    if (cfg_.output_aware) rescale(out, output_contribution_norms(layer, *wo));
+    return out;
+  }
+
+  /// `scores(layer, wo)`, bit for bit, with the output-aware norms n_j taken from the scorer's
+  /// per-slot cache (file comment, "Output-norm cache"): only the slots appended since the last
+  /// call are computed, then cached. Without `config().output_aware` it is `scores`.
+  /// @throws Error as `scores`, and when a KV head of the layer the cache was filled from holds
+  ///   fewer slots than are cached (slots evicted without `compact`); the scorer is unchanged then
+  template <class Layer>
+  LayerScores cached_scores(const Layer& layer, const OutputProjection* wo = nullptr) {
+    if (!cfg_.output_aware) return scores(layer, wo);
+    check_scored_layer(layer.n_kv_heads(), wo, [&layer](int h) { return layer.size(h); });
+    update_norm_cache(layer, *wo);
+    LayerScores out = rule_scores(layer);
+    rescale(out, norms_);
     return out;
   }
 
   /// Keeps the accumulated state of the kept slots only, in order (slot i <- kept_slots[i]), after
   /// an eviction of KV head `kv_head`; later observations (chunked prefill) accumulate on the
-  /// survivors. Kept slots past the observed ones carry no state (score 0).
+  /// survivors. Kept slots past the observed ones carry no state (score 0). The output-norm cache
+  /// is compacted the same way (kept slots past the cached ones are computed when next scored).
   /// @param kept_slots strictly ascending slots, >= 0 (e.g. `LayerEviction::kept_slots[h]`)
   /// @throws Error on a bad head or unsorted / negative slots; the scorer is unchanged then
   void compact(int kv_head, const std::int32_t* kept_slots, int n_kept) {
@@ -334,9 +395,70 @@ class TokenScorer {
     int i = 0;
     while (i < n_kept && kept_slots[i] < n_obs_[kv]) ++i;
     n_obs_[kv] = i;
+    std::vector<float>& c = norms_[kv];  // the cached slots stay a prefix: kept_slots[k] >= k
+    int k = 0;
+    for (; k < n_kept && kept_slots[k] < static_cast<int>(c.size()); ++k)
+      c[static_cast<std::size_t>(k)] = c[static_cast<std::size_t>(kept_slots[k])];
+    c.resize(static_cast<std::size_t>(k));
   }
 
  private:
+  // The rule's scores (plus the context window's) of every KV head, before any rescaling.
+  template <class Layer>
+  LayerScores rule_scores(const Layer& layer) const {
+    LayerScores out(static_cast<std::size_t>(n_kv_heads_));
+    const LayerReader reader(layer);
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      std::vector<float>& s = out[static_cast<std::size_t>(h)];
+      s.assign(static_cast<std::size_t>(layer.size(h)), 0.0f);
+      rule_->score(h, reader, s);
+      if (context_rule_) add_context_score(h, reader, s);
+    }
+    return out;
+  }
+
+  // The output-aware rescaling s'_j = (s_j + eps) * n_j (file comment); norms[h] covers s[h].
+  static void rescale(LayerScores& s, const LayerScores& norms) {
+    for (std::size_t h = 0; h < s.size(); ++h) {
+      std::vector<float>& sh = s[h];
+      const std::vector<float>& nh = norms[h];
+      for (std::size_t j = 0; j < sh.size(); ++j) sh[j] = (sh[j] + kOutputAwareEpsilon) * nh[j];
+    }
+  }
+
+  static bool same_projection(const OutputProjection& a, const OutputProjection& b) {
+    return a.data == b.data && a.dim == b.dim && a.n_heads == b.n_heads && a.head_dim == b.head_dim &&
+           a.row_stride == b.row_stride && a.col_stride == b.col_stride;
+  }
+
+  // Brings the norm cache to the layer's slots (file comment, "Output-norm cache"): rebuilt for
+  // another layer object or projection view, else extended by the appended slots; every check
+  // comes before the first change.
+  template <class Layer>
+  void update_norm_cache(const Layer& layer, const OutputProjection& wo) {
+    const std::int64_t rs = detail::check_output_projection(layer, wo);
+    const bool same = norms_layer_ == static_cast<const void*>(&layer) && same_projection(norms_wo_, wo);
+    for (int h = 0; same && h < n_kv_heads_; ++h) {
+      const std::size_t cached = norms_[static_cast<std::size_t>(h)].size();
+      DEPTHKV_CHECK(static_cast<std::size_t>(layer.size(h)) >= cached,
+                    "KV head " << h << ": layer holds " << layer.size(h) << " tokens but the output-norm cache "
+                               << cached << " (compact the scorer after evicting, or reset it)");
+    }
+    if (!same) {
+      for (std::vector<float>& c : norms_) c.clear();
+      norms_layer_ = &layer;
+      norms_wo_ = wo;
+    }
+    Eigen::MatrixXf v, y;
+    for (int h = 0; h < n_kv_heads_; ++h) {
+      std::vector<float>& c = norms_[static_cast<std::size_t>(h)];
+      const int old = static_cast<int>(c.size()), n = layer.size(h);
+      if (n == old) continue;
+      c.resize(static_cast<std::size_t>(n));
+      detail::output_norms_range(layer, wo, rs, h, old, n, c.data() + old, v, y);
+    }
+  }
+
   // s_j += w * (L / C) * c_j with c the context window's score of KV head h (scorer_config.hpp).
   void add_context_score(int h, const LayerReader& reader, std::vector<float>& s) const {
     std::vector<float> c(s.size(), 0.0f);
@@ -407,6 +529,9 @@ class TokenScorer {
   bool in_lookahead_ = false;            // begin_lookahead called (rows feed rule_)
   std::vector<int> n_obs_;               // [kv] slots covered by observed rows
   std::vector<std::int32_t> last_pos_;   // [q_head] last observed position, -1 before any
+  LayerScores norms_;                    // [kv][slot] cached n_j (cached_scores), a prefix of the slots
+  const void* norms_layer_ = nullptr;    // the layer object norms_ was filled from
+  OutputProjection norms_wo_;            // the projection view norms_ was computed with
 };
 
 }  // namespace depthkv
