@@ -332,6 +332,7 @@ void Run<Scalar>::prefill(Figures& f) {
     } else {
       ids.resize(static_cast<std::size_t>(n));
       for (int i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int>((static_cast<long long>(c0 + i) * 7919 + 13) % vocab);
+      if (schedule_) opt_.observe_from = schedule_->observe_from(n);  // only the rows the next eviction scores
       const RowMatrix last = engine_.prefill(ids, c0, cache_, opt_);
       last.row(0).maxCoeff(&next_token_);
     }
@@ -350,6 +351,7 @@ void Run<Scalar>::decode(Figures& f) {
   for (int i = 0; i < s_.decode; ++i) {
     const auto ts = Clock::now();
     const int tok = static_cast<int>(next_token_);
+    if (schedule_) opt_.observe_from = schedule_->observe_from();
     const RowMatrix lg = engine_.forward(&tok, 1, s_.context + i, cache_, opt_);
     lg.row(0).maxCoeff(&next_token_);
     f.decode_slots_sum += slots_held(cache_);

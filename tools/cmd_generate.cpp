@@ -234,7 +234,10 @@ int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::ll
     } else {
       ForwardOptions dopt;
       dopt.n_threads = a.threads;
-      if (p.schedule) dopt.observer = p.schedule->observer();
+      if (p.schedule) {
+        dopt.observer = p.schedule->observer();
+        dopt.observe_from = p.schedule->observe_from();  // only the rows the next eviction scores
+      }
       const RowMatrix l = engine.forward(&token, 1, pos, p.cache, dopt);
       if (p.schedule) {
         p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());

@@ -410,8 +410,9 @@ def long_contexts(a, llama_cpp):
                 log(shape, t, ctx, ": llama.cpp full cache, repack", a.repack)
                 if a.llama_bench:
                     if not a.lc_skip_llamacpp:
+                        row = lc_llama_bench(a, path, shape, ctx)  # no file unless the run succeeded
                         with open(stem % "llamacpp", "w") as f:
-                            f.write(json.dumps(lc_llama_bench(a, path, shape, ctx)) + "\n")
+                            f.write(json.dumps(row) + "\n")
                     run_lc_bench(a, path, ctx, stem)
                     continue
                 r = subprocess.run([sys.executable, os.path.abspath(__file__), "--lc-one", path, "--lc-shape", shape,

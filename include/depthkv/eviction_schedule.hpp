@@ -448,6 +448,31 @@ class EvictionSchedule {
   long long pending() const { return pending_; }
   /// Evictions done so far.
   int n_evictions() const { return n_evictions_; }
+  /// The first sequence position whose attention rows the scorers can still use at an eviction:
+  /// `ForwardOptions::observe_from` for the next forward call, which appends `n_tokens` tokens and
+  /// is followed by one `after_chunk` / `after_decode_step`, so that the engine forms no
+  /// probability rows the scorers would drop unscored. The next eviction comes at the earliest
+  /// after the call that appends position e - 1, e = tokens_seen() + max(n_tokens, interval -
+  /// pending()); a scorer that keeps only its last w positions' rows
+  /// (`TokenScorer::positions_needed`: SnapKV its window, TOVA 1) scores then the rows of
+  /// positions >= e - w at most. Returns max(0, e - w) with w the largest over the layers'
+  /// scorers; 0 when a scorer uses every row (H2O); INT32_MAX when no scorer observes (key-norm).
+  /// Scores, evictions and outputs are the same bytes as with every row observed, provided
+  /// evictions come only from `after_chunk` / `after_decode_step` after calls of the lengths
+  /// given here (`evict_now` scores at any point: observe every row, 0, in the call before it).
+  /// @throws Error on n_tokens < 1
+  std::int32_t observe_from(int n_tokens = 1) const {
+    DEPTHKV_CHECK(n_tokens >= 1, "observe_from: n_tokens must be >= 1, got " << n_tokens);
+    int w = -1;
+    for (const TokenScorer& s : scorers_) {
+      const int need = s.positions_needed();
+      if (need == 0) return 0;
+      w = std::max(w, need);
+    }
+    if (w < 0) return std::numeric_limits<std::int32_t>::max();
+    const long long e = seen_ + std::max<long long>(n_tokens, cfg_.interval - pending_);
+    return static_cast<std::int32_t>(std::clamp<long long>(e - w, 0, std::numeric_limits<std::int32_t>::max()));
+  }
   /// Per-layer budgets of the last eviction (empty before the first).
   const std::vector<int>& budgets() const { return last_.budgets; }
   /// What the last eviction did (empty before the first).

@@ -149,6 +149,10 @@ class ScoringRule {
   virtual bool observes() const { return true; }
   /// Whether the output-aware rescaling may apply to this rule's scores.
   virtual bool allows_output_aware() const { return false; }
+  /// How many of the latest observed query positions the scores depend on: w > 0 when the rule
+  /// keeps the rows of its last w positions only (earlier rows are dropped as later ones arrive),
+  /// 0 when every observed row counts (the default). `EvictionSchedule::observe_from` uses it.
+  virtual int positions_needed() const { return 0; }
   /// Forgets every observation.
   virtual void reset() = 0;
   /// Adds a validated block of attention rows (only when `observes()`).

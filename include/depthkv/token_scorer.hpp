@@ -290,6 +290,13 @@ class TokenScorer {
   int n_kv_heads() const { return n_kv_heads_; }
   /// The scoring rule (its state: the accumulated observations).
   const ScoringRule& rule() const { return *rule_; }
+  /// How many of the latest observed query positions the scores depend on
+  /// (`ScoringRule::positions_needed`: SnapKV its window, TOVA 1); 0 when every observed row counts
+  /// (H2O, or a context window beside a lookahead); -1 when the rule observes nothing (key-norm).
+  int positions_needed() const {
+    if (!rule_->observes()) return -1;
+    return context_rule_ ? 0 : rule_->positions_needed();
+  }
   /// Slots of KV head `kv_head` covered by the observed rows (0 for key-norm).
   int observed_size(int kv_head) const {
     check_kv_head(kv_head);

@@ -35,6 +35,7 @@ class SnapKVRule : public ScoringRule {
 
   std::unique_ptr<ScoringRule> clone() const override { return std::make_unique<SnapKVRule>(*this); }
   bool allows_output_aware() const override { return true; }
+  int positions_needed() const override { return rings_.front().capacity(); }
   void reset() override {
     for (detail::AttentionRing& r : rings_) r.clear();
   }

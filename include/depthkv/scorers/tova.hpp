@@ -25,6 +25,7 @@ class TOVARule : public ScoringRule {
   explicit TOVARule(int n_kv_heads) : rings_(static_cast<std::size_t>(n_kv_heads), detail::AttentionRing(1)) {}
 
   std::unique_ptr<ScoringRule> clone() const override { return std::make_unique<TOVARule>(*this); }
+  int positions_needed() const override { return 1; }
   bool allows_output_aware() const override { return true; }
   void reset() override {
     for (detail::AttentionRing& r : rings_) r.clear();

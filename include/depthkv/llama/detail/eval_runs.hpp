@@ -518,6 +518,7 @@ class EvalRuns {
       for (int t0 = 0; t0 < tc;) {
         const int t = static_cast<int>(std::min<long long>(tc - t0, std::max<long long>(1, sc.interval - schedule.pending())));
         const std::vector<int> block(win.continuation.begin() + t0, win.continuation.begin() + t0 + t);
+        fo.observe_from = schedule.observe_from(t);  // only the rows the next eviction scores
         lp.middleRows(t0, t) = engine_.teacher_force(block, n_ctx + t0, cache, fo);
         res.bytes_peak = std::max(res.bytes_peak, cache.bytes());
         schedule.after_decode_step(cache);
