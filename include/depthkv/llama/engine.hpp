@@ -885,8 +885,9 @@ class LlamaEngine {
   }
 
   /// Hands the observer the attention probabilities of the rows at positions >= `opt.observe_from`,
-  /// per query head in head order: heads computed in parallel batches (probabilities of a batch
-  /// held at most kObserverBatchBytes), then observed serially.
+  /// per query head in head order: each KV head's keys read as float once (F16 layers: converted
+  /// once for the G query heads of its group), heads computed in parallel batches (probabilities
+  /// of a batch held at most kObserverBatchBytes), then observed serially.
   template <class Scalar>
   void observe(int l, const RowMatrix& q, const std::vector<detail::FlashHead<Scalar>>& heads, std::int32_t pos0,
                const ForwardOptions& opt, int threads) const {
@@ -900,12 +901,17 @@ class LlamaEngine {
     const std::size_t per_head = static_cast<std::size_t>(T - first) * static_cast<std::size_t>(max_n) * sizeof(float);
     const int batch = static_cast<int>(std::max<std::size_t>(
         1, std::min<std::size_t>(static_cast<std::size_t>(c.n_heads), kObserverBatchBytes / std::max<std::size_t>(per_head, 1))));
+    std::vector<detail::FlashState::Rows> kbuf(heads.size());  // F16 layers' keys as float
+    std::vector<KeyRows> keys;
+    keys.reserve(heads.size());
+    for (std::size_t h = 0; h < heads.size(); ++h)
+      keys.push_back(detail::flash_tile(heads[h].k, heads[h].ld, heads[h].n, c.head_dim, kbuf[h]));
     std::vector<RowMatrix> probs(static_cast<std::size_t>(batch));
     for (int b0 = 0; b0 < c.n_heads; b0 += batch) {
       const int nb = std::min(batch, c.n_heads - b0);
       heads_in_parallel(nb, nb > 1 ? threads : 1, [&](int i) {
-        head_probabilities(b0 + i, q, heads[static_cast<std::size_t>((b0 + i) / G)], first,
-                           probs[static_cast<std::size_t>(i)]);
+        const std::size_t kv = static_cast<std::size_t>((b0 + i) / G);
+        head_probabilities(b0 + i, q, keys[kv], heads[kv].n_old, first, probs[static_cast<std::size_t>(i)]);
       });
       for (int i = 0; i < nb; ++i) {
         const RowMatrix& p = probs[static_cast<std::size_t>(i)];
@@ -915,18 +921,18 @@ class LlamaEngine {
     }
   }
 
+  /// A KV head's keys as float rows `[n x head_dim]` (`detail::flash_tile`).
+  using KeyRows = Eigen::Map<const detail::FlashState::Rows, 0, Eigen::OuterStride<>>;
+
   /// Attention probabilities of query head `qh` for the query rows [first, T) into `s`
-  /// `[T - first x n]` (n = slots of its KV head; masked entries 0), computed in causal tiles of
-  /// kTileRows rows: rows [r0, r0 + rows) need only the slots [0, n_old + r0 + rows).
-  template <class Scalar>
-  void head_probabilities(int qh, const RowMatrix& q, const detail::FlashHead<Scalar>& head, int first,
-                          RowMatrix& s) const {
+  /// `[T - first x n]` (`K`: the n keys of its KV head, `n_old` of them held before this call;
+  /// masked entries 0), computed in causal tiles of kTileRows rows: rows [r0, r0 + rows) need only
+  /// the slots [0, n_old + r0 + rows).
+  void head_probabilities(int qh, const RowMatrix& q, const KeyRows& K, int n_old, int first, RowMatrix& s) const {
     const int T = static_cast<int>(q.rows());
     const int hd = config().head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const int n = head.n, n_old = head.n_old;
-    RowMatrix kbuf;
-    const auto K = detail::flash_tile(head.k, head.ld, n, hd, kbuf);
+    const int n = static_cast<int>(K.rows());
     auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
     s.resize(T - first, n);
     if (T == 1) {
