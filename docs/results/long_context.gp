@@ -1,6 +1,6 @@
 set terminal svg size 1500,480 noenhanced font "sans,11" background rgb "white"
 set output "docs/results/long_context.svg"
-set multiplot layout 1,3 title "Qwen2.5-0.5B shape (random weights), Q8_0, float32 KV, 2 threads, synthetic prefill, SnapKV chunked (chunk 1024, interval 32); loaded 2-core machine"
+set multiplot layout 1,3 title "TinyLlama-1.1B shape (random weights), Q4_K_M file, 2 threads, F16 KV; quiet 2-core machine"
 set logscale x 2
 set xrange [1700:40000]
 set xtics (2048, 4096, 8192, 16384, 32768)
@@ -9,12 +9,12 @@ set key below horizontal
 set grid
 set yrange [0:*]
 set ylabel "decode tokens/s"
-set title "decode speed after the context (fastest window of steps)"
-plot "docs/results/long_context.dat" index 0 using 1:5 with linespoints title "full", "" index 1 using 1:5 with linespoints title "keep 0.2", "" index 2 using 1:5 with linespoints title "keep 0.1"
+set title "decode speed after the context"
+plot "docs/results/long_context.dat" index 0 using 1:2 with linespoints title "full", "" index 1 using 1:2 with linespoints title "keep 0.2", "" index 2 using 1:2 with linespoints title "keep 0.1", "" index 3 using 1:2 with linespoints title "llama.cpp full"
 set ylabel "peak RSS MiB"
 set title "peak resident memory"
-plot "docs/results/long_context.dat" index 0 using 1:3 with linespoints title "full", "" index 1 using 1:3 with linespoints title "keep 0.2", "" index 2 using 1:3 with linespoints title "keep 0.1"
+plot "docs/results/long_context.dat" index 0 using 1:3 with linespoints title "full", "" index 1 using 1:3 with linespoints title "keep 0.2", "" index 2 using 1:3 with linespoints title "keep 0.1", "" index 3 using 1:3 with linespoints title "llama.cpp full"
 set ylabel "peak KV MiB"
 set title "peak KV cache bytes"
-plot "docs/results/long_context.dat" index 0 using 1:4 with linespoints title "full", "" index 1 using 1:4 with linespoints title "keep 0.2", "" index 2 using 1:4 with linespoints title "keep 0.1"
+plot "docs/results/long_context.dat" index 0 using 1:4 with linespoints title "full", "" index 1 using 1:4 with linespoints title "keep 0.2", "" index 2 using 1:4 with linespoints title "keep 0.1", "" index 3 using 1:4 with linespoints title "llama.cpp full"
 unset multiplot
