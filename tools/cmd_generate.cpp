@@ -304,6 +304,17 @@ void generate_on(Prefill<Cache> p, const depthkv::llama::LlamaEngine& engine, co
   report_lookahead(p);
 }
 
+/// The preset's own lookahead (not one given with --lookahead) shortened to the model's context
+/// left after the prompt, with a note on stderr.
+void fit_preset_lookahead(const GenerateArgs& a, int seq_len, const RunShape& run, depthkv::PruneSpec& spec) {
+  if (a.keep >= 1.0 || !a.preset.active() || a.preset.lookahead_given() || spec.scorer.lookahead <= seq_len - run.n_feed)
+    return;
+  spec.scorer.lookahead = std::max(0, seq_len - run.n_feed);
+  if (spec.scorer.lookahead == 0) spec.scorer.context_weight = 0.0;
+  std::fprintf(stderr, "kv cache: --preset %s: lookahead shortened to %d tokens (the model's context of %d holds a prompt of %d)\n",
+               a.preset.name.c_str(), spec.scorer.lookahead, seq_len, run.n_feed);
+}
+
 void run_generate(const GenerateArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -326,13 +337,7 @@ void run_generate(const GenerateArgs& a) {
   DEPTHKV_CHECK(!run.prompt.empty(), "the prompt encodes to no tokens");
   run.n_feed = std::min(static_cast<int>(run.prompt.size()), run.steps);
   PruneSpec spec = generate_spec(a, file.get(), cfg.n_layers, run);
-  if (a.keep < 1.0 && a.preset.active() && !a.preset.lookahead_given() && spec.scorer.lookahead > cfg.seq_len - run.n_feed) {
-    // the preset's own lookahead shortened to the model's context left after the prompt
-    spec.scorer.lookahead = std::max(0, cfg.seq_len - run.n_feed);
-    if (spec.scorer.lookahead == 0) spec.scorer.context_weight = 0.0;
-    std::fprintf(stderr, "kv cache: --preset %s: lookahead shortened to %d tokens (the model's context of %d holds a prompt of %d)\n",
-                 a.preset.name.c_str(), spec.scorer.lookahead, cfg.seq_len, run.n_feed);
-  }
+  fit_preset_lookahead(a, cfg.seq_len, run, spec);
   if (a.keep < 1.0 && spec.scorer.lookahead > 0) check_lookahead(spec.scorer.lookahead, run.n_feed, cfg.seq_len, "prompt");
   const bool prunes = a.keep < 1.0 || a.max_kv_tokens >= 0;
   const PolicyCurves curves = prunes ? generate_curves(spec, file.get(), a.sel) : PolicyCurves{};
