@@ -8,9 +8,11 @@
 ///
 /// `n_threads` means the same everywhere: 0 = all cores (`omp_get_num_procs()` with OpenMP, else
 /// `std::thread::hardware_concurrency()`), 1 = the calling thread only, n > 1 = up to n threads.
-/// `max_simd_level` caps the instruction set: 0 scalar, 1 SSE2, 2 AVX2 (the CPU's own highest level,
-/// `cpu_simd_level()` in simd_level.hpp, still applies). Neither changes a result: every thread
-/// count and every level gives the same bytes; they exist for speed, tests and benchmarks.
+/// `max_simd_level` caps the instruction set: 0 scalar, 1 SSE2, 2 AVX2, 3 AVX-512 VNNI (the CPU's
+/// own highest level, `cpu_simd_level()` in simd_level.hpp, still applies). Neither changes a
+/// result: every thread count gives the same bytes, and so does every level, except the
+/// quantized products, whose levels agree up to float summation order (llama/quant/products.hpp);
+/// they exist for speed, tests and benchmarks.
 ///
 /// @code
 /// depthkv::EvictOptions opt;          // an EvictOptions is a CpuOptions
@@ -37,14 +39,14 @@ inline constexpr int kMaxCpuThreads = 1024;
 /// Threads and instruction-set cap of one CPU call (see the file comment).
 struct CpuOptions {
   int n_threads = 0;       ///< 0 = all cores, 1 = the calling thread, n > 1 = up to n threads
-  int max_simd_level = 2;  ///< 0 scalar, 1 SSE2, 2 AVX2 (at most what the CPU has)
+  int max_simd_level = 3;  ///< 0 scalar, 1 SSE2, 2 AVX2, 3 AVX-512 VNNI (at most what the CPU has)
 
-  /// @throws Error when n_threads is outside [0, kMaxCpuThreads] or max_simd_level outside [0, 2]
+  /// @throws Error when n_threads is outside [0, kMaxCpuThreads] or max_simd_level outside [0, 3]
   void validate() const {
     DEPTHKV_CHECK(n_threads >= 0 && n_threads <= kMaxCpuThreads,
                   "n_threads must be in [0, " << kMaxCpuThreads << "] (0: all cores), got " << n_threads);
-    DEPTHKV_CHECK(max_simd_level >= 0 && max_simd_level <= 2,
-                  "max_simd_level must be 0, 1 or 2, got " << max_simd_level);
+    DEPTHKV_CHECK(max_simd_level >= 0 && max_simd_level <= 3,
+                  "max_simd_level must be 0, 1, 2 or 3, got " << max_simd_level);
   }
 };
 

@@ -1,11 +1,12 @@
 #pragma once
 /// @file simd_level.hpp
 /// @brief The instruction-set levels of depthkv's CPU passes (NaN checks, selection, compaction,
-/// quantized products): 0 scalar, 1 SSE2 (every x86-64), 2 AVX2, and the highest level this CPU
-/// and build run.
+/// quantized products): 0 scalar, 1 SSE2 (every x86-64), 2 AVX2, 3 AVX-512 VNNI (AVX-512 F, BW, VL
+/// and VNNI; only the K-quant matmul has a level-3 kernel, every other pass runs its AVX2 code
+/// there), and the highest level this CPU and build run.
 ///
 /// The passes use the highest level the CPU has, at most the call's `CpuOptions::max_simd_level`
-/// (cpu_options.hpp). AVX2 is chosen at run time: no `-mavx2` needed; `-DDEPTHKV_NO_AVX2_DISPATCH`
+/// (cpu_options.hpp). AVX2 and AVX-512 are chosen at run time: no `-mavx2` needed; `-DDEPTHKV_NO_AVX2_DISPATCH`
 /// leaves it out. Every level gives the same results; a lower cap only changes speed. There is no
 /// process-wide setting.
 ///
@@ -24,8 +25,8 @@
 
 namespace depthkv {
 
-/// @return the highest instruction-set level this CPU and build run: 2 with AVX2 (and POPCNT),
-///   1 with SSE2, else 0
+/// @return the highest instruction-set level this CPU and build run: 3 with AVX-512 F, BW, VL and
+///   VNNI (and AVX2), 2 with AVX2 (and POPCNT), 1 with SSE2, else 0
 inline int cpu_simd_level() {
   int level = 0;
 #if defined(__SSE2__)
@@ -36,7 +37,12 @@ inline int cpu_simd_level() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
   }();
-  if (avx2) level = 2;
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }();
+  if (avx2) level = vnni ? 3 : 2;
 #endif
   return level;
 }

@@ -92,15 +92,15 @@ bool same_bytes(const RowMatrix& a, const RowMatrix& b) {
 TEST_CASE("CpuOptions: validate names what is wrong", "[cpu_options]") {
   depthkv::CpuOptions o;
   CHECK(o.n_threads == 0);
-  CHECK(o.max_simd_level == 2);
+  CHECK(o.max_simd_level == 3);
   o.validate();
   o.n_threads = -1;
   CHECK_THROWS_WITH(o.validate(), Catch::Contains("n_threads must be in [0, 1024] (0: all cores), got -1"));
   o.n_threads = 1025;
   CHECK_THROWS_WITH(o.validate(), Catch::Contains("got 1025"));
   o.n_threads = 1;
-  o.max_simd_level = 3;
-  CHECK_THROWS_WITH(o.validate(), Catch::Contains("max_simd_level must be 0, 1 or 2, got 3"));
+  o.max_simd_level = 4;
+  CHECK_THROWS_WITH(o.validate(), Catch::Contains("max_simd_level must be 0, 1, 2 or 3, got 4"));
   CHECK(depthkv::thread_count(0) == depthkv::all_cores());
   CHECK(depthkv::thread_count(3) == 3);
   CHECK(depthkv::EvictOptions().n_threads ==
@@ -179,5 +179,5 @@ TEST_CASE("evict: the same kept slots and cache bytes for every thread count and
   bad.max_simd_level = -1;
   HostCache cache = base.cache;
   CHECK_THROWS_WITH(depthkv::evict(cache, scores, keep, {4, 16}, bad),
-                    Catch::Contains("max_simd_level must be 0, 1 or 2, got -1"));
+                    Catch::Contains("max_simd_level must be 0, 1, 2 or 3, got -1"));
 }

@@ -223,6 +223,81 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
   }
 }
 
+TEST_CASE("quant_matmul: the AVX-512 VNNI panels of the K-quants match the reference and the AVX2 kernel",
+          "[llama][quant]") {
+  // kVnniMinTokens or more tokens take the panel kernel (vnni_panels.hpp) at level 3; 37 tokens and
+  // 70 rows leave tails of its 4-token tiles and 16-row panels
+  if (depthkv_test::available_simd_levels().back() < 3) {
+    SUCCEED("no AVX-512 VNNI on this CPU / build: the panel kernel does not run");
+    return;
+  }
+  std::mt19937 rng(31);
+  const std::int64_t rows = 70, n = depthkv::llama::detail::kVnniMinTokens + 5;
+  for (const GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    for (const std::int64_t cols : {std::int64_t{256}, std::int64_t{768}}) {
+      INFO("type " << depthkv::llama::ggml_type_name(type) << " cols " << cols);
+      const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
+      std::vector<float> wf(static_cast<std::size_t>(rows * cols));
+      depthkv::llama::dequantize_row(type, w.data(), wf.data(), rows * cols);
+      std::vector<float> X(static_cast<std::size_t>(n * cols));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& v : X) v = nd(rng);
+      for (const int threads : {1, 3}) check_products_against_reference(type, w, wf, rows, cols, X, n, QuantKernel::kAuto, threads, 3);
+      // the AVX2 kernel: the same integer sums, so float rounding apart only (within 1e-5 of
+      // sum_k |w_k x_k|: the terms cancel)
+      std::vector<float> Y2(static_cast<std::size_t>(n * rows)), Y3(Y2.size());
+      depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y2.data(),
+                                   QuantProductOptions(depthkv::CpuOptions{1, 2}));
+      depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y3.data(),
+                                   QuantProductOptions(depthkv::CpuOptions{1, 3}));
+      for (std::int64_t t = 0; t < n; ++t) {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          double mag = 0;
+          for (std::int64_t k = 0; k < cols; ++k)
+            mag += std::fabs(static_cast<double>(wf[static_cast<std::size_t>(r * cols + k)]) * X[static_cast<std::size_t>(t * cols + k)]);
+          const std::size_t i = static_cast<std::size_t>(t * rows + r);
+          INFO("token " << t << " row " << r << " VNNI " << Y3[i] << " AVX2 " << Y2[i] << " sum |w x| " << mag);
+          REQUIRE(std::fabs(static_cast<double>(Y3[i]) - Y2[i]) <= 1e-5 * mag);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("int8 activations: the AVX2 quantizers give the scalar bytes", "[llama][quant]") {
+  if (depthkv_test::available_simd_levels().back() < 2) {
+    SUCCEED("no AVX2 on this CPU / build");
+    return;
+  }
+  namespace qd = depthkv::llama::detail;
+  std::mt19937 rng(8);
+  const std::int64_t n = 768;
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (int trial = 0; trial < 40; ++trial) {
+    std::normal_distribution<float> nd(0.0f, trial % 4 == 0 ? 1e-3f : 3.0f);
+    for (float& v : x) v = nd(rng);
+    if (trial % 5 == 1) {  // exact halves of the step: ties, rounded to even by both
+      for (std::size_t j = 0; j < x.size(); ++j) x[j] = 0.5f * static_cast<float>(static_cast<int>(j % 255) - 127);
+    }
+    if (trial % 7 == 3) std::fill(x.begin(), x.begin() + 256, 0.0f);  // a zero block: d = 0
+    std::vector<qd::ActQ8> a(static_cast<std::size_t>(n / 32)), b(a.size());
+    qd::quantize_act_q8(x.data(), n, a.data());
+    qd::quantize_act_q8_avx2(x.data(), n, b.data());
+    REQUIRE(std::memcmp(a.data(), b.data(), sizeof(qd::ActQ8) * a.size()) == 0);
+    std::vector<qd::ActQ8K> c(static_cast<std::size_t>(n / 256)), e(c.size());
+    std::memset(static_cast<void*>(c.data()), 0, sizeof(qd::ActQ8K) * c.size());
+    std::memset(static_cast<void*>(e.data()), 0, sizeof(qd::ActQ8K) * e.size());
+    qd::quantize_act_q8k(x.data(), n, c.data());
+    qd::quantize_act_q8k_avx2(x.data(), n, e.data());
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      INFO("trial " << trial << " block " << i);
+      REQUIRE(std::memcmp(c[i].qs, e[i].qs, sizeof(c[i].qs)) == 0);
+      REQUIRE(std::memcmp(c[i].bsums, e[i].bsums, sizeof(c[i].bsums)) == 0);
+      REQUIRE(std::memcmp(&c[i].d, &e[i].d, sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("quantized products: empty shapes and invalid input", "[llama][quant]") {
   std::vector<std::uint8_t> w(144 * 4);
   std::vector<float> x(512), y(4, 7.0f);
@@ -274,11 +349,11 @@ TEST_CASE("quantized products: the same bytes for every thread count, levels thr
     }
   }
   QuantProductOptions bad;
-  bad.max_simd_level = 3;
+  bad.max_simd_level = 4;
   std::vector<float> y(static_cast<std::size_t>(rows));
   const std::vector<std::uint8_t> w = random_matrix(GgmlType::kQ8_0, rows, cols, rng);
   CHECK_THROWS_WITH(depthkv::llama::quant_matvec(GgmlType::kQ8_0, w.data(), rows, cols, X.data(), y.data(), bad),
-                    Catch::Contains("max_simd_level must be 0, 1 or 2, got 3"));
+                    Catch::Contains("max_simd_level must be 0, 1, 2 or 3, got 4"));
   bad.max_simd_level = 2;
   bad.n_threads = -1;
   CHECK_THROWS_WITH(depthkv::llama::quant_matmul(GgmlType::kQ8_0, w.data(), rows, cols, X.data(), n, y.data(), bad),

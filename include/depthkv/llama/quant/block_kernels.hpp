@@ -95,7 +95,8 @@ inline void act_scale(const float* v, int n, float& d, float& id) {
   id = d != 0 ? 1.0f / d : 0.0f;
 }
 
-/// Quantizes n (a multiple of 32) floats into n / 32 ActQ8 blocks (round to nearest).
+/// Quantizes n (a multiple of 32) floats into n / 32 ActQ8 blocks (round to nearest);
+/// quantize_act_q8_avx2 gives the same bytes.
 inline void quantize_act_q8(const float* x, std::int64_t n, ActQ8* out) {
   for (std::int64_t b = 0; b < n / 32; ++b) {
     const float* v = x + 32 * b;
@@ -122,7 +123,7 @@ struct alignas(32) ActQ8K {
 
 /// Quantizes n (a multiple of 256) floats into n / 256 ActQ8K blocks: d = max|x| / 127 over
 /// the 256 values, qs = round to nearest of x / d (|qs| <= 127). Each value is off by at most
-/// d / 2 = max|x| / 254 of its block. Both instruction sets run this same code, so the
+/// d / 2 = max|x| / 254 of its block. quantize_act_q8k_avx2 gives the same bytes, so the
 /// kernels see the same codes at every SIMD level.
 inline void quantize_act_q8k(const float* x, std::int64_t n, ActQ8K* out) {
   for (std::int64_t b = 0; b < n / 256; ++b) {
@@ -139,6 +140,64 @@ inline void quantize_act_q8k(const float* x, std::int64_t n, ActQ8K* out) {
     }
   }
 }
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+/// max_j |v[j]| over n (a multiple of 8) floats; the value act_scale finds (max is exact).
+DEPTHKV_QUANT_AVX2 inline float amax_avx2(const float* v, int n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(v + j), abs_mask));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+/// round(v[j] * id) for 16 floats, as int16 lanes in order: the same product and the same
+/// rounding (to nearest even, the default mode, as lrintf) as the scalar quantizers.
+DEPTHKV_QUANT_AVX2 inline __m256i round16_avx2(const float* v, __m256 id) {
+  const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), id));
+  const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), id));
+  return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+}
+/// The sum of 16 int16 lanes.
+DEPTHKV_QUANT_AVX2 inline int sum16_avx2(__m256i p) {
+  const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
+}
+/// Stores 2 x 16 int16 lanes (|v| <= 127) as 32 int8 in order.
+DEPTHKV_QUANT_AVX2 inline void store32_i8_avx2(std::int8_t* dst, __m256i p0, __m256i p1) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute4x64_epi64(_mm256_packs_epi16(p0, p1), 0xD8));
+}
+/// quantize_act_q8 with AVX2: the same codes, scales and sums.
+DEPTHKV_QUANT_AVX2 inline void quantize_act_q8_avx2(const float* x, std::int64_t n, ActQ8* out) {
+  for (std::int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    out[b].d = amax_avx2(v, 32) / 127.0f;
+    const float id = out[b].d != 0 ? 1.0f / out[b].d : 0.0f;
+    const __m256i p0 = round16_avx2(v, _mm256_set1_ps(id)), p1 = round16_avx2(v + 16, _mm256_set1_ps(id));
+    store32_i8_avx2(out[b].qs, p0, p1);
+    out[b].s[0] = static_cast<std::int16_t>(sum16_avx2(p0));
+    out[b].s[1] = static_cast<std::int16_t>(sum16_avx2(p1));
+  }
+}
+/// quantize_act_q8k with AVX2: the same codes, scales and sums.
+DEPTHKV_QUANT_AVX2 inline void quantize_act_q8k_avx2(const float* x, std::int64_t n, ActQ8K* out) {
+  for (std::int64_t b = 0; b < n / 256; ++b) {
+    const float* v = x + 256 * b;
+    out[b].d = amax_avx2(v, 256) / 127.0f;
+    const __m256 id = _mm256_set1_ps(out[b].d != 0 ? 1.0f / out[b].d : 0.0f);
+    for (int g = 0; g < 16; g += 2) {
+      const __m256i p0 = round16_avx2(v + 16 * g, id), p1 = round16_avx2(v + 16 * g + 16, id);
+      store32_i8_avx2(out[b].qs + 16 * g, p0, p1);
+      out[b].bsums[g] = static_cast<std::int16_t>(sum16_avx2(p0));
+      out[b].bsums[g + 1] = static_cast<std::int16_t>(sum16_avx2(p1));
+    }
+  }
+}
+#endif
 
 /// Loads the 16-bit little-endian value at p (any alignment).
 inline std::uint16_t load_u16(const std::uint8_t* p) {

@@ -79,6 +79,7 @@
 #include "depthkv/llama/quant/dequantize.hpp"
 #include "depthkv/llama/quant/ggml_type.hpp"
 #include "depthkv/llama/quant/type_list.hpp"
+#include "depthkv/llama/quant/vnni_panels.hpp"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -97,7 +98,7 @@ enum class QuantKernel {
 /// Options of the quantized products: threads and instruction-set cap (`CpuOptions`; here
 /// `n_threads` defaults to 1, the calling thread) and the kernel.
 struct QuantProductOptions : CpuOptions {
-  QuantProductOptions() : CpuOptions{1, 2} {}
+  QuantProductOptions() : CpuOptions{1, 3} {}
   /// @param cpu threads and instruction-set cap
   /// @param k kernel choice
   explicit QuantProductOptions(const CpuOptions& cpu, QuantKernel k = QuantKernel::kAuto) : CpuOptions(cpu), kernel(k) {}
@@ -113,6 +114,10 @@ namespace detail {
 /// 8 ran 0-10 % faster than 4 in quant_bench's Q4_K matmul; 16-row tasks were level with or faster
 /// than 64-row ones).
 inline constexpr int kQ8KTokens = 8;
+
+/// Fewest tokens for which quant_matmul's kQ8KActivations kernel unpacks AVX-512 VNNI panels
+/// (vnni_panels.hpp) instead of decoding each weight row for kQ8KTokens tokens at a time.
+inline constexpr std::int64_t kVnniMinTokens = 32;
 
 /// True for the types of the kQ8KActivations kernel (traits with kQ8K: Q4_K, Q5_K, Q6_K).
 inline constexpr bool q8k_type(GgmlType t) { return ggml_type_q8k(BlockTypes{}, t); }
@@ -370,10 +375,16 @@ struct QuantRowOps {
   void (*dot4_q8)(const std::uint8_t*, const ActQ8* const*, std::int64_t, float*) = nullptr;  // 4 tokens
   void (*dot_q8k)(const std::uint8_t*, const ActQ8K* const*, std::int64_t, float*) = nullptr;  // kQ8KActivations, 1 token
   void (*dotn_q8k)(const std::uint8_t*, const ActQ8K* const*, std::int64_t, float*) = nullptr;  // kQ8KTokens tokens
+  void (*quantize_q8)(const float*, std::int64_t, ActQ8*) = &quantize_act_q8;     // activations, per 32
+  void (*quantize_q8k)(const float*, std::int64_t, ActQ8K*) = &quantize_act_q8k;  // activations, per 256
+  // kQ8KActivations matmul, AVX-512 VNNI panels (vnni_panels.hpp): unpack rows, multiply all tokens
+  void (*vnni_unpack)(const std::uint8_t*, std::size_t, std::int64_t, int, std::int64_t, VnniPanel&) = nullptr;
+  void (*vnni_matmul)(const VnniPanel&, std::int64_t, const ActQ8K*, std::int64_t, float*, std::int64_t, std::int64_t,
+                      int) = nullptr;
 };
 
 template <GgmlType T>
-inline QuantRowOps quant_row_ops_for(bool avx2) {
+inline QuantRowOps quant_row_ops_for(bool avx2, bool vnni) {
   QuantRowOps ops;
   ops.dot = &row_dot_deq_scalar<T>;
   ops.dequantize = [](const std::uint8_t* row, float* out, std::int64_t n) { dequantize_row(T, row, out, n); };
@@ -394,6 +405,8 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
   }
 #if defined(DEPTHKV_AVX2_DISPATCH)
   if (avx2) {
+    ops.quantize_q8 = &quantize_act_q8_avx2;
+    ops.quantize_q8k = &quantize_act_q8k_avx2;
     ops.dot = &row_dot_deq_avx2<T>;
     ops.dequantize = &dequantize_row_avx2<T>;
     if constexpr (blocks) {
@@ -403,11 +416,16 @@ inline QuantRowOps quant_row_ops_for(bool avx2) {
     if constexpr (q8k_type(T)) {
       ops.dot_q8k = &rows_dot_q8k_avx2<T, 1>;
       ops.dotn_q8k = &rows_dot_q8k_avx2<T, kQ8KTokens>;
+      if (vnni) {
+        ops.vnni_unpack = &unpack_panel_vnni<T>;
+        ops.vnni_matmul = &panel_matmul_vnni<T>;
+      }
     }
   }
 #else
   (void)avx2;
 #endif
+  (void)vnni;
   return ops;
 }
 
@@ -416,8 +434,9 @@ inline QuantRowOps quant_row_ops(GgmlType type, int max_simd_level) {
                 "quantized product: ggml type " << ggml_type_name(type)
                                                 << " is not supported (supported: " << ggml_dequantizable_names() << ")");
   const bool avx2 = quant_simd_level(max_simd_level) >= 2;
+  const bool vnni = avx2 && depthkv::detail::simd_level(max_simd_level) >= 3;
   QuantRowOps ops;
-  const auto pick = [&](auto tag) { ops = quant_row_ops_for<decltype(tag)::value>(avx2); };
+  const auto pick = [&](auto tag) { ops = quant_row_ops_for<decltype(tag)::value>(avx2, vnni); };
   if (!visit_ggml_type(FloatTypes{}, type, pick)) visit_ggml_type(BlockTypes{}, type, pick);
   return ops;
 }
@@ -509,10 +528,10 @@ inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::i
   std::vector<detail::ActQ8K> xk;
   if (kernel == QuantKernel::kQ8Activations) {
     xq.resize(static_cast<std::size_t>(cols / 32));
-    detail::quantize_act_q8(x, cols, xq.data());
+    ops.quantize_q8(x, cols, xq.data());
   } else if (kernel == QuantKernel::kQ8KActivations) {
     xk.resize(static_cast<std::size_t>(cols / 256));
-    detail::quantize_act_q8k(x, cols, xk.data());
+    ops.quantize_q8k(x, cols, xk.data());
   }
   const detail::ActQ8K* const xk0 = xk.data();
   detail::quant_parallel(n_tasks, opt.n_threads, [&](int t) {
@@ -550,8 +569,18 @@ inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
   constexpr std::int64_t kTokensPerTask = 16;
   quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
     for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
-      quantize_act_q8k(m.x + t * m.cols, m.cols, xk.data() + t * nb);
+      m.ops.quantize_q8k(m.x + t * m.cols, m.cols, xk.data() + t * nb);
   });
+  if (m.ops.vnni_matmul != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
+    quant_parallel(static_cast<int>((rows + kVnniPanelRows - 1) / kVnniPanelRows), n_threads, [&](int task) {
+      thread_local VnniPanel panel;
+      const std::int64_t r0 = std::int64_t{task} * kVnniPanelRows;
+      const int nr = static_cast<int>(std::min<std::int64_t>(kVnniPanelRows, rows - r0));
+      m.ops.vnni_unpack(m.base, m.rb, r0, nr, m.cols, panel);
+      m.ops.vnni_matmul(panel, nb, xk.data(), n, m.y, rows, r0, nr);
+    });
+    return;
+  }
   constexpr int NT = kQ8KTokens;
   constexpr std::int64_t kTile = 16;
   quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
@@ -578,7 +607,11 @@ inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
 inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
   const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 32;
   std::vector<ActQ8> xq(static_cast<std::size_t>(n * nb));
-  for (std::int64_t t = 0; t < n; ++t) quantize_act_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
+  constexpr std::int64_t kTokensPerTask = 16;
+  quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
+    for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
+      m.ops.quantize_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
+  });
   constexpr std::int64_t kTile = 16;
   quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
     const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);

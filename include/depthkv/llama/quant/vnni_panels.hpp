@@ -1,0 +1,230 @@
+#pragma once
+/// @file llama/quant/vnni_panels.hpp
+/// @brief The AVX-512 VNNI matmul of the K-quants (Q4_K, Q5_K, Q6_K) with int8 activations per
+/// 256 values (`kQ8KActivations`, products.hpp), for many tokens at once.
+///
+/// A panel of 16 weight rows is unpacked once into unsigned 8-bit codes, interleaved so that
+/// one 32-byte vector holds 4 consecutive codes of 8 rows, with the block's integer scales and
+/// minimums per group; then every token multiplies the whole panel with `vpdpbusd` (unsigned
+/// codes x signed activations, 4 products summed into each int32 lane), 2 x 8 rows by 4 tokens
+/// of accumulators in registers. Each K-quant block of 256 weights is
+///   w_k = d * s_g(k) * u_k - dmin * m_h(k)
+/// with unsigned codes u < 64, integer scales s per group g of 256 / G values (Q4_K, Q5_K: G = 8,
+/// Q6_K: G = 16) and integer minimums m per 16 values h (Q6_K: the offset 32 as m = 32 s,
+/// dmin = d). With x_k ~= d_x * q_k (ActQ8K), per token, row and block:
+///   sum_k w_k x_k ~= d_x * (d * sum_g s_g * (sum_{k in g} u_k q_k) - dmin * sum_h m_h * S_h)
+/// (S_h = bsums[h]); both sums are exact in int32 (at most 256 * 63 * 128 * 127 < 2^31), and
+/// the float steps are the two products and the sum over blocks, as in the AVX2 kernel: the
+/// results equal it up to float rounding.
+///
+/// Instruction set: AVX-512 F, BW, VL and VNNI on 256-bit vectors (`simd_level` 3), chosen at run
+/// time like the AVX2 kernels (simd_level.hpp); never called without them.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "depthkv/llama/quant/block_kernels.hpp"
+#include "depthkv/llama/quant/type_list.hpp"
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+#define DEPTHKV_QUANT_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#endif
+
+namespace depthkv {
+namespace llama {
+namespace detail {
+
+/// Rows of W per VNNI panel (two vectors of 8 int32 lanes).
+inline constexpr int kVnniPanelRows = 16;
+/// Tokens per register tile of the VNNI kernel.
+inline constexpr int kVnniTokens = 4;
+
+/// One unpacked panel of kVnniPanelRows rows x nb blocks (see the file comment). Per block b:
+/// codes[b][q][r] (4 bytes: values 4q..4q+3 of row r, q < 64), scales[b][g][r] (int32),
+/// minimum pairs[b][p][r] (int16 m_{2p} low, m_{2p+1} high), d[b][r], dmin[b][r]. Rows past the
+/// matrix's end are zero.
+struct VnniPanel {
+  std::vector<std::uint8_t> codes;
+  std::vector<std::int32_t> scales, min_pairs;
+  std::vector<float> d, dmin;
+  void resize(std::int64_t nb, int groups) {
+    const auto n = static_cast<std::size_t>(nb);
+    codes.assign(n * 256 * kVnniPanelRows, 0);
+    scales.assign(n * static_cast<std::size_t>(groups) * kVnniPanelRows, 0);
+    min_pairs.assign(n * 8 * kVnniPanelRows, 0);
+    d.assign(n * kVnniPanelRows, 0.0f);
+    dmin.assign(n * kVnniPanelRows, 0.0f);
+  }
+};
+
+/// Scale groups per block of the VNNI kernel for type T (8 or 16).
+template <GgmlType T>
+inline constexpr int vnni_groups() {
+  return T == GgmlType::kQ6_K ? 16 : 8;
+}
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+
+/// The unpacked form of one block: 256 codes in value order, G scales, 16 minimums, d, dmin.
+struct UnpackedBlock {
+  alignas(32) std::uint8_t u[256];
+  std::int32_t s[16];
+  std::int16_t m[16];
+  float d, dmin;
+};
+
+/// Unpacks one Q4_K / Q5_K / Q6_K block (see the file comment).
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline void unpack_block_vnni(const std::uint8_t* blk, UnpackedBlock& out) {
+  using Block = typename QuantTraits<T>::Block;
+  if constexpr (T == GgmlType::kQ6_K) {
+    out.d = out.dmin = half_avx2(load_u16(blk + offsetof(Block, d)));
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + offsetof(Block, scales));
+    for (int n = 0; n < 2; ++n) {
+      const Q6kHalf h = q6k_half_avx2(blk, n);
+      for (int k = 0; k < 4; ++k)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out.u + 32 * (4 * n + k)), q6k_codes_avx2(h, k));
+    }
+    for (int g = 0; g < 16; ++g) {
+      out.s[g] = sc[g];
+      out.m[g] = static_cast<std::int16_t>(32 * sc[g]);
+    }
+  } else {
+    constexpr bool kHigh = T == GgmlType::kQ5_K;
+    out.d = half_avx2(load_u16(blk + offsetof(Block, d)));
+    out.dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
+    const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
+      for (int h = 0; h < 2; ++h) {
+        const int c = 2 * j + h;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out.u + 32 * c), q45k_codes_avx2<kHigh>(q, hbits, h, c));
+        std::uint8_t sc, m;
+        q4k_scale_min(c, blk + offsetof(Block, scales), sc, m);
+        out.s[c] = sc;
+        out.m[2 * c] = out.m[2 * c + 1] = m;
+      }
+    }
+  }
+}
+
+/// Unpacks rows [r0, r0 + nr) (nr <= kVnniPanelRows) of a `cols`-wide matrix into p.
+template <GgmlType T>
+DEPTHKV_QUANT_AVX2 inline void unpack_panel_vnni(const std::uint8_t* base, std::size_t row_bytes, std::int64_t r0,
+                                                 int nr, std::int64_t cols, VnniPanel& p) {
+  constexpr int G = vnni_groups<T>();
+  const std::int64_t nb = cols / 256;
+  p.resize(nb, G);
+  UnpackedBlock ub;
+  for (int r = 0; r < nr; ++r) {
+    const std::uint8_t* row = base + static_cast<std::size_t>(r0 + r) * row_bytes;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      unpack_block_vnni<T>(row + b * static_cast<std::int64_t>(sizeof(typename QuantTraits<T>::Block)), ub);
+      std::uint8_t* codes = p.codes.data() + b * 256 * kVnniPanelRows + 4 * r;
+      for (int q = 0; q < 64; ++q) std::memcpy(codes + q * 4 * kVnniPanelRows, ub.u + 4 * q, 4);
+      for (int g = 0; g < G; ++g) p.scales[static_cast<std::size_t>((b * G + g) * kVnniPanelRows + r)] = ub.s[g];
+      for (int pp = 0; pp < 8; ++pp) {
+        const auto lo = static_cast<std::uint16_t>(ub.m[2 * pp]), hi = static_cast<std::uint16_t>(ub.m[2 * pp + 1]);
+        p.min_pairs[static_cast<std::size_t>((b * 8 + pp) * kVnniPanelRows + r)] =
+            static_cast<std::int32_t>(static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16));
+      }
+      p.d[static_cast<std::size_t>(b * kVnniPanelRows + r)] = ub.d;
+      p.dmin[static_cast<std::size_t>(b * kVnniPanelRows + r)] = ub.dmin;
+    }
+  }
+}
+
+DEPTHKV_QUANT_VNNI inline __m256i load_i32_bcast_vnni(const void* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+/// out[t][r] = the panel's row r times token t's activations (NT tokens, a[t] = its nb blocks):
+/// the register tile of the file comment, blocks in order.
+template <int G, int NT>
+DEPTHKV_QUANT_VNNI inline void panel_tokens_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8K* const* a,
+                                                 float (*out)[kVnniPanelRows]) {
+  constexpr int kSteps = 64 / G;  // 4-value steps per scale group
+  __m256 acc[2][NT];
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* codes = p.codes.data() + b * 256 * kVnniPanelRows;
+    const std::int32_t* sc = p.scales.data() + b * G * kVnniPanelRows;
+    __m256i blk[2][NT];
+    for (int r = 0; r < 2; ++r)
+      for (int t = 0; t < NT; ++t) blk[r][t] = _mm256_setzero_si256();
+    for (int g = 0; g < G; ++g) {
+      __m256i sub[2][NT];
+      for (int r = 0; r < 2; ++r)
+        for (int t = 0; t < NT; ++t) sub[r][t] = _mm256_setzero_si256();
+      for (int s = 0; s < kSteps; ++s) {
+        const int q = g * kSteps + s;
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i x = load_i32_bcast_vnni(a[t][b].qs + 4 * q);
+          sub[0][t] = _mm256_dpbusd_epi32(sub[0][t], w0, x);
+          sub[1][t] = _mm256_dpbusd_epi32(sub[1][t], w1, x);
+        }
+      }
+      const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kVnniPanelRows));
+      const __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kVnniPanelRows + 8));
+      for (int t = 0; t < NT; ++t) {
+        blk[0][t] = _mm256_add_epi32(blk[0][t], _mm256_mullo_epi32(sub[0][t], s0));
+        blk[1][t] = _mm256_add_epi32(blk[1][t], _mm256_mullo_epi32(sub[1][t], s1));
+      }
+    }
+    const std::int32_t* mp = p.min_pairs.data() + b * 8 * kVnniPanelRows;
+    const float* d = p.d.data() + b * kVnniPanelRows;
+    const float* dmin = p.dmin.data() + b * kVnniPanelRows;
+    for (int t = 0; t < NT; ++t) {
+      __m256i mins[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int pp = 0; pp < 8; ++pp) {
+        const __m256i bs = load_i32_bcast_vnni(a[t][b].bsums + 2 * pp);
+        for (int r = 0; r < 2; ++r)
+          mins[r] = _mm256_dpwssd_epi32(
+              mins[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + pp * kVnniPanelRows + 8 * r)), bs);
+      }
+      const __m256 dx = _mm256_set1_ps(a[t][b].d);
+      for (int r = 0; r < 2; ++r) {
+        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(blk[r][t]), _mm256_loadu_ps(d + 8 * r));
+        f = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[r]), _mm256_loadu_ps(dmin + 8 * r), f);
+        acc[r][t] = _mm256_fmadd_ps(f, dx, acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < 2; ++r) _mm256_storeu_ps(out[t] + 8 * r, acc[r][t]);
+}
+
+/// Y[t][r] for every token t < n and the panel's nr rows starting at r0 (Y is n x ldy): the
+/// panel times every token, kVnniTokens at a time.
+template <GgmlType T>
+DEPTHKV_QUANT_VNNI inline void panel_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8K* xk, std::int64_t n,
+                                                 float* y, std::int64_t ldy, std::int64_t r0, int nr) {
+  constexpr int G = vnni_groups<T>();
+  alignas(32) float out[kVnniTokens][kVnniPanelRows];
+  for (std::int64_t t0 = 0; t0 < n; t0 += kVnniTokens) {
+    const int nt = static_cast<int>(std::min<std::int64_t>(kVnniTokens, n - t0));
+    const ActQ8K* xs[kVnniTokens];
+    for (int t = 0; t < nt; ++t) xs[t] = xk + (t0 + t) * nb;
+    switch (nt) {
+      case 4: panel_tokens_vnni<G, 4>(p, nb, xs, out); break;
+      case 3: panel_tokens_vnni<G, 3>(p, nb, xs, out); break;
+      case 2: panel_tokens_vnni<G, 2>(p, nb, xs, out); break;
+      default: panel_tokens_vnni<G, 1>(p, nb, xs, out); break;
+    }
+    for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
+  }
+}
+
+#endif  // DEPTHKV_AVX2_DISPATCH
+
+}  // namespace detail
+}  // namespace llama
+}  // namespace depthkv
