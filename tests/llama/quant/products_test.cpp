@@ -223,8 +223,7 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
   }
 }
 
-TEST_CASE("quant_matmul: the AVX-512 VNNI panels of the K-quants match the reference and the AVX2 kernel",
-          "[llama][quant]") {
+TEST_CASE("quant_matmul: the AVX-512 VNNI panels match the reference and the AVX2 kernels", "[llama][quant]") {
   // kVnniMinTokens or more tokens take the panel kernel (vnni_panels.hpp) at level 3; 37 tokens and
   // 70 rows leave tails of its 4-token tiles and 16-row panels
   if (depthkv_test::available_simd_levels().back() < 3) {
@@ -233,7 +232,8 @@ TEST_CASE("quant_matmul: the AVX-512 VNNI panels of the K-quants match the refer
   }
   std::mt19937 rng(31);
   const std::int64_t rows = 70, n = depthkv::llama::detail::kVnniMinTokens + 5;
-  for (const GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+  for (const GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kQ4_0,
+                              GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
     for (const std::int64_t cols : {std::int64_t{256}, std::int64_t{768}}) {
       INFO("type " << depthkv::llama::ggml_type_name(type) << " cols " << cols);
       const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);

@@ -115,8 +115,8 @@ namespace detail {
 /// than 64-row ones).
 inline constexpr int kQ8KTokens = 8;
 
-/// Fewest tokens for which quant_matmul's kQ8KActivations kernel unpacks AVX-512 VNNI panels
-/// (vnni_panels.hpp) instead of decoding each weight row for kQ8KTokens tokens at a time.
+/// Fewest tokens for which quant_matmul's int8 kernels unpack AVX-512 VNNI panels
+/// (vnni_panels.hpp) instead of decoding each weight row for a few tokens at a time.
 inline constexpr std::int64_t kVnniMinTokens = 32;
 
 /// True for the types of the kQ8KActivations kernel (traits with kQ8K: Q4_K, Q5_K, Q6_K).
@@ -381,6 +381,10 @@ struct QuantRowOps {
   void (*vnni_unpack)(const std::uint8_t*, std::size_t, std::int64_t, int, std::int64_t, VnniPanel&) = nullptr;
   void (*vnni_matmul)(const VnniPanel&, std::int64_t, const ActQ8K*, std::int64_t, float*, std::int64_t, std::int64_t,
                       int) = nullptr;
+  // kQ8Activations matmul, the same for the per-32 types
+  void (*vnni_unpack32)(const std::uint8_t*, std::size_t, std::int64_t, int, std::int64_t, VnniPanel&) = nullptr;
+  void (*vnni_matmul32)(const VnniPanel&, std::int64_t, const ActQ8*, std::int64_t, float*, std::int64_t, std::int64_t,
+                        int) = nullptr;
 };
 
 template <GgmlType T>
@@ -412,6 +416,12 @@ inline QuantRowOps quant_row_ops_for(bool avx2, bool vnni) {
     if constexpr (blocks) {
       ops.dot_q8 = &row_dot_q8_avx2<T>;
       ops.dot4_q8 = &row_dot4_q8_avx2<T>;
+    }
+    if constexpr (vnni_type32<T>()) {
+      if (vnni) {
+        ops.vnni_unpack32 = &unpack_panel32_vnni<T>;
+        ops.vnni_matmul32 = &panel32_matmul_vnni<T>;
+      }
     }
     if constexpr (q8k_type(T)) {
       ops.dot_q8k = &rows_dot_q8k_avx2<T, 1>;
@@ -612,6 +622,16 @@ inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
     for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
       m.ops.quantize_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
   });
+  if (m.ops.vnni_matmul32 != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
+    quant_parallel(static_cast<int>((rows + kVnniPanelRows - 1) / kVnniPanelRows), n_threads, [&](int task) {
+      thread_local VnniPanel panel;
+      const std::int64_t r0 = std::int64_t{task} * kVnniPanelRows;
+      const int nr = static_cast<int>(std::min<std::int64_t>(kVnniPanelRows, rows - r0));
+      m.ops.vnni_unpack32(m.base, m.rb, r0, nr, m.cols, panel);
+      m.ops.vnni_matmul32(panel, nb, xq.data(), n, m.y, rows, r0, nr);
+    });
+    return;
+  }
   constexpr std::int64_t kTile = 16;
   quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
     const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);

@@ -1,7 +1,8 @@
 #pragma once
 /// @file llama/quant/vnni_panels.hpp
-/// @brief The AVX-512 VNNI matmul of the K-quants (Q4_K, Q5_K, Q6_K) with int8 activations per
-/// 256 values (`kQ8KActivations`, products.hpp), for many tokens at once.
+/// @brief The AVX-512 VNNI matmuls with int8 activations, for many tokens at once: the K-quants
+/// (Q4_K, Q5_K, Q6_K) with activations per 256 values (`kQ8KActivations`, products.hpp), and
+/// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 with activations per 32 (`kQ8Activations`; the section below).
 ///
 /// A panel of 16 weight rows is unpacked once into unsigned 8-bit codes, interleaved so that
 /// one 32-byte vector holds 4 consecutive codes of 8 rows, with the block's integer scales and
@@ -218,6 +219,132 @@ DEPTHKV_QUANT_VNNI inline void panel_matmul_vnni(const VnniPanel& p, std::int64_
       case 3: panel_tokens_vnni<G, 3>(p, nb, xs, out); break;
       case 2: panel_tokens_vnni<G, 2>(p, nb, xs, out); break;
       default: panel_tokens_vnni<G, 1>(p, nb, xs, out); break;
+    }
+    for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
+  }
+}
+
+// ---- per-32 types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with int8 activations per 32 values -----------
+//
+// A block of 32 weights is w_k = d * (u_k - o) + m with unsigned codes u (Q8_0: q + 128, o = 128;
+// Q4_0: o = 8; Q5_0: o = 16; Q4_1, Q5_1: o = 0 and the block's minimum m). With x_k ~= d_x * q_k
+// (ActQ8) and S = the sum of the 32 q_k:
+//   sum_k w_k x_k ~= d_x * (d * (sum_k u_k q_k - o * S) + m * S)
+// the bracket's integer part exact in int32 (at most 32 * 255 * 127 + 128 * 32 * 127).
+
+/// The integer offset o of the file comment's per-32 form for type T.
+template <GgmlType T>
+inline constexpr int vnni_offset32() {
+  return T == GgmlType::kQ8_0 ? 128 : T == GgmlType::kQ4_0 ? 8 : T == GgmlType::kQ5_0 ? 16 : 0;
+}
+/// True for the per-32 types with a minimum m (Q4_1, Q5_1).
+template <GgmlType T>
+inline constexpr bool vnni_min32() {
+  return T == GgmlType::kQ4_1 || T == GgmlType::kQ5_1;
+}
+/// True for the types of the per-32 VNNI kernel.
+template <GgmlType T>
+inline constexpr bool vnni_type32() {
+  return T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 ||
+         T == GgmlType::kQ5_1;
+}
+
+/// The 32 codes u, d and m of one per-32 block (see the section comment).
+template <GgmlType T>
+inline void unpack_block32(const std::uint8_t* blk, std::uint8_t* u, float& d, float& m) {
+  using Block = typename QuantTraits<T>::Block;
+  Block b;
+  std::memcpy(&b, blk, sizeof(Block));
+  d = fp16_to_float(b.d);
+  m = 0.0f;
+  if constexpr (T == GgmlType::kQ8_0) {
+    for (int j = 0; j < 32; ++j) u[j] = static_cast<std::uint8_t>(b.qs[j] + 128);
+  } else {
+    std::uint32_t qh = 0;
+    if constexpr (T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) std::memcpy(&qh, b.qh, 4);
+    if constexpr (vnni_min32<T>()) m = fp16_to_float(b.m);
+    for (int j = 0; j < 16; ++j) {
+      u[j] = static_cast<std::uint8_t>((b.qs[j] & 0xF) | (((qh >> j) & 1u) << 4));
+      u[j + 16] = static_cast<std::uint8_t>((b.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+    }
+  }
+}
+
+/// Unpacks rows [r0, r0 + nr) of a `cols`-wide per-32 matrix into p: codes[b][q][r] as the
+/// K-quant panels (8 four-value steps per block of 32), d[b][r] and dmin[b][r] = m.
+template <GgmlType T>
+inline void unpack_panel32_vnni(const std::uint8_t* base, std::size_t row_bytes, std::int64_t r0, int nr,
+                                std::int64_t cols, VnniPanel& p) {
+  const std::int64_t nb = cols / 32;
+  p.codes.assign(static_cast<std::size_t>(nb) * 32 * kVnniPanelRows, 0);
+  p.d.assign(static_cast<std::size_t>(nb) * kVnniPanelRows, 0.0f);
+  p.dmin.assign(p.d.size(), 0.0f);
+  std::uint8_t u[32];
+  for (int r = 0; r < nr; ++r) {
+    const std::uint8_t* row = base + static_cast<std::size_t>(r0 + r) * row_bytes;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const auto i = static_cast<std::size_t>(b * kVnniPanelRows + r);
+      unpack_block32<T>(row + b * static_cast<std::int64_t>(sizeof(typename QuantTraits<T>::Block)), u, p.d[i], p.dmin[i]);
+      std::uint8_t* codes = p.codes.data() + b * 32 * kVnniPanelRows + 4 * r;
+      for (int q = 0; q < 8; ++q) std::memcpy(codes + q * 4 * kVnniPanelRows, u + 4 * q, 4);
+    }
+  }
+}
+
+/// The per-32 register tile: out[t][r] for NT tokens (a[t] = its nb ActQ8 blocks).
+template <int kOffset, bool kMin, int NT>
+DEPTHKV_QUANT_VNNI inline void panel32_tokens_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8* const* a,
+                                                   float (*out)[kVnniPanelRows]) {
+  __m256 acc[2][NT];
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* codes = p.codes.data() + b * 32 * kVnniPanelRows;
+    __m256i sub[2][NT];
+    for (int r = 0; r < 2; ++r)
+      for (int t = 0; t < NT; ++t) sub[r][t] = _mm256_setzero_si256();
+    for (int q = 0; q < 8; ++q) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
+      for (int t = 0; t < NT; ++t) {
+        const __m256i x = load_i32_bcast_vnni(a[t][b].qs + 4 * q);
+        sub[0][t] = _mm256_dpbusd_epi32(sub[0][t], w0, x);
+        sub[1][t] = _mm256_dpbusd_epi32(sub[1][t], w1, x);
+      }
+    }
+    const float* d = p.d.data() + b * kVnniPanelRows;
+    const float* m = p.dmin.data() + b * kVnniPanelRows;
+    for (int t = 0; t < NT; ++t) {
+      const int S = a[t][b].s[0] + a[t][b].s[1];
+      const __m256i off = _mm256_set1_epi32(kOffset * S);
+      const __m256 dx = _mm256_set1_ps(a[t][b].d);
+      for (int r = 0; r < 2; ++r) {
+        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sub[r][t], off)), _mm256_loadu_ps(d + 8 * r));
+        if constexpr (kMin) f = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * r), _mm256_set1_ps(static_cast<float>(S)), f);
+        acc[r][t] = _mm256_fmadd_ps(f, dx, acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < 2; ++r) _mm256_storeu_ps(out[t] + 8 * r, acc[r][t]);
+}
+
+/// Y[t][r] for every token t < n and the panel's nr rows starting at r0 (per-32 types).
+template <GgmlType T>
+DEPTHKV_QUANT_VNNI inline void panel32_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8* xq, std::int64_t n,
+                                                   float* y, std::int64_t ldy, std::int64_t r0, int nr) {
+  constexpr int O = vnni_offset32<T>();
+  constexpr bool M = vnni_min32<T>();
+  alignas(32) float out[kVnniTokens][kVnniPanelRows];
+  for (std::int64_t t0 = 0; t0 < n; t0 += kVnniTokens) {
+    const int nt = static_cast<int>(std::min<std::int64_t>(kVnniTokens, n - t0));
+    const ActQ8* xs[kVnniTokens];
+    for (int t = 0; t < nt; ++t) xs[t] = xq + (t0 + t) * nb;
+    switch (nt) {
+      case 4: panel32_tokens_vnni<O, M, 4>(p, nb, xs, out); break;
+      case 3: panel32_tokens_vnni<O, M, 3>(p, nb, xs, out); break;
+      case 2: panel32_tokens_vnni<O, M, 2>(p, nb, xs, out); break;
+      default: panel32_tokens_vnni<O, M, 1>(p, nb, xs, out); break;
     }
     for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
   }
