@@ -264,6 +264,26 @@ TEST_CASE("quant_matmul: the AVX-512 VNNI panels match the reference and the AVX
   }
 }
 
+TEST_CASE("quant_matmul: the float panels of kDequantize match the reference", "[llama][quant]") {
+  // kFloatPanelMinTokens or more tokens take the interleaved 16-row panels (AVX2); 23 tokens and
+  // 70 rows leave tails of its 6-token tiles and of the panels, 37 columns a tail of its transposes
+  std::mt19937 rng(19);
+  const std::int64_t rows = 70, n = depthkv::llama::kFloatPanelMinTokens + 7;
+  for (const GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0}) {
+    const std::int64_t cols = block_of(type) == 1 ? 37 : 96;
+    INFO("type " << depthkv::llama::ggml_type_name(type));
+    const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
+    std::vector<float> wf(static_cast<std::size_t>(rows * cols));
+    depthkv::llama::dequantize_row(type, w.data(), wf.data(), rows * cols);
+    std::vector<float> X(static_cast<std::size_t>(n * cols));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& v : X) v = nd(rng);
+    for (const int level : depthkv_test::available_simd_levels())
+      for (const int threads : {1, 3})
+        check_products_against_reference(type, w, wf, rows, cols, X, n, QuantKernel::kDequantize, threads, level);
+  }
+}
+
 TEST_CASE("int8 activations: the AVX2 quantizers give the scalar bytes", "[llama][quant]") {
   if (depthkv_test::available_simd_levels().back() < 2) {
     SUCCEED("no AVX2 on this CPU / build");

@@ -27,9 +27,15 @@
 ///   result is then unspecified; the float kernel would propagate it).
 /// - `kDequantize`: each block is dequantized into a float buffer (exactly the values of
 ///   `dequantize_row`) and multiplied in float: matvec with an FMA dot per row; matmul
-///   dequantizes a tile of `kQuantMatmulTile` rows and multiplies it with X by 4-token x 2-row
-///   tiles of AVX2 FMA accumulators (Eigen's float GEMM at the scalar level: Eigen is compiled
-///   for the build's baseline instruction set). Every type.
+///   dequantizes a tile of `kQuantMatmulTile` rows and multiplies it with X: from
+///   `kFloatPanelMinTokens` tokens on by panels of 16 rows interleaved so that one load holds a
+///   column (8 x 8 transposes), each FMA'd with broadcast activations of 6 tokens (2 x 6 AVX2
+///   accumulators); below that by 4-token x 2-row dot-product tiles (Eigen's float GEMM at the
+///   scalar level: Eigen is compiled for the build's baseline instruction set). Every type.
+/// - AVX-512 VNNI (`max_simd_level` 3, where the CPU has AVX-512 F, BW, VL and VNNI): from
+///   `kVnniMinTokens` tokens on, both int8 kernels of the matmul unpack panels of 16 rows into
+///   unsigned codes once and multiply every token with `vpdpbusd` (vnni_panels.hpp): the same
+///   integer sums as the AVX2 kernels, other float rounding. Matvec and fewer tokens use AVX2.
 /// - `kAuto` (default): `kQ8KActivations` for Q4_K, Q5_K and Q6_K, `kQ8Activations` for the
 ///   other block types, `kDequantize` (conversion in registers, F16C for F16) for F32, F16 and
 ///   BF16. The choice is measured by benchmarks/quant_bench.cpp (figures in
@@ -107,6 +113,10 @@ struct QuantProductOptions : CpuOptions {
 
 /// Rows of W dequantized together by quant_matmul's kDequantize kernel.
 inline constexpr std::int64_t kQuantMatmulTile = 64;
+
+/// Fewest tokens for which quant_matmul's kDequantize kernel (AVX2) multiplies interleaved panels
+/// of 16 rows with broadcast activations instead of 4-token x 2-row dot-product tiles.
+inline constexpr std::int64_t kFloatPanelMinTokens = 16;
 
 namespace detail {
 
@@ -234,6 +244,87 @@ DEPTHKV_QUANT_AVX2 inline void gemm_rows_avx2(const float* w, std::int64_t nr, c
     std::int64_t r = 0;
     for (; r + 2 <= nr; r += 2) gemm_tile_avx2<1, 2>(w + r * cols, cols, x + t * cols, cols, cols, y + t * ldy + r, ldy);
     if (r < nr) gemm_tile_avx2<1, 1>(w + r * cols, cols, x + t * cols, cols, cols, y + t * ldy + r, ldy);
+  }
+}
+
+/// Rows of a float panel of quant_matmul's kDequantize kernel (two 8-lane vectors per k).
+inline constexpr int kFloatPanelRows = 16;
+/// Tokens per register tile of the float panel (2 x 6 accumulators of the 16 AVX2 registers).
+inline constexpr int kFloatPanelTokens = 6;
+
+/// p[k * 16 + i] = w[i * cols + k] for the nr (<= 16) float rows of w, 0 for i >= nr: 8 x 8
+/// transposes, so that one 16-float load holds one column of the panel.
+DEPTHKV_QUANT_AVX2 inline void interleave_panel_avx2(const float* w, int nr, std::int64_t cols, float* p) {
+  std::int64_t k = 0;
+  for (; k + 8 <= cols; k += 8) {
+    for (int g = 0; g < 2; ++g) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = 8 * g + i < nr ? _mm256_loadu_ps(w + (8 * g + i) * cols + k) : _mm256_setzero_ps();
+      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      const __m256 c[8] = {_mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+                           _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+                           _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+                           _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(p + (k + j) * kFloatPanelRows + 8 * g, c[j]);
+    }
+  }
+  for (; k < cols; ++k)
+    for (int i = 0; i < kFloatPanelRows; ++i) p[k * kFloatPanelRows + i] = i < nr ? w[i * cols + k] : 0.0f;
+}
+
+/// out[t][i] = panel row i . x[t] over `cols` values (NT tokens): 2 x NT 8-lane FMA accumulators,
+/// each loaded panel column serving NT tokens and each broadcast activation 16 rows.
+template <int NT>
+DEPTHKV_QUANT_AVX2 inline void panel_tokens_avx2(const float* p, std::int64_t cols, const float* const* x,
+                                                 float (*out)[kFloatPanelRows]) {
+  __m256 acc[2][NT];
+  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+  for (std::int64_t k = 0; k < cols; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(p + k * kFloatPanelRows), w1 = _mm256_loadu_ps(p + k * kFloatPanelRows + 8);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x[t] + k);
+      acc[0][t] = _mm256_fmadd_ps(w0, xb, acc[0][t]);
+      acc[1][t] = _mm256_fmadd_ps(w1, xb, acc[1][t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    _mm256_storeu_ps(out[t], acc[0][t]);
+    _mm256_storeu_ps(out[t] + 8, acc[1][t]);
+  }
+}
+
+/// Y[t][r] (row stride ldy) = X[t] . W[r] for the n x cols floats X and the nr x cols floats W
+/// (both row-major, contiguous), by panels of 16 rows of W interleaved into `panel` (16 * cols
+/// floats), kFloatPanelTokens tokens at a time.
+DEPTHKV_QUANT_AVX2 inline void gemm_panels_avx2(const float* w, std::int64_t nr, const float* x, std::int64_t n,
+                                                std::int64_t cols, float* y, std::int64_t ldy, float* panel) {
+  alignas(32) float out[kFloatPanelTokens][kFloatPanelRows];
+  for (std::int64_t r0 = 0; r0 < nr; r0 += kFloatPanelRows) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(kFloatPanelRows, nr - r0));
+    interleave_panel_avx2(w + r0 * cols, rows, cols, panel);
+    for (std::int64_t t0 = 0; t0 < n; t0 += kFloatPanelTokens) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kFloatPanelTokens, n - t0));
+      const float* xs[kFloatPanelTokens];
+      for (int t = 0; t < nt; ++t) xs[t] = x + (t0 + t) * cols;
+      switch (nt) {
+        case 6: panel_tokens_avx2<6>(panel, cols, xs, out); break;
+        case 5: panel_tokens_avx2<5>(panel, cols, xs, out); break;
+        case 4: panel_tokens_avx2<4>(panel, cols, xs, out); break;
+        case 3: panel_tokens_avx2<3>(panel, cols, xs, out); break;
+        case 2: panel_tokens_avx2<2>(panel, cols, xs, out); break;
+        default: panel_tokens_avx2<1>(panel, cols, xs, out); break;
+      }
+      for (int t = 0; t < nt; ++t)
+        std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(rows));
+    }
   }
 }
 
@@ -664,6 +755,12 @@ inline void quant_matmul_deq(const QuantMatmulArgs& m, const CpuOptions& cpu) {
     RowMat tile(nr, cols);
     for (std::int64_t r = 0; r < nr; ++r) m.ops.dequantize(m.row(r0 + r), tile.data() + r * cols, cols);
 #if defined(DEPTHKV_AVX2_DISPATCH)
+    if (avx2 && m.n >= kFloatPanelMinTokens) {  // interleaved panels, broadcast activations
+      thread_local std::vector<float> panel;
+      panel.resize(static_cast<std::size_t>(kFloatPanelRows * cols));
+      gemm_panels_avx2(tile.data(), nr, m.x, m.n, cols, m.y + r0, rows, panel.data());
+      return;
+    }
     if (avx2) {  // register-tiled FMA (Eigen is built for the baseline ISA)
       gemm_rows_avx2(tile.data(), nr, m.x, m.n, cols, m.y + r0, rows);
       return;
