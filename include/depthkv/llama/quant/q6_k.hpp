@@ -104,12 +104,15 @@ struct QuantTraits<GgmlType::kQ6_K> : BlockTraits<BlockQ6_K, 256, true> {
     const auto* scales = reinterpret_cast<const std::int8_t*>(blk + offsetof(Block, scales));
     __m256i sumi[NT];
     for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
     for (int n = 0; n < 2; ++n) {
       const Q6kHalf h = q6k_half_avx2(blk, n);
       for (int k = 0; k < 4; ++k) {
         const int c = 4 * n + k;
         const __m256i u = q6k_codes_avx2(h, k);
-        const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * c + 1]), _mm_set1_epi16(scales[2 * c]));
+        // int16 lanes 0-7: scales[2c], 8-15: scales[2c + 1] (one byte shuffle, sign-extended)
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+            sc8, _mm_set_epi64x(0x0101010101010101LL * (2 * c + 1), 0x0101010101010101LL * (2 * c))));
         q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
       }
     }
