@@ -16,8 +16,10 @@
 #     process beside: depthkv with OMP_WAIT_POLICY unset and passive, llama.cpp (repacking off).
 # Usage: benchmarks/long_context_runs.sh BUILD LLAMA_BIN_DIR GGUF_PYTHON [A|B|C|D|E ...]
 #   BUILD: a Release build with benchmarks; LLAMA_BIN_DIR: llama.cpp's build/bin (llama-bench,
-#   llama-quantize); GGUF_PYTHON: a Python with numpy and gguf. PARITY_THREADS (default "1 2"), OUT (default
-#   benchmarks/results/long_context/quiet), GGUF_DIR (default /tmp/depthkv-long-context).
+#   llama-quantize); GGUF_PYTHON: a Python with numpy and gguf. For D: PARITY_THREADS (default "1 2"),
+#   PARITY_TYPES (default all six), PARITY_PROMPT (default 512; other lengths add -pN to the file
+#   names), PARITY_REPEAT (default 2). OUT (default benchmarks/results/long_context/quiet), GGUF_DIR
+#   (default /tmp/depthkv-long-context).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=$1 LLAMA=$2 PY=$3
@@ -53,13 +55,16 @@ for set in $SETS; do
     D)
       # parity: the TinyLlama-1.1B shape's file in 6 types (A's F16 file, quantized by llama-quantize),
       # prefill 512 and decode 32 at 1 and 2 threads; llama.cpp with repacking off and on
-      for type in F16 Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0; do
+      P=${PARITY_PROMPT:-512}
+      sfx=$([[ $P == 512 ]] || echo "-p$P")
+      for type in ${PARITY_TYPES:-F16 Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0}; do
         f="$GGUF_DIR/tinyllama-1.1b-$type.gguf"
         [[ -f $f ]] || "$LLAMA/llama-quantize" "$GGUF_DIR/tinyllama-1.1b-F16.gguf" "$f" $type 2 > /dev/null
         for t in ${PARITY_THREADS:-1 2}; do
-          "$BUILD/benchmarks/gguf_engine_bench" "$f" --prompt 512 --decode 32 --threads $t --repeat 2 \
-            --json "$OUT/parity-depthkv-$type-t$t.json" 2>&1 | tee -a "$OUT/runs.log"
-          "$LLAMA/llama-bench" -m "$f" -p 512 -n 32 -t $t -r 2 --repack 0,1 -o json > "$OUT/parity-llamacpp-$type-t$t.json"
+          "$BUILD/benchmarks/gguf_engine_bench" "$f" --prompt $P --decode 32 --threads $t --repeat ${PARITY_REPEAT:-2} \
+            --json "$OUT/parity-depthkv-$type-t$t$sfx.json" 2>&1 | tee -a "$OUT/runs.log"
+          "$LLAMA/llama-bench" -m "$f" -p $P -n 32 -t $t -r ${PARITY_REPEAT:-2} --repack 0,1 -o json \
+            > "$OUT/parity-llamacpp-$type-t$t$sfx.json"
         done
       done ;;
     E)

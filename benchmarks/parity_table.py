@@ -3,7 +3,9 @@
 against llama.cpp (llama-bench -o json, repacking off and on) on the same files, prefill and decode
 tok/s at each thread count, and depthkv's ratio to each llama.cpp setting. Standard library only.
 
-    python3 benchmarks/parity_table.py benchmarks/results/long_context/quiet
+    python3 benchmarks/parity_table.py benchmarks/results/long_context/quiet [PROMPT]
+
+PROMPT (default 512) picks the files of that prompt length (PARITY_PROMPT of the run script).
 """
 import json
 import os
@@ -21,12 +23,13 @@ def llama(path):
     return out
 
 
-def main(d):
-    rows = ["| type | threads | prefill 512 tok/s depthkv / llama.cpp repack off / on | ratio (off / on) | "
+def main(d, prompt=512):
+    sfx = "" if prompt == 512 else f"-p{prompt}"
+    rows = [f"| type | threads | prefill {prompt} tok/s depthkv / llama.cpp repack off / on | ratio (off / on) | "
             "decode tok/s depthkv / llama.cpp off / on | ratio (off / on) |", "|---|---|---|---|---|---|"]
     for typ in TYPES:
         for t in (1, 2):
-            dk_path, lc_path = (os.path.join(d, f"parity-{e}-{typ}-t{t}.json") for e in ("depthkv", "llamacpp"))
+            dk_path, lc_path = (os.path.join(d, f"parity-{e}-{typ}-t{t}{sfx}.json") for e in ("depthkv", "llamacpp"))
             if not (os.path.exists(dk_path) and os.path.exists(lc_path)):
                 continue
             dk, lc = json.load(open(dk_path)), llama(lc_path)
@@ -40,4 +43,5 @@ def main(d):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/long_context/quiet")
+    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/long_context/quiet",
+         int(sys.argv[2]) if len(sys.argv) > 2 else 512)

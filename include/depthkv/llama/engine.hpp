@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -468,9 +469,7 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix q(T, q_dim), k(T, kv_dim), v(T, kv_dim);
-    linear(w.wq, w.wq_quant, xn, q, opt);
-    linear(w.wk, w.wk_quant, xn, k, opt);
-    linear(w.wv, w.wv_quant, xn, v, opt);
+    linear_many({{&w.wq, &w.wq_quant, &q}, {&w.wk, &w.wk_quant, &k}, {&w.wv, &w.wv_quant, &v}}, xn, opt);
 
     timer.to(&EngineStats::other_s);
     if (w.bq.size()) q.rowwise() += w.bq.transpose();
@@ -519,8 +518,7 @@ class LlamaEngine {
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
-    linear(w.w1, w.w1_quant, xn, h1, opt);
-    linear(w.w3, w.w3_quant, xn, h3, opt);
+    linear_many({{&w.w1, &w.w1_quant, &h1}, {&w.w3, &w.w3_quant, &h3}}, xn, opt);
     for (Eigen::Index i = 0; i < h1.size(); ++i) {
       float g = h1.data()[i];
       g *= 1.0f / (1.0f + std::exp(-g));
@@ -771,6 +769,34 @@ class LlamaEngine {
     } else {
       gemm(W, x, y, threads);
     }
+  }
+
+  /// One product of linear_many: y = x W^T (stored form Q, or W when Q is empty).
+  struct LinearTarget {
+    const RowMatrix* W;
+    const QuantWeight* Q;
+    RowMatrix* y;
+  };
+
+  /// `linear` for several products of the same x: for one row and stored forms only, one
+  /// `quant_matvec_many` (x quantized once, one fork-join; threads by the summed work), else one
+  /// `linear` each. The bytes of `linear` on each.
+  static void linear_many(std::initializer_list<LinearTarget> targets, const RowMatrix& x, const CpuOptions& cpu) {
+    bool stored = x.rows() == 1;
+    double work = 0;
+    for (const LinearTarget& t : targets) {
+      stored = stored && !t.Q->empty() && t.Q->cols == targets.begin()->Q->cols;
+      work += static_cast<double>(t.Q->rows) * static_cast<double>(t.Q->cols);
+    }
+    if (!stored) {
+      for (const LinearTarget& t : targets) linear(*t.W, *t.Q, x, *t.y, cpu);
+      return;
+    }
+    std::vector<QuantMatvecTarget> m;
+    for (const LinearTarget& t : targets) m.push_back({t.Q->type, t.Q->data, t.Q->rows, t.y->data()});
+    const int threads = work < kParallelGemvWork ? 1 : thread_count(cpu.n_threads);
+    quant_matvec_many(m.data(), static_cast<int>(m.size()), targets.begin()->Q->cols, x.data(),
+                      QuantProductOptions(CpuOptions{threads, cpu.max_simd_level}, QuantKernel::kAuto));
   }
 
   /// y = x W^T (x with several rows) on `threads` threads: the rows of W are split into slices of

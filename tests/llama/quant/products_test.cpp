@@ -284,6 +284,44 @@ TEST_CASE("quant_matmul: the float panels of kDequantize match the reference", "
   }
 }
 
+TEST_CASE("quant_matvec_many: the bytes of quant_matvec on each matrix, errors before any output", "[llama][quant]") {
+  std::mt19937 rng(23);
+  const std::int64_t cols = 512;
+  const GgmlType types[] = {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kQ6_K};
+  const std::int64_t rows[] = {70, 33, 5, 40};
+  std::vector<std::vector<std::uint8_t>> w;
+  for (int i = 0; i < 4; ++i) w.push_back(random_matrix(types[i], rows[i], cols, rng));
+  std::vector<float> x(static_cast<std::size_t>(cols));
+  for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (const int level : depthkv_test::available_simd_levels()) {
+    for (const int threads : {1, 3}) {
+      INFO("level " << level << " threads " << threads);
+      const QuantProductOptions opt(depthkv::CpuOptions{threads, level});
+      std::vector<std::vector<float>> one(4), many(4);
+      std::vector<depthkv::llama::QuantMatvecTarget> targets;
+      for (int i = 0; i < 4; ++i) {
+        one[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(rows[i]), NAN);
+        many[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(rows[i]), NAN);
+        depthkv::llama::quant_matvec(types[i], w[static_cast<std::size_t>(i)].data(), rows[i], cols, x.data(),
+                                     one[static_cast<std::size_t>(i)].data(), opt);
+        targets.push_back({types[i], w[static_cast<std::size_t>(i)].data(), rows[i], many[static_cast<std::size_t>(i)].data()});
+      }
+      depthkv::llama::quant_matvec_many(targets.data(), 4, cols, x.data(), opt);
+      for (int i = 0; i < 4; ++i)
+        REQUIRE(std::memcmp(one[static_cast<std::size_t>(i)].data(), many[static_cast<std::size_t>(i)].data(),
+                            sizeof(float) * static_cast<std::size_t>(rows[i])) == 0);
+    }
+  }
+  // a bad last target: nothing is written, not even to the good ones before it
+  std::vector<float> y0(static_cast<std::size_t>(rows[0]), 7.0f), y1(static_cast<std::size_t>(rows[1]), 7.0f);
+  const depthkv::llama::QuantMatvecTarget bad[] = {{types[0], w[0].data(), rows[0], y0.data()},
+                                                   {GgmlType::kIQ2_XXS, w[1].data(), rows[1], y1.data()}};
+  CHECK_THROWS_WITH(depthkv::llama::quant_matvec_many(bad, 2, cols, x.data()), Catch::Contains("IQ2_XXS"));
+  CHECK(y0[0] == 7.0f);
+  CHECK(y1[0] == 7.0f);
+  CHECK_THROWS_WITH(depthkv::llama::quant_matvec_many(bad, -1, cols, x.data()), Catch::Contains("negative number of matrices"));
+}
+
 TEST_CASE("int8 activations: the AVX2 quantizers give the scalar bytes", "[llama][quant]") {
   if (depthkv_test::available_simd_levels().back() < 2) {
     SUCCEED("no AVX2 on this CPU / build");

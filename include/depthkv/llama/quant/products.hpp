@@ -615,37 +615,85 @@ inline float quant_row_dot(GgmlType type, const void* row, const float* x, std::
 /// @throws Error for an unsupported type, a partial block, a kernel the type lacks or invalid
 ///   threads / cap
 inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, float* y,
-                         const QuantProductOptions& opt = {}) {
+                         const QuantProductOptions& opt = {});
+
+/// One matrix of quant_matvec_many: W (`rows x cols`, stored as `type`) and its output y.
+struct QuantMatvecTarget {
+  GgmlType type;      ///< the stored type
+  const void* w;      ///< the matrix's bytes, `rows * ggml_row_bytes(type, cols)`
+  std::int64_t rows;  ///< rows of W (= size of y)
+  float* y;           ///< `rows` floats (written)
+};
+
+/// y_i = W_i x for `count` matrices of the same width and the same x: each the bytes of
+/// `quant_matvec(W_i, x)`, with x quantized once per kernel and the rows of all the matrices in
+/// one parallel region (one fork-join instead of `count`).
+/// @param targets the matrices and outputs
+/// @param count number of targets
+/// @param cols columns of every W (= size of x), a multiple of each type's block size
+/// @param x `cols` floats
+/// @param opt threads, instruction-set cap and kernel (the kernel applies to every target)
+/// @throws Error as quant_matvec, for any target, before any output is written
+inline void quant_matvec_many(const QuantMatvecTarget* targets, int count, std::int64_t cols, const float* x,
+                              const QuantProductOptions& opt = {}) {
   opt.validate();
-  detail::check_product(type, rows, cols);
-  if (rows == 0) return;
-  const detail::QuantRowOps ops = detail::quant_row_ops(type, opt.max_simd_level);
-  const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, true);
-  const std::size_t rb = ggml_row_bytes(type, cols);
-  const auto* base = static_cast<const std::uint8_t*>(w);
+  DEPTHKV_CHECK(count >= 0, "quantized product: negative number of matrices " << count);
   constexpr std::int64_t kRowsPerTask = 32;
-  const int n_tasks = static_cast<int>((rows + kRowsPerTask - 1) / kRowsPerTask);
+  struct Part {
+    detail::QuantRowOps ops;
+    QuantKernel kernel;
+    std::size_t rb;
+    int first_task;
+  };
+  std::vector<Part> parts(static_cast<std::size_t>(count));
+  bool need_q8 = false, need_q8k = false;
+  int n_tasks = 0;
+  for (int i = 0; i < count; ++i) {
+    const QuantMatvecTarget& m = targets[i];
+    detail::check_product(m.type, m.rows, cols);
+    Part& p = parts[static_cast<std::size_t>(i)];
+    p.ops = detail::quant_row_ops(m.type, opt.max_simd_level);
+    p.kernel = detail::resolve_kernel(opt.kernel, m.type, true);
+    p.rb = ggml_row_bytes(m.type, cols);
+    p.first_task = n_tasks;
+    n_tasks += static_cast<int>((m.rows + kRowsPerTask - 1) / kRowsPerTask);
+    need_q8 = need_q8 || p.kernel == QuantKernel::kQ8Activations;
+    need_q8k = need_q8k || p.kernel == QuantKernel::kQ8KActivations;
+  }
+  if (n_tasks == 0) return;
   std::vector<detail::ActQ8> xq;
   std::vector<detail::ActQ8K> xk;
-  if (kernel == QuantKernel::kQ8Activations) {
+  if (need_q8) {  // the quantizers give the same bytes at every level: any target's will do
     xq.resize(static_cast<std::size_t>(cols / 32));
-    ops.quantize_q8(x, cols, xq.data());
-  } else if (kernel == QuantKernel::kQ8KActivations) {
+    parts[0].ops.quantize_q8(x, cols, xq.data());
+  }
+  if (need_q8k) {
     xk.resize(static_cast<std::size_t>(cols / 256));
-    ops.quantize_q8k(x, cols, xk.data());
+    parts[0].ops.quantize_q8k(x, cols, xk.data());
   }
   const detail::ActQ8K* const xk0 = xk.data();
-  detail::quant_parallel(n_tasks, opt.n_threads, [&](int t) {
-    const std::int64_t r1 = std::min(rows, (t + 1) * kRowsPerTask);
-    for (std::int64_t r = t * kRowsPerTask; r < r1; ++r) {
-      const std::uint8_t* row = base + static_cast<std::size_t>(r) * rb;
-      if (kernel == QuantKernel::kQ8KActivations) {
-        ops.dot_q8k(row, &xk0, cols, y + r);
+  detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+    int i = count - 1;
+    while (parts[static_cast<std::size_t>(i)].first_task > task) --i;
+    const Part& p = parts[static_cast<std::size_t>(i)];
+    const QuantMatvecTarget& m = targets[i];
+    const auto* base = static_cast<const std::uint8_t*>(m.w);
+    const std::int64_t r0 = std::int64_t{task - p.first_task} * kRowsPerTask, r1 = std::min(m.rows, r0 + kRowsPerTask);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::uint8_t* row = base + static_cast<std::size_t>(r) * p.rb;
+      if (p.kernel == QuantKernel::kQ8KActivations) {
+        p.ops.dot_q8k(row, &xk0, cols, m.y + r);
       } else {
-        y[r] = kernel == QuantKernel::kQ8Activations ? ops.dot_q8(row, xq.data(), cols) : ops.dot(row, x, cols);
+        m.y[r] = p.kernel == QuantKernel::kQ8Activations ? p.ops.dot_q8(row, xq.data(), cols) : p.ops.dot(row, x, cols);
       }
     }
   });
+}
+
+inline void quant_matvec(GgmlType type, const void* w, std::int64_t rows, std::int64_t cols, const float* x, float* y,
+                         const QuantProductOptions& opt) {
+  const QuantMatvecTarget target{type, w, rows, y};
+  quant_matvec_many(&target, 1, cols, x, opt);
 }
 
 namespace detail {
