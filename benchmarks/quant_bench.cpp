@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
 #endif
   Eigen::setNbThreads(threads);
   const double bw = memcpy_gbs(threads);
-  std::printf("quant_bench: %d threads, AVX2 kernels %s, memcpy %.1f GB/s\n", threads,
-              depthkv::llama::detail::quant_simd_level() >= 2 ? "on" : "off", bw);
+  std::printf("quant_bench: %d threads, AVX2 kernels %s, AVX-512 VNNI panels %s, memcpy %.1f GB/s\n", threads,
+              depthkv::llama::detail::quant_simd_level() >= 2 ? "on" : "off",
+              depthkv::cpu_simd_level() >= 3 ? "on" : "off", bw);
   std::printf("%-7s %-10s %-9s %-11s %9s %8s %7s %6s\n", "type", "shape", "product", "kernel", "ms", "GFLOP/s", "GB/s",
               "of_bw");
   const std::int64_t shapes[3][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};

@@ -710,6 +710,24 @@ struct QuantMatmulArgs {
   const std::uint8_t* row(std::int64_t r) const { return base + static_cast<std::size_t>(r) * rb; }
 };
 
+/// The AVX-512 VNNI matmul of both int8 kernels: tasks of kVnniPanelRows rows of W, each
+/// unpacked once (`unpack`) into its thread's panel and multiplied with all n tokens (`matmul`;
+/// x: the n x nb quantized activation blocks).
+template <class Act>
+inline void vnni_panels_matmul(const QuantMatmulArgs& m, int n_threads,
+                               void (*unpack)(const std::uint8_t*, std::size_t, std::int64_t, int, std::int64_t, VnniPanel&),
+                               void (*matmul)(const VnniPanel&, std::int64_t, const Act*, std::int64_t, float*, std::int64_t,
+                                              std::int64_t, int),
+                               const Act* x, std::int64_t nb) {
+  quant_parallel(static_cast<int>((m.rows + kVnniPanelRows - 1) / kVnniPanelRows), n_threads, [&](int task) {
+    thread_local VnniPanel panel;
+    const std::int64_t r0 = std::int64_t{task} * kVnniPanelRows;
+    const int nr = static_cast<int>(std::min<std::int64_t>(kVnniPanelRows, m.rows - r0));
+    unpack(m.base, m.rb, r0, nr, m.cols, panel);
+    matmul(panel, nb, x, m.n, m.y, m.rows, r0, nr);
+  });
+}
+
 /// quant_matmul's kQ8KActivations kernel: X quantized per 256 values, then tasks of 16 rows of W,
 /// each decoded weight row serving kQ8KTokens tokens at a time.
 inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
@@ -721,13 +739,7 @@ inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
       m.ops.quantize_q8k(m.x + t * m.cols, m.cols, xk.data() + t * nb);
   });
   if (m.ops.vnni_matmul != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
-    quant_parallel(static_cast<int>((rows + kVnniPanelRows - 1) / kVnniPanelRows), n_threads, [&](int task) {
-      thread_local VnniPanel panel;
-      const std::int64_t r0 = std::int64_t{task} * kVnniPanelRows;
-      const int nr = static_cast<int>(std::min<std::int64_t>(kVnniPanelRows, rows - r0));
-      m.ops.vnni_unpack(m.base, m.rb, r0, nr, m.cols, panel);
-      m.ops.vnni_matmul(panel, nb, xk.data(), n, m.y, rows, r0, nr);
-    });
+    vnni_panels_matmul(m, n_threads, m.ops.vnni_unpack, m.ops.vnni_matmul, xk.data(), nb);
     return;
   }
   constexpr int NT = kQ8KTokens;
@@ -762,13 +774,7 @@ inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
       m.ops.quantize_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
   });
   if (m.ops.vnni_matmul32 != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
-    quant_parallel(static_cast<int>((rows + kVnniPanelRows - 1) / kVnniPanelRows), n_threads, [&](int task) {
-      thread_local VnniPanel panel;
-      const std::int64_t r0 = std::int64_t{task} * kVnniPanelRows;
-      const int nr = static_cast<int>(std::min<std::int64_t>(kVnniPanelRows, rows - r0));
-      m.ops.vnni_unpack32(m.base, m.rb, r0, nr, m.cols, panel);
-      m.ops.vnni_matmul32(panel, nb, xq.data(), n, m.y, rows, r0, nr);
-    });
+    vnni_panels_matmul(m, n_threads, m.ops.vnni_unpack32, m.ops.vnni_matmul32, xq.data(), nb);
     return;
   }
   constexpr std::int64_t kTile = 16;

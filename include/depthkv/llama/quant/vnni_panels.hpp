@@ -204,24 +204,40 @@ DEPTHKV_QUANT_VNNI inline void panel_tokens_vnni(const VnniPanel& p, std::int64_
 }
 
 /// Y[t][r] for every token t < n and the panel's nr rows starting at r0 (Y is n x ldy): the
-/// panel times every token, kVnniTokens at a time.
-template <GgmlType T>
-DEPTHKV_QUANT_VNNI inline void panel_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8K* xk, std::int64_t n,
-                                                 float* y, std::int64_t ldy, std::int64_t r0, int nr) {
-  constexpr int G = vnni_groups<T>();
+/// register tile `Tile::run<NT>` (NT <= kVnniTokens tokens; x[t] = token t's nb activation
+/// blocks) over every token, kVnniTokens at a time.
+template <class Tile, class Act>
+DEPTHKV_QUANT_VNNI inline void panel_all_tokens_vnni(const VnniPanel& p, std::int64_t nb, const Act* x, std::int64_t n,
+                                                     float* y, std::int64_t ldy, std::int64_t r0, int nr) {
   alignas(32) float out[kVnniTokens][kVnniPanelRows];
   for (std::int64_t t0 = 0; t0 < n; t0 += kVnniTokens) {
     const int nt = static_cast<int>(std::min<std::int64_t>(kVnniTokens, n - t0));
-    const ActQ8K* xs[kVnniTokens];
-    for (int t = 0; t < nt; ++t) xs[t] = xk + (t0 + t) * nb;
+    const Act* xs[kVnniTokens];
+    for (int t = 0; t < nt; ++t) xs[t] = x + (t0 + t) * nb;
     switch (nt) {
-      case 4: panel_tokens_vnni<G, 4>(p, nb, xs, out); break;
-      case 3: panel_tokens_vnni<G, 3>(p, nb, xs, out); break;
-      case 2: panel_tokens_vnni<G, 2>(p, nb, xs, out); break;
-      default: panel_tokens_vnni<G, 1>(p, nb, xs, out); break;
+      case 4: Tile::template run<4>(p, nb, xs, out); break;
+      case 3: Tile::template run<3>(p, nb, xs, out); break;
+      case 2: Tile::template run<2>(p, nb, xs, out); break;
+      default: Tile::template run<1>(p, nb, xs, out); break;
     }
     for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
   }
+}
+
+/// The K-quant register tile of type T (panel_tokens_vnni with its group count).
+template <GgmlType T>
+struct Q8KTileVnni {
+  template <int NT>
+  DEPTHKV_QUANT_VNNI static void run(const VnniPanel& p, std::int64_t nb, const ActQ8K* const* a, float (*out)[kVnniPanelRows]) {
+    panel_tokens_vnni<vnni_groups<T>(), NT>(p, nb, a, out);
+  }
+};
+
+/// The K-quant panel times every token (panel_all_tokens_vnni).
+template <GgmlType T>
+DEPTHKV_QUANT_VNNI inline void panel_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8K* xk, std::int64_t n,
+                                                 float* y, std::int64_t ldy, std::int64_t r0, int nr) {
+  panel_all_tokens_vnni<Q8KTileVnni<T>>(p, nb, xk, n, y, ldy, r0, nr);
 }
 
 // ---- per-32 types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with int8 activations per 32 values -----------
@@ -329,25 +345,20 @@ DEPTHKV_QUANT_VNNI inline void panel32_tokens_vnni(const VnniPanel& p, std::int6
     for (int r = 0; r < 2; ++r) _mm256_storeu_ps(out[t] + 8 * r, acc[r][t]);
 }
 
-/// Y[t][r] for every token t < n and the panel's nr rows starting at r0 (per-32 types).
+/// The per-32 register tile of type T (panel32_tokens_vnni with its offset and minimum).
+template <GgmlType T>
+struct Q8TileVnni {
+  template <int NT>
+  DEPTHKV_QUANT_VNNI static void run(const VnniPanel& p, std::int64_t nb, const ActQ8* const* a, float (*out)[kVnniPanelRows]) {
+    panel32_tokens_vnni<vnni_offset32<T>(), vnni_min32<T>(), NT>(p, nb, a, out);
+  }
+};
+
+/// The per-32 panel times every token (panel_all_tokens_vnni).
 template <GgmlType T>
 DEPTHKV_QUANT_VNNI inline void panel32_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8* xq, std::int64_t n,
                                                    float* y, std::int64_t ldy, std::int64_t r0, int nr) {
-  constexpr int O = vnni_offset32<T>();
-  constexpr bool M = vnni_min32<T>();
-  alignas(32) float out[kVnniTokens][kVnniPanelRows];
-  for (std::int64_t t0 = 0; t0 < n; t0 += kVnniTokens) {
-    const int nt = static_cast<int>(std::min<std::int64_t>(kVnniTokens, n - t0));
-    const ActQ8* xs[kVnniTokens];
-    for (int t = 0; t < nt; ++t) xs[t] = xq + (t0 + t) * nb;
-    switch (nt) {
-      case 4: panel32_tokens_vnni<O, M, 4>(p, nb, xs, out); break;
-      case 3: panel32_tokens_vnni<O, M, 3>(p, nb, xs, out); break;
-      case 2: panel32_tokens_vnni<O, M, 2>(p, nb, xs, out); break;
-      default: panel32_tokens_vnni<O, M, 1>(p, nb, xs, out); break;
-    }
-    for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
-  }
+  panel_all_tokens_vnni<Q8TileVnni<T>>(p, nb, xq, n, y, ldy, r0, nr);
 }
 
 #endif  // DEPTHKV_AVX2_DISPATCH
