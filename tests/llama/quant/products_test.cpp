@@ -143,6 +143,23 @@ void check_products_against_reference(GgmlType type, const std::vector<std::uint
   }
 }
 
+// A random stored rows x cols matrix of `type` (w), its dequantized floats (wf) and n x cols
+// standard normal activations (X), drawn in that order.
+struct RandomProduct {
+  std::vector<std::uint8_t> w;
+  std::vector<float> wf, X;
+};
+RandomProduct random_product(GgmlType type, std::int64_t rows, std::int64_t cols, std::int64_t n, std::mt19937& rng) {
+  RandomProduct p;
+  p.w = random_matrix(type, rows, cols, rng);
+  p.wf.resize(static_cast<std::size_t>(rows * cols));
+  depthkv::llama::dequantize_row(type, p.w.data(), p.wf.data(), rows * cols);
+  p.X.resize(static_cast<std::size_t>(n * cols));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& v : p.X) v = nd(rng);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("quant_matvec and quant_matmul match dequantize-then-float for every type", "[llama][quant]") {
@@ -236,12 +253,9 @@ TEST_CASE("quant_matmul: the AVX-512 VNNI panels match the reference and the AVX
                               GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
     for (const std::int64_t cols : {std::int64_t{256}, std::int64_t{768}}) {
       INFO("type " << depthkv::llama::ggml_type_name(type) << " cols " << cols);
-      const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
-      std::vector<float> wf(static_cast<std::size_t>(rows * cols));
-      depthkv::llama::dequantize_row(type, w.data(), wf.data(), rows * cols);
-      std::vector<float> X(static_cast<std::size_t>(n * cols));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (float& v : X) v = nd(rng);
+      const RandomProduct p = random_product(type, rows, cols, n, rng);
+      const std::vector<std::uint8_t>& w = p.w;
+      const std::vector<float>&wf = p.wf, &X = p.X;
       for (const int threads : {1, 3}) check_products_against_reference(type, w, wf, rows, cols, X, n, QuantKernel::kAuto, threads, 3);
       // the AVX2 kernel: the same integer sums, so float rounding apart only (within 1e-5 of
       // sum_k |w_k x_k|: the terms cancel)
@@ -272,15 +286,10 @@ TEST_CASE("quant_matmul: the float panels of kDequantize match the reference", "
   for (const GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0}) {
     const std::int64_t cols = block_of(type) == 1 ? 37 : 96;
     INFO("type " << depthkv::llama::ggml_type_name(type));
-    const std::vector<std::uint8_t> w = random_matrix(type, rows, cols, rng);
-    std::vector<float> wf(static_cast<std::size_t>(rows * cols));
-    depthkv::llama::dequantize_row(type, w.data(), wf.data(), rows * cols);
-    std::vector<float> X(static_cast<std::size_t>(n * cols));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (float& v : X) v = nd(rng);
+    const RandomProduct p = random_product(type, rows, cols, n, rng);
     for (const int level : depthkv_test::available_simd_levels())
       for (const int threads : {1, 3})
-        check_products_against_reference(type, w, wf, rows, cols, X, n, QuantKernel::kDequantize, threads, level);
+        check_products_against_reference(type, p.w, p.wf, rows, cols, p.X, n, QuantKernel::kDequantize, threads, level);
   }
 }
 

@@ -710,6 +710,19 @@ struct QuantMatmulArgs {
   const std::uint8_t* row(std::int64_t r) const { return base + static_cast<std::size_t>(r) * rb; }
 };
 
+/// The n rows of X quantized (`quantize`: nb blocks per row), 16 rows per task on the threads.
+template <class Act>
+inline std::vector<Act> quantize_tokens(const QuantMatmulArgs& m, int n_threads,
+                                        void (*quantize)(const float*, std::int64_t, Act*), std::int64_t nb) {
+  std::vector<Act> xs(static_cast<std::size_t>(m.n * nb));
+  constexpr std::int64_t kTokensPerTask = 16;
+  quant_parallel(static_cast<int>((m.n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
+    for (std::int64_t t = task * kTokensPerTask; t < std::min(m.n, (task + 1) * kTokensPerTask); ++t)
+      quantize(m.x + t * m.cols, m.cols, xs.data() + t * nb);
+  });
+  return xs;
+}
+
 /// The AVX-512 VNNI matmul of both int8 kernels: tasks of kVnniPanelRows rows of W, each
 /// unpacked once (`unpack`) into its thread's panel and multiplied with all n tokens (`matmul`;
 /// x: the n x nb quantized activation blocks).
@@ -732,12 +745,7 @@ inline void vnni_panels_matmul(const QuantMatmulArgs& m, int n_threads,
 /// each decoded weight row serving kQ8KTokens tokens at a time.
 inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
   const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 256;
-  std::vector<ActQ8K> xk(static_cast<std::size_t>(n * nb));
-  constexpr std::int64_t kTokensPerTask = 16;
-  quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
-    for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
-      m.ops.quantize_q8k(m.x + t * m.cols, m.cols, xk.data() + t * nb);
-  });
+  const std::vector<ActQ8K> xk = quantize_tokens(m, n_threads, m.ops.quantize_q8k, nb);
   if (m.ops.vnni_matmul != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
     vnni_panels_matmul(m, n_threads, m.ops.vnni_unpack, m.ops.vnni_matmul, xk.data(), nb);
     return;
@@ -767,12 +775,7 @@ inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
 /// each decoded weight row serving 4 tokens at a time.
 inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
   const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 32;
-  std::vector<ActQ8> xq(static_cast<std::size_t>(n * nb));
-  constexpr std::int64_t kTokensPerTask = 16;
-  quant_parallel(static_cast<int>((n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
-    for (std::int64_t t = task * kTokensPerTask; t < std::min(n, (task + 1) * kTokensPerTask); ++t)
-      m.ops.quantize_q8(m.x + t * m.cols, m.cols, xq.data() + t * nb);
-  });
+  const std::vector<ActQ8> xq = quantize_tokens(m, n_threads, m.ops.quantize_q8, nb);
   if (m.ops.vnni_matmul32 != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
     vnni_panels_matmul(m, n_threads, m.ops.vnni_unpack32, m.ops.vnni_matmul32, xq.data(), nb);
     return;

@@ -144,6 +144,20 @@ DEPTHKV_QUANT_VNNI inline __m256i load_i32_bcast_vnni(const void* p) {
   return _mm256_set1_epi32(v);
 }
 
+/// One 4-value step q of a register tile: sub[r][t] += codes of step q (rows 8r..8r+7) . the 4
+/// activation codes of token t at step q (`vpdpbusd`).
+template <int NT, class Act>
+DEPTHKV_QUANT_VNNI inline void dpbusd_step_vnni(const std::uint8_t* codes, int q, const Act* const* a, std::int64_t b,
+                                                __m256i (*sub)[NT]) {
+  const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows));
+  const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
+  for (int t = 0; t < NT; ++t) {
+    const __m256i x = load_i32_bcast_vnni(a[t][b].qs + 4 * q);
+    sub[0][t] = _mm256_dpbusd_epi32(sub[0][t], w0, x);
+    sub[1][t] = _mm256_dpbusd_epi32(sub[1][t], w1, x);
+  }
+}
+
 /// out[t][r] = the panel's row r times token t's activations (NT tokens, a[t] = its nb blocks):
 /// the register tile of the file comment, blocks in order.
 template <int G, int NT>
@@ -163,16 +177,7 @@ DEPTHKV_QUANT_VNNI inline void panel_tokens_vnni(const VnniPanel& p, std::int64_
       __m256i sub[2][NT];
       for (int r = 0; r < 2; ++r)
         for (int t = 0; t < NT; ++t) sub[r][t] = _mm256_setzero_si256();
-      for (int s = 0; s < kSteps; ++s) {
-        const int q = g * kSteps + s;
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows));
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
-        for (int t = 0; t < NT; ++t) {
-          const __m256i x = load_i32_bcast_vnni(a[t][b].qs + 4 * q);
-          sub[0][t] = _mm256_dpbusd_epi32(sub[0][t], w0, x);
-          sub[1][t] = _mm256_dpbusd_epi32(sub[1][t], w1, x);
-        }
-      }
+      for (int s = 0; s < kSteps; ++s) dpbusd_step_vnni<NT>(codes, g * kSteps + s, a, b, sub);
       const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kVnniPanelRows));
       const __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kVnniPanelRows + 8));
       for (int t = 0; t < NT; ++t) {
@@ -319,15 +324,7 @@ DEPTHKV_QUANT_VNNI inline void panel32_tokens_vnni(const VnniPanel& p, std::int6
     __m256i sub[2][NT];
     for (int r = 0; r < 2; ++r)
       for (int t = 0; t < NT; ++t) sub[r][t] = _mm256_setzero_si256();
-    for (int q = 0; q < 8; ++q) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
-      for (int t = 0; t < NT; ++t) {
-        const __m256i x = load_i32_bcast_vnni(a[t][b].qs + 4 * q);
-        sub[0][t] = _mm256_dpbusd_epi32(sub[0][t], w0, x);
-        sub[1][t] = _mm256_dpbusd_epi32(sub[1][t], w1, x);
-      }
-    }
+    for (int q = 0; q < 8; ++q) dpbusd_step_vnni<NT>(codes, q, a, b, sub);
     const float* d = p.d.data() + b * kVnniPanelRows;
     const float* m = p.dmin.data() + b * kVnniPanelRows;
     for (int t = 0; t < NT; ++t) {
