@@ -99,10 +99,12 @@ DEPTHKV_QUANT_AVX2 inline void unpack_block_vnni(const std::uint8_t* blk, Unpack
     out.dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
     const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
     for (int j = 0; j < 4; ++j) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
+      const __m256i q =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
       for (int h = 0; h < 2; ++h) {
         const int c = 2 * j + h;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out.u + 32 * c), q45k_codes_avx2<kHigh>(q, hbits, h, c));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out.u + 32 * c),
+                           q45k_codes_avx2<kHigh>(q, hbits, h, c));
         std::uint8_t sc, m;
         q4k_scale_min(c, blk + offsetof(Block, scales), sc, m);
         out.s[c] = sc;
@@ -114,8 +116,8 @@ DEPTHKV_QUANT_AVX2 inline void unpack_block_vnni(const std::uint8_t* blk, Unpack
 
 /// Unpacks rows [r0, r0 + nr) (nr <= kVnniPanelRows) of a `cols`-wide matrix into p.
 template <GgmlType T>
-DEPTHKV_QUANT_AVX2 inline void unpack_panel_vnni(const std::uint8_t* base, std::size_t row_bytes, std::int64_t r0,
-                                                 int nr, std::int64_t cols, VnniPanel& p) {
+DEPTHKV_QUANT_AVX2 inline void unpack_panel_vnni(const std::uint8_t* base, std::size_t row_bytes,
+                                                 std::int64_t r0, int nr, std::int64_t cols, VnniPanel& p) {
   constexpr int G = vnni_groups<T>();
   const std::int64_t nb = cols / 256;
   p.resize(nb, G);
@@ -126,11 +128,13 @@ DEPTHKV_QUANT_AVX2 inline void unpack_panel_vnni(const std::uint8_t* base, std::
       unpack_block_vnni<T>(row + b * static_cast<std::int64_t>(sizeof(typename QuantTraits<T>::Block)), ub);
       std::uint8_t* codes = p.codes.data() + b * 256 * kVnniPanelRows + 4 * r;
       for (int q = 0; q < 64; ++q) std::memcpy(codes + q * 4 * kVnniPanelRows, ub.u + 4 * q, 4);
-      for (int g = 0; g < G; ++g) p.scales[static_cast<std::size_t>((b * G + g) * kVnniPanelRows + r)] = ub.s[g];
+      for (int g = 0; g < G; ++g)
+        p.scales[static_cast<std::size_t>((b * G + g) * kVnniPanelRows + r)] = ub.s[g];
       for (int pp = 0; pp < 8; ++pp) {
-        const auto lo = static_cast<std::uint16_t>(ub.m[2 * pp]), hi = static_cast<std::uint16_t>(ub.m[2 * pp + 1]);
-        p.min_pairs[static_cast<std::size_t>((b * 8 + pp) * kVnniPanelRows + r)] =
-            static_cast<std::int32_t>(static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16));
+        const auto lo = static_cast<std::uint16_t>(ub.m[2 * pp]),
+                   hi = static_cast<std::uint16_t>(ub.m[2 * pp + 1]);
+        p.min_pairs[static_cast<std::size_t>((b * 8 + pp) * kVnniPanelRows + r)] = static_cast<std::int32_t>(
+            static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16));
       }
       p.d[static_cast<std::size_t>(b * kVnniPanelRows + r)] = ub.d;
       p.dmin[static_cast<std::size_t>(b * kVnniPanelRows + r)] = ub.dmin;
@@ -147,14 +151,41 @@ DEPTHKV_QUANT_VNNI inline __m256i load_i32_bcast_vnni(const void* p) {
 /// One 4-value step q of a register tile: sub[r][t] += codes of step q (rows 8r..8r+7) . the 4
 /// activation codes of token t at step q (`vpdpbusd`).
 template <int NT, class Act>
-DEPTHKV_QUANT_VNNI inline void dpbusd_step_vnni(const std::uint8_t* codes, int q, const Act* const* a, std::int64_t b,
-                                                __m256i (*sub)[NT]) {
+DEPTHKV_QUANT_VNNI inline void dpbusd_step_vnni(const std::uint8_t* codes, int q, const Act* const* a,
+                                                std::int64_t b, __m256i (*sub)[NT]) {
   const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows));
-  const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
+  const __m256i w1 =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + q * 4 * kVnniPanelRows + 32));
   for (int t = 0; t < NT; ++t) {
     const __m256i x = load_i32_bcast_vnni(a[t][b].qs + 4 * q);
     sub[0][t] = _mm256_dpbusd_epi32(sub[0][t], w0, x);
     sub[1][t] = _mm256_dpbusd_epi32(sub[1][t], w1, x);
+  }
+}
+
+/// The end of K-quant block b for one token x: acc_r += d_x * (d * blk[r][t] - dmin * the
+/// minimums times x's bsums), rows 8r..8r+7.
+template <int NT>
+DEPTHKV_QUANT_VNNI inline void finish_block_vnni(const VnniPanel& p, std::int64_t b, const ActQ8K& x,
+                                                 const __m256i (*blk)[NT], int t, __m256& acc0,
+                                                 __m256& acc1) {
+  const std::int32_t* mp = p.min_pairs.data() + b * 8 * kVnniPanelRows;
+  const float* d = p.d.data() + b * kVnniPanelRows;
+  const float* dmin = p.dmin.data() + b * kVnniPanelRows;
+  __m256i mins[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (int pp = 0; pp < 8; ++pp) {
+    const __m256i bs = load_i32_bcast_vnni(x.bsums + 2 * pp);
+    for (int r = 0; r < 2; ++r)
+      mins[r] = _mm256_dpwssd_epi32(
+          mins[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + pp * kVnniPanelRows + 8 * r)),
+          bs);
+  }
+  const __m256 dx = _mm256_set1_ps(x.d);
+  __m256* acc[2] = {&acc0, &acc1};
+  for (int r = 0; r < 2; ++r) {
+    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(blk[r][t]), _mm256_loadu_ps(d + 8 * r));
+    f = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[r]), _mm256_loadu_ps(dmin + 8 * r), f);
+    *acc[r] = _mm256_fmadd_ps(f, dx, *acc[r]);
   }
 }
 
@@ -185,24 +216,7 @@ DEPTHKV_QUANT_VNNI inline void panel_tokens_vnni(const VnniPanel& p, std::int64_
         blk[1][t] = _mm256_add_epi32(blk[1][t], _mm256_mullo_epi32(sub[1][t], s1));
       }
     }
-    const std::int32_t* mp = p.min_pairs.data() + b * 8 * kVnniPanelRows;
-    const float* d = p.d.data() + b * kVnniPanelRows;
-    const float* dmin = p.dmin.data() + b * kVnniPanelRows;
-    for (int t = 0; t < NT; ++t) {
-      __m256i mins[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int pp = 0; pp < 8; ++pp) {
-        const __m256i bs = load_i32_bcast_vnni(a[t][b].bsums + 2 * pp);
-        for (int r = 0; r < 2; ++r)
-          mins[r] = _mm256_dpwssd_epi32(
-              mins[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + pp * kVnniPanelRows + 8 * r)), bs);
-      }
-      const __m256 dx = _mm256_set1_ps(a[t][b].d);
-      for (int r = 0; r < 2; ++r) {
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(blk[r][t]), _mm256_loadu_ps(d + 8 * r));
-        f = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[r]), _mm256_loadu_ps(dmin + 8 * r), f);
-        acc[r][t] = _mm256_fmadd_ps(f, dx, acc[r][t]);
-      }
-    }
+    for (int t = 0; t < NT; ++t) finish_block_vnni(p, b, a[t][b], blk, t, acc[0][t], acc[1][t]);
   }
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < 2; ++r) _mm256_storeu_ps(out[t] + 8 * r, acc[r][t]);
@@ -212,20 +226,30 @@ DEPTHKV_QUANT_VNNI inline void panel_tokens_vnni(const VnniPanel& p, std::int64_
 /// register tile `Tile::run<NT>` (NT <= kVnniTokens tokens; x[t] = token t's nb activation
 /// blocks) over every token, kVnniTokens at a time.
 template <class Tile, class Act>
-DEPTHKV_QUANT_VNNI inline void panel_all_tokens_vnni(const VnniPanel& p, std::int64_t nb, const Act* x, std::int64_t n,
-                                                     float* y, std::int64_t ldy, std::int64_t r0, int nr) {
+DEPTHKV_QUANT_VNNI inline void panel_all_tokens_vnni(const VnniPanel& p, std::int64_t nb, const Act* x,
+                                                     std::int64_t n, float* y, std::int64_t ldy,
+                                                     std::int64_t r0, int nr) {
   alignas(32) float out[kVnniTokens][kVnniPanelRows];
   for (std::int64_t t0 = 0; t0 < n; t0 += kVnniTokens) {
     const int nt = static_cast<int>(std::min<std::int64_t>(kVnniTokens, n - t0));
     const Act* xs[kVnniTokens];
     for (int t = 0; t < nt; ++t) xs[t] = x + (t0 + t) * nb;
     switch (nt) {
-      case 4: Tile::template run<4>(p, nb, xs, out); break;
-      case 3: Tile::template run<3>(p, nb, xs, out); break;
-      case 2: Tile::template run<2>(p, nb, xs, out); break;
-      default: Tile::template run<1>(p, nb, xs, out); break;
+      case 4:
+        Tile::template run<4>(p, nb, xs, out);
+        break;
+      case 3:
+        Tile::template run<3>(p, nb, xs, out);
+        break;
+      case 2:
+        Tile::template run<2>(p, nb, xs, out);
+        break;
+      default:
+        Tile::template run<1>(p, nb, xs, out);
+        break;
     }
-    for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
+    for (int t = 0; t < nt; ++t)
+      std::memcpy(y + (t0 + t) * ldy + r0, out[t], sizeof(float) * static_cast<std::size_t>(nr));
   }
 }
 
@@ -233,15 +257,17 @@ DEPTHKV_QUANT_VNNI inline void panel_all_tokens_vnni(const VnniPanel& p, std::in
 template <GgmlType T>
 struct Q8KTileVnni {
   template <int NT>
-  DEPTHKV_QUANT_VNNI static void run(const VnniPanel& p, std::int64_t nb, const ActQ8K* const* a, float (*out)[kVnniPanelRows]) {
+  DEPTHKV_QUANT_VNNI static void run(const VnniPanel& p, std::int64_t nb, const ActQ8K* const* a,
+                                     float (*out)[kVnniPanelRows]) {
     panel_tokens_vnni<vnni_groups<T>(), NT>(p, nb, a, out);
   }
 };
 
 /// The K-quant panel times every token (panel_all_tokens_vnni).
 template <GgmlType T>
-DEPTHKV_QUANT_VNNI inline void panel_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8K* xk, std::int64_t n,
-                                                 float* y, std::int64_t ldy, std::int64_t r0, int nr) {
+DEPTHKV_QUANT_VNNI inline void panel_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8K* xk,
+                                                 std::int64_t n, float* y, std::int64_t ldy, std::int64_t r0,
+                                                 int nr) {
   panel_all_tokens_vnni<Q8KTileVnni<T>>(p, nb, xk, n, y, ldy, r0, nr);
 }
 
@@ -305,7 +331,8 @@ inline void unpack_panel32_vnni(const std::uint8_t* base, std::size_t row_bytes,
     const std::uint8_t* row = base + static_cast<std::size_t>(r0 + r) * row_bytes;
     for (std::int64_t b = 0; b < nb; ++b) {
       const auto i = static_cast<std::size_t>(b * kVnniPanelRows + r);
-      unpack_block32<T>(row + b * static_cast<std::int64_t>(sizeof(typename QuantTraits<T>::Block)), u, p.d[i], p.dmin[i]);
+      unpack_block32<T>(row + b * static_cast<std::int64_t>(sizeof(typename QuantTraits<T>::Block)), u,
+                        p.d[i], p.dmin[i]);
       std::uint8_t* codes = p.codes.data() + b * 32 * kVnniPanelRows + 4 * r;
       for (int q = 0; q < 8; ++q) std::memcpy(codes + q * 4 * kVnniPanelRows, u + 4 * q, 4);
     }
@@ -332,8 +359,10 @@ DEPTHKV_QUANT_VNNI inline void panel32_tokens_vnni(const VnniPanel& p, std::int6
       const __m256i off = _mm256_set1_epi32(kOffset * S);
       const __m256 dx = _mm256_set1_ps(a[t][b].d);
       for (int r = 0; r < 2; ++r) {
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sub[r][t], off)), _mm256_loadu_ps(d + 8 * r));
-        if constexpr (kMin) f = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * r), _mm256_set1_ps(static_cast<float>(S)), f);
+        __m256 f =
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sub[r][t], off)), _mm256_loadu_ps(d + 8 * r));
+        if constexpr (kMin)
+          f = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8 * r), _mm256_set1_ps(static_cast<float>(S)), f);
         acc[r][t] = _mm256_fmadd_ps(f, dx, acc[r][t]);
       }
     }
@@ -346,15 +375,17 @@ DEPTHKV_QUANT_VNNI inline void panel32_tokens_vnni(const VnniPanel& p, std::int6
 template <GgmlType T>
 struct Q8TileVnni {
   template <int NT>
-  DEPTHKV_QUANT_VNNI static void run(const VnniPanel& p, std::int64_t nb, const ActQ8* const* a, float (*out)[kVnniPanelRows]) {
+  DEPTHKV_QUANT_VNNI static void run(const VnniPanel& p, std::int64_t nb, const ActQ8* const* a,
+                                     float (*out)[kVnniPanelRows]) {
     panel32_tokens_vnni<vnni_offset32<T>(), vnni_min32<T>(), NT>(p, nb, a, out);
   }
 };
 
 /// The per-32 panel times every token (panel_all_tokens_vnni).
 template <GgmlType T>
-DEPTHKV_QUANT_VNNI inline void panel32_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8* xq, std::int64_t n,
-                                                   float* y, std::int64_t ldy, std::int64_t r0, int nr) {
+DEPTHKV_QUANT_VNNI inline void panel32_matmul_vnni(const VnniPanel& p, std::int64_t nb, const ActQ8* xq,
+                                                   std::int64_t n, float* y, std::int64_t ldy,
+                                                   std::int64_t r0, int nr) {
   panel_all_tokens_vnni<Q8TileVnni<T>>(p, nb, xq, n, y, ldy, r0, nr);
 }
 
