@@ -682,3 +682,70 @@ TEST_CASE("engine: non-finite activations or logits are an error naming the laye
   engine.forward(more, 6, cache, opt);
   REQUIRE(cache.layer(0).size(0) == 9);
 }
+
+TEST_CASE("engine: forward_layer_batch equals forward_layer on each sequence; errors keep every storage",
+          "[engine]") {
+  RandomSpec spec;
+  spec.biases = true;
+  spec.qk_norm = true;
+  const LlamaModel model = random_model(spec);
+  const LlamaEngine engine(model);
+  const int S = 3, T = 5, pos0 = 12;
+  // three sequences with different caches: other prompts, one pruned to a few slots per head
+  std::vector<HostCache> caches;
+  for (int s = 0; s < S; ++s) {
+    caches.push_back(engine.make_cache());
+    engine.prefill(random_tokens(10 + s, spec.vocab, 20 + static_cast<unsigned>(s)), 0, caches.back());
+  }
+  const std::vector<std::int32_t> few = {0, 3, 7};
+  for (int h = 0; h < spec.kv_heads; ++h) caches[1].layer(1).compact(h, few.data(), 3);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  RowMatrix x(S * T, spec.dim);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = nd(rng);
+  for (int l = 0; l < spec.layers; ++l) {
+    CAPTURE(l);
+    std::vector<HostLayer<float>> one, many;
+    std::vector<HostLayer<float>*> ptrs;
+    for (int s = 0; s < S; ++s) {
+      one.push_back(caches[static_cast<std::size_t>(s)].layer(l));
+      many.push_back(caches[static_cast<std::size_t>(s)].layer(l));
+    }
+    for (auto& m : many) ptrs.push_back(&m);
+    RowMatrix batch = x;
+    engine.forward_layer_batch(l, batch, pos0, ptrs);
+    for (int s = 0; s < S; ++s) {
+      RowMatrix alone = x.middleRows(s * T, T);
+      engine.forward_layer(l, alone, pos0, one[static_cast<std::size_t>(s)]);
+      REQUIRE((batch.middleRows(s * T, T) - alone).cwiseAbs().maxCoeff() < 1e-5f);
+      const HostLayer<float>& a = one[static_cast<std::size_t>(s)];
+      const HostLayer<float>& b = many[static_cast<std::size_t>(s)];
+      for (int h = 0; h < spec.kv_heads; ++h) {
+        REQUIRE(a.size(h) == b.size(h));
+        REQUIRE(b.positions(h)[b.size(h) - 1] == pos0 + T - 1);
+      }
+    }
+  }
+  // errors: nothing is appended to any storage
+  std::vector<HostLayer<float>> kv = {caches[0].layer(0), caches[1].layer(0)};
+  const auto sizes = [&] { return std::vector<int>{kv[0].size(0), kv[1].size(0), kv[0].size(1), kv[1].size(1)}; };
+  const auto before = sizes();
+  RowMatrix odd = x.topRows(2 * T + 1);
+  REQUIRE_THROWS_WITH(engine.forward_layer_batch(0, odd, pos0, std::vector<HostLayer<float>*>{&kv[0], &kv[1]}),
+                      Catch::Contains("do not split into 2 sequences"));
+  RowMatrix two = x.topRows(2 * T);
+  REQUIRE_THROWS_WITH(engine.forward_layer_batch(0, two, pos0, std::vector<HostLayer<float>*>{&kv[0], &kv[0]}),
+                      Catch::Contains("share a storage"));
+  ForwardOptions observed;
+  observed.observer = [](int, int, std::int32_t, int, const float*, int, int) {};
+  REQUIRE_THROWS_WITH(
+      engine.forward_layer_batch(0, two, pos0, std::vector<HostLayer<float>*>{&kv[0], &kv[1]}, observed),
+      Catch::Contains("takes one sequence"));
+  REQUIRE_THROWS_AS(engine.forward_layer_batch(0, two, pos0, std::vector<HostLayer<float>*>{}), depthkv::Error);
+  LlamaModel bad = model;
+  bad.layers[0].w2.setConstant(3e38f);
+  const LlamaEngine bad_engine(bad);
+  REQUIRE_THROWS_WITH(bad_engine.forward_layer_batch(0, two, pos0, std::vector<HostLayer<float>*>{&kv[0], &kv[1]}),
+                      Catch::Contains("layer 0: the residual stream of sequence 0 at position 12"));
+  REQUIRE(sizes() == before);
+}

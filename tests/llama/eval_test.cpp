@@ -172,14 +172,22 @@ TEST_CASE("PruningEvaluator: the profiler functions", "[eval]") {
   const LlamaModel model = random_model(8, 3);
   const LlamaEngine engine(model);
   const PruningEvaluator ev(engine, random_windows(4, 30, 8, model.config.vocab_size, 2));
-  const auto per_layer = ev.layer_metrics(1, {0.1, 0.5});
-  REQUIRE(per_layer.size() == 2);
-  const SampleMetrics single = ev.plan_function()({1.0, 0.5, 1.0});
-  REQUIRE(single.kl.size() == 4);
+  // a layer's ratios run in one batch; each equals its own plan run (ratio 1: the reference)
+  const std::vector<double> ratios = {0.1, 0.5, 1.0};
+  const auto per_layer = ev.layer_metrics(1, ratios);
+  REQUIRE(per_layer.size() == 3);
+  for (std::size_t k = 0; k < ratios.size(); ++k) {
+    const SampleMetrics single = ev.plan_function()({1.0, ratios[k], 1.0});
+    REQUIRE(single.kl.size() == 4);
+    for (std::size_t w = 0; w < 4; ++w) {
+      REQUIRE(per_layer[k].kl[w] == Approx(single.kl[w]).epsilon(1e-4).margin(1e-9));
+      REQUIRE(per_layer[k].dnll[w] == Approx(single.dnll[w]).epsilon(1e-4).margin(1e-9));
+      REQUIRE(per_layer[k].top1_disagree[w] == single.top1_disagree[w]);
+    }
+  }
   for (std::size_t w = 0; w < 4; ++w) {
-    REQUIRE(per_layer[1].kl[w] == single.kl[w]);
-    REQUIRE(per_layer[1].dnll[w] == single.dnll[w]);
-    REQUIRE(per_layer[1].top1_disagree[w] == single.top1_disagree[w]);
+    REQUIRE(per_layer[0].kl[w] > per_layer[1].kl[w]);
+    REQUIRE(per_layer[2].kl[w] == 0.0);
   }
   SensitivityProfiler a(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr}),
       b(3, ProfilerOptions{{0.2, 0.6}, nullptr, nullptr});

@@ -445,16 +445,41 @@ class LlamaEngine {
   ///   output holds an inf or NaN (naming the layer and position; the K/V it appended are removed)
   template <class Layer>
   void forward_layer(int l, RowMatrix& x, std::int32_t pos0, Layer& kv, const ForwardOptions& opt = ForwardOptions()) const {
+    forward_layer_batch(l, x, pos0, std::vector<Layer*>{&kv}, opt);
+  }
+
+  /// `forward_layer` for S = `kvs.size()` sequences at once: `x` `[S*T x dim]` holds S blocks
+  /// of T rows, block s the rows of the sequence whose layer-`l` storage is `*kvs[s]`, every
+  /// sequence at positions `pos0..pos0+T-1`. The products run once over all S*T rows (one pass
+  /// over each weight matrix), the attention per sequence. Each block's result is what
+  /// `forward_layer` gives for it alone, up to the rounding of products over more rows.
+  /// `opt.observer` and `opt.capture` are used only with one sequence.
+  /// @throws Error on no sequence, a row count that is not a multiple of S, a storage given
+  ///   twice, an observer or capture with several sequences, or `forward_layer`'s errors; on any
+  ///   error every storage holds what it held before
+  template <class Layer>
+  void forward_layer_batch(int l, RowMatrix& x, std::int32_t pos0, const std::vector<Layer*>& kvs,
+                           const ForwardOptions& opt = ForwardOptions()) const {
     static_assert(detail::IsKvScalar<typename Layer::Scalar>::value,
                   "LlamaEngine stores keys and values as float, Eigen::half or Eigen::bfloat16");
     const LlamaConfig& c = config();
+    const int S = static_cast<int>(kvs.size());
     DEPTHKV_CHECK(l >= 0 && l < c.n_layers, "layer " << l << " outside [0, " << c.n_layers << ")");
     DEPTHKV_CHECK(x.cols() == c.dim, "activations have " << x.cols() << " columns, model dim is " << c.dim);
-    DEPTHKV_CHECK(kv.n_kv_heads() == c.n_kv_heads && kv.head_dim() == c.head_dim,
-                  "layer " << l << " storage is [" << kv.n_kv_heads() << " heads][" << kv.head_dim()
-                           << "], model needs [" << c.n_kv_heads << "][" << c.head_dim << "]");
+    DEPTHKV_CHECK(S >= 1 && x.rows() % S == 0,
+                  x.rows() << " activation rows do not split into " << S << " sequences of equal length");
+    DEPTHKV_CHECK(S == 1 || (!opt.observer && !opt.capture), "an observer or capture hook takes one sequence, got " << S);
+    for (int s = 0; s < S; ++s) {
+      const Layer* kv = kvs[static_cast<std::size_t>(s)];
+      DEPTHKV_CHECK(kv != nullptr, "sequence " << s << " has no layer storage");
+      DEPTHKV_CHECK(kv->n_kv_heads() == c.n_kv_heads && kv->head_dim() == c.head_dim,
+                    "layer " << l << " storage is [" << kv->n_kv_heads() << " heads][" << kv->head_dim()
+                             << "], model needs [" << c.n_kv_heads << "][" << c.head_dim << "]");
+      for (int u = 0; u < s; ++u)
+        DEPTHKV_CHECK(kvs[static_cast<std::size_t>(u)] != kv, "sequences " << u << " and " << s << " share a storage");
+    }
     const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
-    const int T = static_cast<int>(x.rows());
+    const int N = static_cast<int>(x.rows()), T = N / S;
     const int hd = c.head_dim;
     const int q_dim = c.n_heads * hd;
     const int kv_dim = c.n_kv_heads * hd;
@@ -468,7 +493,7 @@ class LlamaEngine {
     cap(CapturePoint::kAttnInput, xn);
 
     timer.to(&EngineStats::matmul_s);
-    RowMatrix q(T, q_dim), k(T, kv_dim), v(T, kv_dim);
+    RowMatrix q(N, q_dim), k(N, kv_dim), v(N, kv_dim);
     linear_many({{&w.wq, &w.wq_quant, &q}, {&w.wk, &w.wk_quant, &k}, {&w.wv, &w.wv_quant, &v}}, xn, opt);
 
     timer.to(&EngineStats::other_s);
@@ -477,37 +502,54 @@ class LlamaEngine {
     if (w.bv.size()) v.rowwise() += w.bv.transpose();
     if (w.q_norm.size()) head_rmsnorm(q, c.n_heads, w.q_norm);
     if (w.k_norm.size()) head_rmsnorm(k, c.n_kv_heads, w.k_norm);
-    apply_rope(q, c.n_heads, pos0);
-    apply_rope(k, c.n_kv_heads, pos0);
-    std::vector<int> size_before(static_cast<std::size_t>(c.n_kv_heads));
-    for (int h = 0; h < c.n_kv_heads; ++h) size_before[static_cast<std::size_t>(h)] = kv.size(h);
-    for (int i = 0; i < T; ++i) kv.append(k.row(i).data(), v.row(i).data(), pos0 + i);
+    apply_rope(q, c.n_heads, pos0, T);
+    apply_rope(k, c.n_kv_heads, pos0, T);
+    std::vector<std::vector<int>> size_before(static_cast<std::size_t>(S));
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < c.n_kv_heads; ++h)
+        size_before[static_cast<std::size_t>(s)].push_back(kvs[static_cast<std::size_t>(s)]->size(h));
     try {
-      attend_and_mlp(l, x, q, pos0, kv, size_before, opt, timer);
+      for (int s = 0; s < S; ++s)
+        for (int i = 0; i < T; ++i)
+          kvs[static_cast<std::size_t>(s)]->append(k.row(s * T + i).data(), v.row(s * T + i).data(), pos0 + i);
+      attend_and_mlp(l, x, q, pos0, kvs, size_before, opt, timer);
     } catch (...) {  // e.g. activations that overflow: the K/V appended above are removed again
-      for (int h = 0; h < c.n_kv_heads; ++h) keep_prefix(kv, h, size_before[static_cast<std::size_t>(h)]);
+      for (int s = 0; s < S; ++s)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+          keep_prefix(*kvs[static_cast<std::size_t>(s)], h,
+                      size_before[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)]);
       throw;
     }
   }
 
  private:
-  // The rest of `forward_layer` after its K/V were appended.
+  // The rest of `forward_layer_batch` after its K/V were appended.
   template <class Layer>
-  void attend_and_mlp(int l, RowMatrix& x, const RowMatrix& q, std::int32_t pos0, Layer& kv,
-                      const std::vector<int>& size_before, const ForwardOptions& opt, detail::PhaseTimer& timer) const {
+  void attend_and_mlp(int l, RowMatrix& x, const RowMatrix& q, std::int32_t pos0, const std::vector<Layer*>& kvs,
+                      const std::vector<std::vector<int>>& size_before, const ForwardOptions& opt,
+                      detail::PhaseTimer& timer) const {
     const LlamaConfig& c = config();
     const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
-    const int T = static_cast<int>(x.rows());
+    const int S = static_cast<int>(kvs.size()), N = static_cast<int>(x.rows()), T = N / S;
     const int q_dim = c.n_heads * c.head_dim;
     auto cap = [&](CapturePoint p, const RowMatrix& m) {
       if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0, m);
     };
     timer.to(&EngineStats::attention_s);
-    RowMatrix att(T, q_dim);
-    attention(l, q, kv, size_before, pos0, att, opt);
+    RowMatrix att(N, q_dim);
+    if (S == 1) {
+      attention(l, q, *kvs.front(), size_before.front(), pos0, att, opt);
+    } else {  // one sequence's rows at a time: each reads its own cache
+      RowMatrix qs(T, q_dim), as(T, q_dim);
+      for (int s = 0; s < S; ++s) {
+        qs = q.middleRows(static_cast<Eigen::Index>(s) * T, T);
+        attention(l, qs, *kvs[static_cast<std::size_t>(s)], size_before[static_cast<std::size_t>(s)], pos0, as, opt);
+        att.middleRows(static_cast<Eigen::Index>(s) * T, T) = as;
+      }
+    }
 
     timer.to(&EngineStats::matmul_s);
-    RowMatrix o(T, c.dim);
+    RowMatrix o(N, c.dim);
     linear(w.wo, w.wo_quant, att, o, opt);
 
     timer.to(&EngineStats::other_s);
@@ -517,7 +559,7 @@ class LlamaEngine {
     RowMatrix xn = rmsnorm(x, w.ffn_norm, pos0, l);
 
     timer.to(&EngineStats::matmul_s);
-    RowMatrix h1(T, c.hidden_dim), h3(T, c.hidden_dim);
+    RowMatrix h1(N, c.hidden_dim), h3(N, c.hidden_dim);
     linear_many({{&w.w1, &w.w1_quant, &h1}, {&w.w3, &w.w3_quant, &h3}}, xn, opt);
     for (Eigen::Index i = 0; i < h1.size(); ++i) {
       float g = h1.data()[i];
@@ -529,12 +571,14 @@ class LlamaEngine {
     timer.to(&EngineStats::other_s);
     cap(CapturePoint::kMlpOutput, o);
     x += o;
-    check_finite(x, pos0, "layer " + std::to_string(l) + ": the residual stream");
+    for (int s = 0; s < S; ++s)
+      check_finite(x.middleRows(static_cast<Eigen::Index>(s) * T, T), pos0,
+                   "layer " + std::to_string(l) + ": the residual stream" +
+                       (S > 1 ? " of sequence " + std::to_string(s) : std::string()));
     cap(CapturePoint::kLayerOutput, x);
   }
 
  public:
-
   /// RMSNorm of each row: `w * x / sqrt(mean(x^2) + eps)` (as llama2.c computes it).
   /// @param pos0, layer where the rows are, for the error (layer -1: the final norm)
   /// @throws Error naming the layer and position when a row's sum of squares overflows float
@@ -569,10 +613,11 @@ class LlamaEngine {
   }
 
   /// Rotates the `n_heads` head segments of each row of `m` `[T x n_heads*head_dim]` by RoPE
-  /// for positions `pos0 + row`: llama2.c pairing (2i, 2i+1) or NeoX halves (i, i + head_dim/2)
+  /// for positions `pos0 + row` (`pos0 + row % period` with a `period` > 0: blocks of `period`
+  /// rows of several sequences at the same positions): llama2.c pairing (2i, 2i+1) or NeoX halves (i, i + head_dim/2)
   /// when `config().rope_neox`; angle `pos * rope_freq_scale * theta^(-2i/head_dim)`, divided by
   /// `rope_freq_factors[i]` when the model has them.
-  void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0) const {
+  void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0, int period = 0) const {
     const LlamaConfig& c = config();
     const int hd = c.head_dim;
     const int half = hd / 2;
@@ -584,7 +629,7 @@ class LlamaEngine {
     }
     std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
     for (Eigen::Index r = 0; r < m.rows(); ++r) {
-      const float pos = static_cast<float>(pos0 + static_cast<std::int32_t>(r));
+      const float pos = static_cast<float>(pos0 + static_cast<std::int32_t>(period > 0 ? r % period : r));
       for (int i = 0; i < half; ++i) {
         const float val = pos * freq[static_cast<std::size_t>(i)];
         cs[static_cast<std::size_t>(i)] = std::cos(val);

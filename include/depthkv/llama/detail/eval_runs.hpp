@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -182,20 +183,29 @@ class EvalRuns {
     if (cfg_.head_allocation == HeadAllocation::kUniform || (b.per_head() && !b.resplit)) return start;
     return head_budgets(cfg_.head_allocation, layer, s, start, cfg_.protection, cfg_.head_alpha);
   }
-  // One SampleMetrics per keep ratio: every (window, ratio) run in parallel, with the budgets
-  // budgets_of(context tokens n, keep_tokens(ratio, n, protection)).
+  // One SampleMetrics per keep ratio, with the budgets budgets_of(context tokens n,
+  // keep_tokens(ratio, n, protection)): with activation reuse, the windows in parallel, each
+  // window's ratios in one batch (`run_reuse`); else every (window, ratio) run in parallel.
   template <class BudgetsOf>
   std::vector<SampleMetrics> per_ratio(const std::vector<double>& keep_ratios, int scorer, BudgetsOf&& budgets_of) const {
     check_scorer(scorer);
     const int R = static_cast<int>(keep_ratios.size()), W = n_windows();
     for (double r : keep_ratios) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
     std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
-    parallel_tasks(R * W, [&](int t) {
-      const int k = t / W, w = t % W;
+    const auto keep_of = [&](int w, int k) {
       const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-      res[static_cast<std::size_t>(t)] =
-          run_one(w, scorer, budgets_of(n, keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection)));
-    });
+      return budgets_of(n, keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection));
+    };
+    if (cfg_.reuse && !cfg_.chunked_plans) {  // a window's ratios in one batch
+      parallel_windows([&](int w) {
+        std::vector<Budgets> keeps;
+        for (int k = 0; k < R; ++k) keeps.push_back(keep_of(w, k));
+        std::vector<WindowResult> rw = run_reuse(w, scorer, keeps);
+        for (int k = 0; k < R; ++k) res[static_cast<std::size_t>(k) * W + w] = std::move(rw[static_cast<std::size_t>(k)]);
+      });
+    } else {
+      parallel_tasks(R * W, [&](int t) { res[static_cast<std::size_t>(t)] = run_one(t % W, scorer, keep_of(t % W, t / W)); });
+    }
     std::vector<SampleMetrics> out;
     for (int k = 0; k < R; ++k)
       out.push_back(to_sample_metrics(std::vector<WindowResult>(res.begin() + static_cast<std::ptrdiff_t>(k) * W,
@@ -331,7 +341,7 @@ class EvalRuns {
 
   WindowResult run_one(int w, int scorer, const Budgets& keep) const {
     if (cfg_.chunked_plans) return run_chunked_plan(w, scorer, keep);
-    return cfg_.reuse ? run_reuse(w, scorer, keep) : run_naive(w, scorer, keep);
+    return cfg_.reuse ? run_reuse(w, scorer, {keep}).front() : run_naive(w, scorer, keep);
   }
 
   std::size_t layer_bytes(int tokens) const {
@@ -347,52 +357,96 @@ class EvalRuns {
     return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().head_dim) * 2 * sizeof(float);
   }
 
-  WindowResult run_reuse(int w, int scorer, const Budgets& keep) const {
+  // Window w under each plan of `keeps`, from the stored activations: plan s starts at its first
+  // pruned layer from the stored input of that layer (a plan that prunes nothing is the
+  // reference). From there on every started plan runs each layer in one batch
+  // (`forward_layer_batch`: one pass over each weight matrix for all of them) on its own copy of
+  // the layer's context cache, evicted to its budgets, and the classifier runs once for all.
+  std::vector<WindowResult> run_reuse(int w, int scorer, const std::vector<Budgets>& keeps) const {
+    using Layer = std::decay_t<decltype(refs_.front().cache.layer(0))>;
     const LlamaConfig& c = engine_.config();
-    const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const Reference& r = refs_[static_cast<std::size_t>(w)];
-    const int n_ctx = static_cast<int>(win.context.size());
-    WindowResult res;
-    res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
-    int first = c.n_layers;
-    for (int l = 0; l < c.n_layers; ++l) {
-      res.bytes_full += layer_bytes(n_ctx);
-      res.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx, c.n_kv_heads));
-      if (keep.prunes(l, n_ctx) && first == c.n_layers) first = l;
-    }
-    RowMatrix x = r.inputs[static_cast<std::size_t>(first)];
-    ForwardOptions fo;
-    const int tc = static_cast<int>(x.rows());
-    // bytes at the end: layers below `first` hold the full context + continuation
-    std::size_t bytes_end = 0;
-    for (int l = 0; l < first; ++l) bytes_end += r.cache.layer(l).bytes() + layer_bytes(tc);
-    res.bytes_full_peak = r.full_peak;
-    for (int l = first; l < c.n_layers; ++l) {
-      HostLayer<float> kv = r.cache.layer(l);
-      if (keep.prunes(l, n_ctx)) {
-        const LayerScores& s = r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)];
-        evict_layer(kv, s, head_keep(keep, kv, s, keep.start(l, c.n_kv_heads)), cfg_.protection);
+    const int n_ctx = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
+    const int S = static_cast<int>(keeps.size()), tc = static_cast<int>(r.inputs.front().rows());
+    std::vector<WindowResult> res(static_cast<std::size_t>(S));
+    std::vector<int> first(static_cast<std::size_t>(S), c.n_layers);
+    std::vector<std::size_t> bytes_end(static_cast<std::size_t>(S), 0);  // KV bytes at the end
+    for (int s = 0; s < S; ++s) {
+      const Budgets& keep = keeps[static_cast<std::size_t>(s)];
+      WindowResult& out = res[static_cast<std::size_t>(s)];
+      int& f = first[static_cast<std::size_t>(s)];
+      out.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
+      for (int l = 0; l < c.n_layers; ++l) {
+        out.bytes_full += layer_bytes(n_ctx);
+        out.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx, c.n_kv_heads));
+        if (keep.prunes(l, n_ctx) && f == c.n_layers) f = l;
       }
-      // the continuation in chunks, as the full run processed it
-      for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {
-        const int t = std::min(cfg_.chunk_size, tc - c0);
-        RowMatrix xc = x.middleRows(c0, t);
-        engine_.forward_layer(l, xc, n_ctx + c0, kv, fo);
-        x.middleRows(c0, t) = xc;
+      // layers below `first` hold the full context + continuation
+      for (int l = 0; l < f; ++l) bytes_end[static_cast<std::size_t>(s)] += r.cache.layer(l).bytes() + layer_bytes(tc);
+      out.bytes_full_peak = r.full_peak;
+      layer_tokens_ += static_cast<long long>(c.n_layers - f) * tc;
+    }
+    std::vector<RowMatrix> x(static_cast<std::size_t>(S));  // each started plan's continuation rows
+    const ForwardOptions fo;
+    for (int l = S ? *std::min_element(first.begin(), first.end()) : c.n_layers; l < c.n_layers; ++l) {
+      std::vector<int> run;  // the plans started at or below l
+      for (int s = 0; s < S; ++s)
+        if (first[static_cast<std::size_t>(s)] <= l) run.push_back(s);
+      std::vector<Layer> kv(run.size(), r.cache.layer(l));
+      std::vector<Layer*> kvp;
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        const Budgets& keep = keeps[static_cast<std::size_t>(run[i])];
+        if (first[static_cast<std::size_t>(run[i])] == l) x[static_cast<std::size_t>(run[i])] = r.inputs[static_cast<std::size_t>(l)];
+        if (keep.prunes(l, n_ctx)) {
+          const LayerScores& sc = r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)];
+          evict_layer(kv[i], sc, head_keep(keep, kv[i], sc, keep.start(l, c.n_kv_heads)), cfg_.protection);
+        }
+        kvp.push_back(&kv[i]);
       }
-      bytes_end += kv.bytes();
+      for_chunks(tc, [&](int c0, int t) {  // the continuation in chunks, as the full run processed it
+        RowMatrix xc = gather(x, run, c0, t);
+        engine_.forward_layer_batch(l, xc, n_ctx + c0, kvp, fo);
+        scatter(xc, x, run, c0, t);
+      });
+      for (std::size_t i = 0; i < run.size(); ++i) bytes_end[static_cast<std::size_t>(run[i])] += kv[i].bytes();
     }
-    // before the eviction (with the lookahead's slots), or at the end
-    res.bytes_peak = std::max(r.cache.bytes() + lookahead_bytes(scorer), bytes_end);
-    layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
-    RowMatrix logits(tc, c.vocab_size);
-    for (int c0 = 0; c0 < tc; c0 += cfg_.chunk_size) {  // per chunk, as the full run (same rounding)
-      const int t = std::min(cfg_.chunk_size, tc - c0);
-      logits.middleRows(c0, t) = engine_.logits(x.middleRows(c0, t), nullptr, n_ctx + c0);
-      LlamaEngine::check_finite(logits.middleRows(c0, t), n_ctx + c0, "the logits");
+    std::vector<int> pruned;
+    for (int s = 0; s < S; ++s) {
+      WindowResult& out = res[static_cast<std::size_t>(s)];
+      // before the eviction (with the lookahead's slots), or at the end
+      out.bytes_peak = std::max(r.cache.bytes() + lookahead_bytes(scorer), bytes_end[static_cast<std::size_t>(s)]);
+      if (first[static_cast<std::size_t>(s)] < c.n_layers)
+        pruned.push_back(s);
+      else
+        out.metrics = compare_logits(r.logits, r.logits, r.targets);  // nothing pruned: the reference
     }
-    res.metrics = compare_logits(r.logits, logits, r.targets);
+    if (pruned.empty()) return res;
+    std::vector<RowMatrix> logits(static_cast<std::size_t>(S));
+    for (int s : pruned) logits[static_cast<std::size_t>(s)].resize(tc, c.vocab_size);
+    for_chunks(tc, [&](int c0, int t) {  // per chunk, as the full run
+      scatter(engine_.logits(gather(x, pruned, c0, t), nullptr, n_ctx + c0), logits, pruned, c0, t);
+    });
+    for (int s : pruned) {
+      LlamaEngine::check_finite(logits[static_cast<std::size_t>(s)], n_ctx, "the logits");
+      res[static_cast<std::size_t>(s)].metrics = compare_logits(r.logits, logits[static_cast<std::size_t>(s)], r.targets);
+    }
     return res;
+  }
+  // f(c0, t) for the chunks [c0, c0 + t) of `n` continuation rows (EvalConfig::chunk_size each).
+  template <class F>
+  void for_chunks(int n, F&& f) const {
+    for (int c0 = 0; c0 < n; c0 += cfg_.chunk_size) f(c0, std::min(cfg_.chunk_size, n - c0));
+  }
+  // Rows [c0, c0 + t) of m[s] for each s of `which`, stacked in that order (`gather`), and back.
+  static RowMatrix gather(const std::vector<RowMatrix>& m, const std::vector<int>& which, int c0, int t) {
+    RowMatrix out(static_cast<Eigen::Index>(which.size()) * t, m[static_cast<std::size_t>(which.front())].cols());
+    for (std::size_t i = 0; i < which.size(); ++i)
+      out.middleRows(static_cast<Eigen::Index>(i) * t, t) = m[static_cast<std::size_t>(which[i])].middleRows(c0, t);
+    return out;
+  }
+  static void scatter(const RowMatrix& rows, std::vector<RowMatrix>& m, const std::vector<int>& which, int c0, int t) {
+    for (std::size_t i = 0; i < which.size(); ++i)
+      m[static_cast<std::size_t>(which[i])].middleRows(c0, t) = rows.middleRows(static_cast<Eigen::Index>(i) * t, t);
   }
 
   WindowResult run_naive(int w, int scorer, const Budgets& keep) const {
