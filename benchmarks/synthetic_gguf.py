@@ -52,11 +52,12 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--context", type=int, default=2048, help="the file's context_length")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     hd = a.dim // a.heads
     w = gguf.GGUFWriter(a.out, "llama")
-    w.add_context_length(2048)
+    w.add_context_length(a.context)
     w.add_embedding_length(a.dim)
     w.add_block_count(a.layers)
     w.add_feed_forward_length(a.hidden)
