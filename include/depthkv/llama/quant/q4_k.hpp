@@ -102,24 +102,41 @@ DEPTHKV_QUANT_AVX2 inline __m256i q45k_hbits_avx2(const std::uint8_t* blk) {
   }
 }
 
+// Forces q45k_for_each_chunk_avx2 inline under clang, whose inliner otherwise leaves it out of
+// line in some kernels. GCC inlines it unforced; forced, it would stop GCC -O2 from inlining the
+// Q4_K / Q5_K one-token kernels into their row loops.
+#if defined(__clang__)
+#define DEPTHKV_Q45K_CHUNKS_INLINE __attribute__((always_inline))
+#else
+#define DEPTHKV_Q45K_CHUNKS_INLINE
+#endif
+
+/// Calls fn(c, u) for the 8 chunks c = 0..7 of the Q4_K (kHigh false) or Q5_K (kHigh true) block
+/// at blk in order, u the chunk's 32 unsigned codes (q45k_codes_avx2). fn takes a vector inside
+/// AVX2 code, so a lambda passed here is marked DEPTHKV_QUANT_AVX2 as well.
+template <class Block, bool kHigh, class Fn>
+DEPTHKV_QUANT_AVX2 DEPTHKV_Q45K_CHUNKS_INLINE inline void q45k_for_each_chunk_avx2(const std::uint8_t* blk,
+                                                                                   Fn&& fn) {
+  const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i q =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
+    for (int h = 0; h < 2; ++h) fn(2 * j + h, q45k_codes_avx2<kHigh>(q, hbits, h, 2 * j + h));
+  }
+}
+
 /// Block kernel of kQ8Activations for Q4_K (kHigh false) and Q5_K (kHigh true): see QuantTraits.
 template <class Block, bool kHigh, int NT>
 DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8_avx2(const std::uint8_t* blk, const ActQ8* const* a,
                                                 std::int64_t c0, __m256* acc, float* acc_s) {
   const float d = half_avx2(load_u16(blk + offsetof(Block, d))),
               dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
-  const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
-  for (int j = 0; j < 4; ++j) {
-    const __m256i q =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
-    for (int h = 0; h < 2; ++h) {
-      const int c = 2 * j + h;
-      float dl, ml;
-      q4k_group(c, blk + offsetof(Block, scales), d, dmin, dl, ml);
-      acc_unsigned_avx2<NT>(q45k_codes_avx2<kHigh>(q, hbits, h, c), a, c0 + c, dl, acc);
-      sub_group_sums_avx2<NT>(a, c0 + c, ml, 1, 1, acc_s);
-    }
-  }
+  q45k_for_each_chunk_avx2<Block, kHigh>(blk, [&](int c, __m256i u) DEPTHKV_QUANT_AVX2 {
+    float dl, ml;
+    q4k_group(c, blk + offsetof(Block, scales), d, dmin, dl, ml);
+    acc_unsigned_avx2<NT>(u, a, c0 + c, dl, acc);
+    sub_group_sums_avx2<NT>(a, c0 + c, ml, 1, 1, acc_s);
+  });
 }
 
 /// Scales (int16 lanes 0-7) and minimums (lanes 8-15) of the 8 groups of a Q4_K / Q5_K block,
@@ -150,18 +167,11 @@ DEPTHKV_QUANT_AVX2 inline void q45k_dot_q8k_avx2(const std::uint8_t* blk, const 
   const __m128i mn = _mm256_extracti128_si256(sm, 1);
   const __m256i mins16 =
       _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));  // per bsum
-  const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
-  for (int j = 0; j < 4; ++j) {
-    const __m256i q =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
-    for (int h = 0; h < 2; ++h) {
-      const int c = 2 * j + h;
-      const __m256i u = q45k_codes_avx2<kHigh>(q, hbits, h, c);
-      const __m256i sc =
-          _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
-      q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
-    }
-  }
+  q45k_for_each_chunk_avx2<Block, kHigh>(blk, [&](int c, __m256i u) DEPTHKV_QUANT_AVX2 {
+    const __m256i sc =
+        _mm256_shuffle_epi8(sc8, _mm256_set1_epi16(static_cast<short>(((2 * c + 1) << 8) | (2 * c))));
+    q8k_chunk_avx2<NT>(u, sc, a, i, c, sumi);
+  });
   const float dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
   for (int t = 0; t < NT; ++t) {
     const ActQ8K& x = a[t][i];

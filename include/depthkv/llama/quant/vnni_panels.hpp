@@ -46,18 +46,40 @@ inline constexpr int kVnniTokens = 4;
 /// One unpacked panel of kVnniPanelRows rows x nb blocks (see the file comment). Per block b:
 /// codes[b][q][r] (4 bytes: values 4q..4q+3 of row r, q < 64), scales[b][g][r] (int32),
 /// minimum pairs[b][p][r] (int16 m_{2p} low, m_{2p+1} high), d[b][r], dmin[b][r]. Rows past the
-/// matrix's end are zero.
+/// matrix's end are zero. The per-32 panels (unpack_panel32_vnni) use codes (q < 8), d and dmin.
 struct VnniPanel {
   std::vector<std::uint8_t> codes;
   std::vector<std::int32_t> scales, min_pairs;
   std::vector<float> d, dmin;
-  void resize(std::int64_t nb, int groups) {
+  /// Sizes the panel for nb K-quant blocks of `groups` scale groups and zeroes rows [nr,
+  /// kVnniPanelRows); rows below nr keep their old values until the unpack overwrites them.
+  void resize(std::int64_t nb, int groups, int nr) {
     const auto n = static_cast<std::size_t>(nb);
-    codes.assign(n * 256 * kVnniPanelRows, 0);
-    scales.assign(n * static_cast<std::size_t>(groups) * kVnniPanelRows, 0);
-    min_pairs.assign(n * 8 * kVnniPanelRows, 0);
-    d.assign(n * kVnniPanelRows, 0.0f);
-    dmin.assign(n * kVnniPanelRows, 0.0f);
+    resize_rows(codes, n * 64, 4, nr);
+    resize_rows(scales, n * static_cast<std::size_t>(groups), 1, nr);
+    resize_rows(min_pairs, n * 8, 1, nr);
+    resize_rows(d, n, 1, nr);
+    resize_rows(dmin, n, 1, nr);
+  }
+  /// As resize for nb per-32 blocks: codes, d and dmin (scales and min_pairs are left as they are).
+  void resize32(std::int64_t nb, int nr) {
+    const auto n = static_cast<std::size_t>(nb);
+    resize_rows(codes, n * 8, 4, nr);
+    resize_rows(d, n, 1, nr);
+    resize_rows(dmin, n, 1, nr);
+  }
+
+ private:
+  /// Sizes v to `steps` runs of kVnniPanelRows rows of `per_row` elements and zeroes rows
+  /// [nr, kVnniPanelRows) of each run.
+  template <class V>
+  static void resize_rows(std::vector<V>& v, std::size_t steps, int per_row, int nr) {
+    const auto run = static_cast<std::size_t>(kVnniPanelRows * per_row);
+    const auto used = static_cast<std::size_t>(nr * per_row);
+    v.resize(steps * run);
+    if (used < run)
+      for (std::size_t i = 0; i < v.size(); i += run)
+        std::fill(v.begin() + i + used, v.begin() + i + run, V{});
   }
 };
 
@@ -97,20 +119,13 @@ DEPTHKV_QUANT_AVX2 inline void unpack_block_vnni(const std::uint8_t* blk, Unpack
     constexpr bool kHigh = T == GgmlType::kQ5_K;
     out.d = half_avx2(load_u16(blk + offsetof(Block, d)));
     out.dmin = half_avx2(load_u16(blk + offsetof(Block, dmin)));
-    const __m256i hbits = q45k_hbits_avx2<Block, kHigh>(blk);
-    for (int j = 0; j < 4; ++j) {
-      const __m256i q =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(Block, qs) + 32 * j));
-      for (int h = 0; h < 2; ++h) {
-        const int c = 2 * j + h;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out.u + 32 * c),
-                           q45k_codes_avx2<kHigh>(q, hbits, h, c));
-        std::uint8_t sc, m;
-        q4k_scale_min(c, blk + offsetof(Block, scales), sc, m);
-        out.s[c] = sc;
-        out.m[2 * c] = out.m[2 * c + 1] = m;
-      }
-    }
+    q45k_for_each_chunk_avx2<Block, kHigh>(blk, [&](int c, __m256i u) DEPTHKV_QUANT_AVX2 {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out.u + 32 * c), u);
+      std::uint8_t sc, m;
+      q4k_scale_min(c, blk + offsetof(Block, scales), sc, m);
+      out.s[c] = sc;
+      out.m[2 * c] = out.m[2 * c + 1] = m;
+    });
   }
 }
 
@@ -120,7 +135,7 @@ DEPTHKV_QUANT_AVX2 inline void unpack_panel_vnni(const std::uint8_t* base, std::
                                                  std::int64_t r0, int nr, std::int64_t cols, VnniPanel& p) {
   constexpr int G = vnni_groups<T>();
   const std::int64_t nb = cols / 256;
-  p.resize(nb, G);
+  p.resize(nb, G, nr);
   UnpackedBlock ub;
   for (int r = 0; r < nr; ++r) {
     const std::uint8_t* row = base + static_cast<std::size_t>(r0 + r) * row_bytes;
@@ -323,9 +338,7 @@ template <GgmlType T>
 inline void unpack_panel32_vnni(const std::uint8_t* base, std::size_t row_bytes, std::int64_t r0, int nr,
                                 std::int64_t cols, VnniPanel& p) {
   const std::int64_t nb = cols / 32;
-  p.codes.assign(static_cast<std::size_t>(nb) * 32 * kVnniPanelRows, 0);
-  p.d.assign(static_cast<std::size_t>(nb) * kVnniPanelRows, 0.0f);
-  p.dmin.assign(p.d.size(), 0.0f);
+  p.resize32(nb, nr);
   std::uint8_t u[32];
   for (int r = 0; r < nr; ++r) {
     const std::uint8_t* row = base + static_cast<std::size_t>(r0 + r) * row_bytes;
