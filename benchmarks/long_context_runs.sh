@@ -18,7 +18,8 @@
 #   BUILD: a Release build with benchmarks; LLAMA_BIN_DIR: llama.cpp's build/bin (llama-bench,
 #   llama-quantize); GGUF_PYTHON: a Python with numpy and gguf. For D: PARITY_THREADS (default "1 2"),
 #   PARITY_TYPES (default all six), PARITY_PROMPT (default 512; other lengths add -pN to the file
-#   names), PARITY_REPEAT (default 2), PARITY_REPACK (llama.cpp's --repack values, default "0,1").
+#   names), PARITY_REPEAT (default 2), PARITY_REPACK (llama.cpp's --repack values, default "0,1"),
+#   PARITY_LLAMA_ARGS (more llama-bench arguments, e.g. --no-warmup).
 #   OUT (default benchmarks/results/long_context/quiet), GGUF_DIR (default /tmp/depthkv-long-context).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +64,7 @@ for set in $SETS; do
         for t in ${PARITY_THREADS:-1 2}; do
           "$BUILD/benchmarks/gguf_engine_bench" "$f" --prompt $P --decode 32 --threads $t --repeat ${PARITY_REPEAT:-2} \
             --json "$OUT/parity-depthkv-$type-t$t$sfx.json" 2>&1 | tee -a "$OUT/runs.log"
-          "$LLAMA/llama-bench" -m "$f" -p $P -n 32 -t $t -r ${PARITY_REPEAT:-2} --repack ${PARITY_REPACK:-0,1} -o json \
+          "$LLAMA/llama-bench" -m "$f" -p $P -n 32 -t $t -r ${PARITY_REPEAT:-2} --repack ${PARITY_REPACK:-0,1} ${PARITY_LLAMA_ARGS:-} -o json \
             > "$OUT/parity-llamacpp-$type-t$t$sfx.json"
         done
       done ;;
