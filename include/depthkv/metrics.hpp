@@ -57,34 +57,34 @@ inline Eigen::MatrixXd log_softmax_rows(const LogitRows& logits) {
   return out;
 }
 
-/// Compares the continuation logits of a pruned run with those of the full run.
-/// @param full, pruned logits `[Tc x vocab]` (same shape)
-/// @param targets true next token of each row, or -1 where there is none (size Tc)
-/// @return mean KL(full || pruned) and top-1 disagreement over all rows, NLLs over the rows with a target
-/// @throws Error on mismatched shapes, a target outside the vocabulary, or a row whose KL or
-///   NLL is not finite (naming the row)
-inline ContinuationMetrics compare_logits(const LogitRows& full, const LogitRows& pruned, const std::vector<int>& targets) {
-  DEPTHKV_CHECK(full.rows() == pruned.rows() && full.cols() == pruned.cols() && full.rows() >= 1,
-                "logits shapes differ: [" << full.rows() << " x " << full.cols() << "] vs [" << pruned.rows() << " x "
+/// `compare_logits` with the full run's log-softmax given, `full_log_softmax =
+/// log_softmax_rows(full)`: for several pruned runs against one full run (the full run's rows are
+/// normalised once). The same result, bit for bit.
+/// @throws Error as `compare_logits`
+inline ContinuationMetrics compare_log_softmax(const Eigen::MatrixXd& full_log_softmax, const LogitRows& pruned,
+                                               const std::vector<int>& targets) {
+  const Eigen::MatrixXd& lf = full_log_softmax;
+  DEPTHKV_CHECK(lf.rows() == pruned.rows() && lf.cols() == pruned.cols() && lf.rows() >= 1,
+                "logits shapes differ: [" << lf.rows() << " x " << lf.cols() << "] vs [" << pruned.rows() << " x "
                                           << pruned.cols() << "]");
-  DEPTHKV_CHECK(static_cast<Eigen::Index>(targets.size()) == full.rows(),
-                targets.size() << " targets for " << full.rows() << " rows");
-  const Eigen::MatrixXd lf = log_softmax_rows(full), lp = log_softmax_rows(pruned);
+  DEPTHKV_CHECK(static_cast<Eigen::Index>(targets.size()) == lf.rows(),
+                targets.size() << " targets for " << lf.rows() << " rows");
+  const Eigen::MatrixXd lp = log_softmax_rows(pruned);
   ContinuationMetrics m;
-  m.n_positions = static_cast<int>(full.rows());
+  m.n_positions = static_cast<int>(lf.rows());
   double kl = 0, dis = 0, nf = 0, np = 0;
-  for (Eigen::Index i = 0; i < full.rows(); ++i) {
+  for (Eigen::Index i = 0; i < lf.rows(); ++i) {
     const double kl_i = (lf.row(i).array().exp() * (lf.row(i) - lp.row(i)).array()).sum();
     DEPTHKV_CHECK(std::isfinite(kl_i), "continuation row " << i << ": the KL of the logits is not finite (inf or NaN "
                                                                "logits, or logits so large that log-softmax overflows)");
     kl += kl_i;
     Eigen::Index af = 0, ap = 0;
-    full.row(i).maxCoeff(&af);
+    lf.row(i).maxCoeff(&af);  // the logits' argmax (log-softmax keeps the order)
     pruned.row(i).maxCoeff(&ap);
     dis += af != ap ? 1.0 : 0.0;
     const int t = targets[static_cast<std::size_t>(i)];
     if (t >= 0) {
-      DEPTHKV_CHECK(t < full.cols(), "target " << t << " outside the vocabulary of " << full.cols());
+      DEPTHKV_CHECK(t < lf.cols(), "target " << t << " outside the vocabulary of " << lf.cols());
       DEPTHKV_CHECK(std::isfinite(lf(i, t)) && std::isfinite(lp(i, t)),
                     "continuation row " << i << ": the NLL of target " << t << " is not finite");
       nf -= lf(i, t);
@@ -100,6 +100,19 @@ inline ContinuationMetrics compare_logits(const LogitRows& full, const LogitRows
     m.loss.dnll = m.nll_pruned - m.nll_full;
   }
   return m;
+}
+
+/// Compares the continuation logits of a pruned run with those of the full run.
+/// @param full, pruned logits `[Tc x vocab]` (same shape)
+/// @param targets true next token of each row, or -1 where there is none (size Tc)
+/// @return mean KL(full || pruned) and top-1 disagreement over all rows, NLLs over the rows with a target
+/// @throws Error on mismatched shapes, a target outside the vocabulary, or a row whose KL or
+///   NLL is not finite (naming the row)
+inline ContinuationMetrics compare_logits(const LogitRows& full, const LogitRows& pruned, const std::vector<int>& targets) {
+  DEPTHKV_CHECK(full.rows() == pruned.rows() && full.cols() == pruned.cols() && full.rows() >= 1,
+                "logits shapes differ: [" << full.rows() << " x " << full.cols() << "] vs [" << pruned.rows() << " x "
+                                          << pruned.cols() << "]");
+  return compare_log_softmax(log_softmax_rows(full), pruned, targets);
 }
 
 /// The targets of a teacher-forced continuation: row i predicts `continuation[i + 1]`; the last

@@ -683,7 +683,7 @@ TEST_CASE("engine: non-finite activations or logits are an error naming the laye
   REQUIRE(cache.layer(0).size(0) == 9);
 }
 
-TEST_CASE("engine: forward_layer_batch equals forward_layer on each sequence; errors keep every storage",
+TEST_CASE("engine: forward_layer_batch equals forward_layer on each sequence, errors keep every storage",
           "[engine]") {
   RandomSpec spec;
   spec.biases = true;

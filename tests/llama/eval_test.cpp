@@ -66,6 +66,13 @@ TEST_CASE("compare_logits: zero for identical logits, KL by hand, targets", "[ev
   REQUIRE_THROWS_AS(compare_logits(a, b, {1}), Error);
   REQUIRE_THROWS_AS(compare_logits(a, b, {3, 0}), Error);
   REQUIRE(continuation_targets({5, 6, 7}) == std::vector<int>{6, 7, -1});
+  // the full run's log-softmax given: the same result, the same checks
+  const auto given = depthkv::compare_log_softmax(depthkv::log_softmax_rows(a), b, {2, 0});
+  REQUIRE(given.loss.kl == m.loss.kl);
+  REQUIRE(given.loss.dnll == m.loss.dnll);
+  REQUIRE(given.loss.top1_disagree == m.loss.top1_disagree);
+  REQUIRE_THROWS_AS(depthkv::compare_log_softmax(depthkv::log_softmax_rows(a), b, {3, 0}), Error);
+  REQUIRE_THROWS_AS(depthkv::compare_log_softmax(depthkv::log_softmax_rows(a.topRows(1)), b, {2, 0}), Error);
 }
 
 TEST_CASE("keep_tokens: rounding, protection, full", "[eval]") {

@@ -361,7 +361,8 @@ class EvalRuns {
   // pruned layer from the stored input of that layer (a plan that prunes nothing is the
   // reference). From there on every started plan runs each layer in one batch
   // (`forward_layer_batch`: one pass over each weight matrix for all of them) on its own copy of
-  // the layer's context cache, evicted to its budgets, and the classifier runs once for all.
+  // the layer's context cache, evicted to its budgets, and the classifier runs once for all (the
+  // comparisons with the full run's logits in parallel).
   std::vector<WindowResult> run_reuse(int w, int scorer, const std::vector<Budgets>& keeps) const {
     using Layer = std::decay_t<decltype(refs_.front().cache.layer(0))>;
     const LlamaConfig& c = engine_.config();
@@ -426,10 +427,12 @@ class EvalRuns {
     for_chunks(tc, [&](int c0, int t) {  // per chunk, as the full run
       scatter(engine_.logits(gather(x, pruned, c0, t), nullptr, n_ctx + c0), logits, pruned, c0, t);
     });
-    for (int s : pruned) {
-      LlamaEngine::check_finite(logits[static_cast<std::size_t>(s)], n_ctx, "the logits");
-      res[static_cast<std::size_t>(s)].metrics = compare_logits(r.logits, logits[static_cast<std::size_t>(s)], r.targets);
-    }
+    const Eigen::MatrixXd full = log_softmax_rows(r.logits);  // once for all plans
+    parallel_tasks(static_cast<int>(pruned.size()), [&](int i) {
+      const std::size_t s = static_cast<std::size_t>(pruned[static_cast<std::size_t>(i)]);
+      LlamaEngine::check_finite(logits[s], n_ctx, "the logits");
+      res[s].metrics = compare_log_softmax(full, logits[s], r.targets);
+    });
     return res;
   }
   // f(c0, t) for the chunks [c0, c0 + t) of `n` continuation rows (EvalConfig::chunk_size each).
