@@ -36,8 +36,9 @@ def main(d, prompt=512):
             cells = []
             for kind, key in (("pp", "prefill_tok_s"), ("tg", "decode_tok_s")):
                 off, on = lc.get((False, kind)), lc.get((True, kind))
-                cells.append(f"{dk[key]:.1f} / {off:.1f} / {on:.1f}")
-                cells.append(f"{dk[key] / off:.2f}x / {dk[key] / on:.2f}x")
+                fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731 (a setting not run)
+                cells.append(f"{dk[key]:.1f} / {fmt(off, '.1f')} / {fmt(on, '.1f')}")
+                cells.append(" / ".join("-" if v is None else f"{dk[key] / v:.2f}x" for v in (off, on)))
             rows.append(f"| {typ} | {t} | " + " | ".join(cells) + " |")
     print("\n".join(rows))
 
