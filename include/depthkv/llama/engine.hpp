@@ -462,22 +462,9 @@ class LlamaEngine {
                            const ForwardOptions& opt = ForwardOptions()) const {
     static_assert(detail::IsKvScalar<typename Layer::Scalar>::value,
                   "LlamaEngine stores keys and values as float, Eigen::half or Eigen::bfloat16");
+    check_batch(l, x, kvs, opt);
     const LlamaConfig& c = config();
     const int S = static_cast<int>(kvs.size());
-    DEPTHKV_CHECK(l >= 0 && l < c.n_layers, "layer " << l << " outside [0, " << c.n_layers << ")");
-    DEPTHKV_CHECK(x.cols() == c.dim, "activations have " << x.cols() << " columns, model dim is " << c.dim);
-    DEPTHKV_CHECK(S >= 1 && x.rows() % S == 0,
-                  x.rows() << " activation rows do not split into " << S << " sequences of equal length");
-    DEPTHKV_CHECK(S == 1 || (!opt.observer && !opt.capture), "an observer or capture hook takes one sequence, got " << S);
-    for (int s = 0; s < S; ++s) {
-      const Layer* kv = kvs[static_cast<std::size_t>(s)];
-      DEPTHKV_CHECK(kv != nullptr, "sequence " << s << " has no layer storage");
-      DEPTHKV_CHECK(kv->n_kv_heads() == c.n_kv_heads && kv->head_dim() == c.head_dim,
-                    "layer " << l << " storage is [" << kv->n_kv_heads() << " heads][" << kv->head_dim()
-                             << "], model needs [" << c.n_kv_heads << "][" << c.head_dim << "]");
-      for (int u = 0; u < s; ++u)
-        DEPTHKV_CHECK(kvs[static_cast<std::size_t>(u)] != kv, "sequences " << u << " and " << s << " share a storage");
-    }
     const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
     const int N = static_cast<int>(x.rows()), T = N / S;
     const int hd = c.head_dim;
@@ -523,6 +510,27 @@ class LlamaEngine {
   }
 
  private:
+  // `forward_layer_batch`'s checks of its arguments.
+  template <class Layer>
+  void check_batch(int l, const RowMatrix& x, const std::vector<Layer*>& kvs, const ForwardOptions& opt) const {
+    const LlamaConfig& c = config();
+    const int S = static_cast<int>(kvs.size());
+    DEPTHKV_CHECK(l >= 0 && l < c.n_layers, "layer " << l << " outside [0, " << c.n_layers << ")");
+    DEPTHKV_CHECK(x.cols() == c.dim, "activations have " << x.cols() << " columns, model dim is " << c.dim);
+    DEPTHKV_CHECK(S >= 1 && x.rows() % S == 0,
+                  x.rows() << " activation rows do not split into " << S << " sequences of equal length");
+    DEPTHKV_CHECK(S == 1 || (!opt.observer && !opt.capture), "an observer or capture hook takes one sequence, got " << S);
+    for (int s = 0; s < S; ++s) {
+      const Layer* kv = kvs[static_cast<std::size_t>(s)];
+      DEPTHKV_CHECK(kv != nullptr, "sequence " << s << " has no layer storage");
+      DEPTHKV_CHECK(kv->n_kv_heads() == c.n_kv_heads && kv->head_dim() == c.head_dim,
+                    "layer " << l << " storage is [" << kv->n_kv_heads() << " heads][" << kv->head_dim()
+                             << "], model needs [" << c.n_kv_heads << "][" << c.head_dim << "]");
+      for (int u = 0; u < s; ++u)
+        DEPTHKV_CHECK(kvs[static_cast<std::size_t>(u)] != kv, "sequences " << u << " and " << s << " share a storage");
+    }
+  }
+
   // The rest of `forward_layer_batch` after its K/V were appended.
   template <class Layer>
   void attend_and_mlp(int l, RowMatrix& x, const RowMatrix& q, std::int32_t pos0, const std::vector<Layer*>& kvs,

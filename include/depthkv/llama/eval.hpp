@@ -41,7 +41,9 @@
 /// is never recomputed. Profiling "only layer l at ratio r" thus costs `(L - l) / L` of a
 /// continuation-only forward pass instead of a full context + continuation pass. The head
 /// curves ("only KV head h of layer l at ratio r", `head_metrics`, `head_function`) start from
-/// layer l's stored input in the same way.
+/// layer l's stored input in the same way. The ratios of one layer (or head) run as one batch per
+/// window (`LlamaEngine::forward_layer_batch`: each weight matrix read once for all of them, the
+/// classifier once), equal to separate runs up to the rounding of products over more rows.
 ///
 /// @code
 /// using namespace depthkv;
@@ -240,7 +242,7 @@ class PruningEvaluator : private detail::EvalRuns {
   }
 
   /// "Only `layer` pruned, at each of `keep_ratios`": one `SampleMetrics` per ratio. All
-  /// (window, ratio) runs are scheduled together (parallel over both); each starts from the
+  /// windows run in parallel, each window's ratios as one batch; each starts from the
   /// stored input of `layer`.
   /// @throws Error on a bad layer, ratio or scorer index
   std::vector<SampleMetrics> layer_metrics(int layer, const std::vector<double>& keep_ratios, int scorer = 0) const {

@@ -372,21 +372,9 @@ class EvalRuns {
     std::vector<WindowResult> res(static_cast<std::size_t>(S));
     std::vector<int> first(static_cast<std::size_t>(S), c.n_layers);
     std::vector<std::size_t> bytes_end(static_cast<std::size_t>(S), 0);  // KV bytes at the end
-    for (int s = 0; s < S; ++s) {
-      const Budgets& keep = keeps[static_cast<std::size_t>(s)];
-      WindowResult& out = res[static_cast<std::size_t>(s)];
-      int& f = first[static_cast<std::size_t>(s)];
-      out.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
-      for (int l = 0; l < c.n_layers; ++l) {
-        out.bytes_full += layer_bytes(n_ctx);
-        out.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx, c.n_kv_heads));
-        if (keep.prunes(l, n_ctx) && f == c.n_layers) f = l;
-      }
-      // layers below `first` hold the full context + continuation
-      for (int l = 0; l < f; ++l) bytes_end[static_cast<std::size_t>(s)] += r.cache.layer(l).bytes() + layer_bytes(tc);
-      out.bytes_full_peak = r.full_peak;
-      layer_tokens_ += static_cast<long long>(c.n_layers - f) * tc;
-    }
+    for (int s = 0; s < S; ++s)
+      first[static_cast<std::size_t>(s)] = start_plan(r, n_ctx, tc, keeps[static_cast<std::size_t>(s)],
+                                                      res[static_cast<std::size_t>(s)], bytes_end[static_cast<std::size_t>(s)]);
     std::vector<RowMatrix> x(static_cast<std::size_t>(S));  // each started plan's continuation rows
     const ForwardOptions fo;
     for (int l = S ? *std::min_element(first.begin(), first.end()) : c.n_layers; l < c.n_layers; ++l) {
@@ -434,6 +422,24 @@ class EvalRuns {
       res[s].metrics = compare_log_softmax(full, logits[s], r.targets);
     });
     return res;
+  }
+  // Plan `keep`'s accounting before it runs (budgets, bytes, the layer-tokens it will run), into
+  // `out`; `bytes_end` gets the KV bytes that the layers below its first pruned layer hold at the
+  // end (the full context + continuation). Returns that layer (n_layers: it prunes none).
+  int start_plan(const Reference& r, int n_ctx, int tc, const Budgets& keep, WindowResult& out,
+                 std::size_t& bytes_end) const {
+    const LlamaConfig& c = engine_.config();
+    int first = c.n_layers;
+    out.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
+    for (int l = 0; l < c.n_layers; ++l) {
+      out.bytes_full += layer_bytes(n_ctx);
+      out.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx, c.n_kv_heads));
+      if (keep.prunes(l, n_ctx) && first == c.n_layers) first = l;
+    }
+    for (int l = 0; l < first; ++l) bytes_end += r.cache.layer(l).bytes() + layer_bytes(tc);
+    out.bytes_full_peak = r.full_peak;
+    layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
+    return first;
   }
   // f(c0, t) for the chunks [c0, c0 + t) of `n` continuation rows (EvalConfig::chunk_size each).
   template <class F>
