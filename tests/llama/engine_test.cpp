@@ -94,12 +94,15 @@ struct Reference {
       std::copy(seg.begin(), seg.end(), v.begin() + h * c.head_dim);
     }
   }
-  void rope(std::vector<float>& v, int n_heads, int pos) const {
+  void rope(std::vector<float>& v, int n_heads, int pos, int layer) const {
     const LlamaConfig& c = m.config;
     const int hd = c.head_dim, half = hd / 2;
+    const bool local = c.is_local(layer);
+    const double theta = local ? c.rope_theta_local : c.rope_theta;
+    const double fscale = local ? c.rope_freq_scale_local : c.rope_freq_scale;
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < half; ++i) {
-        double freq = c.rope_freq_scale * std::pow(static_cast<double>(c.rope_theta), -2.0 * i / hd);
+        double freq = fscale * std::pow(theta, -2.0 * i / hd);
         if (m.rope_freq_factors.size()) freq /= m.rope_freq_factors[i];
         const double a = pos * freq;
         const int ia = h * hd + (c.rope_neox ? i : 2 * i);
@@ -115,7 +118,7 @@ struct Reference {
     const LlamaConfig& c = m.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     std::vector<float> x(static_cast<std::size_t>(c.dim));
-    for (int i = 0; i < c.dim; ++i) x[static_cast<std::size_t>(i)] = m.token_embedding(token, i);
+    for (int i = 0; i < c.dim; ++i) x[static_cast<std::size_t>(i)] = m.token_embedding(token, i) * c.embedding_scale;
     for (int l = 0; l < c.n_layers; ++l) {
       const auto& w = m.layers[static_cast<std::size_t>(l)];
       layer_inputs[static_cast<std::size_t>(l)].push_back(x);
@@ -125,8 +128,8 @@ struct Reference {
       auto v = matvec(w.wv, xn, w.bv);
       if (w.q_norm.size()) head_norm(q, c.n_heads, w.q_norm, c);
       if (w.k_norm.size()) head_norm(k, c.n_kv_heads, w.k_norm, c);
-      rope(q, c.n_heads, pos);
-      rope(k, c.n_kv_heads, pos);
+      rope(q, c.n_heads, pos, l);
+      rope(k, c.n_kv_heads, pos, l);
       keys[static_cast<std::size_t>(l)].push_back(k);
       values[static_cast<std::size_t>(l)].push_back(v);
       std::vector<float> att(static_cast<std::size_t>(c.n_heads * hd), 0.0f);
@@ -136,13 +139,14 @@ struct Reference {
         std::vector<double> sc;
         for (int p = 0; p <= pos; ++p) {
           if (p != pos && !visible(l, h, pos, p)) continue;
+          if (c.is_local(l) && pos - p >= c.window(l)) continue;  // outside a sliding window
           double d = 0;
           for (int i = 0; i < hd; ++i)
             d += static_cast<double>(q[static_cast<std::size_t>(qh * hd + i)]) *
                  keys[static_cast<std::size_t>(l)][static_cast<std::size_t>(p)]
                      [static_cast<std::size_t>(h * hd + i)];
           vis.push_back(p);
-          sc.push_back(d / std::sqrt(static_cast<double>(hd)));
+          sc.push_back(d * (c.attention_scale > 0 ? c.attention_scale : 1.0 / std::sqrt(static_cast<double>(hd))));
         }
         double mx = sc[0], sum = 0;
         for (double s : sc) mx = std::max(mx, s);
@@ -157,12 +161,20 @@ struct Reference {
         }
       }
       auto o = matvec(w.wo, att, Eigen::VectorXf());
+      if (w.attn_post_norm.size()) o = rmsnorm(o, w.attn_post_norm, c.rms_eps);
       for (int i = 0; i < c.dim; ++i) x[static_cast<std::size_t>(i)] += o[static_cast<std::size_t>(i)];
       xn = rmsnorm(x, w.ffn_norm, c.rms_eps);
       auto h1 = matvec(w.w1, xn, Eigen::VectorXf());
       auto h3 = matvec(w.w3, xn, Eigen::VectorXf());
-      for (std::size_t i = 0; i < h1.size(); ++i) h1[i] = h1[i] / (1.0f + std::exp(-h1[i])) * h3[i];
+      for (std::size_t i = 0; i < h1.size(); ++i) {
+        const double g = h1[i];
+        const double act = c.ffn_activation == depthkv::llama::FfnActivation::kGeluTanh
+                               ? 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)))
+                               : g / (1.0 + std::exp(-g));
+        h1[i] = static_cast<float>(act * h3[i]);
+      }
       o = matvec(w.w2, h1, Eigen::VectorXf());
+      if (w.ffn_post_norm.size()) o = rmsnorm(o, w.ffn_post_norm, c.rms_eps);
       for (int i = 0; i < c.dim; ++i) x[static_cast<std::size_t>(i)] += o[static_cast<std::size_t>(i)];
     }
     auto xn = rmsnorm(x, m.final_norm, c.rms_eps);
@@ -184,7 +196,7 @@ double max_abs_diff(const RowMatrix& a, const std::vector<std::vector<double>>& 
 }  // namespace
 
 TEST_CASE("engine: batched prefill equals the naive reference for every chunk size", "[engine]") {
-  for (int variant = 0; variant < 6; ++variant) {
+  for (int variant = 0; variant < 7; ++variant) {
     RandomSpec spec;
     spec.seed = 11 + static_cast<unsigned>(variant);
     if (variant == 1) spec.neox = true;
@@ -204,6 +216,10 @@ TEST_CASE("engine: batched prefill equals the naive reference for every chunk si
       spec.rope_freq_scale = 0.25f;
       spec.theta = 500000.0f;
     }
+    if (variant == 6) {  // Gemma 3: post norms, GeGLU, scaled embeddings, sliding windows of 6
+      spec.gemma3 = true;
+      spec.theta = 1000000.0f;
+    }
     CAPTURE(variant);
     const LlamaModel model = random_model(spec);
     const LlamaEngine engine(model);
@@ -219,7 +235,9 @@ TEST_CASE("engine: batched prefill equals the naive reference for every chunk si
       const RowMatrix got = engine.prefill(tokens, 0, cache, opt);
       REQUIRE(got.rows() == 37);
       REQUIRE(max_abs_diff(got, want) < 1e-4);
-      REQUIRE(cache.lengths() == std::vector<int>(3, 37));
+      // a local layer keeps window - 1 slots after the call (what a later position can see)
+      const int local = spec.gemma3 ? spec.window - 1 : 37;
+      REQUIRE(cache.lengths() == std::vector<int>{local, local, 37});
     }
   }
 }
@@ -748,4 +766,123 @@ TEST_CASE("engine: forward_layer_batch equals forward_layer on each sequence, er
   REQUIRE_THROWS_WITH(bad_engine.forward_layer_batch(0, two, pos0, std::vector<HostLayer<float>*>{&kv[0], &kv[1]}),
                       Catch::Contains("layer 0: the residual stream of sequence 0 at position 12"));
   REQUIRE(sizes() == before);
+}
+
+TEST_CASE("engine: sliding-window layers free what no later query sees, in prefill and decode, errors keep the cache",
+          "[engine][window]") {
+  RandomSpec spec;
+  spec.gemma3 = true;
+  spec.window = 5;
+  spec.seed = 29;
+  const LlamaModel model = random_model(spec);
+  const LlamaEngine engine(model);
+  const int n = 23, W = spec.window;
+  const auto tokens = random_tokens(n, spec.vocab, 4);
+  Reference ref(model);
+  std::vector<std::vector<double>> want;
+  for (int p = 0; p < n; ++p) want.push_back(ref.step(tokens[static_cast<std::size_t>(p)], p, kCausal));
+
+  SECTION("chunked prefill: at most window - 1 + chunk slots during a call, window - 1 after it") {
+    for (int chunk : {1, 3, 7}) {
+      CAPTURE(chunk);
+      HostCache cache = engine.make_cache();
+      ForwardOptions opt;
+      opt.chunk_size = chunk;
+      int most = 0;
+      opt.after_chunk = [&](int, std::int32_t) { most = std::max(most, cache.layer(0).size(0)); };
+      const RowMatrix got = engine.prefill(tokens, 0, cache, opt);
+      REQUIRE(max_abs_diff(got, want) < 1e-4);
+      REQUIRE(most <= W - 1 + chunk);
+      REQUIRE(cache.layer(0).size(0) == W - 1);
+      REQUIRE(cache.layer(0).positions(0)[0] == n - W + 1);  // the newest window - 1 positions
+      REQUIRE(cache.layer(spec.layers - 1).size(0) == n);   // the global layer keeps everything
+    }
+  }
+  SECTION("decode: token by token equals the reference; a local layer holds window - 1 slots between steps") {
+    HostCache cache = engine.make_cache();
+    double d = 0;
+    for (int p = 0; p < n; ++p) {
+      const Eigen::VectorXf lg = engine.decode(tokens[static_cast<std::size_t>(p)], p, cache);
+      for (int j = 0; j < spec.vocab; ++j)
+        d = std::max(d, std::abs(lg[j] - want[static_cast<std::size_t>(p)][static_cast<std::size_t>(j)]));
+      REQUIRE(cache.layer(1).size(1) == std::min(p + 1, W - 1));
+    }
+    REQUIRE(d < 1e-4);
+  }
+  SECTION("observed probabilities: 0 outside the window, the reference's inside") {
+    HostCache cache = engine.make_cache();
+    ForwardOptions opt;
+    opt.chunk_size = 4;
+    double maxdiff = 0, outside = 0, rowsum = 0;
+    opt.observer = [&](int l, int qh, std::int32_t p0, int nq, const float* pr, int ld, int ncols) {
+      const std::int32_t* pos = cache.layer(l).positions(qh / (spec.heads / spec.kv_heads));
+      for (int i = 0; i < nq; ++i) {
+        double sum = 0;
+        for (int j = 0; j < ncols; ++j) {
+          const double v = pr[static_cast<std::ptrdiff_t>(i) * ld + j];
+          sum += v;
+          const int qpos = p0 + i, kpos = pos[j];
+          if (kpos > qpos || (model.config.is_local(l) && qpos - kpos >= W)) {
+            outside = std::max(outside, std::abs(v));
+          } else {
+            const auto& r = ref.probs[static_cast<std::size_t>(l)][static_cast<std::size_t>(qh)];
+            maxdiff = std::max(maxdiff, std::abs(v - r.at(qpos).at(kpos)));
+          }
+        }
+        rowsum = std::max(rowsum, std::abs(sum - 1.0));
+      }
+    };
+    engine.prefill(tokens, 0, cache, opt);
+    REQUIRE(outside == 0.0);
+    REQUIRE(maxdiff < 1e-5);
+    REQUIRE(rowsum < 1e-5);
+  }
+  SECTION("a compacted local layer applies the window by stored positions") {
+    // after 16 tokens layer 0 holds positions 12..15; pruned to 12 and 14, the next queries see
+    // those that are still inside their window (16: 12, 14; 17: 14) and their own tokens
+    HostCache cache = engine.make_cache();
+    std::vector<int> ctx(tokens.begin(), tokens.begin() + 16), cont(tokens.begin() + 16, tokens.end());
+    engine.prefill(ctx, 0, cache);
+    REQUIRE(cache.layer(0).size(0) == W - 1);
+    REQUIRE(cache.layer(0).positions(0)[0] == 12);
+    std::vector<std::int32_t> keep = {0, 2};
+    for (int h = 0; h < spec.kv_heads; ++h) cache.layer(0).compact(h, keep.data(), 2);
+    Reference pr(model);
+    const Visibility vis = [](int l, int, int q, int k) { return l != 0 || q < 16 || k >= 16 || k == 12 || k == 14; };
+    std::vector<std::vector<double>> want_pruned, want_full;
+    for (int p = 0; p < n; ++p) {
+      auto lg = pr.step(tokens[static_cast<std::size_t>(p)], p, vis);
+      if (p >= 16) {
+        want_pruned.push_back(lg);
+        want_full.push_back(want[static_cast<std::size_t>(p)]);
+      }
+    }
+    const RowMatrix got = engine.teacher_force(cont, 16, cache);
+    REQUIRE(max_abs_diff(got, want_pruned) < 1e-4);
+    REQUIRE(max_abs_diff(got, want_full) > 1e-3);  // the pruning mattered: the test can fail
+  }
+  SECTION("an error in a later chunk leaves the cache as before the call, window slots included") {
+    HostCache cache = engine.make_cache();
+    std::vector<int> ctx(tokens.begin(), tokens.begin() + 8), more(tokens.begin() + 8, tokens.end());
+    engine.prefill(ctx, 0, cache);
+    auto state = [&] {
+      std::vector<std::vector<std::int32_t>> pos;
+      for (int l = 0; l < cache.n_layers(); ++l)
+        for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
+          pos.emplace_back(cache.layer(l).positions(h), cache.layer(l).positions(h) + cache.layer(l).size(h));
+      return pos;
+    };
+    const auto before = state();
+    ForwardOptions opt;
+    opt.chunk_size = 3;
+    opt.after_chunk = [&](int done, std::int32_t) {
+      if (done >= 9) throw std::runtime_error("stop");
+    };
+    REQUIRE_THROWS_AS(engine.prefill(more, 8, cache, opt), std::runtime_error);
+    REQUIRE(state() == before);
+    const RowMatrix again = engine.prefill(more, 8, cache);  // and the sequence goes on exactly
+    for (int i = 0; i < again.rows(); ++i)
+      for (int j = 0; j < spec.vocab; ++j)
+        REQUIRE(std::abs(again(i, j) - want[static_cast<std::size_t>(8 + i)][static_cast<std::size_t>(j)]) < 1e-4);
+  }
 }

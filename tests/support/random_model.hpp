@@ -25,7 +25,13 @@ struct RandomSpec {
   float w2_gain = 0.0f;          ///< w2: N(0, 1) * w2_gain / sqrt(dim); 0: 1 / sqrt(hidden)
   float classifier_gain = 1.0f;  ///< classifier: N(0, 1) * classifier_gain / sqrt(dim)
   unsigned seed = 7;
+  /// Gemma 3's block (drawn after everything else): post-attention and post-FFN norms, GeGLU
+  /// (tanh), embeddings times sqrt(dim), per-head q/k norms, NeoX RoPE, and `window` on every
+  /// layer but the last (global, as the last of Gemma's groups of six), local RoPE base 10000.
+  bool gemma3 = false;
+  int window = 6;
 };
+
 
 inline depthkv::llama::LlamaModel random_model(const RandomSpec& s) {
   using depthkv::llama::RowMatrix;
@@ -79,11 +85,24 @@ inline depthkv::llama::LlamaModel random_model(const RandomSpec& s) {
   m.classifier = mat(s.vocab, s.dim, s.classifier_gain * sc);
   if (s.freq_factors) m.rope_freq_factors = vec(hd / 2, 2.0f, 0.5f).cwiseAbs();
   c.rope_freq_scale = s.rope_freq_scale;
-  if (s.qk_norm)
+  if (s.qk_norm || s.gemma3)
     for (auto& w : m.layers) {
       w.q_norm = vec(hd, 1.0f, 0.3f);
       w.k_norm = vec(hd, 1.0f, 0.3f);
     }
+  if (s.gemma3) {
+    for (auto& w : m.layers) {
+      w.attn_post_norm = vec(s.dim, 1.0f, 0.1f);
+      w.ffn_post_norm = vec(s.dim, 1.0f, 0.1f);
+    }
+    c.rope_neox = true;
+    c.ffn_activation = depthkv::llama::FfnActivation::kGeluTanh;
+    c.embedding_scale = std::sqrt(static_cast<float>(s.dim)) / 4.0f;  // embeddings are N(0, 1) here
+    c.layer_window.assign(static_cast<std::size_t>(s.layers), s.window);
+    c.layer_window.back() = 0;
+    c.rope_theta_local = 10000.0f;
+    c.architecture = "gemma3";
+  }
   return m;
 }
 

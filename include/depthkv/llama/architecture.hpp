@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/model.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -54,6 +55,9 @@ struct GgufHparamKeys {
   std::string rms_epsilon = "attention.layer_norm_rms_epsilon"; ///< rms_eps (default 1e-5)
   std::string context_length = "context_length";                ///< seq_len (required)
   std::string expert_count = "expert_count";                    ///< must be absent or 0 (no mixture of experts)
+  std::string sliding_window = "attention.sliding_window";      ///< the local layers' window (when the architecture has them)
+  std::string sliding_window_pattern = "attention.sliding_window_pattern";  ///< optional per-layer bools: true = local
+  std::string rope_freq_base_swa = "rope.freq_base_swa";        ///< local layers' RoPE base (default `Architecture::rope_theta_local`)
 };
 
 /// Tensor names (llama.cpp's). Per-layer names follow `block_prefix` + layer index + ".".
@@ -74,6 +78,8 @@ struct GgufTensorNames {
   std::string attn_q_norm = "attn_q_norm.weight";  ///< [head_dim], per-head RMSNorm of q
   std::string attn_k_norm = "attn_k_norm.weight";  ///< [head_dim], per-head RMSNorm of k
   std::string ffn_norm = "ffn_norm.weight";        ///< [dim]
+  std::string attn_post_norm = "post_attention_norm.weight";  ///< [dim], RMSNorm of the attention output
+  std::string ffn_post_norm = "post_ffw_norm.weight";         ///< [dim], RMSNorm of the FFN output
   std::string ffn_gate = "ffn_gate.weight";        ///< w1 [hidden_dim][dim]
   std::string ffn_down = "ffn_down.weight";        ///< w2 [dim][hidden_dim]
   std::string ffn_up = "ffn_up.weight";            ///< w3 [hidden_dim][dim]
@@ -89,6 +95,14 @@ struct Architecture {
   TensorUse qk_norm = TensorUse::kNone;      ///< the group attn_q_norm, attn_k_norm (per-head RMSNorm)
   TensorUse output = TensorUse::kOptional;   ///< the classifier; absent: tied to token_embd
   TensorUse rope_freqs = TensorUse::kOptional;  ///< RoPE frequency divisors (Llama 3)
+  TensorUse post_norms = TensorUse::kNone;   ///< the group post_attention_norm, post_ffw_norm
+  FfnActivation activation = FfnActivation::kSilu;  ///< the FFN's gate activation
+  bool scale_embedding = false;              ///< embeddings multiplied by sqrt(dim)
+  /// Sliding-window layers when > 0: the window is read from `keys.sliding_window`, and without
+  /// a `keys.sliding_window_pattern` array layer l is local unless `(l + 1) % swa_period == 0`
+  /// (llama.cpp's pattern for Gemma 3: five local layers, then one global).
+  int swa_period = 0;
+  float rope_theta_local = 10000.0f;         ///< local layers' RoPE base when the file has no `rope_freq_base_swa`
   GgufHparamKeys keys;                       ///< hyper-parameter keys (after the prefix)
   GgufTensorNames tensors;                   ///< tensor names
 
@@ -112,19 +126,36 @@ inline Architecture make_architecture(const char* name, RopeStyle rope, TensorUs
   a.qk_norm = qk_norm;
   return a;
 }
+
+// Gemma 3: NeoX RoPE, per-head q/k RMSNorm, post-attention and post-FFN norms, GeGLU (tanh),
+// embeddings scaled by sqrt(dim), output tied to the embedding, 5 local layers of every 6.
+inline Architecture make_gemma3() {
+  Architecture a = make_architecture("gemma3", RopeStyle::kNeox, TensorUse::kNone, TensorUse::kRequired);
+  a.post_norms = TensorUse::kRequired;
+  a.rope_freqs = TensorUse::kNone;
+  a.activation = FfnActivation::kGeluTanh;
+  a.scale_embedding = true;
+  a.swa_period = 6;
+  a.rope_theta_local = 10000.0f;
+  return a;
+}
 }  // namespace detail
 
 /// The supported architectures:
 /// - `llama`: adjacent RoPE pairs, optional q/k/v biases;
 /// - `qwen2`: NeoX RoPE, q/k/v biases required;
-/// - `qwen3`: NeoX RoPE, optional q/k/v biases, per-head q/k RMSNorm required.
-/// All three: optional `output` (absent: tied to the embedding) and `rope_freqs`.
+/// - `qwen3`: NeoX RoPE, optional q/k/v biases, per-head q/k RMSNorm required;
+/// - `gemma3`: NeoX RoPE, per-head q/k RMSNorm and post-attention/post-FFN norms required, GeGLU
+///   (tanh) FFN, embeddings scaled by sqrt(dim), sliding-window layers (window from the file,
+///   five local layers then one global, local RoPE base 10000), no `rope_freqs`.
+/// All: optional `output` (absent: tied to the embedding).
 /// @return the table, in this order
 inline const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> table = {
       detail::make_architecture("llama", RopeStyle::kAdjacent, TensorUse::kOptional, TensorUse::kNone),
       detail::make_architecture("qwen2", RopeStyle::kNeox, TensorUse::kRequired, TensorUse::kNone),
       detail::make_architecture("qwen3", RopeStyle::kNeox, TensorUse::kOptional, TensorUse::kRequired),
+      detail::make_gemma3(),
   };
   return table;
 }

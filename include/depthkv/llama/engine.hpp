@@ -325,6 +325,7 @@ class LlamaEngine {
       for (int c0 = 0; c0 < n; c0 += opt.chunk_size) {
         const int t = std::min(opt.chunk_size, n - c0);
         const std::int32_t p0 = pos0 + c0;
+        drop_outside_window(cache, p0, pos0);  // this call's slots that no query from p0 on sees
         RowMatrix x = embed(tokens + c0, t, opt.stats);
         for (int l = 0; l < config().n_layers; ++l) forward_layer(l, x, p0, cache.layer(l), opt);
         if (opt.all_logits) {
@@ -342,7 +343,36 @@ class LlamaEngine {
       drop_from(cache, pos0);
       throw;
     }
+    drop_outside_window(cache, pos0 + n, std::numeric_limits<std::int32_t>::min());
     return out;
+  }
+
+  /// Frees the slots of every sliding-window layer (`LlamaConfig::window`) that no query at a
+  /// position >= `next_pos` can see (positions <= next_pos - window), of those at positions >=
+  /// `from` (older slots are kept). A no-op for global layers. `forward` calls it before each
+  /// chunk for the call's own slots and after the call for all, so between calls a local layer
+  /// holds at most window - 1 slots per head, and during a call at most window - 1 + the chunk
+  /// (plus the window - 1 held before the call, freed when it returns: on an error the cache is
+  /// as before the call).
+  template <class Layer>
+  void drop_outside_window(KVCache<Layer>& cache, std::int64_t next_pos, std::int32_t from) const {
+    for (int l = 0; l < cache.n_layers(); ++l) {
+      const int w = config().window(l);
+      if (w <= 0) continue;
+      Layer& L = cache.layer(l);
+      for (int h = 0; h < L.n_kv_heads(); ++h) {
+        const int n = L.size(h);
+        const std::int32_t* pos = L.positions(h);
+        const int a = static_cast<int>(std::lower_bound(pos, pos + n, from) - pos);
+        const int b = static_cast<int>(std::upper_bound(pos, pos + n, next_pos - w) - pos);
+        if (b <= a) continue;
+        std::vector<std::int32_t> keep;
+        keep.reserve(static_cast<std::size_t>(n - (b - a)));
+        for (int i = 0; i < n; ++i)
+          if (i < a || i >= b) keep.push_back(i);
+        L.compact(h, keep.data(), static_cast<int>(keep.size()));
+      }
+    }
   }
 
   /// Requires every value of `rows` (rows of positions `pos0, pos0 + 1, ...`) to be finite.
@@ -419,6 +449,7 @@ class LlamaEngine {
         dequantize_row(e.type, e.data + static_cast<std::size_t>(tokens[i]) * e.row_bytes, x.row(i).data(), e.cols);
       }
     }
+    if (config().embedding_scale != 1.0f) x *= config().embedding_scale;
     return x;
   }
 
@@ -489,8 +520,8 @@ class LlamaEngine {
     if (w.bv.size()) v.rowwise() += w.bv.transpose();
     if (w.q_norm.size()) head_rmsnorm(q, c.n_heads, w.q_norm);
     if (w.k_norm.size()) head_rmsnorm(k, c.n_kv_heads, w.k_norm);
-    apply_rope(q, c.n_heads, pos0, T);
-    apply_rope(k, c.n_kv_heads, pos0, T);
+    apply_rope(q, c.n_heads, pos0, T, l);
+    apply_rope(k, c.n_kv_heads, pos0, T, l);
     std::vector<std::vector<int>> size_before(static_cast<std::size_t>(S));
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < c.n_kv_heads; ++h)
@@ -561,6 +592,7 @@ class LlamaEngine {
     linear(w.wo, w.wo_quant, att, o, opt);
 
     timer.to(&EngineStats::other_s);
+    if (w.attn_post_norm.size()) o = rmsnorm(o, w.attn_post_norm, pos0, l);
     cap(CapturePoint::kAttnOutput, o);
     x += o;
     cap(CapturePoint::kAttnResidual, x);
@@ -569,14 +601,11 @@ class LlamaEngine {
     timer.to(&EngineStats::matmul_s);
     RowMatrix h1(N, c.hidden_dim), h3(N, c.hidden_dim);
     linear_many({{&w.w1, &w.w1_quant, &h1}, {&w.w3, &w.w3_quant, &h3}}, xn, opt);
-    for (Eigen::Index i = 0; i < h1.size(); ++i) {
-      float g = h1.data()[i];
-      g *= 1.0f / (1.0f + std::exp(-g));
-      h1.data()[i] = g * h3.data()[i];
-    }
+    gate(h1, h3);
     linear(w.w2, w.w2_quant, h1, o, opt);
 
     timer.to(&EngineStats::other_s);
+    if (w.ffn_post_norm.size()) o = rmsnorm(o, w.ffn_post_norm, pos0, l);
     cap(CapturePoint::kMlpOutput, o);
     x += o;
     for (int s = 0; s < S; ++s)
@@ -584,6 +613,23 @@ class LlamaEngine {
                    "layer " + std::to_string(l) + ": the residual stream" +
                        (S > 1 ? " of sequence " + std::to_string(s) : std::string()));
     cap(CapturePoint::kLayerOutput, x);
+  }
+
+  // h1 = act(h1) * h3 elementwise, act the model's FFN activation.
+  void gate(RowMatrix& h1, const RowMatrix& h3) const {
+    if (config().ffn_activation == FfnActivation::kGeluTanh) {
+      const float c = std::sqrt(2.0f / 3.14159265358979f);
+      for (Eigen::Index i = 0; i < h1.size(); ++i) {
+        const float g = h1.data()[i];
+        h1.data()[i] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * h3.data()[i];
+      }
+      return;
+    }
+    for (Eigen::Index i = 0; i < h1.size(); ++i) {
+      float g = h1.data()[i];
+      g *= 1.0f / (1.0f + std::exp(-g));
+      h1.data()[i] = g * h3.data()[i];
+    }
   }
 
  public:
@@ -624,14 +670,18 @@ class LlamaEngine {
   /// for positions `pos0 + row` (`pos0 + row % period` with a `period` > 0: blocks of `period`
   /// rows of several sequences at the same positions): llama2.c pairing (2i, 2i+1) or NeoX halves (i, i + head_dim/2)
   /// when `config().rope_neox`; angle `pos * rope_freq_scale * theta^(-2i/head_dim)`, divided by
-  /// `rope_freq_factors[i]` when the model has them.
-  void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0, int period = 0) const {
+  /// `rope_freq_factors[i]` when the model has them. Layer `layer`'s base and scale: a local
+  /// layer (`LlamaConfig::is_local`) uses `rope_theta_local` and `rope_freq_scale_local`.
+  void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0, int period = 0, int layer = -1) const {
     const LlamaConfig& c = config();
     const int hd = c.head_dim;
     const int half = hd / 2;
+    const bool local = c.is_local(layer);
+    const float theta = local ? c.rope_theta_local : c.rope_theta;
+    const float fscale = local ? c.rope_freq_scale_local : c.rope_freq_scale;
     std::vector<float> freq(static_cast<std::size_t>(half));
     for (int i = 0; i < half; ++i) {
-      float f = c.rope_freq_scale / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+      float f = fscale / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hd));
       if (model_.rope_freq_factors.size()) f /= model_.rope_freq_factors[i];
       freq[static_cast<std::size_t>(i)] = f;
     }
@@ -729,6 +779,15 @@ class LlamaEngine {
     DEPTHKV_CHECK(c.rope_theta > 0 && c.rms_eps >= 0, "bad rope_theta " << c.rope_theta << " or rms_eps " << c.rms_eps);
     DEPTHKV_CHECK(std::isfinite(c.rope_freq_scale) && c.rope_freq_scale > 0,
                   "bad rope_freq_scale " << c.rope_freq_scale);
+    DEPTHKV_CHECK(c.layer_window.empty() || static_cast<int>(c.layer_window.size()) == c.n_layers,
+                  "layer_window has " << c.layer_window.size() << " entries for " << c.n_layers << " layers");
+    for (std::size_t l = 0; l < c.layer_window.size(); ++l)
+      DEPTHKV_CHECK(c.layer_window[l] >= 0, "layer " << l << " has window " << c.layer_window[l] << " (must be >= 0)");
+    DEPTHKV_CHECK(!c.has_local_layers() || (c.rope_theta_local > 0 && std::isfinite(c.rope_freq_scale_local) &&
+                                            c.rope_freq_scale_local > 0),
+                  "bad local RoPE base " << c.rope_theta_local << " or scale " << c.rope_freq_scale_local);
+    DEPTHKV_CHECK(std::isfinite(c.embedding_scale) && std::isfinite(c.attention_scale) && c.attention_scale >= 0,
+                  "bad embedding_scale " << c.embedding_scale << " or attention_scale " << c.attention_scale);
     // a matrix is either float (RowMatrix) or quantized (QuantWeight, RowMatrix empty)
     auto shape = [](const char* what, int l, const RowMatrix& w, const QuantWeight& q, Eigen::Index r, Eigen::Index cols) {
       if (q.empty()) {
@@ -760,6 +819,8 @@ class LlamaEngine {
       const LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
       vec("attn_norm", l, w.attn_norm, c.dim, false);
       vec("ffn_norm", l, w.ffn_norm, c.dim, false);
+      vec("attn_post_norm", l, w.attn_post_norm, c.dim, true);
+      vec("ffn_post_norm", l, w.ffn_post_norm, c.dim, true);
       shape("wq", l, w.wq, w.wq_quant, qd, c.dim);
       shape("wk", l, w.wk, w.wk_quant, kd, c.dim);
       shape("wv", l, w.wv, w.wv_quant, kd, c.dim);
@@ -923,18 +984,35 @@ class LlamaEngine {
     const int T = static_cast<int>(q.rows());
     std::vector<detail::FlashHead<Scalar>> heads(static_cast<std::size_t>(c.n_kv_heads));
     std::vector<std::vector<Scalar>> gathered(static_cast<std::size_t>(c.n_kv_heads));  // paged layers' rows
+    std::vector<std::vector<int>> begins(static_cast<std::size_t>(c.n_kv_heads));  // local layers' window starts
     int max_n = 0;
     for (int h = 0; h < c.n_kv_heads; ++h) {
       heads[static_cast<std::size_t>(h)] =
           head_rows(kv, h, size_before[static_cast<std::size_t>(h)], gathered[static_cast<std::size_t>(h)]);
+      if (c.is_local(l)) {
+        window_begins(kv.positions(h), kv.size(h), pos0, T, c.window(l), begins[static_cast<std::size_t>(h)]);
+        heads[static_cast<std::size_t>(h)].vis_begin = begins[static_cast<std::size_t>(h)].data();
+      }
       max_n = std::max(max_n, kv.size(h));
     }
     // Several threads when the work is large enough; Eigen's products inside stay single-threaded.
     const double work = static_cast<double>(T) * max_n * c.head_dim * c.n_heads;
     const int threads = work >= kParallelWork ? thread_count(opt.n_threads) : 1;
-    detail::flash_attention(heads.data(), detail::FlashShape{T, c.n_heads, c.n_kv_heads, c.head_dim}, q.data(),
-                            q.cols(), att.data(), att.cols(), threads);
+    detail::flash_attention(heads.data(), detail::FlashShape{T, c.n_heads, c.n_kv_heads, c.head_dim, c.attention_scale},
+                            q.data(), q.cols(), att.data(), att.cols(), threads);
     if (opt.observer) observe(l, q, heads, pos0, opt, threads);
+  }
+
+  /// The first slot each of the T query rows at positions `pos0 + i` sees in a layer of window
+  /// `w` whose n slots hold positions `pos` (ascending): the first position > pos0 + i - w.
+  static void window_begins(const std::int32_t* pos, int n, std::int32_t pos0, int T, int w, std::vector<int>& out) {
+    out.resize(static_cast<std::size_t>(T));
+    int j = 0;
+    for (int i = 0; i < T; ++i) {
+      const std::int64_t oldest = static_cast<std::int64_t>(pos0) + i - w + 1;
+      while (j < n && pos[j] < oldest) ++j;
+      out[static_cast<std::size_t>(i)] = j;
+    }
   }
 
   /// The key and value rows of KV head `h` of `kv`: in place for a strided layer, else (a paged
@@ -990,7 +1068,8 @@ class LlamaEngine {
       const int nb = std::min(batch, c.n_heads - b0);
       heads_in_parallel(nb, nb > 1 ? threads : 1, [&](int i) {
         const std::size_t kv = static_cast<std::size_t>((b0 + i) / G);
-        head_probabilities(b0 + i, q, keys[kv], heads[kv].n_old, first, probs[static_cast<std::size_t>(i)]);
+        head_probabilities(b0 + i, q, keys[kv], heads[kv].n_old, first, probs[static_cast<std::size_t>(i)],
+                           heads[kv].vis_begin);
       });
       for (int i = 0; i < nb; ++i) {
         const RowMatrix& p = probs[static_cast<std::size_t>(i)];
@@ -1006,18 +1085,22 @@ class LlamaEngine {
   /// Attention probabilities of query head `qh` for the query rows [first, T) into `s`
   /// `[T - first x n]` (`K`: the n keys of its KV head, `n_old` of them held before this call;
   /// masked entries 0), computed in causal tiles of kTileRows rows: rows [r0, r0 + rows) need only
-  /// the slots [0, n_old + r0 + rows).
-  void head_probabilities(int qh, const RowMatrix& q, const KeyRows& K, int n_old, int first, RowMatrix& s) const {
+  /// the slots [0, n_old + r0 + rows). `begin` (optional, a local layer's): row i sees only the
+  /// slots from `begin[i]` on, the others are 0.
+  void head_probabilities(int qh, const RowMatrix& q, const KeyRows& K, int n_old, int first, RowMatrix& s,
+                          const int* begin = nullptr) const {
     const int T = static_cast<int>(q.rows());
     const int hd = config().head_dim;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = detail::FlashShape{T, 1, 1, hd, config().attention_scale}.score_scale();
     const int n = static_cast<int>(K.rows());
     auto Q = q.middleCols(static_cast<Eigen::Index>(qh) * hd, hd);
     s.resize(T - first, n);
     if (T == 1) {
       s.row(0).transpose().noalias() = K * Q.row(0).transpose();
-      Eigen::Map<Eigen::ArrayXf>(s.data(), n) *= scale;
-      softmax_prefix(s.data(), n);
+      const int b = begin ? begin[0] : 0;
+      std::fill(s.data(), s.data() + b, 0.0f);
+      Eigen::Map<Eigen::ArrayXf>(s.data() + b, n - b) *= scale;
+      softmax_prefix(s.data() + b, n - b);
       return;
     }
     for (int r0 = first; r0 < T; r0 += kTileRows) {
@@ -1027,8 +1110,10 @@ class LlamaEngine {
       for (int i = 0; i < rows; ++i) {
         float* row = s.row(r0 - first + i).data();
         const int visible = n_old + r0 + i + 1;
-        Eigen::Map<Eigen::ArrayXf>(row, visible) *= scale;
-        softmax_prefix(row, visible);
+        const int b = begin ? begin[r0 + i] : 0;
+        std::fill(row, row + b, 0.0f);
+        Eigen::Map<Eigen::ArrayXf>(row + b, visible - b) *= scale;
+        softmax_prefix(row + b, visible - b);
         std::fill(row + visible, row + m, 0.0f);
       }
       if (m < n) s.block(r0 - first, m, rows, n - m).setZero();

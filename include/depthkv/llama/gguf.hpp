@@ -829,7 +829,9 @@ inline const std::vector<GgufLayerTensor>& gguf_layer_tensors() {
       {&N::attn_v_bias, &W::bv, nullptr, nullptr, E::kNone, E::kKvDim, &Architecture::qkv_bias},
       {&N::attn_q_norm, &W::q_norm, nullptr, nullptr, E::kNone, E::kHeadDim, &Architecture::qk_norm},
       {&N::attn_k_norm, &W::k_norm, nullptr, nullptr, E::kNone, E::kHeadDim, &Architecture::qk_norm},
+      {&N::attn_post_norm, &W::attn_post_norm, nullptr, nullptr, E::kNone, E::kDim, &Architecture::post_norms},
       {&N::ffn_norm, &W::ffn_norm, nullptr, nullptr, E::kNone, E::kDim, nullptr},
+      {&N::ffn_post_norm, &W::ffn_post_norm, nullptr, nullptr, E::kNone, E::kDim, &Architecture::post_norms},
       {&N::ffn_gate, nullptr, &W::w1, &W::w1_quant, E::kHiddenDim, E::kDim, nullptr},
       {&N::ffn_down, nullptr, &W::w2, &W::w2_quant, E::kDim, E::kHiddenDim, nullptr},
       {&N::ffn_up, nullptr, &W::w3, &W::w3_quant, E::kHiddenDim, E::kDim, nullptr},
@@ -945,6 +947,39 @@ inline void gguf_read_rope_norm_context(const GgufFile& f, const Architecture& a
   c.seq_len = gguf_hparam(f, a.key(k.context_length), 1, 1 << 24);
 }
 
+// The FFN activation, the embedding scale and the sliding-window layers: their window (a key the
+// file must hold when the architecture has local layers), which layers are local (the file's
+// per-layer pattern, else the architecture's period) and their RoPE base.
+inline void gguf_read_block_variant(const GgufFile& f, const Architecture& a, LlamaConfig& c) {
+  const std::string& src = f.source();
+  const GgufHparamKeys& k = a.keys;
+  c.ffn_activation = a.activation;
+  c.embedding_scale = a.scale_embedding ? std::sqrt(static_cast<float>(c.dim)) : 1.0f;
+  c.layer_window.clear();
+  if (a.swa_period <= 0) return;
+  const int window = gguf_hparam(f, a.key(k.sliding_window), 1, 1 << 24);
+  std::vector<bool> local(static_cast<std::size_t>(c.n_layers));
+  if (const GgufValue* p = f.find(a.key(k.sliding_window_pattern))) {
+    DEPTHKV_CHECK_AS("load_gguf", p->type == GgufType::kArray && p->array.size() == local.size(),
+                     src << ": " << a.key(k.sliding_window_pattern) << " must be an array of " << c.n_layers
+                         << " bools (one per layer)");
+    for (std::size_t l = 0; l < local.size(); ++l) {
+      const GgufValue& e = p->array[l];
+      DEPTHKV_CHECK_AS("load_gguf", e.type == GgufType::kBool,
+                       src << ": " << a.key(k.sliding_window_pattern) << "[" << l << "] is not a bool");
+      local[l] = e.u != 0;
+    }
+  } else {
+    for (int l = 0; l < c.n_layers; ++l) local[static_cast<std::size_t>(l)] = (l + 1) % a.swa_period != 0;
+  }
+  for (bool b : local) c.layer_window.push_back(b ? window : 0);
+  const double theta = f.get_float(a.key(k.rope_freq_base_swa), a.rope_theta_local);
+  DEPTHKV_CHECK_AS("load_gguf", std::isfinite(theta) && theta > 1.0 && theta < 1e12,
+                   src << ": " << a.key(k.rope_freq_base_swa) << " " << theta << " is out of range");
+  c.rope_theta_local = static_cast<float>(theta);
+  c.rope_freq_scale_local = 1.0f;
+}
+
 // The vocabulary size: the second dimension of the token embedding.
 inline int gguf_vocab_size(const GgufFile& f, const Architecture& a) {
   const GgufTensorInfo* emb = f.find_tensor(a.tensors.token_embd);
@@ -1026,6 +1061,7 @@ inline LlamaModel load_gguf(const GgufFile& f, const GgufLoadOptions& opt = {}) 
   c.architecture = a.name;
   detail::gguf_read_shape(f, a, c);
   detail::gguf_read_rope_norm_context(f, a, c);
+  detail::gguf_read_block_variant(f, a, c);
   c.vocab_size = detail::gguf_vocab_size(f, a);
 
   std::set<std::string> used;

@@ -26,6 +26,12 @@ namespace llama {
 /// Row-major float matrix, `[rows = out][cols = in]`.
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+/// The gate activation of the gated FFN `down(act(gate x) * up x)`.
+enum class FfnActivation {
+  kSilu,      ///< x / (1 + e^-x) (SwiGLU: Llama, Qwen)
+  kGeluTanh,  ///< 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GeGLU: Gemma 3)
+};
+
 /// Hyper-parameters of a Llama-family model.
 struct LlamaConfig {
   int dim = 0;          ///< model width
@@ -44,6 +50,31 @@ struct LlamaConfig {
   /// Positions are multiplied by this before RoPE (linear RoPE scaling: 1 / rope.scaling.factor).
   float rope_freq_scale = 1.0f;
   std::string architecture = "llama";  ///< a name of `architectures()` (architecture.hpp); "llama" for llama2.c checkpoints
+  FfnActivation ffn_activation = FfnActivation::kSilu;  ///< the FFN's gate activation
+  /// Token embeddings are multiplied by this before the first layer (Gemma: sqrt(dim)).
+  float embedding_scale = 1.0f;
+  /// Attention scores are `attention_scale * q.k`; 0: `1 / sqrt(head_dim)`.
+  float attention_scale = 0.0f;
+  /// Per layer: 0 for a global layer (attends to every slot it holds), or W > 0 for a
+  /// sliding-window (local) layer: the query at position p attends only to keys at positions
+  /// `p - W + 1 .. p`. Empty: every layer global.
+  std::vector<int> layer_window;
+  /// RoPE base and position scale of the local layers (global layers: `rope_theta`, `rope_freq_scale`).
+  float rope_theta_local = 10000.0f;
+  float rope_freq_scale_local = 1.0f;
+
+  /// @return layer l's window (0: a global layer)
+  int window(int l) const {
+    return l >= 0 && static_cast<std::size_t>(l) < layer_window.size() ? layer_window[static_cast<std::size_t>(l)] : 0;
+  }
+  /// @return whether layer l is a sliding-window layer
+  bool is_local(int l) const { return window(l) > 0; }
+  /// @return whether any layer is a sliding-window layer
+  bool has_local_layers() const {
+    for (int w : layer_window)
+      if (w > 0) return true;
+    return false;
+  }
 };
 
 /// A weight matrix kept in its stored ggml type (no float copy): `rows` rows of `cols` values,
@@ -81,6 +112,9 @@ struct LlamaLayerWeights {
   /// after the biases and before RoPE (qwen3); empty when absent.
   Eigen::VectorXf q_norm, k_norm;
   Eigen::VectorXf ffn_norm;   ///< [dim]
+  /// Optional RMSNorm weights `[dim]` of the attention output and of the FFN output, applied
+  /// before each is added to the residual stream (Gemma 3); empty when absent.
+  Eigen::VectorXf attn_post_norm, ffn_post_norm;
   RowMatrix w1;               ///< gate [hidden_dim][dim]
   RowMatrix w2;               ///< down [dim][hidden_dim]
   RowMatrix w3;               ///< up   [hidden_dim][dim]

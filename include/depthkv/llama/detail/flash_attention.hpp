@@ -7,9 +7,13 @@
 ///
 /// ## Formula
 /// Query head `qh` reads KV head `h = qh / G` (`G = n_heads / n_kv_heads`). Query row `i`
-/// (position `pos0 + i`) sees the slots `j < vis_i = min(n_h, n_old_h + i + 1)` of its KV head:
+/// (position `pos0 + i`) sees the slots `b_i <= j < vis_i = min(n_h, n_old_h + i + 1)` of its KV
+/// head, `b_i = vis_begin_h[i]` for a sliding-window layer (the first slot inside the row's window),
+/// else 0:
 ///
-///     s_ij = (q_i . k_j) / sqrt(head_dim),   out_i = sum_j e^(s_ij - m_i) v_j / sum_j e^(s_ij - m_i)
+///     s_ij = scale (q_i . k_j),   out_i = sum_j e^(s_ij - m_i) v_j / sum_j e^(s_ij - m_i)
+///
+/// with `scale = FlashShape::scale` (0: `1 / sqrt(head_dim)`)
 ///
 /// with `m_i` a running maximum. Keys are visited in tiles of `kFlashKeyTile` slots; per tile
 /// every row updates its maximum `m`, its sum `l` and its accumulator `a` (`head_dim` floats):
@@ -27,7 +31,9 @@
 /// - `heads[h]` (one per KV head): `n` key rows and `n` value rows of `head_dim` elements of
 ///   `Scalar` (`float`, `Eigen::half`, `Eigen::bfloat16`: converted to float one tile at a time),
 ///   row `j` at `k + j * ld` and `v + j * ld`, and `n_old`, the slots held before the call's
-///   tokens; every query row must see at least one slot (`n_old + 1 <= n`, or `n >= 1`).
+///   tokens; every query row must see at least one slot (`n_old + 1 <= n`, or `n >= 1`, and
+///   `vis_begin[i] < vis_i`); `vis_begin` (optional, `T` entries, non-decreasing) is the first
+///   slot each query row sees.
 /// - Work is split into tasks (KV head, block of query rows, part of the keys); the split depends
 ///   only on the shapes (`flash_plan`), never on the thread count, and each task reads its KV
 ///   head's key and value tiles once for all `G` query heads of the group. Every thread count
@@ -69,6 +75,7 @@ struct FlashHead {
   std::ptrdiff_t ld = 0;      ///< elements from one row to the next (>= head_dim)
   int n = 0;                  ///< rows held (after the call's tokens were appended)
   int n_old = 0;              ///< rows held before the call's tokens
+  const int* vis_begin = nullptr;  ///< first slot query row i sees (T entries, non-decreasing); nullptr: 0
 };
 
 /// The sizes of one attention call.
@@ -77,6 +84,9 @@ struct FlashShape {
   int n_heads = 0;     ///< query heads
   int n_kv_heads = 0;  ///< KV heads (divides n_heads)
   int head_dim = 0;
+  float scale = 0;     ///< score scale; 0: 1 / sqrt(head_dim)
+  /// @return the score scale
+  float score_scale() const { return scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 };
 
 /// Query vectors (query rows x group heads) per task block.
@@ -145,23 +155,27 @@ inline Eigen::Map<const FlashState::Rows, 0, Eigen::OuterStride<>> flash_tile(co
 
 /// Turns the scores `S` of one key tile (first slot `j0`) into weights in place and updates the
 /// rows' maxima, sums and accumulator scales: entries a row may not see become 0.
-/// @param vis_end(r) the end of the slots query vector r sees
-template <class VisEnd>
-inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, VisEnd&& vis_end, FlashState& st) {
+/// @param vis(r, b, e) sets [b, e), the slots query vector r sees
+template <class Vis>
+inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, Vis&& vis, FlashState& st) {
   const int bk = static_cast<int>(S.cols());
   for (Eigen::Index r = 0; r < S.rows(); ++r) {
-    const int vis = std::min(bk, vis_end(static_cast<int>(r)) - j0);
+    int b = 0, e = 0;
+    vis(static_cast<int>(r), b, e);
+    const int lo = std::max(0, b - j0), hi = std::min(bk, e - j0), w = hi - lo;
     auto row = S.row(r).array();
-    if (vis <= 0) {
+    if (w <= 0) {
       row.setZero();
       continue;
     }
-    row.head(vis) *= scale;
-    const float m_new = std::max(st.m(r), row.head(vis).maxCoeff());
+    auto seg = row.segment(lo, w);
+    seg *= scale;
+    const float m_new = std::max(st.m(r), seg.maxCoeff());
     const float corr = std::exp(st.m(r) - m_new);  // 0 when nothing was seen (m = -inf)
-    row.head(vis) = (row.head(vis) - m_new).exp();
-    if (vis < bk) row.tail(bk - vis).setZero();
-    st.l(r) = st.l(r) * corr + row.head(vis).sum();
+    seg = (seg - m_new).exp();
+    if (lo > 0) row.head(lo).setZero();
+    if (hi < bk) row.tail(bk - hi).setZero();
+    st.l(r) = st.l(r) * corr + seg.sum();
     if (corr != 1.0f) st.acc.row(r) *= corr;
     st.m(r) = m_new;
   }
@@ -180,14 +194,19 @@ void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s,
       Qb.row((i - r0) * G + g) = Eigen::Map<const Eigen::RowVectorXf>(
           q + static_cast<std::ptrdiff_t>(i) * q_ld + static_cast<std::ptrdiff_t>(kv_head * G + g) * hd, hd);
   st.reset(vectors, hd);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const auto vis_end = [&](int r) { return std::min(head.n, head.n_old + r0 + r / G + 1); };
+  const float scale = s.score_scale();
+  const auto vis = [&](int r, int& b, int& e) {
+    const int i = r0 + r / G;
+    b = head.vis_begin ? head.vis_begin[i] : 0;
+    e = std::min(head.n, head.n_old + i + 1);
+  };
   const int hi = std::min(j1, std::min(head.n, head.n_old + r1));  // the last row sees the most
-  for (int jt = j0; jt < hi; jt += kFlashKeyTile) {
+  const int lo = std::max(j0, head.vis_begin ? head.vis_begin[r0] : 0);  // the first row starts first
+  for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
     const int bk = std::min(kFlashKeyTile, hi - jt);
     const auto K = flash_tile(head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, kbuf);
     S.noalias() = Qb * K.transpose();
-    flash_tile_softmax(S, jt, scale, vis_end, st);
+    flash_tile_softmax(S, jt, scale, vis, st);
     const auto V = flash_tile(head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, vbuf);
     st.acc.noalias() += S * V;
   }
