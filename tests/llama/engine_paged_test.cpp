@@ -115,3 +115,52 @@ TEST_CASE("engine: a forward that finds the pool short throws before any layer i
     }
   }
 }
+
+TEST_CASE("engine: sliding-window layers on paged and fixed-capacity caches hold only their window's blocks and slots",
+          "[engine][paged][window]") {
+  depthkv_test::RandomSpec spec;
+  spec.gemma3 = true;
+  spec.window = 5;
+  const depthkv::llama::LlamaModel model = depthkv_test::random_model(spec);
+  const LlamaEngine engine(model);
+  const int hd = spec.dim / spec.heads, n_prompt = 40, chunk = 4, bs = 2;
+  const std::vector<int> tokens = depthkv_test::random_tokens(n_prompt + 8, spec.vocab, 6);
+  const std::vector<int> prompt(tokens.begin(), tokens.begin() + n_prompt);
+  // the global layer needs 24 blocks for 48 tokens; each local layer at most (5 - 1 + 4) / 2 = 4 during
+  // a call: 32 blocks suffice with the window, 72 would be needed without it
+  BlockPool<float> pool(32, bs, spec.kv_heads, hd, PagedLayout::kNHD);
+  KVCache<PagedLayer<float>> paged;
+  for (int l = 0; l < spec.layers; ++l) paged.add_layer(PagedLayer<float>(pool, spec.kv_heads, hd, PagedTables::kPerLayer));
+  auto host = engine.make_cache();
+  ForwardOptions opt;
+  opt.chunk_size = chunk;
+  int most_local_blocks = 0;
+  opt.after_chunk = [&](int, std::int32_t) {
+    most_local_blocks = std::max(most_local_blocks, paged.layer(0).num_blocks_held());
+  };
+  const RowMatrix a = engine.prefill(prompt, 0, host), b = engine.prefill(prompt, 0, paged, opt);
+  REQUIRE((a - b).cwiseAbs().maxCoeff() < 1e-5f);
+  REQUIRE(most_local_blocks <= (spec.window - 1 + chunk + bs - 1) / bs);
+  REQUIRE(paged.layer(0).num_blocks_held() == (spec.window - 1 + bs - 1) / bs);
+  for (int p = n_prompt; p < static_cast<int>(tokens.size()); ++p) {
+    const Eigen::VectorXf x = engine.decode(tokens[static_cast<std::size_t>(p)], p, host);
+    const Eigen::VectorXf y = engine.decode(tokens[static_cast<std::size_t>(p)], p, paged);
+    REQUIRE((x - y).cwiseAbs().maxCoeff() < 1e-5f);
+    REQUIRE(paged.layer(1).size(0) == spec.window - 1);
+  }
+  REQUIRE(host.lengths() == paged.lengths());
+  REQUIRE(pool.num_used() == paged.layer(0).num_blocks_held() * 2 + paged.layer(2).num_blocks_held());
+
+  // a fixed-capacity layer (engine-owned memory) of window - 1 + chunk slots is enough for a local layer
+  const int cap_local = spec.window - 1 + chunk, cap_global = n_prompt;
+  std::vector<std::vector<float>> kmem, vmem;
+  KVCache<depthkv::LayerView<float>> views;
+  for (int l = 0; l < spec.layers; ++l) {
+    const int cap = model.config.is_local(l) ? cap_local : cap_global;
+    kmem.emplace_back(static_cast<std::size_t>(spec.kv_heads * cap * hd));
+    vmem.emplace_back(static_cast<std::size_t>(spec.kv_heads * cap * hd));
+    views.add_layer(depthkv::LayerView<float>(kmem.back().data(), vmem.back().data(), spec.kv_heads, hd, cap));
+  }
+  const RowMatrix c = engine.prefill(prompt, 0, views, opt);
+  REQUIRE((a - c).cwiseAbs().maxCoeff() < 1e-5f);
+}

@@ -318,7 +318,7 @@ class LlamaEngine {
                       "layer " << l << " head " << h << " already holds position " << L.positions(h)[sz - 1]
                                << ", new tokens start at " << pos0);
       }
-    check_room(cache, n);
+    check_room(cache, tokens_held(n, opt.chunk_size));
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
     try {
@@ -347,7 +347,7 @@ class LlamaEngine {
     return out;
   }
 
-  /// Frees the slots of every sliding-window layer (`LlamaConfig::window`) that no query at a
+  /// Frees the slots (a paged layer: and the blocks) of every sliding-window layer (`LlamaConfig::window`) that no query at a
   /// position >= `next_pos` can see (positions <= next_pos - window), of those at positions >=
   /// `from` (older slots are kept). A no-op for global layers. `forward` calls it before each
   /// chunk for the call's own slots and after the call for all, so between calls a local layer
@@ -372,6 +372,7 @@ class LlamaEngine {
           if (i < a || i >= b) keep.push_back(i);
         L.compact(h, keep.data(), static_cast<int>(keep.size()));
       }
+      if constexpr (detail::HasBlockPool<Layer>::value) L.shrink_to_fit();  // the freed blocks go back to the pool
     }
   }
 
@@ -719,11 +720,32 @@ class LlamaEngine {
   ///   is unchanged
   template <class Layer>
   static void check_room(const KVCache<Layer>& cache, int n) {
+    check_room(cache, std::vector<int>(static_cast<std::size_t>(cache.n_layers()), n));
+  }
+
+  /// The most slots a `forward` of `n` tokens in chunks of `chunk` adds to each layer at once:
+  /// `n`, or for a sliding-window layer at most window - 1 + chunk (it frees the call's slots
+  /// that leave the window before each chunk).
+  std::vector<int> tokens_held(int n, int chunk) const {
+    std::vector<int> out(static_cast<std::size_t>(config().n_layers), n);
+    for (int l = 0; l < config().n_layers; ++l)
+      if (config().is_local(l))
+        out[static_cast<std::size_t>(l)] =
+            static_cast<int>(std::min<std::int64_t>(n, static_cast<std::int64_t>(config().window(l)) - 1 + chunk));
+    return out;
+  }
+
+  /// `check_room` with a count per layer (`tokens_held`).
+  template <class Layer>
+  static void check_room(const KVCache<Layer>& cache, const std::vector<int>& per_layer) {
+    DEPTHKV_CHECK(static_cast<int>(per_layer.size()) == cache.n_layers(),
+                  per_layer.size() << " token counts for " << cache.n_layers() << " layers");
     if constexpr (detail::HasBlockPool<Layer>::value) {
       using Pool = std::remove_reference_t<decltype(std::declval<const Layer&>().pool())>;
       std::vector<std::pair<const Pool*, long long>> need;  // per distinct pool
       for (int l = 0; l < cache.n_layers(); ++l) {
         const Layer& L = cache.layer(l);
+        const int n = per_layer[static_cast<std::size_t>(l)];
         const int b = L.blocks_for_tokens(n);
         if (b == 0) continue;
         const Pool* p = &L.pool();
@@ -733,6 +755,7 @@ class LlamaEngine {
       }
       for (const auto& e : need) {
         const int free_blocks = e.first->num_free();
+        const int n = *std::max_element(per_layer.begin(), per_layer.end());
         DEPTHKV_CHECK(e.second <= free_blocks, "pool exhausted: " << n << " tokens need " << e.second
                                                                   << " blocks of the layers' pool, " << free_blocks
                                                                   << " of " << e.first->num_blocks()
@@ -742,13 +765,13 @@ class LlamaEngine {
       for (int l = 0; l < cache.n_layers(); ++l)
         for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
           const Layer& L = cache.layer(l);
+          const int n = per_layer[static_cast<std::size_t>(l)];
           DEPTHKV_CHECK(static_cast<long long>(L.size(h)) + n <= L.capacity(),
                         "layer " << l << " head " << h << " holds " << L.size(h) << " of its " << L.capacity()
                                  << " slots: " << n << " more tokens do not fit; nothing was appended");
         }
     } else {
       (void)cache;
-      (void)n;
     }
   }
 
