@@ -154,6 +154,8 @@ struct Synth {
   int dim = 32, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 8, vocab = 20, ctx = 64;
   std::string arch = "llama";
   bool tied = false, biases = false, rope_freqs = false, qk_norm = false;
+  bool post_norms = false;  // post_attention_norm, post_ffw_norm (gemma3)
+  int window = 0;           // > 0: writes <arch>.attention.sliding_window
   bool tame = false;  // random_tensor's tame values (a model whose forward pass is well scaled)
   // type per tensor name suffix (default F32)
   std::map<std::string, std::uint32_t> types;
@@ -172,6 +174,7 @@ struct Synth {
     w.kv_f32(p + "rope.freq_base", 500000.0f);
     w.kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
     if (head_dim * heads != dim) w.kv_u32(p + "attention.key_length", static_cast<std::uint32_t>(head_dim));
+    if (window > 0) w.kv_u32(p + "attention.sliding_window", static_cast<std::uint32_t>(window));
     std::mt19937 rng(seed);
     auto add = [&](const std::string& name, std::vector<std::uint64_t> dims) {
       std::size_t n = 1;
@@ -202,7 +205,9 @@ struct Synth {
         add(b + "attn_q_norm.weight", {static_cast<std::uint64_t>(head_dim)});
         add(b + "attn_k_norm.weight", {static_cast<std::uint64_t>(head_dim)});
       }
+      if (post_norms) add(b + "post_attention_norm.weight", {D});
       add(b + "ffn_norm.weight", {D});
+      if (post_norms) add(b + "post_ffw_norm.weight", {D});
       add(b + "ffn_gate.weight", {D, H});
       add(b + "ffn_down.weight", {H, D});
       add(b + "ffn_up.weight", {D, H});
@@ -610,13 +615,67 @@ TEST_CASE("gguf: qwen3 models (per-head q/k norms, NeoX RoPE) and linear RoPE sc
   CHECK(load_gguf_from_memory(bw2.data(), bw2.size()).config.rope_freq_scale == 0.5f);
 }
 
+TEST_CASE("gguf: gemma3 models (post norms, GeGLU, scaled embeddings, sliding-window layers)", "[llama][gguf]") {
+  Synth s;
+  s.arch = "gemma3";
+  s.qk_norm = true;
+  s.post_norms = true;
+  s.tied = true;
+  s.layers = 7;
+  s.window = 16;
+  s.head_dim = 16;
+  const Bytes b = s.writer().build();
+  const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
+  CHECK(m.config.architecture == "gemma3");
+  CHECK(m.config.rope_neox);
+  CHECK(m.config.ffn_activation == depthkv::llama::FfnActivation::kGeluTanh);
+  CHECK(m.config.embedding_scale == std::sqrt(32.0f));
+  // five local layers, then a global one (llama.cpp's pattern for Gemma 3)
+  CHECK(m.config.layer_window == std::vector<int>{16, 16, 16, 16, 16, 0, 16});
+  CHECK(m.config.rope_theta_local == 10000.0f);
+  CHECK(m.config.rope_theta == 500000.0f);
+  check_synth(m, s);
+  CHECK(m.layers[3].attn_post_norm == ref_vector(s.ref.at("blk.3.post_attention_norm.weight")));
+  CHECK(m.layers[3].ffn_post_norm == ref_vector(s.ref.at("blk.3.post_ffw_norm.weight")));
+  {  // a per-layer pattern array and a local RoPE base in the file are read
+    GgufWriter w = s.writer();
+    w.kv_f32("gemma3.rope.freq_base_swa", 20000.0f);
+    w.kv_bool_array("gemma3.attention.sliding_window_pattern", {true, false, true, false, true, false, false});
+    const Bytes bw = w.build();
+    const LlamaModel mw = load_gguf_from_memory(bw.data(), bw.size());
+    CHECK(mw.config.layer_window == std::vector<int>{16, 0, 16, 0, 16, 0, 0});
+    CHECK(mw.config.rope_theta_local == 20000.0f);
+  }
+  {  // a pattern of the wrong length, or without the window, is refused
+    GgufWriter w = s.writer();
+    w.kv_bool_array("gemma3.attention.sliding_window_pattern", {true, false});
+    const Bytes bw = w.build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bw.data(), bw.size()); }), "array of 7 bools"));
+    Synth nw = s;
+    nw.window = 0;
+    const Bytes bn = nw.writer().build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bn.data(), bn.size()); }), "gemma3.attention.sliding_window"));
+  }
+  {  // gemma3 without post norms: a missing tensor; llama with them: unexpected
+    Synth np = s;
+    np.post_norms = false;
+    const Bytes bn = np.writer().build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bn.data(), bn.size()); }), "post_attention_norm.weight"));
+    Synth lp;
+    lp.post_norms = true;
+    const Bytes bl = lp.writer().build();
+    CHECK(contains(error_of([&] { load_gguf_from_memory(bl.data(), bl.size()); }),
+                   "unexpected tensor 'blk.0.post_attention_norm.weight'"));
+  }
+}
+
 TEST_CASE("gguf: every architecture of the table loads with its RoPE pairing and optional tensors", "[llama][gguf]") {
   using depthkv::llama::Architecture;
   using depthkv::llama::RopeStyle;
   using depthkv::llama::TensorUse;
   const std::vector<Architecture>& table = depthkv::llama::architectures();
-  REQUIRE(table.size() == 3);
-  CHECK(depthkv::llama::supported_architectures() == "llama, qwen2, qwen3");
+  REQUIRE(table.size() == 4);
+  CHECK(depthkv::llama::supported_architectures() == "llama, qwen2, qwen3, gemma3");
   CHECK(depthkv::llama::find_architecture("gpt2") == nullptr);
   // what each entry says (the engine's behaviour for the GGUF files llama.cpp writes)
   const Architecture* llama = depthkv::llama::find_architecture("llama");
@@ -625,13 +684,13 @@ TEST_CASE("gguf: every architecture of the table loads with its RoPE pairing and
   CHECK((llama->rope == RopeStyle::kAdjacent && llama->qkv_bias == TensorUse::kOptional && llama->qk_norm == TensorUse::kNone));
   CHECK((qwen2->rope == RopeStyle::kNeox && qwen2->qkv_bias == TensorUse::kRequired && qwen2->qk_norm == TensorUse::kNone));
   CHECK(contains(error_of([] { depthkv::llama::architecture("phi3", "m.gguf"); }),
-                 "m.gguf: unsupported architecture 'phi3' (depthkv's engine supports: llama, qwen2, qwen3)"));
+                 "m.gguf: unsupported architecture 'phi3' (depthkv's engine supports: llama, qwen2, qwen3, gemma3)"));
   {  // through the loader: the file, the architecture and the supported ones
     Synth u;
     u.arch = "phi3";
     const Bytes bu = u.writer().build();
     CHECK(contains(error_of([&] { load_gguf_from_memory(bu.data(), bu.size(), "phi.gguf"); }),
-                   "phi.gguf: unsupported architecture 'phi3' (depthkv's engine supports: llama, qwen2, qwen3)"));
+                   "phi.gguf: unsupported architecture 'phi3' (depthkv's engine supports: llama, qwen2, qwen3, gemma3)"));
   }
   const Architecture& qwen3 = depthkv::llama::architecture("qwen3");
   CHECK((qwen3.rope == RopeStyle::kNeox && qwen3.qkv_bias == TensorUse::kOptional && qwen3.qk_norm == TensorUse::kRequired));
@@ -646,6 +705,8 @@ TEST_CASE("gguf: every architecture of the table loads with its RoPE pairing and
     s.biases = a.qkv_bias == TensorUse::kRequired;
     s.qk_norm = a.qk_norm == TensorUse::kRequired;
     s.tied = a.output != TensorUse::kRequired;
+    s.post_norms = a.post_norms == TensorUse::kRequired;
+    s.window = a.swa_period > 0 ? 4 : 0;
     const Bytes b = s.writer().build();
     const LlamaModel m = load_gguf_from_memory(b.data(), b.size());
     CHECK(m.config.architecture == a.name);

@@ -79,6 +79,13 @@ class GgufWriter {
     for (std::int32_t x : v) put(b, x);
     raw_kv(key, kArr, b);
   }
+  void kv_bool_array(const std::string& key, const std::vector<bool>& v) {
+    Bytes b;
+    put<std::uint32_t>(b, 7);  // GGUF bool
+    put<std::uint64_t>(b, v.size());
+    for (bool x : v) put<std::uint8_t>(b, x ? 1 : 0);
+    raw_kv(key, kArr, b);
+  }
   void tensor(const std::string& name, std::vector<std::uint64_t> dims, std::uint32_t type, Bytes data) {
     tensors.push_back({name, std::move(dims), type, std::move(data)});
   }
