@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "depthkv/budget_allocator.hpp"
 #include "depthkv/profile_io.hpp"
+#include "kv_memory.hpp"
 #include "policy_request.hpp"
 
 namespace depthkv_cli {
@@ -56,10 +57,15 @@ void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, cons
 }
 
 // The per-layer table; with --tiers a column naming each layer's tier.
-void print_layer_table(const std::vector<int>& b, const std::vector<int>& tier, int length) {
-  std::printf("layer  budget  keep ratio%s\n", tier.empty() ? "" : "  tier");
+void print_layer_table(const std::vector<int>& b, const std::vector<int>& tier, int length,
+                       const std::vector<int>& window) {
+  std::printf("layer  budget  keep ratio%s%s\n", window.empty() ? "" : "  window", tier.empty() ? "" : "  tier");
   for (std::size_t l = 0; l < b.size(); ++l) {
     std::printf("%5zu  %6d  %10.3f", l, b[l], static_cast<double>(b[l]) / length);
+    if (!window.empty()) {
+      if (window[l] > 0) std::printf("  %6d", window[l]);
+      else std::printf("  %6s", "global");
+    }
     if (!tier.empty()) std::printf("  %4d", tier[l]);
     std::printf("\n");
   }
@@ -105,6 +111,8 @@ void run_allocate(const AllocateArgs& a) {
     nlohmann::json j = {{"policy", to_string(policy)}, {"scorer", scorer}, {"keep", a.keep},
                         {"length", length},           {"budgets", b},     {"total", total}};
     if (in.has_profile) j["predicted_loss"] = pred;
+    j["kv_memory"] = kv_memory_json(kv_memory(b, length, f.layer_window, a.keep, f.kv_heads, f.head_dim));
+    if (!f.layer_window.empty()) j["layer_window"] = f.layer_window;
     if (a.sel.tiers > 0) {
       j["tiers"] = a.sel.tiers;
       j["tier"] = info.tier;
@@ -114,7 +122,8 @@ void run_allocate(const AllocateArgs& a) {
   }
   std::printf("policy %s, scorer %s, keep %.3f of %d tokens x %d layers = %lld tokens\n", to_string(policy).c_str(),
               scorer.c_str(), a.keep, length, f.n_layers, total);
-  print_layer_table(b, info.tier, length);
+  print_layer_table(b, info.tier, length, f.layer_window);
+  print_kv_memory(kv_memory(b, length, f.layer_window, a.keep, f.kv_heads, f.head_dim), a.keep, length);
   if (in.has_profile) std::printf("predicted total loss (%s, convexified curves): %.4f\n", f.metric.c_str(), pred);
   if (info.safeguard_fallback) std::printf("note: the safeguard floor could not be met; uniform was used\n");
 }

@@ -161,6 +161,8 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
   using namespace depthkv::llama;
   const LlamaConfig& cfg = engine.config();
   const bool prune = a.keep < 1.0;
+  PolicyData data = curves.data();
+  data.layer_window = cfg.layer_window;  // local layers: capped at their window, out-of-window slots freed
   std::vector<TokenScorer> scorers;
   ForwardOptions opt;
   opt.chunk_size = a.chunk;
@@ -184,7 +186,7 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
   }
   if (spec.schedule.mode != ScheduleMode::kOneshot) {
     const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
-    p.schedule = std::make_unique<EvictionSchedule>(schedule_config(spec, curves.data(), wo_views), cfg.n_layers,
+    p.schedule = std::make_unique<EvictionSchedule>(schedule_config(spec, data, wo_views), cfg.n_layers,
                                                     cfg.n_heads, cfg.n_kv_heads);
     opt.observer = p.schedule->observer();
     opt.after_chunk = [&](int, std::int32_t) {
@@ -207,7 +209,7 @@ void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const Generate
     p.lookahead_ms = 1000.0 * seconds_since(t1);
     p.lookahead = spec.scorer.lookahead;
   }
-  const PruneReport rep = score_and_evict(p.cache, scorers, prune_request(spec, curves.data(), wo_views));
+  const PruneReport rep = score_and_evict(p.cache, scorers, prune_request(spec, data, wo_views));
   std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(spec.scorer).c_str(),
                to_string(spec.policy).c_str(), a.keep);
   for (int b : rep.budgets) std::fprintf(stderr, " %d", b);

@@ -222,6 +222,9 @@ void run_profile(const ProfileArgs& a) {
   std::vector<EvalWindow> windows = load_windows(src, lm.tokenizer.get(), a.context, a.continuation, a.skip, a.windows,
                                                  !a.tokens.empty(), lm.model.config.vocab_size, a.docs.split);
   ProfileFile out = start_profile(a, popt.keep_ratios, L, src, metrics);
+  out.layer_window = lm.model.config.layer_window;  // the allocator caps the local layers at their window
+  out.kv_heads = lm.model.config.n_kv_heads;
+  out.head_dim = lm.model.config.head_dim;
 
   if (metrics.infonce) {
     probe_into(a, engine, lm.tokenizer.get(), out);

@@ -97,6 +97,7 @@ inline PolicyInputs policy_inputs(depthkv::AllocationPolicy policy, double keep,
   PolicyInputs in;
   in.req = layer_request(keep, lengths, sel, min_tokens);
   in.has_profile = add_profile_inputs(policy, file, scorer, in.req, in.profile);
+  if (file != nullptr) depthkv::cap_to_windows(in.req, file->layer_window);  // local layers: at most window - 1
   return in;
 }
 

@@ -234,6 +234,38 @@ struct BudgetRequest {
   int tiers = 0;
 };
 
+/// Caps for sliding-window layers: layer l with `window[l]` = W > 0 (it attends only to the W
+/// positions up to its query) never uses more than W - 1 earlier tokens, so its cap is
+/// min(lengths[l], W - 1); other layers (window 0, or `window` empty) keep `lengths[l]`. With
+/// these caps in `BudgetRequest::caps` the allocator gives the tokens a local layer cannot use
+/// to the layers that can.
+/// @throws Error when `window` is neither empty nor one entry per layer, or holds a negative value
+inline std::vector<int> window_caps(const std::vector<int>& lengths, const std::vector<int>& window) {
+  DEPTHKV_CHECK(window.empty() || window.size() == lengths.size(),
+                "window has " << window.size() << " entries for " << lengths.size() << " layers");
+  std::vector<int> caps = lengths;
+  for (std::size_t l = 0; l < window.size(); ++l) {
+    DEPTHKV_CHECK(window[l] >= 0, "layer " << l << ": window " << window[l] << " is negative");
+    if (window[l] > 0) caps[l] = std::min(caps[l], window[l] - 1);
+  }
+  return caps;
+}
+
+/// Applies `window_caps` to `req` (caps = min(its caps or lengths, the windows' caps); floors
+/// lowered to the caps). No-op when no layer has a window.
+inline void cap_to_windows(BudgetRequest& req, const std::vector<int>& window) {
+  bool any = false;
+  for (int w : window) any = any || w > 0;
+  if (!any) return;
+  std::vector<int> caps = window_caps(req.lengths, window);
+  if (!req.caps.empty()) {
+    DEPTHKV_CHECK(req.caps.size() == caps.size(), "caps has " << req.caps.size() << " entries for " << caps.size() << " layers");
+    for (std::size_t l = 0; l < caps.size(); ++l) caps[l] = std::min(caps[l], req.caps[l]);
+  }
+  req.caps = caps;
+  for (std::size_t l = 0; l < req.floors.size() && l < caps.size(); ++l) req.floors[l] = std::min(req.floors[l], caps[l]);
+}
+
 /// Tokens the default safeguard floor adds to the protected ones (README "Safeguard floor").
 inline constexpr int kSafeguardMargin = 8;
 

@@ -163,7 +163,53 @@ struct PruneSettings {
   double head_alpha = kDefaultHeadAlpha;
   /// One output projection per layer, for output-aware scorers (`layer_scores`); null otherwise.
   const std::vector<OutputProjection>* output_projections = nullptr;
+  /// Per layer 0, or the sliding window W of a local layer (`LlamaConfig::layer_window`; empty:
+  /// none): before each eviction a local layer's slots outside its window are dropped
+  /// (`drop_outside_windows`) and its budget is capped at W - 1 (`window_caps`).
+  std::vector<int> layer_window;
 };
+
+/// Drops, in every layer l with `window[l]` = W > 0, the slots that no query from the next
+/// position on can see (positions <= next - W, next = 1 + the newest position any layer holds)
+/// and compacts that layer's scorer alike (`TokenScorer::compact`). Slots are held in position
+/// order, so the dropped ones are each head's first slots. What a local layer holds then is at
+/// most W - 1 slots.
+/// @param scorers one per layer, or empty (no scorer state to keep in step)
+/// @return the slots dropped, over all layers and heads
+/// @throws Error when `window` is neither empty nor one entry per layer, or `scorers` neither
+///   empty nor one per layer (nothing is changed then)
+template <class Layer>
+long long drop_outside_windows(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const std::vector<int>& window) {
+  DEPTHKV_CHECK(window.empty() || static_cast<int>(window.size()) == cache.n_layers(),
+                "window has " << window.size() << " entries for " << cache.n_layers() << " layers");
+  DEPTHKV_CHECK(scorers.empty() || static_cast<int>(scorers.size()) == cache.n_layers(),
+                scorers.size() << " scorers for " << cache.n_layers() << " layers");
+  std::int64_t next = 0;
+  for (int l = 0; l < cache.n_layers(); ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
+      if (cache.layer(l).size(h) > 0)
+        next = std::max<std::int64_t>(next, cache.layer(l).positions(h)[cache.layer(l).size(h) - 1] + 1LL);
+  long long dropped = 0;
+  std::vector<std::int32_t> keep;
+  for (int l = 0; l < static_cast<int>(window.size()); ++l) {
+    const int w = window[static_cast<std::size_t>(l)];
+    if (w <= 0) continue;
+    Layer& L = cache.layer(l);
+    for (int h = 0; h < L.n_kv_heads(); ++h) {
+      const int n = L.size(h);
+      const std::int32_t* pos = L.positions(h);
+      const int d = static_cast<int>(std::upper_bound(pos, pos + n, next - w) - pos);
+      if (d == 0) continue;
+      keep.resize(static_cast<std::size_t>(n - d));
+      for (int i = d; i < n; ++i) keep[static_cast<std::size_t>(i - d)] = i;
+      L.compact(h, keep.data(), n - d);
+      if (!scorers.empty()) scorers[static_cast<std::size_t>(l)].compact(h, keep.data(), n - d);
+      dropped += d;
+    }
+    L.shrink_to_fit();
+  }
+  return dropped;
+}
 
 /// What `score_and_evict` does: `PruneSettings` (`budget.lengths` is filled from the cache).
 struct PruneRequest : PruneSettings {
@@ -303,9 +349,17 @@ PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& 
 template <class Layer>
 PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const PruneRequest& req,
                             const EvictOptions& opt = {}) {
+  drop_outside_windows(cache, scorers, req.layer_window);
   BudgetRequest br = req.budget;
   br.lengths = cache.lengths();
-  if (br.floors.empty() && req.floors_from_protection) br.floors = protection_floors(br.lengths, req.protection);
+  if (!req.layer_window.empty()) {  // a local layer counts as long as the longest layer, capped at what it holds
+    const int longest = *std::max_element(br.lengths.begin(), br.lengths.end());
+    br.caps = br.lengths;
+    for (std::size_t l = 0; l < br.lengths.size(); ++l)
+      if (req.layer_window[l] > 0) br.lengths[l] = longest;
+  }
+  if (br.floors.empty() && req.floors_from_protection)
+    br.floors = protection_floors(br.caps.empty() ? br.lengths : br.caps, req.protection);
   return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt,
                                     {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile});
 }
@@ -331,6 +385,7 @@ inline PruneSettings prune_settings(const PruneSpec& spec, const PolicyData& dat
   p.head_allocation = spec.head_split.mode;
   p.head_alpha = spec.head_split.alpha;
   p.output_projections = wo;
+  p.layer_window = data.layer_window;
   return p;
 }
 
@@ -423,6 +478,9 @@ class EvictionSchedule {
     else
       check_targets(n_layers, n_kv_heads);
     detail::check_interval(cfg_.interval);
+    DEPTHKV_CHECK_AS("EvictionSchedule", cfg_.layer_window.empty() || static_cast<int>(cfg_.layer_window.size()) == n_layers,
+                     "layer_window has " << cfg_.layer_window.size() << " entries for " << n_layers << " layers");
+    for (int w : cfg_.layer_window) DEPTHKV_CHECK_AS("EvictionSchedule", w >= 0, "layer_window holds " << w << " (must be >= 0)");
     DEPTHKV_CHECK(cfg_.scorer.lookahead == 0,
                   "a schedule evicts while the context is read; lookahead (" << cfg_.scorer.lookahead
                       << ") needs the whole context first: use one eviction after the prefill");
@@ -571,29 +629,46 @@ class EvictionSchedule {
   }
 
   // The cache's lengths now, after checking that every layer grew by the same count since the
-  // last call.
+  // last call (after the last call local layers held at most their window - 1).
   template <class Layer>
   std::vector<int> grown_lengths(const KVCache<Layer>& cache) const {
     DEPTHKV_CHECK_AS("step", cache.n_layers() == n_layers(),
                      "cache has " << cache.n_layers() << " layers, schedule " << n_layers());
     const std::vector<int> held = cache.lengths();
-    const int grown = held[0] - held_[0];
+    // local layers may have freed slots outside their window (the engine does without an
+    // observer): the growth is counted on the global layers
+    auto local = [&](int l) { return !cfg_.layer_window.empty() && cfg_.layer_window[static_cast<std::size_t>(l)] > 0; };
+    int ref = 0;
+    while (ref + 1 < n_layers() && local(ref)) ++ref;
+    const int grown = held[static_cast<std::size_t>(ref)] - held_[static_cast<std::size_t>(ref)];
     for (int l = 0; l < n_layers(); ++l) {
+      if (local(l) && l != ref) continue;
       const int g = held[static_cast<std::size_t>(l)] - held_[static_cast<std::size_t>(l)];
       DEPTHKV_CHECK_AS("step", g >= 0,
                        "layer " << l << " holds " << held[static_cast<std::size_t>(l)] << " tokens, fewer than the "
                                 << held_[static_cast<std::size_t>(l)]
                                 << " after the last call (evicted outside the schedule?)");
       DEPTHKV_CHECK_AS("step", g == grown,
-                       "layer " << l << " grew by " << g << " tokens since the last call, layer 0 by " << grown);
+                       "layer " << l << " grew by " << g << " tokens since the last call, layer " << ref << " by "
+                                << grown);
     }
     return held;
   }
 
+  // The tokens appended since the last call (`grown_lengths`' checks).
+  template <class Layer>
+  int growth(const KVCache<Layer>& cache) const {
+    const std::vector<int> held = grown_lengths(cache);
+    int ref = 0;
+    while (ref + 1 < n_layers() && !cfg_.layer_window.empty() && cfg_.layer_window[static_cast<std::size_t>(ref)] > 0) ++ref;
+    return held[static_cast<std::size_t>(ref)] - held_[static_cast<std::size_t>(ref)];
+  }
+
   template <class Layer>
   bool step(KVCache<Layer>& cache, bool force = false) {
-    const std::vector<int> held = grown_lengths(cache);
-    const int grown = held[0] - held_[0];
+    const int grown = growth(cache);
+    drop_outside_windows(cache, scorers_, cfg_.layer_window);  // a local layer: at most its window - 1
+    const std::vector<int> held = cache.lengths();
     const long long seen = seen_ + grown, pending = pending_ + grown;
     const bool due = force || pending >= cfg_.interval;
     const bool evicted = due && (cfg_.targets.empty() ? evict_to_budget(cache, held, seen) : evict_to_targets(cache, seen));

@@ -88,6 +88,7 @@ struct PolicyCurves {
   bool has_layer = false, has_heads = false;
   int n_kv_heads = 0;
   std::vector<double> infonce; ///< mga, mlma*
+  std::vector<int> layer_window;  ///< the profile's sliding windows (empty: none)
 
   /// The `PolicyData` view (valid while this object lives and is not moved).
   PolicyData data() const {
@@ -96,6 +97,7 @@ struct PolicyCurves {
     d.head_curves = has_heads ? &heads : nullptr;
     d.n_kv_heads = n_kv_heads;
     d.infonce = infonce;
+    d.layer_window = layer_window;
     return d;
   }
 };
@@ -105,6 +107,7 @@ struct PolicyCurves {
 /// @throws Error when the file lacks them (naming the scorer, or the profiling step to run)
 inline PolicyCurves policy_curves(const ProfileFile& f, const std::string& scorer, AllocationPolicy policy) {
   PolicyCurves c;
+  c.layer_window = f.layer_window;
   if (policy_needs_profile(policy)) {
     c.layer = f.profile(scorer);  // refuses a scorer the profile lacks
     c.has_layer = true;

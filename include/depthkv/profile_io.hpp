@@ -27,9 +27,15 @@
 ///             "heads": {"n_kv_heads": 4, "n_samples": 24, "kl": {...}, "dnll": {...}, "top1": {...},
 ///                       "done": [[...]]}}              // optional: head curves, see below
 ///   },
-///   "layer_metrics": {"infonce/post_attn": {"mean": [...], "ci_low": [...], "ci_high": [...]}}  // optional
+///   "layer_metrics": {"infonce/post_attn": {"mean": [...], "ci_low": [...], "ci_high": [...]}}, // optional
+///   "layer_window": [512, 512, 512, 512, 512, 0, ...],  // optional
+///   "kv_shape": {"n_kv_heads": 1, "head_dim": 256}      // optional (byte reports)
 /// }
 /// @endcode
+/// `layer_window` (optional; absent: every layer global) is the model's sliding window of each
+/// layer, 0 for a global one (`llama::LlamaConfig::layer_window`): the allocator caps a local
+/// layer at window - 1 tokens (`window_caps`), and a local layer's curve was measured with its
+/// window applied.
 /// `calibration.selection` (optional; files written before it existed lack it) records the token
 /// selection the curves were measured under: a `PruneSpec`'s selection keys
 /// (`prune_spec_to_json` with `SpecFields::kSelection`: protection, the scorer's observation
@@ -200,6 +206,8 @@ struct ProfileFile {
   std::map<std::string, ProfilerState> scorers;     ///< scorer name ("h2o", "snapkv", ...) -> measurements
   std::map<std::string, LayerMetric> layer_metrics; ///< e.g. "infonce/post_attn" -> per-layer values
   std::map<std::string, HeadCurves> head_curves;    ///< scorer name -> its head curves (optional)
+  std::vector<int> layer_window;                    ///< per layer: sliding window, 0 = global (empty: all global)
+  int kv_heads = 0, head_dim = 0;                   ///< the model's KV shape (0: not recorded), for byte reports
 
   /// @return whether the file holds measurements for `scorer`
   bool has_scorer(const std::string& scorer) const { return scorers.count(scorer) != 0; }
@@ -252,6 +260,9 @@ struct ProfileFile {
   /// @throws Error naming what is wrong
   void validate() const {
     DEPTHKV_CHECK(n_layers >= 1, "n_layers " << n_layers << " must be >= 1");
+    DEPTHKV_CHECK(layer_window.empty() || static_cast<int>(layer_window.size()) == n_layers,
+                  "'layer_window' has " << layer_window.size() << " entries for " << n_layers << " layers");
+    for (int w : layer_window) DEPTHKV_CHECK(w >= 0, "'layer_window' holds " << w << " (must be >= 0)");
     parse_loss_metric(metric);
     if (calibration.selection) calibration.selection->validate();
     calibration.documents.validate();
@@ -656,6 +667,8 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
                 {"header_bytes", f.model.header_bytes}};
   j["n_layers"] = f.n_layers;
   j["keep_ratios"] = f.keep_ratios;
+  if (!f.layer_window.empty()) j["layer_window"] = f.layer_window;
+  if (f.kv_heads > 0) j["kv_shape"] = {{"n_kv_heads", f.kv_heads}, {"head_dim", f.head_dim}};
   j["metric"] = f.metric;
   const CalibrationInfo& c = f.calibration;
   j["calibration"] = {{"text_file", c.text_file}, {"context", c.context},     {"continuation", c.continuation},
@@ -706,6 +719,16 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
                                                                  std::numeric_limits<long long>::max()));
   f.n_layers = static_cast<int>(json_integer(json_at(j, "n_layers", ""), "n_layers", 1, kMaxLayers));
   f.keep_ratios = json_vector(json_at(j, "keep_ratios", ""), "keep_ratios");
+  if (j.contains("layer_window")) {
+    const nlohmann::json& lw = j["layer_window"];
+    DEPTHKV_CHECK(lw.is_array(), "'layer_window' must be an array, got " << json_brief(lw));
+    for (std::size_t i = 0; i < lw.size(); ++i)
+      f.layer_window.push_back(json_int(lw[i], "layer_window[" + std::to_string(i) + "]"));
+  }
+  if (j.contains("kv_shape")) {
+    f.kv_heads = json_int(json_at(j["kv_shape"], "n_kv_heads", "kv_shape"), "kv_shape.n_kv_heads", 1);
+    f.head_dim = json_int(json_at(j["kv_shape"], "head_dim", "kv_shape"), "kv_shape.head_dim", 1);
+  }
   f.metric = json_string(json_at(j, "metric", ""), "metric");
   const auto& c = json_at(j, "calibration", "");
   f.calibration.text_file = json_string(json_at(c, "text_file", "calibration"), "calibration.text_file");

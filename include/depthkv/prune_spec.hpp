@@ -280,6 +280,9 @@ struct PolicyData {
   const SensitivityProfile* head_curves = nullptr;   ///< head-optimal: n_layers * n_kv_heads rows (l * H + h)
   int n_kv_heads = 0;                                ///< the head curves' KV heads per layer
   std::vector<double> infonce;                       ///< mga, mlma*: per-layer InfoNCE losses
+  /// The model's per-layer sliding windows (0: a global layer; `LlamaConfig::layer_window`):
+  /// a local layer is capped at window - 1 tokens (`window_caps`). Empty: no local layers.
+  std::vector<int> layer_window;
 };
 
 /// The budgets of one allocation: per layer (`layers`, every head of layer l keeps layers[l]),
@@ -292,12 +295,14 @@ struct Allocation {
 };
 
 /// Allocates `spec`'s budget over layers of `lengths` tokens (`PruneSpec::budget_request` plus
-/// `data`): `BudgetAllocator` for a layer policy, `head_optimal_budgets` for head-optimal.
+/// `data`, local layers capped by `data.layer_window`): `BudgetAllocator` for a layer policy,
+/// `head_optimal_budgets` for head-optimal.
 /// @throws Error on an invalid spec, a policy without the data it reads, or an infeasible request
 inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& lengths, const PolicyData& data) {
   spec.validate();
   BudgetRequest req = spec.budget_request(lengths);
   req.infonce = data.infonce;
+  cap_to_windows(req, data.layer_window);
   Allocation a;
   if (!is_head_policy(spec.policy)) {
     AllocationInfo info;

@@ -1,21 +1,35 @@
-"""Per-layer attention masks for Hugging Face caches whose layers hold different lengths (the rule:
+"""Per-layer attention masks for Hugging Face caches whose layers hold different tokens (the rule:
 depthkv.kvpress's module docstring, "Attention with per-layer lengths"), shared by
 :class:`depthkv.kvpress.DepthKVPress` and :func:`depthkv.hf.profile`. Needs torch and transformers
 only (not kvpress).
 
-A module whose attribute ``_depthkv_head_tails`` is ``(lengths, physical)`` (int tensor [n_kv_heads],
-int) hides, for every later query of KV head h, its slots ``[lengths[h], physical)``; the next
-prefill through the module clears it.
+The rule. At a call with q new tokens at positions t (the call's ``position_ids``; without them,
+numbered on from the layer's past) on a layer whose keys are P past slots and the q new ones, the
+query at position t sees past slot s iff the slot's original position p_s is >= 0 (not a masked
+head tail), p_s <= t and, for a sliding-window layer of window w (depthkv._layers.layer_window),
+p_s > t - w. The past slots' positions come from the layer's :class:`depthkv._layers.LayerState`
+(set by the pruning path, depthkv._layers.keep_slots: the positions the prefill kept, then the
+tokens appended since, n, n+1, ...; a sliding-window cache layer keeps the last of them), or, for a
+layer without one, are the P positions just before the new tokens (an unpruned cache). The new
+tokens among themselves: causal and (sliding) within the window, by their positions (not the mask
+transformers built: it numbers the new tokens from one layer's length, which need not be this
+layer's; so padding is not supported). The mask is boolean, or of the dtype of transformers' float
+mask. A call is left as it is when it is a prefill (a query as
+long as its keys; it also clears the layer's state), and for a layer without state when the mask
+transformers built has the layer's width (the layer is in step with the one the mask was built
+for), or when there is no mask and no past slot can be outside the layer's window.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from depthkv import Error
+from depthkv._layers import STATE, decoder_layers, layer_window
 
 __all__ = ["install_attention", "layer_mask", "WRAPPED", "UNWRAPPED_OK"]
 
@@ -24,45 +38,67 @@ WRAPPED = ("sdpa", "eager")
 #: implementations that take each layer's key length as it is (no mask to rebuild)
 UNWRAPPED_OK = ("flash_attention_2", "flash_attention_3")
 _MARK = "_depthkv_wrapped"
-_STATE = "_depthkv_head_tails"
 
 
-def _past_visible(module, query, key, past: int) -> torch.Tensor:
-    """bool [1, 1 or H, 1, past]: which past slots the layer's queries may see (head tails hidden)."""
-    state = getattr(module, _STATE, None)
+def _query_positions(position_ids, q: int) -> Optional[torch.Tensor]:
+    """int64 [batch or 1, q]: the positions of the call's new tokens, or None when not given."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] < q:
+        return None
+    t = position_ids[..., -q:]
+    while t.dim() > 2:  # e.g. multimodal RoPE's [3, batch, q]: the first (temporal) row
+        t = t[0]
+    return t.reshape(-1, q).long()
+
+
+def _past_positions(state, past: int, t0: int, device) -> torch.Tensor:
+    """int64 [batch or 1, n_kv or 1, past]: the original positions of the layer's past slots (-1: masked)."""
     if state is None:
-        return torch.ones(1, 1, 1, past, dtype=torch.bool, device=query.device)
-    lengths, physical = state
-    slots = torch.arange(past, device=query.device)[None, :]
-    lengths = lengths.to(query.device)[:, None]
-    hidden = (slots >= lengths) & (slots < physical)  # [n_kv, past]
-    hidden = hidden.repeat_interleave(query.shape[1] // key.shape[1], dim=0)  # [H, past]
-    return (~hidden)[None, :, None, :]
+        base = max(t0, past)
+        return torch.arange(base - past, base, device=device)[None, None]
+    kept = state.positions.to(device)
+    m = kept.shape[-1]
+    appended = t0 - state.n if m + t0 - state.n >= past else past - m  # else: numbered on from the past
+    appended = max(appended, 0)
+    new = torch.arange(state.n, state.n + appended, device=device).expand(kept.shape[0], kept.shape[1], appended)
+    return torch.cat([kept, new], dim=-1)[..., -past:]
 
 
-def layer_mask(module, query, key, attention_mask):
+def layer_mask(module, query, key, attention_mask, position_ids=None):
     """The mask of one layer's attention call under the module docstring's rule, or None to leave
-    the call as it is. query [B, H, q, d], key [B, n_kv, P + q, d]."""
+    the call as it is. query [B, H, q, d], key [B, n_kv, P + q, d]; ``position_ids`` those of the call."""
     q, k_len = query.shape[2], key.shape[2]
-    if q == k_len:  # a prefill: head tails of an earlier cache are void
-        setattr(module, _STATE, None)
+    if q == k_len:  # a prefill: the state of an earlier cache is void
+        setattr(module, STATE, None)
         return None
-    has_tails = getattr(module, _STATE, None) is not None
-    if not has_tails and (attention_mask is None or attention_mask.shape[-1] == k_len):
-        return None
+    state = getattr(module, STATE, None)
+    window = layer_window(module)
     past = k_len - q
-    if attention_mask is None:  # sdpa's causal skip: the new tokens are causal among themselves
-        new = torch.ones(q, q, dtype=torch.bool, device=query.device).tril()[None, None]
-    else:
-        new = attention_mask[..., -q:]
-    visible = _past_visible(module, query, key, past)
-    if new.dtype == torch.bool:
-        past_part = visible
-    else:
-        past_part = torch.zeros(visible.shape, dtype=new.dtype, device=new.device)
-        past_part = past_part.masked_fill(~visible, torch.finfo(new.dtype).min)
-    b, h = max(new.shape[0], 1), max(new.shape[1], past_part.shape[1])
-    return torch.cat([past_part.expand(b, h, q, past), new.expand(b, h, q, q)], dim=-1)
+    if state is None and (attention_mask.shape[-1] == k_len if attention_mask is not None
+                          else window is None or past + q <= window):
+        return None
+    dev = query.device
+    t = _query_positions(position_ids, q)
+    if t is None:
+        t0 = past if state is None else state.n + max(0, past - state.positions.shape[-1])
+        t = torch.arange(t0, t0 + q, device=dev)[None]
+    t = t.to(dev)
+    tq = t[:, None, :, None]  # [b, 1, q, 1]
+    p = _past_positions(state, past, int(t[0, 0]), dev)[:, :, None, :]  # [b, n_kv, 1, past]
+    visible = (p >= 0) & (p <= tq)
+    if window is not None:
+        visible = visible & (p > tq - window)
+    if visible.shape[1] > 1:
+        visible = visible.repeat_interleave(query.shape[1] // visible.shape[1], dim=1)  # [b, H, q, past]
+    tk = t[:, None, None, :]  # the new tokens among themselves: causal (and in the window)
+    new = tk <= tq
+    if window is not None:
+        new = new & (tk > tq - window)
+    b, h = max(new.shape[0], visible.shape[0]), visible.shape[1]
+    mask = torch.cat([visible.expand(b, h, q, past), new.expand(b, h, q, q)], dim=-1)
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=attention_mask.dtype, device=dev).masked_fill(
+        ~mask, torch.finfo(attention_mask.dtype).min)
 
 
 def _wrap(func):
@@ -70,7 +106,7 @@ def _wrap(func):
         return func
 
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-        mask = layer_mask(module, query, key, attention_mask)
+        mask = layer_mask(module, query, key, attention_mask, kwargs.get("position_ids"))
         if mask is not None:
             attention_mask = mask
             kwargs.pop("is_causal", None)
@@ -93,12 +129,7 @@ def install_attention(model, who: str = "DepthKVPress") -> None:
         raise Error(f"{who}: attention implementation {impl!r} is not supported "
                     f"(use one of {', '.join(WRAPPED + UNWRAPPED_OK)})")
     ALL_ATTENTION_FUNCTIONS["sdpa"] = _wrap(ALL_ATTENTION_FUNCTIONS["sdpa"])
-    for layer in _layers(model):
+    for layer in decoder_layers(model):
         modeling = sys.modules.get(type(layer.self_attn).__module__)
         if modeling is not None and hasattr(modeling, "eager_attention_forward"):
             modeling.eager_attention_forward = _wrap(modeling.eager_attention_forward)
-
-
-def _layers(model):
-    inner = model.model.language_model if hasattr(model.model, "language_model") else model.model
-    return inner.layers

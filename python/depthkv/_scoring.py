@@ -11,7 +11,10 @@ float32, causal (query i sees keys 0..i). ``first`` is n - window for "snapkv" (
 window), n - 1 for "tova", 0 for the cumulative scorers ("h2o", "h2o-v1", "h2o-v2", computed in
 chunks of rows), and no rows for "knorm". The rows are fed to one :class:`depthkv.TokenScorer`
 per sequence of the batch (query heads aggregated onto their KV head by the library), whose
-scores rank the slots. Llama-like attention (no logit soft-capping, no sliding window).
+scores rank the slots. Llama-like attention (no logit soft-capping). For a sliding-window layer
+:class:`depthkv.kvpress.DepthKVPress` passes its held tokens only (the last min(n, window - 1)
+positions: their hidden states, position embeddings and keys), so the rows and keys are those
+(all inside every row's window).
 """
 
 from __future__ import annotations

@@ -14,10 +14,14 @@ taken by a hook on the attention module, so that only one layer's probabilities 
 SnapKV: the last ``window`` query positions; TOVA: the last one) and scores the context's slots
 per KV head. The continuation is then teacher-forced on the full cache (positions n, n+1, ...). For each
 layer l and keep ratio r, only layer l's context cache is pruned, physically: each KV head keeps
-``depthkv.keep_tokens(r, n, protection)`` slots chosen by :func:`depthkv.select_keep` (the library's
-ranking: the first n_sink and last n_recent always, then the best scores, ties to the earlier
-position), in position order; every other layer keeps its full cache, and the continuation is
-teacher-forced again with its original positions. Metrics per window, over the continuation rows:
+``depthkv.keep_tokens(r, h, protection)`` of the layer's h held slots (h = n, or for a sliding-window
+layer of window w the last min(n, w - 1): the tokens it can still use, :func:`layer_lengths`), chosen by
+:func:`depthkv.select_keep` (the library's ranking: the first n_sink and last n_recent always, then
+the best scores, ties to the earlier position), in position order, through the pruning path
+DepthKVPress uses (depthkv._layers.prune_layer); every other layer keeps its full cache, and the
+continuation is teacher-forced again with its original positions. A sliding layer's curve is thus
+over ratios of its held tokens, which is the length DepthKVPress gives it; the profile's
+calibration description names the sliding layers and their window. Metrics per window, over the continuation rows:
 mean KL(full || pruned) of the next-token distributions (log-softmax in float64), the increase of
 the mean NLL of the true next tokens (the rows that have one), and the fraction of rows whose
 argmax differs. The library's ``SensitivityProfiler`` aggregates them over the windows (mean and
@@ -60,10 +64,12 @@ from transformers.cache_utils import DynamicLayer
 
 import depthkv
 from depthkv import Error, _core
-from depthkv._attention import _STATE, WRAPPED, _layers, install_attention
+from depthkv._attention import WRAPPED, install_attention
+from depthkv._layers import STATE, decoder_layers as _layers, held, held_lengths, layer_window, prune_layer, usable
 
 __all__ = ["profile", "evaluate", "make_press", "PressMaker", "eval_table", "KVPRESS_NAMES", "Window",
-           "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "DEFAULT_RATIOS"]
+           "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "layer_lengths",
+           "sliding_layers", "DEFAULT_RATIOS"]
 
 #: The keep ratios ``depthkv profile`` probes by default.
 DEFAULT_RATIOS: Tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
@@ -345,53 +351,51 @@ class _FullRun:
 
 
 def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
-    """float32 [n_kv_heads, n]: the scorer's scores of layer ``layer``'s context slots."""
+    """float32 [n_kv_heads, held]: the scorer's scores of layer ``layer``'s held context slots (the
+    last ``held(n, window)``: every slot for a full-attention layer)."""
     keys = run.keys[layer][0].float().cpu() if scorer == "knorm" else None
     values = run.values[layer][0].float().cpu() if scorer in ("h2o-v1", "h2o-v2") or s.output_aware else None
     wo = _layers(model)[layer].self_attn.o_proj.weight.detach().float().cpu() if s.output_aware else None
-    return run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)
+    scores = run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)
+    h = held(run.n, layer_window(_layers(model)[layer].self_attn))
+    return np.ascontiguousarray(scores[:, run.n - h:])
 
 
-def _gathered(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
-    """t [1, n_kv, n, d] at slots idx [n_kv, m] (per head)."""
-    i = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64)).to(t.device)
-    return t.gather(2, i[None, :, :, None].expand(1, -1, -1, t.shape[-1]))
+def _pruned_run(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, budgets: List[int],
+                reuse: bool) -> _Metrics:
+    """The metrics with only layer ``layer``'s cache pruned, its KV heads to ``budgets`` of its held
+    tokens (depthkv._layers.prune_layer: the path DepthKVPress prunes by)."""
+    attn = _layers(model)[layer].self_attn
+    w = layer_window(attn)
+    keys, values = list(run.keys), list(run.values)
+    held_k, held_v = usable(keys[layer], run.n, w), usable(values[layer], run.n, w)
+    try:
+        keys[layer], values[layer], _ = prune_layer(attn, held_k, held_v, run.n, budgets,
+                                                    torch.from_numpy(scores)[None], s.protection)
+        return run.metrics(run.continuation(keys, values, layer if reuse else 0))
+    finally:
+        setattr(attn, STATE, None)
 
 
-def _layer_runs(run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, reuse: bool) -> List[_Metrics]:
-    """Only layer ``layer`` pruned, at each ratio."""
-    out = []
-    for r in s.ratios:
-        k = depthkv.keep_tokens(r, run.n, s.protection)
-        kept = depthkv.select_keep(scores, k, s.protection)
-        keys, values = list(run.keys), list(run.values)
-        keys[layer], values[layer] = _gathered(keys[layer], kept), _gathered(values[layer], kept)
-        out.append(run.metrics(run.continuation(keys, values, layer if reuse else 0)))
-    return out
+def _layer_runs(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, reuse: bool) -> List[_Metrics]:
+    """Only layer ``layer`` pruned, at each ratio of its held tokens."""
+    h, n_kv = scores.shape[1], scores.shape[0]
+    return [_pruned_run(model, run, s, scores, layer, [depthkv.keep_tokens(r, h, s.protection)] * n_kv, reuse)
+            for r in s.ratios]
 
 
 def _head_runs(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, reuse: bool) -> List[List[_Metrics]]:
     """Only KV head h of layer ``layer`` pruned, at each ratio ([head][ratio]): the head's kept slots
-    first (position order), its other slots after them, masked."""
-    attn = _layers(model)[layer].self_attn
-    n_kv = scores.shape[0]
+    first (position order), its other held slots after them, masked; the other heads keep every
+    held slot."""
+    n_kv, h = scores.shape
     out = []
-    for h in range(n_kv):
+    for head in range(n_kv):
         row = []
         for r in s.ratios:
-            k = depthkv.keep_tokens(r, run.n, s.protection)
-            kept = depthkv.select_keep(scores[h], k, s.protection)
-            order = np.tile(np.arange(run.n), (n_kv, 1))
-            order[h] = np.concatenate([kept, np.setdiff1d(np.arange(run.n), kept)])
-            keys, values = list(run.keys), list(run.values)
-            keys[layer], values[layer] = _gathered(keys[layer], order), _gathered(values[layer], order)
-            lengths = torch.full((n_kv,), run.n)
-            lengths[h] = k
-            setattr(attn, _STATE, (lengths, run.n))
-            try:
-                row.append(run.metrics(run.continuation(keys, values, layer if reuse else 0)))
-            finally:
-                setattr(attn, _STATE, None)
+            budgets = [h] * n_kv
+            budgets[head] = depthkv.keep_tokens(r, h, s.protection)
+            row.append(_pruned_run(model, run, s, scores, layer, budgets, reuse))
         out.append(row)
     return out
 
@@ -471,7 +475,7 @@ def _measure(model, windows: List[Window], s: _Settings, progress) -> Tuple[dict
             for x in s.scorers:
                 for layer in range(L):
                     sc = _layer_scores(model, run, s, x, layer)
-                    for k, m in enumerate(_layer_runs(run, s, sc, layer, s.reuse)):
+                    for k, m in enumerate(_layer_runs(model, run, s, sc, layer, s.reuse)):
                         layer_m[x][:, layer, k, w] = m
                     bar.step(R, x)
                     if not s.head_curves:
@@ -484,6 +488,41 @@ def _measure(model, windows: List[Window], s: _Settings, progress) -> Tuple[dict
     finally:
         model.train(was_training)
     return layer_m, head_m
+
+
+def layer_lengths(model, n: int) -> List[int]:
+    """Per decoder layer, the tokens it holds after an n-token prefill: n, or min(n, window - 1) for a
+    sliding-window layer (depthkv._layers, "Held tokens"). Pass it as ``lengths`` to
+    :func:`depthkv.allocate` so that a sliding layer gets no budget above its window, as
+    :class:`depthkv.kvpress.DepthKVPress` does."""
+    return held_lengths(model, n)
+
+
+def sliding_layers(model) -> Dict[int, int]:
+    """The sliding-window layers of the model: {layer: window}."""
+    return {i: layer_window(layer.self_attn) for i, layer in enumerate(_layers(model))
+            if layer_window(layer.self_attn) is not None}
+
+
+def _spans(xs: List[int]) -> str:
+    """"0-4,6-10,12" of ascending ints."""
+    out, a = [], 0
+    while a < len(xs):
+        b = a
+        while b + 1 < len(xs) and xs[b + 1] == xs[b] + 1:
+            b += 1
+        out.append(str(xs[a]) if a == b else f"{xs[a]}-{xs[b]}")
+        a = b + 1
+    return ",".join(out)
+
+
+def _sliding_note(model, n: int) -> str:
+    """The calibration description's note of the sliding-window layers ("" when none)."""
+    by_window: Dict[int, List[int]] = {}
+    for layer, w in sliding_layers(model).items():
+        by_window.setdefault(w, []).append(layer)
+    return "".join(f"; sliding window {w} in layers {_spans(ls)} (curves over their last {held(n, w)} context "
+                   "tokens)" for w, ls in sorted(by_window.items()))
 
 
 def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = DEFAULT_RATIOS,
@@ -527,7 +566,7 @@ def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = 
     prof = _core.profile_from_samples(
         L, s.ratios, {x: tuple(np.ascontiguousarray(a) for a in m) for x, m in layer_m.items()},
         {x: (H, tuple(np.ascontiguousarray(a) for a in m)) for x, m in head_m.items()}, ident, src, n, tc,
-        int(meta.get("skip", 0)), "hf " + ("pre-tokenized" if tokenizer is None else "text"),
+        int(meta.get("skip", 0)), "hf " + ("pre-tokenized" if tokenizer is None else "text") + _sliding_note(model, n),
         (s.protection[0], s.protection[1], s.window, s.kernel), s.pooling, s.output_aware, str(metric))
     if output is not None:
         depthkv.save_profile(prof, output)

@@ -14,8 +14,9 @@ token budgets come from a depthkv profile, with physically smaller per-layer cac
 Or ``KVPressTextGenerationPipeline(...)(context, question=..., press=press)``.
 
 Budgets. At the prefill of an n-token context, ``depthkv.allocate(profile, keep=keep, policy=policy,
-lengths=[n] * n_layers, scorer=..., protection=protection, obs_window=...)`` gives the budget of every
-layer (and of every KV head for the head policies); their sum is exact. The curves read are those of
+lengths=press.lengths(n), scorer=..., protection=protection, obs_window=...)`` gives the budget of every
+layer (and of every KV head for the head policies); their sum is exact: keep times the tokens the
+layers hold (``lengths(n)``: n per layer, min(n, window - 1) for a sliding-window layer, below). The curves read are those of
 ``scorer``, by default the depthkv scorer matching the wrapped press (``KVPRESS_SCORERS``: "snapkv"
 for SnapKVPress) when the profile has them. The wrapped kvpress scorer press
 (``press``, default kvpress's ``SnapKVPress`` with the profile's observation window and kernel)
@@ -42,20 +43,33 @@ Physical sizes. After the prefill, layer l of the ``DynamicCache`` holds exactly
 keys and values per KV head (the kept tokens in position order, RoPE already applied at their
 original positions). No fake keys.
 
-Attention with per-layer lengths (the rule). transformers builds one attention mask per forward
-call from layer 0's cache length (``create_causal_mask`` -> ``get_mask_sizes`` of layer 0), and numbers
-the new tokens from layer 0's length when no ``cache_position`` / ``position_ids`` are given. Layers of
-other lengths would get a mask of the wrong width (eager: a shape error; sdpa: an error or a wrong
-alignment). depthkv wraps the sdpa attention function (transformers' attention interface) and the
-model's eager attention function, so that a layer whose keys are P past slots + q new tokens gets:
-every past slot visible (except masked head tails, below), and for the new tokens the last q
-columns of the mask transformers built (the causal relation among the new tokens). The wrapper
-changes nothing when the mask already has the layer's width and no head tail is masked, and for
-prefills. Padding inside the compressed context is not supported (batches of equal-length rows, as
+Sliding-window layers (Gemma 3, ...: an attention module with ``sliding_window``; the rule of
+depthkv._layers). After an n-token prefill a sliding layer of window w can only use its last
+``min(n, w - 1)`` tokens: the allocator gets that as the layer's length (so its budget never exceeds
+its window), the press scores and keeps tokens among those only, and a layer whose budget is at
+least that keeps them all (unscored). In the model's own cache (``DynamicCache(config=model.config)``,
+whose sliding layers are transformers' ``DynamicSlidingWindowLayer``) such a layer holds exactly that;
+in a plain ``DynamicCache()`` (kvpress's pipeline) it holds all n, and the press drops the slots
+before the window. Every later query of a sliding layer sees the kept tokens inside its own
+window only (by their original positions, the mask rule below). The budgets are ratios of the
+held lengths, as the curves of :func:`depthkv.hf.profile` are.
+
+Attention with per-layer lengths (the rule; depthkv._attention). transformers builds one attention
+mask per forward call and kind of layer from one layer's cache (``create_causal_mask`` ->
+``get_mask_sizes`` of the first full / sliding layer), and numbers the new tokens from layer 0's length
+when no ``cache_position`` / ``position_ids`` are given. Layers of other lengths would get a mask of
+the wrong width (eager: a shape error; sdpa: an error or a wrong alignment). depthkv wraps the sdpa
+attention function (transformers' attention interface) and the model's eager attention function,
+so that a pruned layer whose keys are P past slots + q new tokens gets: every past slot visible
+whose original position the query may see (not a masked head tail, below; for a sliding-window
+layer, inside the query's window), and for the new tokens the last q columns of the mask
+transformers built (the causal relation among the new tokens). The wrapper changes nothing for
+prefills, and for a layer the press did not prune when the mask already has its width. Padding inside the compressed context is not supported (batches of equal-length rows, as
 kvpress's pipeline). Pass ``position_ids`` (the original positions: n, n+1, ...) to the calls after
 the prefill, as kvpress's pipeline does: transformers' default would number them from layer 0's
 physical length. flash_attention_2/3 align the causal mask to the end of each layer's keys by
-themselves and need no wrapper (layer policies only; not tested on CPU).
+themselves and need no wrapper (layer policies only; not tested on CPU; their sliding window counts
+slots, not positions).
 
 Per-head budgets (policy "head-optimal"). Within layer l the physical length is the largest head
 budget ``max_h budget[l][h]``; head h holds its ``budget[l][h]`` kept tokens first (position order),
@@ -78,7 +92,8 @@ from kvpress.presses.snapkv_press import SnapKVPress
 
 import depthkv
 from depthkv import Error
-from depthkv._attention import _STATE, WRAPPED, _layers, install_attention, layer_mask  # noqa: F401
+from depthkv._attention import WRAPPED, install_attention, layer_mask  # noqa: F401
+from depthkv._layers import held, layer_window, layer_windows, prune_layer, usable
 from depthkv._scoring import own_scores
 from depthkv.hf import check_profile_model
 
@@ -172,13 +187,16 @@ class DepthKVPress(BasePress):
         self.check_model = bool(check_model)
         self.obs_window = int(self.own["window"] if self.own else getattr(press, "window_size",
                                                                             depthkv.DEFAULT_OBS_WINDOW))
-        self._allocations: Dict[int, depthkv.Allocation] = {}
+        self._allocations: Dict[tuple, depthkv.Allocation] = {}
         self._report: Dict[int, dict] = {}
         self._checked: Dict[int, bool] = {}
-        #: per layer, the kept slots of the last prefill: int64 [batch, n_kv, physical] (a head's first
-        #: budget slots are its kept tokens, the rest its masked tail)
+        #: per decoder layer of the model the press was last applied to, its sliding window (None: full)
+        self.windows: Optional[List[Optional[int]]] = None
+        #: per layer, the original positions of the slots the last prefill kept: int64 [batch, n_kv,
+        #: physical] (a head's first budget slots are its kept tokens, the rest its masked tail)
         self.kept: Dict[int, torch.Tensor] = {}
-        #: per layer, the scores the last prefill ranked: float32 [batch, n_kv, n] (CPU)
+        #: per layer, the scores the last prefill ranked: float32 [batch, n_kv, held] (CPU), of the
+        #: layer's held tokens (positions n - held .. n - 1)
         self.scores: Dict[int, torch.Tensor] = {}
         self.allocation(None)  # validates the request on the profile's context length
 
@@ -198,19 +216,29 @@ class DepthKVPress(BasePress):
     def per_head(self) -> bool:
         return self.policy in HEAD_POLICIES
 
+    def lengths(self, n: int) -> List[int]:
+        """The held tokens of every layer after an n-token prefill (module docstring, "Sliding-window
+        layers"): n, or min(n, window - 1) for a sliding-window layer of the model the press was
+        applied to (n everywhere before it was applied)."""
+        windows = self.windows or [None] * self.profile.n_layers
+        return [held(n, w) for w in windows]
+
     def allocation(self, n: Optional[int]) -> depthkv.Allocation:
-        """The budgets for an n-token context (None: the profile's context length), cached per n."""
-        if n not in self._allocations:
-            lengths = None if n is None else [int(n)] * self.profile.n_layers
-            self._allocations[n] = depthkv.allocate(
+        """The budgets for an n-token context over :meth:`lengths` (None: the profile's context length
+        in every layer), cached."""
+        lengths = None if n is None else self.lengths(n)
+        key = None if lengths is None else tuple(lengths)
+        if key not in self._allocations:
+            self._allocations[key] = depthkv.allocate(
                 self.profile, keep=self.keep, policy=self.policy, scorer=self.scorer, lengths=lengths,
                 protection=self.protection, obs_window=self.obs_window, min_tokens=self.min_tokens)
-        return self._allocations[n]
+        return self._allocations[key]
 
     def post_init_from_model(self, model) -> None:
         if id(model) not in self._checked:
             check_profile_model(self.profile, model, "DepthKVPress", hash_check=self.check_model)
             self._checked[id(model)] = True
+        self.windows = layer_windows(model)
         n_kv = model.config.num_key_value_heads
         if self.per_head:
             a = self.allocation(None)
@@ -230,48 +258,40 @@ class DepthKVPress(BasePress):
                 raise Error(f"DepthKVPress: {len(ks)} head budgets for {n_kv} KV heads in layer {layer}")
         else:
             ks = [int(a.budgets[layer])] * n_kv
-        return [min(k, n) for k in ks]
-
-    def _select(self, scores: torch.Tensor, ks: List[int], physical: int) -> torch.Tensor:
-        """int64 [n_kv, physical]: per head its kept slots (ascending), then its next-ranked slots."""
-        s = scores.detach().to(torch.float32).cpu().contiguous().numpy()
-        if len(set(ks)) == 1:
-            return torch.from_numpy(depthkv.select_keep(s, ks[0], self.select_protection).astype(np.int64))
-        kept = depthkv.select_keep(s, ks, self.select_protection)
-        top = depthkv.select_keep(s, physical, self.select_protection)
-        rows = []
-        for h, row in enumerate(kept):
-            tail = np.setdiff1d(top[h], row)[: physical - len(row)]
-            rows.append(np.concatenate([row, tail]))
-        return torch.from_numpy(np.stack(rows).astype(np.int64))
+        h = self.lengths(n)[layer]
+        return [min(k, h) for k in ks]
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         layer = module.layer_idx
-        bsz, n_kv, n, head_dim = keys.shape
-        if layer == 0:
+        n = hidden_states.shape[1]  # the context (kvpress compresses at the prefill)
+        window = layer_window(module)
+        if not self._report or layer <= max(self._report):  # a new prefill
             self._report, self.kept, self.scores = {}, {}, {}
+        keys, values = usable(keys, n, window), usable(values, n, window)
+        bsz, n_kv, h, _ = keys.shape
         ks = self._head_budgets(layer, n, n_kv)
         physical = max(ks)
-        self._report[layer] = {"layer": layer, "length": n, "budgets": ks, "physical": physical,
-                               "masked": sum(physical - k for k in ks)}
-        setattr(module, _STATE, None)
-        if min(ks) >= n:
-            self.kept[layer] = torch.arange(n).expand(bsz, n_kv, n)
-            return keys, values
-        if self.own is not None:
-            scores = own_scores(self.press, self.own, module, hidden_states, keys, values,
-                                kwargs["position_embeddings"])
-        else:
-            scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
-        self.scores[layer] = scores.detach().float().cpu()
-        idx = torch.stack([self._select(scores[b], ks, physical) for b in range(bsz)]).to(keys.device)
-        self.kept[layer] = idx
-        if physical > min(ks):
-            setattr(module, _STATE, (torch.tensor(ks), physical))
-        gather = idx.unsqueeze(-1).expand(-1, -1, -1, head_dim)
-        return keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous()
+        self._report[layer] = {"layer": layer, "length": h, "context": n, "window": window, "budgets": ks,
+                               "physical": physical, "masked": sum(physical - k for k in ks)}
+        scores = None
+        if min(ks) < h:
+            hs, kw, att = hidden_states, kwargs, attentions
+            if h < n:  # a sliding-window layer: its held tokens are the last h
+                hs = hidden_states[:, n - h:]
+                kw = dict(kwargs, position_embeddings=tuple(x[:, n - h:] for x in kwargs["position_embeddings"]))
+                att = None if attentions is None else attentions[..., n - h:, n - h:]
+            if self.own is not None:
+                scores = own_scores(self.press, self.own, module, hs, keys, values, kw["position_embeddings"])
+            else:
+                scores = self.press.score(module, hs, keys, values, att, kw)
+            self.scores[layer] = scores.detach().float().cpu()
+        keys, values, idx = prune_layer(module, keys, values, n, ks, scores, self.select_protection)
+        self.kept[layer] = idx + (n - h)
+        return keys, values
 
     def memory_report(self) -> List[dict]:
-        """Per layer of the last prefill: {"layer", "length" (context tokens), "budgets" (per KV head),
-        "physical" (the cache tensors' length), "masked" (masked (head, slot) pairs per sequence)}."""
+        """Per layer of the last prefill: {"layer", "length" (the layer's held tokens before pruning:
+        the context, or for a sliding-window layer at most window - 1), "context" (context tokens),
+        "window" (sliding window or None), "budgets" (per KV head), "physical" (the cache tensors'
+        length), "masked" (masked (head, slot) pairs per sequence)}."""
         return [self._report[k] for k in sorted(self._report)]

@@ -325,7 +325,7 @@ class LlamaEngine {
       for (int c0 = 0; c0 < n; c0 += opt.chunk_size) {
         const int t = std::min(opt.chunk_size, n - c0);
         const std::int32_t p0 = pos0 + c0;
-        drop_outside_window(cache, p0, pos0);  // this call's slots that no query from p0 on sees
+        if (!opt.observer) drop_outside_window(cache, p0, pos0);  // this call's slots no query from p0 on sees
         RowMatrix x = embed(tokens + c0, t, opt.stats);
         for (int l = 0; l < config().n_layers; ++l) forward_layer(l, x, p0, cache.layer(l), opt);
         if (opt.all_logits) {
@@ -343,17 +343,21 @@ class LlamaEngine {
       drop_from(cache, pos0);
       throw;
     }
-    drop_outside_window(cache, pos0 + n, std::numeric_limits<std::int32_t>::min());
+    if (!opt.observer) drop_outside_window(cache, pos0 + n, std::numeric_limits<std::int32_t>::min());
     return out;
   }
 
-  /// Frees the slots (a paged layer: and the blocks) of every sliding-window layer (`LlamaConfig::window`) that no query at a
-  /// position >= `next_pos` can see (positions <= next_pos - window), of those at positions >=
-  /// `from` (older slots are kept). A no-op for global layers. `forward` calls it before each
-  /// chunk for the call's own slots and after the call for all, so between calls a local layer
-  /// holds at most window - 1 slots per head, and during a call at most window - 1 + the chunk
-  /// (plus the window - 1 held before the call, freed when it returns: on an error the cache is
-  /// as before the call).
+  /// Frees the slots (a paged layer: and the blocks) of every sliding-window layer
+  /// (`LlamaConfig::window`) that no query at a position >= `next_pos` can see (positions <=
+  /// next_pos - window), of those at positions >= `from` (older slots are kept). A no-op for
+  /// global layers. Without an observer, `forward` calls it before each chunk for the call's own
+  /// slots and after the call for all, so between calls a local layer holds at most window - 1
+  /// slots per head, and during a call at most window - 1 + the chunk (plus the window - 1 held
+  /// before the call, freed when it returns: on an error the cache is as before the call). With
+  /// an observer the slots stay: whoever observes keeps per-slot state (a `TokenScorer`) that
+  /// must shrink with the layer, so it frees them itself (`drop_outside_windows`,
+  /// eviction_schedule.hpp, which `EvictionSchedule` and `score_and_evict` call); attention
+  /// applies the window by stored positions either way.
   template <class Layer>
   void drop_outside_window(KVCache<Layer>& cache, std::int64_t next_pos, std::int32_t from) const {
     for (int l = 0; l < cache.n_layers(); ++l) {

@@ -221,10 +221,12 @@ class PruningEvaluator : private detail::EvalRuns {
     spec.validate();
     check_spec(spec, scorer);
     const int n = static_cast<int>(windows_.front().context.size());
+    PolicyData d = data;  // the model's sliding windows cap its local layers
+    if (d.layer_window.empty()) d.layer_window = engine_.config().layer_window;
     if (spec.schedule.mode != ScheduleMode::kOneshot)
-      return evaluate_schedule(schedule_config(spec, data), scorer,
+      return evaluate_schedule(schedule_config(spec, d), scorer,
                                spec.schedule.mode == ScheduleMode::kDecode ? ScheduleEval::kDecode : ScheduleEval::kPrefill);
-    const Allocation a = allocate(spec, std::vector<int>(static_cast<std::size_t>(n_layers()), n), data);
+    const Allocation a = allocate(spec, std::vector<int>(static_cast<std::size_t>(n_layers()), n), d);
     if (is_head_policy(spec.policy)) return evaluate_head_budgets(a.heads, scorer, spec.head_split.mode != HeadAllocation::kUniform);
     return evaluate_budgets(a.layers, scorer);
   }

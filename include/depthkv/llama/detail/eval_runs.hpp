@@ -387,7 +387,7 @@ class EvalRuns {
         const Budgets& keep = keeps[static_cast<std::size_t>(run[i])];
         if (first[static_cast<std::size_t>(run[i])] == l) x[static_cast<std::size_t>(run[i])] = r.inputs[static_cast<std::size_t>(l)];
         if (keep.prunes(l, n_ctx)) {
-          const LayerScores& sc = r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)];
+          const LayerScores sc = window_slots(kv[i], l, n_ctx, r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)]);
           evict_layer(kv[i], sc, head_keep(keep, kv[i], sc, keep.start(l, c.n_kv_heads)), cfg_.protection);
         }
         kvp.push_back(&kv[i]);
@@ -423,6 +423,26 @@ class EvalRuns {
     });
     return res;
   }
+  // For a sliding-window layer l: drops the slots of `kv` (a copy of the context's layer) that no
+  // query from position n_ctx on sees, and returns `scores` without them; else `scores`.
+  template <class Layer>
+  LayerScores window_slots(Layer& kv, int l, int n_ctx, const LayerScores& scores) const {
+    const int win = engine_.config().window(l);
+    if (win <= 0) return scores;
+    LayerScores out = scores;
+    std::vector<std::int32_t> keep;
+    for (int h = 0; h < kv.n_kv_heads(); ++h) {
+      const int n = kv.size(h);
+      const int d = static_cast<int>(std::upper_bound(kv.positions(h), kv.positions(h) + n, n_ctx - win) - kv.positions(h));
+      keep.resize(static_cast<std::size_t>(n - d));
+      for (int i = d; i < n; ++i) keep[static_cast<std::size_t>(i - d)] = i;
+      kv.compact(h, keep.data(), n - d);
+      auto& s = out[static_cast<std::size_t>(h)];
+      s.erase(s.begin(), s.begin() + std::min<std::ptrdiff_t>(d, static_cast<std::ptrdiff_t>(s.size())));
+    }
+    return out;
+  }
+
   // Plan `keep`'s accounting before it runs (budgets, bytes, the layer-tokens it will run), into
   // `out`; `bytes_end` gets the KV bytes that the layers below its first pruned layer hold at the
   // end (the full context + continuation). Returns that layer (n_layers: it prunes none).
@@ -485,6 +505,7 @@ class EvalRuns {
     res.budgets = keep.per_layer(c.n_layers, n_ctx, c.n_kv_heads);
     res.bytes_full = cache.bytes();
     res.bytes_full_peak = full.bytes();
+    drop_outside_windows(cache, sc, c.layer_window);  // a local layer: only the slots its window still sees
     const std::vector<LayerScores> scores = layer_scores(sc, cache, wo());
     std::vector<std::vector<int>> per_head(static_cast<std::size_t>(c.n_layers));
     for (int l = 0; l < c.n_layers; ++l)
@@ -560,6 +581,7 @@ class EvalRuns {
     sc.head_allocation = cfg_.head_allocation;
     sc.head_alpha = cfg_.head_alpha;
     sc.output_projections = wo();
+    sc.layer_window = engine_.config().layer_window;
     return sc;
   }
 
