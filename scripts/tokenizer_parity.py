@@ -71,6 +71,9 @@ EDGE_CASES = [
     ("whitespace", "leading spaces", "   lead", False, False),
     ("whitespace", "indented code", "def f():\n    if x:\n        return 1\n", False, False),
     ("whitespace", "NBSP, NEL, ideographic", "a\u00a0b\u0085c\u3000d\u2009e", False, False),
+    ("whitespace", "long runs", "a" + " " * 40 + "b" + "\n" * 40 + "c" + "\t" * 35 + "d", False, False),
+    ("whitespace", "control characters", "a\x04b\x1dc\x13d\x7fe", False, False),
+    ("whitespace", "NUL byte", "a\x00b", False, False),
     ("unicode", "accents", "café naïve résumé Ångström façade", False, False),
     ("unicode", "combining marks", "cafe\u0301 a\u0308 n\u0303 Z\u0324\u0354\u0367a\u0308\u0356", False, False),
     ("unicode", "CJK", "你好，世界。日本語のテキストです。", False, False),
@@ -81,6 +84,7 @@ EDGE_CASES = [
     ("unicode", "emoji", "I ❤️ 🍕🎉 👍🏽!", False, False),
     ("unicode", "ZWJ sequences", "👨‍👩‍👧‍👦 🏳️‍🌈 👩🏽‍💻", False, False),
     ("unicode", "math symbols", "∀x∈ℝ: x≥0 → √x ∑ ∞", False, False),
+    ("unicode", "planes 1-2 (F0, F1, F2 leads)", "x\U0001F600\U00040000\U00080001y", False, False),
     ("numbers", "Ⅻ ① ½", "Ⅻ ① ½", False, False),
     ("numbers", "superscripts", "x² + y³ = z¹⁰", False, False),
     ("numbers", "subscripts", "H₂O CO₂", False, False),
@@ -97,6 +101,7 @@ EDGE_CASES = [
     ("contractions", "curly apostrophe", "it\u2019s don\u2019t", False, False),
     ("code", "C", "if (a!=b&&c<=d) { x += y->z[0]; }", False, False),
     ("code", "URL", "https://example.com/a?b=c&d=e#f", False, False),
+    ("code", "HTML", "<div><p>Hi</p><br></div>\n<table><tr><td>1</td></tr></table>", False, False),
     ("special", "chat text, --special", "<|im_start|>user\nHi<|im_end|>\n<start_of_turn>model\nHi<end_of_turn>"
      "<|endoftext|>", False, True),
     ("special", "chat text, plain", "<|im_start|>user\nHi<|im_end|>\n<start_of_turn>model\nHi<end_of_turn>"
@@ -261,7 +266,9 @@ def main():
             got = o[i] if i < len(o) else "end"
             want = other[i] if i < len(other) else "end"
             diffs.append(f"{label} at id {i}: depthkv {got}, {label} {want}, near {ctx}")
-        name = c["name"] + (" (BOS)" if c["bos"] else "") + (" (--special)" if c["special"] and "special" not in c["name"] else "")
+        name = c["name"] + (" (BOS)" if c["bos"] else "")
+        if c["special"] and "special" not in c["name"]:
+            name += " (--special)"
         n_ours = "error" if isinstance(o, str) else len(o)
         print(f"| {c['kind']} | {name} | {chars} | {n_ours} | {len(r)} | {'-' if h is None else len(h)} | "
               f"{cell(o, r)} | {cell(o, h)} | {'; '.join(diffs).replace('|', '&#124;')} |")

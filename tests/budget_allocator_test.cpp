@@ -800,3 +800,25 @@ TEST_CASE("every error path says which", "[allocator]") {
   r.beta = 0.0;
   REQUIRE_THROWS_WITH(alloc.allocate(AllocationPolicy::kPyramid, r), Contains("beta 0"));
 }
+
+TEST_CASE("window caps: a local layer is capped at window - 1, the rest goes to the global layers", "[allocator][window]") {
+  using depthkv::cap_to_windows;
+  using depthkv::window_caps;
+  REQUIRE(window_caps({100, 100, 100}, {}) == std::vector<int>{100, 100, 100});
+  REQUIRE(window_caps({100, 100, 5}, {16, 0, 16}) == std::vector<int>{15, 100, 5});
+  REQUIRE_THROWS_AS(window_caps({1, 2}, {1}), depthkv::Error);
+  REQUIRE_THROWS_AS(window_caps({1, 2}, {1, -1}), depthkv::Error);
+  depthkv::BudgetRequest req;
+  req.lengths = {100, 100, 100, 100};
+  req.keep_ratio = 0.3;  // 120 tokens
+  req.floors = {20, 20, 20, 20};
+  cap_to_windows(req, {16, 16, 16, 0});
+  REQUIRE(req.caps == std::vector<int>{15, 15, 15, 100});
+  REQUIRE(req.floors == std::vector<int>{15, 15, 15, 20});
+  const std::vector<int> b = depthkv::BudgetAllocator().allocate(depthkv::AllocationPolicy::kUniform, req);
+  REQUIRE(b == std::vector<int>{15, 15, 15, 75});  // uniform 30 each; the 45 the local layers cannot use go to layer 3
+  depthkv::BudgetRequest none = req;
+  none.caps.clear();
+  cap_to_windows(none, {0, 0, 0, 0});  // no local layer: unchanged
+  REQUIRE(none.caps.empty());
+}

@@ -1,4 +1,5 @@
 #include "depthkv/profile_io.hpp"
+#include "depthkv/preset.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -465,4 +466,33 @@ TEST_CASE("profile files: JSON nested deeper than 64 levels and directories are 
   const std::string dir = depthkv_test::scratch_dir().path();
   REQUIRE_THROWS_WITH(depthkv::load_profile(dir), Contains("'" + dir + "' is a directory, not a profile file"));
   REQUIRE_THROWS_WITH(depthkv::model_identity(dir), Contains("'" + dir + "' is a directory, not a model file"));
+}
+
+TEST_CASE("the layers' sliding windows and the KV shape: written only when set, round trip, refused when bad",
+          "[profile_io][window]") {
+  ProfileFile f = sample_file();
+  REQUIRE_FALSE(depthkv::profile_to_json(f).contains("layer_window"));
+  REQUIRE_FALSE(depthkv::profile_to_json(f).contains("kv_shape"));
+  f.layer_window.assign(static_cast<std::size_t>(f.n_layers), 512);
+  f.layer_window.back() = 0;
+  f.kv_heads = 1;
+  f.head_dim = 256;
+  const nlohmann::json j = depthkv::profile_to_json(f);
+  const ProfileFile back = depthkv::profile_from_json(j);
+  REQUIRE(back.layer_window == f.layer_window);
+  REQUIRE((back.kv_heads == 1 && back.head_dim == 256));
+  // the policies read them: the windows become the allocator's caps
+  REQUIRE(depthkv::policy_curves(back, back.scorers.begin()->first, depthkv::AllocationPolicy::kUniform).data().layer_window ==
+          f.layer_window);
+  nlohmann::json bad = j;
+  bad["layer_window"] = {512};
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(bad), Contains("'layer_window' has 1 entries"));
+  bad["layer_window"] = "512";
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(bad), Contains("'layer_window' must be an array"));
+  bad = j;
+  bad["layer_window"][0] = -1;
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(bad), Contains("layer_window[0]"));
+  bad = j;
+  bad["kv_shape"]["head_dim"] = 0;
+  REQUIRE_THROWS_WITH(depthkv::profile_from_json(bad), Contains("kv_shape.head_dim"));
 }

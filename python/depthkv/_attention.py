@@ -14,10 +14,11 @@ layer without one, are the P positions just before the new tokens (an unpruned c
 tokens among themselves: causal and (sliding) within the window, by their positions (not the mask
 transformers built: it numbers the new tokens from one layer's length, which need not be this
 layer's; so padding is not supported). The mask is boolean, or of the dtype of transformers' float
-mask. A call is left as it is when it is a prefill (a query as
-long as its keys; it also clears the layer's state), and for a layer without state when the mask
-transformers built has the layer's width (the layer is in step with the one the mask was built
-for), or when there is no mask and no past slot can be outside the layer's window.
+mask. A call is left as it is when it is a prefill (a query as long as its keys; it also clears the
+layer's state), and for a layer without state when the mask transformers built has the layer's
+width (the layer is in step with the one the mask was built for), or when there is no mask and no
+past slot can be outside the layer's window. The state lives on the attention module, so a cache is
+continued right after its own prefill (another prefill through the model replaces the state).
 """
 
 from __future__ import annotations

@@ -1,25 +1,27 @@
 """The layers of a Hugging Face decoder as depthkv prunes them, and the one pruning path that
 :class:`depthkv.kvpress.DepthKVPress` and :func:`depthkv.hf.profile` share. Needs torch only.
 
-Held tokens (the rule). After the prefill of an n-token context a full-attention layer can use all
-n tokens; a sliding-window layer of window w (``sliding_window`` on its attention module: Gemma 2/3,
-Qwen2, Mistral, ...) only its last ``min(n, w - 1)``: the next query (position n) sees the positions
-``> n - w``, and every later query fewer of the context. That is what transformers'
-``DynamicSlidingWindowLayer`` holds (``DynamicCache(config=model.config)``, the model's default
-cache); a plain ``DynamicCache()`` (kvpress's pipeline) holds all n tokens in such a layer, the ones
-before the window being dead. :func:`held` is a layer's held length, the length the allocator
-gives it (its cap: a sliding layer never gets a budget above its window) and the length whose
-fraction a profile's curve of that layer measures.
+Held tokens (the rule, as the C++ library's: budget_allocator.hpp ``window_caps``). After the
+prefill of an n-token context a full-attention layer can use all n tokens; a sliding-window layer
+of window w (``sliding_window`` on its attention module: Gemma 2/3, Qwen2, Mistral, ...) only its
+last ``min(n, w - 1)``: the next query (position n) sees the positions ``> n - w``, every later
+query fewer of the context. That is what transformers' ``DynamicSlidingWindowLayer`` holds
+(``DynamicCache(config=model.config)``, the model's default cache); a plain ``DynamicCache()``
+(kvpress's pipeline) holds all n tokens in such a layer, the ones before the window dead.
+:func:`held` is a layer's held length: the allocator's cap of the layer (its length stays n, so a
+keep ratio is of the n tokens per layer a cache without windows would hold, and a layer's curve is
+over ratios of n, as the library's profiles are).
 
 Pruning (the path). :func:`usable` cuts a layer's cache to its held tokens (drops the dead slots of
 a sliding layer in a plain cache); the caller scores them ([batch, n_kv, h]); :func:`prune_layer`
-selects per KV head by the library's ranking rule (:func:`select_slots`: a head's kept tokens in
-position order, then, when the heads' budgets differ, its next-ranked tokens up to the largest
-budget, its masked tail) and :func:`keep_slots` gathers them and records on the attention module
-what the per-layer attention mask rule (depthkv._attention) needs for every later query: the
-original position of each slot (-1 for a masked tail slot) and the context length n (the position
-of the first token appended after the prefill). The next prefill through the module clears it.
-A layer whose budgets are all at least its held tokens keeps every held token (and needs no scores).
+keeps per KV head ``min(budget, h)`` of them, selected by the library's ranking rule
+(:func:`select_slots`: a head's kept tokens in position order, then, when the heads' budgets
+differ, its next-ranked tokens up to the largest budget, its masked tail), and :func:`keep_slots`
+gathers them and records on the attention module what the per-layer attention mask rule
+(depthkv._attention) needs for every later query: the original position of each slot (-1 for a
+masked tail slot) and the context length n (the position of the first token appended after the
+prefill). The next prefill through the module clears it. A layer whose budgets are all at least
+its held tokens keeps every held token (and needs no scores).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 
 import depthkv
 
-__all__ = ["decoder_layers", "layer_window", "layer_windows", "held", "held_lengths", "usable", "select_slots",
+__all__ = ["decoder_layers", "layer_window", "layer_windows", "held", "usable", "select_slots",
            "keep_slots", "prune_layer", "LayerState", "STATE", "clear_states"]
 
 #: the attribute of an attention module holding its :class:`LayerState`
@@ -57,20 +59,15 @@ def layer_window(module) -> Optional[int]:
     return int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else None
 
 
-def layer_windows(model) -> List[Optional[int]]:
-    """Per decoder layer, its sliding window or None."""
-    return [layer_window(layer.self_attn) for layer in decoder_layers(model)]
+def layer_windows(model) -> List[int]:
+    """Per decoder layer, its sliding window, 0 for full attention (a profile's ``layer_window``)."""
+    return [layer_window(layer.self_attn) or 0 for layer in decoder_layers(model)]
 
 
 def held(n: int, window: Optional[int]) -> int:
-    """Tokens a layer can use after an n-token prefill: n, or ``min(n, window - 1)`` (module docstring)."""
-    return int(n) if window is None else min(int(n), int(window) - 1)
-
-
-def held_lengths(model, n: int) -> List[int]:
-    """Per decoder layer, :func:`held` after an n-token prefill: the ``lengths`` for
-    :func:`depthkv.allocate` that give a sliding layer no budget above its window."""
-    return [held(n, w) for w in layer_windows(model)]
+    """Tokens a layer can use after an n-token prefill: n, or ``min(n, window - 1)`` for a window
+    > 0 (module docstring)."""
+    return int(n) if not window else min(int(n), int(window) - 1)
 
 
 def usable(t: torch.Tensor, n: int, window: Optional[int]) -> torch.Tensor:

@@ -14,18 +14,21 @@ taken by a hook on the attention module, so that only one layer's probabilities 
 SnapKV: the last ``window`` query positions; TOVA: the last one) and scores the context's slots
 per KV head. The continuation is then teacher-forced on the full cache (positions n, n+1, ...). For each
 layer l and keep ratio r, only layer l's context cache is pruned, physically: each KV head keeps
-``depthkv.keep_tokens(r, h, protection)`` of the layer's h held slots (h = n, or for a sliding-window
-layer of window w the last min(n, w - 1): the tokens it can still use, :func:`layer_lengths`), chosen by
-:func:`depthkv.select_keep` (the library's ranking: the first n_sink and last n_recent always, then
-the best scores, ties to the earlier position), in position order, through the pruning path
-DepthKVPress uses (depthkv._layers.prune_layer); every other layer keeps its full cache, and the
-continuation is teacher-forced again with its original positions. A sliding layer's curve is thus
-over ratios of its held tokens, which is the length DepthKVPress gives it; the profile's
-calibration description names the sliding layers and their window. Metrics per window, over the continuation rows:
-mean KL(full || pruned) of the next-token distributions (log-softmax in float64), the increase of
-the mean NLL of the true next tokens (the rows that have one), and the fraction of rows whose
-argmax differs. The library's ``SensitivityProfiler`` aggregates them over the windows (mean and
-standard error, ``_core.profile_from_samples``). With ``head_curves=True`` each (layer l, KV head
+``k = depthkv.keep_tokens(r, n, protection)`` slots chosen by :func:`depthkv.select_keep` (the
+library's ranking: the first n_sink and last n_recent always, then the best scores, ties to the
+earlier position), in position order, through the pruning path DepthKVPress uses
+(depthkv._layers.prune_layer); every other layer keeps its full cache, and the continuation is
+teacher-forced again with its original positions. A sliding-window layer of window w (Gemma 3's
+local layers) first drops the context slots no later query sees (it keeps its last min(n, w - 1),
+the tokens transformers' sliding cache holds) and keeps min(k, those) of them, ranked by their
+scores, as ``depthkv profile`` prunes a local layer: its curve is over ratios of n, flat where k
+reaches its window. The profile records every layer's window (``layer_window``, 0 for a global
+layer: :func:`profile_windows`), by which the allocator caps a sliding layer at window - 1 tokens,
+and the model's KV shape (``kv_shape``), as ``depthkv profile`` does. Metrics per window, over the
+continuation rows: mean KL(full || pruned) of the next-token distributions (log-softmax in
+float64), the increase of the mean NLL of the true next tokens (the rows that have one), and the
+fraction of rows whose argmax differs. The library's ``SensitivityProfiler`` aggregates them over
+the windows (mean and standard error, ``_core.profile_from_samples``). With ``head_curves=True`` each (layer l, KV head
 h, ratio r) is measured the same way with only head h of layer l pruned; the other heads of the
 layer keep everything, and head h's pruned slots are masked (depthkv.kvpress's head-tail rule).
 
@@ -65,11 +68,11 @@ from transformers.cache_utils import DynamicLayer
 import depthkv
 from depthkv import Error, _core
 from depthkv._attention import WRAPPED, install_attention
-from depthkv._layers import STATE, decoder_layers as _layers, held, held_lengths, layer_window, prune_layer, usable
+from depthkv._layers import STATE, decoder_layers as _layers, held, layer_window, layer_windows, prune_layer, usable
 
 __all__ = ["profile", "evaluate", "make_press", "PressMaker", "eval_table", "KVPRESS_NAMES", "Window",
-           "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "layer_lengths",
-           "sliding_layers", "DEFAULT_RATIOS"]
+           "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "layer_windows",
+           "profile_windows", "with_windows", "DEFAULT_RATIOS"]
 
 #: The keep ratios ``depthkv profile`` probes by default.
 DEFAULT_RATIOS: Tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
@@ -159,8 +162,9 @@ def _hf_hash(profile) -> Optional[str]:
 
 def check_profile_model(profile, model, who: str = "depthkv", hash_check: bool = True) -> None:
     """Refuses a profile of another model (the rule). Always: the profile's layer count equals the
-    model's decoder layers, and the KV heads of its head curves (when it has any) equal
-    ``config.num_key_value_heads``. With ``hash_check``, when the profile was made by
+    model's decoder layers, the KV heads of its head curves (when it has any) equal
+    ``config.num_key_value_heads``, and the sliding windows it records, when it records them, are the
+    model's (:func:`layer_windows`). With ``hash_check``, when the profile was made by
     :func:`profile` (its model hash is "blake2b64:..."), that hash equals :func:`model_identity`'s
     of the model (config and weights). Profiles made by ``depthkv profile`` record the hash of a
     GGUF / llama2.c file, which an HF model cannot reproduce: only the structure is checked.
@@ -180,6 +184,10 @@ def check_profile_model(profile, model, who: str = "depthkv", hash_check: bool =
         if h is not None and h != n_kv:
             raise Error(f"{who}: the profile is of another model: its {s} head curves are for {h} KV heads, the "
                         f"model has {n_kv} (profile of {name})")
+    recorded, windows = profile_windows(profile), layer_windows(model)
+    if recorded is not None and recorded != windows:
+        raise Error(f"{who}: the profile is of another model: its layers' sliding windows are {recorded}, the "
+                    f"model's {windows} (profile of {name})")
     want = _hf_hash(profile)
     if hash_check and want is not None:
         got = model_identity(model)[2]
@@ -363,8 +371,8 @@ def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -
 
 def _pruned_run(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, budgets: List[int],
                 reuse: bool) -> _Metrics:
-    """The metrics with only layer ``layer``'s cache pruned, its KV heads to ``budgets`` of its held
-    tokens (depthkv._layers.prune_layer: the path DepthKVPress prunes by)."""
+    """The metrics with only layer ``layer``'s cache pruned, its KV heads to ``budgets`` (at most its
+    held tokens; depthkv._layers.prune_layer: the path DepthKVPress prunes by)."""
     attn = _layers(model)[layer].self_attn
     w = layer_window(attn)
     keys, values = list(run.keys), list(run.values)
@@ -378,9 +386,9 @@ def _pruned_run(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: i
 
 
 def _layer_runs(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, reuse: bool) -> List[_Metrics]:
-    """Only layer ``layer`` pruned, at each ratio of its held tokens."""
-    h, n_kv = scores.shape[1], scores.shape[0]
-    return [_pruned_run(model, run, s, scores, layer, [depthkv.keep_tokens(r, h, s.protection)] * n_kv, reuse)
+    """Only layer ``layer`` pruned, at each ratio (of the context; at most the layer's held tokens)."""
+    n_kv = scores.shape[0]
+    return [_pruned_run(model, run, s, scores, layer, [depthkv.keep_tokens(r, run.n, s.protection)] * n_kv, reuse)
             for r in s.ratios]
 
 
@@ -394,7 +402,7 @@ def _head_runs(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: in
         row = []
         for r in s.ratios:
             budgets = [h] * n_kv
-            budgets[head] = depthkv.keep_tokens(r, h, s.protection)
+            budgets[head] = depthkv.keep_tokens(r, run.n, s.protection)
             row.append(_pruned_run(model, run, s, scores, layer, budgets, reuse))
         out.append(row)
     return out
@@ -490,39 +498,37 @@ def _measure(model, windows: List[Window], s: _Settings, progress) -> Tuple[dict
     return layer_m, head_m
 
 
-def layer_lengths(model, n: int) -> List[int]:
-    """Per decoder layer, the tokens it holds after an n-token prefill: n, or min(n, window - 1) for a
-    sliding-window layer (depthkv._layers, "Held tokens"). Pass it as ``lengths`` to
-    :func:`depthkv.allocate` so that a sliding layer gets no budget above its window, as
-    :class:`depthkv.kvpress.DepthKVPress` does."""
-    return held_lengths(model, n)
+def profile_windows(profile) -> Optional[List[int]]:
+    """The per-layer sliding windows a profile records (``layer_window``: 0 for a global layer), or
+    None when it records none (a model without sliding-window layers, or an older file)."""
+    w = json.loads(profile.to_json()).get("layer_window")
+    return None if w is None else [int(x) for x in w]
 
 
-def sliding_layers(model) -> Dict[int, int]:
-    """The sliding-window layers of the model: {layer: window}."""
-    return {i: layer_window(layer.self_attn) for i, layer in enumerate(_layers(model))
-            if layer_window(layer.self_attn) is not None}
+def with_windows(profile, windows: Sequence[int], kv_shape: Optional[Tuple[int, int]] = None) -> depthkv.Profile:
+    """The profile with ``layer_window`` = ``windows`` (per layer, 0 for a global layer; all 0: none
+    recorded) and, when given, ``kv_shape`` = (n_kv_heads, head_dim): what the allocator caps the
+    sliding layers by (budget_allocator.hpp ``window_caps``) and what byte reports read.
 
-
-def _spans(xs: List[int]) -> str:
-    """"0-4,6-10,12" of ascending ints."""
-    out, a = [], 0
-    while a < len(xs):
-        b = a
-        while b + 1 < len(xs) and xs[b + 1] == xs[b] + 1:
-            b += 1
-        out.append(str(xs[a]) if a == b else f"{xs[a]}-{xs[b]}")
-        a = b + 1
-    return ",".join(out)
-
-
-def _sliding_note(model, n: int) -> str:
-    """The calibration description's note of the sliding-window layers ("" when none)."""
-    by_window: Dict[int, List[int]] = {}
-    for layer, w in sliding_layers(model).items():
-        by_window.setdefault(w, []).append(layer)
-    return "".join(f"; sliding window {w} in layers {_spans(ls)} (curves over their last {held(n, w)} context "
-                   "tokens)" for w, ls in sorted(by_window.items()))
+    :raises Error: on a window list of another length than the profile's layers, or a negative window
+    """
+    windows = [int(w) for w in windows]
+    if len(windows) != profile.n_layers or min(windows) < 0:
+        raise Error(f"with_windows: {len(windows)} windows for {profile.n_layers} layers, each >= 0, got {windows}")
+    d = json.loads(profile.to_json())
+    d.pop("layer_window", None)
+    if any(windows):
+        d["layer_window"] = windows
+    if kv_shape is not None:
+        d["kv_shape"] = {"n_kv_heads": int(kv_shape[0]), "head_dim": int(kv_shape[1])}
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".profile.json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(d, f)
+        return depthkv.load_profile(path)
+    finally:
+        os.unlink(path)
 
 
 def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = DEFAULT_RATIOS,
@@ -566,8 +572,11 @@ def profile(model, tokenizer=None, data=None, *, keep_ratios: Sequence[float] = 
     prof = _core.profile_from_samples(
         L, s.ratios, {x: tuple(np.ascontiguousarray(a) for a in m) for x, m in layer_m.items()},
         {x: (H, tuple(np.ascontiguousarray(a) for a in m)) for x, m in head_m.items()}, ident, src, n, tc,
-        int(meta.get("skip", 0)), "hf " + ("pre-tokenized" if tokenizer is None else "text") + _sliding_note(model, n),
+        int(meta.get("skip", 0)), "hf " + ("pre-tokenized" if tokenizer is None else "text"),
         (s.protection[0], s.protection[1], s.window, s.kernel), s.pooling, s.output_aware, str(metric))
+    cfg = model.config
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    prof = with_windows(prof, layer_windows(model), (H, head_dim))
     if output is not None:
         depthkv.save_profile(prof, output)
     return prof

@@ -14,9 +14,9 @@ token budgets come from a depthkv profile, with physically smaller per-layer cac
 Or ``KVPressTextGenerationPipeline(...)(context, question=..., press=press)``.
 
 Budgets. At the prefill of an n-token context, ``depthkv.allocate(profile, keep=keep, policy=policy,
-lengths=press.lengths(n), scorer=..., protection=protection, obs_window=...)`` gives the budget of every
-layer (and of every KV head for the head policies); their sum is exact: keep times the tokens the
-layers hold (``lengths(n)``: n per layer, min(n, window - 1) for a sliding-window layer, below). The curves read are those of
+lengths=[n] * n_layers, scorer=..., protection=protection, obs_window=...)`` gives the budget of every
+layer (and of every KV head for the head policies); their sum is exact (keep of n tokens per layer;
+a sliding-window layer capped at what it holds, below). The curves read are those of
 ``scorer``, by default the depthkv scorer matching the wrapped press (``KVPRESS_SCORERS``: "snapkv"
 for SnapKVPress) when the profile has them. The wrapped kvpress scorer press
 (``press``, default kvpress's ``SnapKVPress`` with the profile's observation window and kernel)
@@ -30,46 +30,52 @@ depthkv's own scorers. ``press="snapkv"`` (or "h2o", "h2o-v1", "h2o-v2", "tova",
 attention rows of the layer's prefill (depthkv._scoring: the observation window's queries against
 the keys, computed as kvpress's SnapKV computes them; all rows for the H2O scorers, the last one
 for TOVA), with the profile's selection (obs_window, kernel, pooling, output_aware; its lookahead
-is not applied). The scores of the last prefill are kept in ``scores`` ([batch, n_kv, n] per layer).
+is not applied). The scores of the last prefill are kept in ``scores`` ([batch, n_kv, held] per
+layer, of its held tokens).
 
 Model identity (the rule). When the press is applied to a model, the profile must be of that model
 (:func:`depthkv.hf.check_profile_model`): the same number of layers and, for head curves, of KV
-heads, always; and, for a profile made by :func:`depthkv.hf.profile` (it records a hash of the HF
-config and weights), the same hash, unless ``check_model=False``. Profiles made by ``depthkv
-profile`` from a GGUF / llama2.c file record that file's hash, which an HF model cannot reproduce:
-only their structure is checked. The hash is computed once per model and press.
+heads, always, and the same sliding windows when the profile records them; and, for a profile made
+by :func:`depthkv.hf.profile` (it records a hash of the HF config and weights), the same hash, unless
+``check_model=False``. Profiles made by ``depthkv profile`` from a GGUF / llama2.c file record that
+file's hash, which an HF model cannot reproduce: only their structure is checked. The hash is
+computed once per model and press.
 
 Physical sizes. After the prefill, layer l of the ``DynamicCache`` holds exactly ``budget[l]``
 keys and values per KV head (the kept tokens in position order, RoPE already applied at their
 original positions). No fake keys.
 
 Sliding-window layers (Gemma 3, ...: an attention module with ``sliding_window``; the rule of
-depthkv._layers). After an n-token prefill a sliding layer of window w can only use its last
-``min(n, w - 1)`` tokens: the allocator gets that as the layer's length (so its budget never exceeds
-its window), the press scores and keeps tokens among those only, and a layer whose budget is at
-least that keeps them all (unscored). In the model's own cache (``DynamicCache(config=model.config)``,
-whose sliding layers are transformers' ``DynamicSlidingWindowLayer``) such a layer holds exactly that;
-in a plain ``DynamicCache()`` (kvpress's pipeline) it holds all n, and the press drops the slots
-before the window. Every later query of a sliding layer sees the kept tokens inside its own
-window only (by their original positions, the mask rule below). The budgets are ratios of the
-held lengths, as the curves of :func:`depthkv.hf.profile` are.
+depthkv._layers, the C++ library's ``window_caps``). After an n-token prefill a sliding layer of
+window w can only use its last ``min(n, w - 1)`` tokens (:meth:`DepthKVPress.held`). The allocator
+caps the layer there (by the windows the profile records, ``layer_window``, or the model's when it
+records none), so its budget never exceeds its window and the tokens it cannot use go to the
+layers that can; a keep ratio whose budget exceeds what the layers hold altogether keeps
+everything they hold (the allocator would refuse it). The press scores and keeps tokens among the
+held ones only, and a layer whose budget is at least that keeps them all (unscored). In the model's
+own cache (``DynamicCache(config=model.config)``, whose sliding layers are transformers'
+``DynamicSlidingWindowLayer``) such a layer holds exactly that; in a plain ``DynamicCache()``
+(kvpress's pipeline) it holds all n, and the press drops the slots before the window. Every later
+query of a sliding layer sees the kept tokens inside its own window only (by their original
+positions, the mask rule below). A sliding layer's curves are over ratios of n with its window
+applied, as :func:`depthkv.hf.profile` and ``depthkv profile`` measure them.
 
 Attention with per-layer lengths (the rule; depthkv._attention). transformers builds one attention
 mask per forward call and kind of layer from one layer's cache (``create_causal_mask`` ->
-``get_mask_sizes`` of the first full / sliding layer), and numbers the new tokens from layer 0's length
-when no ``cache_position`` / ``position_ids`` are given. Layers of other lengths would get a mask of
-the wrong width (eager: a shape error; sdpa: an error or a wrong alignment). depthkv wraps the sdpa
-attention function (transformers' attention interface) and the model's eager attention function,
-so that a pruned layer whose keys are P past slots + q new tokens gets: every past slot visible
-whose original position the query may see (not a masked head tail, below; for a sliding-window
-layer, inside the query's window), and for the new tokens the last q columns of the mask
-transformers built (the causal relation among the new tokens). The wrapper changes nothing for
-prefills, and for a layer the press did not prune when the mask already has its width. Padding inside the compressed context is not supported (batches of equal-length rows, as
-kvpress's pipeline). Pass ``position_ids`` (the original positions: n, n+1, ...) to the calls after
-the prefill, as kvpress's pipeline does: transformers' default would number them from layer 0's
-physical length. flash_attention_2/3 align the causal mask to the end of each layer's keys by
-themselves and need no wrapper (layer policies only; not tested on CPU; their sliding window counts
-slots, not positions).
+``get_mask_sizes`` of the first full / sliding layer), and numbers the new tokens from layer 0's
+length when no ``cache_position`` / ``position_ids`` are given. Layers of other lengths would get a
+mask of the wrong width or alignment (eager: a shape error; sdpa: an error or wrong attention).
+depthkv wraps the sdpa attention function (transformers' attention interface) and the model's eager
+attention function, so that a pruned layer whose keys are P past slots + q new tokens gets: every
+past slot visible whose original position the query may see (not a masked head tail, below; for a
+sliding-window layer, inside the query's window), and the new tokens causal among themselves (and
+inside the window). The wrapper changes nothing for prefills, and for a layer the press did not
+prune when the mask already has its width. Padding inside the compressed context is not supported
+(batches of equal-length rows, as kvpress's pipeline). Pass ``position_ids`` (the original
+positions: n, n+1, ...) to the calls after the prefill, as kvpress's pipeline does: transformers'
+default would number them from layer 0's physical length. flash_attention_2/3 align the causal
+mask to the end of each layer's keys by themselves and need no wrapper (layer policies only; not
+tested on CPU; their sliding window counts slots, not positions).
 
 Per-head budgets (policy "head-optimal"). Within layer l the physical length is the largest head
 budget ``max_h budget[l][h]``; head h holds its ``budget[l][h]`` kept tokens first (position order),
@@ -82,9 +88,9 @@ the physical length and the masked (head, slot) count.
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Sequence, Union
 
-import numpy as np
 import torch
 from kvpress.presses.base_press import BasePress
 from kvpress.presses.scorer_press import ScorerPress
@@ -95,7 +101,7 @@ from depthkv import Error
 from depthkv._attention import WRAPPED, install_attention, layer_mask  # noqa: F401
 from depthkv._layers import held, layer_window, layer_windows, prune_layer, usable
 from depthkv._scoring import own_scores
-from depthkv.hf import check_profile_model
+from depthkv.hf import check_profile_model, profile_windows, with_windows
 
 __all__ = ["DepthKVPress", "install_attention"]
 
@@ -187,11 +193,14 @@ class DepthKVPress(BasePress):
         self.check_model = bool(check_model)
         self.obs_window = int(self.own["window"] if self.own else getattr(press, "window_size",
                                                                             depthkv.DEFAULT_OBS_WINDOW))
-        self._allocations: Dict[tuple, depthkv.Allocation] = {}
+        self._allocations: Dict[Optional[int], depthkv.Allocation] = {}
         self._report: Dict[int, dict] = {}
         self._checked: Dict[int, bool] = {}
-        #: per decoder layer of the model the press was last applied to, its sliding window (None: full)
-        self.windows: Optional[List[Optional[int]]] = None
+        #: per decoder layer, its sliding window (0: global): the model's once the press is applied to
+        #: one, before that the profile's (None: none recorded)
+        self.windows: Optional[List[int]] = profile_windows(profile)
+        #: the profile the allocator reads: ``profile``, with the model's windows when it lacks them
+        self._alloc_profile = profile
         #: per layer, the original positions of the slots the last prefill kept: int64 [batch, n_kv,
         #: physical] (a head's first budget slots are its kept tokens, the rest its masked tail)
         self.kept: Dict[int, torch.Tensor] = {}
@@ -205,6 +214,7 @@ class DepthKVPress(BasePress):
         other = DepthKVPress(self.profile, keep, self.policy, self.press, self.scorer, self.protection,
                              self.min_tokens, self.check_model, self.select_protection)
         other._checked = self._checked
+        other.windows, other._alloc_profile = self.windows, self._alloc_profile
         return other
 
     @property
@@ -216,29 +226,38 @@ class DepthKVPress(BasePress):
     def per_head(self) -> bool:
         return self.policy in HEAD_POLICIES
 
-    def lengths(self, n: int) -> List[int]:
-        """The held tokens of every layer after an n-token prefill (module docstring, "Sliding-window
-        layers"): n, or min(n, window - 1) for a sliding-window layer of the model the press was
-        applied to (n everywhere before it was applied)."""
-        windows = self.windows or [None] * self.profile.n_layers
-        return [held(n, w) for w in windows]
+    def held(self, n: int) -> List[int]:
+        """The tokens every layer holds after an n-token prefill (module docstring, "Sliding-window
+        layers"): n, or min(n, window - 1) for a sliding-window layer (the windows of the model the
+        press was applied to, else those the profile records)."""
+        return [held(n, w) for w in (self.windows or [0] * self.profile.n_layers)]
 
     def allocation(self, n: Optional[int]) -> depthkv.Allocation:
-        """The budgets for an n-token context over :meth:`lengths` (None: the profile's context length
-        in every layer), cached."""
-        lengths = None if n is None else self.lengths(n)
-        key = None if lengths is None else tuple(lengths)
-        if key not in self._allocations:
-            self._allocations[key] = depthkv.allocate(
-                self.profile, keep=self.keep, policy=self.policy, scorer=self.scorer, lengths=lengths,
-                protection=self.protection, obs_window=self.obs_window, min_tokens=self.min_tokens)
-        return self._allocations[key]
+        """The budgets for an n-token context (None: the profile's context length), cached per n:
+        ``depthkv.allocate`` over lengths n per layer, the sliding-window layers capped at
+        :meth:`held` (through the windows of the profile it allocates by); a keep ratio whose budget
+        exceeds what the layers hold keeps everything they hold."""
+        if n not in self._allocations:
+            lengths = None if n is None else [int(n)] * self.profile.n_layers
+            budget = {"keep": self.keep}
+            length = int(n) if n is not None else int(self.profile.calibration["context"])
+            if any(self.windows or []) and length > 0:
+                most = sum(self.held(length))
+                if math.floor(self.keep * length * self.profile.n_layers + 0.5) > most:  # the allocator's llround
+                    budget = {"total_tokens": most}
+            self._allocations[n] = depthkv.allocate(
+                self._alloc_profile, policy=self.policy, scorer=self.scorer, lengths=lengths,
+                protection=self.protection, obs_window=self.obs_window, min_tokens=self.min_tokens, **budget)
+        return self._allocations[n]
 
     def post_init_from_model(self, model) -> None:
         if id(model) not in self._checked:
             check_profile_model(self.profile, model, "DepthKVPress", hash_check=self.check_model)
             self._checked[id(model)] = True
-        self.windows = layer_windows(model)
+        windows = layer_windows(model)
+        if windows != self.windows:
+            self.windows, self._allocations = windows, {}
+            self._alloc_profile = with_windows(self.profile, windows) if any(windows) else self.profile
         n_kv = model.config.num_key_value_heads
         if self.per_head:
             a = self.allocation(None)
@@ -258,7 +277,7 @@ class DepthKVPress(BasePress):
                 raise Error(f"DepthKVPress: {len(ks)} head budgets for {n_kv} KV heads in layer {layer}")
         else:
             ks = [int(a.budgets[layer])] * n_kv
-        h = self.lengths(n)[layer]
+        h = self.held(n)[layer]
         return [min(k, h) for k in ks]
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
@@ -271,7 +290,7 @@ class DepthKVPress(BasePress):
         bsz, n_kv, h, _ = keys.shape
         ks = self._head_budgets(layer, n, n_kv)
         physical = max(ks)
-        self._report[layer] = {"layer": layer, "length": h, "context": n, "window": window, "budgets": ks,
+        self._report[layer] = {"layer": layer, "length": h, "context": n, "window": window or 0, "budgets": ks,
                                "physical": physical, "masked": sum(physical - k for k in ks)}
         scores = None
         if min(ks) < h:
@@ -292,6 +311,6 @@ class DepthKVPress(BasePress):
     def memory_report(self) -> List[dict]:
         """Per layer of the last prefill: {"layer", "length" (the layer's held tokens before pruning:
         the context, or for a sliding-window layer at most window - 1), "context" (context tokens),
-        "window" (sliding window or None), "budgets" (per KV head), "physical" (the cache tensors'
+        "window" (sliding window, 0 for a global layer), "budgets" (per KV head), "physical" (the cache tensors'
         length), "masked" (masked (head, slot) pairs per sequence)}."""
         return [self._report[k] for k in sorted(self._report)]

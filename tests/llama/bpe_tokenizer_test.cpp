@@ -239,11 +239,12 @@ TEST_CASE("bpe: merges by rank, leftmost on ties, ignore_merges, byte tokens", "
   CHECK(BpeTokenizer(w).encode("xyz", false, false) == std::vector<int>{256});
   w.pre = "gpt-2";
   CHECK(BpeTokenizer(w).encode("xyz", false, false).size() == 3);
-  // a vocabulary without some byte characters cannot encode those bytes
+  // a byte the vocabulary has no token for is dropped, as llama.cpp drops it (SmolLM2 lacks 0x04, 0xF5..0xFF, ...)
   Vocabulary n = tiny_vocab({}, {});
   n.tokens[0x41] = "not-A";
   const BpeTokenizer tn(n);
-  CHECK_THROWS_AS(tn.encode("A", false, false), Error);
+  CHECK(tn.encode("A", false, false).empty());
+  CHECK(tn.encode("BAB", false, false).size() == 2);
   CHECK(tn.encode("B", false, false).size() == 1);
 }
 

@@ -421,3 +421,76 @@ TEST_CASE("PruningEvaluator: per-head budgets and head curves", "[eval][head_bud
   REQUIRE_THROWS_AS(ev.head_metrics(0, 2, {0.5}), Error);
   REQUIRE_THROWS_AS(ev.head_metrics(3, 0, {0.5}), Error);
 }
+
+TEST_CASE("PruningEvaluator and EvictionSchedule on a sliding-window model (Gemma 3's block)", "[eval][window]") {
+  depthkv_test::RandomSpec s = depthkv_test::eval_spec(12, 4);
+  s.gemma3 = true;
+  s.window = 8;  // layers 0-2 local, layer 3 global
+  const LlamaModel model = depthkv_test::random_model(s);
+  const LlamaEngine engine(model);
+  const int n_ctx = 40, W = s.window;
+  const auto windows = random_windows(3, n_ctx, 12, model.config.vocab_size, 4);
+  EvalConfig cfg;
+  cfg.protection = Protection{1, 2};
+  cfg.chunk_size = 16;
+  EvalConfig naive_cfg = cfg;
+  naive_cfg.reuse = false;
+  const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
+  SECTION("reuse equals recomputation; window - 1 tokens in a local layer lose nothing") {
+    for (const std::vector<int>& b : {std::vector<int>{W - 1, W - 1, W - 1, n_ctx}, std::vector<int>{3, W - 1, 5, 10},
+                                      std::vector<int>{W - 1, 3, W - 1, 20}}) {
+      CAPTURE(b);
+      require_same(reuse.evaluate_budgets(b), naive.evaluate_budgets(b), 1e-5);
+    }
+    for (const auto& r : reuse.evaluate_budgets({W - 1, W - 1, W - 1, n_ctx})) REQUIRE(r.metrics.loss.kl < 1e-9);
+    bool lossy = false;  // a local layer below its window does lose
+    for (const auto& r : reuse.evaluate_budgets({3, W - 1, W - 1, n_ctx})) lossy |= r.metrics.loss.kl > 1e-4;
+    REQUIRE(lossy);
+  }
+  SECTION("a spec's budgets cap the local layers at window - 1 and give the rest to the global layer") {
+    PruneSpec spec;
+    spec.protection = cfg.protection;
+    spec.budget = Budget::keep(0.5);
+    spec.schedule.chunk = cfg.chunk_size;
+    const auto r = reuse.evaluate(spec, PolicyData{});
+    REQUIRE(r.front().budgets == std::vector<int>{W - 1, W - 1, W - 1, n_ctx});  // 80 tokens asked, 61 usable
+    spec.budget = Budget::keep(0.25);  // 40 tokens: 7 + 7 + 7 + 19 (uniform 10 each, the local layers' 3 moved)
+    REQUIRE(reuse.evaluate(spec, PolicyData{}).front().budgets == std::vector<int>{W - 1, W - 1, W - 1, 40 - 3 * (W - 1)});
+  }
+  SECTION("a schedule frees the local layers' slots outside their window and keeps its scorers in step") {
+    ScheduleConfig sc;
+    sc.budget.keep_ratio = 0.3;
+    sc.protection = cfg.protection;
+    sc.scorer.kind = ScorerKind::kH2O;
+    sc.layer_window = model.config.layer_window;
+    EvictionSchedule schedule(sc, 4, s.heads, s.kv_heads);
+    HostCache cache = engine.make_cache();
+    ForwardOptions opt;
+    opt.chunk_size = 8;
+    opt.observer = schedule.observer();
+    int most_local = 0;
+    opt.after_chunk = [&](int, std::int32_t) {
+      most_local = std::max(most_local, cache.layer(0).max_size());
+      schedule.after_chunk(cache);
+      REQUIRE(cache.layer(1).max_size() <= W - 1);
+    };
+    const std::vector<int>& ctx = windows.front().context;
+    engine.prefill(ctx, 0, cache, opt);
+    REQUIRE(most_local <= W - 1 + 8);
+    // the global budget: 0.3 x 4 layers x 40 tokens = 48; the local layers hold at most 7 each,
+    // so the global layer holds more than a uniform share (12), and the cache stays within budget
+    REQUIRE(schedule.n_evictions() > 0);
+    long long held = 0;
+    for (int n : cache.lengths()) held += n;
+    CAPTURE(cache.lengths(), schedule.budgets());
+    REQUIRE(held <= 48);
+    REQUIRE(cache.layer(3).max_size() > 12);
+    ForwardOptions dopt;
+    dopt.observer = schedule.observer();
+    for (int t = 0; t < 10; ++t) {  // decode: the schedule keeps up
+      engine.forward(&windows.front().continuation[static_cast<std::size_t>(t)], 1, n_ctx + t, cache, dopt);
+      schedule.after_decode_step(cache);
+      REQUIRE(cache.layer(2).max_size() <= W - 1);
+    }
+  }
+}

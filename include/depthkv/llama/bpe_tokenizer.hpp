@@ -20,10 +20,13 @@
 /// `add_bos_token`/`add_eos_token` keys; absent: llama.cpp's default for the pre-tokenizer).
 ///
 /// Decoding is exact: `decode(encode(s)) == s` for every byte string `s`, also for invalid
-/// UTF-8 and NUL bytes. Invalid UTF-8 is kept byte for byte: no pre-tokenizer pattern matches
-/// an invalid byte, so it lands in a piece of its own (with the unmatched text around it) and is
-/// encoded through its byte token. (llama.cpp replaces each invalid byte by U+FFFD before
-/// splitting; on invalid input only, its ids differ from these.) A normal token decodes to the
+/// UTF-8 and NUL bytes, when the vocabulary has a token for each of GPT-2's 256 byte characters.
+/// Invalid UTF-8 is kept byte for byte: no pre-tokenizer pattern matches an invalid byte, so it
+/// lands in a piece of its own (with the unmatched text around it) and is encoded through its
+/// byte token. (llama.cpp replaces each invalid byte by U+FFFD before splitting; on invalid input
+/// only, its ids differ from these.) A byte whose character is no token (SmolLM2 has none for
+/// 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1 and 0xF1, 0xF2, 0xF5..0xFF) takes part in no
+/// merge and is dropped, as llama.cpp drops it. A normal token decodes to the
 /// bytes its characters stand for (a character outside GPT-2's map, which real vocabularies do
 /// not have, is copied as UTF-8); control, user-defined and unknown tokens decode to their text.
 ///
@@ -206,8 +209,8 @@ class BpeTokenizer : public TextTokenizer {
   /// @param parse_special match control and unknown tokens in the text (user-defined tokens are
   ///   always matched)
   /// @return token ids
-  /// @throws Error when BOS/EOS is asked for but the vocabulary has none, when a byte has no
-  ///   token (a vocabulary without GPT-2's 256 byte characters), or on a PCRE2 matching error
+  /// @throws Error when BOS/EOS is asked for but the vocabulary has none, or on a PCRE2 matching
+  ///   error
   std::vector<int> encode(const std::string& text, bool bos, bool eos, bool parse_special) const {
     std::vector<int> out;
     out.reserve(text.size() / 3 + 2);
@@ -473,20 +476,19 @@ class BpeTokenizer : public TextTokenizer {
         return;
       }
     }
+    // A byte whose GPT-2 character is no token (-1) stays in place, never merges and is dropped
+    // from the output, as llama.cpp drops it.
     w.ids.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const unsigned char b = static_cast<unsigned char>(s[i]);
-      const int id = byte_token_[b];
-      DEPTHKV_CHECK(id >= 0, "byte 0x" << std::hex << static_cast<int>(b) << std::dec << " has no token (GPT-2 character U+"
-                                       << std::hex << b2c[b] << std::dec << " is not in the vocabulary)");
-      w.ids[i] = id;
-    }
+    for (std::size_t i = 0; i < n; ++i) w.ids[i] = byte_token_[static_cast<unsigned char>(s[i])];
     if (n == 1) {
-      out.push_back(w.ids[0]);
+      if (w.ids[0] >= 0) out.push_back(w.ids[0]);
       return;
     }
     merge(n, w);
-    for (int i = 0; i != -1; i = w.next[static_cast<std::size_t>(i)]) out.push_back(w.ids[static_cast<std::size_t>(i)]);
+    for (int i = 0; i != -1; i = w.next[static_cast<std::size_t>(i)]) {
+      const int id = w.ids[static_cast<std::size_t>(i)];
+      if (id >= 0) out.push_back(id);
+    }
   }
 
   // Lowest rank first, leftmost on ties; a heap of candidate pairs over a linked list, stale
@@ -503,6 +505,7 @@ class BpeTokenizer : public TextTokenizer {
     auto push = [&](int l, int r) {
       if (l < 0 || r < 0) return;
       const int lid = w.ids[static_cast<std::size_t>(l)], rid = w.ids[static_cast<std::size_t>(r)];
+      if (lid < 0 || rid < 0) return;  // a byte without a token
       const auto it = merges_.find(pair_key(lid, rid));
       if (it == merges_.end()) return;
       heap.push_back(Cand{it->second.rank, l, r, lid, rid, it->second.id});

@@ -15,6 +15,15 @@
 /// over a precomputed pair table (O(n log n)) and yields exactly the result of run.c's
 /// quadratic loop (checked against a transcription of it in the tests and the fuzzer).
 ///
+/// A GGUF vocabulary may hold user-defined tokens (type 4; Gemma 3 has 165: runs of 1..31
+/// newlines, 2..31 spaces and 1..31 tabs, HTML tags, `<start_of_image>`). As llama.cpp does
+/// (`tokenizer_st_partition`), these are matched in the text before anything else, longest
+/// first, each occurrence becoming that token; the text between them is encoded as above,
+/// fragment by fragment (merges never cross a user-defined token; the dummy prefix goes before a
+/// fragment that starts the text or follows such a token; BOS takes no part in the merging).
+/// Without user-defined tokens (llama2.c files, most SentencePiece GGUF files) `encode` is
+/// run.c's, unchanged.
+///
 /// @code
 /// depthkv::llama::Tokenizer tok("tok512.bin");
 /// std::vector<int> ids = tok.encode("Once upon a time", /*bos=*/true, /*eos=*/false);
@@ -24,6 +33,7 @@
 /// // text == "Once upon a time"
 /// @endcode
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstddef>
@@ -34,6 +44,7 @@
 #include <queue>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -107,6 +118,19 @@ class Tokenizer : public TextTokenizer {
       DEPTHKV_CHECK(std::isfinite(scores_[static_cast<std::size_t>(i)]),
                     "GGUF vocabulary: token " << i << " has a non-finite score");
     }
+    if (vocab.token_types.size() == vocab.tokens.size()) {
+      const std::int32_t kUserDefined = 4;  // tokenizer.ggml.token_type
+      for (int i = 0; i < n; ++i) {
+        const std::string& t = vocab.tokens[static_cast<std::size_t>(i)];
+        if (vocab.token_types[static_cast<std::size_t>(i)] == kUserDefined && i != bos_id_ && i != eos_id_ &&
+            !t.empty() && t.find('\0') == std::string::npos)
+          user_defined_.emplace_back(t, i);
+      }
+      std::stable_sort(user_defined_.begin(), user_defined_.end(),
+                       [](const std::pair<std::string, int>& a, const std::pair<std::string, int>& b) {
+                         return a.first.size() > b.first.size();
+                       });
+    }
     finish(/*llama2c_bytes=*/false);
   }
 
@@ -132,6 +156,8 @@ class Tokenizer : public TextTokenizer {
   int eos_id() const override { return eos_id_; }
   /// @return the longest piece in bytes (as stored in llama2.c files, else computed)
   int max_token_length() const { return max_token_length_; }
+  /// @return the number of user-defined tokens matched in the text before encoding (GGUF only)
+  int user_defined_count() const { return static_cast<int>(user_defined_.size()); }
 
   /// @param id token id
   /// @return its piece, as stored (llama2.c form: spaces, "\n<s>\n" for BOS)
@@ -149,7 +175,8 @@ class Tokenizer : public TextTokenizer {
     return scores_[static_cast<std::size_t>(id)];
   }
 
-  /// Encodes `text` exactly as llama2.c's run.c `encode`.
+  /// Encodes `text` exactly as llama2.c's run.c `encode` (with user-defined tokens, as llama.cpp:
+  /// see the file comment).
   /// @param text UTF-8 text; it ends at its first NUL byte, as a C string
   /// @param bos prepend BOS
   /// @param eos append EOS
@@ -162,34 +189,29 @@ class Tokenizer : public TextTokenizer {
     std::vector<int> tokens;
     tokens.reserve(text.size() + 3);
     if (bos) tokens.push_back(bos_id_);
-    if (!text.empty() && add_dummy_prefix_) {
-      const int space = lookup(" ");
-      DEPTHKV_CHECK(space >= 0, "the vocabulary has no \" \" piece for the dummy prefix");
-      tokens.push_back(space);
-    }
-    // UTF-8 code points (run.c: at most 4 bytes gathered, continuation bytes appended).
-    std::string buf;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(text[i]);
-      if ((c & 0xC0) != 0x80) buf.clear();
-      buf.push_back(static_cast<char>(c));
-      const unsigned char next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
-      if ((next & 0xC0) == 0x80 && buf.size() < 4) continue;
-      const int id = lookup(buf);
-      if (id >= 0) {
-        tokens.push_back(id);
-      } else {
-        for (const char b : buf) {
-          const int bid = byte_token_[static_cast<unsigned char>(b)];
-          DEPTHKV_CHECK(bid >= 0, "byte 0x" << std::hex << static_cast<int>(static_cast<unsigned char>(b))
-                                            << " has no byte-fallback token in a vocabulary of "
-                                            << std::dec << pieces_.size() << " tokens");
-          tokens.push_back(bid);
+    if (user_defined_.empty()) {  // run.c: BOS, the dummy prefix and the text merge together
+      if (!text.empty() && add_dummy_prefix_) tokens.push_back(dummy_prefix());
+      append_code_points(text, 0, text.size(), tokens);
+      merge(tokens);
+    } else {
+      std::vector<Fragment> frags;
+      partition(text, frags);
+      std::vector<int> part;
+      bool after_token = true;  // llama.cpp: the dummy prefix goes first and after each such token
+      for (const Fragment& f : frags) {
+        if (f.token >= 0) {
+          tokens.push_back(f.token);
+          after_token = true;
+          continue;
         }
+        part.clear();
+        if (add_dummy_prefix_ && after_token) part.push_back(dummy_prefix());
+        append_code_points(text, f.offset, f.offset + f.length, part);
+        merge(part);
+        tokens.insert(tokens.end(), part.begin(), part.end());
+        after_token = false;
       }
-      buf.clear();
     }
-    merge(tokens);
     if (eos) tokens.push_back(eos_id_);
     return tokens;
   }
@@ -243,6 +265,76 @@ class Tokenizer : public TextTokenizer {
   bool ends_generation(int /*token*/) const override { return false; }
 
  private:
+  // A stretch of the text: a user-defined token (token >= 0) or text to encode (-1).
+  struct Fragment {
+    std::size_t offset, length;
+    int token;
+  };
+
+  int dummy_prefix() const {
+    const int space = lookup(" ");
+    DEPTHKV_CHECK(space >= 0, "the vocabulary has no \" \" piece for the dummy prefix");
+    return space;
+  }
+
+  // Appends the pieces of the UTF-8 code points of text[begin, end) (run.c: at most 4 bytes
+  // gathered, continuation bytes appended), byte fallback for a code point that is no piece.
+  void append_code_points(const std::string& text, std::size_t begin, std::size_t end, std::vector<int>& tokens) const {
+    std::string buf;
+    for (std::size_t i = begin; i < end; ++i) {
+      const unsigned char c = static_cast<unsigned char>(text[i]);
+      if ((c & 0xC0) != 0x80) buf.clear();
+      buf.push_back(static_cast<char>(c));
+      const unsigned char next = i + 1 < end ? static_cast<unsigned char>(text[i + 1]) : 0;
+      if ((next & 0xC0) == 0x80 && buf.size() < 4) continue;
+      const int id = lookup(buf);
+      if (id >= 0) {
+        tokens.push_back(id);
+      } else {
+        for (const char b : buf) {
+          const int bid = byte_token_[static_cast<unsigned char>(b)];
+          DEPTHKV_CHECK(bid >= 0, "byte 0x" << std::hex << static_cast<int>(static_cast<unsigned char>(b))
+                                            << " has no byte-fallback token in a vocabulary of "
+                                            << std::dec << pieces_.size() << " tokens");
+          tokens.push_back(bid);
+        }
+      }
+      buf.clear();
+    }
+  }
+
+  // Splits `text` at the user-defined tokens, longest first, each leftmost occurrence first (as
+  // llama.cpp's tokenizer_st_partition).
+  void partition(const std::string& text, std::vector<Fragment>& frags) const {
+    frags.clear();
+    if (text.empty()) return;
+    frags.push_back({0, text.size(), -1});
+    std::vector<Fragment> next;
+    for (const auto& ud : user_defined_) {
+      const std::string& sp = ud.first;
+      if (text.find(sp) == std::string::npos) continue;
+      next.clear();
+      for (const Fragment& f : frags) {
+        if (f.token >= 0) {
+          next.push_back(f);
+          continue;
+        }
+        std::size_t pos = f.offset;
+        const std::size_t end = f.offset + f.length;
+        const std::string_view view(text.data(), end);  // offsets stay those of the text
+        while (true) {
+          const std::size_t hit = view.find(sp, pos);
+          if (hit == std::string_view::npos) break;
+          if (hit > pos) next.push_back({pos, hit - pos, -1});
+          next.push_back({hit, sp.size(), ud.second});
+          pos = hit + sp.size();
+        }
+        if (pos < end) next.push_back({pos, end - pos, -1});
+      }
+      frags.swap(next);
+    }
+  }
+
   static std::string replace_all(std::string s, const std::string& from, const std::string& to) {
     std::size_t pos = 0;
     while ((pos = s.find(from, pos)) != std::string::npos) {
@@ -465,6 +557,7 @@ class Tokenizer : public TextTokenizer {
   std::vector<int> canon_;                              // id -> lowest id of the same C-string
   std::unordered_map<std::uint64_t, int> merges_;       // (canon left, canon right) -> merged piece
   int byte_token_[256] = {};
+  std::vector<std::pair<std::string, int>> user_defined_;  // GGUF user-defined tokens, longest first
   int bos_id_ = 1;
   int eos_id_ = 2;
   int max_token_length_ = 0;
