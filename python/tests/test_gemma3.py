@@ -212,6 +212,17 @@ def test_continuation_equals_the_masked_full_cache(model, ids, profiled, cache_k
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("scorer", ["snapkv", "h2o"])
+def test_depthkv_scorers_rank_the_held_tokens(model, ids, profiled, scorer):
+    prof, _ = profiled
+    press = DepthKVPress(prof, keep=0.5, press=scorer, scorer="snapkv", protection=PROT)
+    logits = _continue(model, _prefill(model, ids, press, DynamicCache()), ids[N:], N)
+    assert [tuple(press.scores[l].shape) for l in sorted(press.scores)] == [(1, 2, HELD[l]) for l in sorted(press.scores)]
+    assert sorted(press.scores) == [l for l, b in enumerate(_budgets(prof, 0.5)) if b < HELD[l]]
+    torch.testing.assert_close(logits, _reference(model, ids, [press.kept[l][0] for l in range(4)]), atol=1e-4,
+                               rtol=1e-4)
+
+
 @pytest.mark.parametrize("cache_kind", ["plain", "model's"])
 def test_keep_one_changes_nothing(model, ids, profiled, cache_kind):
     prof, _ = profiled
