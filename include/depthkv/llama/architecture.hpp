@@ -6,9 +6,11 @@
 ///
 /// `load_gguf` (gguf.hpp) reads any architecture of this table with one code path; a new
 /// Llama-like architecture is one more entry in `architectures()`. The engine's forward pass
-/// varies only through the model it is given: `LlamaConfig::rope_neox` (from `Architecture::rope`)
-/// and the optional per-layer tensors of `LlamaLayerWeights` (biases applied when non-empty,
-/// q/k RMSNorm applied when non-empty).
+/// varies only through the model it is given: `LlamaConfig` (RoPE pairing from
+/// `Architecture::rope`, the FFN activation, the embedding scale, the attention scale, each
+/// layer's sliding window and the local layers' RoPE base) and the optional per-layer tensors of
+/// `LlamaLayerWeights` (biases, q/k RMSNorm, post-attention and post-FFN norms: applied when
+/// non-empty).
 ///
 /// @code
 /// const depthkv::llama::Architecture& a = depthkv::llama::architecture("qwen2");

@@ -2,7 +2,11 @@
 /// @file llama/engine.hpp
 /// @brief `LlamaEngine`: the reference Llama forward pass (Eigen) over a depthkv `KVCache`:
 /// RMSNorm, RoPE, grouped-query attention against per-layer, per-KV-head caches that may hold
-/// different numbers of tokens, SwiGLU; batched and chunked prefill with attention-probability
+/// different numbers of tokens, SwiGLU or GeGLU, optional post-attention/post-FFN norms and
+/// sliding-window layers (Gemma 3: a local layer's query at position p attends to the held keys at
+/// positions p - window + 1 .. p, by stored position, so pruned caches mask right; without an
+/// observer a local layer's slots outside its window are freed as the sequence moves on,
+/// `drop_outside_window`); batched and chunked prefill with attention-probability
 /// capture (for the token scorers) and a hook after each chunk (for scoring and eviction), decode,
 /// teacher forcing, and hidden-state capture. Attention is a tiled online-softmax kernel
 /// (detail/flash_attention.hpp) that never forms a `T x n` score matrix; only the query rows an
