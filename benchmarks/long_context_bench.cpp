@@ -231,6 +231,7 @@ class Run {
     sc.protection = {s.sinks, s.recent};
     sc.policy = AllocationPolicy::kUniform;
     sc.evict.shrink = s.shrink;
+    sc.layer_window = c.layer_window;  // sliding-window layers: capped at their window, old slots freed
     schedule_ = std::make_unique<EvictionSchedule>(sc, c.n_layers, c.n_heads, c.n_kv_heads);
     feed_ = schedule_->observer();
     opt_.observer = [this](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {

@@ -220,6 +220,7 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   sc.scorer.kernel = s.kernel;
   sc.scorer.pooling = Pooling::kMax;
   sc.interval = s.interval;
+  sc.layer_window = c.layer_window;  // sliding-window layers: capped at their window, old slots freed
 
   std::deque<int> queue;
   for (int i = 0; i < static_cast<int>(contexts.size()); ++i) queue.push_back(i);

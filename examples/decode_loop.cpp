@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     sc.protection = Protection{4, 16};        // 4 sink tokens and the 16 most recent tokens always stay
     sc.scorer.kind = parse_scorer_kind(scorer);
     sc.interval = interval;                   // evict once this many tokens arrived since the last eviction
+    sc.layer_window = model.config.layer_window;  // sliding-window layers (Gemma 3): capped at their window
     if (!profile_file.empty()) {
       pf = load_profile(profile_file, model_file);
       profile = pf.profile(scorer, LossMetric::kKL);
