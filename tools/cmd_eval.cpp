@@ -28,6 +28,7 @@
 #include "depthkv/profile_io.hpp"
 #include "depthkv/sensitivity_profiler.hpp"
 #include "flag_alias.hpp"
+#include "kv_memory.hpp"
 #include "model_io.hpp"
 #include "policy_request.hpp"
 
@@ -147,6 +148,28 @@ void check_plot_path(const std::string& svg) {
                 "--plot '" << svg << "': the folder '" << parent.string() << "' does not exist");
 }
 
+/// Layers of a profile drawn as one line each in the sensitivity panel; more are drawn against
+/// the layer index, one line per keep ratio, so that the panel keeps few series.
+constexpr int kMaxLayerSeries = 8;
+
+/// The sensitivity panel of a profile of many layers: x = layer, one line per probed keep ratio.
+void write_sensitivity_by_layer(std::ostream& g, const depthkv::SensitivityProfile& p, const std::string& sc,
+                                const std::string& metric) {
+  const std::string tag = sc.substr(0, sc.find('-'));
+  for (int k = 0; k < p.n_ratios(); ++k) {
+    g << "$l_" << tag << "_" << k << " << EOD\n";
+    for (int l = 0; l < p.n_layers(); ++l) g << l << ' ' << std::max(p.loss(l, k), 1e-6) << '\n';
+    g << "EOD\n";
+  }
+  g << "set title 'per-layer sensitivity (only that layer pruned, " << sc << ")'\n"
+    << "set ylabel 'mean " << metric << " (calibration windows)'\nset xlabel 'layer'\nset xtics "
+    << (p.n_layers() + 9) / 10 << "\nplot ";
+  for (int k = 0; k < p.n_ratios(); ++k)
+    g << (k ? ", " : "") << "$l_" << tag << "_" << k << " using 1:2 with linespoints lw 2 title 'keep "
+      << p.keep_ratios[static_cast<std::size_t>(k)] << "'";
+  g << "\nset xtics 0.1\n";
+}
+
 void write_plot(const std::string& svg, const std::vector<Row>& rows, const depthkv::ProfileFile& f,
                 const std::vector<std::string>& scorers, const std::vector<std::string>& policies,
                 const std::string& title) {
@@ -175,6 +198,10 @@ void write_plot(const std::string& svg, const std::vector<Row>& rows, const dept
           << " using 1:2 with linespoints lw 2 title '" << policies[i] << "'";
       g << "\n";
       const depthkv::SensitivityProfile p = f.profile(sc);
+      if (p.n_layers() > kMaxLayerSeries) {  // many layers: x = layer, one line per keep ratio
+        write_sensitivity_by_layer(g, p, sc, f.metric);
+        continue;
+      }
       for (int l = 0; l < p.n_layers(); ++l) {
         g << "$s_" << sc.substr(0, sc.find('-')) << "_" << l << " << EOD\n";
         for (int k = 0; k < p.n_ratios(); ++k)
@@ -489,6 +516,16 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
   for (const Row& r : rows)
     std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
                 join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
+  if (!f.layer_window.empty() && !rows.empty()) {  // what "KV kept" is of, with sliding-window layers
+    const KvMemory m = kv_memory(rows.front().budgets, w.context, f.layer_window, 1.0, f.kv_heads, f.head_dim);
+    int local = 0;
+    for (int win : f.layer_window) local += win > 0;
+    std::printf("sliding-window layers: %d of %d local (budgets capped at window - 1); \"KV kept\" is of the "
+                "full-length cache (%s); a cache with the local layers at their window holds %s (%.1f%%)\n",
+                local, f.n_layers, mib_or_tokens(m.full_naive, m.bytes_per_token).c_str(),
+                mib_or_tokens(m.full_windowed, m.bytes_per_token).c_str(),
+                100.0 * static_cast<double>(m.full_windowed) / static_cast<double>(m.full_naive));
+  }
   if (plan.choose_scorer) print_preset_choice(a, f, rows);
   const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
   if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");

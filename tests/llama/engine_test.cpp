@@ -185,6 +185,15 @@ struct Reference {
 
 const Visibility kCausal = [](int, int, int, int) { return true; };
 
+// The positions every (layer, KV head) of `cache` holds, in order.
+std::vector<std::vector<std::int32_t>> held_positions(const HostCache& cache) {
+  std::vector<std::vector<std::int32_t>> pos;
+  for (int l = 0; l < cache.n_layers(); ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
+      pos.emplace_back(cache.layer(l).positions(h), cache.layer(l).positions(h) + cache.layer(l).size(h));
+  return pos;
+}
+
 double max_abs_diff(const RowMatrix& a, const std::vector<std::vector<double>>& b) {
   double d = 0;
   for (Eigen::Index i = 0; i < a.rows(); ++i)
@@ -677,13 +686,7 @@ TEST_CASE("engine: non-finite activations or logits are an error naming the laye
   const std::vector<int> prompt = depthkv_test::random_tokens(6, spec.vocab, 3);
   HostCache cache = engine.make_cache();
   engine.prefill(prompt, 0, cache);
-  auto state = [&] {
-    std::vector<std::vector<std::int32_t>> pos;
-    for (int l = 0; l < cache.n_layers(); ++l)
-      for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
-        pos.emplace_back(cache.layer(l).positions(h), cache.layer(l).positions(h) + cache.layer(l).size(h));
-    return pos;
-  };
+  auto state = [&] { return held_positions(cache); };
   const auto before = state();
   const std::vector<int> more = {1, 2, 3};
   ForwardOptions opt;
@@ -865,13 +868,7 @@ TEST_CASE("engine: sliding-window layers free what no later query sees, in prefi
     HostCache cache = engine.make_cache();
     std::vector<int> ctx(tokens.begin(), tokens.begin() + 8), more(tokens.begin() + 8, tokens.end());
     engine.prefill(ctx, 0, cache);
-    auto state = [&] {
-      std::vector<std::vector<std::int32_t>> pos;
-      for (int l = 0; l < cache.n_layers(); ++l)
-        for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
-          pos.emplace_back(cache.layer(l).positions(h), cache.layer(l).positions(h) + cache.layer(l).size(h));
-      return pos;
-    };
+    auto state = [&] { return held_positions(cache); };
     const auto before = state();
     ForwardOptions opt;
     opt.chunk_size = 3;

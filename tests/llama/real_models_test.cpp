@@ -73,7 +73,7 @@ TEST_CASE("real models: SmolLM2-135M-Instruct follows HF's greedy tokens", "[lla
                          0.162f, 2.342f, 1.043f, 0.145f}});
 }
 
-TEST_CASE("real models: Gemma 3 270M follows HF's greedy tokens; its sliding windows by stored positions",
+TEST_CASE("real models: Gemma 3 270M follows HF's greedy tokens, its sliding windows mask by stored positions",
           "[llama][real-model][engine][window]") {
   const auto m = depthkv::llama::open_model(depthkv_test::model_path("gemma-3-270m-q4_k_m.gguf"));
   const auto& c = m.model.config;

@@ -14,6 +14,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/test_data.hpp"
+
 namespace depthkv_test {
 
 /// The folder of the real models: $DEPTHKV_MODEL_DIR, else $HOME/.cache/depthkv/models.
@@ -26,18 +28,8 @@ inline std::string model_dir() {
 /// Full path of the model file `name` (e.g. "SmolLM2-135M-Instruct.Q4_1.gguf") in `model_dir()`;
 /// fails (or skips, see above) when the file does not exist.
 inline std::string model_path(const std::string& name) {
-  const std::string p = model_dir() + "/" + name;
-  if (!std::ifstream(p).good()) {
-    const char* skip = std::getenv("DEPTHKV_SKIP_MISSING_DATA");
-    if (skip && std::string(skip) == "1") {
-      std::cerr << "SKIP: real model file missing: " << p << "\n";
-      std::exit(77);
-    }
-    FAIL("real model file missing: " << p
-                                      << " (run scripts/get-models.sh, which fetches it into $DEPTHKV_MODEL_DIR or"
-                                         " ~/.cache/depthkv/models; DEPTHKV_SKIP_MISSING_DATA=1 skips such tests)");
-  }
-  return p;
+  return require_file(model_dir() + "/" + name, "real model file",
+                      "run scripts/get-models.sh, which fetches it into $DEPTHKV_MODEL_DIR or ~/.cache/depthkv/models");
 }
 
 }  // namespace depthkv_test

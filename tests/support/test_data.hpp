@@ -25,21 +25,25 @@ inline std::string data_dir() {
 #endif
 }
 
+/// `path` when the file exists; else FAILS naming `what` and `hint`, or with
+/// DEPTHKV_SKIP_MISSING_DATA=1 exits with code 77 (CTest: skipped).
+inline std::string require_file(const std::string& path, const std::string& what, const std::string& hint) {
+  if (!std::ifstream(path).good()) {
+    const char* skip = std::getenv("DEPTHKV_SKIP_MISSING_DATA");
+    if (skip && std::string(skip) == "1") {
+      std::cerr << "SKIP: " << what << " missing: " << path << "\n";
+      std::exit(77);
+    }
+    FAIL(what << " missing: " << path << " (" << hint << "; DEPTHKV_SKIP_MISSING_DATA=1 skips such tests)");
+  }
+  return path;
+}
+
 /// Full path of `rel` (e.g. "models/stories260K/stories260K.bin") inside the data folder;
 /// fails (or skips, see above) when the file does not exist.
 inline std::string data_path(const std::string& rel) {
-  const std::string p = data_dir() + "/" + rel;
-  if (!std::ifstream(p).good()) {
-    const char* skip = std::getenv("DEPTHKV_SKIP_MISSING_DATA");
-    if (skip && std::string(skip) == "1") {
-      std::cerr << "SKIP: real data file missing: " << p << "\n";
-      std::exit(77);
-    }
-    FAIL("real data file missing: " << p
-                                     << " (put the shared/ folder beside the project or set DEPTHKV_DATA_DIR;"
-                                        " DEPTHKV_SKIP_MISSING_DATA=1 skips such tests)");
-  }
-  return p;
+  return require_file(data_dir() + "/" + rel, "real data file",
+                      "put the shared/ folder beside the project or set DEPTHKV_DATA_DIR");
 }
 
 /// The whole file at `path`, byte for byte (the file must exist).

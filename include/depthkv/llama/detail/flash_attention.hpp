@@ -168,16 +168,24 @@ inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, Vis&& v
       row.setZero();
       continue;
     }
-    auto seg = row.segment(lo, w);
-    seg *= scale;
-    const float m_new = std::max(st.m(r), seg.maxCoeff());
-    const float corr = std::exp(st.m(r) - m_new);  // 0 when nothing was seen (m = -inf)
-    seg = (seg - m_new).exp();
-    if (lo > 0) row.head(lo).setZero();
+    // the visible slots: a head of the row (no window start in this tile: the same Eigen
+    // expression, so the same bits, as without windows), else a segment
+    const auto weigh = [&](auto seg) {
+      seg *= scale;
+      const float m_new = std::max(st.m(r), seg.maxCoeff());
+      const float corr = std::exp(st.m(r) - m_new);  // 0 when nothing was seen (m = -inf)
+      seg = (seg - m_new).exp();
+      st.l(r) = st.l(r) * corr + seg.sum();
+      if (corr != 1.0f) st.acc.row(r) *= corr;
+      st.m(r) = m_new;
+    };
+    if (lo == 0) {
+      weigh(row.head(w));
+    } else {
+      weigh(row.segment(lo, w));
+      row.head(lo).setZero();
+    }
     if (hi < bk) row.tail(bk - hi).setZero();
-    st.l(r) = st.l(r) * corr + seg.sum();
-    if (corr != 1.0f) st.acc.row(r) *= corr;
-    st.m(r) = m_new;
   }
 }
 

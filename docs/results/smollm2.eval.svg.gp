@@ -1,0 +1,162 @@
+set terminal svg size 1100,380 dynamic noenhanced font 'Helvetica,12' background rgb 'white'
+set output 'docs/results/smollm2.eval.svg'
+set multiplot layout 1,2 title 'SmolLM2-135M-Instruct.Q4_1.gguf: 12 eval windows of licenses.txt (384+128 tokens)'
+set grid
+set key below horizontal height 1
+set xtics 0.1
+set logscale y
+set format y '%g'
+$q_snapkv_uniform << EOD
+0.1 0.274156
+0.2 0.162262
+0.3 0.0952422
+EOD
+$q_snapkv_pyramid << EOD
+0.1 0.303938
+0.2 0.183346
+0.3 0.127675
+EOD
+$q_snapkv_optimal << EOD
+0.1 0.250518
+0.2 0.106091
+0.3 0.0594902
+EOD
+set title 'quality vs budget (snapkv scorer)'
+set xlabel 'global keep ratio'
+set ylabel 'mean KL(full || pruned)'
+plot $q_snapkv_uniform using 1:2 with linespoints lw 2 title 'uniform', $q_snapkv_pyramid using 1:2 with linespoints lw 2 title 'pyramid', $q_snapkv_optimal using 1:2 with linespoints lw 2 title 'optimal'
+$l_snapkv_0 << EOD
+0 0.00579862
+1 0.00580741
+2 0.0079011
+3 0.00757692
+4 0.00642722
+5 0.00844059
+6 0.00580409
+7 0.00871365
+8 0.0186513
+9 0.00495645
+10 0.0040356
+11 0.00383204
+12 0.00409739
+13 0.00309986
+14 0.0112758
+15 0.00947638
+16 0.00396509
+17 0.0158558
+18 0.0115043
+19 0.00757314
+20 0.0317055
+21 0.00825678
+22 0.00600889
+23 0.0209306
+24 0.0128452
+25 0.00244162
+26 0.00673362
+27 0.00245708
+28 0.00677611
+29 0.0028128
+EOD
+$l_snapkv_1 << EOD
+0 0.00456272
+1 0.00481669
+2 0.00562146
+3 0.00573342
+4 0.00610461
+5 0.00641749
+6 0.00457178
+7 0.00659993
+8 0.0120649
+9 0.00387932
+10 0.00318878
+11 0.00336687
+12 0.00344927
+13 0.00276546
+14 0.00806788
+15 0.00686605
+16 0.00320149
+17 0.0125271
+18 0.00834048
+19 0.00544094
+20 0.0206539
+21 0.00594034
+22 0.00390369
+23 0.0141399
+24 0.00722637
+25 0.00201412
+26 0.00470832
+27 0.00203114
+28 0.00380213
+29 0.00192201
+EOD
+$l_snapkv_2 << EOD
+0 0.00422764
+1 0.00397388
+2 0.00490919
+3 0.00426841
+4 0.00522006
+5 0.00523594
+6 0.00409909
+7 0.00575598
+8 0.00873751
+9 0.0037353
+10 0.00304484
+11 0.00305985
+12 0.0029995
+13 0.00264125
+14 0.00597018
+15 0.00533802
+16 0.00291858
+17 0.0105044
+18 0.00624671
+19 0.00417037
+20 0.0153992
+21 0.00479315
+22 0.00324736
+23 0.00879728
+24 0.00590206
+25 0.00188626
+26 0.0028526
+27 0.00175993
+28 0.00252448
+29 0.00167882
+EOD
+$l_snapkv_3 << EOD
+0 0.00375608
+1 0.00358348
+2 0.00385072
+3 0.00364554
+4 0.00402251
+5 0.00380745
+6 0.00338859
+7 0.00448512
+8 0.00525854
+9 0.00302132
+10 0.00289985
+11 0.00265317
+12 0.00273949
+13 0.00253651
+14 0.00383005
+15 0.00355377
+16 0.00258572
+17 0.00464306
+18 0.0036279
+19 0.00310459
+20 0.00780509
+21 0.00323271
+22 0.00256953
+23 0.00439487
+24 0.0034807
+25 0.00159952
+26 0.00200588
+27 0.00146549
+28 0.00172152
+29 0.00121294
+EOD
+set title 'per-layer sensitivity (only that layer pruned, snapkv)'
+set ylabel 'mean kl (calibration windows)'
+set xlabel 'layer'
+set xtics 3
+plot $l_snapkv_0 using 1:2 with linespoints lw 2 title 'keep 0.1', $l_snapkv_1 using 1:2 with linespoints lw 2 title 'keep 0.2', $l_snapkv_2 using 1:2 with linespoints lw 2 title 'keep 0.3', $l_snapkv_3 using 1:2 with linespoints lw 2 title 'keep 0.5'
+set xtics 0.1
+unset multiplot
