@@ -173,7 +173,8 @@ struct PruneSettings {
 /// position on can see (positions <= next - W, next = 1 + the newest position any layer holds)
 /// and compacts that layer's scorer alike (`TokenScorer::compact`). Slots are held in position
 /// order, so the dropped ones are each head's first slots. What a local layer holds then is at
-/// most W - 1 slots.
+/// most W - 1 slots. The freed capacity stays with the layer (no `shrink_to_fit`: a layer that
+/// drops a slot every decode step reuses it for the next append; the next eviction shrinks).
 /// @param scorers one per layer, or empty (no scorer state to keep in step)
 /// @return the slots dropped, over all layers and heads
 /// @throws Error when `window` is neither empty nor one entry per layer, or `scorers` neither
@@ -206,7 +207,6 @@ long long drop_outside_windows(KVCache<Layer>& cache, std::vector<TokenScorer>& 
       if (!scorers.empty()) scorers[static_cast<std::size_t>(l)].compact(h, keep.data(), n - d);
       dropped += d;
     }
-    L.shrink_to_fit();
   }
   return dropped;
 }
