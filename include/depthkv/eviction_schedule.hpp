@@ -191,20 +191,14 @@ long long drop_outside_windows(KVCache<Layer>& cache, std::vector<TokenScorer>& 
       if (cache.layer(l).size(h) > 0)
         next = std::max<std::int64_t>(next, cache.layer(l).positions(h)[cache.layer(l).size(h) - 1] + 1LL);
   long long dropped = 0;
-  std::vector<std::int32_t> keep;
+  std::vector<std::int32_t> kept;
   for (int l = 0; l < static_cast<int>(window.size()); ++l) {
     const int w = window[static_cast<std::size_t>(l)];
     if (w <= 0) continue;
-    Layer& L = cache.layer(l);
-    for (int h = 0; h < L.n_kv_heads(); ++h) {
-      const int n = L.size(h);
-      const std::int32_t* pos = L.positions(h);
-      const int d = static_cast<int>(std::upper_bound(pos, pos + n, next - w) - pos);
-      if (d == 0) continue;
-      keep.resize(static_cast<std::size_t>(n - d));
-      for (int i = d; i < n; ++i) keep[static_cast<std::size_t>(i - d)] = i;
-      L.compact(h, keep.data(), n - d);
-      if (!scorers.empty()) scorers[static_cast<std::size_t>(l)].compact(h, keep.data(), n - d);
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
+      const int d = drop_positions(cache.layer(l), h, std::numeric_limits<std::int32_t>::min(), next - w, kept);
+      if (d > 0 && !scorers.empty())
+        scorers[static_cast<std::size_t>(l)].compact(h, kept.data(), static_cast<int>(kept.size()));
       dropped += d;
     }
   }

@@ -288,4 +288,24 @@ class KVCache {
   std::vector<Layer> layers_;
 };
 
+/// Drops from KV head `h` of `layer` the slots holding positions in [from, through] (slots are
+/// held in position order, so they form one run) and keeps the others in order: what a
+/// sliding-window layer does with the positions no later query can see.
+/// @param kept receives the kept slots' indices before the drop (for per-slot state kept beside
+///   the layer, e.g. `TokenScorer::compact`); untouched when nothing is dropped
+/// @return the slots dropped
+template <class Layer>
+int drop_positions(Layer& layer, int h, std::int64_t from, std::int64_t through, std::vector<std::int32_t>& kept) {
+  const int n = layer.size(h);
+  const std::int32_t* pos = layer.positions(h);
+  const auto lo = [&](std::int64_t p) { return static_cast<int>(std::lower_bound(pos, pos + n, p) - pos); };
+  const int a = lo(from), b = through < from ? a : std::max(a, lo(through + 1));
+  if (b == a) return 0;
+  kept.clear();
+  for (int i = 0; i < n; ++i)
+    if (i < a || i >= b) kept.push_back(i);
+  layer.compact(h, kept.data(), static_cast<int>(kept.size()));
+  return b - a;
+}
+
 }  // namespace depthkv

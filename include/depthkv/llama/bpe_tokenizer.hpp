@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
+#include "depthkv/llama/detail/token_partition.hpp"
 #include "depthkv/llama/gguf.hpp"
 #include "depthkv/llama/pre_tokenizer.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
@@ -283,10 +284,7 @@ class BpeTokenizer : public TextTokenizer {
     int rank;
     int id;
   };
-  struct Fragment {
-    std::size_t offset, length;
-    int token;  // >= 0: a special token; -1: text
-  };
+  using Fragment = detail::TextFragment;  // token >= 0: a special token; -1: text
   // A candidate merge of the pair at positions (left, right) holding (left_id, right_id).
   struct Cand {
     int rank;
@@ -410,37 +408,14 @@ class BpeTokenizer : public TextTokenizer {
   }
 
   // Step 1: special tokens cut the text into fragments (text or one token), each special token
-  // in turn over the text fragments left so far.
+  // in turn over the text fragments left so far (user-defined ones always, the others when
+  // `parse_special`).
   void partition(const std::string& text, bool parse_special, std::vector<Fragment>& frags) const {
-    frags.clear();
-    if (text.empty()) return;
-    frags.push_back({0, text.size(), -1});
-    std::vector<Fragment> next;
-    const std::string_view all(text);
-    for (int id : specials_) {
-      const TokenType t = static_cast<TokenType>(types_[static_cast<std::size_t>(id)]);
-      if (!parse_special && t != TokenType::kUserDefined) continue;
-      const std::string& sp = pieces_[static_cast<std::size_t>(id)];
-      if (all.find(sp) == std::string_view::npos) continue;
-      next.clear();
-      for (const Fragment& f : frags) {
-        if (f.token >= 0) {
-          next.push_back(f);
-          continue;
-        }
-        const std::string_view view = all.substr(f.offset, f.length);
-        std::size_t pos = 0;
-        while (true) {
-          const std::size_t hit = view.find(sp, pos);
-          if (hit == std::string_view::npos) break;
-          if (hit > pos) next.push_back({f.offset + pos, hit - pos, -1});
-          next.push_back({f.offset + hit, sp.size(), id});
-          pos = hit + sp.size();
-        }
-        if (pos < f.length) next.push_back({f.offset + pos, f.length - pos, -1});
-      }
-      frags.swap(next);
-    }
+    std::vector<std::pair<std::string_view, int>> cut;
+    for (int id : specials_)
+      if (parse_special || static_cast<TokenType>(types_[static_cast<std::size_t>(id)]) == TokenType::kUserDefined)
+        cut.emplace_back(pieces_[static_cast<std::size_t>(id)], id);
+    detail::partition_at_tokens(text, cut, frags);
   }
 
   // Steps 3-4 for one piece of the pre-tokenizer.

@@ -364,22 +364,12 @@ class LlamaEngine {
   /// applies the window by stored positions either way.
   template <class Layer>
   void drop_outside_window(KVCache<Layer>& cache, std::int64_t next_pos, std::int32_t from) const {
+    std::vector<std::int32_t> kept;
     for (int l = 0; l < cache.n_layers(); ++l) {
       const int w = config().window(l);
       if (w <= 0) continue;
       Layer& L = cache.layer(l);
-      for (int h = 0; h < L.n_kv_heads(); ++h) {
-        const int n = L.size(h);
-        const std::int32_t* pos = L.positions(h);
-        const int a = static_cast<int>(std::lower_bound(pos, pos + n, from) - pos);
-        const int b = static_cast<int>(std::upper_bound(pos, pos + n, next_pos - w) - pos);
-        if (b <= a) continue;
-        std::vector<std::int32_t> keep;
-        keep.reserve(static_cast<std::size_t>(n - (b - a)));
-        for (int i = 0; i < n; ++i)
-          if (i < a || i >= b) keep.push_back(i);
-        L.compact(h, keep.data(), static_cast<int>(keep.size()));
-      }
+      for (int h = 0; h < L.n_kv_heads(); ++h) drop_positions(L, h, from, next_pos - w, kept);
       if constexpr (detail::HasBlockPool<Layer>::value) L.shrink_to_fit();  // the freed blocks go back to the pool
     }
   }

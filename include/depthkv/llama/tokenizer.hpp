@@ -51,6 +51,7 @@
 
 #include "depthkv/error.hpp"
 #include "depthkv/llama/detail/mapped_file.hpp"
+#include "depthkv/llama/detail/token_partition.hpp"
 #include "depthkv/llama/gguf.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
 
@@ -266,10 +267,7 @@ class Tokenizer : public TextTokenizer {
 
  private:
   // A stretch of the text: a user-defined token (token >= 0) or text to encode (-1).
-  struct Fragment {
-    std::size_t offset, length;
-    int token;
-  };
+  using Fragment = detail::TextFragment;
 
   int dummy_prefix() const {
     const int space = lookup(" ");
@@ -306,33 +304,8 @@ class Tokenizer : public TextTokenizer {
   // Splits `text` at the user-defined tokens, longest first, each leftmost occurrence first (as
   // llama.cpp's tokenizer_st_partition).
   void partition(const std::string& text, std::vector<Fragment>& frags) const {
-    frags.clear();
-    if (text.empty()) return;
-    frags.push_back({0, text.size(), -1});
-    std::vector<Fragment> next;
-    for (const auto& ud : user_defined_) {
-      const std::string& sp = ud.first;
-      if (text.find(sp) == std::string::npos) continue;
-      next.clear();
-      for (const Fragment& f : frags) {
-        if (f.token >= 0) {
-          next.push_back(f);
-          continue;
-        }
-        std::size_t pos = f.offset;
-        const std::size_t end = f.offset + f.length;
-        const std::string_view view(text.data(), end);  // offsets stay those of the text
-        while (true) {
-          const std::size_t hit = view.find(sp, pos);
-          if (hit == std::string_view::npos) break;
-          if (hit > pos) next.push_back({pos, hit - pos, -1});
-          next.push_back({hit, sp.size(), ud.second});
-          pos = hit + sp.size();
-        }
-        if (pos < end) next.push_back({pos, end - pos, -1});
-      }
-      frags.swap(next);
-    }
+    std::vector<std::pair<std::string_view, int>> cut(user_defined_.begin(), user_defined_.end());
+    detail::partition_at_tokens(text, cut, frags);
   }
 
   static std::string replace_all(std::string s, const std::string& from, const std::string& to) {

@@ -430,13 +430,9 @@ class EvalRuns {
     const int win = engine_.config().window(l);
     if (win <= 0) return scores;
     LayerScores out = scores;
-    std::vector<std::int32_t> keep;
+    std::vector<std::int32_t> kept;
     for (int h = 0; h < kv.n_kv_heads(); ++h) {
-      const int n = kv.size(h);
-      const int d = static_cast<int>(std::upper_bound(kv.positions(h), kv.positions(h) + n, n_ctx - win) - kv.positions(h));
-      keep.resize(static_cast<std::size_t>(n - d));
-      for (int i = d; i < n; ++i) keep[static_cast<std::size_t>(i - d)] = i;
-      kv.compact(h, keep.data(), n - d);
+      const int d = drop_positions(kv, h, std::numeric_limits<std::int32_t>::min(), n_ctx - win, kept);
       auto& s = out[static_cast<std::size_t>(h)];
       s.erase(s.begin(), s.begin() + std::min<std::ptrdiff_t>(d, static_cast<std::ptrdiff_t>(s.size())));
     }
