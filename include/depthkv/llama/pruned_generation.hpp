@@ -1,0 +1,247 @@
+#pragma once
+/// @file llama/pruned_generation.hpp
+/// @brief `PrunedGeneration`: the library's prefill-evict-decode driver on the reference engine.
+/// One object runs one sequence on one cache:
+/// - `prefill(prompt)` feeds the prompt in chunks of `ForwardOptions::chunk_size`;
+///   - a chunked or decode spec (`ScheduleSpec`): an `EvictionSchedule` evicts after every chunk;
+///   - a oneshot spec (unless its budget keeps everything, a keep ratio of 1): the prompt's attention is observed, then (lookahead > 0) the model's next
+///     `lookahead` greedy tokens are decoded on the full cache, observed and removed
+///     (`observe_lookahead`), then every layer is scored, budgeted and evicted once
+///     (`score_and_evict`);
+/// - `step(token)` decodes one token at the next position; a schedule evicts every
+///   `schedule.interval` tokens.
+///
+/// With a preset name (preset.hpp) and a oneshot spec, the preset's per-input rule runs inside
+/// the prefill: the mean NLL of the prompt's last `kPresetTrustTokens` tokens is taken from the
+/// prefill itself (`TailNll`), and a prompt the rule distrusts (`preset_trusts_input`) is served
+/// by `preset_fallback_spec` instead, whose scorers observed the same prefill. A schedule evicts
+/// before the prompt's NLL is known, so a chunked spec is served as given.
+///
+/// Local (sliding-window) layers are capped at their window and their out-of-window slots freed
+/// (`LlamaConfig::layer_window`), whatever the curves' `layer_window` says.
+///
+/// A `PrunedGeneration` holds the observers it installs, so it is neither copied nor moved.
+///
+/// @code
+/// using namespace depthkv;
+/// llama::LlamaEngine engine(model);
+/// PruneSpec spec;                                   // what to keep: uniform H2O, keep 20%
+/// spec.budget = Budget::keep(0.2);
+/// llama::ForwardOptions run;                        // how the engine runs: chunk, threads
+/// llama::PrunedGeneration<llama::HostCacheF16> g(engine, engine.make_cache<Eigen::half>(), spec, {}, nullptr, run);
+/// llama::RowMatrix logits = g.prefill(prompt);       // [1 x vocab], the prompt's last position
+/// int token = llama::last_argmax(logits);
+/// for (int i = 0; i < 64; ++i) token = llama::last_argmax(g.step(token));
+/// // g.report().prune.budgets: the tokens each layer kept
+/// @endcode
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "depthkv/error.hpp"
+#include "depthkv/eviction_schedule.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/engine_lookahead.hpp"
+#include "depthkv/llama/output_projections.hpp"
+#include "depthkv/preset.hpp"
+#include "depthkv/prune_spec.hpp"
+#include "depthkv/token_scorer.hpp"
+
+namespace depthkv {
+namespace llama {
+
+/// What a `PrunedGeneration` did to its cache, for reports.
+struct GenerationReport {
+  PruneSpec spec;             ///< the spec that chose the kept tokens (the fallback's when distrusted)
+  bool pruned = false;        ///< the oneshot eviction ran after the prompt
+  PruneReport prune;          ///< its per-layer budgets and bytes before and after
+  bool rule_ran = false;      ///< the preset's per-input rule ran
+  bool trusted = true;        ///< its verdict (false: the fallback served the prompt)
+  double context_nll = 0.0;   ///< its signal: mean NLL (nats) of the prompt's last `nll_tokens`
+  int nll_tokens = 0;
+  int lookahead = 0;          ///< the lookahead's decode steps (0: none ran)
+  double prefill_ms = 0.0, lookahead_ms = 0.0;
+  std::size_t peak_bytes = 0; ///< the most bytes the cache held after any chunk or decode step
+  int evictions = 0;          ///< the schedule's evictions (0 without one)
+  long long tokens_seen = 0;  ///< the tokens appended so far (prompt and decoded)
+};
+
+/// The prefill-evict-decode driver (see the file comment). `Cache` is a `KVCache` of any layer
+/// type the engine fills (`HostCache`, `HostCacheF16`, paged or token-major layouts).
+template <class Cache>
+class PrunedGeneration {
+ public:
+  /// @param engine the model's engine (outlives this object)
+  /// @param cache an empty cache of the engine's shape
+  /// @param spec what to keep (nullopt: the full cache, nothing observed or evicted)
+  /// @param curves what the spec's policy reads from a profile (`policy_curves`; empty for
+  ///   uniform and pyramid)
+  /// @param wo the model's output projections for an output-aware scorer (outlive this object;
+  ///   null otherwise)
+  /// @param run how the engine runs: `chunk_size`, threads, SIMD cap (its observer, after_chunk,
+  ///   capture and all_logits are the driver's)
+  /// @param preset a preset whose per-input rule serves the prompt ("": none)
+  /// @throws Error on an invalid spec, an output-aware scorer without `wo`, a policy without the
+  ///   curves it reads, or an unknown preset
+  PrunedGeneration(const LlamaEngine& engine, Cache cache, std::optional<PruneSpec> spec, PolicyCurves curves,
+                   const OutputProjections* wo, const ForwardOptions& run, const std::string& preset = "")
+      : engine_(engine), cache_(std::move(cache)), spec_(std::move(spec)), curves_(std::move(curves)), wo_(wo),
+        preset_(preset) {
+    run_.chunk_size = run.chunk_size;
+    run_.n_threads = run.n_threads;
+    run_.max_simd_level = run.max_simd_level;
+    run_.stats = run.stats;
+    run_.all_logits = false;
+    curves_.layer_window = engine.config().layer_window;
+    if (!spec_) return;
+    spec_->validate();
+    DEPTHKV_CHECK(!spec_->scorer.output_aware || wo_, "an output-aware scorer needs the model's output projections");
+    if (!preset_.empty()) check_preset_name(preset_);
+    report_.spec = *spec_;
+    (void)depthkv::detail::prune_settings(*spec_, curves_.data(), wo_views(*spec_));  // refuses missing curves now
+    if (spec_->schedule.mode != ScheduleMode::kOneshot) {
+      const LlamaConfig& c = engine.config();
+      schedule_ = std::make_unique<EvictionSchedule>(schedule_config(*spec_, curves_.data(), wo_views(*spec_)),
+                                                     c.n_layers, c.n_heads, c.n_kv_heads);
+    }
+  }
+  PrunedGeneration(const PrunedGeneration&) = delete;
+  PrunedGeneration& operator=(const PrunedGeneration&) = delete;
+
+  /// Feeds `prompt` at positions 0.. and prunes as the spec says (see the file comment).
+  /// @return the logits of the prompt's last position `[1 x vocab]`
+  /// @throws Error on an empty prompt, a second prefill, a prompt (plus lookahead) beyond the
+  ///   model's context, or as the engine and the allocator
+  RowMatrix prefill(const std::vector<int>& prompt) {
+    DEPTHKV_CHECK(!prompt.empty(), "prefill: the prompt holds no tokens");
+    DEPTHKV_CHECK(pos_ == 0, "prefill: this generation already holds " << pos_ << " positions");
+    const bool oneshot = spec_ && !schedule_ && !(spec_->budget.is_ratio() && spec_->budget.ratio() >= 1.0);
+    ForwardOptions opt = run_;
+    Observed obs;
+    if (oneshot) observe_prompt(prompt, opt, obs);
+    if (schedule_) {
+      opt.observer = schedule_->observer();
+      opt.after_chunk = [this](int, std::int32_t) { after_append(false); };
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    RowMatrix logits = engine_.prefill(prompt, 0, cache_, opt);
+    report_.prefill_ms = ms_since(t0);
+    pos_ = static_cast<std::int32_t>(prompt.size());
+    report_.tokens_seen = pos_;
+    track_peak();
+    if (oneshot) prune_prompt(logits, obs);
+    return logits;
+  }
+
+  /// Decodes `token` at the next position (a schedule evicts every interval).
+  /// @return its logits `[1 x vocab]`
+  /// @throws Error before `prefill`, beyond the model's context, or as the engine
+  RowMatrix step(int token) {
+    DEPTHKV_CHECK(pos_ > 0, "step: prefill a prompt first");
+    ForwardOptions opt = run_;
+    if (schedule_) {
+      opt.observer = schedule_->observer();
+      opt.observe_from = schedule_->observe_from();  // only the rows the next eviction scores
+    }
+    RowMatrix logits = engine_.forward(&token, 1, pos_, cache_, opt);
+    ++pos_;
+    report_.tokens_seen = pos_;
+    after_append(true);
+    return logits;
+  }
+
+  Cache& cache() { return cache_; }
+  const Cache& cache() const { return cache_; }
+  /// The next position (the tokens fed so far).
+  std::int32_t position() const { return pos_; }
+  const GenerationReport& report() const { return report_; }
+
+ private:
+  /// The scorers a oneshot prune observes with, and the rule's.
+  struct Observed {
+    std::vector<TokenScorer> scorers, fallback;
+    std::optional<PruneSpec> fallback_spec;
+    std::unique_ptr<TailNll> tail;
+  };
+
+  const std::vector<OutputProjection>* wo_views(const PruneSpec& s) const {
+    return s.scorer.output_aware && wo_ ? &wo_->views() : nullptr;
+  }
+
+  static double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  void track_peak() { report_.peak_bytes = std::max(report_.peak_bytes, cache_.bytes()); }
+
+  void after_append(bool decode_step) {
+    track_peak();
+    if (!schedule_) return;
+    if (decode_step) schedule_->after_decode_step(cache_);
+    else schedule_->after_chunk(cache_);
+    report_.evictions = schedule_->n_evictions();
+  }
+
+  /// Installs the oneshot prune's observers (and the preset rule's) on `opt`.
+  void observe_prompt(const std::vector<int>& prompt, ForwardOptions& opt, Observed& obs) {
+    const LlamaConfig& c = engine_.config();
+    obs.scorers = make_scorers(c, spec_->scorer);
+    const bool own = spec_->scorer.lookahead == 0 || spec_->scorer.context_weight > 0.0;  // else: the lookahead only
+    if (preset_.empty()) {
+      if (own) opt.observer = observe_into(obs.scorers);
+      return;
+    }
+    obs.fallback_spec = preset_fallback_spec(preset_, *spec_);
+    obs.fallback = make_scorers(c, obs.fallback_spec->scorer);
+    opt.observer = [&obs, own](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+      if (own) obs.scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+      obs.fallback[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
+    };
+    if (prompt.size() >= 2) obs.tail = std::make_unique<TailNll>(engine_, prompt, kPresetTrustTokens, opt);
+  }
+
+  /// The preset rule's verdict, then the lookahead and the oneshot eviction.
+  void prune_prompt(const RowMatrix& logits, Observed& obs) {
+    PruneSpec spec = *spec_;
+    if (obs.fallback_spec) {
+      report_.rule_ran = true;
+      report_.context_nll = obs.tail ? obs.tail->nll() : 0.0;
+      report_.nll_tokens = obs.tail ? obs.tail->n_tokens() : 0;
+      report_.trusted = preset_trusts_input(preset_, report_.context_nll, engine_.config().vocab_size);
+      if (!report_.trusted) {
+        spec = *obs.fallback_spec;
+        obs.scorers = std::move(obs.fallback);
+      }
+    }
+    if (spec.scorer.lookahead > 0) {
+      const auto t1 = std::chrono::steady_clock::now();
+      observe_lookahead(engine_, cache_, last_argmax(logits), pos_, {&obs.scorers});
+      report_.lookahead_ms = ms_since(t1);
+      report_.lookahead = spec.scorer.lookahead;
+    }
+    report_.prune = score_and_evict(cache_, obs.scorers, prune_request(spec, curves_.data(), wo_views(spec)));
+    report_.pruned = true;
+    report_.spec = spec;
+  }
+
+  const LlamaEngine& engine_;
+  Cache cache_;
+  std::optional<PruneSpec> spec_;
+  PolicyCurves curves_;
+  const OutputProjections* wo_;
+  std::string preset_;
+  ForwardOptions run_;
+  std::unique_ptr<EvictionSchedule> schedule_;
+  std::int32_t pos_ = 0;
+  GenerationReport report_;
+};
+
+}  // namespace llama
+}  // namespace depthkv

@@ -1,0 +1,219 @@
+// PrunedGeneration, the library's prefill-evict-decode driver: each mode equals the pipeline
+// assembled by hand from the engine, the scorers, score_and_evict and EvictionSchedule (the same
+// bits), on Llama and Gemma 3 blocks; and bad requests are refused before the cache changes.
+
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../support/random_model.hpp"
+#include "depthkv/error.hpp"
+#include "depthkv/eviction_schedule.hpp"
+#include "depthkv/llama/engine.hpp"
+#include "depthkv/llama/engine_lookahead.hpp"
+#include "depthkv/llama/output_projections.hpp"
+#include "depthkv/llama/pruned_generation.hpp"
+
+namespace {
+
+using namespace depthkv;
+using namespace depthkv::llama;
+using depthkv_test::random_model;
+using depthkv_test::random_tokens;
+
+/// Greedy decoding of `steps` tokens after `prompt`: the driver's logits at every step.
+std::vector<RowMatrix> drive(PrunedGeneration<HostCache>& g, const std::vector<int>& prompt, int steps) {
+  std::vector<RowMatrix> out{g.prefill(prompt)};
+  for (int i = 0; i < steps; ++i) out.push_back(g.step(last_argmax(out.back())));
+  return out;
+}
+
+/// The same by hand: prefill (observed when `scorers`), then `prune` (may be empty), then greedy steps.
+template <class Prune>
+std::vector<RowMatrix> by_hand(const LlamaEngine& engine, HostCache& cache, const std::vector<int>& prompt, int steps,
+                               const ForwardOptions& opt, Prune prune) {
+  std::vector<RowMatrix> out{engine.prefill(prompt, 0, cache, opt)};
+  prune(out.back());
+  ForwardOptions dopt;
+  dopt.chunk_size = opt.chunk_size;
+  for (int i = 0; i < steps; ++i) {
+    const int t = last_argmax(out.back());
+    out.push_back(engine.forward(&t, 1, static_cast<std::int32_t>(prompt.size()) + i, cache, dopt));
+  }
+  return out;
+}
+
+void require_same(const std::vector<RowMatrix>& a, const std::vector<RowMatrix>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(a[i] == b[i]);
+}
+
+depthkv_test::RandomSpec shape(bool gemma) {
+  depthkv_test::RandomSpec s = depthkv_test::eval_spec(11, 3);
+  s.gemma3 = gemma;
+  s.window = 24;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("PrunedGeneration without a spec: the engine's prefill and decode, nothing evicted", "[driver]") {
+  const LlamaModel model = random_model(shape(false));
+  const LlamaEngine engine(model);
+  const std::vector<int> prompt = random_tokens(70, model.config.vocab_size, 3);
+  ForwardOptions run;
+  run.chunk_size = 16;
+  PrunedGeneration<HostCache> g(engine, engine.make_cache(), std::nullopt, {}, nullptr, run);
+  HostCache ref = engine.make_cache();
+  ForwardOptions opt = run;
+  opt.all_logits = false;
+  require_same(drive(g, prompt, 12), by_hand(engine, ref, prompt, 12, opt, [](const RowMatrix&) {}));
+  REQUIRE(g.cache().lengths() == ref.lengths());
+  REQUIRE_FALSE(g.report().pruned);
+  REQUIRE(g.report().tokens_seen == 82);
+}
+
+TEST_CASE("PrunedGeneration with a oneshot spec equals score_and_evict after the prefill", "[driver]") {
+  const bool gemma = GENERATE(false, true);
+  const bool lookahead = GENERATE(false, true);
+  CAPTURE(gemma, lookahead);
+  const LlamaModel model = random_model(shape(gemma));
+  const LlamaEngine engine(model);
+  const OutputProjections wo(model);
+  const std::vector<int> prompt = random_tokens(90, model.config.vocab_size, 5);
+  PruneSpec spec;
+  spec.scorer = scorer_config("snapkv");
+  spec.scorer.output_aware = true;
+  spec.scorer.lookahead = lookahead ? 6 : 0;
+  spec.scorer.context_weight = lookahead ? 0.25 : 0.0;
+  spec.protection = {2, 4};
+  spec.budget = Budget::keep(0.3);
+  ForwardOptions run;
+  run.chunk_size = 32;
+  PrunedGeneration<HostCache> g(engine, engine.make_cache(), spec, {}, &wo, run);
+  const std::vector<RowMatrix> got = drive(g, prompt, 10);
+
+  HostCache ref = engine.make_cache();
+  std::vector<TokenScorer> scorers = make_scorers(model.config, spec.scorer);
+  ForwardOptions opt = run;
+  opt.all_logits = false;
+  opt.observer = observe_into(scorers);
+  PolicyData data;
+  data.layer_window = model.config.layer_window;
+  PruneReport rep;
+  const std::vector<RowMatrix> want = by_hand(engine, ref, prompt, 10, opt, [&](const RowMatrix& logits) {
+    if (lookahead) observe_lookahead(engine, ref, last_argmax(logits), 90, {&scorers});
+    rep = score_and_evict(ref, scorers, prune_request(spec, data, &wo.views()));
+  });
+  require_same(got, want);
+  REQUIRE(g.report().pruned);
+  REQUIRE(g.report().prune.budgets == rep.budgets);
+  REQUIRE(g.report().lookahead == (lookahead ? 6 : 0));
+  REQUIRE(g.cache().lengths() == ref.lengths());
+  REQUIRE(g.cache().bytes() < g.report().peak_bytes);
+}
+
+TEST_CASE("PrunedGeneration with a chunked spec equals an EvictionSchedule driven by hand", "[driver]") {
+  const bool gemma = GENERATE(false, true);
+  CAPTURE(gemma);
+  const LlamaModel model = random_model(shape(gemma));
+  const LlamaEngine engine(model);
+  const std::vector<int> prompt = random_tokens(100, model.config.vocab_size, 9);
+  PruneSpec spec;
+  spec.protection = {2, 4};
+  spec.budget = Budget::tokens(60);
+  spec.schedule = {ScheduleMode::kChunked, 16, 8};
+  ForwardOptions run;
+  run.chunk_size = 16;
+  PrunedGeneration<HostCache> g(engine, engine.make_cache(), spec, {}, nullptr, run);
+  const std::vector<RowMatrix> got = drive(g, prompt, 30);
+
+  PolicyData data;
+  data.layer_window = model.config.layer_window;
+  EvictionSchedule s(schedule_config(spec, data), model.config.n_layers, model.config.n_heads, model.config.n_kv_heads);
+  HostCache ref = engine.make_cache();
+  ForwardOptions opt = run;
+  opt.all_logits = false;
+  opt.observer = s.observer();
+  opt.after_chunk = [&](int, std::int32_t) { s.after_chunk(ref); };
+  std::vector<RowMatrix> want{engine.prefill(prompt, 0, ref, opt)};
+  for (int i = 0; i < 30; ++i) {
+    const int t = last_argmax(want.back());
+    ForwardOptions d;
+    d.observer = s.observer();
+    d.observe_from = s.observe_from();
+    want.push_back(engine.forward(&t, 1, 100 + i, ref, d));
+    s.after_decode_step(ref);
+  }
+  require_same(got, want);
+  REQUIRE(g.report().evictions == s.n_evictions());
+  REQUIRE(g.report().evictions > 3);
+  REQUIRE(g.cache().lengths() == ref.lengths());
+}
+
+TEST_CASE("PrunedGeneration refuses bad requests before its cache changes", "[driver][errors]") {
+  const LlamaModel model = random_model(shape(false));
+  const LlamaEngine engine(model);
+  ForwardOptions run;
+  PruneSpec aware;
+  aware.scorer = scorer_config("snapkv");
+  aware.scorer.output_aware = true;
+  aware.budget = Budget::keep(0.5);
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>(engine, engine.make_cache(), aware, {}, nullptr, run),
+                      Catch::Contains("output projections"));
+  PruneSpec head;
+  head.policy = AllocationPolicy::kHeadOptimal;
+  head.budget = Budget::keep(0.5);
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>(engine, engine.make_cache(), head, {}, nullptr, run),
+                      Catch::Contains("head curves"));
+  PruneSpec bad;
+  bad.budget = Budget::keep(1.5);
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>(engine, engine.make_cache(), bad, {}, nullptr, run),
+                      Catch::Contains("keep ratio"));
+  PruneSpec ok;
+  ok.budget = Budget::keep(0.5);
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>(engine, engine.make_cache(), ok, {}, nullptr, run, "worst"),
+                      Catch::Contains("unknown preset"));
+
+  PrunedGeneration<HostCache> g(engine, engine.make_cache(), ok, {}, nullptr, run);
+  REQUIRE_THROWS_WITH(g.step(1), Catch::Contains("prefill a prompt first"));
+  REQUIRE_THROWS_WITH(g.prefill({}), Catch::Contains("no tokens"));
+  REQUIRE_THROWS_WITH(g.prefill({1, 2, 9999}), Catch::Contains("9999"));
+  REQUIRE(g.cache().lengths() == std::vector<int>(3, 0));
+  g.prefill(random_tokens(40, model.config.vocab_size, 1));
+  REQUIRE_THROWS_WITH(g.prefill({1, 2}), Catch::Contains("already holds 40"));
+}
+
+TEST_CASE("PrunedGeneration with a preset runs its per-input rule on the prompt", "[driver][preset]") {
+  // classifier gain 1: predictions near uniform (trusted); 40: confidently wrong on random ids
+  const float gain = GENERATE(1.0f, 40.0f);
+  CAPTURE(gain);
+  depthkv_test::RandomSpec s = shape(false);
+  s.classifier_gain = gain;
+  const LlamaModel model = random_model(s);
+  const LlamaEngine engine(model);
+  PruneSpec spec;
+  spec.scorer = scorer_config("h2o");
+  spec.protection = {2, 4};
+  spec.budget = Budget::keep(0.4);
+  ForwardOptions run;
+  PrunedGeneration<HostCache> g(engine, engine.make_cache(), spec, {}, nullptr, run, "best");
+  const std::vector<int> prompt = random_tokens(80, model.config.vocab_size, 4);
+  g.prefill(prompt);
+  const GenerationReport& r = g.report();
+  REQUIRE(r.rule_ran);
+  REQUIRE(r.nll_tokens == kPresetTrustTokens);
+  // the signal is the NLL of the prompt's last tokens as the full prefill predicts them
+  HostCache full = engine.make_cache();
+  const RowMatrix all = engine.prefill(prompt, 0, full, ForwardOptions());
+  const std::vector<int> targets(prompt.end() - kPresetTrustTokens, prompt.end());
+  const RowMatrix rows = all.middleRows(80 - 1 - kPresetTrustTokens, kPresetTrustTokens);
+  REQUIRE(r.context_nll == Approx(compare_logits(rows, rows, targets).nll_full).epsilon(1e-4));
+  REQUIRE(r.trusted == preset_trusts_input("best", r.context_nll, model.config.vocab_size));
+  REQUIRE(r.trusted == (gain < 10.0f));
+  // trusted: the spec as given; distrusted: plain SnapKV with uniform budgets
+  REQUIRE(scorer_name(r.spec.scorer) == (r.trusted ? "h2o" : "snapkv"));
+  REQUIRE(r.pruned);
+}
