@@ -1,7 +1,7 @@
-// decode_loop: the loop an engine author copies. Prefill a prompt in chunks, let an
-// EvictionSchedule keep the KV cache within a fixed token budget after every chunk and every few
-// decoded tokens, and decode greedily on the bounded cache. The real stories260K model runs on the
-// reference engine; in your engine, `engine.forward` is your forward pass and `cache` your cache.
+// decode_loop: generation on a bounded KV cache with the library's driver (PrunedGeneration,
+// llama/pruned_generation.hpp). Prefill a prompt in chunks, keep the KV cache within a fixed token
+// budget after every chunk and every few decoded tokens, and decode greedily on the bounded cache.
+// The real stories260K model runs on the reference engine.
 //
 // Usage: decode_loop [--max-kv-tokens T] [--chunk N] [--interval M] [--steps N] [--policy P]
 //                    [--profile F] [--scorer S] [--data DIR]
@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "depthkv/eviction_schedule.hpp"
 #include "depthkv/llama.hpp"
-#include "depthkv/profile_io.hpp"
+#include "depthkv/llama/pruned_generation.hpp"
+#include "depthkv/preset.hpp"
 
 #ifndef DEPTHKV_DEFAULT_DATA_DIR
 #define DEPTHKV_DEFAULT_DATA_DIR "../shared"
@@ -60,59 +60,44 @@ int main(int argc, char** argv) {
     const int n_prompt = std::min(384, c.seq_len - steps);
     const std::vector<int> prompt(ids.begin(), ids.begin() + n_prompt);
 
-    // The schedule: one per sequence. It owns one scorer per layer, the budget and the policy.
-    ProfileFile pf;
-    SensitivityProfile profile;
-    ScheduleConfig sc;
-    sc.policy = parse_allocation_policy(policy);
-    sc.budget.total_tokens = max_kv_tokens;   // KV tokens over all layers and heads' rows: the memory bound
-    sc.protection = Protection{4, 16};        // 4 sink tokens and the 16 most recent tokens always stay
-    sc.scorer.kind = parse_scorer_kind(scorer);
-    sc.interval = interval;                   // evict once this many tokens arrived since the last eviction
-    sc.layer_window = model.config.layer_window;  // sliding-window layers (Gemma 3): capped at their window
-    if (!profile_file.empty()) {
-      pf = load_profile(profile_file, model_file);
-      profile = pf.profile(scorer, LossMetric::kKL);
-      sc.profile = &profile;
-    }
-    EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    // What to keep: at most `max_kv_tokens` KV tokens over all layers, evicted after every prefill
+    // chunk and every `interval` decoded tokens (a chunked schedule), 4 sink tokens and the 16 most
+    // recent tokens always kept, split across layers by `policy`.
+    PruneSpec spec;
+    spec.scorer = scorer_config(scorer);
+    spec.policy = parse_allocation_policy(policy);
+    spec.budget = Budget::tokens(max_kv_tokens);
+    spec.protection = Protection{4, 16};
+    spec.schedule = {ScheduleMode::kChunked, chunk, interval};
+    PolicyCurves curves;                      // what the policy reads from a profile (optimal: its curves)
+    if (!profile_file.empty()) curves = policy_curves(load_profile(profile_file, model_file), scorer, spec.policy);
+    ForwardOptions run;                       // how the engine runs: chunk size, threads
+    run.chunk_size = chunk;
 
-    HostCache cache = engine.make_cache();    // per layer: K and V [n_kv_heads][seq_len slots][head_dim] floats
-    ForwardOptions opt;
-    opt.all_logits = false;                   // the last row only: [1][vocab]
-    opt.observer = schedule.observer();       // each layer's softmax(QK^T) rows go to its scorer
-    std::size_t peak = 0;
+    // The driver: one per sequence. It owns the cache (per layer: K and V [n_kv_heads][slots][head_dim]
+    // floats), the scorers and the schedule.
+    PrunedGeneration<HostCache> gen(engine, engine.make_cache(), spec, curves, nullptr, run);
 
     // 1. Prefill in chunks; after each, the schedule evicts the layers down to their budgets.
-    RowMatrix logits;
-    for (int p0 = 0; p0 < n_prompt; p0 += chunk) {
-      const int n = std::min(chunk, n_prompt - p0);
-      logits = engine.forward(prompt.data() + p0, n, p0, cache, opt);  // appends n tokens to every layer
-      peak = std::max(peak, cache.bytes());
-      schedule.after_chunk(cache);
-    }
-    std::printf("prompt %d tokens in chunks of %d: %d evictions; layers hold", n_prompt, chunk, schedule.n_evictions());
-    for (int n : cache.lengths()) std::printf(" %d", n);
+    RowMatrix logits = gen.prefill(prompt);
+    std::printf("prompt %d tokens in chunks of %d: %d evictions; layers hold", n_prompt, chunk, gen.report().evictions);
+    for (int n : gen.cache().lengths()) std::printf(" %d", n);
     std::printf(" tokens (budget %d over %d layers)\n", max_kv_tokens, c.n_layers);
 
     // 2. Decode greedily; the cache never holds more than the budget plus one interval per layer.
-    int prev = prompt.back(), token = 0;
+    int prev = prompt.back();
     std::string text;
-    for (int pos = n_prompt; pos < n_prompt + steps; ++pos) {
-      Eigen::Index next = 0;
-      logits.row(0).maxCoeff(&next);
-      token = static_cast<int>(next);
+    for (int i = 0; i < steps; ++i) {
+      const int token = last_argmax(logits);
       text += Tokenizer::safe_piece(tok.decode(prev, token));
-      logits = engine.forward(&token, 1, pos, cache, opt);  // appends one token to every layer
-      peak = std::max(peak, cache.bytes());
-      schedule.after_decode_step(cache);                   // evicts every `interval` tokens
+      logits = gen.step(token);               // appends one token to every layer, evicts every `interval`
       prev = token;
     }
     const std::size_t full = static_cast<std::size_t>(n_prompt + steps) * c.n_layers * c.n_kv_heads * c.head_dim * 2 *
                              sizeof(float);
     std::printf("generated %d tokens: ...%s\n", steps, text.c_str());
-    std::printf("KV memory: peak %zu bytes, now %zu, against %zu for the full cache (%d evictions in all)\n", peak,
-                cache.bytes(), full, schedule.n_evictions());
+    std::printf("KV memory: peak %zu bytes, now %zu, against %zu for the full cache (%d evictions in all)\n",
+                gen.report().peak_bytes, gen.cache().bytes(), full, gen.report().evictions);
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "decode_loop: %s\n", e.what());
     return 1;
