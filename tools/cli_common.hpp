@@ -222,7 +222,8 @@ inline depthkv::Pooling parse_pooling(const std::string& name) {
 /// Token-selection settings of every subcommand: `--sinks`, `--recent`, `--obs-window`, `--kernel`,
 /// `--pooling`, `--output-aware`, `--head-alloc` and `--head-alpha`. A profile describes what eval, allocate and generate prune only when they
 /// agree; profile files record them in `calibration.selection` (a depthkv::SelectionRecord, same
-/// names). The defaults are profile's, eval's and allocate's; generate starts from `generate()`.
+/// names). Every subcommand has the same defaults, so that a profile measured with them describes
+/// what eval, allocate and generate prune with them.
 struct SelectionSettings {
   int sinks = 4;               ///< attention-sink tokens every head keeps
   int recent = 16;             ///< recent tokens every head keeps
@@ -235,15 +236,6 @@ struct SelectionSettings {
   int lookahead = 0;           ///< greedy tokens after the context whose attention the scorers observe (0: off)
   double context_weight = 0;   ///< with a lookahead: the weight of the context's own window (ScorerConfig::context_weight)
   int tiers = 0;               ///< --tiers (allocate, eval): the optimal policy's tiers (0: no limit; PruneSpec::tiers)
-
-  /// generate's defaults: nothing protected, an observation window of 32 (ScorerConfig's).
-  static SelectionSettings generate() {
-    SelectionSettings s;
-    s.sinks = 0;
-    s.recent = 0;
-    s.obs_window = 32;
-    return s;
-  }
 
   depthkv::Protection protection() const { return {sinks, recent}; }
   /// The spec these flags describe, with scorer `name` (budget, policy, schedule, safeguard: the

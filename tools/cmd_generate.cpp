@@ -42,7 +42,7 @@ struct GenerateArgs {
   long long max_kv_tokens = -1;  ///< bounded memory: KV tokens over all layers (-1: off)
   int interval = 32;             ///< with max_kv_tokens: evict every this many tokens
   std::string kv_type = depthkv::llama::kv_type_name(depthkv::llama::kDefaultKvType);  ///< f16 or f32
-  SelectionSettings sel = SelectionSettings::generate();
+  SelectionSettings sel;  ///< the selection flags, with profile's and eval's defaults
   PresetSettings preset;
 };
 
@@ -128,6 +128,10 @@ void report_prune(const GenerateArgs& a, const depthkv::llama::GenerationReport&
                  a.preset.name.c_str(), r.nll_tokens, normalized_nll(r.context_nll, vocab_size), kPresetMaxNormalizedNll,
                  r.trusted ? "the preset's spec" : "its fallback, plain SnapKV with uniform budgets");
   if (!r.pruned) return;
+  if (r.raised_to_protection)
+    std::fprintf(stderr, "kv cache: keep %.3f of the prompt's %d tokens is below the protected %d sinks + %d recent "
+                         "tokens per layer: the protected tokens are kept\n",
+                 a.keep, n_feed, r.spec.protection.n_sink, r.spec.protection.n_recent);
   std::fprintf(stderr, "kv cache: %s/%s keep %.3f -> per-layer tokens", scorer_name(r.spec.scorer).c_str(),
                to_string(r.spec.policy).c_str(), a.keep);
   for (int b : r.prune.budgets) std::fprintf(stderr, " %d", b);

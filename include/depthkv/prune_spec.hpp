@@ -179,7 +179,7 @@ inline void check_interval(int interval) {
 /// The whole description of how a sequence is pruned (see the file comment).
 struct PruneSpec {
   ScorerConfig scorer;                                    ///< the token scorer of every layer
-  Protection protection;                                  ///< tokens every head keeps (inside the budget)
+  Protection protection{4, 16};                           ///< tokens every head keeps (inside the budget; the CLI's and Python's defaults)
   Budget budget = Budget::keep(1.0);                      ///< the global budget
   AllocationPolicy policy = AllocationPolicy::kUniform;   ///< the split across layers (or heads)
   int tiers = 0;                                          ///< optimal: at most this many tiers (0: no limit)

@@ -53,7 +53,8 @@ struct ScorerConfig {
   /// The built-in scorer (ignored when `name` is set).
   ScorerKind kind = ScorerKind::kH2O;
   /// SnapKV observation window: the last `window` query positions (>= 1; checked for every kind).
-  int window = 32;
+  /// The default is every surface's (the CLI's `--obs-window`, Python's `DEFAULT_OBS_WINDOW`).
+  int window = 16;
   /// SnapKV pooling kernel (odd, >= 1; checked for every kind).
   int kernel = 7;
   /// SnapKV pooling (ignored by the other kinds).

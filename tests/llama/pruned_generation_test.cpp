@@ -217,3 +217,18 @@ TEST_CASE("PrunedGeneration with a preset runs its per-input rule on the prompt"
   REQUIRE(scorer_name(r.spec.scorer) == (r.trusted ? "h2o" : "snapkv"));
   REQUIRE(r.pruned);
 }
+
+TEST_CASE("PrunedGeneration: a keep ratio below the protected tokens keeps the protected tokens", "[driver]") {
+  const LlamaModel model = random_model(shape(false));
+  const LlamaEngine engine(model);
+  PruneSpec spec;  // protection {4, 16} by default
+  spec.budget = Budget::keep(0.3);
+  PrunedGeneration<HostCache> g(engine, engine.make_cache(), spec, {}, nullptr, ForwardOptions());
+  g.prefill(random_tokens(30, model.config.vocab_size, 2));  // keep 0.3: 9 of 30 per layer, below 20 protected
+  REQUIRE(g.report().raised_to_protection);
+  REQUIRE(g.cache().lengths() == std::vector<int>(3, 20));
+  PrunedGeneration<HostCache> h(engine, engine.make_cache(), spec, {}, nullptr, ForwardOptions());
+  h.prefill(random_tokens(100, model.config.vocab_size, 2));  // 30 of 100: above the protection
+  REQUIRE_FALSE(h.report().raised_to_protection);
+  REQUIRE(h.cache().lengths() == std::vector<int>(3, 30));
+}

@@ -330,7 +330,7 @@ TEST_CASE("generate --profile prunes with the budgets allocate computes from the
   REQUIRE(other_prot.status == 0);
   REQUIRE(other_prot.out.find(
               "depthkv: note: the profile was measured with sinks=2 recent=4 obs_window=4 kernel=7 pooling=max; "
-              "this run uses sinks=0 recent=0 obs_window=32 kernel=7 pooling=max. Pass --sinks 2 --recent 4 "
+              "this run uses sinks=4 recent=16 obs_window=16 kernel=7 pooling=max. Pass --sinks 2 --recent 4 "
               "--obs-window 4 --kernel 7 --pooling max to prune as the profile measured.\n") != std::string::npos);
   // a curve-based policy without a profile, a scorer the profile lacks, a profile of another model
   require_error(run_cli(base + "--policy optimal", "2>&1"), "policy 'optimal' needs --profile");
@@ -397,7 +397,7 @@ TEST_CASE("output-aware and head-allocation flags: recorded in profiles and eval
                 "--head-alloc: unknown head allocation 'ada' (expected uniform or adaptive)");
   require_error(run_cli(eval + " --head-alpha 1.5", "2>&1"), "--head-alpha: must be in [0, 1], got 1.5");
   require_error(run_cli("generate --model " + model + " --scorer knorm --keep 0.5 --output-aware --steps 4", "2>&1"),
-                "output-aware scoring applies to h2o, snapkv and tova, not knorm");
+                "scorer.output_aware: only for h2o, snapkv and tova, not knorm");
   // generate prunes with them
   const auto g = run_cli("generate --model " + model + " --scorer snapkv --keep 0.5 --steps 20 --temperature 0" + flags,
                          "2>&1");

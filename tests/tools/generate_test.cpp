@@ -82,7 +82,7 @@ TEST_CASE("generate: errors are reported as 'depthkv: error: ...' with exit code
   require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --window 8", "2>&1"),
                 "--window is no longer an option: use --obs-window N");
   require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --keep 0.5 --kernel 2", "2>&1"),
-                "bad selection settings: sinks=0 recent=0 obs_window=32 kernel=2 pooling=max");
+                "bad selection settings: sinks=4 recent=16 obs_window=16 kernel=2 pooling=max");
   require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --keep 0.5 --pooling sum", "2>&1"),
                 "--pooling: unknown pooling 'sum' (expected none, max or avg)");
 }
@@ -92,10 +92,10 @@ TEST_CASE("generate: the selection flags are accepted, and its defaults spelled 
   const std::string g = "generate --model " + depthkv_test::stories_model_arg() +
                         " --prompt 'Once upon a time there was a little girl named Lily. She loved to play.' -t 0 -n 120 "
                         "--keep 0.3 --policy uniform --scorer snapkv ";
-  const Run dflt = run_cli(g), spelled = run_cli(g + "--sinks 0 --recent 0 --obs-window 32 --kernel 7 --pooling max");
+  const Run dflt = run_cli(g), spelled = run_cli(g + "--sinks 4 --recent 16 --obs-window 16 --kernel 7 --pooling max");
   REQUIRE(dflt.status == 0);
   REQUIRE(spelled.out == dflt.out);
-  for (const char* flag : {"--sinks 4", "--recent 2", "--obs-window 4", "--kernel 1", "--pooling avg", "--pooling none"}) {
+  for (const char* flag : {"--sinks 0", "--recent 2", "--obs-window 4", "--kernel 1", "--pooling avg", "--pooling none"}) {
     INFO(flag);
     REQUIRE(run_cli(g + flag).status == 0);
   }

@@ -7,7 +7,8 @@
 ///   - a oneshot spec (unless its budget keeps everything, a keep ratio of 1): the prompt's attention is observed, then (lookahead > 0) the model's next
 ///     `lookahead` greedy tokens are decoded on the full cache, observed and removed
 ///     (`observe_lookahead`), then every layer is scored, budgeted and evicted once
-///     (`score_and_evict`);
+///     (`score_and_evict`); a keep ratio below the protected tokens (a short prompt) keeps the
+///     protected tokens, as `keep_tokens` does for a schedule;
 /// - `step(token)` decodes one token at the next position; a schedule evicts every
 ///   `schedule.interval` tokens.
 ///
@@ -37,6 +38,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,6 +64,7 @@ struct GenerationReport {
   PruneSpec spec;             ///< the spec that chose the kept tokens (the fallback's when distrusted)
   bool pruned = false;        ///< the oneshot eviction ran after the prompt
   PruneReport prune;          ///< its per-layer budgets and bytes before and after
+  bool raised_to_protection = false;  ///< its keep ratio fell below the protected tokens, which it kept
   bool rule_ran = false;      ///< the preset's per-input rule ran
   bool trusted = true;        ///< its verdict (false: the fallback served the prompt)
   double context_nll = 0.0;   ///< its signal: mean NLL (nats) of the prompt's last `nll_tokens`
@@ -226,9 +229,25 @@ class PrunedGeneration {
       report_.lookahead_ms = ms_since(t1);
       report_.lookahead = spec.scorer.lookahead;
     }
+    raise_to_protection(spec);
     report_.prune = score_and_evict(cache_, obs.scorers, prune_request(spec, curves_.data(), wo_views(spec)));
     report_.pruned = true;
     report_.spec = spec;
+  }
+
+  /// A keep ratio whose tokens fall below the protected ones (sinks + recent per layer, capped at
+  /// what the layer holds) becomes a token total of the protected ones, as `keep_tokens` raises a
+  /// schedule's targets: a short prompt keeps its protected tokens.
+  void raise_to_protection(PruneSpec& spec) {
+    if (!spec.budget.is_ratio()) return;
+    long long held = 0, floors = 0;
+    for (int n : cache_.lengths()) {
+      held += n;
+      floors += std::min(n, spec.protection.n_sink + spec.protection.n_recent);
+    }
+    if (std::llround(spec.budget.ratio() * static_cast<double>(held)) >= floors) return;
+    spec.budget = Budget::tokens(floors);
+    report_.raised_to_protection = true;
   }
 
   const LlamaEngine& engine_;
