@@ -47,7 +47,9 @@
 // Usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N]
 //                      [--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal]
 //                      [--scorer snapkv|h2o] [--quality N] [--skip N] [--reps N] [--profile FILE]
-//                      [--data DIR] [--json] [--reserve-blocks N]
+//                      [--data DIR] [--json] [--reserve-blocks N] [--model FILE [--text FILE]]
+// --model: another model (GGUF or llama2.c) instead of stories260K, with --text as one document
+// (default TinyStories); --profile is then needed by the policies other than uniform.
 // --reps N repeats each mode's simulation N times and reports the fastest wall time (tokens/s).
 // --reserve-blocks N admits every request with a reservation of N blocks instead of the computed one
 // (to check the checks: a reservation below the peak must make the run fail).
@@ -74,6 +76,7 @@
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
+#include "depthkv/llama/open_model.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/paged_cache.hpp"
@@ -357,8 +360,9 @@ int main(int argc, char** argv) {
   bool json = false;
   int reps = 1;
   std::string data = depthkv_bench::default_data_dir();
-  std::string profile_path;
+  std::string profile_path, model_path, text_path;
   depthkv_bench::Args args("serving_bench");
+  args.option("--model", model_path).option("--text", text_path);
   args.option("--pool-seqs", s.pool_seqs).option("--block-size", s.block_size).option("--requests", s.requests);
   args.option("--context", s.context).option("--gen", s.gen).option("--chunk", s.chunk).option("--interval", s.interval);
   args.option("--keep", "R,R,...", [&](const char* v) {
@@ -386,43 +390,55 @@ int main(int argc, char** argv) {
                          "--reps must be >= 1, --quality, --skip, --reserve-blocks >= 0, --keep in (0, 1]\n");
     return 2;
   }
-  if (profile_path.empty()) profile_path = std::string(DEPTHKV_SOURCE_DIR) + "/docs/results/stories260K.profile.json";
+  const bool stories = model_path.empty();  // the default: stories260K on TinyStories, its profile
+  if (stories) model_path = data + "/models/stories260K/stories260K.bin";
+  if (stories && profile_path.empty())
+    profile_path = std::string(DEPTHKV_SOURCE_DIR) + "/docs/results/stories260K.profile.json";
   try {
-    const LlamaModel model = load_llama2c(data + "/models/stories260K/stories260K.bin");
+    OpenModelOptions mo;
+    mo.need_tokenizer = true;
+    const OpenedModel om = open_model(model_path, mo);
+    const LlamaModel& model = om.model;
     const LlamaEngine engine(model);
     const LlamaConfig& c = model.config;
     DEPTHKV_CHECK(s.context + s.gen - 1 <= c.seq_len,
                   "context + gen - 1 = " << s.context + s.gen - 1 << " exceeds the model's " << c.seq_len);
-    const Tokenizer tok(data + "/models/stories260K/tok512.bin", c.vocab_size);
+    // --text: the whole file as one document; else TinyStories split into stories
     const std::vector<int> ids =
-        encode_stories(tok, split_documents(read_text_file(data + "/text/tinystories_valid.txt")));
+        text_path.empty() ? encode_stories(*om.tokenizer,
+                                           split_documents(read_text_file(data + "/text/tinystories_valid.txt")))
+                          : om.tokenizer->encode(read_text_file(text_path), /*bos=*/true, /*eos=*/false);
     const auto windows = token_windows(ids, s.context + s.gen, s.skip, s.requests);
     DEPTHKV_CHECK(static_cast<int>(windows.size()) == s.requests,
                   "the text has " << windows.size() << " windows after skipping " << s.skip << ", need " << s.requests);
     std::vector<std::vector<int>> contexts;
     for (const auto& w : windows) contexts.emplace_back(w.begin(), w.begin() + s.context);
-    const ProfileFile pf = load_profile(profile_path);
-    const SensitivityProfile profile = pf.profile(s.scorer);
+    SensitivityProfile profile;
+    const bool curves = std::find(s.policies.begin(), s.policies.end(), "uniform") == s.policies.end() ||
+                        s.policies.size() > 1;
+    DEPTHKV_CHECK(!curves || !profile_path.empty(), "policies other than uniform need --profile with --model");
+    if (!profile_path.empty()) profile = load_profile(profile_path, model_path).profile(s.scorer);
 
     std::vector<Mode> modes{Mode{}};
     for (double k : s.keeps)
       for (const std::string& p : s.policies) modes.push_back(Mode{true, parse_allocation_policy(p), k});
     std::vector<Row> rows;
     if (!json)
-      std::printf("serving_bench: stories260K (%d layers, %d KV heads of %d), one pool for all layers of %d x %d-token "
-                  "sequences, blocks of %d; %d requests of %d context + %d generated (TinyStories windows %d..%d); "
+      std::printf("serving_bench: %s (%d layers, %d KV heads of %d), one pool for all layers of %d x %d-token "
+                  "sequences, blocks of %d; %d requests of %d context + %d generated (%s windows %d..%d); "
                   "prefill chunks of %d, schedule interval %d, scorer %s, sinks %d + recent %d; quality over the "
                   "first %d requests\n",
-                  c.n_layers, c.n_kv_heads, c.head_dim, s.pool_seqs, s.context + s.gen, s.block_size, s.requests,
-                  s.context, s.gen, s.skip, s.skip + s.requests - 1, s.chunk, s.interval, s.scorer.c_str(),
+                  model_path.substr(model_path.find_last_of('/') + 1).c_str(), c.n_layers, c.n_kv_heads, c.head_dim,
+                  s.pool_seqs, s.context + s.gen, s.block_size, s.requests, s.context, s.gen,
+                  text_path.empty() ? "TinyStories" : text_path.c_str(), s.skip, s.skip + s.requests - 1, s.chunk, s.interval, s.scorer.c_str(),
                   s.protection.n_sink, s.protection.n_recent, std::min(s.quality, s.requests));
     for (const Mode& m : modes) {
-      rows.push_back(serve(engine, contexts, s, m, &profile));
+      rows.push_back(serve(engine, contexts, s, m, profile_path.empty() ? nullptr : &profile));
       Settings again = s;
       again.quality = 0;  // the simulation is deterministic: only the wall time differs
       for (int rep = 1; rep < reps; ++rep)
       {
-        const Row t = serve(engine, contexts, again, m, &profile);
+        const Row t = serve(engine, contexts, again, m, profile_path.empty() ? nullptr : &profile);
         if (t.wall_s < rows.back().wall_s) {
           rows.back().wall_s = t.wall_s;
           rows.back().schedule_s = t.schedule_s;
