@@ -65,6 +65,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -77,6 +78,7 @@
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/open_model.hpp"
+#include "depthkv/llama/pruned_generation.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 #include "depthkv/paged_cache.hpp"
@@ -182,11 +184,12 @@ int blocks_held(const KVCache<PagedLayer<float>>& cache) {
   return n;
 }
 
-/// One request in flight.
+using PagedCache = KVCache<PagedLayer<float>>;
+
+/// One request in flight: the library's driver over its paged cache.
 struct Seq {
   int id = 0;
-  KVCache<PagedLayer<float>> cache;
-  std::unique_ptr<EvictionSchedule> schedule;
+  std::unique_ptr<PrunedGeneration<PagedCache>> gen;
   int pos = 0;  // tokens fed
   int next = 0; // the token to feed next (decoding)
   std::vector<int> generated;
@@ -211,19 +214,28 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   row.reservation = s.reserve_override > 0 ? s.reserve_override : reservation_blocks(m, s, c.n_layers);
   DEPTHKV_CHECK(row.reservation <= pool.num_blocks(),
                 "a request needs " << row.reservation << " blocks, the pool has " << pool.num_blocks());
-  ScheduleConfig sc;
-  sc.policy = m.policy;
-  sc.budget.keep_ratio = m.keep;
-  sc.budget.window = s.obs_window;
-  sc.budget.min_tokens = safeguard_floor(s.protection);
-  sc.profile = profile;
-  sc.protection = s.protection;
-  sc.scorer.kind = parse_scorer_kind(s.scorer);
-  sc.scorer.window = s.obs_window;
-  sc.scorer.kernel = s.kernel;
-  sc.scorer.pooling = Pooling::kMax;
-  sc.interval = s.interval;
-  sc.layer_window = c.layer_window;  // sliding-window layers: capped at their window, old slots freed
+  PruneSpec spec;  // a chunked schedule: evict after every prefill chunk and every interval decoded tokens
+  spec.policy = m.policy;
+  spec.budget = Budget::keep(m.keep);
+  spec.protection = s.protection;
+  spec.scorer = scorer_config(s.scorer);
+  spec.scorer.window = s.obs_window;
+  spec.scorer.kernel = s.kernel;
+  spec.scorer.pooling = Pooling::kMax;
+  spec.schedule = {ScheduleMode::kChunked, s.chunk, s.interval};
+  PolicyCurves curves;
+  if (profile && policy_needs_profile(m.policy)) {
+    curves.layer = *profile;
+    curves.has_layer = true;
+  }
+  ForwardOptions run;
+  run.chunk_size = s.chunk;
+  run.n_threads = 1;
+  Seq* current = nullptr;  // the request being stepped: its peaks after each append, before its eviction
+  run.after_chunk = [&](int, std::int32_t) {
+    row.peak_blocks = std::max(row.peak_blocks, pool.num_used());
+    current->peak_blocks = std::max(current->peak_blocks, blocks_held(current->gen->cache()));
+  };
 
   std::deque<int> queue;
   for (int i = 0; i < static_cast<int>(contexts.size()); ++i) queue.push_back(i);
@@ -237,8 +249,10 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
       auto q = std::make_unique<Seq>();
       q->id = queue.front();
       queue.pop_front();
-      for (int l = 0; l < c.n_layers; ++l) q->cache.add_layer(PagedLayer<float>(pool, c.n_kv_heads, c.head_dim));
-      if (m.evict) q->schedule = std::make_unique<EvictionSchedule>(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+      PagedCache cache;
+      for (int l = 0; l < c.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool, c.n_kv_heads, c.head_dim));
+      q->gen = std::make_unique<PrunedGeneration<PagedCache>>(
+          engine, std::move(cache), m.evict ? std::optional<PruneSpec>(spec) : std::nullopt, curves, nullptr, run);
       reserved += row.reservation;
       active.push_back(std::move(q));
     }
@@ -250,33 +264,23 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
       const std::vector<int>& ctx = contexts[static_cast<std::size_t>(q->id)];
       const bool prefill = q->pos < s.context;
       const int n = prefill ? std::min(s.chunk, s.context - q->pos) : 1;
-      if (blocks_for(q->cache, n) > pool.num_free()) {  // back-pressure: never with correct admission
+      if (blocks_for(q->gen->cache(), n) > pool.num_free()) {  // back-pressure: never with correct admission
         ++row.exhausted;
         continue;
       }
-      ForwardOptions opt;
-      opt.chunk_size = s.chunk;
-      opt.all_logits = false;
-      opt.n_threads = 1;
-      if (q->schedule) opt.observer = q->schedule->observer();
       RowMatrix lg;
+      const double sched_before = q->gen->report().schedule_ms;
+      current = q.get();
       try {
-        lg = engine.forward(prefill ? ctx.data() + q->pos : &q->next, n, q->pos, q->cache, opt);
+        lg = prefill ? q->gen->feed(ctx.data() + q->pos, n) : q->gen->step(q->next);
       } catch (const Error& e) {
         if (std::strstr(e.what(), "pool exhausted") == nullptr) throw;
         ++row.exhausted;
         continue;
       }
+      row.schedule_s += (q->gen->report().schedule_ms - sched_before) / 1000.0;
       q->pos += n;
       (prefill ? row.prefill_tokens : row.decode_tokens) += n;
-      row.peak_blocks = std::max(row.peak_blocks, pool.num_used());
-      q->peak_blocks = std::max(q->peak_blocks, blocks_held(q->cache));
-      if (q->schedule) {
-        const auto ts = Clock::now();
-        if (prefill) q->schedule->after_chunk(q->cache);
-        else q->schedule->after_decode_step(q->cache);
-        row.schedule_s += seconds(ts);
-      }
       if (q->pos < s.context) continue;  // still prefilling
       q->next = argmax(lg.row(0));
       q->generated.push_back(q->next);
@@ -290,9 +294,8 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
       }
       row.over_reservation += q.peak_blocks > row.reservation ? 1 : 0;
       row.peak_seq_blocks = std::max(row.peak_seq_blocks, q.peak_blocks);
-      if (q.id == 0 && q.schedule) row.final_budgets = q.schedule->budgets();
-      for (int l = 0; l < q.cache.n_layers(); ++l) q.cache.layer(l).clear();
-      q.schedule.reset();
+      if (q.id == 0 && m.evict) row.final_budgets = q.gen->report().prune.budgets;
+      q.gen.reset();  // its cache's blocks go back to the pool
       reserved -= row.reservation;
       ++row.completed;
       if (q.id < s.quality) quality_done.push_back(std::move(active[i]));
@@ -302,8 +305,7 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   }
   row.wall_s = seconds(t0);
   row.mean_active = row.steps > 0 ? static_cast<double>(active_sum) / row.steps : 0.0;
-  for (auto& q : active)  // left by a stuck pool: their blocks go back before the leak check
-    for (int l = 0; l < q->cache.n_layers(); ++l) q->cache.layer(l).clear();
+  for (auto& q : active) q->gen.reset();  // left by a stuck pool: their blocks go back before the leak check
   DEPTHKV_CHECK(pool.num_free() == pool.num_blocks() && pool.check(), "blocks leaked");
 
   // quality: the full cache teacher-forced on the generated tokens

@@ -232,3 +232,51 @@ TEST_CASE("PrunedGeneration: a keep ratio below the protected tokens keeps the p
   REQUIRE_FALSE(h.report().raised_to_protection);
   REQUIRE(h.cache().lengths() == std::vector<int>(3, 30));
 }
+
+TEST_CASE("PrunedGeneration::feed: a prompt fed chunk by chunk equals prefill; the caller's hook sees each append",
+          "[driver]") {
+  const LlamaModel model = random_model(shape(true));
+  const LlamaEngine engine(model);
+  const std::vector<int> prompt = random_tokens(96, model.config.vocab_size, 8);
+  PruneSpec spec;
+  spec.protection = {2, 4};
+  spec.budget = Budget::keep(0.4);
+  spec.schedule = {ScheduleMode::kChunked, 16, 4};
+  ForwardOptions run;
+  run.chunk_size = 16;
+  int appends = 0;
+  std::size_t before_eviction = 0;
+  PrunedGeneration<HostCache>* watched = nullptr;
+  run.after_chunk = [&](int, std::int32_t) {
+    ++appends;
+    before_eviction = std::max(before_eviction, watched->cache().bytes());
+  };
+  PrunedGeneration<HostCache> a(engine, engine.make_cache(), spec, {}, nullptr, run);
+  watched = &a;
+  RowMatrix la = a.prefill(prompt);
+  REQUIRE(appends == 6);
+  PrunedGeneration<HostCache> b(engine, engine.make_cache(), spec, {}, nullptr, run);
+  watched = &b;
+  RowMatrix lb;
+  for (int p0 = 0; p0 < 96; p0 += 16) lb = b.feed(prompt.data() + p0, 16);
+  REQUIRE(appends == 12);
+  REQUIRE(la == lb);
+  REQUIRE(a.cache().lengths() == b.cache().lengths());
+  REQUIRE(a.report().prune.budgets == b.report().prune.budgets);
+  REQUIRE(before_eviction == b.report().peak_bytes);
+  for (int i = 0; i < 8; ++i) REQUIRE(a.step(i) == b.step(i));
+  REQUIRE(appends == 28);
+
+  PruneSpec oneshot;
+  oneshot.budget = Budget::keep(0.5);
+  PrunedGeneration<HostCache> c(engine, engine.make_cache(), oneshot, {}, nullptr, ForwardOptions());
+  REQUIRE_THROWS_WITH(c.feed(prompt.data(), 16), Catch::Contains("use prefill"));
+  REQUIRE(c.cache().lengths() == std::vector<int>(3, 0));
+  // a bad id in a later chunk: refused before the first chunk is appended
+  PrunedGeneration<HostCache> d(engine, engine.make_cache(), spec, {}, nullptr, ForwardOptions());
+  std::vector<int> bad = prompt;
+  bad[90] = -3;
+  REQUIRE_THROWS_WITH(d.prefill(bad), Catch::Contains("token -3 at position 90"));
+  REQUIRE(d.cache().lengths() == std::vector<int>(3, 0));
+  REQUIRE(d.position() == 0);
+}

@@ -3,12 +3,15 @@
 /// @brief `PrunedGeneration`: the library's prefill-evict-decode driver on the reference engine.
 /// One object runs one sequence on one cache:
 /// - `prefill(prompt)` feeds the prompt in chunks of `ForwardOptions::chunk_size`;
-///   - a chunked or decode spec (`ScheduleSpec`): an `EvictionSchedule` evicts after every chunk;
+///   - a chunked or decode spec (`ScheduleSpec`): an `EvictionSchedule` evicts after every chunk
+///     (each chunk's attention observed from `EvictionSchedule::observe_from` on: the same bytes);
 ///   - a oneshot spec (unless its budget keeps everything, a keep ratio of 1): the prompt's attention is observed, then (lookahead > 0) the model's next
 ///     `lookahead` greedy tokens are decoded on the full cache, observed and removed
 ///     (`observe_lookahead`), then every layer is scored, budgeted and evicted once
 ///     (`score_and_evict`); a keep ratio below the protected tokens (a short prompt) keeps the
 ///     protected tokens, as `keep_tokens` does for a schedule;
+/// - `feed(tokens, n)` feeds the next piece of a prompt instead (a serving loop's chunk; scheduled
+///   or no spec);
 /// - `step(token)` decodes one token at the next position; a schedule evicts every
 ///   `schedule.interval` tokens.
 ///
@@ -41,6 +44,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,7 +67,8 @@ namespace llama {
 struct GenerationReport {
   PruneSpec spec;             ///< the spec that chose the kept tokens (the fallback's when distrusted)
   bool pruned = false;        ///< the oneshot eviction ran after the prompt
-  PruneReport prune;          ///< its per-layer budgets and bytes before and after
+  PruneReport prune;          ///< its per-layer budgets and bytes before and after (a schedule: the
+                              ///< budgets of its last eviction)
   bool raised_to_protection = false;  ///< its keep ratio fell below the protected tokens, which it kept
   bool rule_ran = false;      ///< the preset's per-input rule ran
   bool trusted = true;        ///< its verdict (false: the fallback served the prompt)
@@ -73,6 +78,7 @@ struct GenerationReport {
   double prefill_ms = 0.0, lookahead_ms = 0.0;
   std::size_t peak_bytes = 0; ///< the most bytes the cache held after any chunk or decode step
   int evictions = 0;          ///< the schedule's evictions (0 without one)
+  double schedule_ms = 0.0;   ///< time inside the schedule's evictions (scoring, allocation, eviction)
   long long tokens_seen = 0;  ///< the tokens appended so far (prompt and decoded)
 };
 
@@ -88,8 +94,9 @@ class PrunedGeneration {
   ///   uniform and pyramid)
   /// @param wo the model's output projections for an output-aware scorer (outlive this object;
   ///   null otherwise)
-  /// @param run how the engine runs: `chunk_size`, threads, SIMD cap (its observer, after_chunk,
-  ///   capture and all_logits are the driver's)
+  /// @param run how the engine runs: `chunk_size`, threads, SIMD cap; its `after_chunk` (optional)
+  ///   is called after every append (prefill chunk, fed piece, decoded token), before the driver's
+  ///   eviction, e.g. to measure a peak (its observer, capture and all_logits are the driver's)
   /// @param preset a preset whose per-input rule serves the prompt ("": none)
   /// @throws Error on an invalid spec, an output-aware scorer without `wo`, a policy without the
   ///   curves it reads, or an unknown preset
@@ -102,6 +109,7 @@ class PrunedGeneration {
     run_.max_simd_level = run.max_simd_level;
     run_.stats = run.stats;
     run_.all_logits = false;
+    on_append_ = run.after_chunk;
     curves_.layer_window = engine.config().layer_window;
     if (!spec_) return;
     spec_->validate();
@@ -125,21 +133,50 @@ class PrunedGeneration {
   RowMatrix prefill(const std::vector<int>& prompt) {
     DEPTHKV_CHECK(!prompt.empty(), "prefill: the prompt holds no tokens");
     DEPTHKV_CHECK(pos_ == 0, "prefill: this generation already holds " << pos_ << " positions");
+    const int vocab = engine_.config().vocab_size;
+    for (std::size_t i = 0; i < prompt.size(); ++i)  // before any chunk: a bad id leaves the cache empty
+      DEPTHKV_CHECK(prompt[i] >= 0 && prompt[i] < vocab,
+                    "prefill: token " << prompt[i] << " at position " << i << " is outside the vocabulary of " << vocab);
     const bool oneshot = spec_ && !schedule_ && !(spec_->budget.is_ratio() && spec_->budget.ratio() >= 1.0);
-    ForwardOptions opt = run_;
-    Observed obs;
-    if (oneshot) observe_prompt(prompt, opt, obs);
-    if (schedule_) {
-      opt.observer = schedule_->observer();
-      opt.after_chunk = [this](int, std::int32_t) { after_append(false); };
-    }
     const auto t0 = std::chrono::steady_clock::now();
-    RowMatrix logits = engine_.prefill(prompt, 0, cache_, opt);
+    RowMatrix logits;
+    Observed obs;
+    if (schedule_) {  // chunk by chunk, each observing only the rows its eviction scores
+      const int n = static_cast<int>(prompt.size()), chunk = std::max(1, run_.chunk_size);
+      for (int p0 = 0; p0 < n; p0 += chunk) logits = feed(prompt.data() + p0, std::min(chunk, n - p0));
+    } else {
+      ForwardOptions opt = run_;
+      if (oneshot) observe_prompt(prompt, opt, obs);
+      if (on_append_) opt.after_chunk = [this](int done, std::int32_t next) { after_append(false, done, next); };
+      logits = engine_.prefill(prompt, 0, cache_, opt);
+      pos_ = static_cast<std::int32_t>(prompt.size());
+    }
     report_.prefill_ms = ms_since(t0);
-    pos_ = static_cast<std::int32_t>(prompt.size());
     report_.tokens_seen = pos_;
     track_peak();
     if (oneshot) prune_prompt(logits, obs);
+    return logits;
+  }
+
+  /// Feeds the next `n` prompt tokens at the next position, as one piece of a prefill (a serving
+  /// loop that interleaves sequences feeds one chunk per step): a schedule evicts after it as after
+  /// a prefill chunk. Without a spec or with a scheduled one only (a oneshot spec prunes after the
+  /// whole prompt: `prefill`).
+  /// @return the logits of the piece's last position `[1 x vocab]`
+  /// @throws Error on n < 1, a oneshot spec, or as the engine (the position does not advance then)
+  RowMatrix feed(const int* tokens, int n) {
+    DEPTHKV_CHECK(n >= 1, "feed: need at least one token, got " << n);
+    DEPTHKV_CHECK(!spec_ || schedule_ || (spec_->budget.is_ratio() && spec_->budget.ratio() >= 1.0),
+                  "feed: a oneshot spec prunes after the whole prompt: use prefill");
+    ForwardOptions opt = run_;
+    if (schedule_) {
+      opt.observer = schedule_->observer();
+      opt.observe_from = schedule_->observe_from(n);  // only the rows the next eviction scores
+    }
+    RowMatrix logits = engine_.forward(tokens, n, pos_, cache_, opt);
+    pos_ += n;
+    report_.tokens_seen = pos_;
+    after_append(false, n, pos_);
     return logits;
   }
 
@@ -156,7 +193,7 @@ class PrunedGeneration {
     RowMatrix logits = engine_.forward(&token, 1, pos_, cache_, opt);
     ++pos_;
     report_.tokens_seen = pos_;
-    after_append(true);
+    after_append(true, 1, pos_);
     return logits;
   }
 
@@ -184,12 +221,17 @@ class PrunedGeneration {
 
   void track_peak() { report_.peak_bytes = std::max(report_.peak_bytes, cache_.bytes()); }
 
-  void after_append(bool decode_step) {
+  void after_append(bool decode_step, int done, std::int32_t next_pos) {
     track_peak();
+    if (on_append_) on_append_(done, next_pos);
     if (!schedule_) return;
+    const auto t0 = std::chrono::steady_clock::now();
     if (decode_step) schedule_->after_decode_step(cache_);
     else schedule_->after_chunk(cache_);
+    report_.schedule_ms += ms_since(t0);
+    if (schedule_->n_evictions() == report_.evictions) return;
     report_.evictions = schedule_->n_evictions();
+    report_.prune.budgets = schedule_->budgets();
   }
 
   /// Installs the oneshot prune's observers (and the preset rule's) on `opt`.
@@ -257,6 +299,7 @@ class PrunedGeneration {
   const OutputProjections* wo_;
   std::string preset_;
   ForwardOptions run_;
+  std::function<void(int, std::int32_t)> on_append_;
   std::unique_ptr<EvictionSchedule> schedule_;
   std::int32_t pos_ = 0;
   GenerationReport report_;
