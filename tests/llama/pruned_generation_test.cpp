@@ -233,7 +233,7 @@ TEST_CASE("PrunedGeneration: a keep ratio below the protected tokens keeps the p
   REQUIRE(h.cache().lengths() == std::vector<int>(3, 30));
 }
 
-TEST_CASE("PrunedGeneration::feed: a prompt fed chunk by chunk equals prefill; the caller's hook sees each append",
+TEST_CASE("PrunedGeneration::feed: a prompt fed chunk by chunk equals prefill, and the caller's hook sees each append",
           "[driver]") {
   const LlamaModel model = random_model(shape(true));
   const LlamaEngine engine(model);

@@ -48,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,7 @@
 #include "depthkv/eviction_schedule.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/llama/engine_lookahead.hpp"
+#include "depthkv/lookahead.hpp"
 #include "depthkv/llama/output_projections.hpp"
 #include "depthkv/preset.hpp"
 #include "depthkv/prune_spec.hpp"
@@ -84,7 +86,18 @@ struct GenerationReport {
 
 /// The prefill-evict-decode driver (see the file comment). `Cache` is a `KVCache` of any layer
 /// type the engine fills (`HostCache`, `HostCacheF16`, paged or token-major layouts).
-template <class Cache>
+///
+/// `Engine` is `LlamaEngine` or an engine of your own with
+/// - `config()`: an object with `n_layers`, `n_heads`, `n_kv_heads`, `vocab_size`, `seq_len` and
+///   `layer_window` (a `std::vector<int>`, one sliding window per layer, 0 or empty: none);
+/// - `forward(const int* tokens, int n, std::int32_t pos0, Cache& cache, const ForwardOptions& opt)`:
+///   appends the n tokens' keys and values to every layer of `cache`, passes each layer's
+///   attention probabilities to `opt.observer` (rows of positions >= `opt.observe_from`; more
+///   rows are allowed), calls `opt.after_chunk` (when set) after the call or after each chunk of
+///   its own, and returns the logits `[1 x vocab]` of the last token (`opt.all_logits` is false).
+/// The preset's per-input rule reads the prompt's NLL from `LlamaEngine`'s activations, so it
+/// needs `LlamaEngine` (examples/own_engine.cpp runs the driver on an engine of its own).
+template <class Cache, class Engine = LlamaEngine>
 class PrunedGeneration {
  public:
   /// @param engine the model's engine (outlives this object)
@@ -100,7 +113,7 @@ class PrunedGeneration {
   /// @param preset a preset whose per-input rule serves the prompt ("": none)
   /// @throws Error on an invalid spec, an output-aware scorer without `wo`, a policy without the
   ///   curves it reads, or an unknown preset
-  PrunedGeneration(const LlamaEngine& engine, Cache cache, std::optional<PruneSpec> spec, PolicyCurves curves,
+  PrunedGeneration(const Engine& engine, Cache cache, std::optional<PruneSpec> spec, PolicyCurves curves,
                    const OutputProjections* wo, const ForwardOptions& run, const std::string& preset = "")
       : engine_(engine), cache_(std::move(cache)), spec_(std::move(spec)), curves_(std::move(curves)), wo_(wo),
         preset_(preset) {
@@ -115,10 +128,13 @@ class PrunedGeneration {
     spec_->validate();
     DEPTHKV_CHECK(!spec_->scorer.output_aware || wo_, "an output-aware scorer needs the model's output projections");
     if (!preset_.empty()) check_preset_name(preset_);
+    DEPTHKV_CHECK((preset_.empty() || std::is_same<Engine, LlamaEngine>::value),
+                  "the preset's per-input rule reads the prompt's NLL from LlamaEngine's activations: "
+                  "with another engine, run the preset's spec without its name");
     report_.spec = *spec_;
     (void)depthkv::detail::prune_settings(*spec_, curves_.data(), wo_views(*spec_));  // refuses missing curves now
     if (spec_->schedule.mode != ScheduleMode::kOneshot) {
-      const LlamaConfig& c = engine.config();
+      const auto& c = engine.config();
       schedule_ = std::make_unique<EvictionSchedule>(schedule_config(*spec_, curves_.data(), wo_views(*spec_)),
                                                      c.n_layers, c.n_heads, c.n_kv_heads);
     }
@@ -148,7 +164,7 @@ class PrunedGeneration {
       ForwardOptions opt = run_;
       if (oneshot) observe_prompt(prompt, opt, obs);
       if (on_append_) opt.after_chunk = [this](int done, std::int32_t next) { after_append(false, done, next); };
-      logits = engine_.prefill(prompt, 0, cache_, opt);
+      logits = engine_.forward(prompt.data(), static_cast<int>(prompt.size()), 0, cache_, opt);
       pos_ = static_cast<std::int32_t>(prompt.size());
     }
     report_.prefill_ms = ms_since(t0);
@@ -236,20 +252,21 @@ class PrunedGeneration {
 
   /// Installs the oneshot prune's observers (and the preset rule's) on `opt`.
   void observe_prompt(const std::vector<int>& prompt, ForwardOptions& opt, Observed& obs) {
-    const LlamaConfig& c = engine_.config();
-    obs.scorers = make_scorers(c, spec_->scorer);
+    const auto& c = engine_.config();
+    obs.scorers = depthkv::make_scorers(c.n_layers, spec_->scorer, c.n_heads, c.n_kv_heads);
     const bool own = spec_->scorer.lookahead == 0 || spec_->scorer.context_weight > 0.0;  // else: the lookahead only
     if (preset_.empty()) {
       if (own) opt.observer = observe_into(obs.scorers);
       return;
     }
     obs.fallback_spec = preset_fallback_spec(preset_, *spec_);
-    obs.fallback = make_scorers(c, obs.fallback_spec->scorer);
+    obs.fallback = depthkv::make_scorers(c.n_layers, obs.fallback_spec->scorer, c.n_heads, c.n_kv_heads);
     opt.observer = [&obs, own](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
       if (own) obs.scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
       obs.fallback[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
     };
-    if (prompt.size() >= 2) obs.tail = std::make_unique<TailNll>(engine_, prompt, kPresetTrustTokens, opt);
+    if constexpr (std::is_same<Engine, LlamaEngine>::value)
+      if (prompt.size() >= 2) obs.tail = std::make_unique<TailNll>(engine_, prompt, kPresetTrustTokens, opt);
   }
 
   /// The preset rule's verdict, then the lookahead and the oneshot eviction.
@@ -267,7 +284,13 @@ class PrunedGeneration {
     }
     if (spec.scorer.lookahead > 0) {
       const auto t1 = std::chrono::steady_clock::now();
-      observe_lookahead(engine_, cache_, last_argmax(logits), pos_, {&obs.scorers});
+      depthkv::observe_lookahead(cache_, last_argmax(logits), pos_, {&obs.scorers}, engine_.config().seq_len,
+                                 [this](int token, std::int32_t pos, const AttentionObserver& observer) {
+                                   ForwardOptions o;
+                                   o.observer = observer;
+                                   o.all_logits = false;
+                                   return last_argmax(engine_.forward(&token, 1, pos, cache_, o));
+                                 });
       report_.lookahead_ms = ms_since(t1);
       report_.lookahead = spec.scorer.lookahead;
     }
@@ -292,7 +315,7 @@ class PrunedGeneration {
     report_.raised_to_protection = true;
   }
 
-  const LlamaEngine& engine_;
+  const Engine& engine_;
   Cache cache_;
   std::optional<PruneSpec> spec_;
   PolicyCurves curves_;
