@@ -186,15 +186,12 @@ nlohmann::json correlations(const depthkv::ProfileFile& prof, const std::map<std
   return corr;
 }
 
-/// The text report: per-layer sensitivities and metrics, then the correlations.
-void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
-                  const std::map<std::string, std::vector<double>>& sens, const nlohmann::json& corr, bool probed,
-                  const std::string& source) {
+/// Prints the per-layer table: each scorer's sensitivity, then each stage's InfoNCE (with its CI when held).
+void print_sensitivity_table(const depthkv::ProfileFile& prof,
+                             const std::map<std::string, std::vector<double>>& sens) {
   using namespace depthkv;
   using namespace depthkv::llama;
   const int L = prof.n_layers;
-  std::printf("model %s, %d layers; sensitivity = KL when only that layer keeps %.2f%s; metrics: %s\n",
-              base_name(a.model).c_str(), L, a.layer_keep, probed ? "" : " (interpolated: not a probed ratio)", source.c_str());
   std::printf("\nper layer:\n%-6s", "layer");
   for (const auto& kv : sens) std::printf(" %12s", ("KL " + kv.first).c_str());
   for (auto st : representation_stages()) std::printf(" %26s", ("infonce/" + to_string(st)).c_str());
@@ -211,6 +208,13 @@ void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
     }
     std::printf("\n");
   }
+}
+
+/// Prints the per-layer table of each stage's effective rank and spectral entropy.
+void print_geometry_table(const depthkv::ProfileFile& prof) {
+  using namespace depthkv;
+  using namespace depthkv::llama;
+  const int L = prof.n_layers;
   std::printf("\n%-6s", "layer");
   for (auto st : representation_stages()) std::printf(" %22s %22s", ("erank/" + to_string(st)).c_str(), ("sentropy/" + to_string(st)).c_str());
   std::printf("\n");
@@ -222,6 +226,11 @@ void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
     }
     std::printf("\n");
   }
+}
+
+/// Prints the correlation table of `corr` over `L` layers, the reasons of its undefined cells and,
+/// for an exact permutation test, the smallest p it can give.
+void print_correlations(const nlohmann::json& corr, int L) {
   std::printf("\nSpearman rho (two-sided p%s) across layers, metric vs sensitivity; InfoNCE predicts as the paper "
               "assumes when rho < 0\n",
               L <= 9 ? ", exact permutation test" : ", t approximation");
@@ -250,6 +259,18 @@ void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
   if (L <= 9)
     std::printf("\nnote: with %d layers the smallest possible two-sided p is 2/%d! = %.3f (|rho| = 1)%s\n", L, L,
                 2.0 / fact, n <= 4 ? ": nothing can be significant at 0.05" : "");
+}
+
+/// The text report: per-layer sensitivities and metrics, then the correlations.
+void print_report(const AnalyzeArgs& a, const depthkv::ProfileFile& prof,
+                  const std::map<std::string, std::vector<double>>& sens, const nlohmann::json& corr, bool probed,
+                  const std::string& source) {
+  const int L = prof.n_layers;
+  std::printf("model %s, %d layers; sensitivity = KL when only that layer keeps %.2f%s; metrics: %s\n",
+              base_name(a.model).c_str(), L, a.layer_keep, probed ? "" : " (interpolated: not a probed ratio)", source.c_str());
+  print_sensitivity_table(prof, sens);
+  print_geometry_table(prof);
+  print_correlations(corr, L);
 }
 
 void run_analyze(const AnalyzeArgs& a) {

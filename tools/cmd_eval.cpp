@@ -487,6 +487,51 @@ void print_preset_choice(const EvalArgs& a, const depthkv::ProfileFile& f, const
                                          : "");
 }
 
+/// The schedule line for --schedule chunked or decode (nothing for oneshot).
+void print_schedule(const EvalArgs& a) {
+  const depthkv::ScheduleMode mode = schedule_mode(a);
+  if (mode == depthkv::ScheduleMode::kChunked)
+    std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: after the context\n",
+                a.chunk, a.interval);
+  if (mode == depthkv::ScheduleMode::kDecode)
+    std::printf("schedule: decode, eviction after every %d-token prefill chunk and every %d continuation tokens; "
+                "budgets: after the context\n",
+                a.chunk, a.interval);
+}
+
+/// With sliding-window layers, what "KV kept" is of: the full-length cache, against one with the
+/// local layers at their window (nothing without such layers or rows).
+void print_window_note(const depthkv::ProfileFile& f, const WindowPlan& w, const std::vector<Row>& rows) {
+  if (!f.layer_window.empty() && !rows.empty()) {
+    const KvMemory m = kv_memory(rows.front().budgets, w.context, f.layer_window, 1.0, f.kv_heads, f.head_dim);
+    int local = 0;
+    for (int win : f.layer_window) local += win > 0;
+    std::printf("sliding-window layers: %d of %d local (budgets capped at window - 1); \"KV kept\" is of the "
+                "full-length cache (%s); a cache with the local layers at their window holds %s (%.1f%%)\n",
+                local, f.n_layers, mib_or_tokens(m.full_naive, m.bytes_per_token).c_str(),
+                mib_or_tokens(m.full_windowed, m.bytes_per_token).c_str(),
+                100.0 * static_cast<double>(m.full_windowed) / static_cast<double>(m.full_naive));
+  }
+}
+
+/// Each non-uniform policy's KL relative to uniform's at the same scorer and budget.
+void print_relative_kl(const EvalPlan& plan, const std::vector<Row>& rows) {
+  const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
+  if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
+  for (const std::string& sc : plan.scorers)
+    for (double keep : plan.keeps) {
+      double uni = -1;
+      for (const Row& r : rows)
+        if (r.scorer == sc && r.keep == keep && r.policy == "uniform") uni = r.kl;
+      if (uni <= 0) continue;
+      std::printf("  %-7s keep %.2f:", sc.c_str(), keep);
+      for (const Row& r : rows)
+        if (r.scorer == sc && r.keep == keep && r.policy != "uniform")
+          std::printf("  %s %+.0f%%", r.policy.c_str(), 100.0 * (r.kl / uni - 1.0));
+      std::printf("\n");
+    }
+}
+
 /// The table, each policy's KL against uniform's at the same budget, and the timing line.
 void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPlan& plan, const WindowPlan& w,
                  const std::vector<Row>& rows, double nll_full, double full_s, double eval_s) {
@@ -503,44 +548,15 @@ void print_table(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPla
                   : "",
               a.sel.describe().c_str());
   print_protocol_notes(a);
-  const depthkv::ScheduleMode mode = schedule_mode(a);
-  if (mode == depthkv::ScheduleMode::kChunked)
-    std::printf("schedule: chunked, eviction after every %d-token chunk (interval %d); budgets: after the context\n",
-                a.chunk, a.interval);
-  if (mode == depthkv::ScheduleMode::kDecode)
-    std::printf("schedule: decode, eviction after every %d-token prefill chunk and every %d continuation tokens; "
-                "budgets: after the context\n",
-                a.chunk, a.interval);
+  print_schedule(a);
   std::printf("%-7s %-12s %5s  %-24s %9s %8s %8s %7s %10s\n", "scorer", "policy", "keep", "budgets/layer", "KL",
               "+-se", "dNLL", "top1", "KV kept");
   for (const Row& r : rows)
     std::printf("%-7s %-12s %5.2f  %-24s %9.5f %8.5f %8.5f %7.4f %9.1f%%\n", r.scorer.c_str(), r.policy.c_str(), r.keep,
                 join(r.budgets, ",").c_str(), r.kl, r.kl_se, r.dnll, r.top1, 100.0 * r.bytes_kept / r.bytes_full);
-  if (!f.layer_window.empty() && !rows.empty()) {  // what "KV kept" is of, with sliding-window layers
-    const KvMemory m = kv_memory(rows.front().budgets, w.context, f.layer_window, 1.0, f.kv_heads, f.head_dim);
-    int local = 0;
-    for (int win : f.layer_window) local += win > 0;
-    std::printf("sliding-window layers: %d of %d local (budgets capped at window - 1); \"KV kept\" is of the "
-                "full-length cache (%s); a cache with the local layers at their window holds %s (%.1f%%)\n",
-                local, f.n_layers, mib_or_tokens(m.full_naive, m.bytes_per_token).c_str(),
-                mib_or_tokens(m.full_windowed, m.bytes_per_token).c_str(),
-                100.0 * static_cast<double>(m.full_windowed) / static_cast<double>(m.full_naive));
-  }
+  print_window_note(f, w, rows);
   if (plan.choose_scorer) print_preset_choice(a, f, rows);
-  const bool any_uniform = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.policy == "uniform"; });
-  if (any_uniform) std::printf("\nKL relative to uniform at the same budget (negative = better than uniform):\n");
-  for (const std::string& sc : plan.scorers)
-    for (double keep : plan.keeps) {
-      double uni = -1;
-      for (const Row& r : rows)
-        if (r.scorer == sc && r.keep == keep && r.policy == "uniform") uni = r.kl;
-      if (uni <= 0) continue;
-      std::printf("  %-7s keep %.2f:", sc.c_str(), keep);
-      for (const Row& r : rows)
-        if (r.scorer == sc && r.keep == keep && r.policy != "uniform")
-          std::printf("  %s %+.0f%%", r.policy.c_str(), 100.0 * (r.kl / uni - 1.0));
-      std::printf("\n");
-    }
+  print_relative_kl(plan, rows);
   std::printf("time: full passes %.2f s, %zu evaluations %.2f s\n", full_s, rows.size(), eval_s);
 }
 
@@ -623,6 +639,45 @@ std::vector<bool> preset_trust(const depthkv::llama::PruningEvaluator& ev, const
   return trusted;
 }
 
+/// The evaluator's settings: the plan's scorers under `a`'s selection, chunking and threads; with
+/// --oracle each scorer again as its oracle twin, with --preset the fallback scorer last.
+depthkv::llama::EvalConfig evaluator_config(const EvalArgs& a, const EvalPlan& plan) {
+  depthkv::llama::EvalConfig ecfg;
+  ecfg.scorers = plan.scorer_configs;
+  ecfg.protection = a.sel.protection();
+  ecfg.chunk_size = a.chunk;
+  ecfg.n_threads = a.threads;
+  ecfg.head_allocation = a.sel.head_allocation();
+  ecfg.head_alpha = a.sel.head_alpha;
+  ecfg.continuation_source = depthkv::llama::parse_continuation_source(a.continuation_source);
+  if (a.oracle) {  // every scorer twice: observed (0..n-1), oracle (n..2n-1)
+    ecfg.oracle.assign(ecfg.scorers.size(), false);
+    ecfg.oracle.resize(2 * ecfg.scorers.size(), true);
+    ecfg.scorers.insert(ecfg.scorers.end(), plan.scorer_configs.begin(), plan.scorer_configs.end());
+  }
+  if (plan.choose_scorer) add_preset_fallback(a, plan, ecfg);
+  return ecfg;
+}
+
+/// Reports `rows`: the tiers note and the table (or JSON) on stdout, then the CSV and plot files
+/// where asked for.
+void report_rows(const EvalArgs& a, const depthkv::ProfileFile& f, const EvalPlan& plan, const WindowPlan& w,
+                 const std::vector<Row>& rows, double nll_full_mean, double full_s, double eval_s) {
+  if (!a.json && a.sel.tiers > 0)
+    std::printf("tiers: the optimal rows' budgets in at most %d tiers (--tiers)\n", a.sel.tiers);
+  if (a.json)
+    print_json(rows, a);
+  else
+    print_table(a, f, plan, w, rows, nll_full_mean, full_s, eval_s);
+  if (!a.csv.empty()) write_csv(a.csv, rows, f, plan.scorers);
+  if (!a.plot.empty()) {
+    std::ostringstream title;
+    title << base_name(a.model) << ": " << w.windows << " eval windows of " << base_name(w.source) << " ("
+          << w.context << "+" << w.continuation << " tokens)";
+    write_plot(a.plot, rows, f, plan.scorers, plan.policy_names, title.str());
+  }
+}
+
 void run_eval(const EvalArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -658,20 +713,7 @@ void run_eval(const EvalArgs& a) {
   }
 
   // The full-cache passes (once), then every (scorer, keep, policy) against them.
-  EvalConfig ecfg;
-  ecfg.scorers = plan.scorer_configs;
-  ecfg.protection = a.sel.protection();
-  ecfg.chunk_size = a.chunk;
-  ecfg.n_threads = a.threads;
-  ecfg.head_allocation = a.sel.head_allocation();
-  ecfg.head_alpha = a.sel.head_alpha;
-  ecfg.continuation_source = parse_continuation_source(a.continuation_source);
-  if (a.oracle) {  // every scorer twice: observed (0..n-1), oracle (n..2n-1)
-    ecfg.oracle.assign(ecfg.scorers.size(), false);
-    ecfg.oracle.resize(2 * ecfg.scorers.size(), true);
-    ecfg.scorers.insert(ecfg.scorers.end(), plan.scorer_configs.begin(), plan.scorer_configs.end());
-  }
-  if (plan.choose_scorer) add_preset_fallback(a, plan, ecfg);
+  const EvalConfig ecfg = evaluator_config(a, plan);
   const auto t0 = std::chrono::steady_clock::now();
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t0);
@@ -685,19 +727,7 @@ void run_eval(const EvalArgs& a) {
                                               nll_full_mean, trusted);
   const double eval_s = seconds_since(t1);
 
-  if (!a.json && a.sel.tiers > 0)
-    std::printf("tiers: the optimal rows' budgets in at most %d tiers (--tiers)\n", a.sel.tiers);
-  if (a.json)
-    print_json(rows, a);
-  else
-    print_table(a, f, plan, w, rows, nll_full_mean, full_s, eval_s);
-  if (!a.csv.empty()) write_csv(a.csv, rows, f, plan.scorers);
-  if (!a.plot.empty()) {
-    std::ostringstream title;
-    title << base_name(a.model) << ": " << w.windows << " eval windows of " << base_name(w.source) << " ("
-          << w.context << "+" << w.continuation << " tokens)";
-    write_plot(a.plot, rows, f, plan.scorers, plan.policy_names, title.str());
-  }
+  report_rows(a, f, plan, w, rows, nll_full_mean, full_s, eval_s);
 }
 
 }  // namespace

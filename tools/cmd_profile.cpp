@@ -195,6 +195,52 @@ void print_curves(const depthkv::ProfileFile& out, const std::vector<std::string
   }
 }
 
+/// The evaluation settings of the profiling runs: `scorer_cfgs` under `a`'s selection, chunking,
+/// threads and schedule.
+depthkv::llama::EvalConfig profile_eval_config(const ProfileArgs& a,
+                                               const std::vector<depthkv::ScorerConfig>& scorer_cfgs) {
+  depthkv::llama::EvalConfig ecfg;
+  ecfg.scorers = scorer_cfgs;
+  ecfg.protection = a.sel.protection();
+  ecfg.chunk_size = a.chunk;
+  ecfg.n_threads = a.threads;
+  ecfg.chunked_plans = a.schedule == "chunked";
+  ecfg.head_allocation = a.sel.head_allocation();
+  ecfg.head_alpha = a.sel.head_alpha;
+  return ecfg;
+}
+
+/// Prints where the profile went and what it cost (`cost` of `n_layers` x `n_ratios` x `n_scorers`
+/// runs, and of the head curves when asked for) against one full pass of `full_s` seconds over
+/// `ev`'s windows.
+void print_cost(const ProfileArgs& a, const depthkv::llama::PruningEvaluator& ev, int n_layers,
+                int n_kv_heads, std::size_t n_ratios, std::size_t n_scorers, const CurveCost& cost, double full_s) {
+  using namespace depthkv::llama;
+  const int L = n_layers;
+  const double prof_s = cost.layer_s;
+
+  // Cost: layer-token products of the plan runs against one full pass (context + continuation
+  // through all layers) over the same windows.
+  long long full_tokens = 0;
+  for (const EvalWindow& w : ev.windows())
+    full_tokens += static_cast<long long>(L) * static_cast<long long>(w.context.size() + w.continuation.size());
+  const double equiv = static_cast<double>(cost.layer_tokens) / static_cast<double>(full_tokens);
+  const int runs = L * static_cast<int>(n_ratios) * static_cast<int>(n_scorers);
+  std::printf("profile written to %s\n", a.output.c_str());
+  std::printf("cost: full evaluation pass %.3f s; profiling %.3f s = %.2f full passes for %d (layer, ratio, scorer) runs "
+              "(naive: %d full passes); compute %.2f full-pass equivalents (layer-token products)\n",
+              full_s, prof_s, prof_s / full_s, runs, runs, equiv);
+  if (a.head_curves) {
+    const int H = n_kv_heads;
+    std::printf("cost of the head curves (%d layers x %d KV heads x %zu ratios x %zu scorers = %d runs): %.3f s = "
+                "%.2f full passes, %.2fx the layer curves' time; compute %.2f full-pass equivalents (%.2fx the layer "
+                "curves')\n",
+                L, H, n_ratios, n_scorers, runs * H, cost.head_s, cost.head_s / full_s,
+                prof_s > 0 ? cost.head_s / prof_s : 0.0, static_cast<double>(cost.head_tokens) / full_tokens,
+                cost.layer_tokens > 0 ? static_cast<double>(cost.head_tokens) / static_cast<double>(cost.layer_tokens) : 0.0);
+  }
+}
+
 void run_profile(const ProfileArgs& a) {
   using namespace depthkv;
   using namespace depthkv::llama;
@@ -234,14 +280,7 @@ void run_profile(const ProfileArgs& a) {
     }
   }
 
-  EvalConfig ecfg;
-  ecfg.scorers = scorer_cfgs;
-  ecfg.protection = a.sel.protection();
-  ecfg.chunk_size = a.chunk;
-  ecfg.n_threads = a.threads;
-  ecfg.chunked_plans = a.schedule == "chunked";
-  ecfg.head_allocation = a.sel.head_allocation();
-  ecfg.head_alpha = a.sel.head_alpha;
+  const EvalConfig ecfg = profile_eval_config(a, scorer_cfgs);
   std::fprintf(stderr, "profile: %s, %d layers, %d windows of %d+%d tokens from %s%s, scorers %s%s\n",
                base_name(a.model).c_str(), L, a.windows, a.context, a.continuation, base_name(src).c_str(),
                a.docs.given && a.tokens.empty() ? (" (documents: " + a.docs.split.describe() + ")").c_str() : "",
@@ -251,28 +290,8 @@ void run_profile(const ProfileArgs& a) {
   const PruningEvaluator ev(engine, std::move(windows), ecfg);
   const double full_s = seconds_since(t_full);
   const CurveCost cost = measure_curves(a, ev, L, scorer_names, popt, out);
-  const double prof_s = cost.layer_s;
-
-  // Cost: layer-token products of the plan runs against one full pass (context + continuation
-  // through all layers) over the same windows.
-  long long full_tokens = 0;
-  for (const EvalWindow& w : ev.windows())
-    full_tokens += static_cast<long long>(L) * static_cast<long long>(w.context.size() + w.continuation.size());
-  const double equiv = static_cast<double>(cost.layer_tokens) / static_cast<double>(full_tokens);
-  const int runs = L * static_cast<int>(popt.keep_ratios.size()) * static_cast<int>(scorer_names.size());
-  std::printf("profile written to %s\n", a.output.c_str());
-  std::printf("cost: full evaluation pass %.3f s; profiling %.3f s = %.2f full passes for %d (layer, ratio, scorer) runs "
-              "(naive: %d full passes); compute %.2f full-pass equivalents (layer-token products)\n",
-              full_s, prof_s, prof_s / full_s, runs, runs, equiv);
-  if (a.head_curves) {
-    const int H = lm.model.config.n_kv_heads;
-    std::printf("cost of the head curves (%d layers x %d KV heads x %zu ratios x %zu scorers = %d runs): %.3f s = "
-                "%.2f full passes, %.2fx the layer curves' time; compute %.2f full-pass equivalents (%.2fx the layer "
-                "curves')\n",
-                L, H, popt.keep_ratios.size(), scorer_names.size(), runs * H, cost.head_s, cost.head_s / full_s,
-                prof_s > 0 ? cost.head_s / prof_s : 0.0, static_cast<double>(cost.head_tokens) / full_tokens,
-                cost.layer_tokens > 0 ? static_cast<double>(cost.head_tokens) / static_cast<double>(cost.layer_tokens) : 0.0);
-  }
+  print_cost(a, ev, L, lm.model.config.n_kv_heads, popt.keep_ratios.size(), scorer_names.size(), cost,
+             full_s);
   print_curves(out, scorer_names);
 }
 

@@ -292,6 +292,28 @@ std::vector<int> check_layers(const std::vector<Layer*>& layers, const std::vect
   return row0;
 }
 
+/// Step 2 of evict_layers for head `h` of layer `l` (`L`, scored by `s`): checks the scores for
+/// NaN, then selects the `k` slots to keep and their positions into `E` (reads only); a non-empty
+/// `labels` names layer l "layer labels[l]" in messages.
+template <class Layer>
+void select_head(const Layer& L, int l, int h, const std::vector<float>& s, int k, Protection prot,
+                 const EvictOptions& opt, const std::vector<int>& labels, SelectWorkspace& ws,
+                 LayerEviction& E) {
+  const int n = L.size(h);
+  const int bad = first_nan(s.data(), n, opt.max_simd_level);
+  if (bad >= 0) {
+    if (!labels.empty())
+      DEPTHKV_FAIL("layer " << labels[static_cast<std::size_t>(l)] << " head " << h << ": NaN score at slot " << bad);
+    DEPTHKV_FAIL("head " << h << ": NaN score at slot " << bad);
+  }
+  std::vector<std::int32_t>& kept = E.kept_slots[static_cast<std::size_t>(h)];
+  const std::int32_t* pos = L.positions(h);
+  select_row(FloatKeys{s.data()}, pos, n, k, prot, ws, kept);
+  std::vector<std::int32_t>& kp = E.kept_positions[static_cast<std::size_t>(h)];
+  kp.resize(kept.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) kp[i] = pos[kept[i]];
+}
+
 /// Evicts `layers[l]` to `keep[l][h]` tokens per head; a non-empty `labels` names layer l
 /// "layer labels[l]" in messages.
 template <class Layer>
@@ -324,23 +346,10 @@ std::vector<LayerEviction> evict_layers(const std::vector<Layer*>& layers,
   parallel_for(n_rows, workers, [&](int worker, int r) {
     int l, h;
     row_of(r, l, h);
-    const Layer& L = *layers[static_cast<std::size_t>(l)];
-    const std::vector<float>& s = (*scores[static_cast<std::size_t>(l)])[static_cast<std::size_t>(h)];
-    const int n = L.size(h);
-    const int bad = first_nan(s.data(), n, opt.max_simd_level);
-    if (bad >= 0) {
-      if (!labels.empty())
-        DEPTHKV_FAIL("layer " << labels[static_cast<std::size_t>(l)] << " head " << h << ": NaN score at slot " << bad);
-      DEPTHKV_FAIL("head " << h << ": NaN score at slot " << bad);
-    }
-    LayerEviction& E = result[static_cast<std::size_t>(l)];
-    std::vector<std::int32_t>& kept = E.kept_slots[static_cast<std::size_t>(h)];
-    const std::int32_t* pos = L.positions(h);
-    select_row(FloatKeys{s.data()}, pos, n, keep[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)],
-               prot, ws[static_cast<std::size_t>(worker)], kept);
-    std::vector<std::int32_t>& kp = E.kept_positions[static_cast<std::size_t>(h)];
-    kp.resize(kept.size());
-    for (std::size_t i = 0; i < kept.size(); ++i) kp[i] = pos[kept[i]];
+    select_head(*layers[static_cast<std::size_t>(l)], l, h,
+                (*scores[static_cast<std::size_t>(l)])[static_cast<std::size_t>(h)],
+                keep[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)], prot, opt, labels,
+                ws[static_cast<std::size_t>(worker)], result[static_cast<std::size_t>(l)]);
   });
 
   // 3. compaction, then 4. release of unused capacity

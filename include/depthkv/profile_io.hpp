@@ -697,64 +697,52 @@ inline nlohmann::json profile_to_json(const ProfileFile& f) {
   return j;
 }
 
-/// @param j a JSON document
-/// @return the profile file it holds
-/// @throws Error on another format or version, a missing key, a wrong type or shape, NaN/null
-///         values, negative losses, unsorted ratios (the message names the key)
-inline ProfileFile profile_from_json(const nlohmann::json& j) {
-  using namespace detail;
-  DEPTHKV_CHECK(j.is_object(), "not a JSON object");
-  DEPTHKV_CHECK(json_string(json_at(j, "format", ""), "format") == "depthkv-profile",
-                "'format' is not \"depthkv-profile\"");
-  const long long version = json_integer(json_at(j, "version", ""), "version");
-  DEPTHKV_CHECK(version == ProfileFile::kVersion,
-                "unsupported profile version " << version << " (this depthkv reads version " << ProfileFile::kVersion << ")");
-  ProfileFile f;
-  const auto& m = json_at(j, "model", "");
-  f.model.file_name = json_string(json_at(m, "file", "model"), "model.file");
-  f.model.size = static_cast<std::uint64_t>(
+namespace detail {
+
+/// Reads a profile's "model" object `m` into `id`.
+/// @throws Error on a missing key or a wrong type or range (the message names the key)
+inline void model_identity_from_json(const nlohmann::json& m, ModelIdentity& id) {
+  id.file_name = json_string(json_at(m, "file", "model"), "model.file");
+  id.size = static_cast<std::uint64_t>(
       json_integer(json_at(m, "size", "model"), "model.size", 0, std::numeric_limits<long long>::max()));
-  f.model.header_hash = json_string(json_at(m, "header_hash", "model"), "model.header_hash");
-  f.model.header_bytes = static_cast<std::uint64_t>(json_integer(json_at(m, "header_bytes", "model"), "model.header_bytes", 0,
-                                                                 std::numeric_limits<long long>::max()));
-  f.n_layers = static_cast<int>(json_integer(json_at(j, "n_layers", ""), "n_layers", 1, kMaxLayers));
-  f.keep_ratios = json_vector(json_at(j, "keep_ratios", ""), "keep_ratios");
-  if (j.contains("layer_window")) {
-    const nlohmann::json& lw = j["layer_window"];
-    DEPTHKV_CHECK(lw.is_array(), "'layer_window' must be an array, got " << json_brief(lw));
-    for (std::size_t i = 0; i < lw.size(); ++i)
-      f.layer_window.push_back(json_int(lw[i], "layer_window[" + std::to_string(i) + "]"));
-  }
-  if (j.contains("kv_shape")) {
-    f.kv_heads = json_int(json_at(j["kv_shape"], "n_kv_heads", "kv_shape"), "kv_shape.n_kv_heads", 1);
-    f.head_dim = json_int(json_at(j["kv_shape"], "head_dim", "kv_shape"), "kv_shape.head_dim", 1);
-  }
-  f.metric = json_string(json_at(j, "metric", ""), "metric");
-  const auto& c = json_at(j, "calibration", "");
-  f.calibration.text_file = json_string(json_at(c, "text_file", "calibration"), "calibration.text_file");
-  f.calibration.context = json_int(json_at(c, "context", "calibration"), "calibration.context");
-  f.calibration.continuation = json_int(json_at(c, "continuation", "calibration"), "calibration.continuation");
-  f.calibration.skip = json_int(json_at(c, "skip", "calibration"), "calibration.skip");
-  f.calibration.samples = json_int(json_at(c, "samples", "calibration"), "calibration.samples");
-  f.calibration.window_begin = json_int(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
-  f.calibration.window_end = json_int(json_at(c, "window_end", "calibration"), "calibration.window_end");
-  f.calibration.description = json_string(json_at(c, "description", "calibration"), "calibration.description");
+  id.header_hash = json_string(json_at(m, "header_hash", "model"), "model.header_hash");
+  id.header_bytes = static_cast<std::uint64_t>(json_integer(json_at(m, "header_bytes", "model"), "model.header_bytes", 0,
+                                                            std::numeric_limits<long long>::max()));
+}
+
+/// Reads a profile's "calibration" object `c` into `cal`.
+/// @throws Error on a missing key, a wrong type or range, bad selection settings or an empty
+///         document rule (the message names the key)
+inline void calibration_from_json(const nlohmann::json& c, CalibrationInfo& cal) {
+  cal.text_file = json_string(json_at(c, "text_file", "calibration"), "calibration.text_file");
+  cal.context = json_int(json_at(c, "context", "calibration"), "calibration.context");
+  cal.continuation = json_int(json_at(c, "continuation", "calibration"), "calibration.continuation");
+  cal.skip = json_int(json_at(c, "skip", "calibration"), "calibration.skip");
+  cal.samples = json_int(json_at(c, "samples", "calibration"), "calibration.samples");
+  cal.window_begin = json_int(json_at(c, "window_begin", "calibration"), "calibration.window_begin");
+  cal.window_end = json_int(json_at(c, "window_end", "calibration"), "calibration.window_end");
+  cal.description = json_string(json_at(c, "description", "calibration"), "calibration.description");
   if (c.contains("eviction_chunk")) {
     const long long v = json_integer(c["eviction_chunk"], "calibration.eviction_chunk");
     DEPTHKV_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(),
                   "calibration.eviction_chunk must be >= 0, got " << v);
-    f.calibration.eviction_chunk = static_cast<int>(v);
+    cal.eviction_chunk = static_cast<int>(v);
   }
-  if (c.contains("selection")) f.calibration.selection = selection_from_json(c["selection"], "calibration.selection");
+  if (c.contains("selection")) cal.selection = selection_from_json(c["selection"], "calibration.selection");
   if (c.contains("documents")) {
     const auto& d = c["documents"];
-    f.calibration.documents.rule =
+    cal.documents.rule =
         json_string(json_at(d, "rule", "calibration.documents"), "calibration.documents.rule");
-    f.calibration.documents.marker =
+    cal.documents.marker =
         json_string(json_at(d, "marker", "calibration.documents"), "calibration.documents.marker");
-    DEPTHKV_CHECK(f.calibration.documents.recorded(), "'calibration.documents.rule' is empty");
+    DEPTHKV_CHECK(cal.documents.recorded(), "'calibration.documents.rule' is empty");
   }
-  const auto& sc = json_at(j, "scorers", "");
+}
+
+/// Reads a profile's "scorers" object `sc` (layer curves, and head curves where held) into `f`,
+/// whose `keep_ratios` and `n_layers` are already read.
+/// @throws Error on a wrong type, shape or value (the message names the key)
+inline void scorers_from_json(const nlohmann::json& sc, ProfileFile& f) {
   DEPTHKV_CHECK(sc.is_object(), "'scorers' is not an object");
   for (auto it = sc.begin(); it != sc.end(); ++it) {
     const std::string w = "scorers." + it.key();
@@ -770,18 +758,54 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
       f.head_curves[it.key()] = hc;
     }
   }
-  if (j.contains("layer_metrics")) {
-    const auto& lm = j["layer_metrics"];
-    DEPTHKV_CHECK(lm.is_object(), "'layer_metrics' is not an object");
-    for (auto it = lm.begin(); it != lm.end(); ++it) {
-      const std::string w = "layer_metrics." + it.key();
-      LayerMetric v;
-      v.mean = json_vector(json_at(*it, "mean", w), w + ".mean");
-      if (it->contains("ci_low")) v.ci_low = json_vector((*it)["ci_low"], w + ".ci_low");
-      if (it->contains("ci_high")) v.ci_high = json_vector((*it)["ci_high"], w + ".ci_high");
-      f.layer_metrics[it.key()] = v;
-    }
+}
+
+/// Reads a profile's "layer_metrics" object `lm` into `metrics`.
+/// @throws Error on a wrong type or a missing "mean" (the message names the key)
+inline void layer_metrics_from_json(const nlohmann::json& lm, std::map<std::string, LayerMetric>& metrics) {
+  DEPTHKV_CHECK(lm.is_object(), "'layer_metrics' is not an object");
+  for (auto it = lm.begin(); it != lm.end(); ++it) {
+    const std::string w = "layer_metrics." + it.key();
+    LayerMetric v;
+    v.mean = json_vector(json_at(*it, "mean", w), w + ".mean");
+    if (it->contains("ci_low")) v.ci_low = json_vector((*it)["ci_low"], w + ".ci_low");
+    if (it->contains("ci_high")) v.ci_high = json_vector((*it)["ci_high"], w + ".ci_high");
+    metrics[it.key()] = v;
   }
+}
+
+}  // namespace detail
+
+/// @param j a JSON document
+/// @return the profile file it holds
+/// @throws Error on another format or version, a missing key, a wrong type or shape, NaN/null
+///         values, negative losses, unsorted ratios (the message names the key)
+inline ProfileFile profile_from_json(const nlohmann::json& j) {
+  using namespace detail;
+  DEPTHKV_CHECK(j.is_object(), "not a JSON object");
+  DEPTHKV_CHECK(json_string(json_at(j, "format", ""), "format") == "depthkv-profile",
+                "'format' is not \"depthkv-profile\"");
+  const long long version = json_integer(json_at(j, "version", ""), "version");
+  DEPTHKV_CHECK(version == ProfileFile::kVersion,
+                "unsupported profile version " << version << " (this depthkv reads version " << ProfileFile::kVersion << ")");
+  ProfileFile f;
+  model_identity_from_json(json_at(j, "model", ""), f.model);
+  f.n_layers = static_cast<int>(json_integer(json_at(j, "n_layers", ""), "n_layers", 1, kMaxLayers));
+  f.keep_ratios = json_vector(json_at(j, "keep_ratios", ""), "keep_ratios");
+  if (j.contains("layer_window")) {
+    const nlohmann::json& lw = j["layer_window"];
+    DEPTHKV_CHECK(lw.is_array(), "'layer_window' must be an array, got " << json_brief(lw));
+    for (std::size_t i = 0; i < lw.size(); ++i)
+      f.layer_window.push_back(json_int(lw[i], "layer_window[" + std::to_string(i) + "]"));
+  }
+  if (j.contains("kv_shape")) {
+    f.kv_heads = json_int(json_at(j["kv_shape"], "n_kv_heads", "kv_shape"), "kv_shape.n_kv_heads", 1);
+    f.head_dim = json_int(json_at(j["kv_shape"], "head_dim", "kv_shape"), "kv_shape.head_dim", 1);
+  }
+  f.metric = json_string(json_at(j, "metric", ""), "metric");
+  calibration_from_json(json_at(j, "calibration", ""), f.calibration);
+  scorers_from_json(json_at(j, "scorers", ""), f);
+  if (j.contains("layer_metrics")) layer_metrics_from_json(j["layer_metrics"], f.layer_metrics);
   f.validate();
   return f;
 }

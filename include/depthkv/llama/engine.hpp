@@ -790,7 +790,15 @@ class LlamaEngine {
   /// Model weights' validation (shapes against the configuration).
   /// @throws Error naming the first inconsistent tensor
   static void validate(const LlamaModel& m) {
-    const LlamaConfig& c = m.config;
+    validate_dimensions(m.config);
+    validate_windows_and_scales(m.config);
+    validate_weights(m);
+  }
+
+ private:
+  /// Checks the configuration's dimensions and its global RoPE parameters.
+  /// @throws Error naming the first bad value
+  static void validate_dimensions(const LlamaConfig& c) {
     DEPTHKV_CHECK(c.dim > 0 && c.hidden_dim > 0 && c.n_layers > 0 && c.n_heads > 0 && c.n_kv_heads > 0 &&
                       c.vocab_size > 0 && c.head_dim > 0,
                   "non-positive dimension in the model configuration");
@@ -800,6 +808,12 @@ class LlamaEngine {
     DEPTHKV_CHECK(c.rope_theta > 0 && c.rms_eps >= 0, "bad rope_theta " << c.rope_theta << " or rms_eps " << c.rms_eps);
     DEPTHKV_CHECK(std::isfinite(c.rope_freq_scale) && c.rope_freq_scale > 0,
                   "bad rope_freq_scale " << c.rope_freq_scale);
+  }
+
+  /// Checks the configuration's layer windows, its local RoPE parameters and its embedding and
+  /// attention scales.
+  /// @throws Error naming the first bad value
+  static void validate_windows_and_scales(const LlamaConfig& c) {
     DEPTHKV_CHECK(c.layer_window.empty() || static_cast<int>(c.layer_window.size()) == c.n_layers,
                   "layer_window has " << c.layer_window.size() << " entries for " << c.n_layers << " layers");
     for (std::size_t l = 0; l < c.layer_window.size(); ++l)
@@ -809,55 +823,69 @@ class LlamaEngine {
                   "bad local RoPE base " << c.rope_theta_local << " or scale " << c.rope_freq_scale_local);
     DEPTHKV_CHECK(std::isfinite(c.embedding_scale) && std::isfinite(c.attention_scale) && c.attention_scale >= 0,
                   "bad embedding_scale " << c.embedding_scale << " or attention_scale " << c.attention_scale);
-    // a matrix is either float (RowMatrix) or quantized (QuantWeight, RowMatrix empty)
-    auto shape = [](const char* what, int l, const RowMatrix& w, const QuantWeight& q, Eigen::Index r, Eigen::Index cols) {
-      if (q.empty()) {
-        DEPTHKV_CHECK(w.rows() == r && w.cols() == cols, what << " of layer " << l << " is [" << w.rows() << " x "
-                                                            << w.cols() << "], expected [" << r << " x " << cols << "]");
-        return;
-      }
-      DEPTHKV_CHECK(w.size() == 0, what << " of layer " << l << " has both a float and a quantized form");
-      DEPTHKV_CHECK(q.rows == r && q.cols == cols, what << " of layer " << l << " (" << ggml_type_name(q.type) << ") is ["
-                                                        << q.rows << " x " << q.cols << "], expected [" << r << " x "
-                                                        << cols << "]");
-      DEPTHKV_CHECK(q.row_bytes == ggml_row_bytes(q.type, q.cols),
-                    what << " of layer " << l << " has rows of " << q.row_bytes << " bytes, "
-                         << ggml_type_name(q.type) << " needs " << ggml_row_bytes(q.type, q.cols));
-    };
-    auto vec = [](const char* what, int l, const Eigen::VectorXf& v, Eigen::Index n, bool optional) {
-      DEPTHKV_CHECK(v.size() == n || (optional && v.size() == 0),
-                    what << " of layer " << l << " has " << v.size() << " entries, expected " << n);
-    };
+  }
+
+  /// Checks that matrix `what` of layer `l` is [r x cols], either as float (`w`) or quantized
+  /// (`q`, `w` empty).
+  /// @throws Error otherwise
+  static void check_matrix_shape(const char* what, int l, const RowMatrix& w, const QuantWeight& q,
+                                 Eigen::Index r, Eigen::Index cols) {
+    if (q.empty()) {
+      DEPTHKV_CHECK(w.rows() == r && w.cols() == cols, what << " of layer " << l << " is [" << w.rows() << " x "
+                                                          << w.cols() << "], expected [" << r << " x " << cols << "]");
+      return;
+    }
+    DEPTHKV_CHECK(w.size() == 0, what << " of layer " << l << " has both a float and a quantized form");
+    DEPTHKV_CHECK(q.rows == r && q.cols == cols, what << " of layer " << l << " (" << ggml_type_name(q.type) << ") is ["
+                                                      << q.rows << " x " << q.cols << "], expected [" << r << " x "
+                                                      << cols << "]");
+    DEPTHKV_CHECK(q.row_bytes == ggml_row_bytes(q.type, q.cols),
+                  what << " of layer " << l << " has rows of " << q.row_bytes << " bytes, "
+                       << ggml_type_name(q.type) << " needs " << ggml_row_bytes(q.type, q.cols));
+  }
+
+  /// Checks that vector `what` of layer `l` has `n` entries (or none, when `optional`).
+  /// @throws Error otherwise
+  static void check_vector_size(const char* what, int l, const Eigen::VectorXf& v, Eigen::Index n,
+                                bool optional) {
+    DEPTHKV_CHECK(v.size() == n || (optional && v.size() == 0),
+                  what << " of layer " << l << " has " << v.size() << " entries, expected " << n);
+  }
+
+  /// Checks the shapes of the global and per-layer weights against `m.config`.
+  /// @throws Error naming the first inconsistent tensor
+  static void validate_weights(const LlamaModel& m) {
+    const LlamaConfig& c = m.config;
     const Eigen::Index qd = static_cast<Eigen::Index>(c.n_heads) * c.head_dim;
     const Eigen::Index kd = static_cast<Eigen::Index>(c.n_kv_heads) * c.head_dim;
     DEPTHKV_CHECK(static_cast<int>(m.layers.size()) == c.n_layers,
                   m.layers.size() << " layer weight sets for " << c.n_layers << " layers");
-    shape("token_embedding", -1, m.token_embedding, m.token_embedding_quant, c.vocab_size, c.dim);
-    shape("classifier", -1, m.classifier, m.classifier_quant, c.vocab_size, c.dim);
-    vec("final_norm", -1, m.final_norm, c.dim, false);
-    vec("rope_freq_factors", -1, m.rope_freq_factors, c.head_dim / 2, true);
+    check_matrix_shape("token_embedding", -1, m.token_embedding, m.token_embedding_quant, c.vocab_size,
+                       c.dim);
+    check_matrix_shape("classifier", -1, m.classifier, m.classifier_quant, c.vocab_size, c.dim);
+    check_vector_size("final_norm", -1, m.final_norm, c.dim, false);
+    check_vector_size("rope_freq_factors", -1, m.rope_freq_factors, c.head_dim / 2, true);
     for (int l = 0; l < c.n_layers; ++l) {
       const LlamaLayerWeights& w = m.layers[static_cast<std::size_t>(l)];
-      vec("attn_norm", l, w.attn_norm, c.dim, false);
-      vec("ffn_norm", l, w.ffn_norm, c.dim, false);
-      vec("attn_post_norm", l, w.attn_post_norm, c.dim, true);
-      vec("ffn_post_norm", l, w.ffn_post_norm, c.dim, true);
-      shape("wq", l, w.wq, w.wq_quant, qd, c.dim);
-      shape("wk", l, w.wk, w.wk_quant, kd, c.dim);
-      shape("wv", l, w.wv, w.wv_quant, kd, c.dim);
-      shape("wo", l, w.wo, w.wo_quant, c.dim, qd);
-      shape("w1", l, w.w1, w.w1_quant, c.hidden_dim, c.dim);
-      shape("w3", l, w.w3, w.w3_quant, c.hidden_dim, c.dim);
-      shape("w2", l, w.w2, w.w2_quant, c.dim, c.hidden_dim);
-      vec("bq", l, w.bq, qd, true);
-      vec("bk", l, w.bk, kd, true);
-      vec("bv", l, w.bv, kd, true);
-      vec("q_norm", l, w.q_norm, c.head_dim, true);
-      vec("k_norm", l, w.k_norm, c.head_dim, true);
+      check_vector_size("attn_norm", l, w.attn_norm, c.dim, false);
+      check_vector_size("ffn_norm", l, w.ffn_norm, c.dim, false);
+      check_vector_size("attn_post_norm", l, w.attn_post_norm, c.dim, true);
+      check_vector_size("ffn_post_norm", l, w.ffn_post_norm, c.dim, true);
+      check_matrix_shape("wq", l, w.wq, w.wq_quant, qd, c.dim);
+      check_matrix_shape("wk", l, w.wk, w.wk_quant, kd, c.dim);
+      check_matrix_shape("wv", l, w.wv, w.wv_quant, kd, c.dim);
+      check_matrix_shape("wo", l, w.wo, w.wo_quant, c.dim, qd);
+      check_matrix_shape("w1", l, w.w1, w.w1_quant, c.hidden_dim, c.dim);
+      check_matrix_shape("w3", l, w.w3, w.w3_quant, c.hidden_dim, c.dim);
+      check_matrix_shape("w2", l, w.w2, w.w2_quant, c.dim, c.hidden_dim);
+      check_vector_size("bq", l, w.bq, qd, true);
+      check_vector_size("bk", l, w.bk, kd, true);
+      check_vector_size("bv", l, w.bv, kd, true);
+      check_vector_size("q_norm", l, w.q_norm, c.head_dim, true);
+      check_vector_size("k_norm", l, w.k_norm, c.head_dim, true);
     }
   }
 
- private:
   /// Keeps the first `n` slots of head `h` of `kv` (drops the ones appended after them).
   template <class Layer>
   static void keep_prefix(Layer& kv, int h, int n) {
