@@ -64,6 +64,32 @@ void parallel_for(int n_tasks, int n_workers, Fn&& fn) {
     if (e) std::rethrow_exception(e);
 }
 
+/// Calls `fn(task)` for every task in [0, n_tasks) on an OpenMP team of `n_threads` threads (0:
+/// OpenMP's default, 1: serial on the calling thread), one task at a time per thread (dynamic
+/// schedule), so that Eigen and the engine inside a task see an active team. Every task runs
+/// even if another throws; afterwards one of the exceptions is rethrown.
+template <class Fn>
+void omp_tasks(int n_tasks, int n_threads, Fn&& fn) {
+  std::exception_ptr err;
+#ifdef _OPENMP
+  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n_tasks > 1)
+#else
+  (void)n_threads;
+#endif
+  for (int t = 0; t < n_tasks; ++t) {
+    try {
+      fn(t);
+    } catch (...) {
+#ifdef _OPENMP
+#pragma omp critical(depthkv_omp_tasks_error)
+#endif
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
 #ifdef _OPENMP
 /// Sets the first element of the calling task's OpenMP thread-count ICV (nthreads-var, what
 /// `omp_get_max_threads()` returns and Eigen reads for its products) to `n` for the lifetime of

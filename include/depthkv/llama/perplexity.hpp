@@ -27,6 +27,7 @@
 #include <omp.h>
 #endif
 
+#include "depthkv/detail/parallel_for.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/llama/engine.hpp"
 
@@ -151,24 +152,9 @@ inline PerplexityResult perplexity(const LlamaEngine& engine, const std::vector<
                                    int bos = -1, int chunk_size = 1024, int n_threads = 0) {
   n_windows = detail::check_perplexity_args(engine.config(), ids, context, n_windows, bos, chunk_size, n_threads);
   std::vector<std::vector<double>> nll(static_cast<std::size_t>(n_windows));
-  std::exception_ptr err;
-#ifdef _OPENMP
-  const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n_windows > 1)
-#else
-  (void)n_threads;
-#endif
-  for (int w = 0; w < n_windows; ++w) {
-    try {
-      nll[static_cast<std::size_t>(w)] = detail::window_nlls(engine, ids, w, context, bos, chunk_size);
-    } catch (...) {
-#ifdef _OPENMP
-#pragma omp critical(depthkv_perplexity_error)
-#endif
-      if (!err) err = std::current_exception();
-    }
-  }
-  if (err) std::rethrow_exception(err);
+  depthkv::detail::omp_tasks(n_windows, n_threads, [&](int w) {
+    nll[static_cast<std::size_t>(w)] = detail::window_nlls(engine, ids, w, context, bos, chunk_size);
+  });
   return detail::summarize_perplexity(nll, context, n_windows);
 }
 

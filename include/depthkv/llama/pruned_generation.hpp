@@ -13,7 +13,11 @@
 /// - `feed(tokens, n)` feeds the next piece of a prompt instead (a serving loop's chunk; scheduled
 ///   or no spec);
 /// - `step(token)` decodes one token at the next position; a schedule evicts every
-///   `schedule.interval` tokens.
+///   `schedule.interval` tokens;
+/// - `teacher_force(tokens)` feeds known tokens and returns every position's logits, evicting as
+///   `step` would (what an evaluation of a continuation on the pruned cache needs).
+/// A schedule of explicit settings (`ScheduleConfig`, e.g. fixed per-layer targets) replaces the
+/// spec through the second constructor.
 ///
 /// With a preset name (preset.hpp) and a oneshot spec, the preset's per-input rule runs inside
 /// the prefill: the mean NLL of the prompt's last `kPresetTrustTokens` tokens is taken from the
@@ -139,27 +143,48 @@ class PrunedGeneration {
                                                      c.n_layers, c.n_heads, c.n_kv_heads);
     }
   }
+  /// A schedule of explicit settings (`ScheduleConfig`, e.g. the fixed per-layer targets of a
+  /// plan, `TargetPlan`) instead of a spec: `prefill`, `feed`, `step` and `teacher_force` evict
+  /// as with a scheduled spec.
+  /// @throws Error on invalid settings (`EvictionSchedule`)
+  PrunedGeneration(const Engine& engine, Cache cache, ScheduleConfig schedule, const ForwardOptions& run)
+      : PrunedGeneration(engine, std::move(cache), std::nullopt, PolicyCurves{}, nullptr, run) {
+    const auto& c = engine.config();
+    schedule_ = std::make_unique<EvictionSchedule>(std::move(schedule), c.n_layers, c.n_heads, c.n_kv_heads);
+  }
   PrunedGeneration(const PrunedGeneration&) = delete;
   PrunedGeneration& operator=(const PrunedGeneration&) = delete;
 
-  /// Feeds `prompt` at positions 0.. and prunes as the spec says (see the file comment).
+  /// Feeds `prompt` at positions 0.. and prunes as the spec says (see the file comment). With a
+  /// schedule and `evict_at_end`, the last chunk's attention is observed whole and the cache is
+  /// evicted to the budget after it whatever the interval (`EvictionSchedule::evict_now`), so that
+  /// what follows the prompt starts on the final budget.
   /// @return the logits of the prompt's last position `[1 x vocab]`
   /// @throws Error on an empty prompt, a second prefill, a prompt (plus lookahead) beyond the
   ///   model's context, or as the engine and the allocator
-  RowMatrix prefill(const std::vector<int>& prompt) {
+  RowMatrix prefill(const std::vector<int>& prompt, bool evict_at_end = false) {
     DEPTHKV_CHECK(!prompt.empty(), "prefill: the prompt holds no tokens");
     DEPTHKV_CHECK(pos_ == 0, "prefill: this generation already holds " << pos_ << " positions");
     const int vocab = engine_.config().vocab_size;
     for (std::size_t i = 0; i < prompt.size(); ++i)  // before any chunk: a bad id leaves the cache empty
       DEPTHKV_CHECK(prompt[i] >= 0 && prompt[i] < vocab,
                     "prefill: token " << prompt[i] << " at position " << i << " is outside the vocabulary of " << vocab);
-    const bool oneshot = spec_ && !schedule_ && !(spec_->budget.is_ratio() && spec_->budget.ratio() >= 1.0);
+    const bool oneshot = spec_ && !schedule_ && !keeps_all(*spec_);
     const auto t0 = std::chrono::steady_clock::now();
     RowMatrix logits;
     Observed obs;
     if (schedule_) {  // chunk by chunk, each observing only the rows its eviction scores
       const int n = static_cast<int>(prompt.size()), chunk = std::max(1, run_.chunk_size);
-      for (int p0 = 0; p0 < n; p0 += chunk) logits = feed(prompt.data() + p0, std::min(chunk, n - p0));
+      for (int p0 = 0; p0 < n; p0 += chunk) {
+        const bool last = p0 + chunk >= n;
+        logits = feed_piece(prompt.data() + p0, std::min(chunk, n - p0), last && evict_at_end);
+      }
+      if (evict_at_end) {
+        const auto t1 = std::chrono::steady_clock::now();
+        schedule_->evict_now(cache_);
+        report_.schedule_ms += ms_since(t1);
+        note_evictions();
+      }
     } else {
       ForwardOptions opt = run_;
       if (oneshot) observe_prompt(prompt, opt, obs);
@@ -182,18 +207,8 @@ class PrunedGeneration {
   /// @throws Error on n < 1, a oneshot spec, or as the engine (the position does not advance then)
   RowMatrix feed(const int* tokens, int n) {
     DEPTHKV_CHECK(n >= 1, "feed: need at least one token, got " << n);
-    DEPTHKV_CHECK(!spec_ || schedule_ || (spec_->budget.is_ratio() && spec_->budget.ratio() >= 1.0),
-                  "feed: a oneshot spec prunes after the whole prompt: use prefill");
-    ForwardOptions opt = run_;
-    if (schedule_) {
-      opt.observer = schedule_->observer();
-      opt.observe_from = schedule_->observe_from(n);  // only the rows the next eviction scores
-    }
-    RowMatrix logits = engine_.forward(tokens, n, pos_, cache_, opt);
-    pos_ += n;
-    report_.tokens_seen = pos_;
-    after_append(false, n, pos_);
-    return logits;
+    DEPTHKV_CHECK(!spec_ || schedule_ || keeps_all(*spec_), "feed: a oneshot spec prunes after the whole prompt: use prefill");
+    return feed_piece(tokens, n, false);
   }
 
   /// Decodes `token` at the next position (a schedule evicts every interval).
@@ -213,6 +228,34 @@ class PrunedGeneration {
     return logits;
   }
 
+  /// Teacher-forces `tokens` at the next positions, appending them, and returns the logits of
+  /// every one `[n x vocab]` (row i predicts the token after `tokens[i]`; the engine's `forward`
+  /// must honour `opt.all_logits`). A schedule evicts as `step` would, token by token: the tokens
+  /// go in blocks that end where it evicts. Without one nothing is evicted.
+  /// @throws Error before `prefill`, on no tokens, or as the engine
+  RowMatrix teacher_force(const std::vector<int>& tokens) {
+    DEPTHKV_CHECK(pos_ > 0, "teacher_force: prefill a prompt first");
+    DEPTHKV_CHECK(!tokens.empty(), "teacher_force: no tokens");
+    const int n = static_cast<int>(tokens.size());
+    RowMatrix out(n, engine_.config().vocab_size);
+    for (int t0 = 0; t0 < n;) {
+      ForwardOptions opt = run_;
+      opt.all_logits = true;
+      int t = n - t0;
+      if (schedule_) {
+        t = static_cast<int>(std::min<long long>(t, std::max<long long>(1, schedule_->config().interval - schedule_->pending())));
+        opt.observer = schedule_->observer();
+        opt.observe_from = schedule_->observe_from(t);  // only the rows the next eviction scores
+      }
+      out.middleRows(t0, t) = engine_.forward(tokens.data() + t0, t, pos_, cache_, opt);
+      pos_ += t;
+      report_.tokens_seen = pos_;
+      after_append(true, t, pos_);
+      t0 += t;
+    }
+    return out;
+  }
+
   Cache& cache() { return cache_; }
   const Cache& cache() const { return cache_; }
   /// The next position (the tokens fed so far).
@@ -226,6 +269,24 @@ class PrunedGeneration {
     std::optional<PruneSpec> fallback_spec;
     std::unique_ptr<TailNll> tail;
   };
+
+  /// A budget that keeps everything (a keep ratio of 1): nothing to observe or evict.
+  static bool keeps_all(const PruneSpec& s) { return s.budget.is_ratio() && s.budget.ratio() >= 1.0; }
+
+  /// `feed` without its checks; `observe_all`: every row of the piece observed (an `evict_now`
+  /// follows it).
+  RowMatrix feed_piece(const int* tokens, int n, bool observe_all) {
+    ForwardOptions opt = run_;
+    if (schedule_) {
+      opt.observer = schedule_->observer();
+      opt.observe_from = observe_all ? 0 : schedule_->observe_from(n);  // only the rows the next eviction scores
+    }
+    RowMatrix logits = engine_.forward(tokens, n, pos_, cache_, opt);
+    pos_ += n;
+    report_.tokens_seen = pos_;
+    after_append(false, n, pos_);
+    return logits;
+  }
 
   const std::vector<OutputProjection>* wo_views(const PruneSpec& s) const {
     return s.scorer.output_aware && wo_ ? &wo_->views() : nullptr;
@@ -245,6 +306,10 @@ class PrunedGeneration {
     if (decode_step) schedule_->after_decode_step(cache_);
     else schedule_->after_chunk(cache_);
     report_.schedule_ms += ms_since(t0);
+    note_evictions();
+  }
+
+  void note_evictions() {
     if (schedule_->n_evictions() == report_.evictions) return;
     report_.evictions = schedule_->n_evictions();
     report_.prune.budgets = schedule_->budgets();
