@@ -280,3 +280,48 @@ TEST_CASE("PrunedGeneration::feed: a prompt fed chunk by chunk equals prefill, a
   REQUIRE(d.cache().lengths() == std::vector<int>(3, 0));
   REQUIRE(d.position() == 0);
 }
+
+TEST_CASE("PrunedGeneration::teacher_force equals stepping token by token, and prefill(evict_at_end) ends on the budget",
+          "[driver]") {
+  const bool gemma = GENERATE(false, true);
+  CAPTURE(gemma);
+  const LlamaModel model = random_model(shape(gemma));
+  const LlamaEngine engine(model);
+  const std::vector<int> prompt = random_tokens(70, model.config.vocab_size, 4);
+  const std::vector<int> known = random_tokens(23, model.config.vocab_size, 5);
+  PruneSpec spec;
+  spec.protection = {2, 4};
+  spec.budget = Budget::tokens(60);
+  spec.schedule = {ScheduleMode::kDecode, 16, 5};
+  ForwardOptions run;
+  run.chunk_size = 16;
+  PrunedGeneration<HostCache> a(engine, engine.make_cache(), spec, {}, nullptr, run);
+  PrunedGeneration<HostCache> b(engine, engine.make_cache(), spec, {}, nullptr, run);
+  REQUIRE_THROWS_WITH(a.teacher_force(known), Catch::Contains("prefill a prompt first"));
+  a.prefill(prompt, /*evict_at_end=*/true);
+  b.prefill(prompt, true);
+  REQUIRE(a.report().evictions > 0);
+  long long held = 0;  // 70 tokens seen, the last eviction after the prompt: at most the budget
+  for (int n : a.cache().lengths()) held += n;
+  REQUIRE(held <= 60);
+  const RowMatrix all = a.teacher_force(known);
+  REQUIRE(all.rows() == 23);
+  for (int i = 0; i < 23; ++i) {  // the same evictions; products over a block round apart from one row's
+    CAPTURE(i);
+    REQUIRE((all.row(i) - b.step(known[static_cast<std::size_t>(i)]).row(0)).cwiseAbs().maxCoeff() < 1e-4);
+    REQUIRE(a.report().evictions >= b.report().evictions);
+  }
+  REQUIRE(a.cache().lengths() == b.cache().lengths());
+  REQUIRE(a.report().evictions == b.report().evictions);
+  REQUIRE(a.position() == 93);
+
+  // without a spec: the engine's teacher forcing, nothing evicted
+  PrunedGeneration<HostCache> full(engine, engine.make_cache(), std::nullopt, {}, nullptr, run);
+  full.prefill(prompt);
+  HostCache ref = engine.make_cache();
+  ForwardOptions opt = run;
+  opt.all_logits = false;
+  engine.prefill(prompt, 0, ref, opt);
+  REQUIRE(full.teacher_force(known) == engine.teacher_force(known, 70, ref, run));
+  REQUIRE(full.cache().lengths() == ref.lengths());
+}
