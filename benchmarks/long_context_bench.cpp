@@ -220,19 +220,18 @@ class Run {
   Run(const LlamaModel& model, const Settings& s) : s_(s), engine_(model), cache_(engine_.template make_cache<Scalar>(s.capacity())) {
     if (s.full()) return;
     const LlamaConfig& c = model.config;
-    ScheduleConfig sc;
-    sc.scorer = scorer();
-    if (sc.scorer.output_aware) {
-      wo_ = std::make_unique<OutputProjections>(model);
-      sc.output_projections = &wo_->views();
-    }
-    sc.budget.keep_ratio = s.keep;
-    sc.interval = s.interval;
-    sc.protection = {s.sinks, s.recent};
-    sc.policy = AllocationPolicy::kUniform;
-    sc.evict.shrink = s.shrink;
-    sc.layer_window = c.layer_window;  // sliding-window layers: capped at their window, old slots freed
-    schedule_ = std::make_unique<EvictionSchedule>(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+    PruneSpec spec;
+    spec.scorer = scorer();
+    if (spec.scorer.output_aware) wo_ = std::make_unique<OutputProjections>(model);
+    spec.budget = Budget::keep(s.keep);
+    spec.schedule = {ScheduleMode::kDecode, s.chunk, s.interval};
+    spec.protection = {s.sinks, s.recent};
+    PolicyData data;
+    data.layer_window = c.layer_window;  // sliding-window layers: capped at their window, old slots freed
+    EvictOptions evict;
+    evict.shrink = s.shrink;
+    schedule_ = std::make_unique<EvictionSchedule>(spec, data, c.n_layers, c.n_heads, c.n_kv_heads,
+                                                   wo_ ? &wo_->views() : nullptr, evict);
     feed_ = schedule_->observer();
     opt_.observer = [this](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
       const auto t0 = Clock::now();

@@ -64,12 +64,12 @@ struct Timing {
 
 Timing run(const LlamaEngine& engine, const std::vector<int>& tokens, const Settings& s, Mode mode) {
   const LlamaConfig& c = engine.config();
-  ScheduleConfig sc;
-  sc.budget.keep_ratio = mode == Mode::kSchedule ? s.keep : 1.0;
-  sc.interval = s.interval;
-  sc.protection = {4, 16};
-  sc.scorer.kind = parse_scorer_kind(s.scorer);
-  EvictionSchedule schedule(sc, c.n_layers, c.n_heads, c.n_kv_heads);
+  PruneSpec spec;
+  spec.budget = Budget::keep(mode == Mode::kSchedule ? s.keep : 1.0);
+  spec.schedule.interval = s.interval;
+  spec.protection = {4, 16};
+  spec.scorer.kind = parse_scorer_kind(s.scorer);
+  EvictionSchedule schedule(spec, {}, c.n_layers, c.n_heads, c.n_kv_heads);
   HostCache cache = engine.make_cache();
   Timing t;
   double observer_s = 0;

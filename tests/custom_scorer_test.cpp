@@ -102,8 +102,8 @@ std::vector<std::int32_t> top_positions(std::vector<std::int32_t> cands, int kee
   return cands;
 }
 
-depthkv::ScheduleConfig schedule_config(const std::string& scorer) {
-  depthkv::ScheduleConfig sc;
+depthkv::detail::ScheduleConfig test_schedule(const std::string& scorer) {
+  depthkv::detail::ScheduleConfig sc;
   sc.scorer = depthkv::scorer_config(scorer);
   sc.budget.total_tokens = kLayers * kBudget;
   return sc;
@@ -114,7 +114,7 @@ depthkv::ScheduleConfig schedule_config(const std::string& scorer) {
 using namespace custom_scorer_test;
 
 TEST_CASE("a registered position rule evicts exactly what it says through EvictionSchedule", "[scorer][registry]") {
-  depthkv::EvictionSchedule schedule(schedule_config("test-even-recent"), kLayers, kHeads, kKvHeads);
+  depthkv::EvictionSchedule schedule(test_schedule("test-even-recent"), kLayers, kHeads, kKvHeads);
   CHECK(depthkv::scorer_name(schedule.scorers()[0].config()) == "test-even-recent");
   Cache cache = make_cache();
   std::mt19937 rng(11);
@@ -140,7 +140,7 @@ TEST_CASE("a registered position rule evicts exactly what it says through Evicti
 }
 
 TEST_CASE("a registered attention rule is fed, compacted and copied through EvictionSchedule", "[scorer][registry]") {
-  depthkv::EvictionSchedule schedule(schedule_config("test-peak"), kLayers, kHeads, kKvHeads);
+  depthkv::EvictionSchedule schedule(test_schedule("test-peak"), kLayers, kHeads, kKvHeads);
   const depthkv::AttentionObserver observe = schedule.observer();
   Cache cache = make_cache();
   std::mt19937 rng(12);

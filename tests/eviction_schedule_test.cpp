@@ -30,6 +30,18 @@ long long sum_of(const std::vector<int>& v) {
   return s;
 }
 
+/// A chunked (or decode) spec of the evaluator's settings `cfg` (its first scorer).
+PruneSpec schedule_spec(const llama::EvalConfig& cfg, Budget budget, ScheduleMode mode = ScheduleMode::kChunked,
+                        int interval = 1) {
+  PruneSpec s;
+  s.scorer = cfg.scorers.front();
+  s.protection = cfg.protection;
+  s.head_split = {cfg.head_allocation, cfg.head_alpha};
+  s.budget = budget;
+  s.schedule = {mode, cfg.chunk_size, interval};
+  return s;
+}
+
 bool same_layer(const HostLayer<float>& a, const HostLayer<float>& b) {
   if (a.n_kv_heads() != b.n_kv_heads() || a.head_dim() != b.head_dim()) return false;
   for (int h = 0; h < a.n_kv_heads(); ++h) {
@@ -93,13 +105,13 @@ TEST_CASE("EvictionSchedule: one chunk equals score_and_evict bit for bit", "[sc
     opt.observer = observe_into(sa);
     opt.all_logits = false;
     engine.prefill(tokens, 0, a, opt);
-    PruneRequest req;
+    depthkv::detail::PruneRequest req;
     req.budget.keep_ratio = keep;
     req.protection = {2, 4};
     if (keep < 0.1) req.budget.keep_ratio = 0.1;  // 0.0 is below the protected tokens: raised by the schedule only
     score_and_evict(a, sa, req);
     // schedule, one chunk
-    ScheduleConfig sc;
+    depthkv::detail::ScheduleConfig sc;
     sc.budget.keep_ratio = req.budget.keep_ratio;
     sc.protection = req.protection;
     EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
@@ -119,7 +131,7 @@ TEST_CASE("EvictionSchedule: bounds after every chunk, exact totals (ratio and f
     for (int interval : {1, 5, 32})
       for (int fixed : {0, 1}) {
         CAPTURE(chunk, interval, fixed);
-        ScheduleConfig sc;
+        depthkv::detail::ScheduleConfig sc;
         if (fixed)
           sc.budget.total_tokens = 120;
         else
@@ -156,7 +168,7 @@ TEST_CASE("EvictionSchedule: decode-time eviction every interval tokens", "[sche
   const LlamaModel model = model_of(13, 3);
   const LlamaEngine engine(model);
   const auto& c = model.config;
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.budget.total_tokens = 3 * 20;
   sc.interval = 8;
   sc.protection = {1, 2};
@@ -185,7 +197,7 @@ TEST_CASE("EvictionSchedule: H2O state after compaction equals a scorer fed only
   const LlamaModel model = model_of(14, 2);
   const LlamaEngine engine(model);
   const auto& c = model.config;
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.budget.keep_ratio = 0.4;
   sc.interval = 1;
   EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
@@ -239,7 +251,7 @@ TEST_CASE("EvictionSchedule: errors leave the cache, the scorers and the counter
   const LlamaEngine engine(model);
   const auto& c = model.config;
   SECTION("bad configurations") {
-    ScheduleConfig sc;
+    depthkv::detail::ScheduleConfig sc;
     REQUIRE_THROWS_AS(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads), Error);  // no budget
     sc.budget.keep_ratio = 0.5;
     sc.budget.total_tokens = 10;
@@ -261,7 +273,7 @@ TEST_CASE("EvictionSchedule: errors leave the cache, the scorers and the counter
     REQUIRE_NOTHROW(EvictionSchedule(sc, 3, c.n_heads, c.n_kv_heads));
   }
   SECTION("bad calls") {
-    ScheduleConfig sc;
+    depthkv::detail::ScheduleConfig sc;
     sc.budget.keep_ratio = 0.5;
     sc.interval = 4;
     EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
@@ -312,7 +324,7 @@ TEST_CASE("EvictionSchedule: keep-all and protection-raised budgets", "[schedule
   const LlamaModel model = model_of(16, 2);
   const LlamaEngine engine(model);
   const auto& c = model.config;
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.budget.keep_ratio = 1.0;
   EvictionSchedule full(sc, c.n_layers, c.n_heads, c.n_kv_heads);
   llama::HostCache a = engine.make_cache();
@@ -331,7 +343,7 @@ TEST_CASE("EvictionSchedule: keep-all and protection-raised budgets", "[schedule
   }
 }
 
-TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot, chunked peak within budget + one chunk",
+TEST_CASE("PruningEvaluator, chunked spec: one chunk equals oneshot, chunked peak within budget + one chunk",
           "[schedule][eval]") {
   const LlamaModel model = model_of(17, 3);
   const LlamaEngine engine(model);
@@ -346,9 +358,7 @@ TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot, chunke
     cfg.chunk_size = chunk;
     cfg.n_threads = 1;
     const llama::PruningEvaluator ev(engine, windows, cfg);
-    ScheduleConfig sc;
-    sc.budget.keep_ratio = 0.25;
-    const std::vector<llama::WindowResult> sched = ev.evaluate_schedule(sc);
+    const std::vector<llama::WindowResult> sched = ev.evaluate(schedule_spec(cfg, Budget::keep(0.25)), {});
     BudgetRequest br;
     br.lengths.assign(3, 96);
     br.keep_ratio = 0.25;
@@ -375,7 +385,7 @@ TEST_CASE("PruningEvaluator::evaluate_schedule: one chunk equals oneshot, chunke
   }
 }
 
-TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by token, peak within budget + interval",
+TEST_CASE("PruningEvaluator, decode spec: equals decoding token by token, peak within budget + interval",
           "[schedule][eval]") {
   const LlamaModel model = model_of(19, 3);
   const LlamaEngine engine(model);
@@ -391,20 +401,15 @@ TEST_CASE("PruningEvaluator::evaluate_schedule kDecode: equals decoding token by
   for (const bool fixed : {false, true}) {
     for (int interval : {1, 8, 13}) {
       CAPTURE(fixed, interval);
-      ScheduleConfig sc;
-      if (fixed)
-        sc.budget.total_tokens = 3 * 40;  // above the context: the cache first grows to it
-      else
-        sc.budget.keep_ratio = 0.25;
-      sc.interval = interval;
-      const auto dec = ev.evaluate_schedule(sc, 0, llama::PruningEvaluator::ScheduleEval::kDecode);
-      const auto pre = ev.evaluate_schedule(sc, 0, llama::PruningEvaluator::ScheduleEval::kPrefill);
+      // a fixed total above the context: the cache first grows to it
+      const Budget budget = fixed ? Budget::tokens(3 * 40) : Budget::keep(0.25);
+      const PruneSpec spec = schedule_spec(cfg, budget, ScheduleMode::kDecode, interval);
+      const auto dec = ev.evaluate(spec, {});
+      const auto pre = ev.evaluate(schedule_spec(cfg, budget, ScheduleMode::kChunked, interval), {});
       for (std::size_t w = 0; w < windows.size(); ++w) {
         CAPTURE(w);
         // the reference: the same schedule, the continuation decoded one token at a time
-        ScheduleConfig rc = sc;
-        rc.protection = cfg.protection;
-        EvictionSchedule s(rc, c.n_layers, c.n_heads, c.n_kv_heads);
+        EvictionSchedule s(spec, {}, c.n_layers, c.n_heads, c.n_kv_heads);
         llama::HostCache cache = engine.make_cache();
         ForwardOptions po;
         po.chunk_size = cfg.chunk_size;
@@ -470,9 +475,7 @@ TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot, chunks equa
   // uniform schedule at keep 0.25 gives (independent code: allocator + EvictionSchedule)
   cfg.chunk_size = 16;
   const llama::PruningEvaluator chunked(engine, windows, cfg);
-  ScheduleConfig sc;
-  sc.budget.keep_ratio = 0.25;
-  const auto s = chunked.evaluate_schedule(sc);
+  const auto s = chunked.evaluate(schedule_spec(cfg, Budget::keep(0.25)), {});
   const auto p = chunked.evaluate_plan(plan);
   const auto q = chunked.evaluate_plan(one_layer);
   const auto o = once.evaluate_plan(one_layer), op = once.evaluate_plan(plan);
@@ -512,7 +515,7 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
   opt.observer = observe_into(sa);
   opt.all_logits = false;
   engine.prefill(tokens, 0, a, opt);
-  PruneRequest req;
+  depthkv::detail::PruneRequest req;
   req.budget.keep_ratio = 0.2;
   req.protection = {2, 4};
   req.head_allocation = HeadAllocation::kAdaptive;
@@ -520,7 +523,7 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
   req.output_projections = &wo;
   const PruneReport rep = score_and_evict(a, sa, req);
   // schedule, one chunk
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.budget.keep_ratio = 0.2;
   sc.protection = req.protection;
   sc.scorer = scfg;
@@ -577,7 +580,7 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
     engine.prefill(tokens, 0, d, od);
     const llama::HostCache copy = d;
     const std::vector<LayerScores> before = layer_scores(sd, d, &wo);
-    PruneRequest r = req;
+    depthkv::detail::PruneRequest r = req;
     r.head_alpha = 1.5;
     REQUIRE_THROWS_WITH(score_and_evict(d, sd, r), Catch::Contains("alpha 1.5 outside [0, 1]"));
     r = req;
@@ -587,7 +590,7 @@ TEST_CASE("EvictionSchedule with output-aware scores and adaptive heads: one chu
     REQUIRE(layer_scores(sd, d, &wo) == before);
   }
   // an output-aware scorer without projections is refused up front
-  ScheduleConfig bad = sc;
+  depthkv::detail::ScheduleConfig bad = sc;
   bad.output_projections = nullptr;
   REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads),
                       Catch::Contains("needs one output projection per layer"));
@@ -620,7 +623,7 @@ TEST_CASE("head curves in score_and_evict and EvictionSchedule: the head-optimal
     opt.observer = observe_into(sa);
     opt.all_logits = false;
     engine.prefill(tokens, 0, a, opt);
-    PruneRequest req;
+    depthkv::detail::PruneRequest req;
     req.budget.keep_ratio = 0.25;
     req.protection = {2, 4};
     req.head_profile = &hp;
@@ -650,7 +653,7 @@ TEST_CASE("head curves in score_and_evict and EvictionSchedule: the head-optimal
     }
     REQUIRE(kept == static_cast<long long>(H) * std::llround(0.25 * 96 * c.n_layers));
     // the schedule with one chunk evicts exactly the same
-    ScheduleConfig sc;
+    depthkv::detail::ScheduleConfig sc;
     sc.budget.keep_ratio = 0.25;
     sc.protection = req.protection;
     sc.head_profile = &hp;
@@ -685,7 +688,7 @@ TEST_CASE("head curves in score_and_evict and EvictionSchedule: the head-optimal
     REQUIRE(evictions >= 3);
   }
   // a head profile of the wrong shape is refused
-  ScheduleConfig bad;
+  depthkv::detail::ScheduleConfig bad;
   bad.budget.keep_ratio = 0.3;
   SensitivityProfile small = hp;
   small.loss.conservativeResize(c.n_layers, 3);
@@ -700,7 +703,7 @@ TEST_CASE("EvictionSchedule with fixed targets: per-head targets of the tokens s
   const auto& c = model.config;
   const int n = 120;
   const std::vector<int> tokens = random_tokens(n, c.vocab_size, 7);
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.protection = {1, 2};
   sc.targets.length = n;
   sc.targets.split = false;
@@ -729,7 +732,7 @@ TEST_CASE("EvictionSchedule with fixed targets: per-head targets of the tokens s
   REQUIRE(s.budgets()[1] == (30 + (c.n_kv_heads - 1) * n + c.n_kv_heads / 2) / c.n_kv_heads);
 
   // bad plans name what is wrong
-  ScheduleConfig bad = sc;
+  depthkv::detail::ScheduleConfig bad = sc;
   bad.budget.keep_ratio = 0.5;
   REQUIRE_THROWS_WITH(EvictionSchedule(bad, c.n_layers, c.n_heads, c.n_kv_heads),
                       Catch::Contains("targets replace the global budget"));

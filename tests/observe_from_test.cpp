@@ -31,7 +31,7 @@ struct ObserveRun {
 
 // Prefill of `prompt` in calls of `chunk` tokens, then `decode` teacher-forced tokens one call
 // each, the schedule called after every call; `use_from`: observe_from before every call.
-ObserveRun observe_run(const LlamaEngine& engine, const ScheduleConfig& sc, const std::vector<int>& tokens, int prompt,
+ObserveRun observe_run(const LlamaEngine& engine, const depthkv::detail::ScheduleConfig& sc, const std::vector<int>& tokens, int prompt,
                        int chunk, bool use_from) {
   const auto& c = engine.config();
   EvictionSchedule s(sc, c.n_layers, c.n_heads, c.n_kv_heads);
@@ -84,7 +84,7 @@ TEST_CASE("observe_from: the rows it skips change nothing, bit for bit", "[sched
       for (int interval : {1, 5, 24})
         for (int chunk : {7, 40}) {
           CAPTURE(scorer, window, interval, chunk);
-          ScheduleConfig sc;
+          depthkv::detail::ScheduleConfig sc;
           sc.budget.keep_ratio = 0.3;
           sc.protection = {2, 3};
           sc.scorer = scorer_config(scorer);
@@ -106,7 +106,7 @@ TEST_CASE("observe_from: the rows it skips change nothing, bit for bit", "[sched
 }
 
 TEST_CASE("observe_from: positions from the interval, the window and the call's length", "[schedule][observe_from]") {
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.budget.keep_ratio = 0.5;
   sc.scorer = scorer_config("snapkv");
   sc.scorer.window = 8;

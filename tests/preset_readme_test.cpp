@@ -1,6 +1,6 @@
 // The README's preset snippet for engine authors ("The preset in your engine"), compiled and run
-// on synthetic data: depthkv::preset gives the PruneSpec, prune_request + score_and_evict prune
-// once with it, schedule_config + EvictionSchedule bound the memory with it.
+// on synthetic data: depthkv::preset gives the PruneSpec, score_and_evict prunes once with it,
+// EvictionSchedule bounds the memory with it.
 
 #include <cstdio>
 #include <functional>
@@ -49,13 +49,13 @@ ReadmePresetResult readme_preset_snippet(const std::string& path, ReadmeCache& c
   // Once after the prefill: scorers made from the spec, fed by your engine as in step 1
   std::vector<TokenScorer> scorers = make_scorers(n_layers, spec.scorer, n_heads, n_kv_heads);
   prefill(cache, scorers);                              // (then observe_lookahead)
-  PruneReport rep = score_and_evict(cache, scorers, prune_request(spec, curves.data(), &wo));  // wo: W_o per layer
+  PruneReport rep = score_and_evict(cache, scorers, spec, curves.data(), &wo);  // wo: W_o per layer
 
   // Bounded memory instead: evict every 32 tokens (no lookahead: it needs the whole context first)
   base.schedule = {ScheduleMode::kChunked, /*chunk=*/256, /*interval=*/32};
   PruneSpec bounded = preset("best", f, base, lengths, /*lookahead=*/0).spec;
   PolicyCurves bounded_curves = policy_curves(f, scorer_name(bounded.scorer), bounded.policy);
-  EvictionSchedule schedule(schedule_config(bounded, bounded_curves.data(), &wo), n_layers, n_heads, n_kv_heads);
+  EvictionSchedule schedule(bounded, bounded_curves.data(), n_layers, n_heads, n_kv_heads, &wo);
   // ---- README end ----
   prefill(cache2, schedule.scorers());
   schedule.after_chunk(cache2);

@@ -151,14 +151,14 @@ TEST_CASE("PruneSpec: the allocator request, the schedule and score_and_evict co
   REQUIRE(a.layers == depthkv::BudgetAllocator().allocate(depthkv::AllocationPolicy::kUniform, t));
   s.policy = depthkv::AllocationPolicy::kHeadOptimal;
   REQUIRE_THROWS_WITH(depthkv::allocate(s, {100, 100, 10}, {}), Contains("head-optimal needs head curves"));
-  REQUIRE_THROWS_WITH(depthkv::schedule_config(s, {}), Contains("head-optimal needs head curves"));
+  REQUIRE_THROWS_WITH(depthkv::detail::schedule_config(s, {}), Contains("head-optimal needs head curves"));
   REQUIRE_THROWS_WITH(depthkv::BudgetAllocator().allocate(depthkv::AllocationPolicy::kHeadOptimal, t),
                       Contains("head-optimal gives per-head budgets"));
   // the schedule's config carries every field of the spec
   s.policy = depthkv::AllocationPolicy::kUniform;
   s.schedule = {depthkv::ScheduleMode::kChunked, 32, 8};
   s.head_split = {depthkv::HeadAllocation::kAdaptive, 0.3};
-  const depthkv::ScheduleConfig sc = depthkv::schedule_config(s, {});
+  const depthkv::detail::ScheduleConfig sc = depthkv::detail::schedule_config(s, {});
   REQUIRE(sc.budget.total_tokens == 90);
   REQUIRE(sc.budget.lengths.empty());
   REQUIRE(sc.budget.floors.empty());
@@ -167,7 +167,7 @@ TEST_CASE("PruneSpec: the allocator request, the schedule and score_and_evict co
   REQUIRE(sc.head_allocation == depthkv::HeadAllocation::kAdaptive);
   REQUIRE(sc.head_alpha == 0.3);
   // and the oneshot request the same settings
-  const depthkv::PruneRequest pr = depthkv::prune_request(s, {});
+  const depthkv::detail::PruneRequest pr = depthkv::detail::prune_request(s, {});
   REQUIRE(pr.budget.total_tokens == 90);
   REQUIRE(pr.budget.lengths.empty());
   REQUIRE(pr.protection.n_sink == 4);
@@ -175,7 +175,7 @@ TEST_CASE("PruneSpec: the allocator request, the schedule and score_and_evict co
   REQUIRE(pr.head_alpha == 0.3);
   REQUIRE(pr.floors_from_protection);
   s.policy = depthkv::AllocationPolicy::kHeadOptimal;
-  REQUIRE_THROWS_WITH(depthkv::prune_request(s, {}), Contains("head-optimal needs head curves"));
+  REQUIRE_THROWS_WITH(depthkv::detail::prune_request(s, {}), Contains("head-optimal needs head curves"));
   REQUIRE(depthkv::parse_allocation_policy("head-optimal") == depthkv::AllocationPolicy::kHeadOptimal);
   REQUIRE(depthkv::to_string(depthkv::parse_schedule_mode("decode")) == "decode");
 }

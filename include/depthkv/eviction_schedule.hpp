@@ -45,11 +45,15 @@
 /// the schedule's counters unchanged (everything is validated before the first change), except
 /// that an output-aware scorer's norm cache may hold the slots appended since (still valid).
 ///
+/// The schedule takes what to keep as a `PruneSpec` (its scorer, protection, budget, policy,
+/// head split and interval); the internal `detail::ScheduleConfig` is that spec resolved
+/// (`detail::schedule_config`: the policy's curves and the output projections as pointers).
+///
 /// @code
-/// depthkv::ScheduleConfig sc;
-/// sc.budget.keep_ratio = 0.2;                       // or sc.budget.total_tokens = 4096
-/// sc.protection = {4, 16};
-/// depthkv::EvictionSchedule schedule(sc, n_layers, n_heads, n_kv_heads);
+/// depthkv::PruneSpec spec;
+/// spec.budget = depthkv::Budget::keep(0.2);       // or Budget::tokens(4096)
+/// spec.protection = {4, 16};
+/// depthkv::EvictionSchedule schedule(spec, {}, n_layers, n_heads, n_kv_heads);
 /// opt.observer = schedule.observer();              // the engine calls it with attention rows
 /// for (int c0 = 0; c0 < n_ctx; c0 += chunk) {
 ///   engine.prefill(chunk_tokens(c0), c0, cache, opt);
@@ -144,10 +148,12 @@ inline int keep_tokens(double ratio, int n, Protection prot) {
   return static_cast<int>(std::max<long long>(prot_n, std::min<long long>(k, n)));
 }
 
-/// How the budget of one eviction is found and split (what `PruneRequest` and `ScheduleConfig`
-/// share): the allocation policy, the global budget (`budget.keep_ratio` or
-/// `budget.total_tokens`, plus the policy parameters), the curves, the protected tokens and the
-/// split across KV heads.
+namespace detail {
+
+/// How the budget of one eviction is found and split, the resolved form of a `PruneSpec`
+/// (internal: what `PruneRequest` and `ScheduleConfig` share): the allocation policy, the global
+/// budget (`budget.keep_ratio` or `budget.total_tokens`, plus the policy parameters), the curves,
+/// the protected tokens and the split across KV heads.
 struct PruneSettings {
   AllocationPolicy policy = AllocationPolicy::kUniform;
   BudgetRequest budget;
@@ -168,6 +174,8 @@ struct PruneSettings {
   /// (`drop_outside_windows`) and its budget is capped at W - 1 (`window_caps`).
   std::vector<int> layer_window;
 };
+
+}  // namespace detail
 
 /// Drops, in every layer l with `window[l]` = W > 0, the slots that no query from the next
 /// position on can see (positions <= next - W, next = 1 + the newest position any layer holds)
@@ -205,12 +213,17 @@ long long drop_outside_windows(KVCache<Layer>& cache, std::vector<TokenScorer>& 
   return dropped;
 }
 
-/// What `score_and_evict` does: `PruneSettings` (`budget.lengths` is filled from the cache).
+namespace detail {
+
+/// What one eviction (`score_and_evict`) does: `PruneSettings` (`budget.lengths` is filled from
+/// the cache). Internal: `prune_request` builds it from a spec.
 struct PruneRequest : PruneSettings {
   /// When `budget.floors` is empty, use `protection_floors(lengths, protection)` as floors
   /// (eviction cannot go below the protected count).
   bool floors_from_protection = true;
 };
+
+}  // namespace detail
 
 /// What `score_and_evict` (or one eviction of an `EvictionSchedule`) did.
 struct PruneReport {
@@ -329,17 +342,7 @@ PruneReport allocate_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& 
   return rep;
 }
 
-}  // namespace detail
-
-/// Scores every layer, splits the budget across layers with `BudgetAllocator`, evicts, and
-/// compacts the scorers (so that a chunked prefill can continue observing).
-/// @param cache the cache after (part of) the prefill
-/// @param scorers one per layer, fed during the prefill
-/// @param req policy, budget, profile and protection
-/// @param opt eviction options (shrinking, threads)
-/// @return the per-layer budgets and the bytes held before and after
-/// @throws Error from the allocator (infeasible budget, missing profile, ...) or the evictor;
-///   the cache and the scorers are unchanged then
+/// `score_and_evict` on the resolved request `req` (a spec's, `prune_request`).
 template <class Layer>
 PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const PruneRequest& req,
                             const EvictOptions& opt = {}) {
@@ -357,8 +360,6 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
   return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt,
                                     {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile});
 }
-
-namespace detail {
 
 /// The `PruneSettings` of `spec` with the policy data it reads (the resolved form of a spec: its
 /// budget request without lengths, its curves and projections as pointers).
@@ -383,18 +384,37 @@ inline PruneSettings prune_settings(const PruneSpec& spec, const PolicyData& dat
   return p;
 }
 
-}  // namespace detail
-
-/// The `PruneRequest` of `spec` with the policy data it reads (what `score_and_evict` does for
-/// a oneshot spec).
-/// @param wo one output projection per layer for an output-aware scorer (null otherwise)
+/// The `PruneRequest` of `spec` with the policy data it reads.
 /// @throws Error on an invalid spec, or head-optimal without head curves
 inline PruneRequest prune_request(const PruneSpec& spec, const PolicyData& data,
                                   const std::vector<OutputProjection>* wo = nullptr) {
   PruneRequest req;
-  static_cast<PruneSettings&>(req) = detail::prune_settings(spec, data, wo);
+  static_cast<PruneSettings&>(req) = prune_settings(spec, data, wo);
   return req;
 }
+
+}  // namespace detail
+
+/// One eviction of the whole cache by `spec` (its schedule aside): scores every layer, splits
+/// the budget across layers (`BudgetAllocator`) and each layer's across its KV heads, evicts, and
+/// compacts the scorers (so that a chunked prefill can continue observing).
+/// @param cache the cache after (part of) the prefill
+/// @param scorers one per layer, fed during the prefill
+/// @param spec what to keep: scorer settings, protection, budget, policy, head split
+/// @param data what the spec's policy reads (`policy_curves(...).data()`; empty for uniform)
+/// @param wo one output projection per layer for an output-aware scorer (null otherwise)
+/// @param opt eviction options (shrinking, threads)
+/// @return the per-layer budgets and the bytes held before and after
+/// @throws Error on an invalid spec, from the allocator (infeasible budget, missing profile, ...)
+///   or the evictor; the cache and the scorers are unchanged then
+template <class Layer>
+PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& scorers, const PruneSpec& spec,
+                            const PolicyData& data, const std::vector<OutputProjection>* wo = nullptr,
+                            const EvictOptions& opt = {}) {
+  return detail::score_and_evict(cache, scorers, detail::prune_request(spec, data, wo), opt);
+}
+
+namespace detail {
 
 /// Fixed final budgets of a sequence of known length, reached as it is read (a chunked plan):
 /// head h of layer l ends with `keep[l][h]` of the `length` tokens. After `seen < length` tokens
@@ -418,7 +438,8 @@ struct TargetPlan {
   }
 };
 
-/// Settings of an `EvictionSchedule`: `PruneSettings` (the global budget is `total_tokens`, fixed
+/// Settings of an `EvictionSchedule`, the resolved form of a spec (internal:
+/// `schedule_config` builds it): `PruneSettings` (the global budget is `total_tokens`, fixed
 /// KV tokens over all layers, or `keep_ratio` of the tokens seen so far times the layer count,
 /// exactly one set; `budget.lengths`, `caps` and `floors` are filled by the schedule and must be
 /// empty), the scorer and the interval.
@@ -437,27 +458,41 @@ struct ScheduleConfig : PruneSettings {
 inline ScheduleConfig schedule_config(const PruneSpec& spec, const PolicyData& data,
                                       const std::vector<OutputProjection>* wo = nullptr) {
   ScheduleConfig sc;
-  static_cast<PruneSettings&>(sc) = detail::prune_settings(spec, data, wo);
+  static_cast<PruneSettings&>(sc) = prune_settings(spec, data, wo);
   sc.scorer = spec.scorer;
   sc.interval = spec.schedule.interval;
   return sc;
 }
+
+}  // namespace detail
 
 /// Bounded KV memory for one sequence: scorers, budget and eviction after every prefill chunk and
 /// decode step (see the file comment). Not copyable safely while an `observer()` is in use (the
 /// observer references this object's scorers: keep the schedule in place).
 ///
 /// @code
-/// depthkv::ScheduleConfig sc;
-/// sc.budget.total_tokens = 2048;   // over all layers
-/// sc.interval = 32;
-/// depthkv::EvictionSchedule s(sc, n_layers, n_heads, n_kv_heads);
+/// depthkv::PruneSpec spec;
+/// spec.budget = depthkv::Budget::tokens(2048);   // over all layers
+/// spec.schedule.interval = 32;
+/// depthkv::EvictionSchedule s(spec, {}, n_layers, n_heads, n_kv_heads);
 /// opt.observer = s.observer();
 /// engine.prefill(chunk, pos0, cache, opt);
 /// s.after_chunk(cache);            // cache.bytes() now <= budget + 31 tokens per layer
 /// @endcode
 class EvictionSchedule {
  public:
+  /// @param spec what to keep (scorer, protection, budget, policy, head split, interval; its
+  ///   schedule's mode is the caller's: every call may evict)
+  /// @param data what the spec's policy reads (`policy_curves(...).data()`; empty for uniform)
+  /// @param n_layers, n_heads, n_kv_heads the model's shape (every layer the same heads)
+  /// @param wo one output projection per layer for an output-aware scorer (null otherwise)
+  /// @param evict shrinking and threads of each eviction
+  /// @throws Error as the constructor below, or on an invalid spec
+  EvictionSchedule(const PruneSpec& spec, const PolicyData& data, int n_layers, int n_heads, int n_kv_heads,
+                   const std::vector<OutputProjection>* wo = nullptr, const EvictOptions& evict = {})
+      : EvictionSchedule(with_evict(detail::schedule_config(spec, data, wo), evict), n_layers, n_heads, n_kv_heads) {}
+
+  /// A schedule of resolved settings (`detail::schedule_config`; fixed targets: `TargetPlan`).
   /// @param cfg budget, policy, profile, protection, scorer and interval
   /// @param n_layers, n_heads, n_kv_heads the model's shape (every layer the same heads)
   /// @throws Error on a budget with neither or both of total_tokens / keep_ratio, a ratio outside
@@ -465,7 +500,7 @@ class EvictionSchedule {
   ///   without a profile, or an invalid scorer / head counts; with `targets`: a budget set
   ///   too, a length < 1, targets of another shape than the model's, or one below the
   ///   protected count of `length` tokens
-  EvictionSchedule(ScheduleConfig cfg, int n_layers, int n_heads, int n_kv_heads) : cfg_(std::move(cfg)) {
+  EvictionSchedule(detail::ScheduleConfig cfg, int n_layers, int n_heads, int n_kv_heads) : cfg_(std::move(cfg)) {
     DEPTHKV_CHECK(n_layers >= 1, "n_layers must be >= 1, got " << n_layers);
     if (cfg_.targets.empty())
       check_budget(n_layers, n_kv_heads);
@@ -488,7 +523,7 @@ class EvictionSchedule {
     held_.assign(static_cast<std::size_t>(n_layers), 0);
   }
 
-  const ScheduleConfig& config() const { return cfg_; }
+  const detail::ScheduleConfig& config() const { return cfg_; }
   int n_layers() const { return static_cast<int>(scorers_.size()); }
   /// The observer to put in the engine's forward options (references this schedule).
   AttentionObserver observer() { return observe_into(scorers_); }
@@ -599,7 +634,7 @@ class EvictionSchedule {
   }
   // The target plan's checks (the constructor's, with targets).
   void check_targets(int n_layers, int n_kv_heads) const {
-    const TargetPlan& t = cfg_.targets;
+    const detail::TargetPlan& t = cfg_.targets;
     DEPTHKV_CHECK_AS("EvictionSchedule", cfg_.budget.total_tokens == -1 && cfg_.budget.keep_ratio == -1.0,
                      "targets replace the global budget: leave budget.total_tokens and budget.keep_ratio unset");
     DEPTHKV_CHECK_AS("EvictionSchedule", t.length >= 1, "targets.length must be >= 1, got " << t.length);
@@ -745,7 +780,12 @@ class EvictionSchedule {
     return true;
   }
 
-  ScheduleConfig cfg_;
+  detail::ScheduleConfig cfg_;
+
+  static detail::ScheduleConfig with_evict(detail::ScheduleConfig sc, const EvictOptions& evict) {
+    sc.evict = evict;
+    return sc;
+  }
   std::vector<TokenScorer> scorers_;
   std::vector<int> held_;  // lengths after the last call
   long long seen_ = 0, pending_ = 0;

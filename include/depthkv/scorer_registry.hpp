@@ -17,8 +17,8 @@
 /// const depthkv::ScorerRegistration kRecent("recent", [](const depthkv::ScorerConfig&, int, int) {
 ///   return std::unique_ptr<depthkv::ScoringRule>(new RecentRule);
 /// });
-/// depthkv::ScheduleConfig sc;
-/// sc.scorer = depthkv::scorer_config("recent");   // depthkv::scorer_name(sc.scorer) == "recent"
+/// depthkv::PruneSpec spec;
+/// spec.scorer = depthkv::scorer_config("recent");   // depthkv::scorer_name(spec.scorer) == "recent"
 /// @endcode
 
 #include <algorithm>

@@ -122,8 +122,10 @@ TEST_CASE("oracle scores: the continuation's own attention (a lookahead of the w
   }
   REQUIRE(d_ctx > 1e-4);  // and it is not the context's own scores
   // not for schedules or chunked plans; one flag per scorer
-  ScheduleConfig sc;
-  REQUIRE_THROWS_WITH(ev.evaluate_schedule(sc, 2), Catch::Contains("oracle"));
+  PruneSpec sched;
+  sched.protection = cfg.protection;
+  sched.schedule = {ScheduleMode::kChunked, cfg.chunk_size, 1};
+  REQUIRE_THROWS_WITH(ev.evaluate(sched, {}, 2), Catch::Contains("oracle"));
   EvalConfig bad = cfg;
   bad.oracle = {true};
   REQUIRE_THROWS_WITH(PruningEvaluator(engine, windows, bad), Catch::Contains("oracle flags for 1 of 3 scorers"));

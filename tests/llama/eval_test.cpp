@@ -95,7 +95,7 @@ TEST_CASE("score_and_evict: budgets from the allocator, cache and scorers compac
     ForwardOptions opt;
     opt.observer = observe_into(scorers);
     engine.prefill(win.context, 0, cache, opt);
-    PruneRequest req;
+    depthkv::detail::PruneRequest req;
     req.policy = policy;
     req.budget.keep_ratio = 0.4;
     req.budget.window = 4;
@@ -267,7 +267,7 @@ TEST_CASE("output-aware scores and adaptive head budgets through score_and_evict
     opt.observer = observe_into(scorers);
     engine.prefill(windows[0].context, 0, a, opt);
     HostCache b = a;
-    PruneRequest req;
+    depthkv::detail::PruneRequest req;
     req.budget.keep_ratio = 0.3;
     req.protection = Protection{1, 2};
     req.head_allocation = HeadAllocation::kAdaptive;
@@ -458,7 +458,7 @@ TEST_CASE("PruningEvaluator and EvictionSchedule on a sliding-window model (Gemm
     REQUIRE(reuse.evaluate(spec, PolicyData{}).front().budgets == std::vector<int>{W - 1, W - 1, W - 1, 40 - 3 * (W - 1)});
   }
   SECTION("a schedule frees the local layers' slots outside their window and keeps its scorers in step") {
-    ScheduleConfig sc;
+    depthkv::detail::ScheduleConfig sc;
     sc.budget.keep_ratio = 0.3;
     sc.protection = cfg.protection;
     sc.scorer.kind = ScorerKind::kH2O;

@@ -169,7 +169,7 @@ TEST_CASE("observe_lookahead: errors leave the cache as it was", "[lookahead]") 
   kn.kind = ScorerKind::kKeyNorm;
   kn.lookahead = 2;
   REQUIRE_THROWS_WITH(TokenScorer(kn, 4, 2), Catch::Contains("not knorm"));
-  ScheduleConfig sc;
+  depthkv::detail::ScheduleConfig sc;
   sc.budget.total_tokens = 40;
   sc.scorer = la;
   REQUIRE_THROWS_WITH(EvictionSchedule(sc, c.n_layers, c.n_heads, c.n_kv_heads), Catch::Contains("lookahead"));

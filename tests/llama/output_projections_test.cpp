@@ -207,7 +207,7 @@ TEST_CASE("output-aware scores on F16 and Q8_0 GGUFs equal those with the dequan
     const std::vector<LayerScores> s = layer_scores(scorers, a, &wo.views());
     CHECK(s == layer_scores(scorers, a, &twin_wo));
     std::vector<TokenScorer> scorers_b = scorers;
-    PruneRequest req;
+    depthkv::detail::PruneRequest req;
     req.budget.keep_ratio = 0.3;
     req.protection = Protection{1, 2};
     req.output_projections = &wo.views();

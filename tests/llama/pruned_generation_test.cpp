@@ -105,7 +105,7 @@ TEST_CASE("PrunedGeneration with a oneshot spec equals score_and_evict after the
   PruneReport rep;
   const std::vector<RowMatrix> want = by_hand(engine, ref, prompt, 10, opt, [&](const RowMatrix& logits) {
     if (lookahead) observe_lookahead(engine, ref, last_argmax(logits), 90, {&scorers});
-    rep = score_and_evict(ref, scorers, prune_request(spec, data, &wo.views()));
+    rep = score_and_evict(ref, scorers, spec, data, &wo.views());
   });
   require_same(got, want);
   REQUIRE(g.report().pruned);
@@ -132,7 +132,7 @@ TEST_CASE("PrunedGeneration with a chunked spec equals an EvictionSchedule drive
 
   PolicyData data;
   data.layer_window = model.config.layer_window;
-  EvictionSchedule s(schedule_config(spec, data), model.config.n_layers, model.config.n_heads, model.config.n_kv_heads);
+  EvictionSchedule s(spec, data, model.config.n_layers, model.config.n_heads, model.config.n_kv_heads);
   HostCache ref = engine.make_cache();
   ForwardOptions opt = run;
   opt.all_logits = false;

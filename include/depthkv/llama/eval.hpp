@@ -18,12 +18,12 @@
 /// continuation of the context (`kModel`, generated on the full cache). An oracle scorer
 /// (`EvalConfig::oracle`, a measurement) scores the context by the attention of the
 /// continuation's own `Tc` queries, observed while the full run teacher-forces it.
-/// `evaluate_schedule` runs the bounded-memory variant on the driver (`PrunedGeneration`): the
-/// context is prefilled in chunks under an `EvictionSchedule` (eviction after every chunk, to the
-/// budget of the tokens seen) and reaches the final budget before the continuation; with
-/// `ScheduleEval::kDecode` the continuation is evicted too, every `interval` tokens, as decoding
-/// it token by token would. `EvalConfig::chunked_plans` runs every plan as a schedule whose
-/// targets are the plan's budgets (`TargetPlan`).
+/// A chunked or decode spec runs the bounded-memory variant on the driver (`PrunedGeneration`):
+/// the context is prefilled in chunks under an `EvictionSchedule` (eviction after every chunk, to
+/// the budget of the tokens seen) and reaches the final budget before the continuation; under a
+/// decode spec the continuation is evicted too, every `interval` tokens, as decoding it token by
+/// token would. `EvalConfig::chunked_plans` runs every plan as a schedule whose targets are the
+/// plan's budgets (`detail::TargetPlan`).
 ///
 /// ## Activation reuse
 /// When the first pruned layer of a plan is `l`, layers `< l` see exactly the full run's caches
@@ -79,8 +79,6 @@ namespace llama {
 /// logits and the context's scores per scorer.
 class PruningEvaluator {
  public:
-  /// What `evaluate_schedule` evicts (eval_config.hpp).
-  using ScheduleEval = llama::ScheduleEval;
 
   /// Runs the full (unpruned) passes of every window.
   /// @param engine the engine (must outlive the evaluator)
@@ -119,8 +117,8 @@ class PruningEvaluator {
 
   /// A `PruneSpec` (prune_spec.hpp): its budget allocated over the windows' context
   /// (`allocate`), then run once after the context (a oneshot schedule; head-optimal re-split when
-  /// the head split is adaptive) or as `evaluate_schedule` (kPrefill for chunked, kDecode for
-  /// decode). The spec's scorer must be `config().scorers[scorer]`, its protection, head split
+  /// the head split is adaptive) or on the driver under a schedule (the file comment: kPrefill for
+  /// chunked, kDecode for decode). The spec's scorer must be `config().scorers[scorer]`, its protection, head split
   /// and chunk those of `config()` (the full runs observed them); every context one length.
   /// @param data the curves the spec's policy reads
   /// @throws Error on a spec that differs from the evaluator's settings, windows of several
@@ -133,8 +131,8 @@ class PruningEvaluator {
     if (d.layer_window.empty()) d.layer_window = engine_.config().layer_window;
     if (spec.schedule.mode != ScheduleMode::kOneshot)
       return evaluate_schedule(
-          schedule_config(spec, d), scorer,
-          spec.schedule.mode == ScheduleMode::kDecode ? ScheduleEval::kDecode : ScheduleEval::kPrefill);
+          depthkv::detail::schedule_config(spec, d), scorer,
+          spec.schedule.mode == ScheduleMode::kDecode);
     const int n = static_cast<int>(windows_.front().context.size());
     const Allocation a = allocate(spec, std::vector<int>(static_cast<std::size_t>(n_layers()), n), d);
     if (is_head_policy(spec.policy))
@@ -198,26 +196,6 @@ class PruningEvaluator {
     });
   }
 
-  /// A bounded-memory schedule on the driver (see the file comment): `sc.scorer`, protection,
-  /// head split and projections are replaced by the evaluator's (`config().scorers[scorer]`).
-  /// With one chunk per context and kPrefill this equals a one-shot run of the same budget
-  /// (`bytes_peak` aside). `budgets` are the ones after the context; `bytes_peak` counts every
-  /// chunk and block before its eviction.
-  /// @throws Error on a bad or oracle scorer index, or an invalid schedule
-  std::vector<WindowResult> evaluate_schedule(const ScheduleConfig& sc, int scorer = 0,
-                                              ScheduleEval mode = ScheduleEval::kPrefill) const {
-    check_scorer(scorer);
-    DEPTHKV_CHECK(!is_oracle(scorer),
-                  "scorer " << scorer << " takes oracle scores, which a schedule cannot use");
-    const ScheduleConfig cfg = schedule_base(scorer, sc);
-    const LlamaConfig& c = engine_.config();
-    EvictionSchedule(cfg, c.n_layers, c.n_heads, c.n_kv_heads);  // validates (serial)
-    std::vector<WindowResult> out(windows_.size());
-    parallel_tasks(n_windows(),
-                   [&](int w) { out[static_cast<std::size_t>(w)] = run_schedule(w, cfg, mode); });
-    return out;
-  }
-
   /// "Only `layer` pruned, at each of `keep_ratios`": one `SampleMetrics` per ratio, from the
   /// stored input of `layer` (the windows in parallel, each window's ratios as one batch).
   /// @throws Error on a bad layer, ratio or scorer index
@@ -272,6 +250,24 @@ class PruningEvaluator {
   }
 
  private:
+  // A bounded-memory schedule on the driver (see the file comment): `sc.scorer`, protection,
+  // head split and projections are replaced by the evaluator's (`config().scorers[scorer]`).
+  // With one chunk per context and no decode eviction this equals a one-shot run of the same budget
+  // (`bytes_peak` aside). `budgets` are the ones after the context; `bytes_peak` counts every
+  // chunk and block before its eviction.
+  // @throws Error on a bad or oracle scorer index, or an invalid schedule
+  std::vector<WindowResult> evaluate_schedule(const depthkv::detail::ScheduleConfig& sc, int scorer, bool decode) const {
+    DEPTHKV_CHECK(!is_oracle(scorer),
+                  "scorer " << scorer << " takes oracle scores, which a schedule cannot use");
+    const depthkv::detail::ScheduleConfig cfg = schedule_base(scorer, sc);
+    const LlamaConfig& c = engine_.config();
+    EvictionSchedule(cfg, c.n_layers, c.n_heads, c.n_kv_heads);  // validates (serial)
+    std::vector<WindowResult> out(windows_.size());
+    parallel_tasks(n_windows(),
+                   [&](int w) { out[static_cast<std::size_t>(w)] = run_schedule(w, cfg, decode); });
+    return out;
+  }
+
   /// One window's full run (see the file comment).
   struct Reference {
     HostCache cache;                // full context cache
@@ -702,16 +698,16 @@ class PruningEvaluator {
   WindowResult run_chunked_plan(int w, int scorer, const Budgets& keep) const {
     const LlamaConfig& c = engine_.config();
     const int n_ctx = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-    ScheduleConfig sc = schedule_base(scorer);
+    depthkv::detail::ScheduleConfig sc = schedule_base(scorer);
     sc.targets.length = n_ctx;
     sc.targets.split = keep.resplit;
     for (int l = 0; l < c.n_layers; ++l) sc.targets.keep.push_back(keep.heads[static_cast<std::size_t>(l)]);
-    WindowResult res = run_schedule(w, sc, ScheduleEval::kPrefill, /*evict_at_end=*/false);
+    WindowResult res = run_schedule(w, sc, /*decode=*/false, /*evict_at_end=*/false);
     res.budgets = keep.per_layer(n_ctx);
     return res;
   }
   // A schedule's settings with the evaluator's scorer, protection, head split and projections.
-  ScheduleConfig schedule_base(int scorer, ScheduleConfig sc = {}) const {
+  depthkv::detail::ScheduleConfig schedule_base(int scorer, depthkv::detail::ScheduleConfig sc = {}) const {
     sc.scorer = cfg_.scorers[static_cast<std::size_t>(scorer)];
     sc.protection = cfg_.protection;
     sc.head_allocation = cfg_.head_allocation;
@@ -721,8 +717,8 @@ class PruningEvaluator {
     return sc;
   }
   // Window w on the driver under schedule `sc`: the context in chunks (then, with `evict_at_end`,
-  // evicted to the final budget), the continuation teacher-forced (kDecode: evicted as decoded).
-  WindowResult run_schedule(int w, const ScheduleConfig& sc, ScheduleEval mode,
+  // evicted to the final budget), the continuation teacher-forced (`decode`: evicted as decoded).
+  WindowResult run_schedule(int w, const depthkv::detail::ScheduleConfig& sc, bool decode,
                             bool evict_at_end = true) const {
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const Reference& r = refs_[static_cast<std::size_t>(w)];
@@ -735,7 +731,7 @@ class PruningEvaluator {
     res.bytes_full_peak = r.full_peak;
     res.bytes_kept = g.cache().bytes();
     res.budgets = g.cache().lengths();
-    const RowMatrix lp = mode == ScheduleEval::kDecode
+    const RowMatrix lp = decode
                              ? g.teacher_force(win.continuation)
                              : engine_.teacher_force(win.continuation, g.position(), g.cache(), run);
     res.bytes_peak = std::max(g.report().peak_bytes, g.cache().bytes());

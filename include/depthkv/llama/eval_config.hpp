@@ -86,9 +86,5 @@ struct WindowResult {
   std::size_t bytes_full_peak = 0;
 };
 
-/// What a schedule evaluation evicts: the context only (kPrefill), or the continuation too
-/// (kDecode, every `interval` teacher-forced tokens).
-enum class ScheduleEval { kPrefill, kDecode };
-
 }  // namespace llama
 }  // namespace depthkv

@@ -33,16 +33,15 @@ namespace llama {
 
 /// The output projections of every layer of a model, owning the float copies of the layers whose
 /// `wo` is stored as F16, BF16 or a block type (file comment: the memory they cost), viewing the
-/// float32 ones in place. `views()` is what `PruneRequest::output_projections`,
-/// `ScheduleConfig::output_projections` and `layer_scores` take. The model must outlive the
+/// float32 ones in place. `views()` is what `score_and_evict`, `EvictionSchedule`
+/// and `layer_scores` take (their `wo`). The model must outlive the
 /// object (views of float32 layers point into it); copies share the float copies, which are
 /// never modified, so every copy's views stay valid while any copy lives.
 ///
 /// @code
 /// const depthkv::llama::LlamaModel model = depthkv::llama::load_gguf("model-Q4_K_M.gguf");
 /// const depthkv::llama::OutputProjections wo(model);            // dequantizes each layer's wo once
-/// depthkv::PruneRequest req;
-/// req.output_projections = &wo.views();                          // for output-aware scorers
+/// depthkv::score_and_evict(cache, scorers, spec, curves.data(), &wo.views());  // output-aware
 /// std::vector<depthkv::LayerScores> s = depthkv::layer_scores(scorers, cache, &wo.views());
 /// @endcode
 class OutputProjections {

@@ -16,8 +16,8 @@
 ///   `schedule.interval` tokens;
 /// - `teacher_force(tokens)` feeds known tokens and returns every position's logits, evicting as
 ///   `step` would (what an evaluation of a continuation on the pruned cache needs).
-/// A schedule of explicit settings (`ScheduleConfig`, e.g. fixed per-layer targets) replaces the
-/// spec through the second constructor.
+/// Resolved schedule settings (`detail::ScheduleConfig`, e.g. fixed per-layer targets) replace the
+/// spec through the second constructor (the evaluator's chunked plans).
 ///
 /// With a preset name (preset.hpp) and a oneshot spec, the preset's per-input rule runs inside
 /// the prefill: the mean NLL of the prompt's last `kPresetTrustTokens` tokens is taken from the
@@ -139,15 +139,15 @@ class PrunedGeneration {
     (void)depthkv::detail::prune_settings(*spec_, curves_.data(), wo_views(*spec_));  // refuses missing curves now
     if (spec_->schedule.mode != ScheduleMode::kOneshot) {
       const auto& c = engine.config();
-      schedule_ = std::make_unique<EvictionSchedule>(schedule_config(*spec_, curves_.data(), wo_views(*spec_)),
-                                                     c.n_layers, c.n_heads, c.n_kv_heads);
+      schedule_ = std::make_unique<EvictionSchedule>(*spec_, curves_.data(), c.n_layers, c.n_heads, c.n_kv_heads,
+                                                     wo_views(*spec_));
     }
   }
-  /// A schedule of explicit settings (`ScheduleConfig`, e.g. the fixed per-layer targets of a
-  /// plan, `TargetPlan`) instead of a spec: `prefill`, `feed`, `step` and `teacher_force` evict
+  /// Resolved schedule settings (`detail::ScheduleConfig`, e.g. the fixed per-layer targets of a
+  /// plan, `detail::TargetPlan`) instead of a spec: `prefill`, `feed`, `step` and `teacher_force` evict
   /// as with a scheduled spec.
   /// @throws Error on invalid settings (`EvictionSchedule`)
-  PrunedGeneration(const Engine& engine, Cache cache, ScheduleConfig schedule, const ForwardOptions& run)
+  PrunedGeneration(const Engine& engine, Cache cache, depthkv::detail::ScheduleConfig schedule, const ForwardOptions& run)
       : PrunedGeneration(engine, std::move(cache), std::nullopt, PolicyCurves{}, nullptr, run) {
     const auto& c = engine.config();
     schedule_ = std::make_unique<EvictionSchedule>(std::move(schedule), c.n_layers, c.n_heads, c.n_kv_heads);
@@ -360,7 +360,7 @@ class PrunedGeneration {
       report_.lookahead = spec.scorer.lookahead;
     }
     raise_to_protection(spec);
-    report_.prune = score_and_evict(cache_, obs.scorers, prune_request(spec, curves_.data(), wo_views(spec)));
+    report_.prune = score_and_evict(cache_, obs.scorers, spec, curves_.data(), wo_views(spec));
     report_.pruned = true;
     report_.spec = spec;
   }
