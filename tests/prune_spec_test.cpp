@@ -179,3 +179,21 @@ TEST_CASE("PruneSpec: the allocator request, the schedule and score_and_evict co
   REQUIRE(depthkv::parse_allocation_policy("head-optimal") == depthkv::AllocationPolicy::kHeadOptimal);
   REQUIRE(depthkv::to_string(depthkv::parse_schedule_mode("decode")) == "decode");
 }
+
+TEST_CASE("raise_to_protection: a keep ratio below the protected tokens becomes their total", "[prune_spec]") {
+  PruneSpec s;
+  s.protection = {4, 16};
+  s.budget = depthkv::Budget::keep(0.25);
+  PruneSpec r = s;
+  CHECK_FALSE(depthkv::raise_to_protection(r, {100, 100, 10}));  // 53 tokens >= the 50 protected
+  CHECK(r.budget == s.budget);
+  r.budget = depthkv::Budget::keep(0.2);                            // 42 < 50
+  CHECK(depthkv::raise_to_protection(r, {100, 100, 10}));
+  CHECK(r.budget == depthkv::Budget::tokens(50));
+  r.budget = depthkv::Budget::keep(0.5);                            // 5 held, all protected: keep them
+  CHECK(depthkv::raise_to_protection(r, {5, 5}));
+  CHECK(r.budget == depthkv::Budget::tokens(10));
+  r.budget = depthkv::Budget::tokens(3);                            // a token total is the caller's
+  CHECK_FALSE(depthkv::raise_to_protection(r, {5, 5}));
+  CHECK(r.budget == depthkv::Budget::tokens(3));
+}

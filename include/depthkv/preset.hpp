@@ -206,7 +206,8 @@ struct PresetChoice {
   std::vector<std::pair<std::string, double>> predicted;  ///< each candidate considered, its predicted loss
 };
 
-/// Of `candidates`, the scorer whose head-optimal budgets for `spec`'s budget on layers of
+/// Of `candidates`, the scorer whose head-optimal budgets for `spec`'s budget (raised to the protected
+/// tokens as the driver raises it, `raise_to_protection`) on layers of
 /// `lengths` tokens have the lowest predicted loss (`predicted_head_loss`); candidates without
 /// (complete) head curves in `f` are skipped; ties: the earlier one.
 /// @return `spec` with that scorer kind, and every candidate's predicted loss
@@ -216,7 +217,9 @@ inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vec
   PresetChoice c;
   double best = 0.0;
   std::string chosen;
-  const BudgetRequest req = spec.budget_request(lengths);
+  PruneSpec applied = spec;  // the budget the driver applies: a short context keeps its protected tokens
+  raise_to_protection(applied, lengths);
+  const BudgetRequest req = applied.budget_request(lengths);
   for (const std::string& s : candidates) {
     if (!f.has_head_curves(s)) continue;
     const SensitivityProfile hp = f.head_profile(s);

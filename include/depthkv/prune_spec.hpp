@@ -285,6 +285,21 @@ struct PolicyData {
   std::vector<int> layer_window;
 };
 
+/// A keep ratio whose tokens (llround(ratio x sum(lengths))) fall below the protected ones (the
+/// sum of `protection_floors(lengths, spec.protection)`) becomes a token total of the protected
+/// ones, as `keep_tokens` raises a schedule's targets: a short context keeps its protected tokens
+/// instead of an infeasible request. A token total is left as it is.
+/// @return whether the budget was raised
+inline bool raise_to_protection(PruneSpec& spec, const std::vector<int>& lengths) {
+  if (!spec.budget.is_ratio()) return false;
+  long long held = 0, floors = 0;
+  for (int n : lengths) held += n;
+  for (int f : protection_floors(lengths, spec.protection)) floors += f;
+  if (std::llround(spec.budget.ratio() * static_cast<double>(held)) >= floors) return false;
+  spec.budget = Budget::tokens(floors);
+  return true;
+}
+
 /// The budgets of one allocation: per layer (`layers`, every head of layer l keeps layers[l]),
 /// and with head-optimal per head too (`heads[l][h]`; `layers[l]` is then the mean, rounded).
 /// With `PruneSpec::tiers` > 0, `tier[l]` is layer l's tier (`AllocationInfo::tier`); else empty.

@@ -102,3 +102,25 @@ TEST_CASE("eval --preset best: each row's spec is depthkv::preset's, field for f
   CHECK(check_rows_against_library(profile, " --keeps 0.3 --lookahead 0 --schedule chunked --chunk 32 --interval 4 --min-tokens 0",
                                    {0.3}, 0, chunked, 0) == 1);
 }
+
+TEST_CASE("a prompt shorter than the protected tokens: preset and generate --preset best keep the protected tokens",
+          "[cli][generate][preset][real]") {
+  const std::string profile = preset_spec_profile();
+  const depthkv::ProfileFile f = depthkv::load_profile(profile);
+  // 5 tokens per layer, below the protected 2 + 4: keep 0.3 (2 tokens a layer) is raised to the 5 held
+  const std::vector<int> lengths(static_cast<std::size_t>(f.n_layers), 5);
+  const depthkv::ScheduleSpec oneshot;
+  const depthkv::PresetChoice c = depthkv::preset("best", f, preset_spec_base(0.3, -1, oneshot), lengths);
+  CHECK(c.spec.budget == depthkv::Budget::keep(0.3));  // the spec keeps the request's budget; the driver raises it
+  REQUIRE(c.predicted.size() == 2);
+  for (const auto& p : c.predicted) CHECK(p.second == 0.0);  // every token kept: no predicted loss
+  const auto r = run_cli("generate --model " + preset_spec_model() + " --profile " + shell_quoted(profile) +
+                             " --sinks 2 --recent 4 --obs-window 4 --threads 1 --prompt 'Once upon a time' -n 24 -t 0"
+                             " --preset best --keep 0.3",
+                         "2>&1");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("is below the protected 2 sinks + 4 recent tokens per layer: the protected tokens "
+                                    "are kept"));
+  CHECK_THAT(r.out, Catch::Contains("-> per-layer tokens 5 5 5 5 5 of 5"));
+}

@@ -359,25 +359,10 @@ class PrunedGeneration {
       report_.lookahead_ms = ms_since(t1);
       report_.lookahead = spec.scorer.lookahead;
     }
-    raise_to_protection(spec);
+    if (depthkv::raise_to_protection(spec, cache_.lengths())) report_.raised_to_protection = true;
     report_.prune = score_and_evict(cache_, obs.scorers, spec, curves_.data(), wo_views(spec));
     report_.pruned = true;
     report_.spec = spec;
-  }
-
-  /// A keep ratio whose tokens fall below the protected ones (sinks + recent per layer, capped at
-  /// what the layer holds) becomes a token total of the protected ones, as `keep_tokens` raises a
-  /// schedule's targets: a short prompt keeps its protected tokens.
-  void raise_to_protection(PruneSpec& spec) {
-    if (!spec.budget.is_ratio()) return;
-    long long held = 0, floors = 0;
-    for (int n : cache_.lengths()) {
-      held += n;
-      floors += std::min(n, spec.protection.n_sink + spec.protection.n_recent);
-    }
-    if (std::llround(spec.budget.ratio() * static_cast<double>(held)) >= floors) return;
-    spec.budget = Budget::tokens(floors);
-    report_.raised_to_protection = true;
   }
 
   const Engine& engine_;
