@@ -695,7 +695,7 @@ void run_eval(const EvalArgs& a) {
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/a.tokens.empty());
   const LlamaEngine engine(lm.model);
   const int L = lm.model.config.n_layers;
-  DEPTHKV_CHECK(L == f.n_layers, "the profile has " << f.n_layers << " layers, the model " << L);
+  check_profile_matches(f, lm.model.config, a.model);
   const long long window_len = static_cast<long long>(w.context) + w.continuation;
   DEPTHKV_CHECK(window_len <= lm.model.config.seq_len,
                 "context + continuation = " << window_len << " exceeds the model's trained context "

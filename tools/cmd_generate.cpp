@@ -243,8 +243,7 @@ void run_generate(const GenerateArgs& a) {
   if (!a.profile.empty()) file = std::make_unique<ProfileFile>(load_profile(a.profile, a.model));
   LoadedModel lm = load_model(a.model, a.tokenizer, /*need_tokenizer=*/true);
   const LlamaConfig& cfg = lm.model.config;
-  DEPTHKV_CHECK(!file || file->n_layers == cfg.n_layers,
-                "the profile has " << file->n_layers << " layers, the model " << cfg.n_layers);
+  if (file) check_profile_matches(*file, cfg, a.model);
   const LlamaEngine engine(lm.model);
   // As run.c: seed 0 -> time, steps 0 or beyond the context -> seq_len.
   const unsigned long long seed = a.seed > 0 ? a.seed : static_cast<unsigned long long>(std::time(nullptr));

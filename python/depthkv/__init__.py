@@ -1,4 +1,4 @@
-"""depthkv for Python: the C++ library's profiles, allocator, presets and ranking rule.
+"""depthkv for Python: the C++ library's profiles, allocator, presets, ranking rule and engine.
 
 Every function calls the header-only C++ library (depthkv._core, built with nanobind); invalid
 input raises :class:`depthkv.Error` (a ``ValueError``) with the C++ ``depthkv::Error`` message.
@@ -11,12 +11,19 @@ input raises :class:`depthkv.Error` (a ``ValueError``) with the C++ ``depthkv::E
 >>> sc = depthkv.TokenScorer("snapkv", n_heads=8, n_kv_heads=4)   # the library's scorers over arrays
 >>> sc.observe(probs)                  # attention probabilities float32 [n_heads, n_queries, n_keys]
 >>> s = sc.scores()                    # float32 [n_kv_heads, n_keys]
+>>> eng = depthkv.Engine("stories260K.bin")          # depthkv's engine (GGUF or llama2.c)
+>>> ids = eng.tokenize(story)                         # a story of a few hundred tokens
+>>> spec = dict(prof.selection, scorer="snapkv", policy="optimal", budget={"keep": 0.3})
+>>> g = eng.generate(ids, 32, spec=spec, profile=prof)   # on the library's driver, as depthkv generate
+>>> g.tokens, g.report["budgets"]                     # greedy tokens on the pruned cache, per-layer budgets
 """
 
 from __future__ import annotations
 
+import json
+import operator
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -39,6 +46,8 @@ __all__ = [
     "keep_tokens",
     "TokenScorer",
     "SCORERS",
+    "Engine",
+    "Generation",
 ]
 
 #: Every allocation policy name (the layer policies, then "head-optimal").
@@ -365,3 +374,173 @@ class TokenScorer:
                 f"window={self.window}, kernel={self.kernel}, pooling={self.pooling!r}, "
                 f"output_aware={self.output_aware}, lookahead={self.lookahead}, "
                 f"context_weight={self.context_weight})")
+
+
+# ---- depthkv's engine and its driver ------------------------------------------------------------
+
+def _token_ids(ids, what: str) -> List[int]:
+    """``ids`` (a sequence of ints or a 1-D integer array) as a list of ints."""
+    if isinstance(ids, (str, bytes)):
+        raise Error(f"{what} must be a list of token ids, got text (use Engine.tokenize(text))")
+    if np.ndim(ids) != 1:
+        raise Error(f"{what} must be a 1-D sequence of token ids, got {np.ndim(ids)} dimensions")
+    out = []
+    for i, t in enumerate(ids):
+        try:
+            v = operator.index(t)
+        except TypeError:
+            raise Error(f"{what}: token {t!r} at position {i} is not an integer") from None
+        if not -2**63 <= v < 2**63:
+            raise Error(f"{what}: token {v} at position {i} is not a token id")
+        out.append(v)
+    return out
+
+
+class Generation:
+    """What :meth:`Engine.generate` returns.
+
+    Attributes:
+        tokens: the generated token ids (list of int), the prompt not included
+        report: the driver's report (``depthkv::llama::GenerationReport``) as a dict:
+            ``spec`` (the spec that chose the kept tokens, the fallback's when the preset's rule
+            distrusted the prompt; None without a spec), ``pruned`` (the oneshot eviction ran),
+            ``budgets`` (tokens kept per layer by the last eviction), ``head_budgets`` (per layer and
+            KV head with head curves, else None), ``lengths`` (tokens per layer before it),
+            ``bytes_before`` / ``bytes_after`` (KV bytes around it), ``peak_bytes`` (the most bytes
+            the cache held after any chunk or step), ``evictions`` (a schedule's), ``rule_ran`` /
+            ``trusted`` / ``context_nll`` / ``nll_tokens`` (the preset's per-input rule),
+            ``raised_to_protection``, ``lookahead``, ``prefill_ms``, ``lookahead_ms``,
+            ``schedule_ms``, ``tokens_seen``, and ``cache_lengths`` / ``cache_bytes`` (the cache at
+            the end)
+    """
+
+    def __init__(self, d: dict):
+        self.tokens: List[int] = list(d["tokens"])
+        self.report: dict = d["report"]
+
+    def __repr__(self) -> str:
+        r = self.report
+        return (f"Generation(tokens={len(self.tokens)}, pruned={r['pruned']}, budgets={r['budgets']}, "
+                f"bytes_after={r['bytes_after']}, peak_bytes={r['peak_bytes']})")
+
+
+class Engine:
+    """depthkv's reference engine over one model file (``depthkv::llama::LlamaEngine`` on the model
+    ``depthkv::llama::open_model`` opens: GGUF, or a llama2.c checkpoint with ``tok512.bin`` beside
+    it), and greedy generation on the library's prefill-evict-decode driver
+    (``depthkv::llama::PrunedGeneration``), the one ``depthkv generate`` runs.
+
+    >>> eng = depthkv.Engine("stories260K.bin")
+    >>> ids = eng.tokenize(story)                       # BOS first, as depthkv generate
+    >>> full = eng.generate(ids, 32)                    # the full cache
+    >>> prof = depthkv.load_profile("stories260K.best.profile.json")   # with head curves
+    >>> spec = depthkv.preset("best", prof, keep=0.3, lengths=len(ids))
+    >>> g = eng.generate(ids, 32, spec=spec, profile=prof, preset="best")
+    >>> eng.detokenize(ids + g.tokens), g.report["budgets"], g.report["bytes_after"]
+
+    :param path: a GGUF file or a llama2.c checkpoint
+    :param n_threads: OpenMP threads (None or 0: all cores)
+    :param kv_type: the KV cache's element type, "f16" (default, as depthkv generate) or "f32"
+    :param chunk: prefill chunk size (a chunked spec's schedule sets its own)
+    :param tokenizer: a llama2.c tokenizer file (default: the GGUF file's vocabulary, or tok512.bin
+        beside a llama2.c model)
+    :raises Error: on a missing file, a directory, a file of no known format, a bad tokenizer file,
+        n_threads outside [0, 1024], chunk < 1 or another kv_type
+    """
+
+    def __init__(self, path: PathLike, *, n_threads: Optional[int] = None, kv_type: str = "f16",
+                 chunk: int = 1024, tokenizer: Optional[PathLike] = None):
+        if not hasattr(_core, "Engine"):
+            raise Error("Engine: this build of depthkv has no engine (it was built without PCRE2, libpcre2-dev)")
+        self._e = _core.Engine(os.fspath(path), int(n_threads or 0), str(kv_type), int(chunk),
+                               "" if tokenizer is None else os.fspath(tokenizer))
+
+    path = property(lambda self: self._e.path, doc="the model file")
+    format = property(lambda self: self._e.format, doc='"gguf" or "llama2.c"')
+    kv_type = property(lambda self: self._e.kv_type, doc='"f16" or "f32"')
+    n_threads = property(lambda self: self._e.n_threads, doc="OpenMP threads (0: all cores)")
+    chunk = property(lambda self: self._e.chunk, doc="prefill chunk size")
+    n_layers = property(lambda self: self._e.n_layers)
+    n_heads = property(lambda self: self._e.n_heads, doc="query heads")
+    n_kv_heads = property(lambda self: self._e.n_kv_heads, doc="key/value heads")
+    head_dim = property(lambda self: self._e.head_dim)
+    dim = property(lambda self: self._e.dim, doc="model width")
+    vocab_size = property(lambda self: self._e.vocab_size)
+    seq_len = property(lambda self: self._e.seq_len, doc="the trained context length")
+    architecture = property(lambda self: self._e.architecture)
+    layer_window = property(lambda self: self._e.layer_window,
+                            doc="every layer's sliding window (list of int; 0: a global layer)")
+    tokenizer_source = property(lambda self: self._e.tokenizer_source,
+                                doc="the file the tokenizer came from (None: the model has none)")
+    bos_id = property(lambda self: self._e.bos_id, doc="the BOS token (None: none)")
+    eos_id = property(lambda self: self._e.eos_id, doc="the EOS token (None: none)")
+
+    def tokenize(self, text: str, *, bos: bool = True) -> List[int]:
+        """Token ids of ``text`` (BOS first unless ``bos=False``), as ``depthkv generate --prompt``.
+
+        :raises Error: when the model has no tokenizer
+        """
+        if not isinstance(text, str):
+            raise Error(f"tokenize: text must be a str, got {type(text).__name__}")
+        return self._e.tokenize(text, bool(bos))
+
+    def detokenize(self, ids) -> str:
+        """The text of ``ids`` as ``depthkv generate`` prints it: each token as it follows the one
+        before, a leading BOS printing nothing (bytes that are no UTF-8 are replaced).
+
+        :raises Error: when the model has no tokenizer, or on an id outside the vocabulary
+        """
+        return self._e.detokenize(_token_ids(ids, "detokenize: ids")).decode("utf-8", errors="replace")
+
+    def generate(self, prompt_ids, max_new_tokens: int, spec: Optional[Mapping] = None,
+                 profile: Optional[Profile] = None, preset: Optional[str] = None, *,
+                 stop: bool = True) -> Generation:
+        """Greedy generation on the driver: the prompt is prefilled (in chunks), the cache pruned as
+        ``spec`` says (oneshot after the prompt, or a chunked/decode schedule), then up to
+        ``max_new_tokens`` tokens are decoded greedily on the pruned cache. The same request as
+        ``depthkv generate -t 0`` with the flags that give the same spec gives the same tokens.
+
+        :param prompt_ids: the prompt's token ids (e.g. :meth:`tokenize`; BOS first as the CLI)
+        :param max_new_tokens: tokens to generate (>= 0); the prompt and the new tokens but the
+            last must fit the model's context (``len(prompt_ids) + max_new_tokens - 1 <= seq_len``)
+        :param spec: what to keep: a :class:`Spec` (:func:`preset`) or a dict of the same keys (the
+            JSON form of ``depthkv::PruneSpec``, ``prune_spec_from_json``); None: the full cache
+        :param profile: the profile whose curves the spec's policy reads (optimal, proportional,
+            head-optimal, mga, mlma*); checked against the model (layers, KV heads, sliding windows,
+            and the file's size and header hash for a profile made by ``depthkv profile``)
+        :param preset: a preset name (:data:`PRESETS`) whose per-input rule serves the prompt, as
+            ``depthkv generate --preset``: a prompt it distrusts is served by its fallback spec
+            (needs ``spec``, normally ``preset(name, profile, ...)``)
+        :param stop: stop before a token that ends a generation (BOS; byte-level BPE: EOS/EOT), as
+            ``depthkv generate`` does
+        :return: a :class:`Generation` (tokens and the driver's report)
+        :raises Error: on ids that are no tokens of the model, an empty prompt, max_new_tokens < 0 or
+            beyond the context, an invalid spec, a profile of another model or without the curves
+            the policy reads, an unknown preset, or a preset without a spec
+        """
+        ids = _token_ids(prompt_ids, "generate: prompt_ids")
+        try:
+            n = operator.index(max_new_tokens)
+        except TypeError:
+            raise Error(f"generate: max_new_tokens must be an integer, got {max_new_tokens!r}") from None
+        if not -2**63 <= n < 2**63:
+            raise Error(f"generate: max_new_tokens {n} is out of range")
+        spec_json = None
+        if spec is not None:
+            if not isinstance(spec, Mapping):
+                raise Error(f"generate: spec must be a dict (depthkv.preset(...) or the JSON form of a PruneSpec), "
+                            f"got {type(spec).__name__}")
+            try:
+                spec_json = json.dumps(dict(spec))
+            except (TypeError, ValueError) as e:
+                raise Error(f"generate: spec is not JSON: {e}") from None
+        if profile is not None and not isinstance(profile, Profile):
+            raise Error(f"generate: profile must be a depthkv.Profile (depthkv.load_profile), got "
+                        f"{type(profile).__name__}")
+        return Generation(self._e.generate(ids, n, spec_json, profile, "" if preset is None else str(preset),
+                                           bool(stop)))
+
+    def __repr__(self) -> str:
+        return (f"Engine({self.path!r}, format={self.format!r}, n_layers={self.n_layers}, n_heads={self.n_heads}, "
+                f"n_kv_heads={self.n_kv_heads}, vocab_size={self.vocab_size}, seq_len={self.seq_len}, "
+                f"kv_type={self.kv_type!r})")

@@ -75,5 +75,8 @@ void bind_select(nb::module_& m);
 void bind_scorer(nb::module_& m);
 /// Registers profile_from_samples.
 void bind_profiler(nb::module_& m);
+/// Registers Engine (the model file, its tokenizer and generation on the library's driver);
+/// built only when the engine's tokenizers are (the CMake target depthkv::llama, PCRE2).
+void bind_engine(nb::module_& m);
 
 }  // namespace depthkv_py

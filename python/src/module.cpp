@@ -19,4 +19,7 @@ NB_MODULE(_core, m) {
   depthkv_py::bind_select(m);
   depthkv_py::bind_scorer(m);
   depthkv_py::bind_profiler(m);
+#ifdef DEPTHKV_PY_ENGINE
+  depthkv_py::bind_engine(m);
+#endif
 }

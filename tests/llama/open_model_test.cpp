@@ -175,3 +175,38 @@ TEST_CASE("open_model: missing files, directories and unknown formats are errors
   CHECK(depthkv::llama::detect_model_format(bad) == ModelFormat::kGguf);
   CHECK_THAT(om_error_of([&] { open_model(bad); }), Catch::Contains("unsupported GGUF version 9"));
 }
+
+TEST_CASE("check_profile_matches: layers, head curves' KV heads, sliding windows and the file's identity",
+          "[llama][open_model][profile][real]") {
+  const std::string bin = om_stories("stories260K.bin");
+  const OpenedModel m = open_model(bin);
+  const depthkv::llama::LlamaConfig& c = m.model.config;
+  depthkv::ProfileFile f;
+  f.n_layers = c.n_layers;
+  f.model = depthkv::model_identity(bin);
+  f.model.file_name = "renamed.bin";  // the name is not compared
+  f.head_curves["h2o"].n_kv_heads = c.n_kv_heads;
+  CHECK_NOTHROW(depthkv::llama::check_profile_matches(f, c, bin));
+  f.layer_window.assign(static_cast<std::size_t>(c.n_layers), 0);  // every layer global, as the model
+  CHECK_NOTHROW(depthkv::llama::check_profile_matches(f, c, bin));
+
+  const auto err = [&](const depthkv::ProfileFile& p) {
+    return om_error_of([&] { depthkv::llama::check_profile_matches(p, c, bin); });
+  };
+  depthkv::ProfileFile p = f;
+  p.n_layers = c.n_layers + 1;
+  CHECK_THAT(err(p), Catch::Contains("the profile is of another model: it has " + std::to_string(c.n_layers + 1) +
+                                     " layers, the model " + std::to_string(c.n_layers) + " (profile of renamed.bin)"));
+  p = f;
+  p.head_curves["h2o"].n_kv_heads = c.n_kv_heads + 2;
+  CHECK_THAT(err(p), Catch::Contains("its h2o head curves are for " + std::to_string(c.n_kv_heads + 2) + " KV heads"));
+  p = f;
+  p.layer_window[1] = 32;
+  CHECK_THAT(err(p), Catch::Contains("sliding windows differ from the model's"));
+  p = f;
+  p.model.size += 1;  // a profile of another file of the same shape
+  CHECK_THAT(err(p), Catch::Contains("the profile was measured on another model: profile 'renamed.bin'"));
+  // a profile measured elsewhere (no fnv1a64 hash of a file) is checked on the structure alone
+  p.model.header_hash = "hf:sha256:0123";
+  CHECK_NOTHROW(depthkv::llama::check_profile_matches(p, c, bin));
+}

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "depthkv/error.hpp"
 #include "depthkv/llama/bpe_tokenizer.hpp"
@@ -33,6 +34,7 @@
 #include "depthkv/llama/model.hpp"
 #include "depthkv/llama/text_tokenizer.hpp"
 #include "depthkv/llama/tokenizer.hpp"
+#include "depthkv/profile_io.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -162,6 +164,29 @@ inline OpenedModel open_model(const std::string& path, const OpenModelOptions& o
                                                            "llama2.c model)")
                                              : " (" + out.tokenizer_error + ")"));
   return out;
+}
+
+/// Refuses a profile of another model than `c`, opened from `model_path`: the profile's layers,
+/// its head curves' KV heads and its sliding windows (when it records them) must be the model's,
+/// and a profile of a model file (`depthkv profile`: header hash "fnv1a64:...") must record this
+/// file's size and header hash (`check_model`). A profile measured elsewhere (Hugging Face,
+/// `depthkv.hf.profile`) is checked on the structure alone.
+/// @throws Error naming what differs
+inline void check_profile_matches(const ProfileFile& f, const LlamaConfig& c, const std::string& model_path) {
+  const std::string of = " (profile of " + f.model.file_name + ")";
+  DEPTHKV_CHECK(f.n_layers == c.n_layers,
+                "the profile is of another model: it has " << f.n_layers << " layers, the model " << c.n_layers << of);
+  for (const auto& kv : f.head_curves)
+    DEPTHKV_CHECK(kv.second.n_kv_heads == c.n_kv_heads, "the profile is of another model: its "
+                                                            << kv.first << " head curves are for " << kv.second.n_kv_heads
+                                                            << " KV heads, the model has " << c.n_kv_heads << of);
+  if (!f.layer_window.empty()) {
+    std::vector<int> w;
+    for (int l = 0; l < c.n_layers; ++l) w.push_back(c.window(l));
+    DEPTHKV_CHECK(f.layer_window == w, "the profile is of another model: its layers' sliding windows differ from the "
+                                       "model's" << of);
+  }
+  if (f.model.header_hash.rfind("fnv1a64:", 0) == 0) check_model(f, model_identity(model_path, f.model.header_bytes));
 }
 
 }  // namespace llama
