@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "depthkv/kv_cache.hpp"
@@ -156,17 +157,18 @@ TEST_CASE("preset best: its context weight, 0 without a lookahead and in the fal
   PruneSpec base;
   base.protection = {4, 16};
   base.budget = Budget::keep(0.3);
-  const PruneSpec best = preset_spec("best", base);
+  REQUIRE(preset_spec("best", base).scorer.lookahead == kPresetLookahead);
+  REQUIRE(preset_spec("best", base).scorer.context_weight == kPresetContextWeight);
+  const PruneSpec best = preset_spec("best", base, std::nullopt, 0.25);  // a request's own weight
   REQUIRE(best.scorer.lookahead == kPresetLookahead);
-  REQUIRE(best.scorer.context_weight == kPresetContextWeight);
-  REQUIRE(kPresetContextWeight > 0.0);
+  REQUIRE(best.scorer.context_weight == 0.25);
   REQUIRE(preset_spec("best", base, 16, 2.0).scorer.context_weight == 2.0);
   REQUIRE(preset_spec("best", base, 0).scorer.context_weight == 0.0);
   REQUIRE(preset_spec("best", base, 0, 2.0).scorer.context_weight == 0.0);
   REQUIRE(preset_fallback_spec("best", best).scorer.context_weight == 0.0);
   // JSON: written when not 0, read back; specs differing only in it differ
   const nlohmann::json j = prune_spec_to_json(best);
-  REQUIRE(j.at("context_weight").get<double>() == kPresetContextWeight);
+  REQUIRE(j.at("context_weight").get<double>() == 0.25);
   const PruneSpec back = prune_spec_from_json(j, "spec");
   REQUIRE(back == best);
   PruneSpec other = best;

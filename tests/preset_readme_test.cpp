@@ -41,8 +41,8 @@ ReadmePresetResult readme_preset_snippet(const std::string& path, ReadmeCache& c
   base.budget = Budget::keep(0.2);
   const std::vector<int> lengths(n_layers, n_prompt);   // what each layer holds when it is pruned
   PruneSpec spec = preset("best", f, base, lengths).spec;
-  // spec: output-aware scores with max pooling, a lookahead of 32 greedy tokens plus the
-  // context's own window (context_weight 0.25: observe_lookahead tells the scorers where the
+  // spec: output-aware scores with max pooling, a lookahead of 32 greedy tokens (with a
+  // context_weight, also the context's own window: observe_lookahead tells the scorers where the
   // lookahead's rows begin), head-optimal budgets, and of snapkv and h2o the scorer of the lower predicted loss for this request
   PolicyCurves curves = policy_curves(f, scorer_name(spec.scorer), spec.policy);  // its head curves
 

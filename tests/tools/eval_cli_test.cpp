@@ -444,7 +444,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
     REQUIRE(row["sinks"] == 2);
     REQUIRE(row["recent"] == 4);
     REQUIRE(row["lookahead"] == 32);
-    REQUIRE(row["context_weight"] == depthkv::kPresetContextWeight);
+    REQUIRE(row.value("context_weight", 0.0) == depthkv::kPresetContextWeight);  // written when not 0
     // the chosen scorer has the lowest predicted loss, each as allocate predicts it for that scorer
     const nlohmann::json& pred = row["predicted_loss"];
     REQUIRE(pred.size() == 2);
@@ -532,7 +532,7 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
   std::remove(none.c_str());
 }
 
-TEST_CASE("preset best: --context-weight given wins over the preset's, 0 is the lookahead alone", "[cli][eval][real]") {
+TEST_CASE("preset best: its context weight is the lookahead alone, --context-weight given wins", "[cli][eval][real]") {
   const std::string model = shell_quoted(depthkv_test::data_path("models/stories260K/stories260K.bin"));
   const std::string text = shell_quoted(depthkv_test::data_path("text/tinystories_valid.txt"));
   const std::string profile = small_profile("--preset best --ratios 0.2,0.5", "profile_best_cw.json");
@@ -540,18 +540,21 @@ TEST_CASE("preset best: --context-weight given wins over the preset's, 0 is the 
                            " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 --windows 2"
                            " --keeps 0.3 --json";
   const auto rp = run_cli(base + " --preset best", "2>/dev/null");
-  const auto rw = run_cli(base + " --preset best --context-weight 0", "2>/dev/null");
+  const auto rw = run_cli(base + " --preset best --context-weight 0.5", "2>/dev/null");
   REQUIRE(rp.status == 0);
   REQUIRE(rw.status == 0);
   const nlohmann::json rowp = nlohmann::json::parse(rp.out).at(0), roww = nlohmann::json::parse(rw.out).at(0);
-  REQUIRE(rowp["context_weight"] == depthkv::kPresetContextWeight);
-  REQUIRE(!roww.contains("context_weight"));
-  const auto sw = run_cli(base + " --scorers " + roww["scorer"].get<std::string>() +
+  REQUIRE(rowp.value("context_weight", 0.0) == depthkv::kPresetContextWeight);  // written when not 0
+  REQUIRE(roww["context_weight"] == 0.5);
+  REQUIRE(roww["scorer"] == rowp["scorer"]);
+  // the preset's weight 0: the same row as its flags spelled out with the lookahead alone
+  const auto sw = run_cli(base + " --scorers " + rowp["scorer"].get<std::string>() +
                               " --policies head-optimal --pooling max --output-aware --lookahead 32",
                           "2>/dev/null");
   REQUIRE(sw.status == 0);
-  REQUIRE(nlohmann::json::parse(sw.out).at(0)["kl"] == roww["kl"]);
-  REQUIRE(roww["kl"] != rowp["kl"]);  // the preset's weight changes the row
+  REQUIRE(depthkv::kPresetContextWeight == 0.0);
+  REQUIRE(nlohmann::json::parse(sw.out).at(0)["kl"] == rowp["kl"]);
+  REQUIRE(roww["kl"] != rowp["kl"]);  // a weight given changes the row
   require_error(run_cli(base + " --scorers h2o --context-weight 1", "2>&1"), "--context-weight 1 needs --lookahead");
   std::remove(profile.c_str());
 }
