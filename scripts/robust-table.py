@@ -7,8 +7,8 @@ import os
 import sys
 
 MODELS = ("stories260K", "aidreams260K")
-KINDS = (("stories", "calibration"), ("legal", "calibration"), ("code", "held out"), ("markup", "held out"),
-         ("changelog", "held out"))
+KINDS = (("stories", "calibration kind"), ("legal", "calibration kind"), ("code", "held out"),
+         ("markup", "held out"), ("changelog", "held out"))
 SOURCES = ("text", "model")
 
 
@@ -68,7 +68,9 @@ def main():
           "The oracle uses the preset's budgets and scorer with scores from the continuation's own attention "
           "(`eval --oracle`, a measurement only). Protection as the preset's: stories260K --sinks 4 --recent 16 "
           "--obs-window 16, aidreams260K --sinks 0 --recent 4 --obs-window 4. Curves: `<model>.profile.json` (plain "
-          "rows), `<model>.best.profile.json` (preset rows).\n")
+          "rows), `<model>.best.profile.json` (preset rows). Kinds: the preset's settings are chosen on calibration "
+          "kinds (stories, licences) but on other windows than these (`preset-calibration.md`); the windows here "
+          "(`robust-windows.md`) choose nothing.\n")
     summary = []
     for name in MODELS:
         for kind, role in KINDS:

@@ -3,8 +3,9 @@
 # H2O with uniform budgets, the oracle with the preset's budgets (scores from the continuation's
 # own attention, `eval --oracle`; a measurement only) and the preset without its lookahead.
 # Kinds (scripts/robust_texts.py builds the texts from files on this Debian machine):
-#   stories (TinyStories, the main results' evaluation windows) and legal (licences but GPL-3):
-#     CALIBRATION kinds, the only ones any setting may be chosen on;
+#   stories (TinyStories, the main results' evaluation windows) and legal (licences but GPL-3,
+#     windows 0..15): CALIBRATION kinds, the only ones any setting may be chosen on, but on other
+#     windows (scripts/preset-calibration.sh); the windows here choose nothing;
 #   code (Python sources), markup (.md/.rst/.html docs), changelog (Debian changelogs): HELD OUT.
 # Protocols: --continuation-source text (the true text teacher-forced) and model (the model's own
 # greedy continuation). Both models, keep 0.1/0.2/0.3/0.5/0.7/0.9, 16 windows per kind.
