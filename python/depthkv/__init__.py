@@ -494,15 +494,16 @@ class Engine:
 
     def generate(self, prompt_ids, max_new_tokens: int, spec: Optional[Mapping] = None,
                  profile: Optional[Profile] = None, preset: Optional[str] = None, *,
-                 stop: bool = True) -> Generation:
+                 stop: bool = True, suffix_ids=()) -> Generation:
         """Greedy generation on the driver: the prompt is prefilled (in chunks), the cache pruned as
         ``spec`` says (oneshot after the prompt, or a chunked/decode schedule), then up to
         ``max_new_tokens`` tokens are decoded greedily on the pruned cache. The same request as
         ``depthkv generate -t 0`` with the flags that give the same spec gives the same tokens.
 
         :param prompt_ids: the prompt's token ids (e.g. :meth:`tokenize`; BOS first as the CLI)
-        :param max_new_tokens: tokens to generate (>= 0); the prompt and the new tokens but the
-            last must fit the model's context (``len(prompt_ids) + max_new_tokens - 1 <= seq_len``)
+        :param max_new_tokens: tokens to generate (>= 0); the prompt, the suffix and the new tokens
+            but the last must fit the model's context
+            (``len(prompt_ids) + len(suffix_ids) + max_new_tokens - 1 <= seq_len``)
         :param spec: what to keep: a :class:`Spec` (:func:`preset`) or a dict of the same keys (the
             JSON form of ``depthkv::PruneSpec``, ``prune_spec_from_json``); None: the full cache
         :param profile: the profile whose curves the spec's policy reads (optimal, proportional,
@@ -513,6 +514,10 @@ class Engine:
             (needs ``spec``, normally ``preset(name, profile, ...)``)
         :param stop: stop before a token that ends a generation (BOS; byte-level BPE: EOS/EOT), as
             ``depthkv generate`` does
+        :param suffix_ids: tokens fed after the prompt's pruning, on the pruned cache and never
+            pruned by it (a question after a compressed context, kvpress's query-agnostic
+            protocol); the generation follows them. Empty (default): the generation follows the
+            prompt
         :return: a :class:`Generation` (tokens and the driver's report)
         :raises Error: on ids that are no tokens of the model, an empty prompt, max_new_tokens < 0 or
             beyond the context, an invalid spec, a profile of another model or without the curves
@@ -537,8 +542,9 @@ class Engine:
         if profile is not None and not isinstance(profile, Profile):
             raise Error(f"generate: profile must be a depthkv.Profile (depthkv.load_profile), got "
                         f"{type(profile).__name__}")
+        suffix = _token_ids(suffix_ids, "generate: suffix_ids")
         return Generation(self._e.generate(ids, n, spec_json, profile, "" if preset is None else str(preset),
-                                           bool(stop)))
+                                           bool(stop), suffix))
 
     def __repr__(self) -> str:
         return (f"Engine({self.path!r}, format={self.format!r}, n_layers={self.n_layers}, n_heads={self.n_heads}, "

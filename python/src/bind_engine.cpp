@@ -109,15 +109,22 @@ class Engine {
   /// Engine.generate (see python/depthkv/__init__.py).
   GenerationResult generate(const std::vector<std::int64_t>& prompt_ids, long long max_new_tokens,
                             const std::optional<std::string>& spec_json, const ProfileFile* profile,
-                            const std::string& preset, bool stop) {
+                            const std::string& preset, bool stop, const std::vector<std::int64_t>& suffix_ids) {
     const dl::LlamaConfig& c = config();
     const std::vector<int> prompt = checked_ids(prompt_ids, kGenerate, "prompt_ids");
+    const std::vector<int> suffix = checked_ids(suffix_ids, kGenerate, "suffix_ids");
     DEPTHKV_CHECK_AS(kGenerate, !prompt.empty(), "prompt_ids holds no tokens (a prompt needs at least one, e.g. BOS)");
     DEPTHKV_CHECK_AS(kGenerate, max_new_tokens >= 0, "max_new_tokens must be >= 0, got " << max_new_tokens);
-    const long long positions = static_cast<long long>(prompt.size()) + std::max(0LL, max_new_tokens - 1);
+    const long long fed = static_cast<long long>(prompt.size() + suffix.size());
+    const long long positions = fed + std::max(0LL, max_new_tokens - 1);
     DEPTHKV_CHECK_AS(kGenerate, positions <= c.seq_len,
-                     "the prompt's " << prompt.size() << " tokens and max_new_tokens " << max_new_tokens << " need "
-                                     << positions << " positions, beyond the model's context of " << c.seq_len);
+                     "the prompt's " << fed << " tokens (suffix included) and max_new_tokens " << max_new_tokens
+                                     << " need " << positions << " positions, beyond the model's context of "
+                                     << c.seq_len);
+    for (std::size_t i = 0; i < suffix.size(); ++i)
+      DEPTHKV_CHECK_AS(kGenerate, suffix[i] >= 0 && suffix[i] < c.vocab_size,
+                       "suffix_ids: token " << suffix[i] << " at position " << i << " is outside the vocabulary of "
+                                            << c.vocab_size);
     std::optional<PruneSpec> spec;
     if (spec_json) spec = parse_spec(*spec_json);
     DEPTHKV_CHECK_AS(kGenerate, preset.empty() || spec,
@@ -139,9 +146,9 @@ class Engine {
     out.has_spec = spec.has_value();
     nb::gil_scoped_release release;
     if (kv_type_ == dl::KvType::kF16) {
-      run_on(engine_->make_cache<Eigen::half>(), prompt, n_new, spec, curves, wo, run, preset, stop, out);
+      run_on(engine_->make_cache<Eigen::half>(), prompt, suffix, n_new, spec, curves, wo, run, preset, stop, out);
     } else {
-      run_on(engine_->make_cache(), prompt, n_new, spec, curves, wo, run, preset, stop, out);
+      run_on(engine_->make_cache(), prompt, suffix, n_new, spec, curves, wo, run, preset, stop, out);
     }
     return out;
   }
@@ -192,13 +199,16 @@ class Engine {
     }
   }
 
-  /// The prefill, the pruning and `n_new` greedy tokens on a cache of type `Cache` (no GIL).
+  /// The prefill, the pruning, the suffix (teacher-forced on the pruned cache) and `n_new` greedy
+  /// tokens on a cache of type `Cache` (no GIL).
   template <class Cache>
-  void run_on(Cache cache, const std::vector<int>& prompt, int n_new, const std::optional<PruneSpec>& spec,
+  void run_on(Cache cache, const std::vector<int>& prompt, const std::vector<int>& suffix, int n_new,
+              const std::optional<PruneSpec>& spec,
               const depthkv::PolicyCurves& curves, const dl::OutputProjections* wo, const dl::ForwardOptions& run,
               const std::string& preset, bool stop, GenerationResult& out) const {
     dl::PrunedGeneration<Cache> g(*engine_, std::move(cache), spec, curves, wo, run, preset);
     dl::RowMatrix logits = g.prefill(prompt);
+    if (!suffix.empty()) logits = g.teacher_force(suffix).bottomRows(1);
     const dl::TextTokenizer* tok = model_->tokenizer.get();
     for (int i = 0; i < n_new; ++i) {
       const int next = dl::last_argmax(logits);
@@ -280,11 +290,10 @@ void bind_engine(nb::module_& m) {
       .def(
           "generate",
           [](Engine& e, const std::vector<std::int64_t>& ids, long long n, const std::optional<std::string>& spec,
-             const ProfileFile* profile, const std::string& preset, bool stop) {
-            return to_python(e.generate(ids, n, spec, profile, preset, stop));
-          },
+             const ProfileFile* profile, const std::string& preset, bool stop,
+             const std::vector<std::int64_t>& suffix) { return to_python(e.generate(ids, n, spec, profile, preset, stop, suffix)); },
           nb::arg("prompt_ids"), nb::arg("max_new_tokens"), nb::arg("spec").none(), nb::arg("profile").none(),
-          nb::arg("preset"), nb::arg("stop"));
+          nb::arg("preset"), nb::arg("stop"), nb::arg("suffix_ids"));
 }
 
 }  // namespace depthkv_py

@@ -156,6 +156,27 @@ def test_a_schedule_bounds_the_cache(stories, prompt_text):
     assert r["peak_bytes"] < (len(ids) + 39) * per_token
 
 
+def test_a_suffix_follows_the_pruning_unpruned(stories, prompt_text):
+    """suffix_ids (a question after a compressed context): on the full cache the same tokens as one
+    prompt; on a pruned cache the suffix is appended after the eviction and kept whole."""
+    ids = stories.tokenize(prompt_text)
+    ctx, question = ids[:-12], ids[-12:]
+    n = 16
+    assert stories.generate(ctx, n, suffix_ids=question).tokens == stories.generate(ids, n).tokens
+    spec = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max", "scorer": "snapkv",
+            "budget": {"keep": 0.3}}
+    g = stories.generate(ctx, n, spec=spec, suffix_ids=question)
+    r = g.report
+    assert r["lengths"] == [len(ctx)] * stories.n_layers  # the context alone was pruned
+    assert r["cache_lengths"] == [b + len(question) + n - 1 for b in r["budgets"]]
+    whole = stories.generate(ids, n, spec=spec)  # the question inside the compressed prompt
+    assert whole.report["lengths"] == [len(ids)] * stories.n_layers
+    with pytest.raises(depthkv.Error, match=re.escape("suffix_ids: token 600 at position 1 is outside the vocabulary")):
+        stories.generate(ctx, n, suffix_ids=[1, 600])
+    with pytest.raises(depthkv.Error, match="suffix included"):
+        stories.generate(ctx, 512 - len(ctx), suffix_ids=question)
+
+
 def test_concurrent_generations_equal_sequential_ones(stories, prompt_text):
     ids = stories.tokenize(prompt_text)
     spec = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max", "scorer": "h2o",

@@ -1,0 +1,158 @@
+"""The RULER-style suite on depthkv's engine (``depthkv.Engine``, the library's driver).
+
+For every sample (benchmarks/ruler/tasks.py, sized in the model's own tokens), method and
+compression ratio: the context is prefilled and pruned, then (protocol ``outside``, kvpress's
+query-agnostic one) the question and answer prefix follow uncompressed (``suffix_ids``), or
+(protocol ``inside``) the question is part of the pruned prompt, as ``depthkv generate`` prunes a
+whole prompt; then greedy decoding. Scored by ``string_match_all`` x 100; the table gives each
+cell's mean and its standard error over the samples.
+
+Methods (4 sink and 16 recent tokens, observation window 16, kernel 7, max pooling):
+  full      the full cache;
+  snapkv    SnapKV, uniform budgets;
+  optimal   SnapKV, depthkv's per-layer budgets (--profile: SnapKV curves);
+  preset    ``--preset best`` (--best-profile: head curves; the per-input rule inside);
+  chunked   SnapKV uniform, evicting after every 512-token prefill chunk to the same budget.
+
+  python benchmarks/ruler/run.py --model SmolLM2.gguf --lengths 2048 --samples 4 \\
+      --profile docs/results/smollm2.profile.json --best-profile docs/results/smollm2.best.profile.json
+
+Seeds: --seeds report (1000..) for figures, calibration (0..) for choices; never both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import depthkv  # noqa: E402
+from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, TASKS, make_sample, string_match_all  # noqa: E402
+
+#: Tokens generated per task (enough for the answers in the tokenizers of the reference models).
+MAX_NEW = {"niah_single_1": 24, "niah_single_2": 24, "niah_multikey_1": 24, "niah_multivalue": 64,
+           "niah_multiquery": 64, "vt": 40, "cwe": 96}
+METHODS = ("full", "snapkv", "optimal", "preset", "chunked")
+SELECTION = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max"}
+
+
+def method_spec(method: str, keep: float, n_context: int, profile, best_profile):
+    """(spec, profile, preset) of `method` at keep ratio `keep` for a context of `n_context` tokens."""
+    if method == "full":
+        return None, None, None
+    base = dict(SELECTION, scorer="snapkv", budget={"keep": keep})
+    if method == "snapkv":
+        return dict(base, policy="uniform"), None, None
+    if method == "optimal":
+        return dict(base, policy="optimal"), profile, None
+    if method == "chunked":
+        return (dict(base, policy="uniform", budget={"tokens": max(1, round(keep * n_context))},
+                     schedule={"mode": "chunked", "chunk": 512, "interval": 512}), None, None)
+    if method == "preset":
+        spec = depthkv.preset("best", best_profile, keep=keep, lengths=n_context,
+                              protection=(SELECTION["sinks"], SELECTION["recent"]), obs_window=SELECTION["obs_window"])
+        return spec, best_profile, "best"
+    raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
+
+
+def run(args) -> dict:
+    eng = depthkv.Engine(args.model, n_threads=args.threads)
+    count = lambda text: len(eng.tokenize(text))  # noqa: E731
+    profile = depthkv.load_profile(args.profile) if args.profile else None
+    best = depthkv.load_profile(args.best_profile) if args.best_profile else None
+    for m in args.methods:
+        if m == "optimal" and profile is None or m == "preset" and best is None:
+            sys.exit(f"ruler: method {m} needs --{'profile' if m == 'optimal' else 'best-profile'}")
+    seeds = (CALIBRATION_SEEDS if args.seeds == "calibration" else REPORT_SEEDS)[: args.samples]
+    rows = []
+    for length in args.lengths:
+        for task in args.tasks:
+            for seed in seeds:
+                s = make_sample(task, length, seed, count)
+                ctx = eng.tokenize(s["context"])
+                q = eng.tokenize(s["question"], bos=False)
+                for method in args.methods:
+                    for comp in ([0.0] if method == "full" else args.compressions):
+                        spec, prof, preset = method_spec(method, 1.0 - comp, len(ctx), profile, best)
+                        t0 = time.time()
+                        if args.protocol == "outside":
+                            g = eng.generate(ctx, MAX_NEW[task], spec=spec, profile=prof, preset=preset, suffix_ids=q)
+                        else:
+                            g = eng.generate(ctx + q, MAX_NEW[task], spec=spec, profile=prof, preset=preset)
+                        text = eng.detokenize(g.tokens)
+                        score = 100.0 * string_match_all(text, s["answers"])
+                        rows.append({"length": length, "task": task, "seed": seed, "method": method,
+                                     "compression": comp, "score": score, "n_context": len(ctx),
+                                     "n_question": len(q), "answers": s["answers"], "output": text,
+                                     "kv_bytes": g.report["cache_bytes"],
+                                     "seconds": round(time.time() - t0, 3)})
+                        print(f"ruler: {length} {task} seed {seed} {method} c={comp:g}: {score:.0f} "
+                              f"{text.strip()[:60]!r}", file=sys.stderr)
+    return {"model": os.path.basename(args.model), "protocol": args.protocol, "seeds": args.seeds,
+            "profile": args.profile, "best_profile": args.best_profile, "rows": rows}
+
+
+def table(result: dict) -> str:
+    """Markdown: per length, task and method the mean score +- its standard error per compression."""
+    rows = result["rows"]
+    comps = sorted({r["compression"] for r in rows if r["method"] != "full"})
+    out = [f"{result['model']}, protocol {result['protocol']}, {result['seeds']} seeds; "
+           "string_match_all x 100, mean +- standard error over the samples", ""]
+    head = "| length | task | method | " + " | ".join(f"c={c:g}" for c in comps) + " |"
+    out += [head, "|" + "---|" * (3 + len(comps))]
+    keys = sorted({(r["length"], r["task"], r["method"]) for r in rows},
+                  key=lambda k: (k[0], TASKS.index(k[1]), METHODS.index(k[2])))
+    for length, task, method in keys:
+        cells = []
+        for c in comps:
+            v = [r["score"] for r in rows if (r["length"], r["task"], r["method"]) == (length, task, method)
+                 and (method == "full" or r["compression"] == c)]
+            n = len(v)
+            mean = sum(v) / n if n else float("nan")
+            se = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1) / n) if n > 1 else 0.0
+            cells.append(f"{mean:.0f} +- {se:.0f}" if n else "")
+        out.append(f"| {length} | {task} | {method} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--profile", help="SnapKV curves of this model (method optimal)")
+    p.add_argument("--best-profile", help="a profile made with --preset best (method preset)")
+    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
+    p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS))
+    p.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
+    p.add_argument("--compressions", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5, 0.75, 0.875],
+                   help="fractions of the context removed (kvpress's compression ratio; keep = 1 - c)")
+    p.add_argument("--samples", type=int, default=4, help="samples per task and length")
+    p.add_argument("--seeds", choices=("report", "calibration"), default="report")
+    p.add_argument("--protocol", choices=("outside", "inside"), default="outside",
+                   help="outside: the question follows the compressed context uncompressed (kvpress's); "
+                        "inside: it is part of the pruned prompt")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", help="write the rows (JSON) here, and the table beside it (.md)")
+    args = p.parse_args(argv)
+    for t in args.tasks:
+        if t not in TASKS:
+            p.error(f"unknown task {t!r}: one of {', '.join(TASKS)}")
+    for m in args.methods:
+        if m not in METHODS:
+            p.error(f"unknown method {m!r}: one of {', '.join(METHODS)}")
+    result = run(args)
+    md = table(result)
+    print(md)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
