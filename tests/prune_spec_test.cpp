@@ -2,6 +2,7 @@
 // spellings), the conversions to the allocator, the schedule and score_and_evict.
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -196,4 +197,40 @@ TEST_CASE("raise_to_protection: a keep ratio below the protected tokens becomes 
   r.budget = depthkv::Budget::tokens(3);                            // a token total is the caller's
   CHECK_FALSE(depthkv::raise_to_protection(r, {5, 5}));
   CHECK(r.budget == depthkv::Budget::tokens(3));
+}
+
+TEST_CASE("pool_over_spans: each slot scores its span's best, per head, by original position", "[prune_spec][span]") {
+  depthkv::HostLayer<float> layer(2, 1);  // 2 KV heads, head_dim 1
+  const float kv[2] = {0.0f, 0.0f};
+  for (int p = 0; p < 8; ++p) layer.append(kv, kv, p);
+  // head 1 lost positions 2 and 3 (an earlier eviction): slots hold 0 1 4 5 6 7
+  std::vector<std::int32_t> kept = {0, 1, 4, 5, 6, 7};
+  layer.compact(1, kept.data(), static_cast<int>(kept.size()));
+  // spans: {0}, {1, 2, 3}, {4, 5}, {6}; position 7 is beyond the spans (a span of its own)
+  const std::vector<std::int32_t> span_start = {0, 1, 1, 1, 4, 4, 6};
+  depthkv::LayerScores s = {{0.1f, 0.2f, 0.9f, 0.3f, 0.5f, 0.4f, 0.6f, 0.7f},
+                            {0.1f, 0.2f, 0.4f, std::nanf(""), 0.6f, 0.7f}};
+  depthkv::detail::pool_over_spans(layer, s, span_start);
+  CHECK(s[0] == std::vector<float>{0.1f, 0.9f, 0.9f, 0.9f, 0.5f, 0.5f, 0.6f, 0.7f});
+  REQUIRE(s[1].size() == 6);
+  CHECK(s[1][0] == 0.1f);
+  CHECK(s[1][1] == 0.2f);  // position 1: its span's other positions are gone from this head
+  CHECK(s[1][2] == 0.4f);
+  CHECK(std::isnan(s[1][3]));  // a NaN stays for the evictor to refuse
+  CHECK(s[1][4] == 0.6f);
+  CHECK(s[1][5] == 0.7f);
+  // the spec's JSON carries the flag (written when true)
+  PruneSpec spec;
+  spec.scorer.span_pooling = true;
+  const nlohmann::json j = depthkv::prune_spec_to_json(spec);
+  REQUIRE(j.at("span_pooling") == true);
+  REQUIRE(depthkv::prune_spec_from_json(j, "spec") == spec);
+  REQUIRE(!depthkv::prune_spec_to_json(PruneSpec{}).contains("span_pooling"));
+  REQUIRE(spec.describe_selection().find(" span_pooling=1") != std::string::npos);
+  nlohmann::json bad = j;
+  bad["span_pooling"] = 1;
+  REQUIRE_THROWS_WITH(depthkv::prune_spec_from_json(bad, "spec"), Contains("'spec.span_pooling' must be a boolean"));
+  PruneSpec other = spec;
+  other.scorer.span_pooling = false;
+  REQUIRE(!(other == spec));
 }

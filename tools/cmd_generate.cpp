@@ -41,6 +41,7 @@ struct GenerateArgs {
   int chunk = 1024, threads = 0;
   long long max_kv_tokens = -1;  ///< bounded memory: KV tokens over all layers (-1: off)
   int interval = 32;             ///< with max_kv_tokens: evict every this many tokens
+  bool span_pooling = false;     ///< ScorerConfig::span_pooling over the prompt's words and digit runs
   std::string kv_type = depthkv::llama::kv_type_name(depthkv::llama::kDefaultKvType);  ///< f16 or f32
   SelectionSettings sel;  ///< the selection flags, with profile's and eval's defaults
   PresetSettings preset;
@@ -137,6 +138,7 @@ void report_prune(const GenerateArgs& a, const depthkv::llama::GenerationReport&
   for (int b : r.prune.budgets) std::fprintf(stderr, " %d", b);
   std::fprintf(stderr, " of %d; %zu of %zu bytes", n_feed, r.prune.bytes_after, r.prune.bytes_before);
   if (r.lookahead > 0) std::fprintf(stderr, "; scored by the next %d greedy tokens (lookahead)", r.lookahead);
+  if (r.spec.scorer.span_pooling) std::fprintf(stderr, "; scores pooled over the prompt's words and digit runs");
   std::fprintf(stderr, "\n");
 }
 
@@ -257,7 +259,9 @@ void run_generate(const GenerateArgs& a) {
   fit_preset_lookahead(a, cfg.seq_len, run, spec);
   if (a.keep < 1.0 && spec.scorer.lookahead > 0) check_lookahead(spec.scorer.lookahead, run.n_feed, cfg.seq_len, "prompt");
   const bool prunes = a.keep < 1.0 || a.max_kv_tokens >= 0;
-  const PolicyCurves curves = prunes ? generate_curves(spec, file.get(), a.sel) : PolicyCurves{};
+  spec.scorer.span_pooling = a.span_pooling;
+  PolicyCurves curves = prunes ? generate_curves(spec, file.get(), a.sel) : PolicyCurves{};
+  if (a.span_pooling) curves.span_start = token_span_starts(*lm.tokenizer, run.prompt);
   // output-aware: every layer's wo as float (a copy of the layers stored as F16 or quantized)
   const OutputProjections wo = spec.scorer.output_aware ? OutputProjections(lm.model) : OutputProjections();
   if (parse_kv_type(a.kv_type) == KvType::kF16) {
@@ -316,6 +320,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
       ->capture_default_str()
       ->check(thread_count());
+  cmd->add_flag("--span-pooling", args->span_pooling,
+               "score each word and digit run of the prompt as its best token, so that a number or a name is "
+               "kept or dropped whole (ScorerConfig::span_pooling; with --keep or --max-kv-tokens)");
   cmd->add_option("--kv-type", args->kv_type,
                   "element type of the KV cache: f16 (half the bytes, as llama.cpp) or f32 (llama2.c's run.c)")
       ->capture_default_str()

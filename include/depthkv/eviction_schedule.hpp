@@ -173,6 +173,8 @@ struct PruneSettings {
   /// none): before each eviction a local layer's slots outside its window are dropped
   /// (`drop_outside_windows`) and its budget is capped at W - 1 (`window_caps`).
   std::vector<int> layer_window;
+  /// Span pooling (`ScorerConfig::span_pooling`): each position's span start; null: off.
+  const std::vector<std::int32_t>* span_start = nullptr;
 };
 
 }  // namespace detail
@@ -245,7 +247,36 @@ struct HeadSplit {
   double alpha = kDefaultHeadAlpha;
   const std::vector<OutputProjection>* wo = nullptr;
   const SensitivityProfile* head_profile = nullptr;  ///< head-level optimal budgets when set
+  const std::vector<std::int32_t>* span_start = nullptr;  ///< span pooling when set (`pool_over_spans`)
 };
+
+/// Span pooling of one layer's scores `s` (one vector per KV head, one score per slot): every
+/// slot's score becomes the largest score of the slots of its head whose positions share its
+/// span start (`span_start[p]`; a position at or beyond its size is a span of its own). Slots
+/// hold ascending positions, so a span's slots are adjacent. A NaN score stays NaN (the evictor
+/// refuses it).
+template <class Layer>
+void pool_over_spans(const Layer& layer, LayerScores& s, const std::vector<std::int32_t>& span_start) {
+  const auto n_spans = static_cast<std::int64_t>(span_start.size());
+  for (int h = 0; h < layer.n_kv_heads() && h < static_cast<int>(s.size()); ++h) {
+    std::vector<float>& v = s[static_cast<std::size_t>(h)];
+    const std::int32_t* pos = layer.positions(h);
+    const int n = std::min(layer.size(h), static_cast<int>(v.size()));
+    const auto span_of = [&](int i) -> std::int64_t {
+      return pos[i] < n_spans ? span_start[static_cast<std::size_t>(pos[i])] : pos[i];
+    };
+    for (int a = 0; a < n;) {
+      const std::int64_t id = span_of(a);
+      int b = a;
+      float m = -std::numeric_limits<float>::infinity();
+      for (; b < n && span_of(b) == id; ++b)
+        if (v[static_cast<std::size_t>(b)] > m) m = v[static_cast<std::size_t>(b)];
+      for (int i = a; i < b; ++i)
+        if (!std::isnan(v[static_cast<std::size_t>(i)])) v[static_cast<std::size_t>(i)] = m;
+      a = b;
+    }
+  }
+}
 
 /// Tokens every head of the cache holds, summed.
 template <class Layer>
@@ -302,6 +333,7 @@ std::vector<LayerEviction> split_evict_compact(KVCache<Layer>& cache, std::vecto
     const auto i = static_cast<std::size_t>(l);
     layers.push_back(&cache.layer(l));
     scores.push_back(scorers[i].cached_scores(cache.layer(l), split.wo ? &(*split.wo)[i] : nullptr));
+    if (split.span_start != nullptr) pool_over_spans(cache.layer(l), scores.back(), *split.span_start);
   }
   std::vector<std::vector<int>> keep = start;
   if (resplit && split.mode != HeadAllocation::kUniform)  // reads only; the evictor validates before it mutates
@@ -358,7 +390,8 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
   if (br.floors.empty() && req.floors_from_protection)
     br.floors = protection_floors(br.caps.empty() ? br.lengths : br.caps, req.protection);
   return detail::allocate_and_evict(cache, scorers, req.policy, br, req.profile, req.protection, opt,
-                                    {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile});
+                                    {req.head_allocation, req.head_alpha, req.output_projections, req.head_profile,
+                                     req.span_start});
 }
 
 /// The `PruneSettings` of `spec` with the policy data it reads (the resolved form of a spec: its
@@ -368,6 +401,8 @@ inline PruneSettings prune_settings(const PruneSpec& spec, const PolicyData& dat
                                     const std::vector<OutputProjection>* wo) {
   spec.validate();
   DEPTHKV_CHECK(!is_head_policy(spec.policy) || data.head_curves != nullptr, "policy head-optimal needs head curves");
+  DEPTHKV_CHECK(!spec.scorer.span_pooling || data.span_start != nullptr,
+                "scorer.span_pooling needs the tokens' spans (PolicyData::span_start, e.g. llama::token_span_starts)");
   PruneSettings p;
   p.policy = spec.policy;
   p.budget = spec.budget_request({});
@@ -381,6 +416,7 @@ inline PruneSettings prune_settings(const PruneSpec& spec, const PolicyData& dat
   p.head_alpha = spec.head_split.alpha;
   p.output_projections = wo;
   p.layer_window = data.layer_window;
+  p.span_start = spec.scorer.span_pooling ? data.span_start : nullptr;
   return p;
 }
 
@@ -740,7 +776,8 @@ class EvictionSchedule {
       br.total_tokens = total;
     }
     last_ = detail::allocate_and_evict(cache, scorers_, cfg_.policy, br, cfg_.profile, cfg_.protection, cfg_.evict,
-                                       {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, cfg_.head_profile});
+                                       {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, cfg_.head_profile,
+                                        cfg_.span_start});
     return true;
   }
 
@@ -770,7 +807,8 @@ class EvictionSchedule {
     rep.bytes_before = cache.bytes();
     std::vector<LayerEviction> ev =
         detail::split_evict_compact(cache, scorers_, ids, start, cfg_.targets.split, cfg_.protection, cfg_.evict,
-                                    {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, nullptr});
+                                    {cfg_.head_allocation, cfg_.head_alpha, cfg_.output_projections, nullptr,
+                                     cfg_.span_start});
     rep.evictions.resize(static_cast<std::size_t>(n_layers()));
     for (std::size_t i = 0; i < ids.size(); ++i) rep.evictions[static_cast<std::size_t>(ids[i])] = std::move(ev[i]);
     rep.budgets = detail::mean_per_layer(targets);

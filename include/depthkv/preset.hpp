@@ -42,6 +42,7 @@
 /// @endcode
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -92,6 +93,9 @@ struct PolicyCurves {
   int n_kv_heads = 0;
   std::vector<double> infonce; ///< mga, mlma*
   std::vector<int> layer_window;  ///< the profile's sliding windows (empty: none)
+  /// The tokens' spans for `scorer.span_pooling` (`PolicyData::span_start`; empty: none), set by
+  /// the caller that knows the tokens (e.g. `llama::token_span_starts` of the prompt).
+  std::vector<std::int32_t> span_start;
 
   /// The `PolicyData` view (valid while this object lives and is not moved).
   PolicyData data() const {
@@ -101,6 +105,7 @@ struct PolicyCurves {
     d.n_kv_heads = n_kv_heads;
     d.infonce = infonce;
     d.layer_window = layer_window;
+    d.span_start = span_start.empty() ? nullptr : &span_start;
     return d;
   }
 };

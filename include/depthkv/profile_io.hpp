@@ -515,6 +515,7 @@ inline nlohmann::json prune_spec_to_json(const PruneSpec& s, SpecFields fields =
   }
   if (s.scorer.lookahead != 0) j["lookahead"] = s.scorer.lookahead;
   if (s.scorer.context_weight != 0.0) j["context_weight"] = s.scorer.context_weight;
+  if (s.scorer.span_pooling) j["span_pooling"] = true;
   if (fields == SpecFields::kSelection) return j;
   j["scorer"] = scorer_name(s.scorer);
   j["policy"] = to_string(s.policy);
@@ -550,6 +551,11 @@ inline void selection_keys_from_json(const nlohmann::json& j, const std::string&
   if (j.contains("head_alpha")) s.head_split.alpha = json_number(j["head_alpha"], w + ".head_alpha");
   if (j.contains("lookahead")) s.scorer.lookahead = spec_int(j, "lookahead", w);
   if (j.contains("context_weight")) s.scorer.context_weight = json_number(j["context_weight"], w + ".context_weight");
+  if (j.contains("span_pooling")) {
+    DEPTHKV_CHECK(j["span_pooling"].is_boolean(),
+                  "'" << w << ".span_pooling' must be a boolean, got " << json_brief(j["span_pooling"]));
+    s.scorer.span_pooling = j["span_pooling"].get<bool>();
+  }
 }
 
 /// The keys `kAll` adds, where present.

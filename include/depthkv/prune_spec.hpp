@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -270,6 +271,7 @@ struct PruneSpec {
          << " head_alpha=" << head_split.alpha;
     if (scorer.lookahead > 0) os << " lookahead=" << scorer.lookahead;
     if (scorer.context_weight > 0.0) os << " context_weight=" << scorer.context_weight;
+    if (scorer.span_pooling) os << " span_pooling=1";
     return os.str();
   }
 };
@@ -283,6 +285,10 @@ struct PolicyData {
   /// The model's per-layer sliding windows (0: a global layer; `LlamaConfig::layer_window`):
   /// a local layer is capped at window - 1 tokens (`window_caps`). Empty: no local layers.
   std::vector<int> layer_window;
+  /// `scorer.span_pooling`: per original position p, the first position of the span holding p
+  /// (span_start[p] <= p, non-decreasing; positions at or beyond its size are spans of their own),
+  /// e.g. `llama::token_span_starts`. Must outlive its use.
+  const std::vector<std::int32_t>* span_start = nullptr;
 };
 
 /// A keep ratio whose tokens (llround(ratio x sum(lengths))) fall below the protected ones (the
@@ -334,6 +340,7 @@ inline Allocation allocate(const PruneSpec& spec, const std::vector<int>& length
 /// Field-for-field equality of two specs.
 inline bool operator==(const PruneSpec& a, const PruneSpec& b) {
   return a.same_selection(b) && a.scorer.context_weight == b.scorer.context_weight &&
+         a.scorer.span_pooling == b.scorer.span_pooling &&
          scorer_name(a.scorer) == scorer_name(b.scorer) && a.budget == b.budget && a.policy == b.policy &&
          a.tiers == b.tiers &&
          a.schedule == b.schedule && a.safeguard == b.safeguard;

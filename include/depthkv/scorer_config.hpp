@@ -86,6 +86,11 @@ struct ScorerConfig {
   /// Wang et al. 2025, arXiv 2505.20334, combines the two query sets). The output-aware rescaling
   /// applies to s_j. JSON and spec name: "context_weight".
   double context_weight = 0.0;
+  /// Span pooling: before the selection every slot's score becomes the largest score of the
+  /// slots of its KV head that hold the same span (a word or a digit run: `PolicyData::span_start`
+  /// says which positions form one), so that a number or a name is kept or dropped whole, up to
+  /// the budget's edge. JSON and spec name: "span_pooling" (written when true).
+  bool span_pooling = false;
   /// A registered scorer's name (`register_scorer`, scorer_registry.hpp); empty: the built-in
   /// `kind`. The other fields are passed to the registered factory, and `TokenScorer` checks
   /// `window`, `kernel`, `output_aware` and `lookahead` for every scorer.

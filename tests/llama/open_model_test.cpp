@@ -210,3 +210,33 @@ TEST_CASE("check_profile_matches: layers, head curves' KV heads, sliding windows
   p.model.header_hash = "hf:sha256:0123";
   CHECK_NOTHROW(depthkv::llama::check_profile_matches(p, c, bin));
 }
+
+TEST_CASE("token_span_starts: a word's pieces and a number's digits form one span", "[llama][open_model][span][real]") {
+  OpenModelOptions opt;
+  opt.need_tokenizer = true;
+  const OpenedModel m = open_model(om_stories("stories260K.bin"), opt);
+  const std::string text = "Her number was 7017563 and the key was 3846855 today.";
+  const std::vector<int> ids = m.tokenizer->encode(text, /*bos=*/true, /*eos=*/false);
+  const std::vector<std::int32_t> start = depthkv::llama::token_span_starts(*m.tokenizer, ids);
+  REQUIRE(start.size() == ids.size());
+  // the text of each span, from its tokens' pieces, without the spaces around it
+  REQUIRE(ids[0] == m.tokenizer->bos_id());
+  CHECK(start[0] == 0);
+  std::vector<std::string> spans;
+  for (std::size_t i = 1; i < ids.size(); ++i) {  // BOS (its own span) prints nothing
+    const std::string piece = m.tokenizer->decode(ids[i - 1], ids[i]);
+    REQUIRE(start[i] >= 1);
+    REQUIRE(start[i] <= static_cast<std::int32_t>(i));
+    if (start[i] == static_cast<std::int32_t>(i)) spans.emplace_back();
+    spans.back() += piece;
+  }
+  std::vector<std::string> words;
+  for (std::string s : spans) {
+    s.erase(0, s.find_first_not_of(' '));
+    s.erase(s.find_last_not_of(' ') + 1);
+    if (!s.empty()) words.push_back(s);
+  }
+  CHECK(words == std::vector<std::string>{"Her", "number", "was", "7017563", "and", "the", "key", "was", "3846855",
+                                          "today", "."});
+  CHECK(ids.size() > words.size() + 4);  // the tokenizer split the numbers (and words) into several pieces
+}

@@ -325,3 +325,58 @@ TEST_CASE("PrunedGeneration::teacher_force equals stepping token by token, and p
   REQUIRE(full.teacher_force(known) == engine.teacher_force(known, 70, ref, run));
   REQUIRE(full.cache().lengths() == ref.lengths());
 }
+
+TEST_CASE("PrunedGeneration with span pooling keeps or drops each span whole (one per head may straddle the edge)",
+          "[driver][span]") {
+  const LlamaModel model = random_model(shape(false));
+  const LlamaEngine engine(model);
+  const int n = 120;
+  const std::vector<int> prompt = random_tokens(n, model.config.vocab_size, 5);
+  std::vector<std::int32_t> spans(static_cast<std::size_t>(n));  // spans of 1..6 positions
+  for (int i = 0, start = 0; i < n; ++i) {
+    if (i - start >= 1 + (start * 7) % 6) start = i;
+    spans[static_cast<std::size_t>(i)] = start;
+  }
+  PruneSpec spec;
+  spec.scorer = scorer_config("snapkv");
+  spec.protection = {4, 16};
+  spec.budget = Budget::keep(0.3);
+  // per (layer, KV head): the spans outside the protected positions that are kept in part
+  const auto partial_spans = [&](bool pooled) {
+    PruneSpec s = spec;
+    s.scorer.span_pooling = pooled;
+    PolicyCurves curves;
+    if (pooled) curves.span_start = spans;
+    PrunedGeneration<HostCache> g(engine, engine.make_cache(), s, curves, nullptr, ForwardOptions{});
+    g.prefill(prompt);
+    REQUIRE(g.report().pruned);
+    std::vector<int> out;
+    for (int l = 0; l < g.cache().n_layers(); ++l)
+      for (int h = 0; h < g.cache().layer(l).n_kv_heads(); ++h) {
+        std::vector<int> kept(static_cast<std::size_t>(n), 0), size(static_cast<std::size_t>(n), 0);
+        for (int i = 0; i < g.cache().layer(l).size(h); ++i) kept[static_cast<std::size_t>(spans[static_cast<std::size_t>(g.cache().layer(l).positions(h)[i])])]++;
+        for (int p = 0; p < n; ++p) size[static_cast<std::size_t>(spans[static_cast<std::size_t>(p)])]++;
+        int partial = 0;
+        for (int st = 0; st < n; ++st) {
+          const int len = size[static_cast<std::size_t>(st)];
+          const bool protected_part = st < 4 || st + len > n - 16;
+          partial += len > 0 && !protected_part && kept[static_cast<std::size_t>(st)] > 0 && kept[static_cast<std::size_t>(st)] < len;
+        }
+        out.push_back(partial);
+      }
+    return out;
+  };
+  const std::vector<int> pooled = partial_spans(true), plain = partial_spans(false);
+  int sum_pooled = 0, sum_plain = 0;
+  for (int p : pooled) {
+    CHECK(p <= 1);
+    sum_pooled += p;
+  }
+  for (int p : plain) sum_plain += p;
+  CHECK(sum_plain > sum_pooled);  // without pooling SnapKV keeps pieces of many spans
+  // the spec asks for spans the caller did not give: refused before anything runs
+  PruneSpec s = spec;
+  s.scorer.span_pooling = true;
+  REQUIRE_THROWS_WITH((PrunedGeneration<HostCache>(engine, engine.make_cache(), s, {}, nullptr, ForwardOptions{})),
+                      Catch::Contains("scorer.span_pooling needs the tokens' spans"));
+}

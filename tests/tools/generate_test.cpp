@@ -100,3 +100,16 @@ TEST_CASE("generate: the selection flags are accepted, and its defaults spelled 
     REQUIRE(run_cli(g + flag).status == 0);
   }
 }
+
+TEST_CASE("generate --span-pooling: the same budgets, words and numbers kept or dropped whole", "[generate][real][span]") {
+  const std::string g = "generate --model " + depthkv_test::stories_model_arg() +
+                        " --prompt 'Lily had 7017563 red balls and 3846855 blue balls in the big box at home' -t 0 -n 40"
+                        " --keep 0.4 --scorer snapkv ";
+  const Run plain = run_cli(g, "2>&1"), span = run_cli(g + "--span-pooling", "2>&1");
+  REQUIRE(plain.status == 0);
+  REQUIRE(span.status == 0);
+  CHECK_THAT(span.out, Catch::Contains("; scores pooled over the prompt's words and digit runs"));
+  CHECK_THAT(plain.out, !Catch::Contains("pooled over"));
+  const auto budgets = [](const std::string& out) { return out.substr(out.find("per-layer tokens"), 40); };
+  CHECK(budgets(span.out) == budgets(plain.out));
+}

@@ -11,6 +11,8 @@
 /// for (std::size_t i = 1; i < ids.size(); ++i) text += tok.decode(ids[i - 1], ids[i]);
 /// @endcode
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,37 @@ class TextTokenizer {
   TextTokenizer(TextTokenizer&&) = default;
   TextTokenizer& operator=(TextTokenizer&&) = default;
 };
+
+namespace detail {
+/// 1: an ASCII digit; 2: an ASCII letter or a byte of a multi-byte UTF-8 character; 0: other.
+inline int span_class(unsigned char c) {
+  if (c >= '0' && c <= '9') return 1;
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return 2;
+  return 0;
+}
+}  // namespace detail
+
+/// The span of every position of `ids` for span pooling (`ScorerConfig::span_pooling`,
+/// `PolicyData::span_start`): position i continues the span of i - 1 when the bytes of token i
+/// (`decode(ids[i - 1], ids[i])`) start with a digit and those of token i - 1 end with one (a digit
+/// run: a number written one digit per token), or start with a letter and those of i - 1 end with
+/// one (the pieces of one word); a space, punctuation or an empty piece starts a new span.
+/// @return span_start[i]: the first position of i's span (span_start[0] = 0)
+/// @throws Error from `decode` on an id outside the vocabulary
+inline std::vector<std::int32_t> token_span_starts(const TextTokenizer& tok, const std::vector<int>& ids) {
+  std::vector<std::int32_t> start(ids.size());
+  std::string prev_piece;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string piece = tok.decode(i == 0 ? tok.bos_id() : ids[i - 1], ids[i]);
+    const bool joins = i > 0 && !piece.empty() && !prev_piece.empty() &&
+                       detail::span_class(static_cast<unsigned char>(piece.front())) != 0 &&
+                       detail::span_class(static_cast<unsigned char>(piece.front())) ==
+                           detail::span_class(static_cast<unsigned char>(prev_piece.back()));
+    start[i] = joins ? start[i - 1] : static_cast<std::int32_t>(i);
+    prev_piece = piece;
+  }
+  return start;
+}
 
 }  // namespace llama
 }  // namespace depthkv
