@@ -12,7 +12,9 @@ Methods (4 sink and 16 recent tokens, observation window 16, kernel 7, max pooli
   snapkv    SnapKV, uniform budgets;
   optimal   SnapKV, depthkv's per-layer budgets (--profile: SnapKV curves);
   preset    ``--preset best`` (--best-profile: head curves; the per-input rule inside);
-  chunked   SnapKV uniform, evicting after every 512-token prefill chunk to the same budget.
+  chunked   SnapKV uniform, evicting after every 512-token prefill chunk to the same budget;
+  *-span    the same with span pooling (``span_pooling``: each word and digit run of the context
+            scored as its best token, kept or dropped whole).
 
   python benchmarks/ruler/run.py --model SmolLM2.gguf --lengths 2048 --samples 4 \\
       --profile docs/results/smollm2.profile.json --best-profile docs/results/smollm2.best.profile.json
@@ -36,7 +38,7 @@ from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, TASKS, make_sample, string_ma
 #: Tokens generated per task (enough for the answers in the tokenizers of the reference models).
 MAX_NEW = {"niah_single_1": 24, "niah_single_2": 24, "niah_multikey_1": 24, "niah_multivalue": 64,
            "niah_multiquery": 64, "vt": 40, "cwe": 96}
-METHODS = ("full", "snapkv", "optimal", "preset", "chunked")
+METHODS = ("full", "snapkv", "snapkv-span", "optimal", "preset", "preset-span", "chunked")
 SELECTION = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max"}
 
 
@@ -44,6 +46,9 @@ def method_spec(method: str, keep: float, n_context: int, profile, best_profile)
     """(spec, profile, preset) of `method` at keep ratio `keep` for a context of `n_context` tokens."""
     if method == "full":
         return None, None, None
+    if method.endswith("-span"):
+        spec, prof, preset = method_spec(method[: -len("-span")], keep, n_context, profile, best_profile)
+        return dict(spec, span_pooling=True), prof, preset
     base = dict(SELECTION, scorer="snapkv", budget={"keep": keep})
     if method == "snapkv":
         return dict(base, policy="uniform"), None, None
@@ -65,7 +70,7 @@ def run(args) -> dict:
     profile = depthkv.load_profile(args.profile) if args.profile else None
     best = depthkv.load_profile(args.best_profile) if args.best_profile else None
     for m in args.methods:
-        if m == "optimal" and profile is None or m == "preset" and best is None:
+        if m == "optimal" and profile is None or m.startswith("preset") and best is None:
             sys.exit(f"ruler: method {m} needs --{'profile' if m == 'optimal' else 'best-profile'}")
     seeds = (CALIBRATION_SEEDS if args.seeds == "calibration" else REPORT_SEEDS)[: args.samples]
     rows = []
@@ -119,8 +124,24 @@ def table(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def merged_table(paths) -> str:
+    """One table of the rows of several result files of one model and protocol (e.g. the plain
+    methods' run and the span-pooling run on the same seeds)."""
+    results = [json.load(open(p)) for p in paths]
+    for r in results[1:]:
+        if (r["model"], r["protocol"], r["seeds"]) != (results[0]["model"], results[0]["protocol"], results[0]["seeds"]):
+            sys.exit("ruler: --tables: the files differ in model, protocol or seeds")
+    return table(dict(results[0], rows=[row for r in results for row in r["rows"]]))
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--tables"]:
+        print(merged_table(argv[1:]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (--tables FILE...: one table of "
+                                "several result files)")
     p.add_argument("--model", required=True)
     p.add_argument("--profile", help="SnapKV curves of this model (method optimal)")
     p.add_argument("--best-profile", help="a profile made with --preset best (method preset)")

@@ -198,7 +198,8 @@ def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Op
 class Spec(dict):
     """A ``depthkv::PruneSpec`` as a dict (the keys of ``prune_spec_to_json``: sinks, recent,
     obs_window, kernel, pooling, output_aware, head_alloc, head_alpha, lookahead, context_weight
-    (when not 0), scorer, policy, budget, schedule, safeguard). ``predicted`` maps each scorer the preset considered to its
+    (when not 0), span_pooling (when true: :meth:`Engine.generate` pools the scores over the
+    prompt's words and digit runs), scorer, policy, budget, schedule, safeguard). ``predicted`` maps each scorer the preset considered to its
     predicted loss."""
 
     predicted: Dict[str, float]
@@ -286,7 +287,7 @@ class TokenScorer:
     ``output_aware=True`` multiplies h2o, snapkv and tova scores by the size of the value's
     contribution to the attention output (CriticalKV): pass ``values`` and ``wo``. ``lookahead=G``
     makes SnapKV's window the G observed rows (feed the rows of G lookahead queries).
-    ``context_weight=w`` (with a lookahead; the "best" preset's spec gives 0.25) adds the context's
+    ``context_weight=w`` (with a lookahead; the "best" preset's spec gives 0) adds the context's
     own SnapKV window: feed the context's rows, call :meth:`begin_lookahead`, then feed the
     lookahead's rows; per KV head ``s_j = l_j + w * (L / C) * c_j``, l the lookahead's score, c the
     context window's, L and C their sums over the slots (include/depthkv/scorer_config.hpp).

@@ -131,9 +131,11 @@ class Engine {
                      "preset '" << preset << "' runs its per-input rule on its spec: pass spec=depthkv.preset('"
                                 << preset << "', profile, keep=...) too");
     if (profile) check_profile(*profile);
-    const depthkv::PolicyCurves curves =
+    depthkv::PolicyCurves curves =
         spec && profile ? depthkv::policy_curves(*profile, depthkv::scorer_name(spec->scorer), spec->policy)
                         : depthkv::PolicyCurves{};
+    // span pooling: the prompt's words and digit runs (the suffix and the new tokens: spans of their own)
+    if (spec && spec->scorer.span_pooling) curves.span_start = dl::token_span_starts(tokenizer(kGenerate), prompt);
     // output-aware: every layer's wo as float (made once, under the GIL, shared by later calls)
     if (spec && spec->scorer.output_aware && !wo_) wo_ = std::make_unique<dl::OutputProjections>(model_->model);
     const dl::OutputProjections* wo = spec && spec->scorer.output_aware ? wo_.get() : nullptr;

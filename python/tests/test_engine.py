@@ -318,3 +318,20 @@ def test_bad_specs_profiles_and_presets_raise(stories):
         gguf.generate(ids, 4, spec=dict(base, policy="optimal"), profile=prof)
     # the engine still serves after every refusal
     assert stories.generate(ids, 4, spec=dict(base, policy="optimal"), profile=prof).report["pruned"]
+
+
+def test_span_pooling_keeps_words_and_numbers_whole(stories):
+    """spec span_pooling: the prompt's words and digit runs are kept or dropped whole (one per head
+    may straddle the budget's edge); the report's spec says so; the CLI's --span-pooling agrees."""
+    text = ("Once upon a time there was a girl named Lily. Her number was 7017563 and her friend's was 3846855. "
+            "She liked to play in the park with her dog. ") * 3
+    ids = stories.tokenize(text)
+    spec = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max", "scorer": "snapkv",
+            "budget": {"keep": 0.4}, "span_pooling": True}
+    g = stories.generate(ids, 8, spec=spec)
+    assert g.report["spec"]["span_pooling"] is True
+    plain = stories.generate(ids, 8, spec=dict(spec, span_pooling=False))
+    assert "span_pooling" not in plain.report["spec"]
+    assert g.report["budgets"] == plain.report["budgets"]  # the same budgets, other tokens
+    with pytest.raises(depthkv.Error, match="span_pooling' must be a boolean"):
+        stories.generate(ids, 8, spec=dict(spec, span_pooling=1))

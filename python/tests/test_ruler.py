@@ -96,5 +96,6 @@ def test_a_small_run_on_stories260k(engine, tmp_path):
             assert r["kv_bytes"] < full[r["task"]]  # the context was pruned
     md = (tmp_path / "ruler.md").read_text()
     assert "| 400 | niah_single_1 | snapkv |" in md and "c=0.5" in md
+    assert ruler_run.merged_table([str(out), str(out)]).count("| 400 | niah_single_1 | snapkv |") == 1
     with pytest.raises(SystemExit):
         ruler_run.main(["--model", STORIES_BIN, "--tasks", "nope"])
