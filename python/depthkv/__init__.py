@@ -425,6 +425,19 @@ class Generation:
                 f"bytes_after={r['bytes_after']}, peak_bytes={r['peak_bytes']})")
 
 
+def _spec_json(spec: Optional[Mapping], where: str) -> Optional[str]:
+    """A spec (dict) as the JSON text the binding parses; None stays None."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        raise Error(f"{where}: spec must be a dict (depthkv.preset(...) or the JSON form of a PruneSpec), "
+                    f"got {type(spec).__name__}")
+    try:
+        return json.dumps(dict(spec))
+    except (TypeError, ValueError) as e:
+        raise Error(f"{where}: spec is not JSON: {e}") from None
+
+
 class Engine:
     """depthkv's reference engine over one model file (``depthkv::llama::LlamaEngine`` on the model
     ``depthkv::llama::open_model`` opens: GGUF, or a llama2.c checkpoint with ``tok512.bin`` beside
@@ -531,21 +544,55 @@ class Engine:
             raise Error(f"generate: max_new_tokens must be an integer, got {max_new_tokens!r}") from None
         if not -2**63 <= n < 2**63:
             raise Error(f"generate: max_new_tokens {n} is out of range")
-        spec_json = None
-        if spec is not None:
-            if not isinstance(spec, Mapping):
-                raise Error(f"generate: spec must be a dict (depthkv.preset(...) or the JSON form of a PruneSpec), "
-                            f"got {type(spec).__name__}")
-            try:
-                spec_json = json.dumps(dict(spec))
-            except (TypeError, ValueError) as e:
-                raise Error(f"generate: spec is not JSON: {e}") from None
+        spec_json = _spec_json(spec, "generate")
         if profile is not None and not isinstance(profile, Profile):
             raise Error(f"generate: profile must be a depthkv.Profile (depthkv.load_profile), got "
                         f"{type(profile).__name__}")
         suffix = _token_ids(suffix_ids, "generate: suffix_ids")
         return Generation(self._e.generate(ids, n, spec_json, profile, "" if preset is None else str(preset),
                                            bool(stop), suffix))
+
+    def generate_many(self, prompt_ids, max_new_tokens: int, runs: Sequence[Mapping], *, stop: bool = True,
+                      suffix_ids=()) -> List[Generation]:
+        """:meth:`generate` for several specs on one prompt, with one prefill: the runs whose spec
+        is oneshot (or None) share a single forward pass of the prompt, whose attention feeds every
+        run's scorers; each run then prunes its own copy of that cache, feeds the suffix and decodes
+        (``PrunedGeneration::prefill_shared``). Each result equals :meth:`generate`'s for the same
+        run, but ``prefill_ms`` (the shared pass's). A run with a chunked or decode schedule (which
+        evicts during its own prefill) is served by its own prefill. Memory: the shared cache plus
+        one run's copy at a time.
+
+        :param runs: one dict per run with the keys of :meth:`generate`: ``spec``, ``profile``,
+            ``preset`` (each optional; ``{}``: the full cache)
+        :return: one :class:`Generation` per run, in order
+        :raises Error: as :meth:`generate` for any run (before any prefill), or on a run that is no
+            dict or has other keys
+        """
+        ids = _token_ids(prompt_ids, "generate_many: prompt_ids")
+        try:
+            n = operator.index(max_new_tokens)
+        except TypeError:
+            raise Error(f"generate_many: max_new_tokens must be an integer, got {max_new_tokens!r}") from None
+        if not -2**63 <= n < 2**63:
+            raise Error(f"generate_many: max_new_tokens {n} is out of range")
+        if isinstance(runs, (str, bytes, Mapping)) or not isinstance(runs, Sequence):
+            raise Error(f"generate_many: runs must be a list of dicts, got {type(runs).__name__}")
+        specs, profiles, presets = [], [], []
+        for i, run in enumerate(runs):
+            if not isinstance(run, Mapping):
+                raise Error(f"generate_many: run {i} must be a dict (spec, profile, preset), got {type(run).__name__}")
+            extra = sorted(set(run) - {"spec", "profile", "preset"})
+            if extra:
+                raise Error(f"generate_many: run {i} has unknown keys {extra} (spec, profile, preset)")
+            spec, profile, preset = run.get("spec"), run.get("profile"), run.get("preset")
+            specs.append(_spec_json(spec, f"generate_many: run {i}"))
+            if profile is not None and not isinstance(profile, Profile):
+                raise Error(f"generate_many: run {i}: profile must be a depthkv.Profile (depthkv.load_profile), got "
+                            f"{type(profile).__name__}")
+            profiles.append(profile)
+            presets.append("" if preset is None else str(preset))
+        suffix = _token_ids(suffix_ids, "generate_many: suffix_ids")
+        return [Generation(d) for d in self._e.generate_many(ids, n, specs, profiles, presets, bool(stop), suffix)]
 
     def __repr__(self) -> str:
         return (f"Engine({self.path!r}, format={self.format!r}, n_layers={self.n_layers}, n_heads={self.n_heads}, "

@@ -110,52 +110,125 @@ class Engine {
   GenerationResult generate(const std::vector<std::int64_t>& prompt_ids, long long max_new_tokens,
                             const std::optional<std::string>& spec_json, const ProfileFile* profile,
                             const std::string& preset, bool stop, const std::vector<std::int64_t>& suffix_ids) {
-    const dl::LlamaConfig& c = config();
-    const std::vector<int> prompt = checked_ids(prompt_ids, kGenerate, "prompt_ids");
-    const std::vector<int> suffix = checked_ids(suffix_ids, kGenerate, "suffix_ids");
-    DEPTHKV_CHECK_AS(kGenerate, !prompt.empty(), "prompt_ids holds no tokens (a prompt needs at least one, e.g. BOS)");
-    DEPTHKV_CHECK_AS(kGenerate, max_new_tokens >= 0, "max_new_tokens must be >= 0, got " << max_new_tokens);
-    const long long fed = static_cast<long long>(prompt.size() + suffix.size());
-    const long long positions = fed + std::max(0LL, max_new_tokens - 1);
-    DEPTHKV_CHECK_AS(kGenerate, positions <= c.seq_len,
-                     "the prompt's " << fed << " tokens (suffix included) and max_new_tokens " << max_new_tokens
-                                     << " need " << positions << " positions, beyond the model's context of "
-                                     << c.seq_len);
-    for (std::size_t i = 0; i < suffix.size(); ++i)
-      DEPTHKV_CHECK_AS(kGenerate, suffix[i] >= 0 && suffix[i] < c.vocab_size,
-                       "suffix_ids: token " << suffix[i] << " at position " << i << " is outside the vocabulary of "
-                                            << c.vocab_size);
-    std::optional<PruneSpec> spec;
-    if (spec_json) spec = parse_spec(*spec_json);
-    DEPTHKV_CHECK_AS(kGenerate, preset.empty() || spec,
-                     "preset '" << preset << "' runs its per-input rule on its spec: pass spec=depthkv.preset('"
-                                << preset << "', profile, keep=...) too");
-    if (profile) check_profile(*profile);
-    depthkv::PolicyCurves curves =
-        spec && profile ? depthkv::policy_curves(*profile, depthkv::scorer_name(spec->scorer), spec->policy)
-                        : depthkv::PolicyCurves{};
-    // span pooling: the prompt's words and digit runs (the suffix and the new tokens: spans of their own)
-    if (spec && spec->scorer.span_pooling) curves.span_start = dl::token_span_starts(tokenizer(kGenerate), prompt);
-    // output-aware: every layer's wo as float (made once, under the GIL, shared by later calls)
-    if (spec && spec->scorer.output_aware && !wo_) wo_ = std::make_unique<dl::OutputProjections>(model_->model);
-    const dl::OutputProjections* wo = spec && spec->scorer.output_aware ? wo_.get() : nullptr;
-    dl::ForwardOptions run;
-    run.n_threads = n_threads_;
-    // a chunked schedule evicts after each of its chunks: the prefill runs in those
-    run.chunk_size = spec && spec->schedule.mode == depthkv::ScheduleMode::kChunked ? spec->schedule.chunk : chunk_;
-    const int n_new = static_cast<int>(max_new_tokens);
+    const Prompt p = checked_prompt(prompt_ids, suffix_ids, max_new_tokens, kGenerate);
+    const Run r = prepare(spec_json, profile, preset, p.prompt, kGenerate);
     GenerationResult out;
-    out.has_spec = spec.has_value();
     nb::gil_scoped_release release;
-    if (kv_type_ == dl::KvType::kF16) {
-      run_on(engine_->make_cache<Eigen::half>(), prompt, suffix, n_new, spec, curves, wo, run, preset, stop, out);
-    } else {
-      run_on(engine_->make_cache(), prompt, suffix, n_new, spec, curves, wo, run, preset, stop, out);
-    }
+    with_cache([&](auto make_cache) { run_on(make_cache(), p, r, stop, out); });
+    return out;
+  }
+
+  /// Engine.generate_many (see python/depthkv/__init__.py): the runs with a oneshot spec or none
+  /// share one prefill (`PrunedGeneration::prefill_shared`), each pruning its copy of the cache in
+  /// turn (one copy alive at a time besides the shared cache); scheduled runs prefill on their own.
+  std::vector<GenerationResult> generate_many(const std::vector<std::int64_t>& prompt_ids, long long max_new_tokens,
+                                              const std::vector<std::optional<std::string>>& specs,
+                                              const std::vector<const ProfileFile*>& profiles,  // null: none
+                                              const std::vector<std::string>& presets, bool stop,
+                                              const std::vector<std::int64_t>& suffix_ids) {
+    constexpr const char* func = "Engine.generate_many";
+    DEPTHKV_CHECK_AS(func, specs.size() == profiles.size() && specs.size() == presets.size(),
+                     "specs, profiles and presets differ in length");
+    const Prompt p = checked_prompt(prompt_ids, suffix_ids, max_new_tokens, func);
+    std::vector<Run> runs;
+    for (std::size_t i = 0; i < specs.size(); ++i) runs.push_back(prepare(specs[i], profiles[i], presets[i], p.prompt, func));
+    std::vector<GenerationResult> out(runs.size());
+    nb::gil_scoped_release release;
+    with_cache([&](auto make_cache) {
+      using Cache = decltype(make_cache());
+      using Gen = dl::PrunedGeneration<Cache>;
+      std::vector<std::unique_ptr<Gen>> gens(runs.size());
+      std::vector<Gen*> shared;
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        if (runs[i].scheduled()) {
+          run_on(make_cache(), p, runs[i], stop, out[i]);
+          continue;
+        }
+        gens[i] = std::make_unique<Gen>(*engine_, make_cache(), runs[i].spec, runs[i].curves, runs[i].wo, runs[i].run,
+                                        runs[i].preset);
+        shared.push_back(gens[i].get());
+      }
+      if (shared.empty()) return;
+      Cache full = make_cache();
+      Gen::prefill_shared(shared, p.prompt, full);
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        if (!gens[i]) continue;
+        decode(*gens[i], gens[i]->adopt(full), p, runs[i], stop, out[i]);
+        gens[i].reset();  // its cache freed before the next copy
+      }
+    });
     return out;
   }
 
  private:
+  /// A request's prompt and suffix as ints, checked against the vocabulary and the context.
+  struct Prompt {
+    std::vector<int> prompt, suffix;
+    int n_new = 0;
+  };
+  /// One run's spec, the curves and projections it reads, and how the engine runs it.
+  struct Run {
+    std::optional<PruneSpec> spec;
+    depthkv::PolicyCurves curves;
+    const dl::OutputProjections* wo = nullptr;
+    dl::ForwardOptions run;
+    std::string preset;
+    bool scheduled() const { return spec && spec->schedule.mode != depthkv::ScheduleMode::kOneshot; }
+  };
+
+  Prompt checked_prompt(const std::vector<std::int64_t>& prompt_ids, const std::vector<std::int64_t>& suffix_ids,
+                        long long max_new_tokens, const char* func) const {
+    const dl::LlamaConfig& c = config();
+    Prompt p;
+    p.prompt = checked_ids(prompt_ids, func, "prompt_ids");
+    p.suffix = checked_ids(suffix_ids, func, "suffix_ids");
+    DEPTHKV_CHECK_AS(func, !p.prompt.empty(), "prompt_ids holds no tokens (a prompt needs at least one, e.g. BOS)");
+    DEPTHKV_CHECK_AS(func, max_new_tokens >= 0, "max_new_tokens must be >= 0, got " << max_new_tokens);
+    const long long fed = static_cast<long long>(p.prompt.size() + p.suffix.size());
+    const long long positions = fed + std::max(0LL, max_new_tokens - 1);
+    DEPTHKV_CHECK_AS(func, positions <= c.seq_len,
+                     "the prompt's " << fed << " tokens (suffix included) and max_new_tokens " << max_new_tokens
+                                     << " need " << positions << " positions, beyond the model's context of "
+                                     << c.seq_len);
+    for (std::size_t i = 0; i < p.suffix.size(); ++i)
+      DEPTHKV_CHECK_AS(func, p.suffix[i] >= 0 && p.suffix[i] < c.vocab_size,
+                       "suffix_ids: token " << p.suffix[i] << " at position " << i << " is outside the vocabulary of "
+                                            << c.vocab_size);
+    p.n_new = static_cast<int>(max_new_tokens);
+    return p;
+  }
+
+  /// The spec parsed and checked, the curves its policy reads, the projections of an
+  /// output-aware scorer (made once, under the GIL, shared by later calls) and the run options.
+  Run prepare(const std::optional<std::string>& spec_json, const ProfileFile* profile, const std::string& preset,
+              const std::vector<int>& prompt, const char* func) {
+    Run r;
+    if (spec_json) r.spec = parse_spec(*spec_json);
+    DEPTHKV_CHECK_AS(func, preset.empty() || r.spec,
+                     "preset '" << preset << "' runs its per-input rule on its spec: pass spec=depthkv.preset('"
+                                << preset << "', profile, keep=...) too");
+    if (profile) check_profile(*profile, func);
+    if (r.spec && profile) r.curves = depthkv::policy_curves(*profile, depthkv::scorer_name(r.spec->scorer), r.spec->policy);
+    // span pooling: the prompt's words and digit runs (the suffix and the new tokens: spans of their own)
+    if (r.spec && r.spec->scorer.span_pooling) r.curves.span_start = dl::token_span_starts(tokenizer(func), prompt);
+    if (r.spec && r.spec->scorer.output_aware) {
+      if (!wo_) wo_ = std::make_unique<dl::OutputProjections>(model_->model);
+      r.wo = wo_.get();
+    }
+    r.run.n_threads = n_threads_;
+    // a chunked schedule evicts after each of its chunks: the prefill runs in those
+    r.run.chunk_size = r.spec && r.spec->schedule.mode == depthkv::ScheduleMode::kChunked ? r.spec->schedule.chunk : chunk_;
+    r.preset = preset;
+    return r;
+  }
+
+  /// Calls `f(make_cache)` with a maker of empty caches of the engine's KV type.
+  template <class F>
+  void with_cache(F&& f) const {
+    if (kv_type_ == dl::KvType::kF16) f([this] { return engine_->make_cache<Eigen::half>(); });
+    else f([this] { return engine_->make_cache(); });
+  }
+
   std::optional<int> tok_id(int (dl::TextTokenizer::*f)() const) const {
     if (!model_->tokenizer) return std::nullopt;
     const int id = (*model_->tokenizer.*f)();
@@ -193,31 +266,35 @@ class Engine {
   }
 
   /// Refuses a profile of another model (`check_profile_matches`, as `depthkv generate --profile`).
-  void check_profile(const ProfileFile& f) const {
+  void check_profile(const ProfileFile& f, const char* func) const {
     try {
       dl::check_profile_matches(f, config(), path_);
     } catch (const depthkv::Error& e) {
-      DEPTHKV_CHECK_AS(kGenerate, false, e.message());
+      DEPTHKV_CHECK_AS(func, false, e.message());
     }
   }
 
-  /// The prefill, the pruning, the suffix (teacher-forced on the pruned cache) and `n_new` greedy
+  /// The prefill, the pruning, the suffix (teacher-forced on the pruned cache) and the greedy
   /// tokens on a cache of type `Cache` (no GIL).
   template <class Cache>
-  void run_on(Cache cache, const std::vector<int>& prompt, const std::vector<int>& suffix, int n_new,
-              const std::optional<PruneSpec>& spec,
-              const depthkv::PolicyCurves& curves, const dl::OutputProjections* wo, const dl::ForwardOptions& run,
-              const std::string& preset, bool stop, GenerationResult& out) const {
-    dl::PrunedGeneration<Cache> g(*engine_, std::move(cache), spec, curves, wo, run, preset);
-    dl::RowMatrix logits = g.prefill(prompt);
-    if (!suffix.empty()) logits = g.teacher_force(suffix).bottomRows(1);
+  void run_on(Cache cache, const Prompt& p, const Run& r, bool stop, GenerationResult& out) const {
+    dl::PrunedGeneration<Cache> g(*engine_, std::move(cache), r.spec, r.curves, r.wo, r.run, r.preset);
+    decode(g, g.prefill(p.prompt), p, r, stop, out);
+  }
+
+  /// After the prompt (its last `logits`): the suffix, then up to `p.n_new` greedy tokens.
+  template <class Cache>
+  void decode(dl::PrunedGeneration<Cache>& g, dl::RowMatrix logits, const Prompt& p, const Run& r, bool stop,
+              GenerationResult& out) const {
+    out.has_spec = r.spec.has_value();
+    if (!p.suffix.empty()) logits = g.teacher_force(p.suffix).bottomRows(1);
     const dl::TextTokenizer* tok = model_->tokenizer.get();
-    for (int i = 0; i < n_new; ++i) {
+    for (int i = 0; i < p.n_new; ++i) {
       const int next = dl::last_argmax(logits);
       // as `depthkv generate`: BOS delimits sequences; byte-level BPE also ends at EOS/EOT
       if (stop && tok && (next == tok->bos_id() || tok->ends_generation(next))) break;
       out.tokens.push_back(next);
-      if (i + 1 < n_new) logits = g.step(next);
+      if (i + 1 < p.n_new) logits = g.step(next);
     }
     out.report = g.report();
     out.cache_lengths = g.cache().lengths();
@@ -295,7 +372,21 @@ void bind_engine(nb::module_& m) {
              const ProfileFile* profile, const std::string& preset, bool stop,
              const std::vector<std::int64_t>& suffix) { return to_python(e.generate(ids, n, spec, profile, preset, stop, suffix)); },
           nb::arg("prompt_ids"), nb::arg("max_new_tokens"), nb::arg("spec").none(), nb::arg("profile").none(),
-          nb::arg("preset"), nb::arg("stop"), nb::arg("suffix_ids"));
+          nb::arg("preset"), nb::arg("stop"), nb::arg("suffix_ids"))
+      .def(
+          "generate_many",
+          [](Engine& e, const std::vector<std::int64_t>& ids, long long n,
+             const std::vector<std::optional<std::string>>& specs, const std::vector<nb::object>& profile_objs,
+             const std::vector<std::string>& presets, bool stop, const std::vector<std::int64_t>& suffix) {
+            std::vector<const ProfileFile*> profiles;  // None or a Profile each (checked by the wrapper)
+            for (const nb::object& o : profile_objs) profiles.push_back(o.is_none() ? nullptr : nb::cast<const ProfileFile*>(o));
+            nb::list out;
+            for (const GenerationResult& r : e.generate_many(ids, n, specs, profiles, presets, stop, suffix))
+              out.append(to_python(r));
+            return out;
+          },
+          nb::arg("prompt_ids"), nb::arg("max_new_tokens"), nb::arg("specs"), nb::arg("profiles"),
+          nb::arg("presets"), nb::arg("stop"), nb::arg("suffix_ids"));
 }
 
 }  // namespace depthkv_py

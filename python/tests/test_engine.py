@@ -177,6 +177,44 @@ def test_a_suffix_follows_the_pruning_unpruned(stories, prompt_text):
         stories.generate(ctx, 512 - len(ctx), suffix_ids=question)
 
 
+def test_generate_many_equals_generate_run_by_run(stories, prompt_text):
+    """One shared prefill for the oneshot runs (full, plain, optimal, the preset with its rule,
+    span pooling), its own prefill for a chunked run: every run's tokens and report equal
+    generate's, the suffix following each pruning."""
+    prof = depthkv.load_profile(STORIES)
+    best = depthkv.load_profile(_need(STORIES_BEST))
+    ids = stories.tokenize(prompt_text)
+    ctx, question = ids[:-12], ids[-12:]
+    base = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max", "scorer": "snapkv"}
+    runs = [{}, {"spec": dict(base, budget={"keep": 0.3})},
+            {"spec": dict(base, policy="optimal", budget={"keep": 0.2}), "profile": prof},
+            {"spec": depthkv.preset("best", best, keep=0.3, lengths=len(ctx)), "profile": best, "preset": "best"},
+            {"spec": dict(base, budget={"keep": 0.3}, span_pooling=True)},
+            {"spec": dict(base, budget={"tokens": 100}, schedule={"mode": "chunked", "chunk": 64, "interval": 64})}]
+    n = 20
+    many = stories.generate_many(ctx, n, runs, suffix_ids=question)
+    assert len(many) == len(runs)
+    for run, got in zip(runs, many):
+        want = stories.generate(ctx, n, suffix_ids=question, **run)
+        assert got.tokens == want.tokens
+        for key in ("spec", "pruned", "budgets", "head_budgets", "lengths", "bytes_before", "bytes_after",
+                    "rule_ran", "trusted", "context_nll", "lookahead", "evictions", "cache_lengths", "cache_bytes"):
+            assert got.report[key] == want.report[key], key
+    assert many[3].report["rule_ran"] and many[3].report["lookahead"] > 0
+    assert len({tuple(g.tokens) for g in many}) > 2  # the methods differ
+    with pytest.raises(depthkv.Error, match="run 1 has unknown keys"):
+        stories.generate_many(ids, 4, [{}, {"spec": None, "budget": 0.3}])
+    with pytest.raises(depthkv.Error, match="run 0 must be a dict"):
+        stories.generate_many(ids, 4, [("spec",)])
+    with pytest.raises(depthkv.Error, match="runs must be a list"):
+        stories.generate_many(ids, 4, {"spec": None})
+    with pytest.raises(depthkv.Error, match="keep ratio"):  # a bad run is refused before any prefill
+        stories.generate_many(ids, 4, [{}, {"spec": dict(base, budget={"keep": 1.5})}])
+    with pytest.raises(depthkv.Error, match="preset 'best' runs its per-input rule on its spec"):
+        stories.generate_many(ids, 4, [{"preset": "best"}])
+    assert stories.generate_many(ids, 4, []) == []
+
+
 def test_concurrent_generations_equal_sequential_ones(stories, prompt_text):
     ids = stories.tokenize(prompt_text)
     spec = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max", "scorer": "h2o",

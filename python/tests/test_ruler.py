@@ -99,3 +99,67 @@ def test_a_small_run_on_stories260k(engine, tmp_path):
     assert ruler_run.merged_table([str(out), str(out)]).count("| 400 | niah_single_1 | snapkv |") == 1
     with pytest.raises(SystemExit):
         ruler_run.main(["--model", STORIES_BIN, "--tasks", "nope"])
+
+
+def test_kvpress_side_on_stories260k(engine, tmp_path):
+    """benchmarks/ruler/kvpress_run.py on stories260K (the kvpress_peer harness's Hugging Face
+    conversion): run.py's samples and token ids; transformers' full cache reproduces depthkv's
+    full-cache greedy tokens; each press keeps what it says (physically, or masked for AdaKV); one
+    table merges run.py's and kvpress_run.py's files. Needs torch, transformers and kvpress (skipped
+    without them, unless DEPTHKV_REQUIRE_HF=1)."""
+    import importlib
+    for name in ("torch", "transformers", "kvpress"):
+        if os.environ.get("DEPTHKV_REQUIRE_HF") == "1":
+            importlib.import_module(name)
+        else:
+            pytest.importorskip(name, reason=f"{name} is not installed (pip install -r python/requirements-hf.txt)")
+    import kvpress_run
+
+    task, length = "niah_single_1", 400
+    presses = ["snapkv", "adakv", "pyramidkv", "depthkv"]
+    out = tmp_path / "kvpress.json"
+    assert kvpress_run.main(["--model", STORIES_BIN, "--lengths", str(length), "--tasks", task, "--samples", "1",
+                             "--presses", ",".join(presses), "--compressions", "0.5", "--threads", "1",
+                             "--profile", os.path.join(ROOT, "docs", "results", "stories260K.profile.json"),
+                             "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert result["failed"] == {}
+    assert (result["model"], result["protocol"], result["seeds"]) == ("stories260K.bin", "outside", "report")
+    assert [(r["method"], r["compression"]) for r in rows] == (
+        [("kvpress-full", 0.0)] + [("kvpress-" + p, 0.5) for p in presses])
+    s = tasks.make_sample(task, length, 1000, lambda t: len(engine.tokenize(t)))
+    ctx, q = engine.tokenize(s["context"]), engine.tokenize(s["question"], bos=False)
+    for r in rows:  # run.py's sample and ids
+        assert (r["seed"], r["n_context"], r["n_question"], r["answers"]) == (1000, len(ctx), len(q), s["answers"])
+        assert 0.0 <= r["score"] <= 100.0
+        assert r["score"] == 100.0 * tasks.string_match_all(r["output"], r["answers"])
+        assert r["output"] == engine.detokenize(r["tokens"])
+    full = rows[0]
+    # transformers' full cache gives depthkv's full-cache greedy tokens on the same ids
+    assert full["tokens"] == engine.generate(ctx, ruler_run.MAX_NEW[task], suffix_ids=q).tokens
+    assert full["same_as_depthkv"] and result["consistency"]["equal"] == result["consistency"]["samples"] == 1
+    assert full["kept_fraction"] == 1.0 and full["kv_slots"] == engine.n_layers * engine.n_kv_heads * len(ctx)
+    by = {r["method"]: r for r in rows}
+    tol = 1.0 / len(ctx)
+    for p in ("snapkv", "pyramidkv", "depthkv"):  # physically smaller caches, half the context kept
+        r = by["kvpress-" + p]
+        assert not r["masked"] and r["kv_kept"] == r["kv_slots"] < full["kv_slots"], p
+        assert abs(r["kept_fraction"] - 0.5) <= (0.02 if p == "pyramidkv" else tol), (p, r["kept_fraction"])
+    ada = by["kvpress-adakv"]  # head-wise: the cache keeps its length, half of it masked
+    assert ada["masked"] and ada["kv_slots"] == full["kv_slots"] and abs(ada["kept_fraction"] - 0.5) <= tol
+    # one table of depthkv's (run.py) and kvpress's rows
+    dk = tmp_path / "depthkv.json"
+    assert ruler_run.main(["--model", STORIES_BIN, "--lengths", str(length), "--tasks", task, "--samples", "1",
+                           "--methods", "full,snapkv", "--compressions", "0.5", "--threads", "1", "--out", str(dk)]) == 0
+    md = kvpress_run.merged_table([str(dk), str(out)])
+    lines = [ln for ln in md.splitlines() if ln.startswith(f"| {length} | {task} |")]
+    assert [ln.split("|")[3].strip() for ln in lines] == ["full", "snapkv", "kvpress-full", "kvpress-snapkv",
+                                                         "kvpress-adakv (masked)", "kvpress-pyramidkv",
+                                                         "kvpress-depthkv"]
+    assert all("+-" in ln.split("|")[4] for ln in lines)  # every method has its c=0.5 cell (full ones too)
+    other = json.loads(out.read_text())
+    other["protocol"] = "inside"
+    (tmp_path / "inside.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit):
+        kvpress_run.merged_table([str(dk), str(tmp_path / "inside.json")])

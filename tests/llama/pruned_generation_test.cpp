@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -183,7 +184,7 @@ TEST_CASE("PrunedGeneration refuses bad requests before its cache changes", "[dr
   REQUIRE_THROWS_WITH(g.prefill({1, 2, 9999}), Catch::Contains("9999"));
   REQUIRE(g.cache().lengths() == std::vector<int>(3, 0));
   g.prefill(random_tokens(40, model.config.vocab_size, 1));
-  REQUIRE_THROWS_WITH(g.prefill({1, 2}), Catch::Contains("already holds 40"));
+  REQUIRE_THROWS_WITH(g.prefill({1, 2}), Catch::Contains("already prefilled (40 positions)"));
 }
 
 TEST_CASE("PrunedGeneration with a preset runs its per-input rule on the prompt", "[driver][preset]") {
@@ -379,4 +380,105 @@ TEST_CASE("PrunedGeneration with span pooling keeps or drops each span whole (on
   s.scorer.span_pooling = true;
   REQUIRE_THROWS_WITH((PrunedGeneration<HostCache>(engine, engine.make_cache(), s, {}, nullptr, ForwardOptions{})),
                       Catch::Contains("scorer.span_pooling needs the tokens' spans"));
+}
+
+TEST_CASE("PrunedGeneration::prefill_shared: one pass, then each adopted copy equals its own prefill", "[driver][shared]") {
+  const bool gemma = GENERATE(false, true);
+  const float gain = GENERATE(1.0f, 40.0f);  // the presets' rule trusts (1) or distrusts (40) the prompt
+  CAPTURE(gemma, gain);
+  depthkv_test::RandomSpec s = shape(gemma);
+  s.classifier_gain = gain;
+  const LlamaModel model = random_model(s);
+  const LlamaEngine engine(model);
+  const OutputProjections wo(model);
+  const std::vector<int> prompt = random_tokens(90, model.config.vocab_size, 6);
+  ForwardOptions run;
+  run.chunk_size = 32;
+  PruneSpec snap;
+  snap.scorer = scorer_config("snapkv");
+  snap.scorer.output_aware = true;
+  snap.scorer.lookahead = 5;
+  snap.scorer.context_weight = 0.25;
+  snap.protection = {2, 4};
+  snap.budget = Budget::keep(0.3);
+  PruneSpec h2o;
+  h2o.scorer = scorer_config("h2o");
+  h2o.protection = {2, 4};
+  h2o.budget = Budget::keep(0.5);
+  PruneSpec keep_all = h2o;
+  keep_all.budget = Budget::keep(1.0);
+  struct Run {
+    std::optional<PruneSpec> spec;
+    std::string preset;
+  };
+  const std::vector<Run> runs = {{std::nullopt, ""}, {snap, ""}, {h2o, "best"}, {snap, "best"}, {keep_all, ""}};
+  auto make = [&](const Run& r) {
+    return std::make_unique<PrunedGeneration<HostCache>>(engine, engine.make_cache(), r.spec, PolicyCurves{}, &wo, run,
+                                                         r.preset);
+  };
+  std::vector<std::unique_ptr<PrunedGeneration<HostCache>>> shared;
+  std::vector<PrunedGeneration<HostCache>*> ptrs;
+  for (const Run& r : runs) {
+    shared.push_back(make(r));
+    ptrs.push_back(shared.back().get());
+  }
+  HostCache full = engine.make_cache();
+  const RowMatrix first = PrunedGeneration<HostCache>::prefill_shared(ptrs, prompt, full);
+  REQUIRE(full.lengths() == std::vector<int>(static_cast<std::size_t>(model.config.n_layers), 90));
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    CAPTURE(i);
+    PrunedGeneration<HostCache>& g = *shared[i];
+    std::vector<RowMatrix> got{g.adopt(full)};
+    REQUIRE(got[0] == first);
+    for (int k = 0; k < 8; ++k) got.push_back(g.step(last_argmax(got.back())));
+    const auto alone = make(runs[i]);
+    require_same(got, drive(*alone, prompt, 8));
+    const GenerationReport &a = g.report(), &b = alone->report();
+    REQUIRE(a.pruned == b.pruned);
+    REQUIRE(a.prune.budgets == b.prune.budgets);
+    REQUIRE(a.rule_ran == b.rule_ran);
+    REQUIRE(a.trusted == b.trusted);
+    REQUIRE(a.context_nll == b.context_nll);
+    REQUIRE(a.lookahead == b.lookahead);
+    REQUIRE(scorer_name(a.spec.scorer) == scorer_name(b.spec.scorer));
+    REQUIRE(g.cache().lengths() == alone->cache().lengths());
+    REQUIRE_THROWS_WITH(g.adopt(full), Catch::Contains("already adopted"));
+  }
+  REQUIRE(shared[2]->report().trusted == (gain < 10.0f));  // both verdicts are exercised
+  REQUIRE(full.lengths() == std::vector<int>(static_cast<std::size_t>(model.config.n_layers), 90));  // copies only
+}
+
+TEST_CASE("PrunedGeneration::prefill_shared refuses what it cannot share, before any generation changes",
+          "[driver][shared][errors]") {
+  const LlamaModel model = random_model(shape(false));
+  const LlamaEngine engine(model), other(model);
+  ForwardOptions run;
+  PruneSpec ok;
+  ok.budget = Budget::keep(0.5);
+  PruneSpec chunked = ok;
+  chunked.budget = Budget::tokens(40);
+  chunked.schedule = {ScheduleMode::kChunked, 16, 16};
+  using Gen = PrunedGeneration<HostCache>;
+  Gen a(engine, engine.make_cache(), ok, {}, nullptr, run), b(engine, engine.make_cache(), chunked, {}, nullptr, run),
+      c(other, other.make_cache(), ok, {}, nullptr, run);
+  const std::vector<int> prompt = random_tokens(50, model.config.vocab_size, 2);
+  HostCache full = engine.make_cache();
+  REQUIRE_THROWS_WITH(Gen::prefill_shared({}, prompt, full), Catch::Contains("no generations"));
+  REQUIRE_THROWS_WITH(Gen::prefill_shared({&a, &b}, prompt, full), Catch::Contains("generation 1 has a schedule"));
+  REQUIRE_THROWS_WITH(Gen::prefill_shared({&a, &c}, prompt, full), Catch::Contains("another engine"));
+  REQUIRE_THROWS_WITH(Gen::prefill_shared({&a}, {1, 9999}, full), Catch::Contains("9999"));
+  REQUIRE_THROWS_WITH(a.adopt(full), Catch::Contains("no prefill_shared included"));
+  REQUIRE(full.lengths() == std::vector<int>(3, 0));
+  REQUIRE(a.position() == 0);
+  HostCache copy = engine.make_cache();
+  Gen::prefill_shared({&a}, prompt, full);
+  REQUIRE_THROWS_WITH(Gen::prefill_shared({&a}, prompt, copy), Catch::Contains("generation 0 is already prefilled"));
+  REQUIRE_THROWS_WITH(a.prefill(prompt), Catch::Contains("already prefilled"));
+  REQUIRE_THROWS_WITH(a.step(1), Catch::Contains("prefill a prompt first"));
+  copy = full;
+  REQUIRE_THROWS_WITH(a.adopt(copy), Catch::Contains("not the cache its prefill_shared filled"));
+  Gen d(engine, engine.make_cache(), ok, {}, nullptr, run);
+  REQUIRE_THROWS_WITH(Gen::prefill_shared({&d}, prompt, full), Catch::Contains("not empty"));
+  a.adopt(full);
+  REQUIRE(a.position() == 50);
 }

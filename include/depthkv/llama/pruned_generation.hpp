@@ -15,7 +15,10 @@
 /// - `step(token)` decodes one token at the next position; a schedule evicts every
 ///   `schedule.interval` tokens;
 /// - `teacher_force(tokens)` feeds known tokens and returns every position's logits, evicting as
-///   `step` would (what an evaluation of a continuation on the pruned cache needs).
+///   `step` would (what an evaluation of a continuation on the pruned cache needs);
+/// - `prefill_shared(gens, prompt, full)` then each `adopt(full)`: one forward pass of a prompt
+///   observed by several oneshot generations, each then pruning its own copy (a comparison of
+///   methods on one prompt).
 /// Resolved schedule settings (`detail::ScheduleConfig`, e.g. fixed per-layer targets) replace the
 /// spec through the second constructor (the evaluator's chunked plans).
 ///
@@ -163,12 +166,8 @@ class PrunedGeneration {
   /// @throws Error on an empty prompt, a second prefill, a prompt (plus lookahead) beyond the
   ///   model's context, or as the engine and the allocator
   RowMatrix prefill(const std::vector<int>& prompt, bool evict_at_end = false) {
-    DEPTHKV_CHECK(!prompt.empty(), "prefill: the prompt holds no tokens");
-    DEPTHKV_CHECK(pos_ == 0, "prefill: this generation already holds " << pos_ << " positions");
-    const int vocab = engine_.config().vocab_size;
-    for (std::size_t i = 0; i < prompt.size(); ++i)  // before any chunk: a bad id leaves the cache empty
-      DEPTHKV_CHECK(prompt[i] >= 0 && prompt[i] < vocab,
-                    "prefill: token " << prompt[i] << " at position " << i << " is outside the vocabulary of " << vocab);
+    check_prompt(engine_, prompt, "prefill");
+    DEPTHKV_CHECK(pos_ == 0 && !shared_, "prefill: this generation is already prefilled (" << pos_ << " positions)");
     const bool oneshot = spec_ && !schedule_ && !keeps_all(*spec_);
     const auto t0 = std::chrono::steady_clock::now();
     RowMatrix logits;
@@ -195,8 +194,92 @@ class PrunedGeneration {
     report_.prefill_ms = ms_since(t0);
     report_.tokens_seen = pos_;
     track_peak();
-    if (oneshot) prune_prompt(logits, obs);
+    if (oneshot) {
+      obs.measure_tail();
+      prune_prompt(logits, obs);
+    }
     return logits;
+  }
+
+  /// One prefill of `prompt` for several generations on one engine, each with a oneshot spec or
+  /// none (no schedule: a schedule evicts during its own prefill), none prefilled: a single
+  /// forward pass (the first generation's `ForwardOptions`) appends the prompt to `full`, an
+  /// empty cache, and its attention feeds every generation's scorers (the presets' rules share
+  /// one NLL measurement). Each generation then takes its copy with `adopt(full)`, which prunes it
+  /// as `prefill(prompt)` would have: the same kept tokens, logits and report but `prefill_ms`
+  /// (the shared pass's). So comparing n methods on one prompt costs one prefill, n cache copies
+  /// and n prunings (and lookaheads). The generations' `after_chunk` hooks are not called (the
+  /// pass appends to `full`).
+  /// @return the logits of the prompt's last position `[1 x vocab]`
+  /// @throws Error on no generations, generations of different engines, a schedule, a generation
+  ///   already prefilled, a non-empty `full`, or as `prefill` (before any generation changes)
+  static RowMatrix prefill_shared(const std::vector<PrunedGeneration*>& gens, const std::vector<int>& prompt,
+                                  Cache& full) {
+    DEPTHKV_CHECK(!gens.empty(), "prefill_shared: no generations");
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      const PrunedGeneration& g = *gens[i];
+      DEPTHKV_CHECK(&g.engine_ == &gens[0]->engine_, "prefill_shared: generation " << i << " runs another engine");
+      DEPTHKV_CHECK(!g.schedule_, "prefill_shared: generation " << i << " has a schedule, which evicts during its "
+                                  "own prefill: call its prefill");
+      DEPTHKV_CHECK(g.pos_ == 0 && !g.shared_, "prefill_shared: generation " << i << " is already prefilled");
+    }
+    const Engine& engine = gens[0]->engine_;
+    check_prompt(engine, prompt, "prefill_shared");
+    for (int n : full.lengths()) DEPTHKV_CHECK(n == 0, "prefill_shared: the cache to fill is not empty");
+    ForwardOptions opt = gens[0]->run_;
+    std::vector<AttentionObserver> observers;
+    std::vector<std::unique_ptr<Shared>> states;
+    Observed* tail_owner = nullptr;
+    for (PrunedGeneration* g : gens) {
+      states.push_back(std::make_unique<Shared>());
+      if (!g->spec_ || keeps_all(*g->spec_)) continue;
+      ForwardOptions o;
+      Observed& obs = states.back()->obs;
+      g->observe_prompt(prompt, o, obs, /*measure_tail=*/tail_owner == nullptr);
+      if (o.observer) observers.push_back(o.observer);
+      if (obs.tail) {
+        tail_owner = &obs;
+        opt.capture = o.capture;
+        opt.capture_points = o.capture_points;
+      }
+    }
+    if (!observers.empty())
+      opt.observer = [&observers](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
+        for (const AttentionObserver& f : observers) f(l, q, p0, nq, pr, ld, n);
+      };
+    const auto t0 = std::chrono::steady_clock::now();
+    const RowMatrix logits = engine.forward(prompt.data(), static_cast<int>(prompt.size()), 0, full, opt);
+    const double ms = ms_since(t0);
+    if (tail_owner) tail_owner->measure_tail();
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      Shared& st = *states[i];
+      if (tail_owner && st.obs.fallback_spec) {
+        st.obs.tail_nll = tail_owner->tail_nll;
+        st.obs.tail_tokens = tail_owner->tail_tokens;
+      }
+      st.logits = logits;
+      st.n = static_cast<std::int32_t>(prompt.size());
+      st.full = &full;
+      gens[i]->report_.prefill_ms = ms;
+      gens[i]->shared_ = std::move(states[i]);
+    }
+    return logits;
+  }
+
+  /// After `prefill_shared`: this generation's copy of its cache, pruned as `prefill` prunes.
+  /// @return the logits of the prompt's last position `[1 x vocab]`
+  /// @throws Error when no `prefill_shared` included this generation, on a second call, or as
+  ///   the pruning (the generation then holds the unpruned copy)
+  RowMatrix adopt(const Cache& full) {
+    DEPTHKV_CHECK(shared_ && pos_ == 0, "adopt: " << (shared_ ? "this generation already adopted its cache"
+                                                              : "no prefill_shared included this generation"));
+    DEPTHKV_CHECK(&full == shared_->full, "adopt: not the cache its prefill_shared filled");
+    cache_ = full;
+    pos_ = shared_->n;
+    report_.tokens_seen = pos_;
+    track_peak();
+    if (spec_ && !keeps_all(*spec_)) prune_prompt(shared_->logits, shared_->obs);
+    return shared_->logits;
   }
 
   /// Feeds the next `n` prompt tokens at the next position, as one piece of a prefill (a serving
@@ -207,6 +290,7 @@ class PrunedGeneration {
   /// @throws Error on n < 1, a oneshot spec, or as the engine (the position does not advance then)
   RowMatrix feed(const int* tokens, int n) {
     DEPTHKV_CHECK(n >= 1, "feed: need at least one token, got " << n);
+    DEPTHKV_CHECK(!shared_ || pos_ > 0, "feed: a shared prefill is pending: adopt its cache first");
     DEPTHKV_CHECK(!spec_ || schedule_ || keeps_all(*spec_), "feed: a oneshot spec prunes after the whole prompt: use prefill");
     return feed_piece(tokens, n, false);
   }
@@ -267,8 +351,32 @@ class PrunedGeneration {
   struct Observed {
     std::vector<TokenScorer> scorers, fallback;
     std::optional<PruneSpec> fallback_spec;
-    std::unique_ptr<TailNll> tail;
+    std::unique_ptr<TailNll> tail;  ///< the rule's measurement during the prefill (null: none, or another's)
+    double tail_nll = 0.0;          ///< its result after the prefill (`measure_tail`)
+    int tail_tokens = 0;
+    void measure_tail() {
+      if (!tail) return;
+      tail_nll = tail->nll();
+      tail_tokens = tail->n_tokens();
+      tail.reset();
+    }
   };
+  /// What `prefill_shared` left for `adopt`.
+  struct Shared {
+    Observed obs;
+    RowMatrix logits;
+    std::int32_t n = 0;
+    const Cache* full = nullptr;  ///< the cache the shared pass filled
+  };
+
+  /// Refuses an empty prompt or ids outside the vocabulary (before any chunk: the cache stays empty).
+  static void check_prompt(const Engine& engine, const std::vector<int>& prompt, const char* func) {
+    DEPTHKV_CHECK(!prompt.empty(), func << ": the prompt holds no tokens");
+    const int vocab = engine.config().vocab_size;
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      DEPTHKV_CHECK(prompt[i] >= 0 && prompt[i] < vocab,
+                    func << ": token " << prompt[i] << " at position " << i << " is outside the vocabulary of " << vocab);
+  }
 
   /// A budget that keeps everything (a keep ratio of 1): nothing to observe or evict.
   static bool keeps_all(const PruneSpec& s) { return s.budget.is_ratio() && s.budget.ratio() >= 1.0; }
@@ -316,7 +424,8 @@ class PrunedGeneration {
   }
 
   /// Installs the oneshot prune's observers (and the preset rule's) on `opt`.
-  void observe_prompt(const std::vector<int>& prompt, ForwardOptions& opt, Observed& obs) {
+  /// `measure_tail`: this prefill measures the rule's NLL (false: another generation's does).
+  void observe_prompt(const std::vector<int>& prompt, ForwardOptions& opt, Observed& obs, bool measure_tail = true) {
     const auto& c = engine_.config();
     obs.scorers = depthkv::make_scorers(c.n_layers, spec_->scorer, c.n_heads, c.n_kv_heads);
     const bool own = spec_->scorer.lookahead == 0 || spec_->scorer.context_weight > 0.0;  // else: the lookahead only
@@ -331,7 +440,7 @@ class PrunedGeneration {
       obs.fallback[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
     };
     if constexpr (std::is_same<Engine, LlamaEngine>::value)
-      if (prompt.size() >= 2) obs.tail = std::make_unique<TailNll>(engine_, prompt, kPresetTrustTokens, opt);
+      if (measure_tail && prompt.size() >= 2) obs.tail = std::make_unique<TailNll>(engine_, prompt, kPresetTrustTokens, opt);
   }
 
   /// The preset rule's verdict, then the lookahead and the oneshot eviction.
@@ -339,8 +448,8 @@ class PrunedGeneration {
     PruneSpec spec = *spec_;
     if (obs.fallback_spec) {
       report_.rule_ran = true;
-      report_.context_nll = obs.tail ? obs.tail->nll() : 0.0;
-      report_.nll_tokens = obs.tail ? obs.tail->n_tokens() : 0;
+      report_.context_nll = obs.tail_nll;
+      report_.nll_tokens = obs.tail_tokens;
       report_.trusted = preset_trusts_input(preset_, report_.context_nll, engine_.config().vocab_size);
       if (!report_.trusted) {
         spec = *obs.fallback_spec;
@@ -374,6 +483,7 @@ class PrunedGeneration {
   ForwardOptions run_;
   std::function<void(int, std::int32_t)> on_append_;
   std::unique_ptr<EvictionSchedule> schedule_;
+  std::unique_ptr<Shared> shared_;  ///< set by `prefill_shared` for `adopt`
   std::int32_t pos_ = 0;
   GenerationReport report_;
 };
