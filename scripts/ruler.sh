@@ -17,6 +17,6 @@ for proto in outside inside; do
     --methods full,snapkv,optimal,preset --out "$OUT/smollm2.2k.$proto.json" > /dev/null
   "$PY" benchmarks/ruler/run.py "${common[@]}" --protocol $proto --tasks niah_single_1,niah_single_2 \
     --methods snapkv-span,preset-span --out "$OUT/smollm2.2k.$proto.span.json" > /dev/null
-  "$PY" benchmarks/ruler/run.py --tables "$OUT/smollm2.2k.$proto.json" "$OUT/smollm2.2k.$proto.span.json" \
-    > "$OUT/smollm2.2k.$proto.table.md"
+  "$PY" benchmarks/ruler/report.py --no-plot --out "$OUT/smollm2.2k.$proto.table" "$OUT/smollm2.2k.$proto.json" \
+    "$OUT/smollm2.2k.$proto.span.json"
 done

@@ -35,12 +35,14 @@ window 16, kernel 7, 4 sinks):
                       protection (4, 16)): depthkv's per-layer budgets, kvpress's SnapKV scores with
                       the profile's window and kernel (skipped without --profile);
   criticaladakv       CriticalAdaKVPress(SnapKVPress(16, 7)): head-wise, masked (not by default);
-  kvzip               KVzipPress() (n_sink=4; slow: a context-reconstruction pass; only with
-                      --kvzip; kvpress refuses Gemma 3).
+  kvzip               KVzipPress(n_sink=4): masked (its per-layer ratios are applied head-wise
+                      by a mask); slow (context-reconstruction passes, ~6x SnapKV's time); only with
+                      --kvzip; GGUF models only (it loads the model's tokenizer in transformers for its
+                      chat template and "Repeat the previous context" prompts); kvpress refuses Gemma 3.
 Compression ratios as run.py's --compressions (kvpress's compression_ratio, the fraction removed).
 A "kvpress-full" row (compression 0) is transformers' full cache.
 
-Masked presses. Head-wise presses (adakv, criticaladakv) only mask the pruned (head, token) pairs:
+Masked presses. Head-wise presses (adakv, criticaladakv, kvzip) only mask the pruned (head, token) pairs:
 the cache keeps its full length. They are applied by the kvpress_peer harness's exact additive mask
 (``install_mask_patch``: -inf at the pruned keys for every later query, instead of kvpress's fake
 keys), and their rows have ``"masked": true`` (the table marks them " (masked)"). Caches whose
@@ -56,8 +58,8 @@ Rows are run.py's (length, task, seed, method, compression, score, n_context, n_
 output, seconds, prefill_ms) with method "kvpress-<press>", plus tokens, masked, kv_bytes_f32 (the
 transformers cache's physical bytes after the prefill), kv_slots (physical (layer, KV head, token)
 slots) and kept_fraction (unmasked slots over layers x KV heads x prefilled tokens). The result has
-run.py's model, protocol and seeds keys, so ``--tables`` merges run.py's and this script's files
-of one model, protocol and seeds into one table (run.py's own --tables knows only its methods).
+run.py's model, protocol and seeds keys, so report.py merges run.py's and this script's files of
+one model, protocol and seeds into one table and plot.
 
 Consistency check: on every sample the kvpress-full row's greedy tokens are compared with depthkv's
 full-cache ones (``eng.generate(ctx, n, suffix_ids=q)``, or ``eng.generate(ctx + q, n)`` inside);
@@ -66,7 +68,7 @@ dequantized to float32 in transformers; depthkv's KV cache is --kv-type, f16 by 
 
   python benchmarks/ruler/kvpress_run.py --model SmolLM2.gguf --lengths 2048 --samples 4 \\
       --profile docs/results/smollm2.profile.json --out kvpress.json
-  python benchmarks/ruler/kvpress_run.py --tables depthkv.json kvpress.json
+  python benchmarks/ruler/report.py --out smollm2.2k.outside depthkv.json kvpress.json
 
 Needs torch, transformers, kvpress (python/requirements-hf.txt), gguf (for GGUF files) and the
 depthkv package.
@@ -79,7 +81,6 @@ import contextlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -96,7 +97,7 @@ PRESSES = ("snapkv", "tova", "keydiff", "expected-attention", "criticalkv", "ada
            "depthkv", "criticaladakv", "kvzip")
 DEFAULT_PRESSES = PRESSES[:9]
 #: presses whose memory reduction is only a mask (the cache keeps its length)
-MASKED = ("adakv", "criticaladakv")
+MASKED = ("adakv", "criticaladakv", "kvzip")
 PREFIX = "kvpress-"
 FULL = PREFIX + "full"
 
@@ -285,15 +286,20 @@ def run(args) -> dict:
     print(f"kvpress_run: {os.path.basename(args.model)} in transformers ({type(model).__name__}) in "
           f"{time.time() - t0:.1f} s", file=sys.stderr)
     install_masks(model, peer)
-    if "kvzip" in args.presses and args.model.endswith(".gguf"):
-        kvzip_tokenizer(args.model)
+    failed = {}
+    if "kvzip" in args.presses:
+        if args.model.endswith(".gguf"):
+            kvzip_tokenizer(args.model)
+        else:
+            failed["kvzip"] = ("KVzipPress needs the model's tokenizer in transformers (its chat template and "
+                               "repeat prompts): GGUF models only")
     profile = depthkv.load_profile(args.profile) if args.profile else None
     presses = [p for p in args.presses if p != "depthkv" or profile is not None]
     if len(presses) < len(args.presses):
         print("kvpress_run: no --profile: press depthkv skipped", file=sys.stderr)
     stops = stop_ids(eng, args.model)
     seeds = (CALIBRATION_SEEDS if args.seeds == "calibration" else REPORT_SEEDS)[: args.samples]
-    rows, failed, checks = [], {}, []
+    rows, checks = [], []
     cache = {}
     for length in args.lengths:
         for task in args.tasks:
@@ -310,14 +316,12 @@ def run(args) -> dict:
                 for press_name, comp in cells:
                     if press_name in failed:
                         continue
-                    if press_name == "full":
-                        press = None
-                    else:
-                        key = (press_name, comp)
-                        if key not in cache:
-                            cache[key] = make_press(press_name, comp, profile)
-                        press = cache[key]
                     try:
+                        press = None
+                        if press_name != "full":
+                            if (press_name, comp) not in cache:
+                                cache[(press_name, comp)] = make_press(press_name, comp, profile)
+                            press = cache[(press_name, comp)]
                         tokens, m = generate(model, press, ctx, q, n_new, stops, args.protocol)
                     except Exception as e:  # a press that does not run on this model: reported, left out
                         failed[press_name] = f"{type(e).__name__}: {e}"
@@ -328,7 +332,7 @@ def run(args) -> dict:
                     row = {"length": length, "task": task, "seed": seed, "method": PREFIX + press_name,
                            "compression": comp, "score": score, "n_context": len(ctx), "n_question": len(q),
                            "answers": s["answers"], "output": text, "tokens": tokens,
-                           "masked": press_name in MASKED, **m}
+                           "masked": press_name in MASKED or m["kv_kept"] < m["kv_slots"], **m}
                     if press_name == "full":
                         same = tokens == dk
                         first = next((i for i, (a, b) in enumerate(zip(tokens, dk)) if a != b), min(len(tokens), len(dk)))
@@ -365,65 +369,9 @@ def versions():
     return out
 
 
-def _order(method):
-    if method in ruler.METHODS:
-        return (0, ruler.METHODS.index(method), method)
-    if method == FULL:
-        return (1, -1, method)
-    if method.startswith(PREFIX) and method[len(PREFIX):] in PRESSES:
-        return (1, PRESSES.index(method[len(PREFIX):]), method)
-    return (2, 0, method)
-
-
-def _is_full(method):
-    return method in ("full", FULL)
-
-
-def table(result: dict) -> str:
-    """Markdown as run.py's table, for depthkv's and kvpress's methods together: per length, task
-    and method the mean score +- its standard error per compression (the full caches in every
-    column); methods with masked rows are marked " (masked)"."""
-    rows = result["rows"]
-    comps = sorted({r["compression"] for r in rows if not _is_full(r["method"])})
-    masked = {r["method"] for r in rows if r.get("masked")}
-    out = [f"{result['model']}, protocol {result['protocol']}, {result['seeds']} seeds; "
-           "string_match_all x 100, mean +- standard error over the samples; kvpress-*: kvpress presses in "
-           "transformers (benchmarks/ruler/kvpress_run.py), (masked): head-wise, pruned pairs only masked", ""]
-    out += ["| length | task | method | " + " | ".join(f"c={c:g}" for c in comps) + " |", "|" + "---|" * (3 + len(comps))]
-    keys = sorted({(r["length"], r["task"], r["method"]) for r in rows},
-                  key=lambda k: (k[0], TASKS.index(k[1]), _order(k[2])))
-    for length, task, method in keys:
-        cells = []
-        for c in comps:
-            v = [r["score"] for r in rows if (r["length"], r["task"], r["method"]) == (length, task, method)
-                 and (_is_full(method) or r["compression"] == c)]
-            n = len(v)
-            mean = sum(v) / n if n else float("nan")
-            se = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1) / n) if n > 1 else 0.0
-            cells.append(f"{mean:.0f} +- {se:.0f}" if n else "")
-        label = method + (" (masked)" if method in masked else "")
-        out.append(f"| {length} | {task} | {label} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
-
-
-def merged_table(paths) -> str:
-    """One table of the rows of several result files (run.py's and this script's) of one model,
-    protocol and seeds."""
-    results = [json.load(open(p)) for p in paths]
-    for r in results[1:]:
-        if (r["model"], r["protocol"], r["seeds"]) != (results[0]["model"], results[0]["protocol"], results[0]["seeds"]):
-            sys.exit("kvpress_run: --tables: the files differ in model, protocol or seeds")
-    return table(dict(results[0], rows=[row for r in results for row in r["rows"]]))
-
-
 def main(argv=None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
-    if argv[:1] == ["--tables"]:
-        print(merged_table(argv[1:]))
-        return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (--tables FILE...: one table of "
-                                "run.py's and this script's result files)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (tables of run.py's and this "
+                                "script's result files: report.py)")
     p.add_argument("--model", required=True, help="a GGUF file or a llama2.c checkpoint (as run.py's)")
     p.add_argument("--profile", help="the model's SnapKV curves (press depthkv: DepthKVPress, policy optimal)")
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
@@ -454,7 +402,7 @@ def main(argv=None) -> int:
         if not 0.0 < c < 1.0:
             p.error(f"compression {c} is outside (0, 1)")
     result = run(args)
-    md = table(result)
+    md = ruler.table(result)
     print(md)
     if args.out:
         with open(args.out, "w") as f:

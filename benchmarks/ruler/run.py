@@ -107,47 +107,42 @@ def run(args) -> dict:
             "profile": args.profile, "best_profile": args.best_profile, "rows": rows}
 
 
+def method_order(method: str):
+    """Sort key: depthkv's methods in METHODS order, then the others (kvpress_run.py's) by name,
+    its full cache first."""
+    return (0, METHODS.index(method), "") if method in METHODS else (1, 0 if method.endswith("-full") else 1, method)
+
+
 def table(result: dict) -> str:
-    """Markdown: per length, task and method the mean score +- its standard error per compression."""
+    """Markdown: per length, task and method the mean score +- its standard error per compression;
+    a full cache's rows (compression 0) stand in every column; methods whose rows are only masked
+    (kvpress_run.py's head-wise presses) are marked " (masked)"."""
     rows = result["rows"]
-    comps = sorted({r["compression"] for r in rows if r["method"] != "full"})
+    comps = sorted({r["compression"] for r in rows if r["compression"] > 0})
+    masked = {r["method"] for r in rows if r.get("masked")}
     out = [f"{result['model']}, protocol {result['protocol']}, {result['seeds']} seeds; "
            "string_match_all x 100, mean +- standard error over the samples", ""]
     head = "| length | task | method | " + " | ".join(f"c={c:g}" for c in comps) + " |"
     out += [head, "|" + "---|" * (3 + len(comps))]
     keys = sorted({(r["length"], r["task"], r["method"]) for r in rows},
-                  key=lambda k: (k[0], TASKS.index(k[1]), METHODS.index(k[2])))
+                  key=lambda k: (k[0], TASKS.index(k[1]), method_order(k[2])))
     for length, task, method in keys:
         cells = []
         for c in comps:
             v = [r["score"] for r in rows if (r["length"], r["task"], r["method"]) == (length, task, method)
-                 and (method == "full" or r["compression"] == c)]
+                 and r["compression"] in (0, c)]
             n = len(v)
             mean = sum(v) / n if n else float("nan")
             se = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1) / n) if n > 1 else 0.0
             cells.append(f"{mean:.0f} +- {se:.0f}" if n else "")
-        out.append(f"| {length} | {task} | {method} | " + " | ".join(cells) + " |")
+        label = method + (" (masked)" if method in masked else "")
+        out.append(f"| {length} | {task} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
-def merged_table(paths) -> str:
-    """One table of the rows of several result files of one model and protocol (e.g. the plain
-    methods' run and the span-pooling run on the same seeds)."""
-    results = [json.load(open(p)) for p in paths]
-    for r in results[1:]:
-        if (r["model"], r["protocol"], r["seeds"]) != (results[0]["model"], results[0]["protocol"], results[0]["seeds"]):
-            sys.exit("ruler: --tables: the files differ in model, protocol or seeds")
-    return table(dict(results[0], rows=[row for r in results for row in r["rows"]]))
-
-
 def main(argv=None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
-    if argv[:1] == ["--tables"]:
-        print(merged_table(argv[1:]))
-        return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (--tables FILE...: one table of "
-                                "several result files)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (tables of several result files: "
+                                "report.py)")
     p.add_argument("--model", required=True)
     p.add_argument("--profile", help="SnapKV curves of this model (method optimal)")
     p.add_argument("--best-profile", help="a profile made with --preset best (method preset)")

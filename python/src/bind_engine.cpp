@@ -82,11 +82,7 @@ class Engine {
   std::optional<int> eos_id() const { return tok_id(&dl::TextTokenizer::eos_id); }
 
   /// Every layer's sliding window (0: a global layer).
-  std::vector<int> layer_window() const {
-    std::vector<int> w;
-    for (int l = 0; l < config().n_layers; ++l) w.push_back(config().window(l));
-    return w;
-  }
+  std::vector<int> layer_window() const { return config().windows(); }
 
   std::vector<int> tokenize(const std::string& text, bool bos) const {
     return tokenizer("tokenize").encode(text, bos, /*eos=*/false);

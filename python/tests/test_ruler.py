@@ -14,6 +14,7 @@ import depthkv
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "ruler"))
+import report as ruler_report  # noqa: E402
 import run as ruler_run  # noqa: E402
 import tasks  # noqa: E402
 
@@ -96,7 +97,7 @@ def test_a_small_run_on_stories260k(engine, tmp_path):
             assert r["kv_bytes"] < full[r["task"]]  # the context was pruned
     md = (tmp_path / "ruler.md").read_text()
     assert "| 400 | niah_single_1 | snapkv |" in md and "c=0.5" in md
-    assert ruler_run.merged_table([str(out), str(out)]).count("| 400 | niah_single_1 | snapkv |") == 1
+    assert ruler_report.summary(ruler_report.load([str(out)])).count("| 400 | snapkv |") == 1
     with pytest.raises(SystemExit):
         ruler_run.main(["--model", STORIES_BIN, "--tasks", "nope"])
 
@@ -152,14 +153,15 @@ def test_kvpress_side_on_stories260k(engine, tmp_path):
     dk = tmp_path / "depthkv.json"
     assert ruler_run.main(["--model", STORIES_BIN, "--lengths", str(length), "--tasks", task, "--samples", "1",
                            "--methods", "full,snapkv", "--compressions", "0.5", "--threads", "1", "--out", str(dk)]) == 0
-    md = kvpress_run.merged_table([str(dk), str(out)])
+    assert ruler_report.main(["--out", str(tmp_path / "both"), "--no-plot", str(dk), str(out)]) == 0
+    md = (tmp_path / "both.md").read_text()
     lines = [ln for ln in md.splitlines() if ln.startswith(f"| {length} | {task} |")]
-    assert [ln.split("|")[3].strip() for ln in lines] == ["full", "snapkv", "kvpress-full", "kvpress-snapkv",
-                                                         "kvpress-adakv (masked)", "kvpress-pyramidkv",
-                                                         "kvpress-depthkv"]
+    assert [ln.split("|")[3].strip() for ln in lines] == ["full", "snapkv", "kvpress-full", "kvpress-adakv (masked)",
+                                                         "kvpress-depthkv", "kvpress-pyramidkv", "kvpress-snapkv"]
     assert all("+-" in ln.split("|")[4] for ln in lines)  # every method has its c=0.5 cell (full ones too)
+    assert f"| {length} | kvpress-snapkv | {by['kvpress-snapkv']['score']:.1f} +- 0.0 |" in md  # the summary
     other = json.loads(out.read_text())
     other["protocol"] = "inside"
     (tmp_path / "inside.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit):
-        kvpress_run.merged_table([str(dk), str(tmp_path / "inside.json")])
+        ruler_report.load([str(dk), str(tmp_path / "inside.json")])

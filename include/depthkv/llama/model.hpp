@@ -67,6 +67,12 @@ struct LlamaConfig {
   int window(int l) const {
     return l >= 0 && static_cast<std::size_t>(l) < layer_window.size() ? layer_window[static_cast<std::size_t>(l)] : 0;
   }
+  /// @return every layer's window, one per layer (0: a global layer), whatever `layer_window` holds
+  std::vector<int> windows() const {
+    std::vector<int> w;
+    for (int l = 0; l < n_layers; ++l) w.push_back(window(l));
+    return w;
+  }
   /// @return whether layer l is a sliding-window layer
   bool is_local(int l) const { return window(l) > 0; }
   /// @return whether any layer is a sliding-window layer

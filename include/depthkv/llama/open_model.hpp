@@ -181,9 +181,7 @@ inline void check_profile_matches(const ProfileFile& f, const LlamaConfig& c, co
                                                             << kv.first << " head curves are for " << kv.second.n_kv_heads
                                                             << " KV heads, the model has " << c.n_kv_heads << of);
   if (!f.layer_window.empty()) {
-    std::vector<int> w;
-    for (int l = 0; l < c.n_layers; ++l) w.push_back(c.window(l));
-    DEPTHKV_CHECK(f.layer_window == w, "the profile is of another model: its layers' sliding windows differ from the "
+    DEPTHKV_CHECK(f.layer_window == c.windows(), "the profile is of another model: its layers' sliding windows differ from the "
                                        "model's" << of);
   }
   if (f.model.header_hash.rfind("fnv1a64:", 0) == 0) check_model(f, model_identity(model_path, f.model.header_bytes));

@@ -52,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -230,19 +231,24 @@ class PrunedGeneration {
     std::vector<AttentionObserver> observers;
     std::vector<std::unique_ptr<Shared>> states;
     Observed* tail_owner = nullptr;
+    std::int32_t observe_from = std::numeric_limits<std::int32_t>::max();  // the earliest row any scorer uses
     for (PrunedGeneration* g : gens) {
       states.push_back(std::make_unique<Shared>());
       if (!g->spec_ || keeps_all(*g->spec_)) continue;
       ForwardOptions o;
       Observed& obs = states.back()->obs;
       g->observe_prompt(prompt, o, obs, /*measure_tail=*/tail_owner == nullptr);
-      if (o.observer) observers.push_back(o.observer);
+      if (o.observer) {
+        observers.push_back(o.observer);
+        observe_from = std::min(observe_from, o.observe_from);
+      }
       if (obs.tail) {
         tail_owner = &obs;
         opt.capture = o.capture;
         opt.capture_points = o.capture_points;
       }
     }
+    opt.observe_from = observe_from;
     if (!observers.empty())
       opt.observer = [&observers](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
         for (const AttentionObserver& f : observers) f(l, q, p0, nq, pr, ld, n);
@@ -369,6 +375,21 @@ class PrunedGeneration {
     const Cache* full = nullptr;  ///< the cache the shared pass filled
   };
 
+  /// The first prompt position (of `n`) whose attention rows `scorers` use: every row of an
+  /// accumulating scorer (H2O: 0), the last w of one that keeps its last w positions
+  /// (`TokenScorer::positions_needed`: SnapKV its window), none (INT32_MAX) when none observes.
+  /// `ForwardOptions::observe_from` then spares the engine forming the other rows' probabilities;
+  /// the scores are the same bytes.
+  static std::int32_t first_row_needed(const std::vector<TokenScorer>& scorers, std::int32_t n) {
+    std::int32_t first = std::numeric_limits<std::int32_t>::max();
+    for (const TokenScorer& s : scorers) {
+      const int need = s.positions_needed();
+      if (need == 0) return 0;
+      if (need > 0) first = std::min(first, std::max<std::int32_t>(0, n - need));
+    }
+    return first;
+  }
+
   /// Refuses an empty prompt or ids outside the vocabulary (before any chunk: the cache stays empty).
   static void check_prompt(const Engine& engine, const std::vector<int>& prompt, const char* func) {
     DEPTHKV_CHECK(!prompt.empty(), func << ": the prompt holds no tokens");
@@ -429,12 +450,15 @@ class PrunedGeneration {
     const auto& c = engine_.config();
     obs.scorers = depthkv::make_scorers(c.n_layers, spec_->scorer, c.n_heads, c.n_kv_heads);
     const bool own = spec_->scorer.lookahead == 0 || spec_->scorer.context_weight > 0.0;  // else: the lookahead only
+    const auto n = static_cast<std::int32_t>(prompt.size());
+    opt.observe_from = own ? first_row_needed(obs.scorers, n) : std::numeric_limits<std::int32_t>::max();
     if (preset_.empty()) {
-      if (own) opt.observer = observe_into(obs.scorers);
+      if (own && opt.observe_from < n) opt.observer = observe_into(obs.scorers);
       return;
     }
     obs.fallback_spec = preset_fallback_spec(preset_, *spec_);
     obs.fallback = depthkv::make_scorers(c.n_layers, obs.fallback_spec->scorer, c.n_heads, c.n_kv_heads);
+    opt.observe_from = std::min(opt.observe_from, first_row_needed(obs.fallback, n));
     opt.observer = [&obs, own](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
       if (own) obs.scorers[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
       obs.fallback[static_cast<std::size_t>(l)].observe_block(q, p0, nq, pr, ld, n);
