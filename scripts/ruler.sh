@@ -1,22 +1,43 @@
 #!/usr/bin/env bash
-# The RULER-style suite's committed figures (docs/results/ruler.md): SmolLM2-135M-Instruct at 2K
-# tokens, report seeds (1000, 1001), both protocols; the plain methods, then span pooling on the
-# same samples. About 35 minutes on 2 cores. Needs the depthkv Python package (scripts/python-test.sh
-# builds it into $DEPTHKV_VENV) and the model (scripts/get-models.sh).
-# Usage: scripts/ruler.sh (DEPTHKV_VENV: the virtual environment, default /tmp/depthkv-venv)
+# The RULER-style suite's committed figures (docs/results/ruler.md), SmolLM2-135M-Instruct Q4_1,
+# report seeds. Needs the depthkv Python package (scripts/python-test.sh builds it into
+# $DEPTHKV_VENV, default /tmp/depthkv-venv), the model (scripts/get-models.sh), and for the 4k set
+# benchmarks/ruler/requirements.txt (torch, transformers, kvpress, gguf) in that environment.
+# Usage: scripts/ruler.sh 2k|4k
+#   2k  2048 tokens, seeds 1000-1001, both protocols, depthkv's methods, then span pooling on the
+#       same samples (about 5 minutes on 2 cores)
+#   4k  4096 tokens, seeds 1000-1001, kvpress's protocol (outside): depthkv's methods on all 7 tasks
+#       (15 minutes), then kvpress's presses in transformers on the same ids of the 5 needle tasks
+#       (50 minutes), then the merged table and plot of the needle tasks
+#       (docs/results/ruler/smollm2.4k.outside.{md,svg}); the depthkv file's own table has all 7
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${DEPTHKV_VENV:-/tmp/depthkv-venv}/bin/python"
 M="${DEPTHKV_MODEL_DIR:-$HOME/.cache/depthkv/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT=docs/results/ruler
 mkdir -p "$OUT"
-common=(--model "$M" --lengths 2048 --samples 2 --compressions 0.5,0.75
-        --profile docs/results/smollm2.profile.json --best-profile docs/results/smollm2.best.profile.json)
-for proto in outside inside; do
-  "$PY" benchmarks/ruler/run.py "${common[@]}" --protocol $proto --tasks niah_single_1,niah_single_2,vt \
-    --methods full,snapkv,optimal,preset --out "$OUT/smollm2.2k.$proto.json" > /dev/null
-  "$PY" benchmarks/ruler/run.py "${common[@]}" --protocol $proto --tasks niah_single_1,niah_single_2 \
-    --methods snapkv-span,preset-span --out "$OUT/smollm2.2k.$proto.span.json" > /dev/null
-  "$PY" benchmarks/ruler/report.py --no-plot --out "$OUT/smollm2.2k.$proto.table" "$OUT/smollm2.2k.$proto.json" \
-    "$OUT/smollm2.2k.$proto.span.json"
-done
+profiles=(--profile docs/results/smollm2.profile.json --best-profile docs/results/smollm2.best.profile.json)
+case "${1:-}" in
+2k)
+  common=(--model "$M" --lengths 2048 --samples 2 --compressions 0.5,0.75 "${profiles[@]}")
+  for proto in outside inside; do
+    "$PY" benchmarks/ruler/run.py "${common[@]}" --protocol $proto --tasks niah_single_1,niah_single_2,vt \
+      --methods full,snapkv,optimal,preset --out "$OUT/smollm2.2k.$proto.json" > /dev/null
+    "$PY" benchmarks/ruler/run.py "${common[@]}" --protocol $proto --tasks niah_single_1,niah_single_2 \
+      --methods snapkv-span,preset-span --out "$OUT/smollm2.2k.$proto.span.json" > /dev/null
+    "$PY" benchmarks/ruler/report.py --no-plot --out "$OUT/smollm2.2k.$proto.table" "$OUT/smollm2.2k.$proto.json" \
+      "$OUT/smollm2.2k.$proto.span.json"
+  done ;;
+4k)
+  "$PY" benchmarks/ruler/run.py --model "$M" --lengths 4096 --samples 2 "${profiles[@]}" --protocol outside \
+    --methods full,snapkv,snapkv-span,optimal,preset,preset-span --out "$OUT/smollm2.4k.outside.depthkv.json" > /dev/null
+  # kvpress: the 5 needle tasks (SmolLM2's full cache scores 0 on vt and cwe), 8 presses (about
+  # 9 s per row on 2 threads: 50 minutes)
+  niah=niah_single_1,niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery
+  "$PY" benchmarks/ruler/kvpress_run.py --model "$M" --lengths 4096 --samples 2 --protocol outside --tasks $niah \
+    --presses snapkv,tova,keydiff,expected-attention,adakv,pyramidkv,streamingllm,depthkv \
+    --profile docs/results/smollm2.profile.json --out "$OUT/smollm2.4k.outside.kvpress.json" > /dev/null
+  "$PY" benchmarks/ruler/report.py --tasks $niah --out "$OUT/smollm2.4k.outside" "$OUT/smollm2.4k.outside.depthkv.json" \
+    "$OUT/smollm2.4k.outside.kvpress.json" ;;
+*) echo "usage: scripts/ruler.sh 2k|4k" >&2; exit 2 ;;
+esac

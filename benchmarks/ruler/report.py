@@ -1,6 +1,6 @@
 """Tables and the plot of RULER-style results (run.py's depthkv rows, kvpress_run.py's kvpress rows).
 
-  python benchmarks/ruler/report.py --out docs/results/ruler/smollm2.4k.outside A.json B.json ...
+  python benchmarks/ruler/report.py [--tasks T1,T2] --out docs/results/ruler/smollm2.4k.outside A.json B.json ...
 
 writes OUT.md: per task and method the mean score +- its standard error at each compression
 (run.py's table of all files' rows), then the mean over the tasks (each task's mean, averaged;
@@ -139,9 +139,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="OUT.md and OUT.svg (no extension)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--tasks", type=lambda s: s.split(","), help="only these tasks' rows (default: all)")
     p.add_argument("files", nargs="+")
     a = p.parse_args(argv)
     result = load(a.files)
+    if a.tasks:
+        result["rows"] = [r for r in result["rows"] if r["task"] in a.tasks]
     with open(a.out + ".md", "w") as f:
         f.write(table(result) + "\n" + summary(result))
     if not a.no_plot:
