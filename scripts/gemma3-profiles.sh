@@ -4,7 +4,8 @@
 # /usr/share/common-licenses cut into 384 + 128-token windows (windows 0..5; the best profile on
 # windows 0..1). SnapKV layer curves at keeps 0.1-0.5; the best profile SnapKV head curves with
 # max pooling, output-aware norms and a 32-token lookahead (what --preset best reads). The RULER
-# suite (scripts/ruler.sh) reads both. About 15 minutes on 2 cores.
+# suite (scripts/ruler.sh) reads both. About 15 minutes on 2 cores; an interrupted run resumes
+# (--resume: each profile continues from its checkpointed partial file).
 # Usage: scripts/gemma3-profiles.sh (DK: the depthkv program, default build/release/tools/depthkv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ L=/usr/share/common-licenses
 cat "$L/GPL-3" "$L/Apache-2.0" "$L/MPL-2.0" "$L/GFDL-1.3" "$L/LGPL-2.1" "$L/Artistic" > "$TEXT"
 OUT=docs/results
 $DK profile --model "$G" --text "$TEXT" --doc-separator '' --context 384 --continuation 128 --windows 6 \
-  --scorers snapkv --ratios 0.1,0.2,0.3,0.5 -o "$OUT/gemma3.profile.json" > "$OUT/gemma3.profile.txt"
+  --scorers snapkv --ratios 0.1,0.2,0.3,0.5 --resume -o "$OUT/gemma3.profile.json" > "$OUT/gemma3.profile.txt"
 $DK profile --model "$G" --text "$TEXT" --doc-separator '' --context 384 --continuation 128 --windows 2 \
-  --scorers snapkv --pooling max --output-aware --lookahead 32 --head-curves --ratios 0.1,0.2,0.3 \
+  --scorers snapkv --pooling max --output-aware --lookahead 32 --head-curves --ratios 0.1,0.2,0.3 --resume \
   -o "$OUT/gemma3.best.profile.json" > "$OUT/gemma3.best.profile.txt"

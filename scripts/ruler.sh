@@ -7,7 +7,8 @@
 #   2k  2048 tokens, seeds 1000-1001, both protocols, depthkv's methods, then span pooling on the
 #       same samples (about 5 minutes on 2 cores)
 #   4k  4096 tokens, seeds 1000-1001, kvpress's protocol (outside): depthkv's methods on all 7 tasks
-#       (15 minutes), then kvpress's presses in transformers on the same ids of the 5 needle tasks
+#       (15 minutes), TOVA and KeyDiff rows (with a KeyDiff profile) on the 5 needle tasks (10
+#       minutes), then kvpress's presses in transformers on the same ids of the 5 needle tasks
 #       (50 minutes), then the merged table and plot of the needle tasks
 #       (docs/results/ruler/smollm2.4k.outside.{md,svg}); the depthkv file's own table has all 7
 set -euo pipefail
@@ -31,13 +32,25 @@ case "${1:-}" in
 4k)
   "$PY" benchmarks/ruler/run.py --model "$M" --lengths 4096 --samples 2 "${profiles[@]}" --protocol outside \
     --methods full,snapkv,snapkv-span,optimal,preset,preset-span --out "$OUT/smollm2.4k.outside.depthkv.json" > /dev/null
+  # the scorers' rows on the needle tasks: TOVA and KeyDiff with uniform budgets, KeyDiff with
+  # depthkv's budgets from KeyDiff curves measured as smollm2.profile.json's SnapKV curves
+  # (scripts/main-job.sh: licence windows 0..5, 384 + 128 tokens; 5-10 minutes)
+  niah=niah_single_1,niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery
+  L=/usr/share/common-licenses
+  lic="$(mktemp -d)/licenses.txt"
+  cat "$L/GPL-3" "$L/Apache-2.0" "$L/MPL-2.0" "$L/GFDL-1.3" "$L/LGPL-2.1" "$L/Artistic" > "$lic"
+  "${DK:-build/release/tools/depthkv}" profile --model "$M" --text "$lic" --doc-separator '' --context 384 \
+    --continuation 128 --windows 6 --scorers keydiff --ratios 0.1,0.2,0.3,0.5 \
+    -o docs/results/smollm2.keydiff.profile.json > docs/results/smollm2.keydiff.profile.txt
+  "$PY" benchmarks/ruler/run.py --model "$M" --lengths 4096 --samples 2 --protocol outside --tasks $niah \
+    --methods tova,keydiff,keydiff-optimal --profile docs/results/smollm2.keydiff.profile.json \
+    --out "$OUT/smollm2.4k.outside.scorers.json" > /dev/null
   # kvpress: the 5 needle tasks (SmolLM2's full cache scores 0 on vt and cwe), 8 presses (about
   # 9 s per row on 2 threads: 50 minutes)
-  niah=niah_single_1,niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery
   "$PY" benchmarks/ruler/kvpress_run.py --model "$M" --lengths 4096 --samples 2 --protocol outside --tasks $niah \
     --presses snapkv,tova,keydiff,expected-attention,adakv,pyramidkv,streamingllm,depthkv \
     --profile docs/results/smollm2.profile.json --out "$OUT/smollm2.4k.outside.kvpress.json" > /dev/null
   "$PY" benchmarks/ruler/report.py --tasks $niah --out "$OUT/smollm2.4k.outside" "$OUT/smollm2.4k.outside.depthkv.json" \
-    "$OUT/smollm2.4k.outside.kvpress.json" ;;
+    "$OUT/smollm2.4k.outside.scorers.json" "$OUT/smollm2.4k.outside.kvpress.json" ;;
 *) echo "usage: scripts/ruler.sh 2k|4k" >&2; exit 2 ;;
 esac

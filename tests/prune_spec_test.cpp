@@ -64,6 +64,14 @@ TEST_CASE("PruneSpec::validate names every bad field and bound", "[prune_spec]")
         s.schedule.mode = depthkv::ScheduleMode::kOneshot;
       },
       "scorer.lookahead: knorm observes no attention");
+  prune_spec_refused(
+      [](PruneSpec& s) {
+        s.scorer.output_aware = false;
+        s.scorer.kind = depthkv::ScorerKind::kKeyDiff;
+        s.scorer.lookahead = 4;
+        s.schedule.mode = depthkv::ScheduleMode::kOneshot;
+      },
+      "scorer.lookahead: keydiff observes no attention");
   prune_spec_refused([](PruneSpec& s) { s.protection.n_sink = -1; }, "protection must be >= 0, got n_sink -1");
   prune_spec_refused([](PruneSpec& s) { s.protection.n_recent = -2; }, "n_recent -2");
   prune_spec_refused([](PruneSpec& s) { s.budget = depthkv::Budget::keep(1.5); }, "budget: keep ratio 1.5 is outside [0, 1]");

@@ -112,6 +112,21 @@ struct NaiveScorer {
         s.assign(static_cast<std::size_t>(n), 0.0);
         for (int j = 0; j < n; ++j) s[static_cast<std::size_t>(j)] = -norm(L.key(h, j), hd, 2);
         return s;
+      case ScorerKind::kKeyDiff: {  // -cos(K_j, mean of the unit keys)
+        std::vector<double> a(static_cast<std::size_t>(hd), 0.0);
+        for (int j = 0; j < n; ++j)
+          for (int d = 0; d < hd; ++d)
+            a[static_cast<std::size_t>(d)] += static_cast<float>(L.key(h, j)[d]) / norm(L.key(h, j), hd, 2) / n;
+        double an = 0;
+        for (double x : a) an += x * x;
+        s.assign(static_cast<std::size_t>(n), 0.0);
+        for (int j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += static_cast<float>(L.key(h, j)[d]) * a[static_cast<std::size_t>(d)];
+          s[static_cast<std::size_t>(j)] = -dot / (norm(L.key(h, j), hd, 2) * std::sqrt(an));
+        }
+        return s;
+      }
     }
     return s;
   }
@@ -158,15 +173,16 @@ const ScorerConfig kConfigs[] = {
     {ScorerKind::kH2OValueL2, 32, 7, Pooling::kMax}, {ScorerKind::kSnapKV, 5, 7, Pooling::kMax},
     {ScorerKind::kSnapKV, 3, 3, Pooling::kAvg},      {ScorerKind::kSnapKV, 8, 5, Pooling::kNone},
     {ScorerKind::kSnapKV, 1, 1, Pooling::kMax},      {ScorerKind::kTOVA, 32, 7, Pooling::kMax},
-    {ScorerKind::kKeyNorm, 32, 7, Pooling::kMax},
+    {ScorerKind::kKeyNorm, 32, 7, Pooling::kMax},    {ScorerKind::kKeyDiff, 32, 7, Pooling::kMax},
 };
 
 }  // namespace
 
 TEST_CASE("scorer kinds: names round-trip, unknown names throw", "[scorer]") {
   for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
-                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm, ScorerKind::kKeyDiff})
     CHECK(depthkv::parse_scorer_kind(depthkv::to_string(k)) == k);
+  CHECK(depthkv::to_string(ScorerKind::kKeyDiff) == "keydiff");
   CHECK(depthkv::to_string(ScorerKind::kH2OValueL1) == "h2o-v1");
   CHECK(depthkv::to_string(ScorerKind::kKeyNorm) == "knorm");
   CHECK_THROWS_AS(depthkv::parse_scorer_kind("H2O"), depthkv::Error);
@@ -242,7 +258,7 @@ TEST_CASE("compact keeps the state of the survivors, scores keep accumulating (c
         const auto& kept = ev.kept_slots[static_cast<std::size_t>(h)];
         sc.compact(h, kept.data(), static_cast<int>(kept.size()));
         ref.compact(h, kept);
-        if (cfg.kind != ScorerKind::kKeyNorm) CHECK(sc.observed_size(h) == L.size(h));
+        if (cfg.kind != ScorerKind::kKeyNorm && cfg.kind != ScorerKind::kKeyDiff) CHECK(sc.observed_size(h) == L.size(h));
       }
       check_close(sc.scores(L), ref.scores(L));
       // the heads now hold different numbers of tokens; the next chunk is appended to both
@@ -436,7 +452,7 @@ TEST_CASE("output-aware scores are (s + eps) * mean_q ||W_o^(q) V||_1 for h2o, s
 }
 
 TEST_CASE("output-aware scoring refuses what it cannot compute", "[scorer][output]") {
-  for (ScorerKind kind : {ScorerKind::kKeyNorm, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2}) {
+  for (ScorerKind kind : {ScorerKind::kKeyNorm, ScorerKind::kKeyDiff, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2}) {
     ScorerConfig cfg;
     cfg.kind = kind;
     cfg.output_aware = true;

@@ -79,7 +79,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -401,14 +400,7 @@ def main(argv=None) -> int:
     for c in args.compressions:
         if not 0.0 < c < 1.0:
             p.error(f"compression {c} is outside (0, 1)")
-    result = run(args)
-    md = ruler.table(result)
-    print(md)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-            f.write(md)
+    ruler.write_result(run(args), args.out)
     return 0
 
 

@@ -11,7 +11,10 @@ cell's mean and its standard error over the samples.
 Methods (4 sink and 16 recent tokens, observation window 16, kernel 7, max pooling):
   full      the full cache;
   snapkv    SnapKV, uniform budgets;
-  optimal   SnapKV, depthkv's per-layer budgets (--profile: SnapKV curves);
+  tova      TOVA (the last context position's attention), uniform budgets;
+  keydiff   KeyDiff (each key's cosine distance from the head's mean key direction), uniform budgets;
+  optimal   SnapKV, depthkv's per-layer budgets (a --profile with SnapKV curves);
+  keydiff-optimal  KeyDiff, depthkv's per-layer budgets (a --profile with KeyDiff curves);
   preset    ``--preset best`` (--best-profile: head curves; the per-input rule inside);
   chunked   SnapKV uniform, evicting after every 512-token prefill chunk to the same budget;
   *-span    the same with span pooling (``span_pooling``: each word and digit run of the context
@@ -39,22 +42,27 @@ from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, TASKS, make_sample, string_ma
 #: Tokens generated per task (enough for the answers in the tokenizers of the reference models).
 MAX_NEW = {"niah_single_1": 24, "niah_single_2": 24, "niah_multikey_1": 24, "niah_multivalue": 64,
            "niah_multiquery": 64, "vt": 40, "cwe": 96}
-METHODS = ("full", "snapkv", "snapkv-span", "optimal", "preset", "preset-span", "chunked")
+METHODS = ("full", "snapkv", "snapkv-span", "tova", "keydiff", "optimal", "keydiff-optimal", "preset", "preset-span",
+           "chunked")
 SELECTION = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max"}
 
 
-def method_spec(method: str, keep: float, n_context: int, profile, best_profile):
-    """(spec, profile, preset) of `method` at keep ratio `keep` for a context of `n_context` tokens."""
+def method_spec(method: str, keep: float, n_context: int, profiles, best_profile):
+    """(spec, profile, preset) of `method` at keep ratio `keep` for a context of `n_context` tokens
+    (`profiles`: {scorer: the first --profile with its curves})."""
     if method == "full":
         return None, None, None
     if method.endswith("-span"):
-        spec, prof, preset = method_spec(method[: -len("-span")], keep, n_context, profile, best_profile)
+        spec, prof, preset = method_spec(method[: -len("-span")], keep, n_context, profiles, best_profile)
         return dict(spec, span_pooling=True), prof, preset
     base = dict(SELECTION, scorer="snapkv", budget={"keep": keep})
     if method == "snapkv":
         return dict(base, policy="uniform"), None, None
-    if method == "optimal":
-        return dict(base, policy="optimal"), profile, None
+    if method in ("tova", "keydiff"):
+        return dict(base, scorer=method, policy="uniform"), None, None
+    if method.endswith("optimal"):
+        scorer = "snapkv" if method == "optimal" else method[: -len("-optimal")]
+        return dict(base, scorer=scorer, policy="optimal"), profiles[scorer], None
     if method == "chunked":
         return (dict(base, policy="uniform", budget={"tokens": max(1, round(keep * n_context))},
                      schedule={"mode": "chunked", "chunk": 512, "interval": 512}), None, None)
@@ -68,11 +76,18 @@ def method_spec(method: str, keep: float, n_context: int, profile, best_profile)
 def run(args) -> dict:
     eng = depthkv.Engine(args.model, n_threads=args.threads)
     count = lambda text: len(eng.tokenize(text))  # noqa: E731
-    profile = depthkv.load_profile(args.profile) if args.profile else None
+    profiles = {}
+    for path in args.profile or []:
+        prof = depthkv.load_profile(path)
+        for scorer in prof.scorers:
+            profiles.setdefault(scorer, prof)
     best = depthkv.load_profile(args.best_profile) if args.best_profile else None
     for m in args.methods:
-        if m == "optimal" and profile is None or m.startswith("preset") and best is None:
-            sys.exit(f"ruler: method {m} needs --{'profile' if m == 'optimal' else 'best-profile'}")
+        need = "snapkv" if m == "optimal" else m[: -len("-optimal")] if m.endswith("-optimal") else None
+        if need and need not in profiles:
+            sys.exit(f"ruler: method {m} needs a --profile with {need} curves")
+        if m.startswith("preset") and best is None:
+            sys.exit(f"ruler: method {m} needs --best-profile")
     seeds = (CALIBRATION_SEEDS if args.seeds == "calibration" else REPORT_SEEDS)[: args.samples]
     rows = []
     for length in args.lengths:
@@ -84,7 +99,7 @@ def run(args) -> dict:
                 cells = [(m, c) for m in args.methods for c in ([0.0] if m == "full" else args.compressions)]
                 runs = []
                 for method, comp in cells:
-                    spec, prof, preset = method_spec(method, 1.0 - comp, len(ctx), profile, best)
+                    spec, prof, preset = method_spec(method, 1.0 - comp, len(ctx), profiles, best)
                     runs.append({"spec": spec, "profile": prof, "preset": preset})
                 t0 = time.time()
                 # one prefill of the sample shared by every oneshot run (each prunes its own copy)
@@ -144,7 +159,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (tables of several result files: "
                                 "report.py)")
     p.add_argument("--model", required=True)
-    p.add_argument("--profile", help="SnapKV curves of this model (method optimal)")
+    p.add_argument("--profile", action="append",
+                   help="a profile of this model (methods optimal: SnapKV curves, keydiff-optimal: KeyDiff curves); "
+                        "repeatable")
     p.add_argument("--best-profile", help="a profile made with --preset best (method preset)")
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
     p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS))
@@ -165,15 +182,19 @@ def main(argv=None) -> int:
     for m in args.methods:
         if m not in METHODS:
             p.error(f"unknown method {m!r}: one of {', '.join(METHODS)}")
-    result = run(args)
+    write_result(run(args), args.out)
+    return 0
+
+
+def write_result(result: dict, out) -> None:
+    """Prints the result's table; with `out`, writes the rows there (JSON) and the table beside it (.md)."""
     md = table(result)
     print(md)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(result, f, indent=1)
-        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
             f.write(md)
-    return 0
 
 
 if __name__ == "__main__":

@@ -210,8 +210,8 @@ struct PruneSpec {
                                   scorer.kind == ScorerKind::kTOVA;
       DEPTHKV_CHECK(!scorer.output_aware || attention_kind,
                     "scorer.output_aware: only for h2o, snapkv and tova, not " << to_string(scorer.kind));
-      DEPTHKV_CHECK(scorer.lookahead == 0 || scorer.kind != ScorerKind::kKeyNorm,
-                    "scorer.lookahead: knorm observes no attention");
+      DEPTHKV_CHECK(scorer.lookahead == 0 || (scorer.kind != ScorerKind::kKeyNorm && scorer.kind != ScorerKind::kKeyDiff),
+                    "scorer.lookahead: " << to_string(scorer.kind) << " observes no attention");
     }
     detail::check_protection(protection);
     budget.validate();

@@ -14,9 +14,9 @@
 namespace depthkv {
 
 /// Which built-in token-importance score a `TokenScorer` computes (formulas: token_scorer.hpp).
-enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm };
+enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm, kKeyDiff };
 
-/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm".
+/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm", "keydiff".
 inline std::string to_string(ScorerKind kind) {
   switch (kind) {
     case ScorerKind::kH2O:
@@ -31,6 +31,8 @@ inline std::string to_string(ScorerKind kind) {
       return "tova";
     case ScorerKind::kKeyNorm:
       return "knorm";
+    case ScorerKind::kKeyDiff:
+      return "keydiff";
   }
   return "unknown";
 }
@@ -40,9 +42,9 @@ inline std::string to_string(ScorerKind kind) {
 /// @throws Error on an unknown name
 inline ScorerKind parse_scorer_kind(const std::string& name) {
   for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
-                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm})
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm, ScorerKind::kKeyDiff})
     if (to_string(k) == name) return k;
-  DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova or knorm)");
+  DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova, knorm or keydiff)");
 }
 
 /// Pooling of SnapKV scores along the slots.

@@ -34,6 +34,7 @@
 #include "depthkv/error.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/scorers/h2o.hpp"
+#include "depthkv/scorers/key_diff.hpp"
 #include "depthkv/scorers/key_norm.hpp"
 #include "depthkv/scorers/snapkv.hpp"
 #include "depthkv/scorers/tova.hpp"
@@ -63,7 +64,8 @@ inline ScorerRegistry& scorer_registry() {
 /// The built-in kinds, in `ScorerKind` order.
 inline const std::vector<ScorerKind>& builtin_scorer_kinds() {
   static const std::vector<ScorerKind> kinds = {ScorerKind::kH2O,    ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
-                                                ScorerKind::kSnapKV, ScorerKind::kTOVA,       ScorerKind::kKeyNorm};
+                                                ScorerKind::kSnapKV, ScorerKind::kTOVA,       ScorerKind::kKeyNorm,
+                                                ScorerKind::kKeyDiff};
   return kinds;
 }
 
@@ -92,6 +94,8 @@ inline std::unique_ptr<ScoringRule> make_builtin_rule(const ScorerConfig& cfg, i
       return std::make_unique<TOVARule>(n_kv_heads);
     case ScorerKind::kKeyNorm:
       return std::make_unique<KeyNormRule>();
+    case ScorerKind::kKeyDiff:
+      return std::make_unique<KeyDiffRule>();
   }
   DEPTHKV_FAIL("unknown scorer kind " << static_cast<int>(cfg.kind));
 }
@@ -136,7 +140,7 @@ inline std::vector<std::string> registered_scorers() {
 }
 
 /// Every scorer name: the built-in ones in `ScorerKind` order ("h2o", "h2o-v1", "h2o-v2",
-/// "snapkv", "tova", "knorm"), then the registered ones, sorted.
+/// "snapkv", "tova", "knorm", "keydiff"), then the registered ones, sorted.
 inline std::vector<std::string> known_scorers() {
   std::vector<std::string> names;
   for (ScorerKind k : detail::builtin_scorer_kinds()) names.push_back(to_string(k));

@@ -24,6 +24,10 @@
 ///   observed query position only, s_j = a_{last,j} (summed over the group's query heads).
 /// - `kKeyNorm` ("knorm"), key-norm (Devoto et al. 2024, arXiv 2406.11430): s_j = -||K_j||_2
 ///   (a low key norm means an important token); needs no observations.
+/// - `kKeyDiff` ("keydiff"), KeyDiff (Park et al. 2025, arXiv 2504.15364; kvpress's
+///   KeyDiffPress): s_j = -cos(K_j, a) with a = (1/n) sum_t K_t / ||K_t|| over the KV head's n
+///   slots (a key pointing away from the head's mean key direction is kept); needs no
+///   observations. The scores of one eviction depend on the slots it sees (the mean).
 ///
 /// ## Lookahead (`ScorerConfig::lookahead` = G > 0)
 /// The scorer is fed the attention rows of the G lookahead queries only (`observe_lookahead`,
@@ -44,7 +48,7 @@
 ///     s'_j = (s_j + kOutputAwareEpsilon) * n_j                      (kOutputAwareEpsilon = 1e-4)
 /// where s_j is the kind's score above (after SnapKV's pooling) and V_j the slot's value row
 /// (`head_dim`). `output_contribution_norms` computes n_j. It applies to h2o, snapkv and tova
-/// (attention-based, >= 0); h2o-v1/v2 already weight by ||V_j|| and knorm is not
+/// (attention-based, >= 0); h2o-v1/v2 already weight by ||V_j|| and knorm and keydiff are not
 /// attention-based, so those combinations are refused. The epsilon, the L1 norm and the mean
 /// over the group's query heads are kvpress's (`CriticalKVPress.vwl1norm`). kvpress also keeps a
 /// first stage (`first_stage_ratio` 0.5: half of each head's budget goes to the best tokens by

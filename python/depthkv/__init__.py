@@ -46,6 +46,7 @@ __all__ = [
     "keep_tokens",
     "TokenScorer",
     "SCORERS",
+    "KEY_SCORERS",
     "Engine",
     "Generation",
 ]
@@ -61,7 +62,9 @@ DEFAULT_OBS_WINDOW = 16
 #: The SnapKV pooling kernel of ``depthkv allocate`` when no --kernel is given.
 DEFAULT_KERNEL = 7
 #: The built-in token scorers (include/depthkv/token_scorer.hpp).
-SCORERS: List[str] = ["h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm"]
+SCORERS: List[str] = ["h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm", "keydiff"]
+#: The scorers that read the keys only and observe no attention.
+KEY_SCORERS: Tuple[str, ...] = ("knorm", "keydiff")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -282,7 +285,8 @@ class TokenScorer:
     Scorers (:data:`SCORERS`): "h2o" (cumulative attention), "h2o-v1"/"h2o-v2" (times ||V_j||_1 / _2:
     pass ``values``), "snapkv" (the last ``window`` observed positions' attention, pooled along the
     slots with ``kernel`` and ``pooling`` "max", "avg" or "none"), "tova" (the last position's
-    attention), "knorm" (-||K_j||_2: pass ``keys``; observes nothing). Query head q belongs to KV
+    attention), "knorm" (-||K_j||_2: pass ``keys``; observes nothing), "keydiff" (-cos(K_j, mean unit
+    key): pass ``keys``; observes nothing). Query head q belongs to KV
     head ``q // (n_heads // n_kv_heads)`` (GQA): its rows are summed into that KV head.
     ``output_aware=True`` multiplies h2o, snapkv and tova scores by the size of the value's
     contribution to the attention output (CriticalKV): pass ``values`` and ``wo``. ``lookahead=G``
@@ -346,7 +350,7 @@ class TokenScorer:
         :param n: slots per KV head (an int, or one per head); default: those of ``keys``/``values``,
             else the slots the observed rows covered. Slots past the observed ones score 0 (attention
             scorers).
-        :param keys: float32 [n_kv_heads, >= n, head_dim] (knorm reads them)
+        :param keys: float32 [n_kv_heads, >= n, head_dim] (knorm and keydiff read them)
         :param values: float32 [n_kv_heads, >= n, head_dim] (h2o-v1, h2o-v2 and output-aware scorers read them)
         :param wo: float32 [dim, n_heads * head_dim], the layer's output projection (``o_proj.weight``),
             for output-aware scorers
@@ -363,7 +367,7 @@ class TokenScorer:
         return self._s.scores(n, *kv)
 
     def observed_size(self, kv_head: int) -> int:
-        """Slots of KV head ``kv_head`` covered by the observed rows (0 for knorm)."""
+        """Slots of KV head ``kv_head`` covered by the observed rows (0 for knorm and keydiff)."""
         return self._s.observed_size(int(kv_head))
 
     def reset(self) -> None:

@@ -9,7 +9,7 @@ the attention module) as kvpress's SnapKV computes its observation window: kvpre
 ``position_embeddings``; the probabilities are ``softmax(q k^T * scaling)`` over the n keys in
 float32, causal (query i sees keys 0..i). ``first`` is n - window for "snapkv" (its observation
 window), n - 1 for "tova", 0 for the cumulative scorers ("h2o", "h2o-v1", "h2o-v2", computed in
-chunks of rows), and no rows for "knorm". The rows are fed to one :class:`depthkv.TokenScorer`
+chunks of rows), and no rows for "knorm" and "keydiff". The rows are fed to one :class:`depthkv.TokenScorer`
 per sequence of the batch (query heads aggregated onto their KV head by the library), whose
 scores rank the slots. Llama-like attention (no logit soft-capping). For a sliding-window layer
 :class:`depthkv.kvpress.DepthKVPress` passes its held tokens only (the last min(n, window - 1)
@@ -35,7 +35,7 @@ _CHUNK_ELEMENTS = 1 << 24
 
 def first_row(scorer: str, n: int, window: int) -> int:
     """The first query position the scorer observes of an n-token prefill (n: none)."""
-    return {"snapkv": max(0, n - window), "tova": n - 1, "knorm": n}.get(scorer, 0)
+    return {"snapkv": max(0, n - window), "tova": n - 1, "knorm": n, "keydiff": n}.get(scorer, 0)
 
 
 def attention_rows(module, hidden_states: torch.Tensor, keys: torch.Tensor, position_embeddings,
@@ -84,7 +84,7 @@ def own_scores(name: str, settings: dict, module, hidden_states: torch.Tensor, k
     wo = module.o_proj.weight.detach().float().cpu() if settings["output_aware"] else None
     out = []
     for b, sc in enumerate(scorers):
-        k = keys[b].detach().float().cpu() if name == "knorm" else None
+        k = keys[b].detach().float().cpu() if name in depthkv.KEY_SCORERS else None
         v = values[b].detach().float().cpu() if need_values else None
         out.append(torch.from_numpy(sc.scores(n, keys=k, values=v, wo=wo)))
     return torch.stack(out)

@@ -305,7 +305,7 @@ class _FullRun:
         scorers = [{x: depthkv.TokenScorer(x, cfg.num_attention_heads, cfg.num_key_value_heads, window=s.window,
                                            kernel=s.kernel, pooling=s.pooling, output_aware=s.output_aware)
                     for x in s.scorers} for _ in _layers(model)]
-        need = any(x != "knorm" for x in s.scorers)
+        need = any(x not in depthkv.KEY_SCORERS for x in s.scorers)
 
         def feed(layer: int):
             def hook(module, args, out):
@@ -314,7 +314,7 @@ class _FullRun:
                     raise Error(f"depthkv.hf.profile: layer {layer}'s attention returned no probabilities "
                                 "(the prefill needs eager attention)")
                 for x, sc in scorers[layer].items():
-                    if x != "knorm":
+                    if x not in depthkv.KEY_SCORERS:
                         first = {"snapkv": max(0, self.n - s.window), "tova": self.n - 1}.get(x, 0)
                         sc.observe(probs[0, :, first:, :].detach().float().cpu(), q_pos0=first)
             return hook
@@ -361,7 +361,7 @@ class _FullRun:
 def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
     """float32 [n_kv_heads, held]: the scorer's scores of layer ``layer``'s held context slots (the
     last ``held(n, window)``: every slot for a full-attention layer)."""
-    keys = run.keys[layer][0].float().cpu() if scorer == "knorm" else None
+    keys = run.keys[layer][0].float().cpu() if scorer in depthkv.KEY_SCORERS else None
     values = run.values[layer][0].float().cpu() if scorer in ("h2o-v1", "h2o-v2") or s.output_aware else None
     wo = _layers(model)[layer].self_attn.o_proj.weight.detach().float().cpu() if s.output_aware else None
     scores = run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)

@@ -25,7 +25,7 @@ the C++ library's ranking rule: the first n_sink and last n_recent tokens always
 scores (ties: the earlier position), so protection is the library's, inside the budget
 (``select_protection=(0, 0)`` ranks by the press's scores alone, as kvpress keeps tokens).
 
-depthkv's own scorers. ``press="snapkv"`` (or "h2o", "h2o-v1", "h2o-v2", "tova", "knorm":
+depthkv's own scorers. ``press="snapkv"`` (or "h2o", "h2o-v1", "h2o-v2", "tova", "knorm", "keydiff":
 :data:`depthkv.SCORERS`) ranks the tokens by the library's :class:`depthkv.TokenScorer` over the
 attention rows of the layer's prefill (depthkv._scoring: the observation window's queries against
 the keys, computed as kvpress's SnapKV computes them; all rows for the H2O scorers, the last one
@@ -110,7 +110,7 @@ HEAD_POLICIES = ("head-optimal",)
 
 #: kvpress scorer press class -> the depthkv scorer whose curves match it
 KVPRESS_SCORERS = {"SnapKVPress": "snapkv", "ObservedAttentionPress": "h2o", "TOVAPress": "tova",
-                   "KnormPress": "knorm"}
+                   "KnormPress": "knorm", "KeyDiffPress": "keydiff"}
 
 
 def _curves_for(press, profile) -> Optional[str]:

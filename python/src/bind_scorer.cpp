@@ -222,8 +222,9 @@ class PyScorer {
     if (!c.name.empty()) return;
     const bool needs_v = c.kind == depthkv::ScorerKind::kH2OValueL1 || c.kind == depthkv::ScorerKind::kH2OValueL2 ||
                          c.output_aware;
-    DEPTHKV_CHECK_AS(kFunc, c.kind != depthkv::ScorerKind::kKeyNorm || layer.keys != nullptr,
-                     "scorer knorm reads the keys: pass keys=[n_kv_heads, n, head_dim]");
+    const bool needs_k = c.kind == depthkv::ScorerKind::kKeyNorm || c.kind == depthkv::ScorerKind::kKeyDiff;
+    DEPTHKV_CHECK_AS(kFunc, !needs_k || layer.keys != nullptr,
+                     "scorer " << depthkv::scorer_name(c) << " reads the keys: pass keys=[n_kv_heads, n, head_dim]");
     DEPTHKV_CHECK_AS(kFunc, !needs_v || layer.values != nullptr,
                      "scorer " << depthkv::scorer_name(c) << (c.output_aware ? " (output-aware)" : "")
                                << " reads the values: pass values=[n_kv_heads, n, head_dim]");

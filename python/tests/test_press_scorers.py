@@ -1,4 +1,4 @@
-"""DepthKVPress with depthkv's own scorers by name (press="snapkv", "h2o", "tova", "knorm") on the
+"""DepthKVPress with depthkv's own scorers by name (press="snapkv", "h2o", "tova", "knorm", "keydiff") on the
 Hugging Face conversion of stories260K: physical per-layer lengths equal to the budgets, the kept
 slots equal depthkv.select_keep over the scores the press ranked, and those scores equal the
 library's scorer fed with the eager attention probabilities. Needs torch, transformers and kvpress,
@@ -29,7 +29,7 @@ def eager_scores(model, ctx, name, window_size, n_kv):
     return res
 
 
-@pytest.mark.parametrize("name", ["snapkv", "h2o", "tova", "knorm"])
+@pytest.mark.parametrize("name", ["snapkv", "h2o", "tova", "knorm", "keydiff"])
 def test_by_name_press_keeps_the_budgets_by_the_library_rule(models, window, stories, name):  # noqa: F811
     ctx, _ = window
     press = DepthKVPress(stories, keep=0.2, policy="optimal", press=name)

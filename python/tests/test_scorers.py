@@ -89,6 +89,14 @@ def test_tova_and_value_and_key_scorers():
     np.testing.assert_allclose(kn.scores(keys=k), -np.linalg.norm(k, axis=-1), rtol=1e-6)
     with pytest.raises(depthkv.Error, match="knorm reads the keys"):
         kn.scores(N)
+    # keydiff: -cos(K_j, mean of the unit keys), as kvpress's KeyDiffPress
+    kd = depthkv.TokenScorer("keydiff", H, HKV)
+    unit = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    anchor = unit.mean(axis=1, keepdims=True)
+    ref = -(unit * anchor).sum(-1) / np.linalg.norm(anchor, axis=-1)
+    np.testing.assert_allclose(kd.scores(keys=k), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(depthkv.Error, match="keydiff reads the keys"):
+        kd.scores(N)
 
 
 def test_output_aware_rescales_by_the_value_contribution():
