@@ -98,7 +98,8 @@ def plot(result: dict, out: str) -> None:
     for length in lengths:
         s = series(result, length)
         ours = sorted((m for m in s if m in METHODS), key=method_order)[:MAX_SERIES]
-        theirs = sorted((m for m in s if m not in METHODS), key=lambda m: -sum(v for _, v in s[m]))
+        theirs = sorted((m for m in s if m not in METHODS and not m.endswith("-full")),  # "full" stands for both
+                        key=lambda m: -sum(v for _, v in s[m]))
         anchor = [m for m in ("full", "preset") if m in s]
         theirs = theirs[:MAX_SERIES - len(anchor)] + anchor
         panels.append((f"{result['model']} {length} tokens: depthkv", ours, s))
