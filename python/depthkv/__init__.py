@@ -429,6 +429,17 @@ class Generation:
                 f"bytes_after={r['bytes_after']}, peak_bytes={r['peak_bytes']})")
 
 
+def _max_new_tokens(value, where: str) -> int:
+    """``max_new_tokens`` as an int the binding takes (its sign is checked there)."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise Error(f"{where}: max_new_tokens must be an integer, got {value!r}") from None
+    if not -2**63 <= n < 2**63:
+        raise Error(f"{where}: max_new_tokens {n} is out of range")
+    return n
+
+
 def _spec_json(spec: Optional[Mapping], where: str) -> Optional[str]:
     """A spec (dict) as the JSON text the binding parses; None stays None."""
     if spec is None:
@@ -542,12 +553,7 @@ class Engine:
             the policy reads, an unknown preset, or a preset without a spec
         """
         ids = _token_ids(prompt_ids, "generate: prompt_ids")
-        try:
-            n = operator.index(max_new_tokens)
-        except TypeError:
-            raise Error(f"generate: max_new_tokens must be an integer, got {max_new_tokens!r}") from None
-        if not -2**63 <= n < 2**63:
-            raise Error(f"generate: max_new_tokens {n} is out of range")
+        n = _max_new_tokens(max_new_tokens, "generate")
         spec_json = _spec_json(spec, "generate")
         if profile is not None and not isinstance(profile, Profile):
             raise Error(f"generate: profile must be a depthkv.Profile (depthkv.load_profile), got "
@@ -573,12 +579,7 @@ class Engine:
             dict or has other keys
         """
         ids = _token_ids(prompt_ids, "generate_many: prompt_ids")
-        try:
-            n = operator.index(max_new_tokens)
-        except TypeError:
-            raise Error(f"generate_many: max_new_tokens must be an integer, got {max_new_tokens!r}") from None
-        if not -2**63 <= n < 2**63:
-            raise Error(f"generate_many: max_new_tokens {n} is out of range")
+        n = _max_new_tokens(max_new_tokens, "generate_many")
         if isinstance(runs, (str, bytes, Mapping)) or not isinstance(runs, Sequence):
             raise Error(f"generate_many: runs must be a list of dicts, got {type(runs).__name__}")
         specs, profiles, presets = [], [], []
