@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 DK="${DK:-build/release/tools/depthkv}"
 scripts/get-models.sh
 G="${DEPTHKV_MODEL_DIR:-$HOME/.cache/depthkv/models}/gemma-3-270m-q4_k_m.gguf"
-TEXT="$(mktemp -d)/licenses.txt"
+TEXT="${TMPDIR:-/tmp}/depthkv-licenses.txt"  # a fixed path: --resume checks it
 L=/usr/share/common-licenses
 cat "$L/GPL-3" "$L/Apache-2.0" "$L/MPL-2.0" "$L/GFDL-1.3" "$L/LGPL-2.1" "$L/Artistic" > "$TEXT"
 OUT=docs/results

@@ -398,26 +398,39 @@ class PruningEvaluator {
     };
   }
 
+  // The scorer sets of a full run, grouped by what they observe: the context's prefill, the
+  // lookahead after it (a set with a context weight in both), the continuation (oracles).
+  struct ObservedSets {
+    std::vector<std::vector<TokenScorer>> sets;  // [scorer]
+    std::vector<std::vector<TokenScorer>*> context, lookahead, oracle;
+  };
+  ObservedSets observed_sets(int tc) const {
+    ObservedSets o;
+    for (int s = 0; s < n_scorers(); ++s) o.sets.push_back(scorers_of(s, tc));
+    for (int s = 0; s < n_scorers(); ++s) {
+      std::vector<TokenScorer>* set = &o.sets[static_cast<std::size_t>(s)];
+      const ScorerConfig& sc = set->front().config();
+      if (is_oracle(s)) {
+        o.oracle.push_back(set);
+        continue;
+      }
+      if (sc.lookahead > 0) o.lookahead.push_back(set);
+      if (sc.lookahead == 0 || sc.context_weight > 0.0) o.context.push_back(set);
+    }
+    return o;
+  }
+
   // The full run of `win`; with ContinuationSource::kModel its continuation is first replaced by
   // the model's greedy one (as many tokens).
   Reference full_run(EvalWindow& win) {
-    const LlamaConfig& c = engine_.config();
     Reference r;
     r.cache = engine_.make_cache();
     const int tc = static_cast<int>(win.continuation.size());
-    std::vector<std::vector<TokenScorer>> sets;
-    std::vector<std::vector<TokenScorer>*> context, lookahead, oracle;  // by what they observe
-    for (int s = 0; s < n_scorers(); ++s) sets.push_back(scorers_of(s, tc));
-    for (int s = 0; s < n_scorers(); ++s) {
-      std::vector<TokenScorer>* set = &sets[static_cast<std::size_t>(s)];
-      const ScorerConfig& sc = set->front().config();
-      (is_oracle(s) ? oracle : sc.lookahead > 0 ? lookahead : context).push_back(set);
-      if (!is_oracle(s) && sc.lookahead > 0 && sc.context_weight > 0.0) context.push_back(set);  // both
-    }
+    ObservedSets o = observed_sets(tc);
     ForwardOptions opt;
     opt.chunk_size = cfg_.chunk_size;
     opt.all_logits = false;
-    opt.observer = observe_sets(context);
+    opt.observer = observe_sets(o.context);
     std::unique_ptr<TailNll> tail;
     if (cfg_.context_nll_tokens > 0 && win.context.size() >= 2)
       tail = std::make_unique<TailNll>(engine_, win.context, cfg_.context_nll_tokens, opt);
@@ -426,14 +439,30 @@ class PruningEvaluator {
     const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
     if (cfg_.continuation_source == ContinuationSource::kModel)
       win.continuation = greedy_continuation(engine_, r.cache, last_argmax(last), pos0, tc);
-    if (!lookahead.empty()) observe_lookahead(engine_, r.cache, last_argmax(last), pos0, lookahead);
-    r.scores.resize(sets.size());
+    if (!o.lookahead.empty()) observe_lookahead(engine_, r.cache, last_argmax(last), pos0, o.lookahead);
+    r.scores.resize(o.sets.size());
     for (int s = 0; s < n_scorers(); ++s)
       if (!is_oracle(s))
-        r.scores[static_cast<std::size_t>(s)] =
-            layer_scores(sets[static_cast<std::size_t>(s)], r.cache, wo());
-    HostCache work = r.cache;  // the continuation on a copy, capturing every layer's input
-    r.inputs.assign(static_cast<std::size_t>(c.n_layers) + 1, RowMatrix(tc, c.dim));
+        r.scores[static_cast<std::size_t>(s)] = layer_scores(o.sets[static_cast<std::size_t>(s)], r.cache, wo());
+    full_continuation(win, r, o.oracle);
+    for (int s = 0; s < n_scorers(); ++s) {
+      if (!is_oracle(s)) continue;
+      keep_context_state(o.sets[static_cast<std::size_t>(s)], static_cast<int>(pos0));
+      r.scores[static_cast<std::size_t>(s)] = layer_scores(o.sets[static_cast<std::size_t>(s)], r.cache, wo());
+    }
+    r.targets = continuation_targets(win.continuation);
+    r.nll = compare_logits(r.logits, r.logits, r.targets).nll_full;
+    return r;
+  }
+  // The full run's continuation, on a copy of its context cache: every layer's input captured,
+  // the logits and the peak kept, and the oracles observing its attention.
+  void full_continuation(const EvalWindow& win, Reference& r,
+                         const std::vector<std::vector<TokenScorer>*>& oracle) const {
+    const LlamaConfig& c = engine_.config();
+    const std::int32_t pos0 = static_cast<std::int32_t>(win.context.size());
+    HostCache work = r.cache;
+    r.inputs.assign(static_cast<std::size_t>(c.n_layers) + 1,
+                    RowMatrix(static_cast<Eigen::Index>(win.continuation.size()), c.dim));
     ForwardOptions fo;
     fo.chunk_size = cfg_.chunk_size;
     fo.capture_points = capture_bit(CapturePoint::kLayerInput) | capture_bit(CapturePoint::kLayerOutput);
@@ -444,15 +473,7 @@ class PruningEvaluator {
     };
     if (!oracle.empty()) fo.observer = observe_sets(oracle);
     r.logits = engine_.teacher_force(win.continuation, pos0, work, fo);
-    for (int s = 0; s < n_scorers(); ++s) {
-      if (!is_oracle(s)) continue;
-      keep_context_state(sets[static_cast<std::size_t>(s)], static_cast<int>(pos0));
-      r.scores[static_cast<std::size_t>(s)] = layer_scores(sets[static_cast<std::size_t>(s)], r.cache, wo());
-    }
     r.full_peak = work.bytes();
-    r.targets = continuation_targets(win.continuation);
-    r.nll = compare_logits(r.logits, r.logits, r.targets).nll_full;
-    return r;
   }
 
   template <class BudgetsOf>  // budgets_of(context tokens) per window
@@ -537,82 +558,99 @@ class PruningEvaluator {
   // in one batch (`forward_layer_batch`) on its own copy of the layer's context cache, evicted to
   // its budgets, and the classifier runs once for all.
   std::vector<WindowResult> run_reuse(int w, int scorer, const std::vector<Budgets>& keeps) const {
-    using Layer = std::decay_t<decltype(refs_.front().cache.layer(0))>;
-    const LlamaConfig& c = engine_.config();
-    const Reference& r = refs_[static_cast<std::size_t>(w)];
-    const int n_ctx = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-    const int S = static_cast<int>(keeps.size()), tc = static_cast<int>(r.inputs.front().rows()),
-              H = c.n_kv_heads;
-    std::vector<WindowResult> res(static_cast<std::size_t>(S));
-    std::vector<int> first(static_cast<std::size_t>(S), c.n_layers);     // each plan's first pruned layer
-    std::vector<std::size_t> bytes_end(static_cast<std::size_t>(S), 0);  // KV bytes at the end
-    for (int s = 0; s < S; ++s) {
-      const Budgets& keep = keeps[static_cast<std::size_t>(s)];
-      WindowResult& out = res[static_cast<std::size_t>(s)];
-      out.budgets = keep.per_layer(n_ctx);
-      for (int l = 0; l < c.n_layers; ++l) {
-        out.bytes_full += head_token_bytes(static_cast<long long>(n_ctx) * H);
-        out.bytes_kept += head_token_bytes(keep.tokens(l, n_ctx));
-        if (keep.prunes(l, n_ctx) && first[static_cast<std::size_t>(s)] == c.n_layers)
-          first[static_cast<std::size_t>(s)] = l;
-      }
-      for (int l = 0; l < first[static_cast<std::size_t>(s)]; ++l)
-        bytes_end[static_cast<std::size_t>(s)] +=
-            r.cache.layer(l).bytes() + head_token_bytes(static_cast<long long>(tc) * H);
-      out.bytes_full_peak = r.full_peak;
-      layer_tokens_ += static_cast<long long>(c.n_layers - first[static_cast<std::size_t>(s)]) * tc;
-    }
-    std::vector<RowMatrix> x(static_cast<std::size_t>(S));  // each started plan's continuation rows
-    for (int l = S ? *std::min_element(first.begin(), first.end()) : c.n_layers; l < c.n_layers; ++l) {
-      std::vector<int> run;  // the plans started at or below l
-      for (int s = 0; s < S; ++s)
-        if (first[static_cast<std::size_t>(s)] <= l) run.push_back(s);
-      std::vector<Layer> kv(run.size(), r.cache.layer(l));
-      std::vector<Layer*> kvp;
-      for (std::size_t i = 0; i < run.size(); ++i) {
-        const Budgets& keep = keeps[static_cast<std::size_t>(run[i])];
-        if (first[static_cast<std::size_t>(run[i])] == l)
-          x[static_cast<std::size_t>(run[i])] = r.inputs[static_cast<std::size_t>(l)];
-        if (keep.prunes(l, n_ctx)) {
-          const LayerScores sc = window_slots(
-              kv[i], l, n_ctx, r.scores[static_cast<std::size_t>(scorer)][static_cast<std::size_t>(l)]);
-          evict_layer(kv[i], sc, head_keep(keep, kv[i], sc, keep.heads[static_cast<std::size_t>(l)]),
-                      cfg_.protection);
-        }
-        kvp.push_back(&kv[i]);
-      }
-      for_chunks(tc, [&](int c0, int t) {  // the continuation in chunks, as the full run processed it
-        RowMatrix xc = gather(x, run, c0, t);
-        engine_.forward_layer_batch(l, xc, n_ctx + c0, kvp, ForwardOptions());
-        scatter(xc, x, run, c0, t);
-      });
-      for (std::size_t i = 0; i < run.size(); ++i)
-        bytes_end[static_cast<std::size_t>(run[i])] += kv[i].bytes();
-    }
+    const int L = engine_.config().n_layers;
+    ReuseRun run{refs_[static_cast<std::size_t>(w)], static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size()),
+                 scorer, keeps, {}, {}, {}, {}};
+    const int S = static_cast<int>(keeps.size());
+    run.res.resize(static_cast<std::size_t>(S));
+    run.x.resize(static_cast<std::size_t>(S));
+    for (int s = 0; s < S; ++s) start_plan(run, s);
+    for (int l = S ? *std::min_element(run.first.begin(), run.first.end()) : L; l < L; ++l) reuse_layer(run, l);
     std::vector<int> pruned;
     for (int s = 0; s < S; ++s) {
-      WindowResult& out = res[static_cast<std::size_t>(s)];
-      out.bytes_peak =
-          std::max(r.cache.bytes() + lookahead_bytes(scorer),
-                   bytes_end[static_cast<std::size_t>(s)]);  // before the eviction, or at the end
-      if (first[static_cast<std::size_t>(s)] < c.n_layers)
+      WindowResult& out = run.res[static_cast<std::size_t>(s)];
+      out.bytes_peak = std::max(run.r.cache.bytes() + lookahead_bytes(scorer),
+                                run.bytes_end[static_cast<std::size_t>(s)]);  // before the eviction, or at the end
+      if (run.first[static_cast<std::size_t>(s)] < L)
         pruned.push_back(s);
-      else
-        out.metrics = compare_logits(r.logits, r.logits, r.targets);  // nothing pruned: the reference
+      else  // nothing pruned: the reference
+        out.metrics = compare_logits(run.r.logits, run.r.logits, run.r.targets);
     }
-    if (pruned.empty()) return res;
-    std::vector<RowMatrix> logits(static_cast<std::size_t>(S));
-    for (int s : pruned) logits[static_cast<std::size_t>(s)].resize(tc, c.vocab_size);
-    for_chunks(tc, [&](int c0, int t) {
-      scatter(engine_.logits(gather(x, pruned, c0, t), nullptr, n_ctx + c0), logits, pruned, c0, t);
+    if (!pruned.empty()) reuse_metrics(run, pruned);
+    return run.res;
+  }
+  // run_reuse's state for one window: each plan's result, first pruned layer, KV bytes at the
+  // end, and continuation rows (once started).
+  struct ReuseRun {
+    const Reference& r;
+    int n_ctx, scorer;
+    const std::vector<Budgets>& keeps;
+    std::vector<WindowResult> res;
+    std::vector<int> first;
+    std::vector<std::size_t> bytes_end;
+    std::vector<RowMatrix> x;
+  };
+  // Plan s's budgets and byte counts, its first pruned layer and the bytes of the layers before it.
+  void start_plan(ReuseRun& run, int s) const {
+    const LlamaConfig& c = engine_.config();
+    const Budgets& keep = run.keeps[static_cast<std::size_t>(s)];
+    WindowResult& out = run.res[static_cast<std::size_t>(s)];
+    const long long tc = run.r.inputs.front().rows();
+    int first = c.n_layers;
+    std::size_t bytes = 0;
+    out.budgets = keep.per_layer(run.n_ctx);
+    for (int l = 0; l < c.n_layers; ++l) {
+      out.bytes_full += head_token_bytes(static_cast<long long>(run.n_ctx) * c.n_kv_heads);
+      out.bytes_kept += head_token_bytes(keep.tokens(l, run.n_ctx));
+      if (keep.prunes(l, run.n_ctx) && first == c.n_layers) first = l;
+    }
+    for (int l = 0; l < first; ++l) bytes += run.r.cache.layer(l).bytes() + head_token_bytes(tc * c.n_kv_heads);
+    out.bytes_full_peak = run.r.full_peak;
+    layer_tokens_ += static_cast<long long>(c.n_layers - first) * tc;
+    run.first.push_back(first);
+    run.bytes_end.push_back(bytes);
+  }
+  // Layer l for every plan started at or below it, in one batch on their evicted copies.
+  void reuse_layer(ReuseRun& run, int l) const {
+    using Layer = std::decay_t<decltype(refs_.front().cache.layer(0))>;
+    std::vector<int> started;
+    for (int s = 0; s < static_cast<int>(run.keeps.size()); ++s)
+      if (run.first[static_cast<std::size_t>(s)] <= l) started.push_back(s);
+    std::vector<Layer> kv(started.size(), run.r.cache.layer(l));
+    std::vector<Layer*> kvp;
+    for (std::size_t i = 0; i < started.size(); ++i) {
+      const std::size_t s = static_cast<std::size_t>(started[i]);
+      if (run.first[s] == l) run.x[s] = run.r.inputs[static_cast<std::size_t>(l)];
+      if (run.keeps[s].prunes(l, run.n_ctx)) {
+        const LayerScores sc = window_slots(
+            kv[i], l, run.n_ctx, run.r.scores[static_cast<std::size_t>(run.scorer)][static_cast<std::size_t>(l)]);
+        evict_layer(kv[i], sc, head_keep(run.keeps[s], kv[i], sc, run.keeps[s].heads[static_cast<std::size_t>(l)]),
+                    cfg_.protection);
+      }
+      kvp.push_back(&kv[i]);
+    }
+    for_chunks(static_cast<int>(run.r.inputs.front().rows()), [&](int c0, int t) {
+      RowMatrix xc = gather(run.x, started, c0, t);  // in chunks, as the full run processed them
+      engine_.forward_layer_batch(l, xc, run.n_ctx + c0, kvp, ForwardOptions());
+      scatter(xc, run.x, started, c0, t);
     });
-    const Eigen::MatrixXd full = log_softmax_rows(r.logits);  // once for all plans
+    for (std::size_t i = 0; i < started.size(); ++i)
+      run.bytes_end[static_cast<std::size_t>(started[i])] += kv[i].bytes();
+  }
+  // The classifier once for the `pruned` plans, and their metrics against the full run.
+  void reuse_metrics(ReuseRun& run, const std::vector<int>& pruned) const {
+    const int tc = static_cast<int>(run.r.inputs.front().rows());
+    std::vector<RowMatrix> logits(run.keeps.size());
+    for (int s : pruned) logits[static_cast<std::size_t>(s)].resize(tc, engine_.config().vocab_size);
+    for_chunks(tc, [&](int c0, int t) {
+      scatter(engine_.logits(gather(run.x, pruned, c0, t), nullptr, run.n_ctx + c0), logits, pruned, c0, t);
+    });
+    const Eigen::MatrixXd full = log_softmax_rows(run.r.logits);  // once for all plans
     parallel_tasks(static_cast<int>(pruned.size()), [&](int i) {
       const std::size_t s = static_cast<std::size_t>(pruned[static_cast<std::size_t>(i)]);
-      LlamaEngine::check_finite(logits[s], n_ctx, "the logits");
-      res[s].metrics = compare_log_softmax(full, logits[s], r.targets);
+      LlamaEngine::check_finite(logits[s], run.n_ctx, "the logits");
+      run.res[s].metrics = compare_log_softmax(full, logits[s], run.r.targets);
     });
-    return res;
   }
   // A sliding-window layer l: drops the slots of `kv` (a copy of the context's layer) that no
   // query from position n_ctx on sees, and returns `scores` without them; else `scores`.
