@@ -109,142 +109,203 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
+/// The full sort's order of (score, index): higher score first, then lower index.
+struct HigherScoreFirst {
+  bool operator()(const std::pair<float, int>& a, const std::pair<float, int>& b) const {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  }
+};
+
+/// One BM_Evict configuration: the pristine cache and the one evicted, the scores, and the
+/// buffers of the baselines timed against the library's evict in the same iteration.
 template <class T>
-void BM_Evict(benchmark::State& state) {
-  const int n = static_cast<int>(state.range(0));
-  const int keep_pct = static_cast<int>(state.range(1));
-  const int threads = static_cast<int>(state.range(2));
-  const int n_layers = n >= 32768 ? kLayers32K : kLayers4K;
-  const int k = static_cast<int>(static_cast<long long>(n) * keep_pct / 100);
-  Clock::wall = threads != 1;
-  std::mt19937 rng(12345);
-  const auto pristine = make_cache<T>(n_layers, n, rng);
-  auto cache = pristine;
+struct EvictCase {
+  EvictCase(int n_tokens, int keep_pct, int threads)
+      : n(n_tokens),
+        n_layers(n >= 32768 ? kLayers32K : kLayers4K),
+        k(static_cast<int>(static_cast<long long>(n) * keep_pct / 100)),
+        pristine(make_cache<T>(n_layers, n, rng)),
+        cache(pristine),
+        keep(static_cast<std::size_t>(n_layers), k),
+        kept_bytes(static_cast<std::size_t>(n_layers) * kKvHeads * static_cast<std::size_t>(k) * tok_bytes * 2),
+        row_bytes(static_cast<std::size_t>(k) * tok_bytes * 2),
+        dst_all(kept_bytes + 64, 1),
+        dst0(dst_all.data() + (64 - reinterpret_cast<std::uintptr_t>(dst_all.data()) % 64) % 64),  // aligned
+        pairs(static_cast<std::size_t>(n)),
+        idx(static_cast<std::size_t>(k)),
+        elems(static_cast<double>(n_layers) * kKvHeads * n) {
+    opt.shrink = false;
+    opt.n_threads = threads;
+    opt.streaming_min_bytes = streaming_min_bytes_from_env();
+  }
+
+  /// Fresh scores, and the cache restored (outside the timed region).
+  void reset() {
+    fresh_scores(scores, n_layers, n, rng);
+    for (int l = 0; l < n_layers; ++l) cache.layer(l) = pristine.layer(l);
+  }
+
+  /// The library's evict (select + compact), timed.
+  double time_evict() {
+    const double t0 = Clock::now();
+    auto ev = depthkv::evict(cache, scores, keep, {}, opt);
+    benchmark::DoNotOptimize(ev.data());
+    return seconds_since(t0);
+  }
+
+  /// Selection alone, single thread, as evict does it per row (NaN check + select, reused workspace).
+  double time_selection(benchmark::State& state) {
+    const double ts0 = Clock::now();
+    for (int l = 0; l < n_layers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) {
+        if (depthkv::detail::first_nan(scores[l][h].data(), n, opt.max_simd_level) >= 0) state.SkipWithError("NaN");
+        depthkv::detail::select_row(depthkv::detail::FloatKeys{scores[l][h].data()},
+                                    pristine.layer(l).positions(h), n, k, depthkv::Protection{}, ws, kept);
+        benchmark::DoNotOptimize(kept.data());
+      }
+    return seconds_since(ts0);
+  }
+
+  /// The memcpy / naive target of row (l, h): a separate region per row.
+  unsigned char* row_dst(int l, int h) const {
+    return dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
+  }
+
+  /// Contiguous copy of the kept bytes (K and V of every row) from the pristine cache with `copy`, timed.
+  template <class Copy>
+  double time_contiguous_copy(Copy&& copy) {
+    const double tc0 = Clock::now();
+    const std::size_t half = static_cast<std::size_t>(k) * tok_bytes;
+    for (int l = 0; l < n_layers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) {
+        const auto& L = pristine.layer(l);
+        unsigned char* dst = row_dst(l, h);
+        copy(dst, L.key(h, n - k), half);
+        copy(dst + half, L.value(h, n - k), half);
+        benchmark::ClobberMemory();
+      }
+    return seconds_since(tc0);
+  }
+
+  /// Naive eviction of row (l, h): full sort of (score, index), then a copy of the kept tokens in
+  /// position order; the sort's seconds are added to `t_sort`.
+  void naive_row(int l, int h, double& t_sort) {
+    const double ts0 = Clock::now();
+    const auto& s = scores[l][h];
+    for (int i = 0; i < n; ++i) pairs[static_cast<std::size_t>(i)] = {s[static_cast<std::size_t>(i)], i};
+    std::sort(pairs.begin(), pairs.end(), HigherScoreFirst{});
+    for (int i = 0; i < k; ++i) idx[static_cast<std::size_t>(i)] = pairs[static_cast<std::size_t>(i)].second;
+    std::sort(idx.begin(), idx.end());
+    t_sort += seconds_since(ts0);
+    const auto& L = pristine.layer(l);
+    unsigned char* dst = row_dst(l, h);
+    for (int i = 0; i < k; ++i) {
+      const int t = idx[static_cast<std::size_t>(i)];
+      std::memcpy(dst + static_cast<std::size_t>(i) * tok_bytes, L.key(h, t), tok_bytes);
+      std::memcpy(dst + static_cast<std::size_t>(k + i) * tok_bytes, L.value(h, t), tok_bytes);
+    }
+    benchmark::ClobberMemory();
+  }
+
+  /// The naive eviction of every row, timed; the sorts' seconds in `t_sort`.
+  double time_naive(double& t_sort) {
+    const double t0 = Clock::now();
+    t_sort = 0;
+    for (int l = 0; l < n_layers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) naive_row(l, h, t_sort);
+    return seconds_since(t0);
+  }
+
+  const int n, n_layers, k;
+  std::mt19937 rng{12345};
+  const depthkv::KVCache<depthkv::HostLayer<T>> pristine;
+  depthkv::KVCache<depthkv::HostLayer<T>> cache;
   std::vector<depthkv::LayerScores> scores;
-  const std::vector<int> keep(static_cast<std::size_t>(n_layers), k);
-  const std::size_t tok_bytes = sizeof(T) * kHeadDim;
-  const std::size_t kept_bytes =
-      static_cast<std::size_t>(n_layers) * kKvHeads * static_cast<std::size_t>(k) * tok_bytes * 2;
+  const std::vector<int> keep;
+  static constexpr std::size_t tok_bytes = sizeof(T) * kHeadDim;
+  const std::size_t kept_bytes;
   // memcpy / naive target: a separate region per row, as large as the kept bytes of all rows (cold
   // in the caches like the cache's own memory, which compaction writes in place)
-  const std::size_t row_bytes = static_cast<std::size_t>(k) * tok_bytes * 2;
-  std::vector<unsigned char> dst_all(kept_bytes + 64, 1);
-  unsigned char* const dst0 =
-      dst_all.data() + (64 - reinterpret_cast<std::uintptr_t>(dst_all.data()) % 64) % 64;  // aligned
-  std::vector<std::pair<float, int>> pairs(static_cast<std::size_t>(n));
-  std::vector<int> idx(static_cast<std::size_t>(k));
-  // per iteration; the counters are medians over the iterations (robust to the other tenants of a
-  // shared machine, whose bursts hit single iterations)
-  std::vector<double> r_memcpy, r_stream, r_sort, r_select, r_select_cold, r_select_sort, bw_memcpy;
+  const std::size_t row_bytes;
+  std::vector<unsigned char> dst_all;
+  unsigned char* const dst0;
+  std::vector<std::pair<float, int>> pairs;
+  std::vector<int> idx;
   // the selection-alone runs reuse one workspace across iterations: evict allocates its workspace
   // once per call for every row of every layer (256 rows for a 32-layer, 8-KV-head model), so its
   // allocation is negligible per row there; this benchmark holds only 16 or 64 rows per call
   depthkv::detail::SelectWorkspace ws;
   std::vector<std::int32_t> kept;
-  const double elems = static_cast<double>(n_layers) * kKvHeads * n;
+  const double elems;
   depthkv::EvictOptions opt;
-  opt.shrink = false;
-  opt.n_threads = threads;
-  opt.streaming_min_bytes = streaming_min_bytes_from_env();
-  for (auto _ : state) {
-    state.PauseTiming();
-    fresh_scores(scores, n_layers, n, rng);
-    for (int l = 0; l < n_layers; ++l) cache.layer(l) = pristine.layer(l);
-    state.ResumeTiming();
+};
 
-    double t0 = Clock::now();
-    auto ev = depthkv::evict(cache, scores, keep, {}, opt);
-    benchmark::DoNotOptimize(ev.data());
-    const double t_evict = seconds_since(t0);
-    state.SetIterationTime(t_evict);
+/// BM_Evict's figures of each iteration; the counters are their medians (robust to the other
+/// tenants of a shared machine, whose bursts hit single iterations).
+struct EvictSamples {
+  std::vector<double> r_memcpy, r_stream, r_sort, r_select, r_select_cold, r_select_sort, bw_memcpy;
 
-    state.PauseTiming();
-    // selection alone, single thread, as evict does it per row (NaN check + select, reused workspace):
-    // first on the scores just used (the eviction's traffic has pushed them out of the caches), then
-    // on a fresh draw, still in the caches as a scorer leaves them
-    auto time_selection = [&] {
-      const double ts0 = Clock::now();
-      for (int l = 0; l < n_layers; ++l)
-        for (int h = 0; h < kKvHeads; ++h) {
-          if (depthkv::detail::first_nan(scores[l][h].data(), n, opt.max_simd_level) >= 0) state.SkipWithError("NaN");
-          depthkv::detail::select_row(depthkv::detail::FloatKeys{scores[l][h].data()},
-                                      pristine.layer(l).positions(h), n, k, depthkv::Protection{}, ws, kept);
-          benchmark::DoNotOptimize(kept.data());
-        }
-      return seconds_since(ts0);
-    };
-    const double t_select_cold = time_selection();
-    fresh_scores(scores, n_layers, n, rng);
-    const double t_select = time_selection();
-    // contiguous copy of the kept bytes (K and V of every row) from the pristine cache, timed
-    auto time_contiguous_copy = [&](auto&& copy) {
-      const double tc0 = Clock::now();
-      const std::size_t half = static_cast<std::size_t>(k) * tok_bytes;
-      for (int l = 0; l < n_layers; ++l)
-        for (int h = 0; h < kKvHeads; ++h) {
-          const auto& L = pristine.layer(l);
-          unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
-          copy(dst, L.key(h, n - k), half);
-          copy(dst + half, L.value(h, n - k), half);
-          benchmark::ClobberMemory();
-        }
-      return seconds_since(tc0);
-    };
+  /// The baselines of one iteration against its evict time `t_evict` (outside the timed region).
+  template <class T>
+  void measure(EvictCase<T>& c, benchmark::State& state, double t_evict) {
+    // selection alone: first on the scores just used (the eviction's traffic has pushed them out
+    // of the caches), then on a fresh draw, still in the caches as a scorer leaves them
+    const double t_select_cold = c.time_selection(state);
+    fresh_scores(c.scores, c.n_layers, c.n, c.rng);
+    const double t_select = c.time_selection(state);
     const double t_memcpy =
-        time_contiguous_copy([](void* d, const void* s, std::size_t b) { std::memcpy(d, s, b); });
+        c.time_contiguous_copy([](void* d, const void* s, std::size_t b) { std::memcpy(d, s, b); });
     // the same with the streaming stores compaction uses on large heads (detail::stream_copy;
     // glibc's memcpy uses plain stores at these sizes)
     const int level = depthkv::cpu_simd_level();
-    const double t_stream = time_contiguous_copy([level](void* d, const void* s, std::size_t b) {
+    const double t_stream = c.time_contiguous_copy([level](void* d, const void* s, std::size_t b) {
       depthkv::detail::stream_copy(d, s, b, level);
       depthkv::detail::stream_fence(level);
     });
-    // naive: full sort of (score, index), then copy the kept tokens in position order
-    t0 = Clock::now();
     double t_sort = 0;
-    for (int l = 0; l < n_layers; ++l)
-      for (int h = 0; h < kKvHeads; ++h) {
-        const double ts0 = Clock::now();
-        const auto& s = scores[l][h];
-        for (int i = 0; i < n; ++i) pairs[static_cast<std::size_t>(i)] = {s[static_cast<std::size_t>(i)], i};
-        std::sort(pairs.begin(), pairs.end(),
-                  [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
-                    return a.first != b.first ? a.first > b.first : a.second < b.second;
-                  });
-        for (int i = 0; i < k; ++i)
-          idx[static_cast<std::size_t>(i)] = pairs[static_cast<std::size_t>(i)].second;
-        std::sort(idx.begin(), idx.end());
-        t_sort += seconds_since(ts0);
-        const auto& L = pristine.layer(l);
-        unsigned char* dst = dst0 + static_cast<std::size_t>(l * kKvHeads + h) * row_bytes;
-        for (int i = 0; i < k; ++i) {
-          std::memcpy(dst + static_cast<std::size_t>(i) * tok_bytes,
-                      L.key(h, idx[static_cast<std::size_t>(i)]), tok_bytes);
-          std::memcpy(dst + static_cast<std::size_t>(k + i) * tok_bytes,
-                      L.value(h, idx[static_cast<std::size_t>(i)]), tok_bytes);
-        }
-        benchmark::ClobberMemory();
-      }
-    const double t_naive = seconds_since(t0);
+    const double t_naive = c.time_naive(t_sort);
     r_memcpy.push_back(t_evict / t_memcpy);
     r_stream.push_back(t_evict / t_stream);
     r_sort.push_back(t_naive / t_evict);
-    r_select.push_back(elems / t_select);
-    r_select_cold.push_back(elems / t_select_cold);
+    r_select.push_back(c.elems / t_select);
+    r_select_cold.push_back(c.elems / t_select_cold);
     r_select_sort.push_back(t_sort / t_select);
-    bw_memcpy.push_back(2.0 * static_cast<double>(kept_bytes) / t_memcpy / 1e9);
+    bw_memcpy.push_back(2.0 * static_cast<double>(c.kept_bytes) / t_memcpy / 1e9);
+  }
+
+  void set_counters(benchmark::State& state, std::size_t kept_bytes, int rows) const {
+    state.counters["ratio_vs_memcpy"] = median(r_memcpy);
+    state.counters["ratio_vs_stream_copy"] = median(r_stream);
+    state.counters["select_elems_per_s"] = median(r_select);
+    state.counters["select_cold_elems_per_s"] = median(r_select_cold);
+    state.counters["speedup_vs_sort"] = median(r_sort);
+    state.counters["select_speedup_vs_sort"] = median(r_select_sort);
+    state.counters["memcpy_GBps"] = median(bw_memcpy);
+    state.counters["kept_MB"] = static_cast<double>(kept_bytes) / 1e6;
+    state.counters["rows"] = rows;
+    state.SetBytesProcessed(static_cast<std::int64_t>(kept_bytes) * state.iterations());
+  }
+};
+
+template <class T>
+void BM_Evict(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(2));
+  Clock::wall = threads != 1;
+  EvictCase<T> c(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), threads);
+  EvictSamples samples;
+  for (auto _ : state) {
+    state.PauseTiming();
+    c.reset();
+    state.ResumeTiming();
+
+    const double t_evict = c.time_evict();
+    state.SetIterationTime(t_evict);
+
+    state.PauseTiming();
+    samples.measure(c, state, t_evict);
     state.ResumeTiming();
   }
-  state.counters["ratio_vs_memcpy"] = median(r_memcpy);
-  state.counters["ratio_vs_stream_copy"] = median(r_stream);
-  state.counters["select_elems_per_s"] = median(r_select);
-  state.counters["select_cold_elems_per_s"] = median(r_select_cold);
-  state.counters["speedup_vs_sort"] = median(r_sort);
-  state.counters["select_speedup_vs_sort"] = median(r_select_sort);
-  state.counters["memcpy_GBps"] = median(bw_memcpy);
-  state.counters["kept_MB"] = static_cast<double>(kept_bytes) / 1e6;
-  state.counters["rows"] = n_layers * kKvHeads;
-  state.SetBytesProcessed(static_cast<std::int64_t>(kept_bytes) * state.iterations());
+  samples.set_counters(state, c.kept_bytes, c.n_layers * kKvHeads);
 }
 
 void evict_args(benchmark::internal::Benchmark* b) {
@@ -345,10 +406,7 @@ void BM_Select(benchmark::State& state) {
     if (path == 2) {
       for (int i = 0; i < n; ++i)
         pairs[static_cast<std::size_t>(i)] = {f[off + static_cast<std::size_t>(i)], i};
-      std::sort(pairs.begin(), pairs.end(),
-                [](const std::pair<float, int>& a, const std::pair<float, int>& c) {
-                  return a.first != c.first ? a.first > c.first : a.second < c.second;
-                });
+      std::sort(pairs.begin(), pairs.end(), HigherScoreFirst{});
       for (int i = 0; i < m; ++i) out.push_back(pairs[static_cast<std::size_t>(i)].second);
       std::sort(out.begin(), out.end());
     } else if (std::is_same<Key, depthkv::detail::FloatKeys>::value) {

@@ -18,6 +18,7 @@
 // Usage: gguf_engine_bench FILE [--prompt N] [--decode N] [--chunk N] [--threads N] [--dequantize]
 //          [--tokens F] [--logits-out F] [--logits-tokens N] [--repeat R] [--json F]
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -60,148 +61,226 @@ void add_weight(const RowMatrix& w, const QuantWeight& q, double& quant_bytes, d
   float_bytes += 4.0 * static_cast<double>(w.size());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Settings {
   std::string path, tokens_path, logits_path, json_path;
   int prompt = 128, decode = 16, chunk = 1024, threads = 0, logits_tokens = 64, repeat = 1;
   bool dequantize = false;
+};
+
+/// The options that take a value: whole numbers (read with atoi) and file names.
+struct IntOption {
+  const char* name;
+  int Settings::*field;
+};
+struct FileOption {
+  const char* name;
+  std::string Settings::*field;
+};
+const IntOption kIntOptions[] = {
+    {"--prompt", &Settings::prompt},   {"--decode", &Settings::decode},
+    {"--chunk", &Settings::chunk},     {"--threads", &Settings::threads},
+    {"--repeat", &Settings::repeat},   {"--logits-tokens", &Settings::logits_tokens},
+};
+const FileOption kFileOptions[] = {
+    {"--tokens", &Settings::tokens_path}, {"--logits-out", &Settings::logits_path}, {"--json", &Settings::json_path},
+};
+
+/// The value after option argv[i] (i then points at it); exits with status 2 when there is none.
+const char* option_value(int argc, char** argv, int& i) {
+  if (i + 1 >= argc) {
+    std::fprintf(stderr, "%s needs a value\n", argv[i]);
+    std::exit(2);
+  }
+  return argv[++i];
+}
+
+/// Sets the option argv[i] of kIntOptions or kFileOptions from its value; false when it is neither.
+bool set_valued_option(int argc, char** argv, int& i, Settings& s) {
+  for (const IntOption& o : kIntOptions)
+    if (!std::strcmp(argv[i], o.name)) {
+      s.*o.field = std::atoi(option_value(argc, argv, i));
+      return true;
+    }
+  for (const FileOption& o : kFileOptions)
+    if (!std::strcmp(argv[i], o.name)) {
+      s.*o.field = option_value(argc, argv, i);
+      return true;
+    }
+  return false;
+}
+
+/// Parses and checks the options; prints the usage line and returns false when they are wrong.
+bool parse_settings(int argc, char** argv, Settings& s) {
   for (int i = 1; i < argc; ++i) {
-    auto next = [&](const char* opt) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", opt);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (!std::strcmp(argv[i], "--prompt")) prompt = std::atoi(next("--prompt"));
-    else if (!std::strcmp(argv[i], "--decode")) decode = std::atoi(next("--decode"));
-    else if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(next("--chunk"));
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(next("--threads"));
-    else if (!std::strcmp(argv[i], "--dequantize")) dequantize = true;
-    else if (!std::strcmp(argv[i], "--tokens")) tokens_path = next("--tokens");
-    else if (!std::strcmp(argv[i], "--logits-out")) logits_path = next("--logits-out");
-    else if (!std::strcmp(argv[i], "--logits-tokens")) logits_tokens = std::atoi(next("--logits-tokens"));
-    else if (!std::strcmp(argv[i], "--repeat")) repeat = std::atoi(next("--repeat"));
-    else if (!std::strcmp(argv[i], "--json")) json_path = next("--json");
-    else if (argv[i][0] != '-' && path.empty()) path = argv[i];
+    if (set_valued_option(argc, argv, i, s)) continue;
+    if (!std::strcmp(argv[i], "--dequantize")) s.dequantize = true;
+    else if (argv[i][0] != '-' && s.path.empty()) s.path = argv[i];
     else {
       std::fprintf(stderr, "usage: gguf_engine_bench FILE [--prompt N] [--decode N] [--chunk N] [--threads N] [--dequantize] "
                            "[--tokens F] [--logits-out F] [--logits-tokens N] [--repeat R] [--json F]\n");
-      return 2;
+      return false;
     }
   }
-  if (path.empty() || prompt < 1 || decode < 0 || chunk < 1 || threads < 0 || logits_tokens < 1 || repeat < 1) {
+  if (s.path.empty() || s.prompt < 1 || s.decode < 0 || s.chunk < 1 || s.threads < 0 || s.logits_tokens < 1 || s.repeat < 1) {
     std::fprintf(stderr, "usage: gguf_engine_bench FILE [--prompt N >= 1] [--decode N >= 0] [--chunk N >= 1] [--threads N >= 0] [--dequantize]\n");
-    return 2;
+    return false;
   }
+  return true;
+}
+
+/// What the report and the --json object hold.
+struct Figures {
+  double file_mb = 0, rss_load_mb = 0, vmhwm_mb = 0;
+  double quant_bytes = 0, float_bytes = 0;           ///< weight matrices in place and as float32
+  double best_prefill = 1e300, best_decode = 1e300;  ///< seconds, the fastest of the --repeat runs
+  std::string prefill_runs, decode_runs;             ///< tokens/s of each run, comma-separated
+};
+
+/// Bytes of the weight matrices in place and as float32 (a tied classifier counted once).
+void weight_bytes(const LlamaModel& model, Figures& f) {
+  double& qb = f.quant_bytes;
+  double& fb = f.float_bytes;
+  add_weight(model.token_embedding, model.token_embedding_quant, qb, fb);
+  if (model.classifier_quant.data != model.token_embedding_quant.data || model.classifier_quant.empty())
+    add_weight(model.classifier, model.classifier_quant, qb, fb);
+  for (const LlamaLayerWeights& w : model.layers) {
+    add_weight(w.wq, w.wq_quant, qb, fb);
+    add_weight(w.wk, w.wk_quant, qb, fb);
+    add_weight(w.wv, w.wv_quant, qb, fb);
+    add_weight(w.wo, w.wo_quant, qb, fb);
+    add_weight(w.w1, w.w1_quant, qb, fb);
+    add_weight(w.w2, w.w2_quant, qb, fb);
+    add_weight(w.w3, w.w3_quant, qb, fb);
+  }
+}
+
+/// Loads the model and reports its shape, its weights and the RSS after the load.
+LlamaModel load_and_report(const Settings& s, Figures& f) {
+  const auto t0 = Clock::now();
+  LlamaModel model = load_gguf(s.path, GgufLoadOptions{s.dequantize});
+  const double load_s = seconds(t0);
+  f.file_mb = static_cast<double>(model.file_size) / (1024.0 * 1024.0);
+  const LlamaConfig& c = model.config;
+  weight_bytes(model, f);
+  std::printf("  model: dim %d, hidden %d, %d layers, %d / %d heads, vocab %d; file %.1f MiB, loaded in %.2f s\n", c.dim,
+              c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, f.file_mb, load_s);
+  std::printf("  weight matrices: %.1f MiB in place (stored blocks), %.1f MiB float32\n", f.quant_bytes / 1048576.0,
+              f.float_bytes / 1048576.0);
+  print_rss("after load", f.file_mb);
+  f.rss_load_mb = status_mb("VmRSS");
+  return model;
+}
+
+/// The ids of the --tokens file (none without one).
+std::vector<int> read_token_ids(const Settings& s) {
+  std::vector<int> ids;
+  if (s.tokens_path.empty()) return ids;
+  std::ifstream in(s.tokens_path);
+  DEPTHKV_CHECK_AS("main", in.good(), "cannot open --tokens file " << s.tokens_path);
+  ids.assign(std::istream_iterator<int>(in), std::istream_iterator<int>());
+  const int need = std::max(s.prompt + s.decode, s.logits_path.empty() ? 0 : s.logits_tokens);
+  DEPTHKV_CHECK_AS("main", static_cast<int>(ids.size()) >= need,
+                   s.tokens_path << " has " << ids.size() << " token ids, need " << s.prompt + s.decode);
+  return ids;
+}
+
+/// The prompt: the first --prompt ids of the --tokens file, else synthetic ids.
+std::vector<int> prompt_ids(const std::vector<int>& ids, int prompt, int vocab_size) {
+  if (!ids.empty()) return std::vector<int>(ids.begin(), ids.begin() + prompt);
+  std::vector<int> synth(static_cast<std::size_t>(prompt));
+  for (int i = 0; i < prompt; ++i) synth[static_cast<std::size_t>(i)] = (i * 7919 + 13) % vocab_size;
+  return synth;
+}
+
+ForwardOptions forward_options(const Settings& s, bool all_logits) {
+  ForwardOptions opt;
+  opt.chunk_size = s.chunk;
+  opt.n_threads = s.threads;
+  opt.all_logits = all_logits;
+  return opt;
+}
+
+/// One timed prefill + decode on a fresh cache: reports them and keeps the fastest.
+void timed_run(const LlamaEngine& engine, const Settings& s, const std::vector<int>& ids,
+               const std::vector<int>& prompt, int rep, Figures& f) {
+  HostCache cache = engine.make_cache(s.prompt + s.decode);  // sized once, as a serving engine sizes a sequence
+  ForwardOptions opt = forward_options(s, false);
+  EngineStats pst;
+  opt.stats = &pst;
+  auto t0 = Clock::now();
+  const RowMatrix last = engine.prefill(prompt, 0, cache, opt);
+  const double prefill_s = seconds(t0);
+  std::printf("  prefill %d tokens: %.2f s = %.1f tokens/s (matmul %.0f%%, attention %.0f%%)\n", s.prompt, prefill_s,
+              s.prompt / prefill_s, 100 * pst.matmul_s / pst.total(), 100 * pst.attention_s / pst.total());
+  print_rss("after prefill", f.file_mb);
+  Eigen::Index next = 0;
+  last.row(0).maxCoeff(&next);
+  EngineStats dst;
+  t0 = Clock::now();
+  for (int i = 0; i < s.decode; ++i) {  // greedy, or teacher-forced on the --tokens ids
+    const int tok = ids.empty() ? static_cast<int>(next) : ids[static_cast<std::size_t>(s.prompt + i)];
+    const Eigen::VectorXf lg = engine.decode(tok, s.prompt + i, cache, &dst, opt);
+    lg.maxCoeff(&next);
+  }
+  const double decode_s = seconds(t0);
+  if (s.decode > 0)
+    std::printf("  decode %d tokens: %.2f s = %.2f tokens/s (matmul %.0f%%)\n", s.decode, decode_s, s.decode / decode_s,
+                100 * dst.matmul_s / dst.total());
+  print_rss("after decode", f.file_mb);
+  f.best_prefill = std::min(f.best_prefill, prefill_s);
+  f.best_decode = std::min(f.best_decode, decode_s);
+  f.prefill_runs += (rep ? ", " : "") + std::to_string(s.prompt / prefill_s);
+  f.decode_runs += (rep ? ", " : "") + std::to_string(s.decode > 0 ? s.decode / decode_s : 0.0);
+}
+
+/// --logits-out: every position's logits of a separate prefill of the first --logits-tokens ids.
+void write_logits(const LlamaEngine& engine, const Settings& s, const std::vector<int>& ids,
+                  const std::vector<int>& prompt) {
+  const std::vector<int> lt = ids.empty()
+                                  ? std::vector<int>(prompt.begin(), prompt.begin() + std::min(s.prompt, s.logits_tokens))
+                                  : std::vector<int>(ids.begin(), ids.begin() + s.logits_tokens);
+  HostCache lc = engine.make_cache();
+  const RowMatrix all = engine.prefill(lt, 0, lc, forward_options(s, true));
+  std::ofstream out(s.logits_path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(sizeof(float) * all.size()));
+  DEPTHKV_CHECK_AS("main", out.good(), "cannot write " << s.logits_path);
+  std::printf("  logits of %d positions x %d written to %s\n", static_cast<int>(all.rows()), engine.config().vocab_size,
+              s.logits_path.c_str());
+}
+
+void write_json(const Settings& s, const LlamaConfig& c, const Figures& f) {
+  // KV cache of prompt + decode tokens, float32 keys and values
+  const double kv_mb = 2.0 * 4.0 * c.n_layers * c.n_kv_heads * c.head_dim * (s.prompt + s.decode) / 1048576.0;
+  std::ofstream js(s.json_path);
+  js << "{\"file_mb\": " << f.file_mb << ", \"prompt\": " << s.prompt << ", \"decode\": " << s.decode
+     << ", \"threads\": " << s.threads << ", \"prefill_tok_s\": " << s.prompt / f.best_prefill
+     << ", \"decode_tok_s\": " << (s.decode > 0 ? s.decode / f.best_decode : 0.0)
+     << ", \"prefill_runs\": [" << f.prefill_runs << "], \"decode_runs\": [" << f.decode_runs
+     << "], \"rss_after_load_mb\": " << f.rss_load_mb << ", \"vmhwm_mb\": " << f.vmhwm_mb << ", \"kv_cache_mb\": " << kv_mb
+     << ", \"weights_in_place_mb\": " << f.quant_bytes / 1048576.0
+     << ", \"weights_float32_mb\": " << f.float_bytes / 1048576.0 << "}\n";
+  DEPTHKV_CHECK_AS("main", js.good(), "cannot write " << s.json_path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  if (!parse_settings(argc, argv, s)) return 2;
   try {
-    std::printf("gguf_engine_bench %s (%s weights), %d threads (0 = OpenMP default)\n", path.c_str(),
-                dequantize ? "float32 twin" : "stored blocks in place", threads);
+    std::printf("gguf_engine_bench %s (%s weights), %d threads (0 = OpenMP default)\n", s.path.c_str(),
+                s.dequantize ? "float32 twin" : "stored blocks in place", s.threads);
     print_rss("before load", 1.0);  // ratio meaningless here
-    auto t0 = Clock::now();
-    const LlamaModel model = load_gguf(path, GgufLoadOptions{dequantize});
-    const double load_s = seconds(t0);
-    const double file_mb = static_cast<double>(model.file_size) / (1024.0 * 1024.0);
-    const LlamaConfig& c = model.config;
-    double qb = 0, fb = 0;
-    add_weight(model.token_embedding, model.token_embedding_quant, qb, fb);
-    if (model.classifier_quant.data != model.token_embedding_quant.data || model.classifier_quant.empty())
-      add_weight(model.classifier, model.classifier_quant, qb, fb);
-    for (const LlamaLayerWeights& w : model.layers) {
-      add_weight(w.wq, w.wq_quant, qb, fb);
-      add_weight(w.wk, w.wk_quant, qb, fb);
-      add_weight(w.wv, w.wv_quant, qb, fb);
-      add_weight(w.wo, w.wo_quant, qb, fb);
-      add_weight(w.w1, w.w1_quant, qb, fb);
-      add_weight(w.w2, w.w2_quant, qb, fb);
-      add_weight(w.w3, w.w3_quant, qb, fb);
-    }
-    std::printf("  model: dim %d, hidden %d, %d layers, %d / %d heads, vocab %d; file %.1f MiB, loaded in %.2f s\n", c.dim,
-                c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, file_mb, load_s);
-    std::printf("  weight matrices: %.1f MiB in place (stored blocks), %.1f MiB float32\n", qb / 1048576.0, fb / 1048576.0);
-    print_rss("after load", file_mb);
-
-    const double rss_load_mb = status_mb("VmRSS");
-
+    Figures f;
+    const LlamaModel model = load_and_report(s, f);
     const LlamaEngine engine(model);
-    std::vector<int> ids;
-    if (!tokens_path.empty()) {
-      std::ifstream in(tokens_path);
-      DEPTHKV_CHECK(in.good(), "cannot open --tokens file " << tokens_path);
-      ids.assign(std::istream_iterator<int>(in), std::istream_iterator<int>());
-      DEPTHKV_CHECK(static_cast<int>(ids.size()) >= std::max(prompt + decode, logits_path.empty() ? 0 : logits_tokens),
-                    tokens_path << " has " << ids.size() << " token ids, need " << prompt + decode);
-    }
-    const std::vector<int> tokens = ids.empty() ? std::vector<int>() : std::vector<int>(ids.begin(), ids.begin() + prompt);
-    std::vector<int> synth_tokens;
-    if (ids.empty()) {
-      synth_tokens.resize(static_cast<std::size_t>(prompt));
-      for (int i = 0; i < prompt; ++i) synth_tokens[static_cast<std::size_t>(i)] = (i * 7919 + 13) % c.vocab_size;
-    }
-    const std::vector<int>& prompt_ids = ids.empty() ? synth_tokens : tokens;
-    ForwardOptions opt;
-    opt.chunk_size = chunk;
-    opt.n_threads = threads;
-    opt.all_logits = false;
-    double best_prefill = 1e300, best_decode = 1e300;
-    std::string prefill_runs, decode_runs;
-    for (int rep = 0; rep < repeat; ++rep) {
-      HostCache cache = engine.make_cache(prompt + decode);  // sized once, as a serving engine sizes a sequence
-      EngineStats pst;
-      opt.stats = &pst;
-      t0 = Clock::now();
-      const RowMatrix last = engine.prefill(prompt_ids, 0, cache, opt);
-      const double prefill_s = seconds(t0);
-      std::printf("  prefill %d tokens: %.2f s = %.1f tokens/s (matmul %.0f%%, attention %.0f%%)\n", prompt, prefill_s,
-                  prompt / prefill_s, 100 * pst.matmul_s / pst.total(), 100 * pst.attention_s / pst.total());
-      print_rss("after prefill", file_mb);
-      Eigen::Index next = 0;
-      last.row(0).maxCoeff(&next);
-      EngineStats dst;
-      t0 = Clock::now();
-      for (int i = 0; i < decode; ++i) {
-        const int tok = ids.empty() ? static_cast<int>(next) : ids[static_cast<std::size_t>(prompt + i)];
-        const Eigen::VectorXf lg = engine.decode(tok, prompt + i, cache, &dst, opt);
-        lg.maxCoeff(&next);
-      }
-      const double decode_s = seconds(t0);
-      if (decode > 0)
-        std::printf("  decode %d tokens: %.2f s = %.2f tokens/s (matmul %.0f%%)\n", decode, decode_s, decode / decode_s,
-                    100 * dst.matmul_s / dst.total());
-      print_rss("after decode", file_mb);
-      best_prefill = std::min(best_prefill, prefill_s);
-      best_decode = std::min(best_decode, decode_s);
-      prefill_runs += (rep ? ", " : "") + std::to_string(prompt / prefill_s);
-      decode_runs += (rep ? ", " : "") + std::to_string(decode > 0 ? decode / decode_s : 0.0);
-    }
-    std::printf("  peak RSS (VmHWM) %.1f MiB = %.3fx the file\n", status_mb("VmHWM"), status_mb("VmHWM") / file_mb);
-    const double vmhwm_mb = status_mb("VmHWM");  // before the logits run (its [n x vocab] output is the check's, not the engine's)
-    if (!logits_path.empty()) {
-      const std::vector<int> lt = ids.empty() ? std::vector<int>(prompt_ids.begin(), prompt_ids.begin() + std::min(prompt, logits_tokens))
-                                              : std::vector<int>(ids.begin(), ids.begin() + logits_tokens);
-      HostCache lc = engine.make_cache();
-      opt.stats = nullptr;
-      opt.all_logits = true;
-      const RowMatrix all = engine.prefill(lt, 0, lc, opt);
-      std::ofstream out(logits_path, std::ios::binary);
-      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(sizeof(float) * all.size()));
-      DEPTHKV_CHECK(out.good(), "cannot write " << logits_path);
-      std::printf("  logits of %d positions x %d written to %s\n", static_cast<int>(all.rows()), c.vocab_size,
-                  logits_path.c_str());
-    }
-    if (!json_path.empty()) {
-      // KV cache of prompt + decode tokens, float32 keys and values
-      const double kv_mb = 2.0 * 4.0 * c.n_layers * c.n_kv_heads * c.head_dim * (prompt + decode) / 1048576.0;
-      std::ofstream js(json_path);
-      js << "{\"file_mb\": " << file_mb << ", \"prompt\": " << prompt << ", \"decode\": " << decode
-         << ", \"threads\": " << threads << ", \"prefill_tok_s\": " << prompt / best_prefill
-         << ", \"decode_tok_s\": " << (decode > 0 ? decode / best_decode : 0.0) << ", \"prefill_runs\": [" << prefill_runs
-         << "], \"decode_runs\": [" << decode_runs << "], \"rss_after_load_mb\": " << rss_load_mb
-         << ", \"vmhwm_mb\": " << vmhwm_mb << ", \"kv_cache_mb\": " << kv_mb
-         << ", \"weights_in_place_mb\": " << qb / 1048576.0 << ", \"weights_float32_mb\": " << fb / 1048576.0 << "}\n";
-      DEPTHKV_CHECK(js.good(), "cannot write " << json_path);
-    }
+    const std::vector<int> ids = read_token_ids(s);
+    const std::vector<int> prompt = prompt_ids(ids, s.prompt, model.config.vocab_size);
+    for (int rep = 0; rep < s.repeat; ++rep) timed_run(engine, s, ids, prompt, rep, f);
+    std::printf("  peak RSS (VmHWM) %.1f MiB = %.3fx the file\n", status_mb("VmHWM"), status_mb("VmHWM") / f.file_mb);
+    f.vmhwm_mb = status_mb("VmHWM");  // before the logits run (its [n x vocab] output is the check's, not the engine's)
+    if (!s.logits_path.empty()) write_logits(engine, s, ids, prompt);
+    if (!s.json_path.empty()) write_json(s, model.config, f);
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "gguf_engine_bench: %s\n", e.what());
     return 1;

@@ -64,6 +64,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -203,18 +204,15 @@ int argmax(const Eigen::Ref<const Eigen::RowVectorXf>& r) {
   return static_cast<int>(i);
 }
 
-Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contexts, const Settings& s, const Mode& m,
-          const SensitivityProfile* profile) {
-  const LlamaConfig& c = engine.config();
-  const int per_seq = c.n_layers * ((s.context + s.gen - 1 + s.block_size - 1) / s.block_size);
-  BlockPool<float> pool(s.pool_seqs * per_seq, s.block_size, c.n_kv_heads, c.head_dim);
-  Row row;
-  row.mode = m;
-  row.pool_blocks = pool.num_blocks();
-  row.reservation = s.reserve_override > 0 ? s.reserve_override : reservation_blocks(m, s, c.n_layers);
-  DEPTHKV_CHECK(row.reservation <= pool.num_blocks(),
-                "a request needs " << row.reservation << " blocks, the pool has " << pool.num_blocks());
-  PruneSpec spec;  // a chunked schedule: evict after every prefill chunk and every interval decoded tokens
+/// Blocks one request holds with no eviction: every layer holds context + gen - 1 tokens.
+int blocks_per_seq(const Settings& s, int layers) {
+  return layers * ((s.context + s.gen - 1 + s.block_size - 1) / s.block_size);
+}
+
+/// The mode's pruning: the chunked schedule (evict after every prefill chunk and every interval
+/// decoded tokens) with the profile's selection.
+PruneSpec prune_spec(const Settings& s, const Mode& m) {
+  PruneSpec spec;
   spec.policy = m.policy;
   spec.budget = Budget::keep(m.keep);
   spec.protection = s.protection;
@@ -223,121 +221,205 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   spec.scorer.kernel = s.kernel;
   spec.scorer.pooling = Pooling::kMax;
   spec.schedule = {ScheduleMode::kChunked, s.chunk, s.interval};
+  return spec;
+}
+
+/// What the mode's policy reads from the profile (nothing for the policies that need none).
+PolicyCurves mode_curves(const Mode& m, const SensitivityProfile* profile) {
   PolicyCurves curves;
   if (profile && policy_needs_profile(m.policy)) {
     curves.layer = *profile;
     curves.has_layer = true;
   }
-  ForwardOptions run;
-  run.chunk_size = s.chunk;
-  run.n_threads = 1;
-  Seq* current = nullptr;  // the request being stepped: its peaks after each append, before its eviction
-  run.after_chunk = [&](int, std::int32_t) {
-    row.peak_blocks = std::max(row.peak_blocks, pool.num_used());
-    current->peak_blocks = std::max(current->peak_blocks, blocks_held(current->gen->cache()));
-  };
+  return curves;
+}
 
-  std::deque<int> queue;
-  for (int i = 0; i < static_cast<int>(contexts.size()); ++i) queue.push_back(i);
-  std::vector<std::unique_ptr<Seq>> active;
-  std::vector<std::unique_ptr<Seq>> quality_done;
-  int reserved = 0;
-  long long active_sum = 0;
-  const auto t0 = Clock::now();
-  while (!queue.empty() || !active.empty()) {
-    while (!queue.empty() && reserved + row.reservation <= pool.num_blocks()) {  // admission
-      auto q = std::make_unique<Seq>();
-      q->id = queue.front();
-      queue.pop_front();
-      PagedCache cache;
-      for (int l = 0; l < c.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool, c.n_kv_heads, c.head_dim));
-      q->gen = std::make_unique<PrunedGeneration<PagedCache>>(
-          engine, std::move(cache), m.evict ? std::optional<PruneSpec>(spec) : std::nullopt, curves, nullptr, run);
-      reserved += row.reservation;
-      active.push_back(std::move(q));
-    }
-    row.max_active = std::max(row.max_active, static_cast<int>(active.size()));
-    active_sum += static_cast<long long>(active.size());
-    ++row.steps;
-    const long long progress_before = row.prefill_tokens + row.decode_tokens;
-    for (auto& q : active) {  // one step: a prefill chunk or a decode token for each
-      const std::vector<int>& ctx = contexts[static_cast<std::size_t>(q->id)];
-      const bool prefill = q->pos < s.context;
-      const int n = prefill ? std::min(s.chunk, s.context - q->pos) : 1;
-      if (blocks_for(q->gen->cache(), n) > pool.num_free()) {  // back-pressure: never with correct admission
-        ++row.exhausted;
-        continue;
-      }
-      RowMatrix lg;
-      const double sched_before = q->gen->report().schedule_ms;
-      current = q.get();
-      try {
-        lg = prefill ? q->gen->feed(ctx.data() + q->pos, n) : q->gen->step(q->next);
-      } catch (const Error& e) {
-        if (std::strstr(e.what(), "pool exhausted") == nullptr) throw;
-        ++row.exhausted;
-        continue;
-      }
-      row.schedule_s += (q->gen->report().schedule_ms - sched_before) / 1000.0;
-      q->pos += n;
-      (prefill ? row.prefill_tokens : row.decode_tokens) += n;
-      if (q->pos < s.context) continue;  // still prefilling
-      q->next = argmax(lg.row(0));
-      q->generated.push_back(q->next);
-      if (q->id < s.quality) q->logits.push_back(lg.row(0).transpose());
-    }
-    for (std::size_t i = 0; i < active.size();) {  // completion: blocks back to the pool
-      Seq& q = *active[i];
-      if (static_cast<int>(q.generated.size()) < s.gen) {
-        ++i;
-        continue;
-      }
-      row.over_reservation += q.peak_blocks > row.reservation ? 1 : 0;
-      row.peak_seq_blocks = std::max(row.peak_seq_blocks, q.peak_blocks);
-      if (q.id == 0 && m.evict) row.final_budgets = q.gen->report().prune.budgets;
-      q.gen.reset();  // its cache's blocks go back to the pool
-      reserved -= row.reservation;
-      ++row.completed;
-      if (q.id < s.quality) quality_done.push_back(std::move(active[i]));
-      active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    if (row.prefill_tokens + row.decode_tokens == progress_before) break;  // every active request short: stuck
+/// One mode's simulation (file comment): the pool, the queue, the requests in flight and the
+/// figures. Holds `this` in its forward options: not to be moved.
+class Simulation {
+ public:
+  Simulation(const LlamaEngine& engine, const std::vector<std::vector<int>>& contexts, const Settings& s, const Mode& m,
+             const SensitivityProfile* profile)
+      : engine_(engine), contexts_(contexts), s_(s), m_(m), c_(engine.config()),
+        pool_(s.pool_seqs * blocks_per_seq(s, c_.n_layers), s.block_size, c_.n_kv_heads, c_.head_dim) {
+    row_.mode = m;
+    row_.pool_blocks = pool_.num_blocks();
+    row_.reservation = s.reserve_override > 0 ? s.reserve_override : reservation_blocks(m, s, c_.n_layers);
+    DEPTHKV_CHECK_AS("serve", row_.reservation <= pool_.num_blocks(),
+                     "a request needs " << row_.reservation << " blocks, the pool has " << pool_.num_blocks());
+    spec_ = prune_spec(s, m);
+    curves_ = mode_curves(m, profile);
+    run_.chunk_size = s.chunk;
+    run_.n_threads = 1;
+    run_.after_chunk = [this](int, std::int32_t) {  // the request's peaks after each append, before its eviction
+      row_.peak_blocks = std::max(row_.peak_blocks, pool_.num_used());
+      current_->peak_blocks = std::max(current_->peak_blocks, blocks_held(current_->gen->cache()));
+    };
+    for (int i = 0; i < static_cast<int>(contexts.size()); ++i) queue_.push_back(i);
   }
-  row.wall_s = seconds(t0);
-  row.mean_active = row.steps > 0 ? static_cast<double>(active_sum) / row.steps : 0.0;
-  for (auto& q : active) q->gen.reset();  // left by a stuck pool: their blocks go back before the leak check
-  DEPTHKV_CHECK(pool.num_free() == pool.num_blocks() && pool.check(), "blocks leaked");
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
 
-  // quality: the full cache teacher-forced on the generated tokens
+  /// Serves every request; the figures, less the quality's.
+  Row run();
+  /// The quality requests, completed (their logits and generated tokens).
+  const std::vector<std::unique_ptr<Seq>>& quality_done() const { return quality_done_; }
+
+ private:
+  void admit();
+  void step(Seq& q);
+  bool forward(Seq& q, bool prefill, int n, RowMatrix& lg);
+  void release_completed();
+  long long progress() const { return row_.prefill_tokens + row_.decode_tokens; }
+
+  const LlamaEngine& engine_;
+  const std::vector<std::vector<int>>& contexts_;
+  const Settings& s_;
+  const Mode m_;
+  const LlamaConfig& c_;
+  BlockPool<float> pool_;  // before the requests, whose caches hold its blocks
+  Row row_;
+  PruneSpec spec_;
+  PolicyCurves curves_;
+  ForwardOptions run_;
+  Seq* current_ = nullptr;  // the request being stepped
+  std::deque<int> queue_;
+  std::vector<std::unique_ptr<Seq>> active_;
+  std::vector<std::unique_ptr<Seq>> quality_done_;
+  int reserved_ = 0;
+  long long active_sum_ = 0;
+};
+
+Row Simulation::run() {
+  const auto t0 = Clock::now();
+  while (!queue_.empty() || !active_.empty()) {
+    admit();
+    row_.max_active = std::max(row_.max_active, static_cast<int>(active_.size()));
+    active_sum_ += static_cast<long long>(active_.size());
+    ++row_.steps;
+    const long long progress_before = progress();
+    for (auto& q : active_) step(*q);  // one step: a prefill chunk or a decode token for each
+    release_completed();
+    if (progress() == progress_before) break;  // every active request short: stuck
+  }
+  row_.wall_s = seconds(t0);
+  row_.mean_active = row_.steps > 0 ? static_cast<double>(active_sum_) / row_.steps : 0.0;
+  for (auto& q : active_) q->gen.reset();  // left by a stuck pool: their blocks go back before the leak check
+  DEPTHKV_CHECK_AS("serve", pool_.num_free() == pool_.num_blocks() && pool_.check(), "blocks leaked");
+  return row_;
+}
+
+/// Admission: the next requests while their reservations fit the pool.
+void Simulation::admit() {
+  while (!queue_.empty() && reserved_ + row_.reservation <= pool_.num_blocks()) {
+    auto q = std::make_unique<Seq>();
+    q->id = queue_.front();
+    queue_.pop_front();
+    PagedCache cache;
+    for (int l = 0; l < c_.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool_, c_.n_kv_heads, c_.head_dim));
+    q->gen = std::make_unique<PrunedGeneration<PagedCache>>(
+        engine_, std::move(cache), m_.evict ? std::optional<PruneSpec>(spec_) : std::nullopt, curves_, nullptr, run_);
+    reserved_ += row_.reservation;
+    active_.push_back(std::move(q));
+  }
+}
+
+/// One unit of work of a request: a prefill chunk, or a decode token.
+void Simulation::step(Seq& q) {
+  const bool prefill = q.pos < s_.context;
+  const int n = prefill ? std::min(s_.chunk, s_.context - q.pos) : 1;
+  if (blocks_for(q.gen->cache(), n) > pool_.num_free()) {  // back-pressure: never with correct admission
+    ++row_.exhausted;
+    return;
+  }
+  RowMatrix lg;
+  const double sched_before = q.gen->report().schedule_ms;
+  if (!forward(q, prefill, n, lg)) return;
+  row_.schedule_s += (q.gen->report().schedule_ms - sched_before) / 1000.0;
+  q.pos += n;
+  (prefill ? row_.prefill_tokens : row_.decode_tokens) += n;
+  if (q.pos < s_.context) return;  // still prefilling
+  q.next = argmax(lg.row(0));
+  q.generated.push_back(q.next);
+  if (q.id < s_.quality) q.logits.push_back(lg.row(0).transpose());
+}
+
+/// The forward pass of a step; false (counted as exhausted) when the pool ran short anyway.
+bool Simulation::forward(Seq& q, bool prefill, int n, RowMatrix& lg) {
+  const std::vector<int>& ctx = contexts_[static_cast<std::size_t>(q.id)];
+  current_ = &q;
+  try {
+    lg = prefill ? q.gen->feed(ctx.data() + q.pos, n) : q.gen->step(q.next);
+  } catch (const Error& e) {
+    if (std::strstr(e.what(), "pool exhausted") == nullptr) throw;
+    ++row_.exhausted;
+    return false;
+  }
+  return true;
+}
+
+/// Completion: the requests that generated --gen tokens give their blocks back to the pool.
+void Simulation::release_completed() {
+  for (std::size_t i = 0; i < active_.size();) {
+    Seq& q = *active_[i];
+    if (static_cast<int>(q.generated.size()) < s_.gen) {
+      ++i;
+      continue;
+    }
+    row_.over_reservation += q.peak_blocks > row_.reservation ? 1 : 0;
+    row_.peak_seq_blocks = std::max(row_.peak_seq_blocks, q.peak_blocks);
+    if (q.id == 0 && m_.evict) row_.final_budgets = q.gen->report().prune.budgets;
+    q.gen.reset();  // its cache's blocks go back to the pool
+    reserved_ -= row_.reservation;
+    ++row_.completed;
+    if (q.id < s_.quality) quality_done_.push_back(std::move(active_[i]));
+    active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+/// A quality request against the full cache teacher-forced on its generated tokens.
+ContinuationMetrics quality_of(const LlamaEngine& engine, const std::vector<int>& ctx, const Seq& q, const Settings& s) {
+  const LlamaConfig& c = engine.config();
+  HostCache full = engine.make_cache();
+  ForwardOptions opt;
+  opt.chunk_size = s.chunk;
+  opt.all_logits = false;
+  RowMatrix ref(s.gen, c.vocab_size);
+  ref.row(0) = engine.forward(ctx, 0, full, opt).row(0);
+  const std::vector<int> fed(q.generated.begin(), q.generated.end() - 1);
+  if (!fed.empty()) ref.bottomRows(s.gen - 1) = engine.teacher_force(fed, s.context, full);
+  RowMatrix got(s.gen, c.vocab_size);
+  for (int i = 0; i < s.gen; ++i) got.row(i) = q.logits[static_cast<std::size_t>(i)].transpose();
+  return compare_logits(ref, got, std::vector<int>(static_cast<std::size_t>(s.gen), -1));
+}
+
+/// Mean KL with its standard error, and mean top-1 agreement, into the row.
+void summarize_quality(const std::vector<double>& kl, const std::vector<double>& top1, Row& row) {
+  row.quality_requests = static_cast<int>(kl.size());
+  if (kl.empty()) return;
+  double sum = 0, sq = 0, t = 0;
+  for (std::size_t i = 0; i < kl.size(); ++i) {
+    sum += kl[i];
+    t += top1[i];
+  }
+  row.kl = sum / static_cast<double>(kl.size());
+  for (double x : kl) sq += (x - row.kl) * (x - row.kl);
+  row.kl_se = kl.size() > 1 ? std::sqrt(sq / static_cast<double>(kl.size() - 1) / static_cast<double>(kl.size())) : 0;
+  row.top1 = t / static_cast<double>(kl.size());
+}
+
+/// One mode served: the simulation, then (not timed) the quality of its first --quality requests.
+Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contexts, const Settings& s, const Mode& m,
+          const SensitivityProfile* profile) {
+  Simulation sim(engine, contexts, s, m, profile);
+  Row row = sim.run();
   std::vector<double> kl, top1;
-  for (const auto& q : quality_done) {
-    const std::vector<int>& ctx = contexts[static_cast<std::size_t>(q->id)];
-    HostCache full = engine.make_cache();
-    ForwardOptions opt;
-    opt.chunk_size = s.chunk;
-    opt.all_logits = false;
-    RowMatrix ref(s.gen, c.vocab_size);
-    ref.row(0) = engine.forward(ctx, 0, full, opt).row(0);
-    const std::vector<int> fed(q->generated.begin(), q->generated.end() - 1);
-    if (!fed.empty()) ref.bottomRows(s.gen - 1) = engine.teacher_force(fed, s.context, full);
-    RowMatrix got(s.gen, c.vocab_size);
-    for (int i = 0; i < s.gen; ++i) got.row(i) = q->logits[static_cast<std::size_t>(i)].transpose();
-    const ContinuationMetrics cm = compare_logits(ref, got, std::vector<int>(static_cast<std::size_t>(s.gen), -1));
+  for (const auto& q : sim.quality_done()) {
+    const ContinuationMetrics cm = quality_of(engine, contexts[static_cast<std::size_t>(q->id)], *q, s);
     kl.push_back(cm.loss.kl);
     top1.push_back(1.0 - cm.loss.top1_disagree);
   }
-  row.quality_requests = static_cast<int>(kl.size());
-  if (!kl.empty()) {
-    double sum = 0, sq = 0, t = 0;
-    for (std::size_t i = 0; i < kl.size(); ++i) {
-      sum += kl[i];
-      t += top1[i];
-    }
-    row.kl = sum / static_cast<double>(kl.size());
-    for (double x : kl) sq += (x - row.kl) * (x - row.kl);
-    row.kl_se = kl.size() > 1 ? std::sqrt(sq / static_cast<double>(kl.size() - 1) / static_cast<double>(kl.size())) : 0;
-    row.top1 = t / static_cast<double>(kl.size());
-  }
+  summarize_quality(kl, top1, row);
   return row;
 }
 
@@ -355,149 +437,215 @@ std::string budgets_string(const std::vector<int>& b) {
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+/// The command line: the simulation's settings and what to run it on.
+struct Options {
   Settings s;
   bool json = false;
   int reps = 1;
   std::string data = depthkv_bench::default_data_dir();
   std::string profile_path, model_path, text_path;
+};
+
+/// --keep R,R,...: every ratio a whole real number.
+bool parse_keeps(const char* v, std::vector<double>& keeps) {
+  keeps.clear();
+  for (const std::string& k : split_list(v)) {
+    char* end = nullptr;
+    keeps.push_back(std::strtod(k.c_str(), &end));
+    if (end == k.c_str() || *end) return false;
+  }
+  return true;
+}
+
+/// The counts that must be >= 1.
+bool counts_valid(const Settings& s, int reps) {
+  const int counts[] = {s.pool_seqs, s.block_size, s.requests, s.context, s.gen, s.chunk, s.interval, reps};
+  return std::all_of(std::begin(counts), std::end(counts), [](int n) { return n >= 1; });
+}
+
+bool settings_valid(const Settings& s, int reps) {
+  const bool keeps_ok = std::all_of(s.keeps.begin(), s.keeps.end(), [](double k) { return k > 0 && k <= 1; });
+  return counts_valid(s, reps) && s.quality >= 0 && s.skip >= 0 && keeps_ok && s.reserve_override >= 0;
+}
+
+/// Parses and checks the options (the defaults: stories260K on TinyStories, its profile); prints
+/// what is wrong and returns false.
+bool parse_options(int argc, char** argv, Options& o) {
+  Settings& s = o.s;
   depthkv_bench::Args args("serving_bench");
-  args.option("--model", model_path).option("--text", text_path);
+  args.option("--model", o.model_path).option("--text", o.text_path);
   args.option("--pool-seqs", s.pool_seqs).option("--block-size", s.block_size).option("--requests", s.requests);
   args.option("--context", s.context).option("--gen", s.gen).option("--chunk", s.chunk).option("--interval", s.interval);
-  args.option("--keep", "R,R,...", [&](const char* v) {
-    s.keeps.clear();
-    for (const std::string& k : split_list(v)) {
-      char* end = nullptr;
-      s.keeps.push_back(std::strtod(k.c_str(), &end));
-      if (end == k.c_str() || *end) return false;
-    }
-    return true;
-  });
-  args.option("--policies", "uniform,optimal", [&](const char* v) {
+  args.option("--keep", "R,R,...", [&s](const char* v) { return parse_keeps(v, s.keeps); });
+  args.option("--policies", "uniform,optimal", [&s](const char* v) {
     s.policies = split_list(v);
     return true;
   });
-  args.option("--scorer", s.scorer).option("--quality", s.quality).option("--skip", s.skip).option("--reps", reps);
-  args.option("--profile", profile_path).option("--data", data).flag("--json", json);
+  args.option("--scorer", s.scorer).option("--quality", s.quality).option("--skip", s.skip).option("--reps", o.reps);
+  args.option("--profile", o.profile_path).option("--data", o.data).flag("--json", o.json);
   args.option("--reserve-blocks", s.reserve_override);
-  if (!args.parse(argc, argv)) return 2;
-  bool keeps_ok = true;
-  for (double k : s.keeps) keeps_ok = keeps_ok && k > 0 && k <= 1;
-  if (s.pool_seqs < 1 || s.block_size < 1 || s.requests < 1 || s.context < 1 || s.gen < 1 || s.chunk < 1 ||
-      s.interval < 1 || s.quality < 0 || s.skip < 0 || reps < 1 || !keeps_ok || s.reserve_override < 0) {
+  if (!args.parse(argc, argv)) return false;
+  if (!settings_valid(s, o.reps)) {
     std::fprintf(stderr, "serving_bench: --pool-seqs, --block-size, --requests, --context, --gen, --chunk, --interval "
                          "--reps must be >= 1, --quality, --skip, --reserve-blocks >= 0, --keep in (0, 1]\n");
-    return 2;
+    return false;
   }
-  const bool stories = model_path.empty();  // the default: stories260K on TinyStories, its profile
-  if (stories) model_path = data + "/models/stories260K/stories260K.bin";
-  if (stories && profile_path.empty())
-    profile_path = std::string(DEPTHKV_SOURCE_DIR) + "/docs/results/stories260K.profile.json";
+  const bool stories = o.model_path.empty();
+  if (stories) o.model_path = o.data + "/models/stories260K/stories260K.bin";
+  if (stories && o.profile_path.empty())
+    o.profile_path = std::string(DEPTHKV_SOURCE_DIR) + "/docs/results/stories260K.profile.json";
+  return true;
+}
+
+/// The requests' contexts: the first --context tokens of each window of --context + --gen tokens.
+std::vector<std::vector<int>> request_contexts(const OpenedModel& om, const Options& o) {
+  const Settings& s = o.s;
+  // --text: the whole file as one document; else TinyStories split into stories
+  const std::vector<int> ids =
+      o.text_path.empty() ? encode_stories(*om.tokenizer,
+                                           split_documents(read_text_file(o.data + "/text/tinystories_valid.txt")))
+                          : om.tokenizer->encode(read_text_file(o.text_path), /*bos=*/true, /*eos=*/false);
+  const auto windows = token_windows(ids, s.context + s.gen, s.skip, s.requests);
+  DEPTHKV_CHECK_AS("main", static_cast<int>(windows.size()) == s.requests,
+                   "the text has " << windows.size() << " windows after skipping " << s.skip << ", need " << s.requests);
+  std::vector<std::vector<int>> contexts;
+  for (const auto& w : windows) contexts.emplace_back(w.begin(), w.begin() + s.context);
+  return contexts;
+}
+
+/// The profile's curves for --scorer (empty without --profile, which only uniform may lack).
+SensitivityProfile load_curves(const Options& o) {
+  const std::vector<std::string>& p = o.s.policies;
+  const bool curves = std::find(p.begin(), p.end(), "uniform") == p.end() || p.size() > 1;
+  DEPTHKV_CHECK_AS("main", !curves || !o.profile_path.empty(), "policies other than uniform need --profile with --model");
+  SensitivityProfile profile;
+  if (!o.profile_path.empty()) profile = load_profile(o.profile_path, o.model_path).profile(o.s.scorer);
+  return profile;
+}
+
+/// No eviction, then every --policies policy at every --keep ratio.
+std::vector<Mode> modes_of(const Settings& s) {
+  std::vector<Mode> modes{Mode{}};
+  for (double k : s.keeps)
+    for (const std::string& p : s.policies) modes.push_back(Mode{true, parse_allocation_policy(p), k});
+  return modes;
+}
+
+/// One mode served --reps times: the first run's figures with the fastest run's wall time.
+Row serve_fastest(const LlamaEngine& engine, const std::vector<std::vector<int>>& contexts, const Settings& s,
+                  const Mode& m, const SensitivityProfile* profile, int reps) {
+  Row row = serve(engine, contexts, s, m, profile);
+  Settings again = s;
+  again.quality = 0;  // the simulation is deterministic: only the wall time differs
+  for (int rep = 1; rep < reps; ++rep) {
+    const Row t = serve(engine, contexts, again, m, profile);
+    if (t.wall_s < row.wall_s) {
+      row.wall_s = t.wall_s;
+      row.schedule_s = t.schedule_s;
+    }
+  }
+  return row;
+}
+
+double tokens_per_s(const Row& r) { return static_cast<double>(r.prefill_tokens + r.decode_tokens) / r.wall_s; }
+/// Requests in flight at most, against no eviction's.
+double concurrency_vs_none(const Row& r, const Row& none) { return static_cast<double>(r.max_active) / none.max_active; }
+
+void print_header(const Options& o, const LlamaConfig& c) {
+  const Settings& s = o.s;
+  const std::string& m = o.model_path;
+  std::printf("serving_bench: %s (%d layers, %d KV heads of %d), one pool for all layers of %d x %d-token "
+              "sequences, blocks of %d; %d requests of %d context + %d generated (%s windows %d..%d); "
+              "prefill chunks of %d, schedule interval %d, scorer %s, sinks %d + recent %d; quality over the "
+              "first %d requests\n",
+              m.substr(m.find_last_of('/') + 1).c_str(), c.n_layers, c.n_kv_heads, c.head_dim, s.pool_seqs,
+              s.context + s.gen, s.block_size, s.requests, s.context, s.gen,
+              o.text_path.empty() ? "TinyStories" : o.text_path.c_str(), s.skip, s.skip + s.requests - 1, s.chunk,
+              s.interval, s.scorer.c_str(), s.protection.n_sink, s.protection.n_recent, std::min(s.quality, s.requests));
+}
+
+/// One line of the table (after its column names, before the first line).
+void print_table_row(const Row& r, const Row& none, const Settings& s, bool first) {
+  if (first)
+    std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %8s %8s %7s %6s %s\n", "mode", "reserve",
+                "req-peak", "x-none", "max", "mean", "peak-blocks", "peak-%", "tok/s", "done", "short", "over",
+                "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
+  std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %8.5f %8.5f %7.4f %5.1f%% %s\n",
+              r.mode.name().c_str(), r.reservation, r.peak_seq_blocks, concurrency_vs_none(r, none), r.max_active,
+              r.mean_active, r.peak_blocks, 100.0 * r.peak_blocks / r.pool_blocks, tokens_per_s(r), r.completed,
+              s.requests, r.exhausted, r.over_reservation, r.kl, r.kl_se, r.top1, 100.0 * r.schedule_s / r.wall_s,
+              budgets_string(r.final_budgets).c_str());
+  std::fflush(stdout);
+}
+
+/// --json: one object per mode.
+void print_json(const std::vector<Row>& rows, const Settings& s) {
+  std::printf("[\n");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf("  {\"mode\": \"%s\", \"policy\": \"%s\", \"scorer\": \"%s\", \"keep\": %.4g, \"interval\": %d, "
+                "\"chunk\": %d, \"block_size\": %d, \"pool_blocks\": %d, \"pool_seqs\": %d, "
+                "\"reservation_blocks\": %d, \"max_active\": %d, \"mean_active\": %.4f, "
+                "\"concurrency_vs_none\": %.4f, \"peak_blocks\": %d, \"peak_pool_fraction\": %.4f, "
+                "\"peak_request_blocks\": %d, \"over_reservation\": %d, \"exhausted\": %d, "
+                "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"wall_s\": %.4f, \"schedule_s\": %.4f, "
+                "\"tokens_per_s\": %.1f, "
+                "\"steps\": %d, \"completed\": %d, \"requests\": %d, \"quality_requests\": %d, \"kl\": %.6g, "
+                "\"kl_se\": %.6g, \"top1\": %.6g, \"final_budgets\": [%s]}%s\n",
+                r.mode.name().c_str(), r.mode.evict ? to_string(r.mode.policy).c_str() : "none",
+                r.mode.evict ? s.scorer.c_str() : "none", r.mode.keep, s.interval, s.chunk, s.block_size,
+                r.pool_blocks, s.pool_seqs, r.reservation, r.max_active, r.mean_active,
+                concurrency_vs_none(r, rows.front()), r.peak_blocks,
+                static_cast<double>(r.peak_blocks) / r.pool_blocks, r.peak_seq_blocks, r.over_reservation,
+                r.exhausted, r.prefill_tokens, r.decode_tokens, r.wall_s, r.schedule_s, tokens_per_s(r), r.steps,
+                r.completed, s.requests, r.quality_requests, r.kl, r.kl_se, r.top1,
+                budgets_string(r.final_budgets).c_str(), i + 1 < rows.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+/// The claims the table rests on: no request held more than its reservation, no append found the
+/// pool short, every request completed. Any breach is a failure of the run, not a column: each is
+/// named on stderr; returns their number.
+int report_failures(const std::vector<Row>& rows, const Settings& s) {
+  int failures = 0;
+  for (const Row& r : rows) {
+    if (r.over_reservation == 0 && r.exhausted == 0 && r.completed == s.requests) continue;
+    ++failures;
+    std::fprintf(stderr,
+                 "serving_bench: FAIL %s: %d request(s) over their reservation, %d append(s) found the pool short, "
+                 "%d/%d requests completed\n",
+                 r.mode.name().c_str(), r.over_reservation, r.exhausted, r.completed, s.requests);
+  }
+  return failures;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse_options(argc, argv, o)) return 2;
+  const Settings& s = o.s;
   try {
     OpenModelOptions mo;
     mo.need_tokenizer = true;
-    const OpenedModel om = open_model(model_path, mo);
-    const LlamaModel& model = om.model;
-    const LlamaEngine engine(model);
-    const LlamaConfig& c = model.config;
+    const OpenedModel om = open_model(o.model_path, mo);
+    const LlamaEngine engine(om.model);
+    const LlamaConfig& c = om.model.config;
     DEPTHKV_CHECK(s.context + s.gen - 1 <= c.seq_len,
                   "context + gen - 1 = " << s.context + s.gen - 1 << " exceeds the model's " << c.seq_len);
-    // --text: the whole file as one document; else TinyStories split into stories
-    const std::vector<int> ids =
-        text_path.empty() ? encode_stories(*om.tokenizer,
-                                           split_documents(read_text_file(data + "/text/tinystories_valid.txt")))
-                          : om.tokenizer->encode(read_text_file(text_path), /*bos=*/true, /*eos=*/false);
-    const auto windows = token_windows(ids, s.context + s.gen, s.skip, s.requests);
-    DEPTHKV_CHECK(static_cast<int>(windows.size()) == s.requests,
-                  "the text has " << windows.size() << " windows after skipping " << s.skip << ", need " << s.requests);
-    std::vector<std::vector<int>> contexts;
-    for (const auto& w : windows) contexts.emplace_back(w.begin(), w.begin() + s.context);
-    SensitivityProfile profile;
-    const bool curves = std::find(s.policies.begin(), s.policies.end(), "uniform") == s.policies.end() ||
-                        s.policies.size() > 1;
-    DEPTHKV_CHECK(!curves || !profile_path.empty(), "policies other than uniform need --profile with --model");
-    if (!profile_path.empty()) profile = load_profile(profile_path, model_path).profile(s.scorer);
-
-    std::vector<Mode> modes{Mode{}};
-    for (double k : s.keeps)
-      for (const std::string& p : s.policies) modes.push_back(Mode{true, parse_allocation_policy(p), k});
+    const std::vector<std::vector<int>> contexts = request_contexts(om, o);
+    const SensitivityProfile profile = load_curves(o);
+    const SensitivityProfile* curves = o.profile_path.empty() ? nullptr : &profile;
+    const std::vector<Mode> modes = modes_of(s);
+    if (!o.json) print_header(o, c);
     std::vector<Row> rows;
-    if (!json)
-      std::printf("serving_bench: %s (%d layers, %d KV heads of %d), one pool for all layers of %d x %d-token "
-                  "sequences, blocks of %d; %d requests of %d context + %d generated (%s windows %d..%d); "
-                  "prefill chunks of %d, schedule interval %d, scorer %s, sinks %d + recent %d; quality over the "
-                  "first %d requests\n",
-                  model_path.substr(model_path.find_last_of('/') + 1).c_str(), c.n_layers, c.n_kv_heads, c.head_dim,
-                  s.pool_seqs, s.context + s.gen, s.block_size, s.requests, s.context, s.gen,
-                  text_path.empty() ? "TinyStories" : text_path.c_str(), s.skip, s.skip + s.requests - 1, s.chunk, s.interval, s.scorer.c_str(),
-                  s.protection.n_sink, s.protection.n_recent, std::min(s.quality, s.requests));
     for (const Mode& m : modes) {
-      rows.push_back(serve(engine, contexts, s, m, profile_path.empty() ? nullptr : &profile));
-      Settings again = s;
-      again.quality = 0;  // the simulation is deterministic: only the wall time differs
-      for (int rep = 1; rep < reps; ++rep)
-      {
-        const Row t = serve(engine, contexts, again, m, profile_path.empty() ? nullptr : &profile);
-        if (t.wall_s < rows.back().wall_s) {
-          rows.back().wall_s = t.wall_s;
-          rows.back().schedule_s = t.schedule_s;
-        }
-      }
-      const Row& r = rows.back();
-      if (!json) {
-        if (rows.size() == 1)
-          std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %8s %8s %7s %6s %s\n", "mode", "reserve",
-                      "req-peak", "x-none", "max", "mean", "peak-blocks", "peak-%", "tok/s", "done", "short", "over",
-                      "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
-        const double x = static_cast<double>(r.max_active) / rows.front().max_active;
-        std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %8.5f %8.5f %7.4f %5.1f%% %s\n",
-                    r.mode.name().c_str(), r.reservation, r.peak_seq_blocks, x, r.max_active, r.mean_active,
-                    r.peak_blocks, 100.0 * r.peak_blocks / r.pool_blocks,
-                    static_cast<double>(r.prefill_tokens + r.decode_tokens) / r.wall_s, r.completed, s.requests,
-                    r.exhausted, r.over_reservation, r.kl, r.kl_se, r.top1, 100.0 * r.schedule_s / r.wall_s, budgets_string(r.final_budgets).c_str());
-        std::fflush(stdout);
-      }
+      rows.push_back(serve_fastest(engine, contexts, s, m, curves, o.reps));
+      if (!o.json) print_table_row(rows.back(), rows.front(), s, rows.size() == 1);
     }
-    if (json) {
-      std::printf("[\n");
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        const Row& r = rows[i];
-        std::printf("  {\"mode\": \"%s\", \"policy\": \"%s\", \"scorer\": \"%s\", \"keep\": %.4g, \"interval\": %d, "
-                    "\"chunk\": %d, \"block_size\": %d, \"pool_blocks\": %d, \"pool_seqs\": %d, "
-                    "\"reservation_blocks\": %d, \"max_active\": %d, \"mean_active\": %.4f, "
-                    "\"concurrency_vs_none\": %.4f, \"peak_blocks\": %d, \"peak_pool_fraction\": %.4f, "
-                    "\"peak_request_blocks\": %d, \"over_reservation\": %d, \"exhausted\": %d, "
-                    "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"wall_s\": %.4f, \"schedule_s\": %.4f, "
-                    "\"tokens_per_s\": %.1f, "
-                    "\"steps\": %d, \"completed\": %d, \"requests\": %d, \"quality_requests\": %d, \"kl\": %.6g, "
-                    "\"kl_se\": %.6g, \"top1\": %.6g, \"final_budgets\": [%s]}%s\n",
-                    r.mode.name().c_str(), r.mode.evict ? to_string(r.mode.policy).c_str() : "none",
-                    r.mode.evict ? s.scorer.c_str() : "none", r.mode.keep, s.interval, s.chunk, s.block_size,
-                    r.pool_blocks, s.pool_seqs, r.reservation, r.max_active, r.mean_active,
-                    static_cast<double>(r.max_active) / rows.front().max_active, r.peak_blocks,
-                    static_cast<double>(r.peak_blocks) / r.pool_blocks, r.peak_seq_blocks, r.over_reservation,
-                    r.exhausted, r.prefill_tokens, r.decode_tokens, r.wall_s, r.schedule_s,
-                    static_cast<double>(r.prefill_tokens + r.decode_tokens) / r.wall_s, r.steps, r.completed,
-                    s.requests, r.quality_requests, r.kl, r.kl_se, r.top1, budgets_string(r.final_budgets).c_str(),
-                    i + 1 < rows.size() ? "," : "");
-      }
-      std::printf("]\n");
-    }
-    // The claims the table rests on: no request held more than its reservation, no append found the
-    // pool short, every request completed. Any breach is a failure of the run, not a column.
-    int failures = 0;
-    for (const Row& r : rows) {
-      if (r.over_reservation == 0 && r.exhausted == 0 && r.completed == s.requests) continue;
-      ++failures;
-      std::fprintf(stderr,
-                   "serving_bench: FAIL %s: %d request(s) over their reservation, %d append(s) found the pool short, "
-                   "%d/%d requests completed\n",
-                   r.mode.name().c_str(), r.over_reservation, r.exhausted, r.completed, s.requests);
-    }
-    if (failures > 0) return 1;
+    if (o.json) print_json(rows, s);
+    if (report_failures(rows, s) > 0) return 1;
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "serving_bench: %s\n", e.what());
     return 1;

@@ -22,69 +22,90 @@
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
 
+#ifndef DEPTHKV_DEFAULT_DATA_DIR
+#define DEPTHKV_DEFAULT_DATA_DIR "../shared"
+#endif
+#include "bench_args.hpp"
+
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+struct Settings {
+  std::string data = depthkv_bench::default_data_dir();  // $DEPTHKV_DATA_DIR, else the build's folder
+  std::string text_path;                                  // default: DATA/text/tinystories_valid.txt
+  int reps = 3;
+};
+
+/// Parses the options; prints the usage line and returns false on anything else.
+bool parse_settings(int argc, char** argv, Settings& s) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--text" && has_value) {
+      s.text_path = argv[++i];
+    } else if (a == "--reps" && has_value) {
+      s.reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--data" && has_value) {
+      s.data = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: tokenizer_bench [--text FILE] [--reps N] [--data DIR]\n");
+      return false;
+    }
+  }
+  if (s.text_path.empty()) s.text_path = s.data + "/text/tinystories_valid.txt";
+  return true;
+}
+
+/// Best seconds of `reps` calls of `encode`, which returns the number of tokens (left in `n_tokens`).
+template <class Encode>
+double best_encode_s(int reps, Encode&& encode, std::size_t& n_tokens) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    n_tokens = encode();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+/// Byte-level BPE with the test vocabulary `name`: one encode call over the whole text.
+void bench_bpe(const char* name, const Settings& s, const std::string& text) {
+  using depthkv::llama::BpeTokenizer;
+  const std::string path = s.data + "/vocab/ggml-vocab-" + name + ".gguf";
+  const auto t_load = std::chrono::steady_clock::now();
+  const BpeTokenizer tok(depthkv::llama::load_gguf_vocabulary(path));
+  const double load_s = seconds_since(t_load);
+  std::size_t n_tokens = 0;
+  const double best = best_encode_s(s.reps, [&] { return tok.encode(text, false, false).size(); }, n_tokens);
+  const double mb = static_cast<double>(text.size()) / 1e6;
+  std::printf("bpe %-10s: %8zu tokens, %.3f s, %6.2f MB/s (%.0f tokens/s); vocabulary loaded in %.2f s\n", name,
+              n_tokens, best, mb / best, static_cast<double>(n_tokens) / best, load_s);
+}
+
+/// SentencePiece (stories260K's tok512.bin): one encode call per story.
+void bench_sentencepiece(const Settings& s, const std::string& text) {
+  using namespace depthkv::llama;
+  const Tokenizer spm(s.data + "/models/stories260K/tok512.bin");
+  const std::vector<std::string> stories = split_stories(text);
+  std::size_t n_tokens = 0;
+  const double best = best_encode_s(s.reps, [&] { return encode_stories(spm, stories).size(); }, n_tokens);
+  const double mb = static_cast<double>(text.size()) / 1e6;
+  std::printf("sentencepiece tok512 (per story): %8zu tokens, %.3f s, %6.2f MB/s\n", n_tokens, best, mb / best);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string data =
-#ifdef DEPTHKV_DEFAULT_DATA_DIR
-      DEPTHKV_DEFAULT_DATA_DIR;
-#else
-      "../shared";
-#endif
-  if (const char* env = std::getenv("DEPTHKV_DATA_DIR")) data = env;
-  std::string text_path;
-  int reps = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--text" && i + 1 < argc) {
-      text_path = argv[++i];
-    } else if (a == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--data" && i + 1 < argc) {
-      data = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: tokenizer_bench [--text FILE] [--reps N] [--data DIR]\n");
-      return 2;
-    }
-  }
-  if (text_path.empty()) text_path = data + "/text/tinystories_valid.txt";
+  Settings s;
+  if (!parse_settings(argc, argv, s)) return 2;
   try {
-    using namespace depthkv::llama;
-    const std::string text = read_text_file(text_path);
-    const double mb = static_cast<double>(text.size()) / 1e6;
-    std::printf("text: %s (%.3f MB)\n", text_path.c_str(), mb);
-    for (const char* name : {"llama-bpe", "qwen2", "gpt-2"}) {
-      const std::string path = data + "/vocab/ggml-vocab-" + name + ".gguf";
-      const auto t_load = std::chrono::steady_clock::now();
-      const BpeTokenizer tok(load_gguf_vocabulary(path));
-      const double load_s = seconds_since(t_load);
-      double best = 1e30;
-      std::size_t n_tokens = 0;
-      for (int r = 0; r < reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<int> ids = tok.encode(text, false, false);
-        best = std::min(best, seconds_since(t0));
-        n_tokens = ids.size();
-      }
-      std::printf("bpe %-10s: %8zu tokens, %.3f s, %6.2f MB/s (%.0f tokens/s); vocabulary loaded in %.2f s\n", name,
-                  n_tokens, best, mb / best, static_cast<double>(n_tokens) / best, load_s);
-    }
-    const Tokenizer spm(data + "/models/stories260K/tok512.bin");
-    const std::vector<std::string> stories = split_stories(text);
-    double best = 1e30;
-    std::size_t n_tokens = 0;
-    for (int r = 0; r < reps; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      n_tokens = encode_stories(spm, stories).size();
-      best = std::min(best, seconds_since(t0));
-    }
-    std::printf("sentencepiece tok512 (per story): %8zu tokens, %.3f s, %6.2f MB/s\n", n_tokens, best, mb / best);
+    const std::string text = depthkv::llama::read_text_file(s.text_path);
+    std::printf("text: %s (%.3f MB)\n", s.text_path.c_str(), static_cast<double>(text.size()) / 1e6);
+    for (const char* name : {"llama-bpe", "qwen2", "gpt-2"}) bench_bpe(name, s, text);
+    bench_sentencepiece(s, text);
   } catch (const depthkv::Error& e) {
     std::fprintf(stderr, "tokenizer_bench: %s\n", e.what());
     return 1;

@@ -34,6 +34,49 @@ void attention_row(int q, int layer, std::mt19937& rng, std::vector<float>& row)
   for (float& w : row) w /= sum;
 }
 
+/// A synthetic loss profile: loss of layer l at keep ratio r = a_l * (1 - r)^2.
+SensitivityProfile synthetic_profile() {
+  SensitivityProfile profile;
+  profile.keep_ratios = {0.05, 0.1, 0.2, 0.3, 0.5, 0.75};
+  profile.loss.resize(kLayers, 6);
+  for (int l = 0; l < kLayers; ++l)
+    for (int k = 0; k < 6; ++k)
+      profile.loss(l, k) = (1.0 / (1 + l)) * std::pow(1.0 - profile.keep_ratios[static_cast<std::size_t>(k)], 2);
+  return profile;
+}
+
+/// Every layer holds kTokens random keys and values (from `g`), and its scorer (appended to
+/// `scorers`, H2O) has observed synthetic attention rows of every 8th query.
+KVCache<HostLayer<float>> prefill(std::vector<TokenScorer>& scorers, std::mt19937& rng,
+                                  std::normal_distribution<float>& g) {
+  KVCache<HostLayer<float>> cache;
+  std::vector<float> k(kKvHeads * kHeadDim), v(k.size()), row;
+  for (int l = 0; l < kLayers; ++l) {
+    HostLayer<float>& layer = cache.add_layer(HostLayer<float>(kKvHeads, kHeadDim, kTokens));
+    scorers.emplace_back(ScorerConfig{}, kHeads, kKvHeads);  // H2O
+    for (int t = 0; t < kTokens; ++t) {
+      for (std::size_t i = 0; i < k.size(); ++i) k[i] = g(rng), v[i] = g(rng);
+      layer.append(k.data(), v.data(), t);
+    }
+    for (int q = 0; q < kTokens; q += 8)  // every 8th query, to keep the demo fast
+      for (int h = 0; h < kHeads; ++h) {
+        attention_row(q, l, rng, row);
+        scorers.back().observe(h, q, row.data(), q + 1);
+      }
+  }
+  return cache;
+}
+
+/// The memory each layer keeps after the eviction, against `before_layer` bytes before it.
+void print_kept(const KVCache<HostLayer<float>>& cache, const std::vector<int>& budgets,
+                const std::vector<std::size_t>& before_layer) {
+  std::printf("  layer  keep  KiB before  KiB after  saved\n");
+  for (int l = 0; l < kLayers; ++l)
+    std::printf("  %5d  %4d  %10.1f  %9.1f  %4.1f%%\n", l, budgets[static_cast<std::size_t>(l)],
+                before_layer[static_cast<std::size_t>(l)] / 1024.0, cache.bytes(l) / 1024.0,
+                100.0 * (1.0 - static_cast<double>(cache.bytes(l)) / before_layer[static_cast<std::size_t>(l)]));
+}
+
 }  // namespace
 
 int main() {
@@ -44,34 +87,14 @@ int main() {
     const std::vector<AllocationPolicy> policies = {AllocationPolicy::kUniform, AllocationPolicy::kPyramid,
                                                     AllocationPolicy::kProportional, AllocationPolicy::kMiddle,
                                                     AllocationPolicy::kOptimal};
-    // A synthetic loss profile: loss of layer l at keep ratio r = a_l * (1 - r)^2.
-    SensitivityProfile profile;
-    profile.keep_ratios = {0.05, 0.1, 0.2, 0.3, 0.5, 0.75};
-    profile.loss.resize(kLayers, 6);
-    for (int l = 0; l < kLayers; ++l)
-      for (int k = 0; k < 6; ++k)
-        profile.loss(l, k) = (1.0 / (1 + l)) * std::pow(1.0 - profile.keep_ratios[static_cast<std::size_t>(k)], 2);
+    const SensitivityProfile profile = synthetic_profile();
 
     std::printf("budget_demo: %d layers x %d KV heads x %d tokens x head_dim %d (float32), keep 20%%\n", kLayers,
                 kKvHeads, kTokens, kHeadDim);
     for (AllocationPolicy policy : policies) {
       // 1. The engine's cache after prefill, and one scorer per layer fed during prefill.
-      KVCache<HostLayer<float>> cache;
       std::vector<TokenScorer> scorers;
-      std::vector<float> k(kKvHeads * kHeadDim), v(k.size()), row;
-      for (int l = 0; l < kLayers; ++l) {
-        HostLayer<float>& layer = cache.add_layer(HostLayer<float>(kKvHeads, kHeadDim, kTokens));
-        scorers.emplace_back(ScorerConfig{}, kHeads, kKvHeads);  // H2O
-        for (int t = 0; t < kTokens; ++t) {
-          for (std::size_t i = 0; i < k.size(); ++i) k[i] = g(rng), v[i] = g(rng);
-          layer.append(k.data(), v.data(), t);
-        }
-        for (int q = 0; q < kTokens; q += 8)  // every 8th query, to keep the demo fast
-          for (int h = 0; h < kHeads; ++h) {
-            attention_row(q, l, rng, row);
-            scorers.back().observe(h, q, row.data(), q + 1);
-          }
-      }
+      KVCache<HostLayer<float>> cache = prefill(scorers, rng, g);
       // 2. Per-layer budgets under one global budget.
       BudgetRequest req;
       req.lengths = cache.lengths();
@@ -87,11 +110,7 @@ int main() {
       evict(cache, scores, budgets, prot);
       std::printf("\npolicy %-12s predicted loss %.4f\n", to_string(policy).c_str(),
                   predicted_loss(profile, budgets, req.lengths));
-      std::printf("  layer  keep  KiB before  KiB after  saved\n");
-      for (int l = 0; l < kLayers; ++l)
-        std::printf("  %5d  %4d  %10.1f  %9.1f  %4.1f%%\n", l, budgets[static_cast<std::size_t>(l)],
-                    before_layer[static_cast<std::size_t>(l)] / 1024.0, cache.bytes(l) / 1024.0,
-                    100.0 * (1.0 - static_cast<double>(cache.bytes(l)) / before_layer[static_cast<std::size_t>(l)]));
+      print_kept(cache, budgets, before_layer);
       std::printf("  total: %.1f KiB -> %.1f KiB (%.1f%% saved), storage allocated now %.1f KiB\n", before / 1024.0,
                   cache.bytes() / 1024.0, 100.0 * (1.0 - static_cast<double>(cache.bytes()) / before),
                   cache.bytes_allocated() / 1024.0);
