@@ -125,21 +125,36 @@ TEST_CASE("flash attention gives the same bytes on every thread count", "[flash]
   }
 }
 
-TEST_CASE("flash attention over F16 rows equals it over their float values", "[flash]") {
-  FlashCase c(40, 8, 2, 32, 700, 5);
-  std::vector<std::vector<Eigen::half>> half;
+// `c`'s rows stored as S (rounded), and `c` rewritten to hold the rounded values as floats.
+template <class S>
+std::vector<std::vector<S>> rounded_rows(FlashCase& c) {
+  std::vector<std::vector<S>> out;
   for (auto& rows : c.kv) {
-    std::vector<Eigen::half> hrows(rows.size());
+    std::vector<S> srows(rows.size());
     for (std::size_t i = 0; i < rows.size(); ++i) {
-      hrows[i] = Eigen::half(rows[i]);
-      rows[i] = static_cast<float>(hrows[i]);  // the float case now holds the rounded values
+      srows[i] = S(rows[i]);
+      rows[i] = static_cast<float>(srows[i]);  // the float case now holds the rounded values
     }
-    half.push_back(std::move(hrows));
+    out.push_back(std::move(srows));
   }
-  const auto hs = c.heads(half);
-  RowMatrix out(c.shape.T, c.q.cols());
-  depthkv::llama::detail::flash_attention(hs.data(), c.shape, c.q.data(), c.q.cols(), out.data(), out.cols(), 2);
-  CHECK((out.array() == c.run(1).array()).all());
+  return out;
+}
+
+TEMPLATE_TEST_CASE("flash attention over F16 and BF16 rows equals it over their float values at every SIMD level",
+                   "[flash]", Eigen::half, Eigen::bfloat16) {
+  for (int hd : {32, 36}) {  // 36: a row tail after the 8-wide conversion
+    FlashCase c(40, 8, 2, hd, 700, 5);
+    const auto stored = rounded_rows<TestType>(c);
+    const auto hs = c.heads(stored);
+    const RowMatrix want = c.run(1);
+    for (int simd = 0; simd <= depthkv::cpu_simd_level(); ++simd) {
+      RowMatrix out(c.shape.T, c.q.cols());
+      depthkv::llama::detail::flash_attention(hs.data(), c.shape, c.q.data(), c.q.cols(), out.data(), out.cols(), 2,
+                                              simd);
+      INFO("head_dim " << hd << ", SIMD level " << simd);
+      CHECK((out.array() == want.array()).all());
+    }
+  }
 }
 
 struct ObservedRows {

@@ -1048,7 +1048,8 @@ class LlamaEngine {
     const double work = static_cast<double>(T) * max_n * c.head_dim * c.n_heads;
     const int threads = work >= kParallelWork ? thread_count(opt.n_threads) : 1;
     detail::flash_attention(heads.data(), detail::FlashShape{T, c.n_heads, c.n_kv_heads, c.head_dim, c.attention_scale},
-                            q.data(), q.cols(), att.data(), att.cols(), threads);
+                            q.data(), q.cols(), att.data(), att.cols(), threads,
+                            depthkv::detail::simd_level(opt.max_simd_level));
     if (opt.observer) observe(l, q, heads, pos0, opt, threads);
   }
 
@@ -1111,7 +1112,7 @@ class LlamaEngine {
     std::vector<KeyRows> keys;
     keys.reserve(heads.size());
     for (std::size_t h = 0; h < heads.size(); ++h)
-      keys.push_back(detail::flash_tile(heads[h].k, heads[h].ld, heads[h].n, c.head_dim, kbuf[h]));
+      keys.push_back(detail::flash_tile(heads[h].k, heads[h].ld, heads[h].n, c.head_dim, kbuf[h], depthkv::detail::simd_level(opt.max_simd_level)));
     std::vector<RowMatrix> probs(static_cast<std::size_t>(batch));
     for (int b0 = 0; b0 < c.n_heads; b0 += batch) {
       const int nb = std::min(batch, c.n_heads - b0);

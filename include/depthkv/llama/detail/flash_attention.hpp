@@ -62,6 +62,7 @@
 #endif
 
 #include "depthkv/detail/parallel_for.hpp"
+#include "depthkv/detail/simd.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -136,16 +137,58 @@ struct FlashState {
   }
 };
 
+#if defined(DEPTHKV_AVX2_DISPATCH)
+/// F16 rows to float with F16C (exact, as the scalar conversion): `rows` rows of `hd` at `src`
+/// (stride `ld`) to `dst` (stride `hd`).
+__attribute__((target("avx2,f16c"))) inline void half_rows_f16c(const Eigen::half* src, std::ptrdiff_t ld, int rows,
+                                                                 int hd, float* dst) {
+  for (int r = 0; r < rows; ++r, src += ld, dst += hd) {
+    int k = 0;
+    for (; k + 8 <= hd; k += 8)
+      _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))));
+    for (; k < hd; ++k) dst[k] = static_cast<float>(src[k]);
+  }
+}
+/// BF16 rows to float with AVX2 (exact: the 16 bits become the high half of the float).
+__attribute__((target("avx2"))) inline void bf16_rows_avx2(const Eigen::bfloat16* src, std::ptrdiff_t ld, int rows,
+                                                           int hd, float* dst) {
+  for (int r = 0; r < rows; ++r, src += ld, dst += hd) {
+    int k = 0;
+    for (; k + 8 <= hd; k += 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+      _mm256_storeu_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; k < hd; ++k) dst[k] = static_cast<float>(src[k]);
+  }
+}
+#endif
+
 /// `rows` rows of `head_dim` elements at `src` (stride `ld`) as float rows: in place for float,
-/// else converted into `buf`.
+/// else converted into `buf` (exactly, at every `simd` level: F16C / AVX2 from level 2).
 template <class Scalar>
 inline Eigen::Map<const FlashState::Rows, 0, Eigen::OuterStride<>> flash_tile(const Scalar* src, std::ptrdiff_t ld,
-                                                                             int rows, int head_dim, FlashState::Rows& buf) {
+                                                                             int rows, int head_dim, FlashState::Rows& buf,
+                                                                             int simd) {
   using Map = Eigen::Map<const FlashState::Rows, 0, Eigen::OuterStride<>>;
   if constexpr (std::is_same<Scalar, float>::value) {
     (void)buf;
+    (void)simd;
     return Map(src, rows, head_dim, Eigen::OuterStride<>(ld));
   } else {
+    buf.resize(rows, head_dim);
+#if defined(DEPTHKV_AVX2_DISPATCH)
+    if (simd >= 2) {
+      if constexpr (std::is_same<Scalar, Eigen::half>::value) {
+        half_rows_f16c(src, ld, rows, head_dim, buf.data());
+        return Map(buf.data(), rows, head_dim, Eigen::OuterStride<>(head_dim));
+      } else if constexpr (std::is_same<Scalar, Eigen::bfloat16>::value) {
+        bf16_rows_avx2(src, ld, rows, head_dim, buf.data());
+        return Map(buf.data(), rows, head_dim, Eigen::OuterStride<>(head_dim));
+      }
+    }
+#else
+    (void)simd;
+#endif
     using Stored = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     buf = Eigen::Map<const Stored, 0, Eigen::OuterStride<>>(src, rows, head_dim, Eigen::OuterStride<>(ld))
               .template cast<float>();
@@ -193,7 +236,7 @@ inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, Vis&& v
 /// [j0, j1), into `st`.
 template <class Scalar>
 void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s, const FlashPlan& p, const float* q,
-                std::ptrdiff_t q_ld, int r0, int r1, int j0, int j1, FlashState& st) {
+                std::ptrdiff_t q_ld, int r0, int r1, int j0, int j1, FlashState& st, int simd) {
   const int G = p.group, hd = s.head_dim;
   const int vectors = (r1 - r0) * G;
   FlashState::Rows Qb(vectors, hd), S, kbuf, vbuf;
@@ -212,10 +255,10 @@ void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s,
   const int lo = std::max(j0, head.vis_begin ? head.vis_begin[r0] : 0);  // the first row starts first
   for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
     const int bk = std::min(kFlashKeyTile, hi - jt);
-    const auto K = flash_tile(head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, kbuf);
+    const auto K = flash_tile(head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, kbuf, simd);
     S.noalias() = Qb * K.transpose();
     flash_tile_softmax(S, jt, scale, vis, st);
-    const auto V = flash_tile(head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, vbuf);
+    const auto V = flash_tile(head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, vbuf, simd);
     st.acc.noalias() += S * V;
   }
 }
@@ -273,9 +316,11 @@ void flash_run(int n, int threads, Fn&& fn) {
 /// @param q, q_ld the queries and their leading dimension (floats)
 /// @param out, out_ld the output (same layout as q)
 /// @param threads OpenMP threads (>= 1)
+/// @param simd the instruction-set level of the F16 / BF16 conversion (`detail::simd_level`; the
+///   same bytes at every level)
 template <class Scalar>
 void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const float* q, std::ptrdiff_t q_ld,
-                     float* out, std::ptrdiff_t out_ld, int threads) {
+                     float* out, std::ptrdiff_t out_ld, int threads, int simd = cpu_simd_level()) {
   int max_n = 0;
   for (int h = 0; h < s.n_kv_heads; ++h) max_n = std::max(max_n, heads[h].n);
   const FlashPlan p = flash_plan(s, max_n);
@@ -295,12 +340,12 @@ void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const 
     const int part = t % p.n_parts;
     if (p.n_parts == 1) {
       FlashState st;
-      flash_task(heads[h], h, s, p, q, q_ld, r0, r1, 0, heads[h].n, st);
+      flash_task(heads[h], h, s, p, q, q_ld, r0, r1, 0, heads[h].n, st, simd);
       flash_write(&st, 1, h, p.group, s.head_dim, r0, r1, out, out_ld);
       return;
     }
     flash_task(heads[h], h, s, p, q, q_ld, r0, r1, part * p.part_len, (part + 1) * p.part_len,
-               states[static_cast<std::size_t>(t)]);
+               states[static_cast<std::size_t>(t)], simd);
   });
   if (p.n_parts == 1) return;
   for (int t = 0; t < tasks; t += p.n_parts) {
