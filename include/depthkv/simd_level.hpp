@@ -26,7 +26,7 @@
 namespace depthkv {
 
 /// @return the highest instruction-set level this CPU and build run: 3 with AVX-512 F, BW, VL and
-///   VNNI (and AVX2), 2 with AVX2 (and POPCNT and F16C), 1 with SSE2, else 0
+///   VNNI (and AVX2), 2 with AVX2 (and POPCNT, F16C and FMA), 1 with SSE2, else 0
 inline int cpu_simd_level() {
   int level = 0;
 #if defined(__SSE2__)
@@ -35,7 +35,8 @@ inline int cpu_simd_level() {
 #if defined(DEPTHKV_AVX2_DISPATCH)
   static const bool avx2 = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("fma");
   }();
   static const bool vnni = [] {
     __builtin_cpu_init();

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -138,6 +139,30 @@ std::vector<std::vector<S>> rounded_rows(FlashCase& c) {
     out.push_back(std::move(srows));
   }
   return out;
+}
+
+TEST_CASE("flash attention: decode-sized tasks (DecodeTile) equal the naive attention at every SIMD level",
+          "[flash]") {
+  // 1-2 query rows of groups of 1-4 heads (<= 8 query vectors), head sizes 64 and 256, caches
+  // longer than a tile and split into parts; F16 rows read as their float values
+  for (const auto& [T, n_heads, n_kv, hd, n_old] : std::vector<std::array<int, 5>>{
+           {1, 9, 3, 64, 700}, {1, 4, 1, 256, 1500}, {2, 8, 2, 64, 130}, {1, 2, 2, 64, 3}}) {
+    FlashCase c(T, n_heads, n_kv, hd, n_old, 11);
+    const auto half = rounded_rows<Eigen::half>(c);
+    const RowMatrix want = c.naive();
+    const auto hf = c.heads(c.kv);
+    const auto hh = c.heads(half);
+    for (int simd = 0; simd <= depthkv::cpu_simd_level(); ++simd) {
+      RowMatrix out_f(T, c.q.cols()), out_h(T, c.q.cols());
+      depthkv::llama::detail::flash_attention(hf.data(), c.shape, c.q.data(), c.q.cols(), out_f.data(), out_f.cols(),
+                                              1, simd);
+      depthkv::llama::detail::flash_attention(hh.data(), c.shape, c.q.data(), c.q.cols(), out_h.data(), out_h.cols(),
+                                              2, simd);
+      INFO("T " << T << " heads " << n_heads << "/" << n_kv << " head_dim " << hd << " SIMD level " << simd);
+      CHECK((out_f - want).cwiseAbs().maxCoeff() < 1e-5);
+      CHECK((out_h.array() == out_f.array()).all());  // F16 rows: their float values, bit for bit
+    }
+  }
 }
 
 TEMPLATE_TEST_CASE("flash attention over F16 and BF16 rows equals it over their float values at every SIMD level",

@@ -39,6 +39,10 @@
 ///   head's key and value tiles once for all `G` query heads of the group. Every thread count
 ///   gives the same bytes; the result equals the softmax attention up to float rounding (the
 ///   order of the sums differs from a row-at-a-time softmax).
+/// - Products: Eigen's, on tiles converted to float (F16 with F16C from SIMD level 2); a task of
+///   at most `kFlashDecodeVectors` query vectors (decode) over float or F16 rows with a head size
+///   that is a multiple of 8 runs `DecodeTile` instead from level 2 (no converted copy, no
+///   packing), whose sums differ from level 1's by float rounding.
 /// - Tasks run on `threads` OpenMP threads (1: the calling thread, Eigen's products serial).
 ///
 /// @code
@@ -161,6 +165,56 @@ __attribute__((target("avx2"))) inline void bf16_rows_avx2(const Eigen::bfloat16
     for (; k < hd; ++k) dst[k] = static_cast<float>(src[k]);
   }
 }
+/// Query vectors per task up to which a tile's products run on `DecodeTile` (AVX2) from SIMD level 2.
+inline constexpr int kFlashDecodeVectors = 8;
+
+/// The two products of one key tile for at most `kFlashDecodeVectors` query vectors (decode:
+/// one query row of a group), reading F16 or float rows in registers (no converted copy, no
+/// packing): `S = Q K^T` and `acc += S V`. `head_dim` a multiple of 8. The sums run in another
+/// order than Eigen's products (the result differs from level 1 by float rounding only).
+struct DecodeTile {
+  template <class Scalar>
+  __attribute__((target("avx2,fma,f16c"))) static __m256 load8(const Scalar* p) {
+    if constexpr (std::is_same<Scalar, float>::value)
+      return _mm256_loadu_ps(p);
+    else
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  __attribute__((target("avx2,fma"))) static float hsum(__m256 a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+  }
+  /// S[v * bk + j] = q_v . k_j for the `bk` key rows at `k` (stride `ld`), `nv` vectors at `q`.
+  template <class Scalar>
+  __attribute__((target("avx2,fma,f16c"))) static void scores(const float* q, int nv, int hd, const Scalar* k,
+                                                              std::ptrdiff_t ld, int bk, float* S) {
+    for (int j = 0; j < bk; ++j, k += ld) {
+      __m256 a[kFlashDecodeVectors];
+      for (int v = 0; v < nv; ++v) a[v] = _mm256_setzero_ps();
+      for (int d = 0; d < hd; d += 8) {
+        const __m256 x = load8(k + d);
+        for (int v = 0; v < nv; ++v) a[v] = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * hd + d), x, a[v]);
+      }
+      for (int v = 0; v < nv; ++v) S[v * bk + j] = hsum(a[v]);
+    }
+  }
+  /// acc[v] += sum_j S[v * bk + j] v_j for the `bk` value rows at `vr` (stride `ld`).
+  template <class Scalar>
+  __attribute__((target("avx2,fma,f16c"))) static void values(const float* S, int nv, int bk, const Scalar* vr,
+                                                              std::ptrdiff_t ld, int hd, float* acc) {
+    for (int d = 0; d < hd; d += 8) {
+      __m256 a[kFlashDecodeVectors];
+      for (int v = 0; v < nv; ++v) a[v] = _mm256_loadu_ps(acc + v * hd + d);
+      for (int j = 0; j < bk; ++j) {
+        const __m256 x = load8(vr + j * ld + d);
+        for (int v = 0; v < nv; ++v) a[v] = _mm256_fmadd_ps(_mm256_set1_ps(S[v * bk + j]), x, a[v]);
+      }
+      for (int v = 0; v < nv; ++v) _mm256_storeu_ps(acc + v * hd + d, a[v]);
+    }
+  }
+};
 #endif
 
 /// `rows` rows of `head_dim` elements at `src` (stride `ld`) as float rows: in place for float,
@@ -253,6 +307,21 @@ void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s,
   };
   const int hi = std::min(j1, std::min(head.n, head.n_old + r1));  // the last row sees the most
   const int lo = std::max(j0, head.vis_begin ? head.vis_begin[r0] : 0);  // the first row starts first
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  constexpr bool kDecodeType = std::is_same<Scalar, float>::value || std::is_same<Scalar, Eigen::half>::value;
+  if (kDecodeType && simd >= 2 && vectors <= kFlashDecodeVectors && hd % 8 == 0) {
+    for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
+      const int bk = std::min(kFlashKeyTile, hi - jt);
+      S.resize(vectors, bk);
+      DecodeTile::scores(Qb.data(), vectors, hd, head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk,
+                         S.data());
+      flash_tile_softmax(S, jt, scale, vis, st);
+      DecodeTile::values(S.data(), vectors, bk, head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, hd,
+                         st.acc.data());
+    }
+    return;
+  }
+#endif
   for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
     const int bk = std::min(kFlashKeyTile, hi - jt);
     const auto K = flash_tile(head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, kbuf, simd);
