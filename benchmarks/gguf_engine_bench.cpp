@@ -13,10 +13,12 @@
 // the timed prefill + decode R times on fresh caches and reports the fastest; --logits-out F
 // then runs a separate prefill of the first --logits-tokens ids with every position's logits
 // and writes them to F as raw little-endian float32 [n][vocab] (after the peak RSS is taken);
-// --json F writes the figures as one JSON object.
+// --json F writes the figures as one JSON object (prefill_tok_s and decode_tok_s: the fastest run;
+// prefill_runs and decode_runs: every run's tok/s). --kv-type: the cache's keys and values in
+// float32 (the default) or F16 (as llama.cpp's default cache and depthkv generate hold them).
 //
 // Usage: gguf_engine_bench FILE [--prompt N] [--decode N] [--chunk N] [--threads N] [--dequantize]
-//          [--tokens F] [--logits-out F] [--logits-tokens N] [--repeat R] [--json F]
+//          [--tokens F] [--logits-out F] [--logits-tokens N] [--repeat R] [--json F] [--kv-type f16|f32]
 
 #include <algorithm>
 #include <chrono>
@@ -62,7 +64,7 @@ void add_weight(const RowMatrix& w, const QuantWeight& q, double& quant_bytes, d
 }
 
 struct Settings {
-  std::string path, tokens_path, logits_path, json_path;
+  std::string path, tokens_path, logits_path, json_path, kv_type = "f32";
   int prompt = 128, decode = 16, chunk = 1024, threads = 0, logits_tokens = 64, repeat = 1;
   bool dequantize = false;
 };
@@ -72,7 +74,7 @@ struct IntOption {
   const char* name;
   int Settings::*field;
 };
-struct FileOption {
+struct TextOption {
   const char* name;
   std::string Settings::*field;
 };
@@ -81,8 +83,9 @@ const IntOption kIntOptions[] = {
     {"--chunk", &Settings::chunk},     {"--threads", &Settings::threads},
     {"--repeat", &Settings::repeat},   {"--logits-tokens", &Settings::logits_tokens},
 };
-const FileOption kFileOptions[] = {
+const TextOption kTextOptions[] = {
     {"--tokens", &Settings::tokens_path}, {"--logits-out", &Settings::logits_path}, {"--json", &Settings::json_path},
+    {"--kv-type", &Settings::kv_type},
 };
 
 /// The value after option argv[i] (i then points at it); exits with status 2 when there is none.
@@ -94,14 +97,14 @@ const char* option_value(int argc, char** argv, int& i) {
   return argv[++i];
 }
 
-/// Sets the option argv[i] of kIntOptions or kFileOptions from its value; false when it is neither.
+/// Sets the option argv[i] of kIntOptions or kTextOptions from its value; false when it is neither.
 bool set_valued_option(int argc, char** argv, int& i, Settings& s) {
   for (const IntOption& o : kIntOptions)
     if (!std::strcmp(argv[i], o.name)) {
       s.*o.field = std::atoi(option_value(argc, argv, i));
       return true;
     }
-  for (const FileOption& o : kFileOptions)
+  for (const TextOption& o : kTextOptions)
     if (!std::strcmp(argv[i], o.name)) {
       s.*o.field = option_value(argc, argv, i);
       return true;
@@ -117,12 +120,13 @@ bool parse_settings(int argc, char** argv, Settings& s) {
     else if (argv[i][0] != '-' && s.path.empty()) s.path = argv[i];
     else {
       std::fprintf(stderr, "usage: gguf_engine_bench FILE [--prompt N] [--decode N] [--chunk N] [--threads N] [--dequantize] "
-                           "[--tokens F] [--logits-out F] [--logits-tokens N] [--repeat R] [--json F]\n");
+                           "[--tokens F] [--logits-out F] [--logits-tokens N] [--repeat R] [--json F] [--kv-type f16|f32]\n");
       return false;
     }
   }
-  if (s.path.empty() || s.prompt < 1 || s.decode < 0 || s.chunk < 1 || s.threads < 0 || s.logits_tokens < 1 || s.repeat < 1) {
-    std::fprintf(stderr, "usage: gguf_engine_bench FILE [--prompt N >= 1] [--decode N >= 0] [--chunk N >= 1] [--threads N >= 0] [--dequantize]\n");
+  if (s.path.empty() || s.prompt < 1 || s.decode < 0 || s.chunk < 1 || s.threads < 0 || s.logits_tokens < 1 || s.repeat < 1 ||
+      (s.kv_type != "f16" && s.kv_type != "f32")) {
+    std::fprintf(stderr, "usage: gguf_engine_bench FILE [--prompt N >= 1] [--decode N >= 0] [--chunk N >= 1] [--threads N >= 0] [--dequantize] [--kv-type f16|f32]\n");
     return false;
   }
   return true;
@@ -200,10 +204,11 @@ ForwardOptions forward_options(const Settings& s, bool all_logits) {
   return opt;
 }
 
-/// One timed prefill + decode on a fresh cache: reports them and keeps the fastest.
+/// One timed prefill + decode on a fresh cache of `Scalar` keys and values: reports them and keeps the fastest.
+template <class Scalar>
 void timed_run(const LlamaEngine& engine, const Settings& s, const std::vector<int>& ids,
                const std::vector<int>& prompt, int rep, Figures& f) {
-  HostCache cache = engine.make_cache(s.prompt + s.decode);  // sized once, as a serving engine sizes a sequence
+  auto cache = engine.template make_cache<Scalar>(s.prompt + s.decode);  // sized once, as a serving engine sizes a sequence
   ForwardOptions opt = forward_options(s, false);
   EngineStats pst;
   opt.stats = &pst;
@@ -249,11 +254,11 @@ void write_logits(const LlamaEngine& engine, const Settings& s, const std::vecto
 }
 
 void write_json(const Settings& s, const LlamaConfig& c, const Figures& f) {
-  // KV cache of prompt + decode tokens, float32 keys and values
-  const double kv_mb = 2.0 * 4.0 * c.n_layers * c.n_kv_heads * c.head_dim * (s.prompt + s.decode) / 1048576.0;
+  // KV cache of prompt + decode tokens, keys and values of --kv-type
+  const double kv_mb = 2.0 * (s.kv_type == "f16" ? 2.0 : 4.0) * c.n_layers * c.n_kv_heads * c.head_dim * (s.prompt + s.decode) / 1048576.0;
   std::ofstream js(s.json_path);
   js << "{\"file_mb\": " << f.file_mb << ", \"prompt\": " << s.prompt << ", \"decode\": " << s.decode
-     << ", \"threads\": " << s.threads << ", \"prefill_tok_s\": " << s.prompt / f.best_prefill
+     << ", \"threads\": " << s.threads << ", \"kv_type\": \"" << s.kv_type << "\"" << ", \"prefill_tok_s\": " << s.prompt / f.best_prefill
      << ", \"decode_tok_s\": " << (s.decode > 0 ? s.decode / f.best_decode : 0.0)
      << ", \"prefill_runs\": [" << f.prefill_runs << "], \"decode_runs\": [" << f.decode_runs
      << "], \"rss_after_load_mb\": " << f.rss_load_mb << ", \"vmhwm_mb\": " << f.vmhwm_mb << ", \"kv_cache_mb\": " << kv_mb
@@ -276,7 +281,8 @@ int main(int argc, char** argv) {
     const LlamaEngine engine(model);
     const std::vector<int> ids = read_token_ids(s);
     const std::vector<int> prompt = prompt_ids(ids, s.prompt, model.config.vocab_size);
-    for (int rep = 0; rep < s.repeat; ++rep) timed_run(engine, s, ids, prompt, rep, f);
+    for (int rep = 0; rep < s.repeat; ++rep)
+      (s.kv_type == "f16" ? timed_run<Eigen::half> : timed_run<float>)(engine, s, ids, prompt, rep, f);
     std::printf("  peak RSS (VmHWM) %.1f MiB = %.3fx the file\n", status_mb("VmHWM"), status_mb("VmHWM") / f.file_mb);
     f.vmhwm_mb = status_mb("VmHWM");  // before the logits run (its [n x vocab] output is the check's, not the engine's)
     if (!s.logits_path.empty()) write_logits(engine, s, ids, prompt);

@@ -4,8 +4,11 @@ against llama.cpp (llama-bench -o json, repacking off and on) on the same files,
 tok/s at each thread count, and depthkv's ratio to each llama.cpp setting. Standard library only.
 
     python3 benchmarks/parity_table.py benchmarks/results/long_context/quiet [PROMPT]
+    python3 benchmarks/parity_table.py --real benchmarks/results/real_parity
 
 PROMPT (default 512) picks the files of that prompt length (PARITY_PROMPT of the run script).
+--real: the files of benchmarks/real_parity.sh (the real models), with the same statistic on both
+sides: the mean tok/s of the runs after the first (llama-bench's avg_ts after its warm-up run).
 """
 import json
 import os
@@ -43,6 +46,48 @@ def main(d, prompt=512):
     print("\n".join(rows))
 
 
+REAL_MODELS = ("SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m")
+
+
+def real_llama(d, stem):
+    """{(repack, 'pp'|'tg'): mean tok/s} of real_parity.sh's llama-bench files for `stem` (a missing
+    setting, e.g. a failed run, is absent)."""
+    out = {}
+    for rp in (0, 1):
+        for kind in ("pp", "tg"):
+            path = os.path.join(d, f"llamacpp-{stem}-repack{rp}-{kind}.json")
+            if os.path.exists(path) and os.path.getsize(path) > 0:
+                out[(bool(rp), kind)] = json.load(open(path))[0]["avg_ts"]
+    return out
+
+
+def real_table(d):
+    rows = ["| model | prompt | threads | prefill tok/s depthkv / llama.cpp repack off / on | ratio (off / on) | "
+            "decode tok/s at that depth, depthkv / llama.cpp off / on | ratio (off / on) |",
+            "|---|---|---|---|---|---|---|"]
+    for model in REAL_MODELS:
+        for p in (512, 4096):
+            for t in (1, 2):
+                stem = f"{model}-p{p}-t{t}"
+                dk_path = os.path.join(d, f"depthkv-{stem}.json")
+                if not os.path.exists(dk_path):
+                    continue
+                dk, lc = json.load(open(dk_path)), real_llama(d, stem)
+                cells = []
+                for kind, key in (("pp", "prefill_runs"), ("tg", "decode_runs")):
+                    runs = dk[key][1:]  # after the warm-up run
+                    mean = sum(runs) / len(runs)
+                    off, on = lc.get((False, kind)), lc.get((True, kind))
+                    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731 (a setting that failed)
+                    cells.append(f"{mean:.1f} / {fmt(off)} / {fmt(on)}")
+                    cells.append(" / ".join("-" if v is None else f"{mean / v:.2f}x" for v in (off, on)))
+                rows.append(f"| {model} | {p} | {t} | " + " | ".join(cells) + " |")
+    print("\n".join(rows))
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--real":
+        real_table(sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/real_parity")
+        sys.exit(0)
     main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/long_context/quiet",
          int(sys.argv[2]) if len(sys.argv) > 2 else 512)
