@@ -144,7 +144,8 @@ std::vector<std::vector<S>> rounded_rows(FlashCase& c) {
 TEST_CASE("flash attention: decode-sized tasks (DecodeTile) equal the naive attention at every SIMD level",
           "[flash]") {
   // 1-2 query rows of groups of 1-4 heads (<= 8 query vectors), head sizes 64 and 256, caches
-  // longer than a tile and split into parts; F16 rows read as their float values
+  // longer than a tile and split into parts; F16 rows (DecodeTile from level 2) and float rows
+  // (Eigen's products at every level)
   for (const auto& [T, n_heads, n_kv, hd, n_old] : std::vector<std::array<int, 5>>{
            {1, 9, 3, 64, 700}, {1, 4, 1, 256, 1500}, {2, 8, 2, 64, 130}, {1, 2, 2, 64, 3}}) {
     FlashCase c(T, n_heads, n_kv, hd, n_old, 11);
@@ -160,7 +161,8 @@ TEST_CASE("flash attention: decode-sized tasks (DecodeTile) equal the naive atte
                                               2, simd);
       INFO("T " << T << " heads " << n_heads << "/" << n_kv << " head_dim " << hd << " SIMD level " << simd);
       CHECK((out_f - want).cwiseAbs().maxCoeff() < 1e-5);
-      CHECK((out_h.array() == out_f.array()).all());  // F16 rows: their float values, bit for bit
+      CHECK((out_h - want).cwiseAbs().maxCoeff() < 1e-5);  // F16 rows: their float values
+      if (simd < 2) CHECK((out_h.array() == out_f.array()).all());  // the same products: bit for bit
     }
   }
 }

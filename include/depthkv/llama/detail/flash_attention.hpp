@@ -40,9 +40,10 @@
 ///   gives the same bytes; the result equals the softmax attention up to float rounding (the
 ///   order of the sums differs from a row-at-a-time softmax).
 /// - Products: Eigen's, on tiles converted to float (F16 with F16C from SIMD level 2); a task of
-///   at most `kFlashDecodeVectors` query vectors (decode) over float or F16 rows with a head size
-///   that is a multiple of 8 runs `DecodeTile` instead from level 2 (no converted copy, no
-///   packing), whose sums differ from level 1's by float rounding.
+///   at most `kFlashDecodeVectors` query vectors (decode) over F16 rows with a head size that is a
+///   multiple of 8 runs `DecodeTile` instead from level 2 (no converted copy, no packing), whose
+///   sums differ from level 1's by float rounding. Float rows always take Eigen's products (the
+///   evaluation protocol's caches: the same bytes at every level).
 /// - Tasks run on `threads` OpenMP threads (1: the calling thread, Eigen's products serial).
 ///
 /// @code
@@ -169,7 +170,7 @@ __attribute__((target("avx2"))) inline void bf16_rows_avx2(const Eigen::bfloat16
 inline constexpr int kFlashDecodeVectors = 8;
 
 /// The two products of one key tile for at most `kFlashDecodeVectors` query vectors (decode:
-/// one query row of a group), reading F16 or float rows in registers (no converted copy, no
+/// one query row of a group), reading F16 (or float) rows in registers (no converted copy, no
 /// packing): `S = Q K^T` and `acc += S V`. `head_dim` a multiple of 8. The sums run in another
 /// order than Eigen's products (the result differs from level 1 by float rounding only).
 struct DecodeTile {
@@ -308,8 +309,8 @@ void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s,
   const int hi = std::min(j1, std::min(head.n, head.n_old + r1));  // the last row sees the most
   const int lo = std::max(j0, head.vis_begin ? head.vis_begin[r0] : 0);  // the first row starts first
 #if defined(DEPTHKV_AVX2_DISPATCH)
-  constexpr bool kDecodeType = std::is_same<Scalar, float>::value || std::is_same<Scalar, Eigen::half>::value;
-  if (kDecodeType && simd >= 2 && vectors <= kFlashDecodeVectors && hd % 8 == 0) {
+  // F16 rows only: a float cache (the evaluation protocol's) keeps Eigen's sums at every level
+  if (std::is_same<Scalar, Eigen::half>::value && simd >= 2 && vectors <= kFlashDecodeVectors && hd % 8 == 0) {
     for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
       const int bk = std::min(kFlashKeyTile, hi - jt);
       S.resize(vectors, bk);

@@ -564,14 +564,16 @@ inline void check_product(GgmlType type, std::int64_t rows, std::int64_t cols) {
 }
 
 /// Runs fn(task) for task in [0, n_tasks) on up to n_threads threads (OpenMP when available,
-/// so Eigen products inside a task stay on their thread).
+/// so Eigen products inside a task stay on their thread). With OpenMP each thread takes one
+/// contiguous block of tasks (a static schedule): it streams its own rows of the matrix, with no
+/// shared counter between the threads (benchmarks/RESULTS.md, "Decode at 2 threads").
 template <class Fn>
 inline void quant_parallel(int n_tasks, int n_threads, Fn&& fn) {
   const int workers = depthkv::detail::resolve_threads(n_threads, n_tasks);
 #ifdef _OPENMP
   if (workers > 1) {
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n_tasks));
-#pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+#pragma omp parallel for schedule(static) num_threads(workers)
     for (int t = 0; t < n_tasks; ++t) {
       try {
         fn(t);
