@@ -89,7 +89,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import depthkv  # noqa: E402
 import run as ruler  # noqa: E402  (run.py: MAX_NEW, METHODS, SELECTION)
-from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, TASKS, make_sample, string_match_all  # noqa: E402
+from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, make_sample, string_match_all  # noqa: E402
 
 #: every press this script knows, in table order; DEFAULT_PRESSES run unless --presses says otherwise
 PRESSES = ("snapkv", "tova", "keydiff", "expected-attention", "criticalkv", "adakv", "pyramidkv", "streamingllm",
@@ -373,33 +373,17 @@ def main(argv=None) -> int:
                                 "script's result files: report.py)")
     p.add_argument("--model", required=True, help="a GGUF file or a llama2.c checkpoint (as run.py's)")
     p.add_argument("--profile", help="the model's SnapKV curves (press depthkv: DepthKVPress, policy optimal)")
-    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
-    p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS))
     p.add_argument("--presses", type=lambda s: s.split(","), default=list(DEFAULT_PRESSES),
                    help=f"of {', '.join(PRESSES)} (default: {', '.join(DEFAULT_PRESSES)})")
     p.add_argument("--kvzip", action="store_true", help="also KVzipPress (slow)")
-    p.add_argument("--compressions", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5, 0.75, 0.875],
-                   help="fractions of the context removed (kvpress's compression ratio)")
-    p.add_argument("--samples", type=int, default=4, help="samples per task and length")
-    p.add_argument("--seeds", choices=("report", "calibration"), default="report")
-    p.add_argument("--protocol", choices=("outside", "inside"), default="outside",
-                   help="outside: the question follows the compressed context uncompressed (kvpress's); "
-                        "inside: the press is applied to context + question")
+    ruler.add_sample_args(p, "the press is applied to context + question")
     p.add_argument("--threads", type=int, default=2, help="torch's threads and depthkv's (the consistency check)")
     p.add_argument("--kv-type", default="f16", help="depthkv's KV cache type in the consistency check (as run.py: f16)")
-    p.add_argument("--out", help="write the rows (JSON) here, and the table beside it (.md)")
     args = p.parse_args(argv)
-    for t in args.tasks:
-        if t not in TASKS:
-            p.error(f"unknown task {t!r}: one of {', '.join(TASKS)}")
-    for x in args.presses:
-        if x not in PRESSES:
-            p.error(f"unknown press {x!r}: one of {', '.join(PRESSES)}")
+    ruler.check_sample_args(p, args)
+    ruler.check_names(p, args.presses, PRESSES, "press")
     if args.kvzip and "kvzip" not in args.presses:
         args.presses.append("kvzip")
-    for c in args.compressions:
-        if not 0.0 < c < 1.0:
-            p.error(f"compression {c} is outside (0, 1)")
     ruler.write_result(run(args), args.out)
     return 0
 

@@ -163,27 +163,42 @@ def main(argv=None) -> int:
                    help="a profile of this model (methods optimal: SnapKV curves, keydiff-optimal: KeyDiff curves); "
                         "repeatable")
     p.add_argument("--best-profile", help="a profile made with --preset best (method preset)")
+    p.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
+    add_sample_args(p, "it is part of the pruned prompt")
+    p.add_argument("--threads", type=int, default=0)
+    args = p.parse_args(argv)
+    check_sample_args(p, args)
+    check_names(p, args.methods, METHODS, "method")
+    write_result(run(args), args.out)
+    return 0
+
+
+def add_sample_args(p: argparse.ArgumentParser, inside: str) -> None:
+    """The options of the samples and the output, shared with kvpress_run.py (`inside`: what the
+    inside protocol does with the question)."""
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
     p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS))
-    p.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
     p.add_argument("--compressions", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5, 0.75, 0.875],
                    help="fractions of the context removed (kvpress's compression ratio; keep = 1 - c)")
     p.add_argument("--samples", type=int, default=4, help="samples per task and length")
     p.add_argument("--seeds", choices=("report", "calibration"), default="report")
     p.add_argument("--protocol", choices=("outside", "inside"), default="outside",
                    help="outside: the question follows the compressed context uncompressed (kvpress's); "
-                        "inside: it is part of the pruned prompt")
-    p.add_argument("--threads", type=int, default=0)
+                        f"inside: {inside}")
     p.add_argument("--out", help="write the rows (JSON) here, and the table beside it (.md)")
-    args = p.parse_args(argv)
-    for t in args.tasks:
-        if t not in TASKS:
-            p.error(f"unknown task {t!r}: one of {', '.join(TASKS)}")
-    for m in args.methods:
-        if m not in METHODS:
-            p.error(f"unknown method {m!r}: one of {', '.join(METHODS)}")
-    write_result(run(args), args.out)
-    return 0
+
+
+def check_names(p: argparse.ArgumentParser, names, known, what: str) -> None:
+    for n in names:
+        if n not in known:
+            p.error(f"unknown {what} {n!r}: one of {', '.join(known)}")
+
+
+def check_sample_args(p: argparse.ArgumentParser, args) -> None:
+    check_names(p, args.tasks, TASKS, "task")
+    for c in args.compressions:
+        if not 0.0 < c < 1.0:
+            p.error(f"compression {c} is outside (0, 1)")
 
 
 def write_result(result: dict, out) -> None:

@@ -24,6 +24,7 @@
 ///
 /// `score` is const and may run concurrently on different scorers; rules keep no scratch state.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -167,6 +168,34 @@ class ScoringRule {
   ScoringRule() = default;
   ScoringRule(const ScoringRule&) = default;
   ScoringRule& operator=(const ScoringRule&) = default;
+};
+
+/// The base of a rule that reads the layer's keys only (`Derived`'s `score`): it observes nothing
+/// and keeps no state. `for_key_blocks` hands the keys of a KV head over in float blocks.
+template <class Derived>
+class KeyOnlyRule : public ScoringRule {
+ public:
+  std::unique_ptr<ScoringRule> clone() const override {
+    return std::make_unique<Derived>(static_cast<const Derived&>(*this));
+  }
+  bool observes() const override { return false; }
+  void reset() override {}
+  void observe(const AttentionBlock&) override {}
+  void compact(int, const std::int32_t*, int) override {}
+
+ protected:
+  /// Calls `fn(j0, m, k)` for the key rows [j0, j0 + m) of KV head `kv_head`'s first `n` slots,
+  /// `k` their `m x head_dim` floats (row-major), in blocks of at most 64 rows.
+  template <class Fn>
+  static void for_key_blocks(const LayerReader& layer, int kv_head, int n, Fn&& fn) {
+    constexpr int kBlock = 64;
+    std::vector<float> k(static_cast<std::size_t>(kBlock) * static_cast<std::size_t>(layer.head_dim()));
+    for (int j0 = 0; j0 < n; j0 += kBlock) {
+      const int m = std::min(kBlock, n - j0);
+      layer.keys(kv_head, j0, m, k.data());
+      fn(j0, m, static_cast<const float*>(k.data()));
+    }
+  }
 };
 
 /// Keeps the entries of `v` at the kept slots, in order (v[i] <- v[kept[i]]), dropping kept slots

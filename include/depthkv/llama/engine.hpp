@@ -616,12 +616,10 @@ class LlamaEngine {
 
   // h1 = act(h1) * h3 elementwise, act the model's FFN activation.
   void gate(RowMatrix& h1, const RowMatrix& h3) const {
-    if (config().ffn_activation == FfnActivation::kGeluTanh) {
+    if (config().ffn_activation == FfnActivation::kGeluTanh) {  // Eigen's vectorized tanh (rational approximation)
       const float c = std::sqrt(2.0f / 3.14159265358979f);
-      for (Eigen::Index i = 0; i < h1.size(); ++i) {
-        const float g = h1.data()[i];
-        h1.data()[i] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * h3.data()[i];
-      }
+      const auto g = h1.array();
+      h1.array() = 0.5f * g * (1.0f + (c * (g + 0.044715f * g.cube())).tanh()) * h3.array();
       return;
     }
     for (Eigen::Index i = 0; i < h1.size(); ++i) {

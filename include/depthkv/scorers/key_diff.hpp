@@ -22,48 +22,36 @@ namespace depthkv {
 /// @code
 /// depthkv::KeyDiffRule rule;
 /// @endcode
-class KeyDiffRule : public ScoringRule {
+class KeyDiffRule : public KeyOnlyRule<KeyDiffRule> {
  public:
-  std::unique_ptr<ScoringRule> clone() const override { return std::make_unique<KeyDiffRule>(*this); }
-  bool observes() const override { return false; }
-  void reset() override {}
-  void observe(const AttentionBlock&) override {}
-  void compact(int, const std::int32_t*, int) override {}
-
   void score(int kv_head, const LayerReader& layer, std::vector<float>& s) const override {
     const int n = static_cast<int>(s.size()), hd = layer.head_dim();
     if (n == 0) return;
-    std::vector<float> k(static_cast<std::size_t>(kBlock) * static_cast<std::size_t>(hd));
     std::vector<double> anchor(static_cast<std::size_t>(hd), 0.0);
-    for (int j0 = 0; j0 < n; j0 += kBlock) {  // the mean of the unit keys
-      const int m = std::min(kBlock, n - j0);
-      layer.keys(kv_head, j0, m, k.data());
+    for_key_blocks(layer, kv_head, n, [&](int, int m, const float* k) {  // the mean of the unit keys
       for (int j = 0; j < m; ++j) {
-        const float* x = k.data() + static_cast<std::ptrdiff_t>(j) * hd;
+        const float* x = k + static_cast<std::ptrdiff_t>(j) * hd;
         const double inv = 1.0 / std::max(norm(x, hd), 1e-12);
         for (int d = 0; d < hd; ++d) anchor[static_cast<std::size_t>(d)] += x[d] * inv;
       }
-    }
+    });
     double an = 0.0;
     for (double& a : anchor) {
       a /= n;
       an += a * a;
     }
     an = std::sqrt(an);
-    for (int j0 = 0; j0 < n; j0 += kBlock) {
-      const int m = std::min(kBlock, n - j0);
-      layer.keys(kv_head, j0, m, k.data());
+    for_key_blocks(layer, kv_head, n, [&](int j0, int m, const float* k) {
       for (int j = 0; j < m; ++j) {
-        const float* x = k.data() + static_cast<std::ptrdiff_t>(j) * hd;
+        const float* x = k + static_cast<std::ptrdiff_t>(j) * hd;
         double dot = 0.0;
         for (int d = 0; d < hd; ++d) dot += x[d] * anchor[static_cast<std::size_t>(d)];
         s[static_cast<std::size_t>(j0 + j)] = static_cast<float>(-dot / std::max(norm(x, hd) * an, 1e-8));
       }
-    }
+    });
   }
 
  private:
-  static constexpr int kBlock = 64;  ///< key rows read per call
   static double norm(const float* x, int hd) {
     double sq = 0.0;
     for (int d = 0; d < hd; ++d) sq += static_cast<double>(x[d]) * x[d];

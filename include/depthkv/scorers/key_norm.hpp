@@ -19,28 +19,18 @@ namespace depthkv {
 /// @code
 /// depthkv::KeyNormRule rule;
 /// @endcode
-class KeyNormRule : public ScoringRule {
+class KeyNormRule : public KeyOnlyRule<KeyNormRule> {
  public:
-  std::unique_ptr<ScoringRule> clone() const override { return std::make_unique<KeyNormRule>(*this); }
-  bool observes() const override { return false; }
-  void reset() override {}
-  void observe(const AttentionBlock&) override {}
-  void compact(int, const std::int32_t*, int) override {}
-
   void score(int kv_head, const LayerReader& layer, std::vector<float>& s) const override {
-    const int n = static_cast<int>(s.size()), hd = layer.head_dim();
-    constexpr int kBlock = 64;  // key rows read per call
-    std::vector<float> k(static_cast<std::size_t>(kBlock) * static_cast<std::size_t>(hd));
-    for (int j0 = 0; j0 < n; j0 += kBlock) {
-      const int m = std::min(kBlock, n - j0);
-      layer.keys(kv_head, j0, m, k.data());
+    const int hd = layer.head_dim();
+    for_key_blocks(layer, kv_head, static_cast<int>(s.size()), [&](int j0, int m, const float* k) {
       for (int j = 0; j < m; ++j) {
-        const float* x = k.data() + static_cast<std::ptrdiff_t>(j) * hd;
+        const float* x = k + static_cast<std::ptrdiff_t>(j) * hd;
         float sq = 0.0f;
         for (int d = 0; d < hd; ++d) sq += x[d] * x[d];
         s[static_cast<std::size_t>(j0 + j)] = -std::sqrt(sq);
       }
-    }
+    });
   }
 };
 
