@@ -3,7 +3,7 @@
 # report seeds. Needs the depthkv Python package (scripts/python-test.sh builds it into
 # $DEPTHKV_VENV, default /tmp/depthkv-venv), the model (scripts/get-models.sh), and for the 4k set
 # benchmarks/ruler/requirements.txt (torch, transformers, kvpress, gguf) in that environment.
-# Usage: scripts/ruler.sh 2k|4k
+# Usage: scripts/ruler.sh 2k|4k|gemma4k
 #   2k  2048 tokens, seeds 1000-1001, both protocols, depthkv's methods, then span pooling on the
 #       same samples (about 5 minutes on 2 cores)
 #   4k  4096 tokens, seeds 1000-1001, kvpress's protocol (outside): depthkv's methods on all 7 tasks
@@ -52,5 +52,13 @@ case "${1:-}" in
     --profile docs/results/smollm2.profile.json --out "$OUT/smollm2.4k.outside.kvpress.json" > /dev/null
   "$PY" benchmarks/ruler/report.py --tasks $niah --out "$OUT/smollm2.4k.outside" "$OUT/smollm2.4k.outside.depthkv.json" \
     "$OUT/smollm2.4k.outside.scorers.json" "$OUT/smollm2.4k.outside.kvpress.json" ;;
-*) echo "usage: scripts/ruler.sh 2k|4k" >&2; exit 2 ;;
+gemma4k)
+  # Gemma 3 270M at 4096 tokens, depthkv's side, all 7 tasks (profiles: scripts/gemma3-profiles.sh;
+  # about 10 minutes on 2 cores). Its 15 local layers hold at most 511 slots: at 4K the model holds
+  # 27% of a naive full cache, so compressions up to 0.73 keep all it holds.
+  G="${DEPTHKV_MODEL_DIR:-$HOME/.cache/depthkv/models}/gemma-3-270m-q4_k_m.gguf"
+  "$PY" benchmarks/ruler/run.py --model "$G" --lengths 4096 --samples 2 --protocol outside \
+    --profile docs/results/gemma3.profile.json --best-profile docs/results/gemma3.best.profile.json \
+    --methods full,snapkv,tova,keydiff,optimal,preset --out "$OUT/gemma3.4k.outside.depthkv.json" > /dev/null ;;
+*) echo "usage: scripts/ruler.sh 2k|4k|gemma4k" >&2; exit 2 ;;
 esac

@@ -251,6 +251,25 @@ inline std::vector<int> window_caps(const std::vector<int>& lengths, const std::
   return caps;
 }
 
+/// A budget beyond what the layers can hold is the whole of it: when `req`'s budget (its tokens,
+/// or its keep ratio of the lengths' sum) exceeds the sum of `req.caps` (e.g. local layers capped
+/// at their window), `req` asks for that sum in tokens instead. No caps: unchanged.
+inline void clamp_budget_to_caps(BudgetRequest& req) {
+  if (req.caps.empty()) return;
+  long long sum_caps = 0, sum_len = 0;
+  for (std::size_t l = 0; l < req.caps.size() && l < req.lengths.size(); ++l) {
+    sum_caps += req.caps[l];
+    sum_len += req.lengths[l];
+  }
+  const long long total = req.total_tokens >= 0 ? req.total_tokens
+                          : req.keep_ratio >= 0 ? std::llround(req.keep_ratio * static_cast<double>(sum_len))
+                                                : -1;
+  if (total > sum_caps) {
+    req.total_tokens = sum_caps;
+    req.keep_ratio = -1.0;
+  }
+}
+
 /// Applies `window_caps` to `req` (caps = min(its caps or lengths, the windows' caps); floors
 /// lowered to the caps; a budget above the caps' sum lowered to it, as `total_tokens`). No-op
 /// when no layer has a window.
@@ -265,19 +284,7 @@ inline void cap_to_windows(BudgetRequest& req, const std::vector<int>& window) {
   }
   req.caps = caps;
   for (std::size_t l = 0; l < req.floors.size() && l < caps.size(); ++l) req.floors[l] = std::min(req.floors[l], caps[l]);
-  // a budget beyond what the layers can hold is the whole of it (local layers cannot use more)
-  long long sum_caps = 0, sum_len = 0;
-  for (std::size_t l = 0; l < caps.size(); ++l) {
-    sum_caps += caps[l];
-    sum_len += req.lengths[l];
-  }
-  const long long total = req.total_tokens >= 0 ? req.total_tokens
-                          : req.keep_ratio >= 0 ? std::llround(req.keep_ratio * static_cast<double>(sum_len))
-                                                : -1;
-  if (total > sum_caps) {
-    req.total_tokens = sum_caps;
-    req.keep_ratio = -1.0;
-  }
+  clamp_budget_to_caps(req);
 }
 
 /// Tokens the default safeguard floor adds to the protected ones (README "Safeguard floor").

@@ -386,6 +386,7 @@ PruneReport score_and_evict(KVCache<Layer>& cache, std::vector<TokenScorer>& sco
     br.caps = br.lengths;
     for (std::size_t l = 0; l < br.lengths.size(); ++l)
       if (req.layer_window[l] > 0) br.lengths[l] = longest;
+    clamp_budget_to_caps(br);  // a keep ratio of the longest layer's length may exceed what they hold
   }
   if (br.floors.empty() && req.floors_from_protection)
     br.floors = protection_floors(br.caps.empty() ? br.lengths : br.caps, req.protection);

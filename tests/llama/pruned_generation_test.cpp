@@ -234,6 +234,26 @@ TEST_CASE("PrunedGeneration: a keep ratio below the protected tokens keeps the p
   REQUIRE(h.cache().lengths() == std::vector<int>(3, 30));
 }
 
+TEST_CASE("PrunedGeneration on sliding-window layers: a keep ratio beyond what they hold keeps all they hold",
+          "[driver][window]") {
+  // window 24 on every layer but the last: 90 tokens at keep 0.9 ask for 0.9 * 3 * 90 = 243 slots,
+  // the layers hold 23 + 23 + 90 = 136 once the slots outside the windows are dropped
+  const LlamaModel model = random_model(shape(true));
+  const LlamaEngine engine(model);
+  const PolicyCurves no_curves;
+  for (const char* scorer : {"snapkv", "keydiff"}) {
+    CAPTURE(scorer);
+    PruneSpec spec;
+    spec.scorer = scorer_config(scorer);
+    spec.protection = {2, 4};
+    spec.budget = Budget::keep(0.9);
+    PrunedGeneration<HostCache> g(engine, engine.make_cache(), spec, no_curves, nullptr, ForwardOptions());
+    REQUIRE_NOTHROW(g.prefill(random_tokens(90, model.config.vocab_size, 7)));
+    for (int l = 0; l < model.config.n_layers; ++l)
+      CHECK(g.cache().lengths()[static_cast<std::size_t>(l)] == (model.config.window(l) > 0 ? 23 : 90));
+  }
+}
+
 TEST_CASE("PrunedGeneration::feed: a prompt fed chunk by chunk equals prefill, and the caller's hook sees each append",
           "[driver]") {
   const LlamaModel model = random_model(shape(true));
