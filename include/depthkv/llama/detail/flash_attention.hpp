@@ -39,11 +39,12 @@
 ///   head's key and value tiles once for all `G` query heads of the group. Every thread count
 ///   gives the same bytes; the result equals the softmax attention up to float rounding (the
 ///   order of the sums differs from a row-at-a-time softmax).
-/// - Products: Eigen's, on tiles converted to float (F16 with F16C from SIMD level 2); a task of
-///   at most `kFlashDecodeVectors` query vectors (decode) over F16 rows with a head size that is a
-///   multiple of 8 runs `DecodeTile` instead from level 2 (no converted copy, no packing), whose
-///   sums differ from level 1's by float rounding. Float rows always take Eigen's products (the
-///   evaluation protocol's caches: the same bytes at every level).
+/// - Products: Eigen's, on tiles converted to float (F16 with F16C from SIMD level 2). From level 2
+///   over F16 rows, a call of more than `kFlashDecodeVectors` query vectors (T x group; prefill;
+///   head size a multiple of 16) converts each KV head once and runs `BlockTile` (register
+///   blocks), a smaller one (decode; head size a multiple of 8) `DecodeTile` (no converted copy, no
+///   packing); their sums differ from level 1's by float rounding. Float rows always take Eigen's products (the evaluation
+///   protocol's caches: the same bytes at every level).
 /// - Tasks run on `threads` OpenMP threads (1: the calling thread, Eigen's products serial).
 ///
 /// @code
@@ -142,6 +143,15 @@ struct FlashState {
   }
 };
 
+/// A KV head's F16 rows converted once per call for `BlockTile`: the keys transposed
+/// (`kt[d * ldk + j]`, `ldk` the rows rounded up to 16, plus 16 at a multiple of 1024; zeros past
+/// the rows) and the values as float
+/// rows (`v[j * head_dim + d]`).
+struct BlockHead {
+  std::vector<float> kt, v;
+  int ldk = 0;
+};
+
 #if defined(DEPTHKV_AVX2_DISPATCH)
 /// F16 rows to float with F16C (exact, as the scalar conversion): `rows` rows of `hd` at `src`
 /// (stride `ld`) to `dst` (stride `hd`).
@@ -216,6 +226,97 @@ struct DecodeTile {
     }
   }
 };
+
+/// The two products of one key tile for more query vectors than `kFlashDecodeVectors` (prefill)
+/// over F16 rows converted to float once per call and KV head (`BlockHead`): `S = Q K^T` from the
+/// keys transposed in blocks of 4 query vectors x 16 keys, and `acc += S V` from the float values
+/// in blocks of 4 vectors x 16 dimensions, all in AVX2/FMA registers (no packing). `head_dim` a
+/// multiple of 16. The sums run in another order than Eigen's products (the result differs from
+/// level 1 by float rounding).
+struct BlockTile {
+  /// `out` from the F16 rows of `h`: the keys transposed and the values as floats.
+  __attribute__((target("avx2,fma,f16c"))) static void convert(const FlashHead<Eigen::half>& h, int hd,
+                                                               BlockHead& out) {
+    out.ldk = (h.n + 15) / 16 * 16;
+    if (out.ldk % 1024 == 0) out.ldk += 16;  // a row stride of 4 KiB multiples maps every d to one cache set
+    out.kt.resize(static_cast<std::size_t>(hd) * static_cast<std::size_t>(out.ldk));
+    out.v.resize(static_cast<std::size_t>(h.n) * static_cast<std::size_t>(hd));
+    keys_t(h.k, h.ld, h.n, hd, out.kt.data(), out.ldk);
+    half_rows_f16c(h.v, h.ld, h.n, hd, out.v.data());
+  }
+  /// kt[d * ldk + j] = k_j[d] for the `bk` F16 key rows at `k` (stride `ld`); 0 for j in [bk, ldk).
+  __attribute__((target("avx2,fma,f16c"))) static void keys_t(const Eigen::half* k, std::ptrdiff_t ld, int bk, int hd,
+                                                              float* kt, int ldk) {
+    alignas(32) float row[8];
+    for (int j = 0; j < bk; ++j)
+      for (int d = 0; d < hd; d += 8) {
+        _mm256_store_ps(row, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + j * ld + d))));
+        for (int i = 0; i < 8; ++i) kt[(d + i) * ldk + j] = row[i];
+      }
+    for (int d = 0; d < hd; ++d)
+      for (int j = bk; j < ldk; ++j) kt[d * ldk + j] = 0.0f;
+  }
+  /// S[v * bk + j] = q_v . k_j for `R` vectors from `v0` and the 16 keys from `j0`.
+  template <int R>
+  __attribute__((target("avx2,fma"))) static void score_block(const float* q, int hd, const float* kt, int ldk,
+                                                              int v0, int j0, int bk, float* S) {
+    __m256 a[R][2];
+    for (int i = 0; i < R; ++i) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; ++d) {
+      const __m256 b0 = _mm256_loadu_ps(kt + d * ldk + j0), b1 = _mm256_loadu_ps(kt + d * ldk + j0 + 8);
+      for (int i = 0; i < R; ++i) {
+        const __m256 x = _mm256_broadcast_ss(q + (v0 + i) * hd + d);
+        a[i][0] = _mm256_fmadd_ps(x, b0, a[i][0]);
+        a[i][1] = _mm256_fmadd_ps(x, b1, a[i][1]);
+      }
+    }
+    alignas(32) float out[16];
+    const int n = std::min(16, bk - j0);
+    for (int i = 0; i < R; ++i) {
+      _mm256_store_ps(out, a[i][0]);
+      _mm256_store_ps(out + 8, a[i][1]);
+      for (int j = 0; j < n; ++j) S[(v0 + i) * bk + j0 + j] = out[j];
+    }
+  }
+  __attribute__((target("avx2,fma"))) static void scores(const float* q, int nv, int hd, const float* kt, int ldk,
+                                                         int bk, float* S) {
+    for (int j0 = 0; j0 < bk; j0 += 16) {
+      int v0 = 0;
+      for (; v0 + 4 <= nv; v0 += 4) score_block<4>(q, hd, kt, ldk, v0, j0, bk, S);
+      for (; v0 < nv; ++v0) score_block<1>(q, hd, kt, ldk, v0, j0, bk, S);
+    }
+  }
+  /// acc[v * hd + d] += sum_j S[v * bk + j] v_j[d] for `R` vectors from `v0`, dimensions [d0, d0 + 16).
+  template <int R>
+  __attribute__((target("avx2,fma"))) static void value_block(const float* S, int bk, const float* v, int hd, int v0,
+                                                              int d0, float* acc) {
+    __m256 a[R][2];
+    for (int i = 0; i < R; ++i) {
+      a[i][0] = _mm256_loadu_ps(acc + (v0 + i) * hd + d0);
+      a[i][1] = _mm256_loadu_ps(acc + (v0 + i) * hd + d0 + 8);
+    }
+    for (int j = 0; j < bk; ++j) {
+      const __m256 x0 = _mm256_loadu_ps(v + j * hd + d0), x1 = _mm256_loadu_ps(v + j * hd + d0 + 8);
+      for (int i = 0; i < R; ++i) {
+        const __m256 w = _mm256_broadcast_ss(S + (v0 + i) * bk + j);
+        a[i][0] = _mm256_fmadd_ps(w, x0, a[i][0]);
+        a[i][1] = _mm256_fmadd_ps(w, x1, a[i][1]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      _mm256_storeu_ps(acc + (v0 + i) * hd + d0, a[i][0]);
+      _mm256_storeu_ps(acc + (v0 + i) * hd + d0 + 8, a[i][1]);
+    }
+  }
+  __attribute__((target("avx2,fma"))) static void values(const float* S, int nv, int bk, const float* v, int hd,
+                                                         float* acc) {
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+      int v0 = 0;
+      for (; v0 + 4 <= nv; v0 += 4) value_block<4>(S, bk, v, hd, v0, d0, acc);
+      for (; v0 < nv; ++v0) value_block<1>(S, bk, v, hd, v0, d0, acc);
+    }
+  }
+};
 #endif
 
 /// `rows` rows of `head_dim` elements at `src` (stride `ld`) as float rows: in place for float,
@@ -287,11 +388,41 @@ inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, Vis&& v
   }
 }
 
+#if defined(DEPTHKV_AVX2_DISPATCH)
+/// `flash_task`'s key tiles [lo, hi) over F16 rows: `BlockTile` on the head's converted rows
+/// `bh`, else `DecodeTile` for at most `kFlashDecodeVectors` query vectors and a head size that
+/// is a multiple of 8; false (nothing done) otherwise.
+template <class Vis>
+bool flash_tiles_f16(const FlashHead<Eigen::half>& head, int hd, int lo, int hi, float scale,
+                     const FlashState::Rows& Qb, Vis&& vis, FlashState::Rows& S, FlashState& st, const BlockHead* bh) {
+  const int vectors = static_cast<int>(Qb.rows());
+  if (!bh && (vectors > kFlashDecodeVectors || hd % 8 != 0)) return false;
+  for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
+    const int bk = std::min(kFlashKeyTile, hi - jt);
+    S.resize(vectors, bk);
+    if (bh) {
+      BlockTile::scores(Qb.data(), vectors, hd, bh->kt.data() + jt, bh->ldk, bk, S.data());
+      flash_tile_softmax(S, jt, scale, vis, st);
+      BlockTile::values(S.data(), vectors, bk, bh->v.data() + static_cast<std::ptrdiff_t>(jt) * hd, hd,
+                        st.acc.data());
+    } else {
+      DecodeTile::scores(Qb.data(), vectors, hd, head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk,
+                         S.data());
+      flash_tile_softmax(S, jt, scale, vis, st);
+      DecodeTile::values(S.data(), vectors, bk, head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, hd,
+                         st.acc.data());
+    }
+  }
+  return true;
+}
+#endif
+
 /// One task: query rows [r0, r1) of every head of KV head `head`'s group against its slots
 /// [j0, j1), into `st`.
 template <class Scalar>
 void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s, const FlashPlan& p, const float* q,
-                std::ptrdiff_t q_ld, int r0, int r1, int j0, int j1, FlashState& st, int simd) {
+                std::ptrdiff_t q_ld, int r0, int r1, int j0, int j1, FlashState& st, int simd,
+                const BlockHead* bh = nullptr) {
   const int G = p.group, hd = s.head_dim;
   const int vectors = (r1 - r0) * G;
   FlashState::Rows Qb(vectors, hd), S, kbuf, vbuf;
@@ -309,20 +440,10 @@ void flash_task(const FlashHead<Scalar>& head, int kv_head, const FlashShape& s,
   const int hi = std::min(j1, std::min(head.n, head.n_old + r1));  // the last row sees the most
   const int lo = std::max(j0, head.vis_begin ? head.vis_begin[r0] : 0);  // the first row starts first
 #if defined(DEPTHKV_AVX2_DISPATCH)
-  // F16 rows only: a float cache (the evaluation protocol's) keeps Eigen's sums at every level
-  if (std::is_same<Scalar, Eigen::half>::value && simd >= 2 && vectors <= kFlashDecodeVectors && hd % 8 == 0) {
-    for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
-      const int bk = std::min(kFlashKeyTile, hi - jt);
-      S.resize(vectors, bk);
-      DecodeTile::scores(Qb.data(), vectors, hd, head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk,
-                         S.data());
-      flash_tile_softmax(S, jt, scale, vis, st);
-      DecodeTile::values(S.data(), vectors, bk, head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, hd,
-                         st.acc.data());
-    }
-    return;
-  }
+  if constexpr (std::is_same<Scalar, Eigen::half>::value)  // F16 rows only: a float cache keeps Eigen's sums
+    if (simd >= 2 && flash_tiles_f16(head, hd, lo, hi, scale, Qb, vis, S, st, bh)) return;
 #endif
+  (void)bh;
   for (int jt = lo; jt < hi; jt += kFlashKeyTile) {
     const int bk = std::min(kFlashKeyTile, hi - jt);
     const auto K = flash_tile(head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk, hd, kbuf, simd);
@@ -395,6 +516,16 @@ void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const 
   for (int h = 0; h < s.n_kv_heads; ++h) max_n = std::max(max_n, heads[h].n);
   const FlashPlan p = flash_plan(s, max_n);
   const int tasks = p.n_tasks(s.n_kv_heads);
+  std::vector<BlockHead> blocks;  // F16 prefill from level 2: each KV head converted once
+#if defined(DEPTHKV_AVX2_DISPATCH)
+  if constexpr (std::is_same<Scalar, Eigen::half>::value)
+    if (simd >= 2 && s.T * p.group > kFlashDecodeVectors && s.head_dim % 16 == 0) {
+      blocks.resize(static_cast<std::size_t>(s.n_kv_heads));
+      flash_run(s.n_kv_heads, threads,
+                [&](int h) { BlockTile::convert(heads[h], s.head_dim, blocks[static_cast<std::size_t>(h)]); });
+    }
+#endif
+  const auto block_of = [&](int h) { return blocks.empty() ? nullptr : &blocks[static_cast<std::size_t>(h)]; };
   std::vector<FlashState> states(p.n_parts > 1 ? static_cast<std::size_t>(tasks) : 0);
   // task t: part t % n_parts of (KV head, block); the blocks that see the most slots come first
   const auto unpack = [&](int t, int& h, int& r0, int& r1) {
@@ -410,12 +541,12 @@ void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const 
     const int part = t % p.n_parts;
     if (p.n_parts == 1) {
       FlashState st;
-      flash_task(heads[h], h, s, p, q, q_ld, r0, r1, 0, heads[h].n, st, simd);
+      flash_task(heads[h], h, s, p, q, q_ld, r0, r1, 0, heads[h].n, st, simd, block_of(h));
       flash_write(&st, 1, h, p.group, s.head_dim, r0, r1, out, out_ld);
       return;
     }
     flash_task(heads[h], h, s, p, q, q_ld, r0, r1, part * p.part_len, (part + 1) * p.part_len,
-               states[static_cast<std::size_t>(t)], simd);
+               states[static_cast<std::size_t>(t)], simd, block_of(h));
   });
   if (p.n_parts == 1) return;
   for (int t = 0; t < tasks; t += p.n_parts) {
