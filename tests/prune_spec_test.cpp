@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -56,22 +57,18 @@ TEST_CASE("PruneSpec::validate names every bad field and bound", "[prune_spec]")
   prune_spec_refused([](PruneSpec& s) { s.scorer.lookahead = -1; }, "scorer.lookahead must be >= 0, got -1");
   prune_spec_refused([](PruneSpec& s) { s.scorer.kind = depthkv::ScorerKind::kKeyNorm; },
                      "scorer.output_aware: only for h2o, snapkv and tova, not knorm");
-  prune_spec_refused(
-      [](PruneSpec& s) {
-        s.scorer.output_aware = false;
-        s.scorer.kind = depthkv::ScorerKind::kKeyNorm;
-        s.scorer.lookahead = 4;
-        s.schedule.mode = depthkv::ScheduleMode::kOneshot;
-      },
-      "scorer.lookahead: knorm observes no attention");
-  prune_spec_refused(
-      [](PruneSpec& s) {
-        s.scorer.output_aware = false;
-        s.scorer.kind = depthkv::ScorerKind::kKeyDiff;
-        s.scorer.lookahead = 4;
-        s.schedule.mode = depthkv::ScheduleMode::kOneshot;
-      },
-      "scorer.lookahead: keydiff observes no attention");
+  for (const auto& [kind, name] : {std::pair{depthkv::ScorerKind::kKeyNorm, "knorm"},
+                                   std::pair{depthkv::ScorerKind::kKeyDiff, "keydiff"}}) {
+    const depthkv::ScorerKind k = kind;  // the key-only scorers observe nothing: no lookahead
+    prune_spec_refused(
+        [k](PruneSpec& s) {
+          s.scorer.output_aware = false;
+          s.scorer.kind = k;
+          s.scorer.lookahead = 4;
+          s.schedule.mode = depthkv::ScheduleMode::kOneshot;
+        },
+        std::string("scorer.lookahead: ") + name + " observes no attention");
+  }
   prune_spec_refused([](PruneSpec& s) { s.protection.n_sink = -1; }, "protection must be >= 0, got n_sink -1");
   prune_spec_refused([](PruneSpec& s) { s.protection.n_recent = -2; }, "n_recent -2");
   prune_spec_refused([](PruneSpec& s) { s.budget = depthkv::Budget::keep(1.5); }, "budget: keep ratio 1.5 is outside [0, 1]");

@@ -1,7 +1,7 @@
 #pragma once
 /// @file detail/simd.hpp
 /// @brief The instruction set a CPU pass uses, chosen at run time: 0 scalar, 1 SSE2 (every
-/// x86-64), 2 AVX2, 3 AVX-512 VNNI (the K-quant matmul; the other passes run AVX2 there). AVX2
+/// x86-64), 2 AVX2 (with F16C and FMA), 3 AVX-512 VNNI (the K-quant matmul; the other passes run AVX2 there). AVX2
 /// and AVX-512 code is compiled with target attributes (no `-mavx2` needed) and only called when
 /// the CPU has it; `-DDEPTHKV_NO_AVX2_DISPATCH` leaves it out. Every level gives the same results
 /// (the quantized products: up to float summation order); the caller's

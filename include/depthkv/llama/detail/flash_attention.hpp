@@ -43,8 +43,8 @@
 ///   over F16 rows, a call of more than `kFlashDecodeVectors` query vectors (T x group; prefill;
 ///   head size a multiple of 16) converts each KV head once and runs `BlockTile` (register
 ///   blocks), a smaller one (decode; head size a multiple of 8) `DecodeTile` (no converted copy, no
-///   packing); their sums differ from level 1's by float rounding. Float rows always take Eigen's products (the evaluation
-///   protocol's caches: the same bytes at every level).
+///   packing); their sums differ from level 1's by float rounding. Float rows always take Eigen's
+///   products (the evaluation protocol's caches: the same bytes at every level).
 /// - Tasks run on `threads` OpenMP threads (1: the calling thread, Eigen's products serial).
 ///
 /// @code
@@ -145,8 +145,7 @@ struct FlashState {
 
 /// A KV head's F16 rows converted once per call for `BlockTile`: the keys transposed
 /// (`kt[d * ldk + j]`, `ldk` the rows rounded up to 16, plus 16 at a multiple of 1024; zeros past
-/// the rows) and the values as float
-/// rows (`v[j * head_dim + d]`).
+/// the rows) and the values as float rows (`v[j * head_dim + d]`).
 struct BlockHead {
   std::vector<float> kt, v;
   int ldk = 0;
@@ -180,16 +179,12 @@ __attribute__((target("avx2"))) inline void bf16_rows_avx2(const Eigen::bfloat16
 inline constexpr int kFlashDecodeVectors = 8;
 
 /// The two products of one key tile for at most `kFlashDecodeVectors` query vectors (decode:
-/// one query row of a group), reading F16 (or float) rows in registers (no converted copy, no
-/// packing): `S = Q K^T` and `acc += S V`. `head_dim` a multiple of 8. The sums run in another
-/// order than Eigen's products (the result differs from level 1 by float rounding only).
+/// one query row of a group), reading the F16 rows in registers (no converted copy, no packing):
+/// `S = Q K^T` and `acc += S V`. `head_dim` a multiple of 8. The sums run in another order than
+/// Eigen's products (the result differs from level 1 by float rounding only).
 struct DecodeTile {
-  template <class Scalar>
-  __attribute__((target("avx2,fma,f16c"))) static __m256 load8(const Scalar* p) {
-    if constexpr (std::is_same<Scalar, float>::value)
-      return _mm256_loadu_ps(p);
-    else
-      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __attribute__((target("avx2,fma,f16c"))) static __m256 load8(const Eigen::half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   __attribute__((target("avx2,fma"))) static float hsum(__m256 a) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -198,8 +193,7 @@ struct DecodeTile {
     return _mm_cvtss_f32(x);
   }
   /// S[v * bk + j] = q_v . k_j for the `bk` key rows at `k` (stride `ld`), `nv` vectors at `q`.
-  template <class Scalar>
-  __attribute__((target("avx2,fma,f16c"))) static void scores(const float* q, int nv, int hd, const Scalar* k,
+  __attribute__((target("avx2,fma,f16c"))) static void scores(const float* q, int nv, int hd, const Eigen::half* k,
                                                               std::ptrdiff_t ld, int bk, float* S) {
     for (int j = 0; j < bk; ++j, k += ld) {
       __m256 a[kFlashDecodeVectors];
@@ -212,8 +206,7 @@ struct DecodeTile {
     }
   }
   /// acc[v] += sum_j S[v * bk + j] v_j for the `bk` value rows at `vr` (stride `ld`).
-  template <class Scalar>
-  __attribute__((target("avx2,fma,f16c"))) static void values(const float* S, int nv, int bk, const Scalar* vr,
+  __attribute__((target("avx2,fma,f16c"))) static void values(const float* S, int nv, int bk, const Eigen::half* vr,
                                                               std::ptrdiff_t ld, int hd, float* acc) {
     for (int d = 0; d < hd; d += 8) {
       __m256 a[kFlashDecodeVectors];
@@ -331,9 +324,9 @@ inline Eigen::Map<const FlashState::Rows, 0, Eigen::OuterStride<>> flash_tile(co
     (void)simd;
     return Map(src, rows, head_dim, Eigen::OuterStride<>(ld));
   } else {
-    buf.resize(rows, head_dim);
 #if defined(DEPTHKV_AVX2_DISPATCH)
     if (simd >= 2) {
+      buf.resize(rows, head_dim);
       if constexpr (std::is_same<Scalar, Eigen::half>::value) {
         half_rows_f16c(src, ld, rows, head_dim, buf.data());
         return Map(buf.data(), rows, head_dim, Eigen::OuterStride<>(head_dim));
