@@ -1,19 +1,19 @@
 // long_context_bench: decode speed and memory of the reference engine at a long context, with the
 // full KV cache or a bounded one (keep a ratio of the tokens, evicting after every prefill chunk
-// and every `interval` decoded tokens: depthkv/eviction_schedule.hpp), and the work bound of the
-// decode step (long_context_bound.hpp).
+// and every `interval` decoded tokens: a decode-schedule spec), and the work bound of the decode
+// step (long_context_bound.hpp). The run is the library's driver (`PrunedGeneration`,
+// llama/pruned_generation.hpp) on the reference engine.
 //
 // One run per process, so that the peak RSS (VmHWM) is the run's. Input: a model file (GGUF or
 // llama2.c), or a real model's shape with random weights of a file type built in memory
 // (synthetic_models.hpp). The context is read in chunks of --chunk tokens:
 //   --prefill real       through the engine (prefill tok/s measured; attention costs O(T^2));
-//   --prefill synthetic  random keys and values appended to the cache instead, each chunk with
-//                        one observed attention row per query head (random probabilities), and the
-//                        same schedule calls: the cache holds what a real prefill leaves (its size,
+//   --prefill synthetic  random keys and values appended to the cache instead (the driver's engine
+//                        call does it), each chunk with one observed attention row per query head
+//                        (random probabilities), and the same evictions: the cache holds what a real prefill leaves (its size,
 //                        not its values), in seconds instead of hours at 32K. No prefill speed then,
 //                        and the peak RSS lacks the prefill's working memory.
-// Then --decode tokens are decoded greedily, one at a time, with the schedule's observer and
-// after_decode_step (keep < 1). Reported: prefill and decode tok/s; peak RSS; the KV bytes held at
+// Then --decode tokens are decoded greedily, one at a time (`PrunedGeneration::step`). Reported: prefill and decode tok/s; peak RSS; the KV bytes held at
 // the peak (before any eviction) and at the end; the seconds inside the observer (scores
 // accumulated from the attention) and inside the schedule's calls (scoring, allocation, eviction,
 // compaction), as fractions of the prefill, the decode and the whole run; the decode step's work
@@ -44,6 +44,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -58,6 +59,7 @@
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/open_model.hpp"
 #include "depthkv/llama/output_projections.hpp"
+#include "depthkv/llama/pruned_generation.hpp"
 #include "depthkv/preset.hpp"
 #include "depthkv/scorer_registry.hpp"
 #include "bench_args.hpp"
@@ -212,33 +214,74 @@ struct Figures {
 
 namespace {
 
-/// One run: the engine, its cache of `Scalar` keys and values and (keep < 1) the schedule, the
-/// timers around them.
+/// The engine a run drives through the library's driver (`PrunedGeneration`): the reference
+/// engine, with its observer calls timed, whose calls append random keys and values instead of
+/// running the model while `synthetic` is set (--prefill synthetic: each call then hands the
+/// observer one row of random probabilities per query head, at the call's last position).
+class BenchEngine {
+ public:
+  BenchEngine(const LlamaModel& model, bool synthetic) : engine_(model), synthetic_(synthetic) {}
+  const LlamaConfig& config() const { return engine_.config(); }
+  const LlamaEngine& engine() const { return engine_; }
+  /// Later calls run the model.
+  void end_synthetic() { synthetic_ = false; }
+  /// Seconds inside the observer since the last call.
+  double take_observer_s() { return std::exchange(observer_s_, 0.0); }
+
+  /// The driver's engine call (llama/pruned_generation.hpp).
+  template <class Cache>
+  RowMatrix forward(const int* tokens, int n, std::int32_t pos0, Cache& cache, const ForwardOptions& opt) const {
+    ForwardOptions o = opt;
+    if (opt.observer)
+      o.observer = [this, &opt](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int m) {
+        const auto t0 = Clock::now();
+        opt.observer(l, q, p0, nq, pr, ld, m);
+        observer_s_ += seconds(t0);
+      };
+    if (!synthetic_) return engine_.forward(tokens, n, pos0, cache, o);
+    synthetic_call(pos0, n, cache, o.observer);
+    return RowMatrix::Zero(1, engine_.config().vocab_size);
+  }
+
+ private:
+  template <class Cache>
+  void synthetic_call(int pos0, int n, Cache& cache, const AttentionObserver& observer) const {
+    const LlamaConfig& c = engine_.config();
+    const std::size_t row = static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim);
+    std::vector<float> k(row), v(row), probs;
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int t = 0; t < n; ++t) {
+        depthkv_bench::fill(k.data(), row, 1.0f, rng_);
+        depthkv_bench::fill(v.data(), row, 1.0f, rng_);
+        cache.layer(l).append(k.data(), v.data(), pos0 + t);
+      }
+    if (!observer) return;
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int qh = 0; qh < c.n_heads; ++qh) {
+        const int m = cache.layer(l).size(qh / (c.n_heads / c.n_kv_heads));
+        probs.resize(static_cast<std::size_t>(m));
+        depthkv_bench::fill(probs.data(), probs.size(), 0.5f, rng_);
+        float sum = 0;
+        for (float& p : probs) sum += (p += 0.5f);
+        for (float& p : probs) p /= sum;
+        observer(l, qh, pos0 + n - 1, 1, probs.data(), m, m);
+      }
+  }
+
+  const LlamaEngine engine_;
+  bool synthetic_;
+  mutable double observer_s_ = 0;
+  mutable std::uint64_t rng_ = 0x2545F4914F6CDD1Dull;
+};
+
+/// One run on the driver: a cache of `Scalar` keys and values sized by `Settings::capacity`,
+/// and (keep < 1) a decode-schedule spec that evicts after every chunk and interval.
 template <class Scalar>
 class Run {
  public:
-  Run(const LlamaModel& model, const Settings& s) : s_(s), engine_(model), cache_(engine_.template make_cache<Scalar>(s.capacity())) {
-    if (s.full()) return;
-    const LlamaConfig& c = model.config;
-    PruneSpec spec;
-    spec.scorer = scorer();
-    if (spec.scorer.output_aware) wo_ = std::make_unique<OutputProjections>(model);
-    spec.budget = Budget::keep(s.keep);
-    spec.schedule = {ScheduleMode::kDecode, s.chunk, s.interval};
-    spec.protection = {s.sinks, s.recent};
-    PolicyData data;
-    data.layer_window = c.layer_window;  // sliding-window layers: capped at their window, old slots freed
-    EvictOptions evict;
-    evict.shrink = s.shrink;
-    schedule_ = std::make_unique<EvictionSchedule>(spec, data, c.n_layers, c.n_heads, c.n_kv_heads,
-                                                   wo_ ? &wo_->views() : nullptr, evict);
-    feed_ = schedule_->observer();
-    opt_.observer = [this](int l, int q, std::int32_t p0, int nq, const float* pr, int ld, int n) {
-      const auto t0 = Clock::now();
-      feed_(l, q, p0, nq, pr, ld, n);
-      observer_s_ += seconds(t0);
-    };
-  }
+  Run(const LlamaModel& model, const Settings& s)
+      : s_(s), engine_(model, s.prefill == "synthetic"), gen_(engine_, engine_.engine().template make_cache<Scalar>(s.capacity()),
+                                                         spec(), PolicyCurves{}, wo(model), run_options(), "", evict()) {}
 
   /// The scorer: the "best" preset's (SnapKV, max pooling, output-aware) without its lookahead,
   /// which a schedule cannot use; or a registered name.
@@ -252,28 +295,43 @@ class Run {
   void decode(Figures& f);
 
  private:
-  /// After an append: notes the peak, then (keep < 1) lets the schedule evict.
-  void after_append(bool decode_step, Figures& f) {
-    f.kv_peak = std::max(f.kv_peak, cache_.bytes());
-    if (!schedule_) return;
-    const auto t0 = Clock::now();
-    const bool evicted = decode_step ? schedule_->after_decode_step(cache_) : schedule_->after_chunk(cache_);
-    (decode_step ? f.decode_calls_s : f.prefill_calls_s) += seconds(t0);
-    f.evictions += evicted ? 1 : 0;
+  std::optional<PruneSpec> spec() const {
+    if (s_.full()) return std::nullopt;
+    PruneSpec spec;
+    spec.scorer = scorer();
+    spec.budget = Budget::keep(s_.keep);
+    spec.schedule = {ScheduleMode::kDecode, s_.chunk, s_.interval};
+    spec.protection = {s_.sinks, s_.recent};
+    return spec;
   }
-  void synthetic_chunk(int pos0, int n);
+  const OutputProjections* wo(const LlamaModel& model) {
+    if (!s_.full() && scorer().output_aware) wo_ = std::make_unique<OutputProjections>(model);
+    return wo_.get();
+  }
+  /// The engine's settings; the hook sums the slots each decoded token's step attended to.
+  ForwardOptions run_options() {
+    ForwardOptions run;
+    run.chunk_size = s_.chunk;
+    run.n_threads = s_.threads;
+    run.after_chunk = [this](int, std::int32_t) {
+      if (decoding_) slots_sum_ += slots_held(gen_.cache());
+    };
+    return run;
+  }
+  EvictOptions evict() const {
+    EvictOptions e;
+    e.shrink = s_.shrink;
+    return e;
+  }
   void check_time(Clock::time_point t0, int done) const;
 
   const Settings& s_;
-  const LlamaEngine engine_;
-  CacheOf<Scalar> cache_;
   std::unique_ptr<OutputProjections> wo_;
-  std::unique_ptr<EvictionSchedule> schedule_;
-  AttentionObserver feed_;
-  ForwardOptions opt_;
-  double observer_s_ = 0;
-  std::uint64_t rng_ = 0x2545F4914F6CDD1Dull;
-  Eigen::Index next_token_ = 1;
+  BenchEngine engine_;
+  PrunedGeneration<CacheOf<Scalar>, BenchEngine> gen_;
+  bool decoding_ = false;
+  double slots_sum_ = 0;
+  int next_token_ = 1;
 };
 
 /// --max-seconds: stops a prefill whose time, projected linearly from the chunks done, exceeds the
@@ -289,81 +347,47 @@ void Run<Scalar>::check_time(Clock::time_point t0, int done) const {
                                                  << ": use --prefill synthetic or a shorter --context");
 }
 
-/// Appends `n` random tokens at positions pos0.. to every layer, and (keep < 1) one attention row
-/// of random probabilities per query head at the chunk's last position.
-template <class Scalar>
-void Run<Scalar>::synthetic_chunk(int pos0, int n) {
-  const LlamaConfig& c = engine_.config();
-  const std::size_t row = static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim);
-  std::vector<float> k(row), v(row), probs;
-  for (int l = 0; l < c.n_layers; ++l)
-    for (int t = 0; t < n; ++t) {
-      depthkv_bench::fill(k.data(), row, 1.0f, rng_);
-      depthkv_bench::fill(v.data(), row, 1.0f, rng_);
-      cache_.layer(l).append(k.data(), v.data(), pos0 + t);
-    }
-  if (!schedule_) return;
-  const auto t0 = Clock::now();
-  for (int l = 0; l < c.n_layers; ++l)
-    for (int qh = 0; qh < c.n_heads; ++qh) {
-      const int m = cache_.layer(l).size(qh / (c.n_heads / c.n_kv_heads));
-      probs.resize(static_cast<std::size_t>(m));
-      depthkv_bench::fill(probs.data(), probs.size(), 0.5f, rng_);
-      float sum = 0;
-      for (float& p : probs) sum += (p += 0.5f);
-      for (float& p : probs) p /= sum;
-      feed_(l, qh, pos0 + n - 1, 1, probs.data(), m, m);
-    }
-  observer_s_ += seconds(t0);
-}
-
+/// The context fed to the driver one chunk at a time (each evicted after it), as token ids
+/// spread over the vocabulary, or (--prefill synthetic) random keys and values.
 template <class Scalar>
 void Run<Scalar>::prefill(Figures& f) {
-  opt_.chunk_size = s_.chunk;
-  opt_.n_threads = s_.threads;
-  opt_.all_logits = false;
   std::vector<int> ids(static_cast<std::size_t>(s_.chunk));
   const int vocab = engine_.config().vocab_size;
   const auto t0 = Clock::now();
   for (int c0 = 0; c0 < s_.context; c0 += s_.chunk) {
     const int n = std::min(s_.chunk, s_.context - c0);
-    if (s_.prefill == "synthetic") {
-      synthetic_chunk(c0, n);
-    } else {
-      ids.resize(static_cast<std::size_t>(n));
-      for (int i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int>((static_cast<long long>(c0 + i) * 7919 + 13) % vocab);
-      if (schedule_) opt_.observe_from = schedule_->observe_from(n);  // only the rows the next eviction scores
-      const RowMatrix last = engine_.prefill(ids, c0, cache_, opt_);
-      last.row(0).maxCoeff(&next_token_);
-    }
-    after_append(false, f);
+    for (int i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int>((static_cast<long long>(c0 + i) * 7919 + 13) % vocab);
+    const RowMatrix last = gen_.feed(ids.data(), n);
+    if (s_.prefill == "real") next_token_ = last_argmax(last);
     check_time(t0, c0 + n);
   }
   f.prefill_s = seconds(t0);
-  f.prefill_observer_s = observer_s_;
-  observer_s_ = 0;
+  f.prefill_observer_s = engine_.take_observer_s();
+  f.prefill_calls_s = gen_.report().schedule_ms / 1000.0;
+  engine_.end_synthetic();
 }
 
+/// --decode greedy steps on the driver (each step's time includes its eviction).
 template <class Scalar>
 void Run<Scalar>::decode(Figures& f) {
   const LlamaConfig& c = engine_.config();
+  decoding_ = true;
   const auto t0 = Clock::now();
   for (int i = 0; i < s_.decode; ++i) {
     const auto ts = Clock::now();
-    const int tok = static_cast<int>(next_token_);
-    if (schedule_) opt_.observe_from = schedule_->observe_from();
-    const RowMatrix lg = engine_.forward(&tok, 1, s_.context + i, cache_, opt_);
-    lg.row(0).maxCoeff(&next_token_);
-    f.decode_slots_sum += slots_held(cache_);
+    next_token_ = last_argmax(gen_.step(next_token_));
     f.decode_full_slots_sum += static_cast<double>(c.n_layers) * c.n_kv_heads * (s_.context + i + 1);
-    after_append(true, f);
     f.step_s.push_back(seconds(ts));
   }
   f.decode_s = seconds(t0);
-  f.decode_observer_s = observer_s_;
-  f.kv_end = cache_.bytes();
-  f.kv_allocated_end = cache_.bytes_allocated();
-  f.kv_end_layers = cache_.bytes_per_layer();
+  f.decode_observer_s = engine_.take_observer_s();
+  f.decode_calls_s = gen_.report().schedule_ms / 1000.0 - f.prefill_calls_s;
+  f.decode_slots_sum = slots_sum_;
+  f.kv_peak = gen_.report().peak_bytes;
+  f.evictions = gen_.report().evictions;
+  f.kv_end = gen_.cache().bytes();
+  f.kv_allocated_end = gen_.cache().bytes_allocated();
+  f.kv_end_layers = gen_.cache().bytes_per_layer();
 }
 
 }  // namespace

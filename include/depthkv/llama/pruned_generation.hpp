@@ -119,10 +119,13 @@ class PrunedGeneration {
   ///   is called after every append (prefill chunk, fed piece, decoded token), before the driver's
   ///   eviction, e.g. to measure a peak (its observer, capture and all_logits are the driver's)
   /// @param preset a preset whose per-input rule serves the prompt ("": none)
+  /// @param evict shrinking and threads of a schedule's evictions (`EvictionSchedule`; e.g.
+  ///   `shrink` off keeps the capacity of a cache sized for its budget)
   /// @throws Error on an invalid spec, an output-aware scorer without `wo`, a policy without the
   ///   curves it reads, or an unknown preset
   PrunedGeneration(const Engine& engine, Cache cache, std::optional<PruneSpec> spec, PolicyCurves curves,
-                   const OutputProjections* wo, const ForwardOptions& run, const std::string& preset = "")
+                   const OutputProjections* wo, const ForwardOptions& run, const std::string& preset = "",
+                   const EvictOptions& evict = EvictOptions())
       : engine_(engine), cache_(std::move(cache)), spec_(std::move(spec)), curves_(std::move(curves)), wo_(wo),
         preset_(preset) {
     run_.chunk_size = run.chunk_size;
@@ -144,7 +147,7 @@ class PrunedGeneration {
     if (spec_->schedule.mode != ScheduleMode::kOneshot) {
       const auto& c = engine.config();
       schedule_ = std::make_unique<EvictionSchedule>(*spec_, curves_.data(), c.n_layers, c.n_heads, c.n_kv_heads,
-                                                     wo_views(*spec_));
+                                                     wo_views(*spec_), evict);
     }
   }
   /// Resolved schedule settings (`detail::ScheduleConfig`, e.g. the fixed per-layer targets of a
