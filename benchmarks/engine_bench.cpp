@@ -165,7 +165,7 @@ void bench_profiling(const LlamaModel& model, const std::string& data, int n_win
   const auto windows = split_windows(token_windows(ids, 512, 0, n_windows), 384);
   const LlamaEngine engine(model);
   EvalConfig cfg;
-  cfg.protection = Protection{4, 0};
+  cfg.spec.protection = Protection{4, 0};
   auto t0 = Clock::now();
   const PruningEvaluator ev(engine, windows, cfg);
   const double full_s = seconds(t0);

@@ -33,12 +33,10 @@ long long sum_of(const std::vector<int>& v) {
 /// A chunked (or decode) spec of the evaluator's settings `cfg` (its first scorer).
 PruneSpec schedule_spec(const llama::EvalConfig& cfg, Budget budget, ScheduleMode mode = ScheduleMode::kChunked,
                         int interval = 1) {
-  PruneSpec s;
-  s.scorer = cfg.scorers.front();
-  s.protection = cfg.protection;
-  s.head_split = {cfg.head_allocation, cfg.head_alpha};
+  PruneSpec s = cfg.spec;
+  if (!cfg.scorers.empty()) s.scorer = cfg.scorers.front();
   s.budget = budget;
-  s.schedule = {mode, cfg.chunk_size, interval};
+  s.schedule = {mode, cfg.spec.schedule.chunk, interval};
   return s;
 }
 
@@ -354,15 +352,15 @@ TEST_CASE("PruningEvaluator, chunked spec: one chunk equals oneshot, chunked pea
   for (int chunk : {1024, 16}) {
     CAPTURE(chunk);
     llama::EvalConfig cfg;
-    cfg.protection = {1, 2};
-    cfg.chunk_size = chunk;
+    cfg.spec.protection = {1, 2};
+    cfg.spec.schedule.chunk = chunk;
     cfg.n_threads = 1;
     const llama::PruningEvaluator ev(engine, windows, cfg);
     const std::vector<llama::WindowResult> sched = ev.evaluate(schedule_spec(cfg, Budget::keep(0.25)), {});
     BudgetRequest br;
     br.lengths.assign(3, 96);
     br.keep_ratio = 0.25;
-    br.floors = protection_floors(br.lengths, cfg.protection);
+    br.floors = protection_floors(br.lengths, cfg.spec.protection);
     const std::vector<int> plan = BudgetAllocator().allocate(AllocationPolicy::kUniform, br);
     const std::vector<llama::WindowResult> once = ev.evaluate_budgets(plan);
     for (std::size_t w = 0; w < windows.size(); ++w) {
@@ -394,8 +392,8 @@ TEST_CASE("PruningEvaluator, decode spec: equals decoding token by token, peak w
   const std::size_t token_bytes =
       static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads) * static_cast<std::size_t>(c.head_dim) * 2 * sizeof(float);
   llama::EvalConfig cfg;
-  cfg.protection = {1, 2};
-  cfg.chunk_size = 16;
+  cfg.spec.protection = {1, 2};
+  cfg.spec.schedule.chunk = 16;
   cfg.n_threads = 1;
   const llama::PruningEvaluator ev(engine, windows, cfg);
   for (const bool fixed : {false, true}) {
@@ -412,7 +410,7 @@ TEST_CASE("PruningEvaluator, decode spec: equals decoding token by token, peak w
         EvictionSchedule s(spec, {}, c.n_layers, c.n_heads, c.n_kv_heads);
         llama::HostCache cache = engine.make_cache();
         ForwardOptions po;
-        po.chunk_size = cfg.chunk_size;
+        po.chunk_size = cfg.spec.schedule.chunk;
         po.all_logits = false;
         po.observer = s.observer();
         std::size_t peak = 0;
@@ -454,12 +452,12 @@ TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot, chunks equa
   const auto& c = model.config;
   const std::vector<llama::EvalWindow> windows = depthkv_test::random_windows(3, 96, 24, c.vocab_size, 60);
   llama::EvalConfig cfg;
-  cfg.protection = {1, 2};
+  cfg.spec.protection = {1, 2};
   cfg.n_threads = 1;
   const std::vector<double> plan = {0.25, 0.25, 0.25};  // 0.25 * 16k tokens is an integer
   const std::vector<double> one_layer = {1.0, 0.25, 1.0};
   // one chunk: the same as eviction after the whole context
-  cfg.chunk_size = 1024;
+  cfg.spec.schedule.chunk = 1024;
   const llama::PruningEvaluator once(engine, windows, cfg);
   cfg.chunked_plans = true;
   const llama::PruningEvaluator once_chunked(engine, windows, cfg);
@@ -473,7 +471,7 @@ TEST_CASE("PruningEvaluator chunked_plans: one chunk equals oneshot, chunks equa
   }
   // chunks of 16: every layer keeps a quarter of the tokens seen after each chunk, which is what the
   // uniform schedule at keep 0.25 gives (independent code: allocator + EvictionSchedule)
-  cfg.chunk_size = 16;
+  cfg.spec.schedule.chunk = 16;
   const llama::PruningEvaluator chunked(engine, windows, cfg);
   const auto s = chunked.evaluate(schedule_spec(cfg, Budget::keep(0.25)), {});
   const auto p = chunked.evaluate_plan(plan);

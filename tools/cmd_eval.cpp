@@ -644,11 +644,10 @@ std::vector<bool> preset_trust(const depthkv::llama::PruningEvaluator& ev, const
 depthkv::llama::EvalConfig evaluator_config(const EvalArgs& a, const EvalPlan& plan) {
   depthkv::llama::EvalConfig ecfg;
   ecfg.scorers = plan.scorer_configs;
-  ecfg.protection = a.sel.protection();
-  ecfg.chunk_size = a.chunk;
+  ecfg.spec.protection = a.sel.protection();
+  ecfg.spec.head_split = {a.sel.head_allocation(), a.sel.head_alpha};
+  ecfg.spec.schedule.chunk = a.chunk;
   ecfg.n_threads = a.threads;
-  ecfg.head_allocation = a.sel.head_allocation();
-  ecfg.head_alpha = a.sel.head_alpha;
   ecfg.continuation_source = depthkv::llama::parse_continuation_source(a.continuation_source);
   if (a.oracle) {  // every scorer twice: observed (0..n-1), oracle (n..2n-1)
     ecfg.oracle.assign(ecfg.scorers.size(), false);

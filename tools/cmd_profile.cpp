@@ -201,12 +201,11 @@ depthkv::llama::EvalConfig profile_eval_config(const ProfileArgs& a,
                                                const std::vector<depthkv::ScorerConfig>& scorer_cfgs) {
   depthkv::llama::EvalConfig ecfg;
   ecfg.scorers = scorer_cfgs;
-  ecfg.protection = a.sel.protection();
-  ecfg.chunk_size = a.chunk;
+  ecfg.spec.protection = a.sel.protection();
+  ecfg.spec.head_split = {a.sel.head_allocation(), a.sel.head_alpha};
+  ecfg.spec.schedule.chunk = a.chunk;
   ecfg.n_threads = a.threads;
   ecfg.chunked_plans = a.schedule == "chunked";
-  ecfg.head_allocation = a.sel.head_allocation();
-  ecfg.head_alpha = a.sel.head_alpha;
   return ecfg;
 }
 

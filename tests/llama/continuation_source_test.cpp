@@ -60,7 +60,8 @@ TEST_CASE("continuation source model: the greedy continuation, teacher-forced, b
   const LlamaEngine engine(model);
   const auto windows = depthkv_test::random_windows(3, 30, 10, model.config.vocab_size, 4);
   EvalConfig cfg;
-  cfg.chunk_size = 16;
+  cfg.spec.protection = {};
+  cfg.spec.schedule.chunk = 16;
   cfg.continuation_source = ContinuationSource::kModel;
   const PruningEvaluator ev(engine, windows, cfg);
   EvalConfig text_cfg = cfg;
@@ -102,7 +103,7 @@ TEST_CASE("oracle scores: the continuation's own attention (a lookahead of the w
   EvalConfig cfg;
   cfg.scorers = {plain, look, plain};
   cfg.oracle = {false, false, true};
-  cfg.protection = Protection{1, 2};
+  cfg.spec.protection = Protection{1, 2};
   cfg.continuation_source = ContinuationSource::kModel;
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
@@ -123,8 +124,8 @@ TEST_CASE("oracle scores: the continuation's own attention (a lookahead of the w
   REQUIRE(d_ctx > 1e-4);  // and it is not the context's own scores
   // not for schedules or chunked plans; one flag per scorer
   PruneSpec sched;
-  sched.protection = cfg.protection;
-  sched.schedule = {ScheduleMode::kChunked, cfg.chunk_size, 1};
+  sched.protection = cfg.spec.protection;
+  sched.schedule = {ScheduleMode::kChunked, cfg.spec.schedule.chunk, 1};
   REQUIRE_THROWS_WITH(ev.evaluate(sched, {}, 2), Catch::Contains("oracle"));
   EvalConfig bad = cfg;
   bad.oracle = {true};
@@ -145,7 +146,7 @@ TEST_CASE("bytes_peak counts the lookahead's G slots in every head of every laye
   look.lookahead = 8;
   EvalConfig cfg;
   cfg.scorers = {plain, look};
-  cfg.protection = Protection{1, 2};
+  cfg.spec.protection = Protection{1, 2};
   const std::size_t slot_bytes =
       static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads * c.head_dim) * 2 * sizeof(float);
   for (bool reuse : {true, false}) {
@@ -171,7 +172,7 @@ TEST_CASE("context_nll: the mean NLL of the context's last tokens, from an all-l
   for (int tokens : {0, 8, 100}) {
     CAPTURE(tokens);
     EvalConfig cfg;
-    cfg.chunk_size = 16;
+    cfg.spec.schedule.chunk = 16;
     cfg.context_nll_tokens = tokens;
     const PruningEvaluator ev(engine, windows, cfg);
     for (int w = 0; w < ev.n_windows(); ++w) {

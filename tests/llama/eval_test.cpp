@@ -137,8 +137,8 @@ TEST_CASE("PruningEvaluator: activation reuse equals naive recomputation (random
     s.kernel = 3;
     cfg.scorers.push_back(s);
   }
-  cfg.protection = Protection{1, 2};
-  cfg.chunk_size = 16;  // context and continuation both span several chunks
+  cfg.spec.protection = Protection{1, 2};
+  cfg.spec.schedule.chunk = 16;  // context and continuation both span several chunks
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
   const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
@@ -178,7 +178,9 @@ TEST_CASE("PruningEvaluator: activation reuse equals naive recomputation (random
 TEST_CASE("PruningEvaluator: the profiler functions", "[eval]") {
   const LlamaModel model = random_model(8, 3);
   const LlamaEngine engine(model);
-  const PruningEvaluator ev(engine, random_windows(4, 30, 8, model.config.vocab_size, 2));
+  EvalConfig cfg;
+  cfg.spec.protection = {};  // keep 0.1 and 0.5 of 30 tokens below the default protection's 20
+  const PruningEvaluator ev(engine, random_windows(4, 30, 8, model.config.vocab_size, 2), cfg);
   // a layer's ratios run in one batch; each equals its own plan run (ratio 1: the reference)
   const std::vector<double> ratios = {0.1, 0.5, 1.0};
   const auto per_layer = ev.layer_metrics(1, ratios);
@@ -223,7 +225,7 @@ TEST_CASE("PruningEvaluator [real]: reuse equals recomputation on stories260K", 
   ScorerConfig snap;
   snap.kind = ScorerKind::kSnapKV;
   cfg.scorers = {ScorerConfig{}, snap};
-  cfg.protection = Protection{4, 0};
+  cfg.spec.protection = Protection{4, 0};
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
   const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
@@ -305,11 +307,11 @@ TEST_CASE("output-aware scores and adaptive head budgets through score_and_evict
       s.output_aware = oa;
       cfg.scorers.push_back(s);
     }
-  cfg.protection = Protection{1, 2};
-  cfg.chunk_size = 64;  // one chunk: the chunked plan evicts once, as the one-shot run
+  cfg.spec.protection = Protection{1, 2};
+  cfg.spec.schedule.chunk = 64;  // one chunk: the chunked plan evicts once, as the one-shot run
   for (HeadAllocation ha : {HeadAllocation::kUniform, HeadAllocation::kAdaptive}) {
     CAPTURE(to_string(ha));
-    cfg.head_allocation = ha;
+    cfg.spec.head_split.mode = ha;
     EvalConfig naive_cfg = cfg, chunked_cfg = cfg;
     naive_cfg.reuse = false;
     chunked_cfg.chunked_plans = true;
@@ -330,7 +332,7 @@ TEST_CASE("output-aware scores and adaptive head budgets through score_and_evict
     }
   }
   EvalConfig bad = cfg;
-  bad.head_alpha = 1.5;
+  bad.spec.head_split.alpha = 1.5;
   CHECK_THROWS_WITH(PruningEvaluator(engine, windows, bad), Catch::Contains("head_split.alpha 1.5 outside [0, 1]"));
 }
 
@@ -339,10 +341,10 @@ TEST_CASE("adaptive head budgets change the evaluation", "[eval][head_budget]") 
   const LlamaEngine engine(model);
   const auto windows = random_windows(2, 40, 12, model.config.vocab_size, 5);
   EvalConfig cfg;
-  cfg.protection = Protection{1, 2};
+  cfg.spec.protection = Protection{1, 2};
   const PruningEvaluator uni(engine, windows, cfg);
-  cfg.head_allocation = HeadAllocation::kAdaptive;
-  cfg.head_alpha = 0.0;
+  cfg.spec.head_split.mode = HeadAllocation::kAdaptive;
+  cfg.spec.head_split.alpha = 0.0;
   const PruningEvaluator ada(engine, windows, cfg);
   const std::vector<double> plan = {0.2, 0.2, 0.2, 0.2};
   const auto a = uni.evaluate_plan(plan), b = ada.evaluate_plan(plan);
@@ -352,7 +354,7 @@ TEST_CASE("adaptive head budgets change the evaluation", "[eval][head_budget]") 
     CHECK(a[w].bytes_kept == b[w].bytes_kept);  // the same tokens per layer
   }
   CHECK(differs);
-  cfg.head_alpha = 1.0;  // alpha 1: the uniform split
+  cfg.spec.head_split.alpha = 1.0;  // alpha 1: the uniform split
   const PruningEvaluator one(engine, windows, cfg);
   require_same(one.evaluate_plan(plan), a, 1e-12);
 }
@@ -362,8 +364,8 @@ TEST_CASE("PruningEvaluator: per-head budgets and head curves", "[eval][head_bud
   const LlamaEngine engine(model);
   const auto windows = random_windows(3, 40, 12, model.config.vocab_size, 4);
   EvalConfig cfg;
-  cfg.protection = Protection{1, 2};
-  cfg.chunk_size = 16;
+  cfg.spec.protection = Protection{1, 2};
+  cfg.spec.schedule.chunk = 16;
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
   const PruningEvaluator ev(engine, windows, cfg), naive(engine, windows, naive_cfg);
@@ -381,7 +383,7 @@ TEST_CASE("PruningEvaluator: per-head budgets and head curves", "[eval][head_bud
   const auto h0 = ev.head_metrics(0, 0, {0.1}), h1 = ev.head_metrics(0, 1, {0.1});
   REQUIRE(h0[0].kl != h1[0].kl);
   // head_metrics is the per-head plan, and the head function numbers units layer * H + head
-  const int k01 = keep_tokens(0.1, 40, cfg.protection);
+  const int k01 = keep_tokens(0.1, 40, cfg.spec.protection);
   const auto direct = ev.evaluate_head_budgets({{40, 40}, {40, k01}, {40, 40}});
   const auto unit = ev.head_function()(3, {0.1});
   for (std::size_t w = 0; w < direct.size(); ++w) REQUIRE(unit[0].kl[w] == direct[w].metrics.loss.kl);
@@ -402,8 +404,8 @@ TEST_CASE("PruningEvaluator: per-head budgets and head curves", "[eval][head_bud
   REQUIRE(lossy);
   // with resplit, an adaptive evaluator moves tokens between the heads of a layer, same totals
   EvalConfig ada = cfg;
-  ada.head_allocation = HeadAllocation::kAdaptive;
-  ada.head_alpha = 0.0;
+  ada.spec.head_split.mode = HeadAllocation::kAdaptive;
+  ada.spec.head_split.alpha = 0.0;
   const PruningEvaluator ad(engine, windows, ada);
   require_same(ad.evaluate_head_budgets(uneven), a, 1e-12);  // no resplit: exact
   const auto re = ad.evaluate_head_budgets(uneven, 0, /*resplit=*/true);
@@ -431,8 +433,8 @@ TEST_CASE("PruningEvaluator and EvictionSchedule on a sliding-window model (Gemm
   const int n_ctx = 40, W = s.window;
   const auto windows = random_windows(3, n_ctx, 12, model.config.vocab_size, 4);
   EvalConfig cfg;
-  cfg.protection = Protection{1, 2};
-  cfg.chunk_size = 16;
+  cfg.spec.protection = Protection{1, 2};
+  cfg.spec.schedule.chunk = 16;
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
   const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
@@ -449,9 +451,9 @@ TEST_CASE("PruningEvaluator and EvictionSchedule on a sliding-window model (Gemm
   }
   SECTION("a spec's budgets cap the local layers at window - 1 and give the rest to the global layer") {
     PruneSpec spec;
-    spec.protection = cfg.protection;
+    spec.protection = cfg.spec.protection;
     spec.budget = Budget::keep(0.5);
-    spec.schedule.chunk = cfg.chunk_size;
+    spec.schedule.chunk = cfg.spec.schedule.chunk;
     const auto r = reuse.evaluate(spec, PolicyData{});
     REQUIRE(r.front().budgets == std::vector<int>{W - 1, W - 1, W - 1, n_ctx});  // 80 tokens asked, 61 usable
     spec.budget = Budget::keep(0.25);  // 40 tokens: 7 + 7 + 7 + 19 (uniform 10 each, the local layers' 3 moved)
@@ -460,7 +462,7 @@ TEST_CASE("PruningEvaluator and EvictionSchedule on a sliding-window model (Gemm
   SECTION("a schedule frees the local layers' slots outside their window and keeps its scorers in step") {
     depthkv::detail::ScheduleConfig sc;
     sc.budget.keep_ratio = 0.3;
-    sc.protection = cfg.protection;
+    sc.protection = cfg.spec.protection;
     sc.scorer.kind = ScorerKind::kH2O;
     sc.layer_window = model.config.layer_window;
     EvictionSchedule schedule(sc, 4, s.heads, s.kv_heads);

@@ -199,8 +199,8 @@ TEST_CASE("PruningEvaluator with lookahead scorers: activation reuse equals reco
     cfg.scorers.push_back(h2o);
     cfg.scorers.push_back(snap);
   }
-  cfg.protection = Protection{1, 2};
-  cfg.chunk_size = 16;
+  cfg.spec.protection = Protection{1, 2};
+  cfg.spec.schedule.chunk = 16;
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
   const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);
@@ -308,8 +308,8 @@ TEST_CASE("observe_lookahead with a context weight: the lookahead's scores plus 
   const auto windows = depthkv_test::random_windows(3, 40, 12, c.vocab_size, 19);
   EvalConfig cfg;
   cfg.scorers = {la, mixed};
-  cfg.protection = Protection{1, 2};
-  cfg.chunk_size = 16;
+  cfg.spec.protection = Protection{1, 2};
+  cfg.spec.schedule.chunk = 16;
   EvalConfig naive_cfg = cfg;
   naive_cfg.reuse = false;
   const PruningEvaluator reuse(engine, windows, cfg), naive(engine, windows, naive_cfg);

@@ -223,7 +223,7 @@ TEST_CASE("output-aware scores on F16 and Q8_0 GGUFs equal those with the dequan
     cfg.scorers.push_back(sc);
     sc.output_aware = false;
     cfg.scorers.push_back(sc);
-    cfg.protection = Protection{1, 2};
+    cfg.spec.protection = Protection{1, 2};
     const PruningEvaluator ev(engine, depthkv_test::random_windows(2, 40, 12, c.vocab_size, 7), cfg);
     const std::vector<double> plan(static_cast<std::size_t>(c.n_layers), 0.3);
     const std::vector<WindowResult> oa = ev.evaluate_plan(plan, 0), plain = ev.evaluate_plan(plan, 1);

@@ -87,6 +87,7 @@ class PruningEvaluator {
   ///   that does not fit the model's context after a window's context)
   PruningEvaluator(const LlamaEngine& engine, std::vector<EvalWindow> windows, EvalConfig cfg = EvalConfig())
       : engine_(engine), windows_(std::move(windows)), cfg_(std::move(cfg)) {
+    if (cfg_.scorers.empty()) cfg_.scorers.push_back(cfg_.spec.scorer);
     check_config();
     for (const ScorerConfig& s : cfg_.scorers)
       if (s.output_aware && wo_.empty()) {
@@ -118,11 +119,12 @@ class PruningEvaluator {
   /// A `PruneSpec` (prune_spec.hpp): its budget allocated over the windows' context
   /// (`allocate`), then run once after the context (a oneshot schedule; head-optimal re-split when
   /// the head split is adaptive) or on the driver under a schedule (the file comment: kPrefill for
-  /// chunked, kDecode for decode). The spec's scorer must be `config().scorers[scorer]`, its protection, head split
-  /// and chunk those of `config()` (the full runs observed them); every context one length.
+  /// chunked, kDecode for decode). The spec must select as `config().spec` does (protection, head
+  /// split, chunk), with the scorer `config().scorers[scorer]` (the full runs observed them);
+  /// every context one length.
   /// @param data the curves the spec's policy reads
-  /// @throws Error on a spec that differs from the evaluator's settings, windows of several
-  ///   context lengths, or as `allocate` and the evaluation called
+  /// @throws Error on a spec that selects otherwise, windows of several context lengths, or as
+  ///   `allocate` and the evaluation called
   std::vector<WindowResult> evaluate(const PruneSpec& spec, const PolicyData& data, int scorer = 0) const {
     check_scorer(scorer);
     spec.validate();
@@ -149,13 +151,13 @@ class PruningEvaluator {
     for (double r : plan) DEPTHKV_CHECK(r >= 0.0 && r <= 1.0, "keep ratio " << r << " outside [0, 1]");
     return run_all(scorer, [&](int n) {
       std::vector<int> k;
-      for (double r : plan) k.push_back(keep_tokens(r, n, cfg_.protection));
+      for (double r : plan) k.push_back(keep_tokens(r, n, cfg_.spec.protection));
       return layer_plan(k);
     });
   }
 
   /// Per-layer token budgets (every head of layer l keeps `keep_per_layer[l]` context tokens,
-  /// split across the heads by `config().head_allocation`; more than the context keeps all).
+  /// split across the heads by `config().spec.head_split`; more than the context keeps all).
   /// @throws Error on the wrong layer count, a negative budget, one below the protected count,
   ///   or a bad scorer index
   std::vector<WindowResult> evaluate_budgets(const std::vector<int>& keep_per_layer, int scorer = 0) const {
@@ -172,7 +174,7 @@ class PruningEvaluator {
 
   /// Per-head token budgets: head h of layer l keeps `keep[l][h]` context tokens (e.g.
   /// `head_optimal_budgets`). With `resplit` each layer's total is split again by
-  /// `config().head_allocation` from these (`head_budgets`' per-head form); without it they are
+  /// `config().spec.head_split` from these (`head_budgets`' per-head form); without it they are
   /// kept exactly. `WindowResult::budgets` holds each layer's mean per head (rounded).
   /// @throws Error on the wrong layer or head count, a negative budget, one below the protected
   ///   count, or a bad scorer index
@@ -211,7 +213,7 @@ class PruningEvaluator {
   }
 
   /// "Only KV head `head` of `layer` pruned" (its budget kept exactly whatever
-  /// `config().head_allocation`), as `layer_metrics`.
+  /// `config().spec.head_split`), as `layer_metrics`.
   /// @throws Error on a bad layer, head, ratio or scorer index
   std::vector<SampleMetrics> head_metrics(int layer, int head, const std::vector<double>& keep_ratios,
                                           int scorer = 0) const {
@@ -280,7 +282,7 @@ class PruningEvaluator {
   };
 
   /// A plan's context budgets: head h of layer l keeps `heads[l][h]` tokens, split again across
-  /// the layer's heads by `EvalConfig::head_allocation` when `resplit` (a per-layer plan is every
+  /// the layer's heads by `the head split of `EvalConfig::spec`` when `resplit` (a per-layer plan is every
   /// head at the layer's budget, re-split).
   struct Budgets {
     std::vector<std::vector<int>> heads;
@@ -310,9 +312,7 @@ class PruningEvaluator {
   }
 
   void check_config() const {
-    DEPTHKV_CHECK_AS("PruningEvaluator", !cfg_.scorers.empty(), "no scorer configured");
-    DEPTHKV_CHECK_AS("PruningEvaluator", cfg_.chunk_size >= 1,
-                     "chunk_size must be >= 1, got " << cfg_.chunk_size);
+    cfg_.spec.validate();
     check_thread_count(cfg_.n_threads, "n_threads");
     for (std::size_t w = 0; w < windows_.size(); ++w)
       DEPTHKV_CHECK_AS("PruningEvaluator", !windows_[w].context.empty() && !windows_[w].continuation.empty(),
@@ -333,7 +333,6 @@ class PruningEvaluator {
                                        << " here)");
       }
     }
-    depthkv::detail::check_head_alpha(cfg_.head_alpha);
     DEPTHKV_CHECK_AS(
         "PruningEvaluator", cfg_.oracle.empty() || cfg_.oracle.size() == cfg_.scorers.size(),
         "oracle flags for " << cfg_.oracle.size() << " of " << cfg_.scorers.size() << " scorers");
@@ -350,10 +349,9 @@ class PruningEvaluator {
                       s.pooling == o.pooling && s.output_aware == o.output_aware &&
                       s.lookahead == o.lookahead && s.context_weight == o.context_weight,
                   "the spec's scorer differs from the evaluator's scorer " << scorer);
-    DEPTHKV_CHECK(spec.protection.n_sink == cfg_.protection.n_sink &&
-                      spec.protection.n_recent == cfg_.protection.n_recent &&
-                      spec.head_split.mode == cfg_.head_allocation &&
-                      spec.head_split.alpha == cfg_.head_alpha && spec.schedule.chunk == cfg_.chunk_size,
+    const PruneSpec& e = cfg_.spec;
+    DEPTHKV_CHECK(spec.protection.n_sink == e.protection.n_sink && spec.protection.n_recent == e.protection.n_recent &&
+                      spec.head_split == e.head_split && spec.schedule.chunk == e.schedule.chunk,
                   "the spec's protection, head split or chunk differ from the evaluator's");
     for (const EvalWindow& w : windows_)
       DEPTHKV_CHECK(w.context.size() == windows_.front().context.size(),
@@ -428,7 +426,7 @@ class PruningEvaluator {
     const int tc = static_cast<int>(win.continuation.size());
     ObservedSets o = observed_sets(tc);
     ForwardOptions opt;
-    opt.chunk_size = cfg_.chunk_size;
+    opt.chunk_size = cfg_.spec.schedule.chunk;
     opt.all_logits = false;
     opt.observer = observe_sets(o.context);
     std::unique_ptr<TailNll> tail;
@@ -464,7 +462,7 @@ class PruningEvaluator {
     r.inputs.assign(static_cast<std::size_t>(c.n_layers) + 1,
                     RowMatrix(static_cast<Eigen::Index>(win.continuation.size()), c.dim));
     ForwardOptions fo;
-    fo.chunk_size = cfg_.chunk_size;
+    fo.chunk_size = cfg_.spec.schedule.chunk;
     fo.capture_points = capture_bit(CapturePoint::kLayerInput) | capture_bit(CapturePoint::kLayerOutput);
     fo.capture = [&](int l, CapturePoint p, std::int32_t p0, const RowMatrix& rows) {
       if (p == CapturePoint::kLayerOutput && l + 1 < c.n_layers) return;  // = the next layer's input
@@ -498,7 +496,7 @@ class PruningEvaluator {
     std::vector<WindowResult> res(static_cast<std::size_t>(R) * static_cast<std::size_t>(W));
     const auto keep_of = [&](int w, int k) {
       const int n = static_cast<int>(windows_[static_cast<std::size_t>(w)].context.size());
-      return budgets_of(n, keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.protection));
+      return budgets_of(n, keep_tokens(keep_ratios[static_cast<std::size_t>(k)], n, cfg_.spec.protection));
     };
     if (cfg_.reuse && !cfg_.chunked_plans) {
       parallel_tasks(W, [&](int w) {
@@ -533,13 +531,13 @@ class PruningEvaluator {
     return cfg_.reuse ? run_reuse(w, scorer, {keep}).front() : run_naive(w, scorer, keep);
   }
 
-  // Per-head budgets of layer l from `start`: split by EvalConfig::head_allocation for layer
+  // Per-head budgets of layer l from `start`: split by the head split of `EvalConfig::spec` for layer
   // plans and resplit head plans, else as given.
   template <class Layer>
   std::vector<int> head_keep(const Budgets& b, const Layer& layer, const LayerScores& s,
                              std::vector<int> start) const {
-    if (cfg_.head_allocation == HeadAllocation::kUniform || !b.resplit) return start;
-    return head_budgets(cfg_.head_allocation, layer, s, start, cfg_.protection, cfg_.head_alpha);
+    if (cfg_.spec.head_split.mode == HeadAllocation::kUniform || !b.resplit) return start;
+    return head_budgets(cfg_.spec.head_split.mode, layer, s, start, cfg_.spec.protection, cfg_.spec.head_split.alpha);
   }
   std::size_t head_token_bytes(long long tokens) const {
     return static_cast<std::size_t>(tokens) * static_cast<std::size_t>(engine_.config().head_dim) * 2 *
@@ -625,7 +623,7 @@ class PruningEvaluator {
         const LayerScores sc = window_slots(
             kv[i], l, run.n_ctx, run.r.scores[static_cast<std::size_t>(run.scorer)][static_cast<std::size_t>(l)]);
         evict_layer(kv[i], sc, head_keep(run.keeps[s], kv[i], sc, run.keeps[s].heads[static_cast<std::size_t>(l)]),
-                    cfg_.protection);
+                    cfg_.spec.protection);
       }
       kvp.push_back(&kv[i]);
     }
@@ -669,7 +667,7 @@ class PruningEvaluator {
   }
   template <class F>  // f(c0, t) for the chunks [c0, c0 + t) of n continuation rows
   void for_chunks(int n, F&& f) const {
-    for (int c0 = 0; c0 < n; c0 += cfg_.chunk_size) f(c0, std::min(cfg_.chunk_size, n - c0));
+    for (int c0 = 0; c0 < n; c0 += cfg_.spec.schedule.chunk) f(c0, std::min(cfg_.spec.schedule.chunk, n - c0));
   }
   // Rows [c0, c0 + t) of m[s] for each s of `which`, stacked in that order, and back.
   static RowMatrix gather(const std::vector<RowMatrix>& m, const std::vector<int>& which, int c0, int t) {
@@ -696,7 +694,7 @@ class PruningEvaluator {
     const Reference& r = refs_[static_cast<std::size_t>(w)];
     const int n_ctx = static_cast<int>(win.context.size());
     ForwardOptions opt;
-    opt.chunk_size = cfg_.chunk_size;
+    opt.chunk_size = cfg_.spec.schedule.chunk;
     opt.all_logits = false;
     std::vector<TokenScorer> sc = scorers_of(scorer, static_cast<int>(win.continuation.size()));
     const bool oracle = is_oracle(scorer), lookahead = !oracle && sc.front().config().lookahead > 0;
@@ -721,7 +719,7 @@ class PruningEvaluator {
     for (int l = 0; l < c.n_layers; ++l)
       per_head.push_back(head_keep(keep, cache.layer(l), scores[static_cast<std::size_t>(l)],
                                    keep.heads[static_cast<std::size_t>(l)]));
-    evict(cache, scores, per_head, cfg_.protection);
+    evict(cache, scores, per_head, cfg_.spec.protection);
     res.bytes_kept = cache.bytes();
     const RowMatrix lp = engine_.teacher_force(win.continuation, n_ctx, cache, opt);
     res.bytes_peak = std::max(res.bytes_full + lookahead_bytes(scorer), cache.bytes());
@@ -747,9 +745,9 @@ class PruningEvaluator {
   // A schedule's settings with the evaluator's scorer, protection, head split and projections.
   depthkv::detail::ScheduleConfig schedule_base(int scorer, depthkv::detail::ScheduleConfig sc = {}) const {
     sc.scorer = cfg_.scorers[static_cast<std::size_t>(scorer)];
-    sc.protection = cfg_.protection;
-    sc.head_allocation = cfg_.head_allocation;
-    sc.head_alpha = cfg_.head_alpha;
+    sc.protection = cfg_.spec.protection;
+    sc.head_allocation = cfg_.spec.head_split.mode;
+    sc.head_alpha = cfg_.spec.head_split.alpha;
     sc.output_projections = wo();
     sc.layer_window = engine_.config().layer_window;
     return sc;
@@ -761,7 +759,7 @@ class PruningEvaluator {
     const EvalWindow& win = windows_[static_cast<std::size_t>(w)];
     const Reference& r = refs_[static_cast<std::size_t>(w)];
     ForwardOptions run;
-    run.chunk_size = cfg_.chunk_size;
+    run.chunk_size = cfg_.spec.schedule.chunk;
     PrunedGeneration<HostCache> g(engine_, engine_.make_cache(), sc, run);
     g.prefill(win.context, evict_at_end);
     WindowResult res;

@@ -7,10 +7,9 @@
 #include <vector>
 
 #include "depthkv/error.hpp"
-#include "depthkv/head_budget.hpp"
 #include "depthkv/metrics.hpp"
+#include "depthkv/prune_spec.hpp"
 #include "depthkv/scorer_config.hpp"
-#include "depthkv/selection.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -32,13 +31,19 @@ inline ContinuationSource parse_continuation_source(const std::string& name) {
   DEPTHKV_FAIL("unknown continuation source '" << name << "' (expected text or model)");
 }
 
-/// Settings of a `PruningEvaluator`.
+/// The evaluation protocol of a `PruningEvaluator`: the selection its plans share, the scorers
+/// its full runs observe, and how the windows run.
 struct EvalConfig {
-  /// Scorers observed during the full run (one profile / evaluation per entry; index = `scorer`
-  /// argument of the evaluation calls).
-  std::vector<ScorerConfig> scorers = std::vector<ScorerConfig>(1);  // one H2O scorer
-  Protection protection;  ///< tokens every head keeps (inside the budget)
-  int chunk_size = 1024;  ///< prefill chunk (computation only; eviction happens once after the context)
+  /// The selection every plan evicts with: its protection, its head split (`head_split`: how
+  /// each layer's budget is split across its KV heads, head_budget.hpp) and its prefill chunk
+  /// (`schedule.chunk`; computation only: a oneshot plan evicts once after the context). Its
+  /// scorer is the one observed when `scorers` is empty. Its budget, policy, tiers, safeguard
+  /// and schedule mode are not read: every evaluation brings its own (`evaluate` a spec that
+  /// selects as this one does).
+  PruneSpec spec;
+  /// Scorers observed during the full run, one profile or evaluation per entry (index = the
+  /// `scorer` argument of the evaluation calls); empty: `spec.scorer` alone.
+  std::vector<ScorerConfig> scorers{};
   int n_threads = 0;      ///< windows evaluated in parallel: 0 = OpenMP's default, 1 = serial
   bool reuse = true;      ///< reuse the full run's activations (false: recompute everything, for checks)
   /// Plans (`evaluate_plan`, `evaluate_budgets`, `layer_metrics`, hence the profiler) evict after
@@ -47,10 +52,6 @@ struct EvalConfig {
   /// k of n context tokens keeps `keep_tokens(k / n, s, protection)` (= k at s = n). The context
   /// is then recomputed for every plan (no activation reuse).
   bool chunked_plans = false;
-  /// How each layer's budget is split across its KV heads (head_budget.hpp) in every plan and
-  /// schedule; the adaptive split's floor fraction.
-  HeadAllocation head_allocation = HeadAllocation::kUniform;
-  double head_alpha = kDefaultHeadAlpha;
   /// The continuation every run teacher-forces: the window's text (kText), or (kModel) the
   /// model's own greedy continuation of the context, generated on the full cache one token at a
   /// time (token 0 = argmax of the context's last logits, token i = argmax of the step that fed
