@@ -42,6 +42,8 @@ struct GenerateArgs {
   long long max_kv_tokens = -1;  ///< bounded memory: KV tokens over all layers (-1: off)
   int interval = 32;             ///< with max_kv_tokens: evict every this many tokens
   bool span_pooling = false;     ///< ScorerConfig::span_pooling over the prompt's words and digit runs
+  int stats_every = 0;           ///< a memory line on stderr every this many decoded tokens (0: none)
+  bool ignore_eos = false;       ///< generate past end-of-generation tokens
   std::string kv_type = depthkv::llama::kv_type_name(depthkv::llama::kDefaultKvType);  ///< f16 or f32
   SelectionSettings sel;  ///< the selection flags, with profile's and eval's defaults
   PresetSettings preset;
@@ -60,6 +62,7 @@ void check_generate_args(const GenerateArgs& a) {
   depthkv::llama::check_thread_count(a.threads, "--threads");
   DEPTHKV_CHECK(a.max_kv_tokens < 0 || a.keep >= 1.0, "give --keep or --max-kv-tokens, not both");
   DEPTHKV_CHECK(a.interval >= 1, "--interval must be >= 1, got " << a.interval);
+  DEPTHKV_CHECK(a.stats_every >= 0, "--stats-every must be >= 0, got " << a.stats_every);
   (void)depthkv::llama::parse_kv_type(a.kv_type);
 }
 
@@ -142,11 +145,43 @@ void report_prune(const GenerateArgs& a, const depthkv::llama::GenerationReport&
   std::fprintf(stderr, "\n");
 }
 
-/// run.c's generation loop after the prefill (stdout), decoding on the (pruned) cache.
-/// @return the decoded tokens
+/// Resident memory of this process (VmRSS of /proc/self/status) in MiB; 0 where it is not available.
+double resident_mib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0.0;
+  char line[256];
+  double kb = 0.0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb / 1024.0;
+}
+
+/// --stats-every: one line (stderr) on the memory after `decoded` tokens: resident memory, the KV
+/// bytes, the tokens held over all layers and the largest layer; with --max-kv-tokens the bound
+/// they stay within (the budget plus one interval per layer, the schedule's guarantee).
 template <class Cache>
+void report_stats(const GenerateArgs& a, const depthkv::llama::PrunedGeneration<Cache>& g, int decoded) {
+  long long held = 0;
+  int largest = 0;
+  for (int n : g.cache().lengths()) {
+    held += n;
+    largest = std::max(largest, n);
+  }
+  std::fprintf(stderr, "stats: decoded %d, position %d, rss %.1f MiB, kv %zu bytes, held %lld tokens (largest layer %d)",
+               decoded, g.position(), resident_mib(), g.cache().bytes(), held, largest);
+  if (a.max_kv_tokens >= 0)
+    std::fprintf(stderr, ", bound %lld", a.max_kv_tokens + static_cast<long long>(g.cache().n_layers()) * a.interval);
+  std::fprintf(stderr, "\n");
+}
+
+/// run.c's generation loop after the prefill (stdout), decoding on the (pruned) cache;
+/// `after_step(decoded)` after each decoded token.
+/// @return the decoded tokens
+template <class Cache, class AfterStep>
 int generate_tokens(depthkv::llama::PrunedGeneration<Cache>& g, const depthkv::llama::TextTokenizer& tok,
-                    depthkv::llama::Sampler& sampler, const RunShape& run, const depthkv::llama::RowMatrix& prompt_logits) {
+                    depthkv::llama::Sampler& sampler, const RunShape& run, const depthkv::llama::RowMatrix& prompt_logits,
+                    bool ignore_eos, AfterStep&& after_step) {
   const int n_prompt = static_cast<int>(run.prompt.size());
   int token = run.prompt[0], pos = 0, decoded = 0;
   while (pos < run.steps) {
@@ -157,10 +192,10 @@ int generate_tokens(depthkv::llama::PrunedGeneration<Cache>& g, const depthkv::l
       next = sampler.sample(prompt_logits.row(0).transpose());
     } else {
       next = sampler.sample(g.step(token).row(0).transpose());
-      ++decoded;
+      after_step(++decoded);
     }
     ++pos;
-    if (next == tok.bos_id() || tok.ends_generation(next)) break;  // BOS (=1) delimits sequences; BPE: EOS/EOT
+    if (!ignore_eos && (next == tok.bos_id() || tok.ends_generation(next))) break;  // BOS (=1) delimits sequences; BPE: EOS/EOT
     const std::string piece = tok.printable(tok.decode(token, next));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -214,7 +249,9 @@ void generate_on(Cache cache, const depthkv::llama::LlamaEngine& engine, const d
   const RowMatrix logits = g.prefill(fed);
   report_prune(a, g.report(), run.n_feed, engine.config().vocab_size);
   const auto t_decode = std::chrono::steady_clock::now();
-  const int decoded = generate_tokens(g, tok, sampler, run, logits);
+  const int decoded = generate_tokens(g, tok, sampler, run, logits, a.ignore_eos, [&](int n) {
+    if (a.stats_every > 0 && n % a.stats_every == 0) report_stats(a, g, n);
+  });
   const double decode_ms = 1000.0 * seconds_since(t_decode);
   const GenerationReport& r = g.report();
   if (a.max_kv_tokens >= 0) report_bounded<Cache>(a, engine.config(), r);
@@ -327,6 +364,13 @@ void register_generate(CLI::App& app) {
                   "element type of the KV cache: f16 (half the bytes, as llama.cpp) or f32 (llama2.c's run.c)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f16", "f32"}));
+  cmd->add_option("--stats-every", args->stats_every,
+                  "every this many decoded tokens, a line on stderr: resident memory (VmRSS), KV bytes, tokens held "
+                  "(with --max-kv-tokens: and the bound they stay within); 0: none")
+      ->capture_default_str()
+      ->check(at_least(0));
+  cmd->add_flag("--ignore-eos", args->ignore_eos,
+                "keep generating past end-of-generation tokens (BOS, EOS, EOT) until --steps, e.g. for long runs");
   args->preset.add_option(cmd, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   cmd->callback([args]() {
     args->preset.apply(args->sel, &args->scorer, &args->policy);
