@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds the depthkv Python package (pip install .: scikit-build-core + nanobind over the headers)
-# into a virtual environment outside the repository and runs its pytest suite (python/tests):
+# into a virtual environment outside the repository and runs its pytest suite (python/tests; each
+# test within the time limit of pyproject.toml's pytest options, through pytest-timeout):
 # the numpy tests, and the Hugging Face / kvpress tests (test_kvpress.py) with torch, transformers
 # and kvpress from python/requirements-hf.txt (a few minutes to download on a fresh environment;
 # DEPTHKV_HF_TESTS=0 leaves them out, and they are then skipped). The identity checks run the
@@ -21,7 +22,8 @@ case "$VENV" in
   "$ROOT" | "$ROOT"/*) echo "python-test.sh: DEPTHKV_VENV ($VENV) must be outside the repository" >&2; exit 2 ;;
 esac
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest \
+  pytest-timeout
 phase "virtual environment"
 if [ "${DEPTHKV_HF_TESTS:-1}" != 0 ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r python/requirements-hf.txt

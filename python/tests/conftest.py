@@ -1,5 +1,10 @@
-"""Fixtures of the depthkv Python tests: the repository's committed profiles and the depthkv
-command-line program (for the identity checks against ``depthkv allocate --json``)."""
+"""Fixtures of the depthkv Python tests: the repository's committed profiles, the real data of
+../shared and the models of scripts/get-models.sh, and the depthkv command-line program (for the
+identity checks against ``depthkv allocate --json``).
+
+A missing data or model file FAILS the test with a message naming the path and what provides it,
+unless DEPTHKV_SKIP_MISSING_DATA=1 is set, which skips the test: the rule of the C++ tests
+(tests/support/test_data.hpp, tests/support/model_data.hpp)."""
 
 import glob
 import os
@@ -14,6 +19,32 @@ RESULTS = os.path.join(ROOT, "docs", "results")
 STORIES = os.path.join(RESULTS, "stories260K.profile.json")
 #: layer and head curves (h2o, snapkv), no InfoNCE; measured with sinks=0 recent=4 obs_window=4
 AIDREAMS_BEST = os.path.join(RESULTS, "aidreams260K.best.profile.json")
+#: the real models and text: $DEPTHKV_DATA_DIR, else the shared/ folder beside the checkout
+DATA = os.environ.get("DEPTHKV_DATA_DIR") or os.path.join(ROOT, "..", "shared")
+#: the models scripts/get-models.sh fetches: $DEPTHKV_MODEL_DIR, else ~/.cache/depthkv/models
+MODEL_DIR = os.environ.get("DEPTHKV_MODEL_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "depthkv", "models")
+
+
+def require_file(path, what, hint):
+    """``path`` when the file exists; else fails naming ``what`` and ``hint`` (what provides it), or
+    with DEPTHKV_SKIP_MISSING_DATA=1 skips the test."""
+    if not os.path.isfile(path):
+        if os.environ.get("DEPTHKV_SKIP_MISSING_DATA") == "1":
+            pytest.skip(f"{what} missing: {path}")
+        pytest.fail(f"{what} missing: {path} ({hint}; DEPTHKV_SKIP_MISSING_DATA=1 skips such tests)", pytrace=False)
+    return path
+
+
+def data_path(rel):
+    """The file ``rel`` (e.g. "models/stories260K/stories260K.bin") of the data folder, which must exist."""
+    return require_file(os.path.join(DATA, rel), "real data file",
+                        "put the shared/ folder beside the project or set DEPTHKV_DATA_DIR")
+
+
+def model_path(name):
+    """The model file ``name`` (e.g. "SmolLM2-135M-Instruct.Q4_1.gguf") of MODEL_DIR, which must exist."""
+    return require_file(os.path.join(MODEL_DIR, name), "real model file", "run scripts/get-models.sh, which fetches it "
+                        "into $DEPTHKV_MODEL_DIR or ~/.cache/depthkv/models")
 
 
 def find_cli():

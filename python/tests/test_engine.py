@@ -13,14 +13,12 @@ import threading
 import pytest
 
 import depthkv
-from conftest import AIDREAMS_BEST, ROOT, STORIES, run_cli
+from conftest import AIDREAMS_BEST, DATA, MODEL_DIR, ROOT, STORIES, data_path, model_path, run_cli
 
-DATA = os.environ.get("DEPTHKV_DATA_DIR") or os.path.join(ROOT, "..", "shared")
 STORIES_DIR = os.path.join(DATA, "models", "stories260K")
 STORIES_BIN = os.path.join(STORIES_DIR, "stories260K.bin")
 STORIES_BEST = os.path.join(ROOT, "docs", "results", "stories260K.best.profile.json")
 TEXT = os.path.join(DATA, "text", "tinystories_valid.txt")
-MODEL_DIR = os.environ.get("DEPTHKV_MODEL_DIR") or os.path.expanduser("~/.cache/depthkv/models")
 SMOL = os.path.join(MODEL_DIR, "SmolLM2-135M-Instruct.Q4_1.gguf")
 SMOL_PROFILE = os.path.join(ROOT, "docs", "results", "smollm2.profile.json")
 
@@ -28,21 +26,15 @@ pytestmark = pytest.mark.skipif(not hasattr(depthkv._core, "Engine"),
                                 reason="depthkv was built without its engine (no PCRE2)")
 
 
-def _need(path):
-    if not os.path.exists(path):
-        pytest.skip(f"{path} is missing (the shared/ folder beside the checkout, or scripts/get-models.sh)")
-    return path
-
-
 @pytest.fixture(scope="module")
 def stories():
-    return depthkv.Engine(_need(STORIES_BIN), n_threads=1)
+    return depthkv.Engine(data_path("models/stories260K/stories260K.bin"), n_threads=1)
 
 
 @pytest.fixture(scope="module")
 def prompt_text():
     """About 300 tokens of stories (stories260K; about 130 on SmolLM2) (the first paragraphs of the validation text)."""
-    with open(_need(TEXT), encoding="utf-8") as f:
+    with open(data_path("text/tinystories_valid.txt"), encoding="utf-8") as f:
         text = f.read(2000)
     return text[:text.index("Roxy tried")].strip()
 
@@ -107,7 +99,7 @@ def test_engine_properties(stories):
     assert stories.tokenizer_source.endswith("tok512.bin")
     assert stories.tokenize("Once upon a time", bos=False) == stories.tokenize("Once upon a time")[1:]
     assert stories.detokenize(stories.tokenize("Once upon a time")) == "Once upon a time"
-    gguf = depthkv.Engine(_need(os.path.join(STORIES_DIR, "stories260K.gguf")))
+    gguf = depthkv.Engine(data_path("models/stories260K/stories260K.gguf"))
     assert gguf.format == "gguf" and gguf.tokenize("Once upon a time") == stories.tokenize("Once upon a time")
 
 
@@ -182,7 +174,7 @@ def test_generate_many_equals_generate_run_by_run(stories, prompt_text):
     span pooling), its own prefill for a chunked run: every run's tokens and report equal
     generate's, the suffix following each pruning."""
     prof = depthkv.load_profile(STORIES)
-    best = depthkv.load_profile(_need(STORIES_BEST))
+    best = depthkv.load_profile(STORIES_BEST)
     ids = stories.tokenize(prompt_text)
     ctx, question = ids[:-12], ids[-12:]
     base = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max", "scorer": "snapkv"}
@@ -237,7 +229,7 @@ def test_concurrent_generations_equal_sequential_ones(stories, prompt_text):
 # ---- (3) the CLI and Python run the same driver ----------------------------------------------
 
 def test_preset_best_equals_the_cli(stories, cli, prompt_text):
-    prof = depthkv.load_profile(_need(STORIES_BEST))
+    prof = depthkv.load_profile(STORIES_BEST)
     ids = stories.tokenize(prompt_text)
     n = 24
     spec = depthkv.preset("best", prof, keep=0.3, lengths=len(ids))
@@ -259,7 +251,7 @@ def test_preset_best_equals_the_cli(stories, cli, prompt_text):
 
 def test_smollm2_spec_equals_the_cli(cli, prompt_text):
     """SmolLM2-135M (GGUF, byte-level BPE, 30 layers, GQA 9/3): an optimal snapkv spec at keep 0.3."""
-    engine = depthkv.Engine(_need(SMOL))
+    engine = depthkv.Engine(model_path("SmolLM2-135M-Instruct.Q4_1.gguf"))
     prof = depthkv.load_profile(SMOL_PROFILE)
     prompt = prompt_text
     ids = engine.tokenize(prompt)
@@ -284,7 +276,7 @@ def test_bad_models_raise(tmp_path):
     with pytest.raises(depthkv.Error, match="is a directory, not a model file"):
         depthkv.Engine(tmp_path)
     with pytest.raises(depthkv.Error, match="is not a model file of a known format"):
-        depthkv.Engine(os.path.join(_need(STORIES_DIR), "tok512.bin"))
+        depthkv.Engine(data_path("models/stories260K/tok512.bin"))
     with pytest.raises(depthkv.Error, match="n_threads must be in \\[0, 1024\\]"):
         depthkv.Engine(STORIES_BIN, n_threads=-1)
     with pytest.raises(depthkv.Error, match="chunk must be >= 1, got 0"):
@@ -345,13 +337,12 @@ def test_bad_specs_profiles_and_presets_raise(stories):
         (dict(spec=base, preset="nope"), "nope"),
         (dict(preset="best"), "pass spec=depthkv.preset('best'"),
     ]
-    if os.path.exists(SMOL_PROFILE):
-        cases.append((dict(spec=base, profile=depthkv.load_profile(SMOL_PROFILE)), "it has 30 layers, the model 5"))
+    cases.append((dict(spec=base, profile=depthkv.load_profile(SMOL_PROFILE)), "it has 30 layers, the model 5"))
     for kw, msg in cases:
         with pytest.raises(depthkv.Error, match=re.escape(msg)):
             stories.generate(ids, 4, **kw)
     # the stories260K.bin profile on the GGUF conversion of the same model: another file, refused as the CLI does
-    gguf = depthkv.Engine(_need(os.path.join(STORIES_DIR, "stories260K.gguf")))
+    gguf = depthkv.Engine(data_path("models/stories260K/stories260K.gguf"))
     with pytest.raises(depthkv.Error, match="the profile was measured on another model"):
         gguf.generate(ids, 4, spec=dict(base, policy="optimal"), profile=prof)
     # the engine still serves after every refusal

@@ -20,10 +20,11 @@ kvpress = _need("kvpress")
 
 import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402
-from conftest import AIDREAMS_BEST, RESULTS, ROOT, STORIES, run_cli  # noqa: E402
+from conftest import AIDREAMS_BEST, DATA, RESULTS, STORIES, data_path, run_cli  # noqa: E402
 from depthkv.kvpress import DepthKVPress  # noqa: E402
 
-TEXT = os.path.join(ROOT, "..", "shared", "text", "tinystories_valid.txt")
+TEXT = os.path.join(DATA, "text", "tinystories_valid.txt")
+STORIES_BIN = os.path.join(DATA, "models", "stories260K", "stories260K.bin")
 KEEPS = (0.1, 0.2, 0.3, 0.5)
 #: the issue's tolerance
 REL = 0.02
@@ -33,11 +34,9 @@ PEER_ROW = "depthkv optimal budgets + kvpress SnapKV"
 @pytest.fixture(scope="module")
 def windows(cli, tmp_path_factory):
     """`depthkv eval --windows-out`: stories260K windows 24..87 (384 + 128 tokens)."""
-    if not os.path.exists(TEXT):
-        pytest.skip(f"{TEXT} is missing (the shared/ folder beside the checkout)")
     path = str(tmp_path_factory.mktemp("hfeval") / "w.json")
-    bin_path = os.path.join(ROOT, "..", "shared", "models", "stories260K", "stories260K.bin")
-    rc, _, err = run_cli(cli, "eval", "--model", bin_path, "--text", TEXT, "--profile", STORIES, "--windows", "64",
+    rc, _, err = run_cli(cli, "eval", "--model", data_path("models/stories260K/stories260K.bin"),
+                         "--text", data_path("text/tinystories_valid.txt"), "--profile", STORIES, "--windows", "64",
                          "--skip", "24", "--windows-out", path)
     assert rc == 0, err
     return path
@@ -100,8 +99,7 @@ def test_depthkv_press_matches_the_committed_figures(models, windows, stories): 
 def test_own_scorers_match_the_cpp_engine(models, windows, stories, cli):  # noqa: F811
     """DepthKVPress with depthkv's snapkv by name gives `depthkv eval`'s KL (the C++ engine, same
     windows, profile and protection) within 2%."""
-    bin_path = os.path.join(ROOT, "..", "shared", "models", "stories260K", "stories260K.bin")
-    rc, out, err = run_cli(cli, "eval", "--model", bin_path, "--text", TEXT, "--profile", STORIES, "--windows", "4",
+    rc, out, err = run_cli(cli, "eval", "--model", STORIES_BIN, "--text", TEXT, "--profile", STORIES, "--windows", "4",
                            "--skip", "24", "--keeps", "0.1,0.3", "--policies", "optimal", "--scorers", "snapkv",
                            "--threads", "1", "--json")
     assert rc == 0, err

@@ -16,9 +16,8 @@ _need("transformers")
 
 import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402
-from conftest import ROOT, STORIES, run_cli  # noqa: E402
+from conftest import STORIES, data_path, run_cli  # noqa: E402
 
-TEXT = os.path.join(ROOT, "..", "shared", "text", "tinystories_valid.txt")
 #: a short run: one window after the committed profile's 24 calibration windows, two ratios
 SKIP, RATIOS = 24, (0.1, 0.3)
 #: relative tolerance per point of the KL curves (the issue's 2%)
@@ -34,11 +33,10 @@ def model():
 @pytest.fixture(scope="module")
 def cli_run(cli, tmp_path_factory):
     """`depthkv profile` (snapkv, layer and head curves) and `depthkv eval --windows-out` on window SKIP."""
-    if not os.path.exists(TEXT):
-        pytest.skip(f"{TEXT} is missing (the shared/ folder beside the checkout)")
     d = tmp_path_factory.mktemp("hfprof")
     bin_path = _model_path("stories260K")
-    common = ["--model", bin_path, "--text", TEXT, "--windows", "1", "--skip", str(SKIP), "--threads", "2"]
+    common = ["--model", bin_path, "--text", data_path("text/tinystories_valid.txt"), "--windows", "1",
+              "--skip", str(SKIP), "--threads", "2"]
     # the engine's OpenMP regions spin while they wait by default, which on a busy machine (CI) makes
     # the profile run ~10x slower; the results do not depend on it
     old = os.environ.get("OMP_WAIT_POLICY")

@@ -23,13 +23,12 @@ _need("transformers")
 _need("kvpress")
 
 import depthkv  # noqa: E402
-from conftest import AIDREAMS_BEST, ROOT, STORIES  # noqa: E402
+from conftest import AIDREAMS_BEST, DATA, ROOT, STORIES, data_path  # noqa: E402
 from depthkv.kvpress import DepthKVPress  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-SHARED = os.path.join(ROOT, "..", "shared")
-MODELS = os.path.join(SHARED, "models")
-TEXT = os.path.join(SHARED, "text", "tinystories_valid.txt")
+#: the validation text (test_readme_hf.py opens it; its models fixture checked the data folder first)
+TEXT = os.path.join(DATA, "text", "tinystories_valid.txt")
 CONTEXT, CONTINUATION = 384, 64
 
 
@@ -50,10 +49,8 @@ def peer():
 
 
 def _model_path(name):
-    path = os.path.join(MODELS, name, name + ".bin")
-    if not os.path.exists(path):
-        pytest.skip(f"{path} is missing (the shared/ folder beside the checkout)")
-    return path
+    """The llama2.c model ``name`` of the data folder (conftest.data_path)."""
+    return data_path(f"models/{name}/{name}.bin")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +63,7 @@ def models(peer):
 def tokenizer(peer):
     """A Hugging Face LlamaTokenizer over the llama2.c vocabulary (merges in id order)."""
     from transformers import LlamaTokenizer
-    pieces = peer.read_vocab(os.path.join(MODELS, "stories260K", "tok512.bin"), 512)
+    pieces = peer.read_vocab(data_path("models/stories260K/tok512.bin"), 512)
     names = ["<unk>", "<s>", "</s>"] + [p.decode("utf-8", "replace").replace(" ", "\u2581") for p in pieces[3:]]
     vocab = {s: i for i, s in enumerate(names)}
     merges = []
@@ -80,7 +77,7 @@ def tokenizer(peer):
 
 @pytest.fixture(scope="module")
 def window(tokenizer):
-    with open(TEXT, encoding="utf-8") as f:
+    with open(data_path("text/tinystories_valid.txt"), encoding="utf-8") as f:
         text = f.read(20000)
     ids = [1] + tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) >= CONTEXT + CONTINUATION
@@ -227,7 +224,7 @@ def test_pipeline_with_a_question(models, tokenizer, stories):
     model = models["sdpa"]
     model.generation_config.eos_token_id = 2
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device="cpu")
-    with open(TEXT, encoding="utf-8") as f:
+    with open(data_path("text/tinystories_valid.txt"), encoding="utf-8") as f:
         context = f.read(1500)
     press = DepthKVPress(stories, keep=0.3, policy="optimal")
     cache = DynamicCache()

@@ -11,14 +11,13 @@ import sys
 import pytest
 
 import depthkv
-from conftest import ROOT
+from conftest import DATA, ROOT, data_path
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "ruler"))
 import report as ruler_report  # noqa: E402
 import run as ruler_run  # noqa: E402
 import tasks  # noqa: E402
 
-DATA = os.environ.get("DEPTHKV_DATA_DIR") or os.path.join(ROOT, "..", "shared")
 STORIES_BIN = os.path.join(DATA, "models", "stories260K", "stories260K.bin")
 
 pytestmark = pytest.mark.skipif(not hasattr(depthkv._core, "Engine"),
@@ -27,9 +26,7 @@ pytestmark = pytest.mark.skipif(not hasattr(depthkv._core, "Engine"),
 
 @pytest.fixture(scope="module")
 def engine():
-    if not os.path.exists(STORIES_BIN):
-        pytest.skip(f"{STORIES_BIN} is missing (the shared/ folder beside the checkout)")
-    return depthkv.Engine(STORIES_BIN, n_threads=1)
+    return depthkv.Engine(data_path("models/stories260K/stories260K.bin"), n_threads=1)
 
 
 def test_string_match_all():

@@ -1,5 +1,5 @@
 // A test program that fails on purpose with exactly 77 failed checks: the test of the test set-up
-// (tests/CMakeLists.txt, test catch_main_77_failures_fail) requires it to exit 1, not CTest's skip
+// (tests/CMakeLists.txt, test catch_main_77_failures_fail) requires it to exit 1, not the skip's
 // code 77. Not a *_test.cpp: it is not registered as a test of its own.
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
 // The main of every Catch2 test program. Catch2 v2's Session::run returns the number of failed
-// assertions (capped at 255), so a test case with exactly 77 failed checks would exit with CTest's
-// skip code (SKIP_RETURN_CODE 77) and pass as skipped. Any failure exits 1 here instead; only the
-// data and device probes (test_data.hpp, cuda_device_probe.hpp) exit 77, after printing "SKIP:".
+// assertions (capped at 255), so a test case with exactly 77 failed checks would exit with the
+// skip's code 77. Any failure exits 1 here instead; only a skip (skip.hpp, cuda_device_probe.hpp)
+// exits 77, after printing "SKIP:", the line CTest requires to count it as skipped.
 // A filter that matches no test case fails too (Catch2 v2 exits 0 then): CTest runs each test
 // case by name, and a name CTest mangles (a ';' splits it) would otherwise pass without running.
 #define CATCH_CONFIG_RUNNER

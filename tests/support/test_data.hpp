@@ -3,16 +3,17 @@
 //
 // The folder is the environment variable DEPTHKV_DATA_DIR when set, else the CMake cache entry
 // DEPTHKV_DATA_DIR (default: ../shared beside the project root). A missing file FAILS the test
-// with a message naming the path, unless DEPTHKV_SKIP_MISSING_DATA=1 is set, which makes the
-// test program exit with code 77 (reported by CTest as skipped).
+// with a message naming the path, unless DEPTHKV_SKIP_MISSING_DATA=1 is set, which skips the test
+// (skip.hpp: "SKIP: ..." and exit code 77, reported by CTest as skipped).
 
 #include <cstdlib>
 #include <fstream>
-#include <iostream>
 #include <iterator>
 #include <string>
 
 #include <catch2/catch.hpp>
+
+#include "support/skip.hpp"
 
 namespace depthkv_test {
 
@@ -26,14 +27,11 @@ inline std::string data_dir() {
 }
 
 /// `path` when the file exists; else FAILS naming `what` and `hint`, or with
-/// DEPTHKV_SKIP_MISSING_DATA=1 exits with code 77 (CTest: skipped).
+/// DEPTHKV_SKIP_MISSING_DATA=1 skips the test (skip.hpp).
 inline std::string require_file(const std::string& path, const std::string& what, const std::string& hint) {
   if (!std::ifstream(path).good()) {
-    const char* skip = std::getenv("DEPTHKV_SKIP_MISSING_DATA");
-    if (skip && std::string(skip) == "1") {
-      std::cerr << "SKIP: " << what << " missing: " << path << "\n";
-      std::exit(77);
-    }
+    const char* env = std::getenv("DEPTHKV_SKIP_MISSING_DATA");
+    if (env && std::string(env) == "1") skip(what + " missing: " + path);
     FAIL(what << " missing: " << path << " (" << hint << "; DEPTHKV_SKIP_MISSING_DATA=1 skips such tests)");
   }
   return path;

@@ -243,10 +243,7 @@ TEST_CASE("quantized products: scalar and AVX2 agree, and an odd address works",
 TEST_CASE("quant_matmul: the AVX-512 VNNI panels match the reference and the AVX2 kernels", "[llama][quant]") {
   // kVnniMinTokens or more tokens take the panel kernel (vnni_panels.hpp) at level 3; 37 tokens and
   // 70 rows leave tails of its 4-token tiles and 16-row panels
-  if (depthkv_test::available_simd_levels().back() < 3) {
-    SUCCEED("no AVX-512 VNNI on this CPU / build: the panel kernel does not run");
-    return;
-  }
+  depthkv_test::require_simd_level(3, "AVX-512 VNNI");
   std::mt19937 rng(31);
   const std::int64_t rows = 70, n = depthkv::llama::detail::kVnniMinTokens + 5;
   for (const GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kQ4_0,
@@ -332,13 +329,8 @@ TEST_CASE("quant_matvec_many: the bytes of quant_matvec on each matrix, errors b
 }
 
 TEST_CASE("int8 activations: the AVX2 quantizers give the scalar bytes", "[llama][quant]") {
-#if !defined(DEPTHKV_AVX2_DISPATCH)
-  SUCCEED("a build without the AVX2 kernels");
-#else
-  if (depthkv_test::available_simd_levels().back() < 2) {
-    SUCCEED("no AVX2 on this CPU");
-    return;
-  }
+  depthkv_test::require_simd_level(2, "AVX2");  // level 2 needs DEPTHKV_AVX2_DISPATCH
+#if defined(DEPTHKV_AVX2_DISPATCH)
   namespace qd = depthkv::llama::detail;
   std::mt19937 rng(8);
   const std::int64_t n = 768;
