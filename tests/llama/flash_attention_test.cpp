@@ -17,6 +17,7 @@
 
 #include "depthkv/llama/engine.hpp"
 #include "support/random_model.hpp"
+#include "support/simd_guard.hpp"
 
 namespace {
 
@@ -167,6 +168,46 @@ TEST_CASE("flash attention: decode-sized tasks (DecodeTile) equal the naive atte
     }
   }
 }
+
+#if defined(DEPTHKV_AVX2_DISPATCH)
+TEST_CASE("TileSoftmax (the F16 tiles' softmax): e^x within 2e-7 of std::exp, every tail length", "[flash]") {
+  using depthkv::llama::detail::TileSoftmax;
+  depthkv_test::require_simd_level(2, "AVX2 and FMA");
+  // e^x over [-87, 88] against double precision (below -87.34 the result is FLT_MIN, not 0)
+  std::vector<float> x;
+  for (double v = -87.0; v < 88.0; v += 0.0031) x.push_back(static_cast<float>(v));
+  std::vector<float> y = x;
+  TileSoftmax::exp_sum(y.data(), static_cast<int>(y.size()), 0.0f);  // e^(x - 0)
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(static_cast<double>(x[i]));
+    worst = std::max(worst, std::abs(y[i] - want) / want);
+  }
+  INFO("largest relative error " << worst);
+  CHECK(worst < 2e-7);
+  // scale_max and exp_sum over rows of 1..40 slots: the maximum, the weights and their sum
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int w = 1; w <= 40; ++w) {
+    std::vector<float> row(static_cast<std::size_t>(w) + 3, 7.0f), raw(static_cast<std::size_t>(w));
+    for (float& v : raw) v = nd(rng);
+    std::copy(raw.begin(), raw.end(), row.begin());
+    const float m = TileSoftmax::scale_max(row.data(), w, 0.125f);
+    float want_m = -1e30f;
+    for (float v : raw) want_m = std::max(want_m, v * 0.125f);
+    CHECK(m == want_m);
+    const float sum = TileSoftmax::exp_sum(row.data(), w, m);
+    double want_sum = 0.0;
+    for (int j = 0; j < w; ++j) {
+      const double e = std::exp(static_cast<double>(raw[static_cast<std::size_t>(j)] * 0.125f) - m);
+      want_sum += e;
+      CHECK(row[static_cast<std::size_t>(j)] == Approx(e).epsilon(1e-6));
+    }
+    CHECK(sum == Approx(want_sum).epsilon(1e-6));
+    for (int j = w; j < w + 3; ++j) CHECK(row[static_cast<std::size_t>(j)] == 7.0f);  // nothing past the row
+  }
+}
+#endif
 
 TEMPLATE_TEST_CASE("flash attention over F16 and BF16 rows equals it over their float values at every SIMD level",
                    "[flash]", Eigen::half, Eigen::bfloat16) {

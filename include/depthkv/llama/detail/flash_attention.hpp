@@ -43,8 +43,9 @@
 ///   over F16 rows, a call of more than `kFlashDecodeVectors` query vectors (T x group; prefill;
 ///   head size a multiple of 16) converts each KV head once and runs `BlockTile` (register
 ///   blocks), a smaller one (decode; head size a multiple of 8) `DecodeTile` (no converted copy, no
-///   packing); their sums differ from level 1's by float rounding. Float rows always take Eigen's
-///   products (the evaluation protocol's caches: the same bytes at every level).
+///   packing), both with the softmax of `TileSoftmax` (AVX2 exponentials); their sums and weights
+///   differ from level 1's by float rounding. Float rows always take Eigen's products and softmax
+///   (the evaluation protocol's caches: the same bytes at every level).
 /// - Tasks run on `threads` OpenMP threads (1: the calling thread, Eigen's products serial).
 ///
 /// @code
@@ -382,6 +383,96 @@ inline void flash_tile_softmax(FlashState::Rows& S, int j0, float scale, Vis&& v
 }
 
 #if defined(DEPTHKV_AVX2_DISPATCH)
+/// The weights of the F16 tiles (`flash_tiles_f16`): `flash_tile_softmax`'s rule with the scaling,
+/// maximum, exponential and sum of each row's visible segment in AVX2 registers. `exp8` is
+/// Cephes' expf: x clamped to [-87.33, 88.38] (exp(-87.33) is FLT_MIN, so a weight never becomes
+/// a denormal), e^x = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts),
+/// e^r by its degree-7 polynomial; relative error below 2e-7 against std::exp. The sums run in
+/// another order than Eigen's (the weights differ from level 1 by float rounding only).
+struct TileSoftmax {
+  __attribute__((target("avx2,fma"))) static __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365448f)), _mm256_set1_ps(88.3762626f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+  /// Scales x[0, w) by `scale` in place and returns their maximum.
+  __attribute__((target("avx2,fma"))) static float scale_max(float* x, int w, float scale) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int j = 0;
+    for (; j + 8 <= w; j += 8) {
+      const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), sc);
+      _mm256_storeu_ps(x + j, v);
+      mx = _mm256_max_ps(mx, v);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = _mm_cvtss_f32(h);
+    for (; j < w; ++j) m = std::max(m, x[j] *= scale);
+    return m;
+  }
+  /// x[j] <- e^(x[j] - m) for j in [0, w); returns their sum.
+  __attribute__((target("avx2,fma"))) static float exp_sum(float* x, int w, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= w; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+      _mm256_storeu_ps(x + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    if (j < w) {  // the tail through a padded block
+      alignas(32) float t[8];
+      for (int i = 0; i < 8; ++i) t[i] = j + i < w ? x[j + i] : m - 1000.0f;
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(t), mv));
+      _mm256_store_ps(t, e);
+      for (int i = 0; j + i < w; ++i) x[j + i] = t[i];
+      sum = _mm256_add_ps(sum, _mm256_blendv_ps(e, _mm256_setzero_ps(), tail_mask(w - j)));
+    }
+    return DecodeTile::hsum(sum);
+  }
+  /// Lanes [k, 8) set (k in [1, 8)).
+  __attribute__((target("avx2"))) static __m256 tail_mask(int k) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(k - 1)));
+  }
+
+  /// `flash_tile_softmax` of one tile (same arguments and rule).
+  template <class Vis>
+  static void apply(FlashState::Rows& S, int j0, float scale, Vis&& vis, FlashState& st) {
+    const int bk = static_cast<int>(S.cols());
+    for (Eigen::Index r = 0; r < S.rows(); ++r) {
+      int b = 0, e = 0;
+      vis(static_cast<int>(r), b, e);
+      const int lo = std::max(0, b - j0), hi = std::min(bk, e - j0), w = hi - lo;
+      float* row = S.data() + r * bk;
+      if (w <= 0) {
+        std::fill(row, row + bk, 0.0f);
+        continue;
+      }
+      const float m_new = std::max(st.m(r), scale_max(row + lo, w, scale));
+      const float corr = std::exp(st.m(r) - m_new);  // 0 when nothing was seen (m = -inf)
+      st.l(r) = st.l(r) * corr + exp_sum(row + lo, w, m_new);
+      if (corr != 1.0f) st.acc.row(r) *= corr;
+      st.m(r) = m_new;
+      std::fill(row, row + lo, 0.0f);
+      std::fill(row + hi, row + bk, 0.0f);
+    }
+  }
+};
+
 /// `flash_task`'s key tiles [lo, hi) over F16 rows: `BlockTile` on the head's converted rows
 /// `bh`, else `DecodeTile` for at most `kFlashDecodeVectors` query vectors and a head size that
 /// is a multiple of 8; false (nothing done) otherwise.
@@ -395,13 +486,13 @@ bool flash_tiles_f16(const FlashHead<Eigen::half>& head, int hd, int lo, int hi,
     S.resize(vectors, bk);
     if (bh) {
       BlockTile::scores(Qb.data(), vectors, hd, bh->kt.data() + jt, bh->ldk, bk, S.data());
-      flash_tile_softmax(S, jt, scale, vis, st);
+      TileSoftmax::apply(S, jt, scale, vis, st);
       BlockTile::values(S.data(), vectors, bk, bh->v.data() + static_cast<std::ptrdiff_t>(jt) * hd, hd,
                         st.acc.data());
     } else {
       DecodeTile::scores(Qb.data(), vectors, hd, head.k + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, bk,
                          S.data());
-      flash_tile_softmax(S, jt, scale, vis, st);
+      TileSoftmax::apply(S, jt, scale, vis, st);
       DecodeTile::values(S.data(), vectors, bk, head.v + static_cast<std::ptrdiff_t>(jt) * head.ld, head.ld, hd,
                          st.acc.data());
     }
