@@ -20,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "depthkv/detail/atomic_file.hpp"
 #include "depthkv/detail/timer.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/head_budget.hpp"
@@ -138,17 +139,17 @@ inline CLI::Validator min_tokens_value() {
       "-1 or >= 0");
 }
 
-/// Writes an output file through `write(std::ostream&)`, then flushes and checks the stream, so
-/// that a full disk or a device that refuses the bytes (/dev/full) is an error, not a success.
+/// Writes an output file through `write(std::ostream&)` atomically
+/// (depthkv/detail/atomic_file.hpp): the path holds either its previous contents or the whole new
+/// file, also when the program is interrupted; a full disk or a device that refuses the bytes
+/// (/dev/full) is an error, not a success.
 /// @param what what the file holds, for messages ("CSV", "gnuplot script")
-/// @throws depthkv::Error "cannot write 'path' (<what>): ..." when it cannot be opened or written
+/// @throws depthkv::Error "cannot write 'path' (<what>): <reason>" when it cannot be written
 template <class Write>
 void write_output_file(const std::string& path, const char* what, Write&& write) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  DEPTHKV_CHECK(out.good(), "cannot write '" << path << "' (" << what << "): cannot open it");
+  std::ostringstream out(std::ios::binary);
   write(static_cast<std::ostream&>(out));
-  out.close();  // flushes
-  DEPTHKV_CHECK(!out.fail(), "cannot write '" << path << "' (" << what << "): disk full or not writable");
+  depthkv::detail::write_file_atomically(path, out.str(), "'" + path + "' (" + what + ")", __func__);
 }
 
 /// Refuses a lookahead that does not fit the model's context after `context` tokens (what

@@ -84,6 +84,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "depthkv/detail/atomic_file.hpp"
 #include "depthkv/error.hpp"
 #include "depthkv/prune_spec.hpp"
 #include "depthkv/sensitivity_profile.hpp"
@@ -816,17 +817,17 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
   return f;
 }
 
-/// Writes a profile file (pretty-printed JSON).
+/// Writes a profile file (pretty-printed JSON) atomically (detail/atomic_file.hpp): `path` holds
+/// either its previous contents or the whole new file, also when the program is interrupted.
 /// @param f the profile
 /// @param path output path
-/// @throws Error when `f` is inconsistent or the file cannot be written
+/// @throws Error when `f` is inconsistent or the file cannot be written ("cannot write profile
+///   file '<path>': <reason>"; an existing file is then untouched)
 inline void save_profile(const ProfileFile& f, const std::string& path) {
   const nlohmann::json j = profile_to_json(f);
-  std::ofstream out(path);
-  DEPTHKV_CHECK(out.good(), "cannot write profile file '" << path << "'");
-  out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // a path need not be UTF-8
-  out.flush();
-  DEPTHKV_CHECK(out.good(), "error writing profile file '" << path << "'");
+  // a path need not be UTF-8: invalid bytes become U+FFFD
+  const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  detail::write_file_atomically(path, text, "profile file '" + path + "'", __func__);
 }
 
 /// Reads a profile file.
