@@ -383,22 +383,26 @@ class TokenScorer:
 
 # ---- depthkv's engine and its driver ------------------------------------------------------------
 
+def _int64(value, not_int: str, out_of_range: str) -> int:
+    """``value`` as an int in the binding's range (int64); else an Error with the message ``not_int``
+    or ``out_of_range`` (formatted with ``value``)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise Error(not_int.format(value=value)) from None
+    if not -2**63 <= v < 2**63:
+        raise Error(out_of_range.format(value=v))
+    return v
+
+
 def _token_ids(ids, what: str) -> List[int]:
     """``ids`` (a sequence of ints or a 1-D integer array) as a list of ints."""
     if isinstance(ids, (str, bytes)):
         raise Error(f"{what} must be a list of token ids, got text (use Engine.tokenize(text))")
     if np.ndim(ids) != 1:
         raise Error(f"{what} must be a 1-D sequence of token ids, got {np.ndim(ids)} dimensions")
-    out = []
-    for i, t in enumerate(ids):
-        try:
-            v = operator.index(t)
-        except TypeError:
-            raise Error(f"{what}: token {t!r} at position {i} is not an integer") from None
-        if not -2**63 <= v < 2**63:
-            raise Error(f"{what}: token {v} at position {i} is not a token id")
-        out.append(v)
-    return out
+    return [_int64(t, f"{what}: token {{value!r}} at position {i} is not an integer",
+                   f"{what}: token {{value}} at position {i} is not a token id") for i, t in enumerate(ids)]
 
 
 class Generation:
@@ -431,13 +435,8 @@ class Generation:
 
 def _max_new_tokens(value, where: str) -> int:
     """``max_new_tokens`` as an int the binding takes (its sign is checked there)."""
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise Error(f"{where}: max_new_tokens must be an integer, got {value!r}") from None
-    if not -2**63 <= n < 2**63:
-        raise Error(f"{where}: max_new_tokens {n} is out of range")
-    return n
+    return _int64(value, f"{where}: max_new_tokens must be an integer, got {{value!r}}",
+                  f"{where}: max_new_tokens {{value}} is out of range")
 
 
 def _spec_json(spec: Optional[Mapping], where: str) -> Optional[str]:
