@@ -42,19 +42,29 @@
 // Quality: for the first --quality requests (16), the logits that chose each generated token are
 // kept, and the same request is run again on a full host cache, teacher-forced on the generated
 // tokens: mean KL(full || pruned) over the --gen distributions, and the share of tokens whose
-// argmax the full cache would have chosen too (top-1 agreement). Not timed.
+// argmax the full cache would have chosen too (top-1 agreement). Not timed. Each of them is also
+// run alone, on a pool of its own with the same spec and chunks: its tokens and logits must equal
+// the served ones bit for bit (column `alone`: the requests that differ), so no request's pruning
+// or blocks leak into another's.
+//
+// --mixed: request i's context is --context x (4 - i % 4) / 4 tokens (full, 3/4, 1/2, 1/4 in
+// turn; the reservation stays the longest request's).
 //
 // Usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N]
 //                      [--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal]
 //                      [--scorer snapkv|h2o] [--quality N] [--skip N] [--reps N] [--profile FILE]
-//                      [--data DIR] [--json] [--reserve-blocks N] [--model FILE [--text FILE]]
+//                      [--data DIR] [--json] [--reserve-blocks N] [--mixed] [--alone-chunk N]
+//                      [--model FILE [--text FILE]]
 // --model: another model (GGUF or llama2.c) instead of stories260K, with --text as one document
 // (default TinyStories); --profile is then needed by the policies other than uniform.
 // --reps N repeats each mode's simulation N times and reports the fastest wall time (tokens/s).
 // --reserve-blocks N admits every request with a reservation of N blocks instead of the computed one
-// (to check the checks: a reservation below the peak must make the run fail).
-// Exit status: 0 when every mode completed every request with no request over its reservation and
-// no append finding the pool short; 1 otherwise (each breach named on stderr), or on an error.
+// (to check the checks: a reservation below the peak must make the run fail); --alone-chunk N runs
+// the requests alone with prefill chunks of N (another chunk evicts at other points: the outputs
+// must then differ and the run fail).
+// Exit status: 0 when every mode completed every request with no request over its reservation, no
+// append finding the pool short and no quality request differing from its run alone; 1 otherwise
+// (each breach named on stderr), or on an error.
 
 #include <algorithm>
 #include <chrono>
@@ -104,6 +114,8 @@ double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Cloc
 struct Settings {
   int pool_seqs = 8, block_size = 16, requests = 64, context = 384, gen = 128, chunk = 64, interval = 16;
   int quality = 16, skip = 24;
+  bool mixed = false;        ///< --mixed: request i's context is --context x (4 - i % 4) / 4 tokens
+  int alone_chunk = 0;       ///< the prefill chunk of the runs alone (0: --chunk; another one must make them differ)
   int reserve_override = 0;  ///< > 0: admit with this reservation instead of the computed one (--reserve-blocks)
   std::vector<double> keeps{0.3, 0.2};
   std::vector<std::string> policies{"uniform", "optimal"};
@@ -139,6 +151,7 @@ struct Row {
   double schedule_s = 0;       ///< inside after_chunk / after_decode_step (scoring, allocation, eviction)
   double kl = 0, kl_se = 0, top1 = 0;
   int quality_requests = 0;
+  int alone_differ = 0;        ///< quality requests whose tokens or logits differ from the request run alone (must be 0)
   std::vector<int> final_budgets;  ///< per-layer budgets of the last eviction of request 0
 };
 
@@ -326,8 +339,9 @@ void Simulation::admit() {
 
 /// One unit of work of a request: a prefill chunk, or a decode token.
 void Simulation::step(Seq& q) {
-  const bool prefill = q.pos < s_.context;
-  const int n = prefill ? std::min(s_.chunk, s_.context - q.pos) : 1;
+  const int context = static_cast<int>(contexts_[static_cast<std::size_t>(q.id)].size());
+  const bool prefill = q.pos < context;
+  const int n = prefill ? std::min(s_.chunk, context - q.pos) : 1;
   if (blocks_for(q.gen->cache(), n) > pool_.num_free()) {  // back-pressure: never with correct admission
     ++row_.exhausted;
     return;
@@ -338,7 +352,7 @@ void Simulation::step(Seq& q) {
   row_.schedule_s += (q.gen->report().schedule_ms - sched_before) / 1000.0;
   q.pos += n;
   (prefill ? row_.prefill_tokens : row_.decode_tokens) += n;
-  if (q.pos < s_.context) return;  // still prefilling
+  if (q.pos < context) return;  // still prefilling
   q.next = argmax(lg.row(0));
   q.generated.push_back(q.next);
   if (q.id < s_.quality) q.logits.push_back(lg.row(0).transpose());
@@ -387,10 +401,34 @@ ContinuationMetrics quality_of(const LlamaEngine& engine, const std::vector<int>
   RowMatrix ref(s.gen, c.vocab_size);
   ref.row(0) = engine.forward(ctx, 0, full, opt).row(0);
   const std::vector<int> fed(q.generated.begin(), q.generated.end() - 1);
-  if (!fed.empty()) ref.bottomRows(s.gen - 1) = engine.teacher_force(fed, s.context, full);
+  if (!fed.empty()) ref.bottomRows(s.gen - 1) = engine.teacher_force(fed, static_cast<std::int32_t>(ctx.size()), full);
   RowMatrix got(s.gen, c.vocab_size);
   for (int i = 0; i < s.gen; ++i) got.row(i) = q.logits[static_cast<std::size_t>(i)].transpose();
   return compare_logits(ref, got, std::vector<int>(static_cast<std::size_t>(s.gen), -1));
+}
+
+/// Whether a quality request served beside the others generated what it generates alone: the same
+/// spec, curves and engine settings on a pool of its own (the same layer type), its context fed in
+/// the same chunks, then greedy steps; the tokens and every logit compared bit for bit.
+bool same_as_alone(const LlamaEngine& engine, const std::vector<int>& ctx, const Seq& q, const Settings& s,
+                   const std::optional<PruneSpec>& spec, const PolicyCurves& curves) {
+  const LlamaConfig& c = engine.config();
+  BlockPool<float> pool(blocks_per_seq(s, c.n_layers), s.block_size, c.n_kv_heads, c.head_dim);
+  PagedCache cache;
+  for (int l = 0; l < c.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool, c.n_kv_heads, c.head_dim));
+  const int chunk = s.alone_chunk > 0 ? s.alone_chunk : s.chunk;
+  ForwardOptions run;
+  run.chunk_size = chunk;
+  run.n_threads = 1;
+  PrunedGeneration<PagedCache> g(engine, std::move(cache), spec, curves, nullptr, run);
+  RowMatrix lg;
+  for (int p0 = 0; p0 < static_cast<int>(ctx.size()); p0 += chunk)
+    lg = g.feed(ctx.data() + p0, std::min(chunk, static_cast<int>(ctx.size()) - p0));
+  for (std::size_t i = 0; i < q.generated.size(); ++i) {
+    if (i > 0) lg = g.step(q.generated[i - 1]);
+    if (argmax(lg.row(0)) != q.generated[i] || !(lg.row(0).transpose().array() == q.logits[i].array()).all()) return false;
+  }
+  return true;
 }
 
 /// Mean KL with its standard error, and mean top-1 agreement, into the row.
@@ -414,8 +452,11 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   Simulation sim(engine, contexts, s, m, profile);
   Row row = sim.run();
   std::vector<double> kl, top1;
+  const std::optional<PruneSpec> spec = m.evict ? std::optional<PruneSpec>(prune_spec(s, m)) : std::nullopt;
   for (const auto& q : sim.quality_done()) {
-    const ContinuationMetrics cm = quality_of(engine, contexts[static_cast<std::size_t>(q->id)], *q, s);
+    const std::vector<int>& ctx = contexts[static_cast<std::size_t>(q->id)];
+    row.alone_differ += same_as_alone(engine, ctx, *q, s, spec, mode_curves(m, profile)) ? 0 : 1;
+    const ContinuationMetrics cm = quality_of(engine, ctx, *q, s);
     kl.push_back(cm.loss.kl);
     top1.push_back(1.0 - cm.loss.top1_disagree);
   }
@@ -465,7 +506,8 @@ bool counts_valid(const Settings& s, int reps) {
 
 bool settings_valid(const Settings& s, int reps) {
   const bool keeps_ok = std::all_of(s.keeps.begin(), s.keeps.end(), [](double k) { return k > 0 && k <= 1; });
-  return counts_valid(s, reps) && s.quality >= 0 && s.skip >= 0 && keeps_ok && s.reserve_override >= 0;
+  return counts_valid(s, reps) && s.quality >= 0 && s.skip >= 0 && keeps_ok && s.reserve_override >= 0 &&
+         s.alone_chunk >= 0;
 }
 
 /// Parses and checks the options (the defaults: stories260K on TinyStories, its profile); prints
@@ -483,11 +525,11 @@ bool parse_options(int argc, char** argv, Options& o) {
   });
   args.option("--scorer", s.scorer).option("--quality", s.quality).option("--skip", s.skip).option("--reps", o.reps);
   args.option("--profile", o.profile_path).option("--data", o.data).flag("--json", o.json);
-  args.option("--reserve-blocks", s.reserve_override);
+  args.option("--reserve-blocks", s.reserve_override).flag("--mixed", s.mixed).option("--alone-chunk", s.alone_chunk);
   if (!args.parse(argc, argv)) return false;
   if (!settings_valid(s, o.reps)) {
     std::fprintf(stderr, "serving_bench: --pool-seqs, --block-size, --requests, --context, --gen, --chunk, --interval "
-                         "--reps must be >= 1, --quality, --skip, --reserve-blocks >= 0, --keep in (0, 1]\n");
+                         "--reps must be >= 1, --quality, --skip, --reserve-blocks, --alone-chunk >= 0, --keep in (0, 1]\n");
     return false;
   }
   const bool stories = o.model_path.empty();
@@ -509,7 +551,10 @@ std::vector<std::vector<int>> request_contexts(const OpenedModel& om, const Opti
   DEPTHKV_CHECK_AS("main", static_cast<int>(windows.size()) == s.requests,
                    "the text has " << windows.size() << " windows after skipping " << s.skip << ", need " << s.requests);
   std::vector<std::vector<int>> contexts;
-  for (const auto& w : windows) contexts.emplace_back(w.begin(), w.begin() + s.context);
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    const int n = s.mixed ? std::max(1, s.context * (4 - static_cast<int>(i % 4)) / 4) : s.context;
+    contexts.emplace_back(windows[i].begin(), windows[i].begin() + n);
+  }
   return contexts;
 }
 
@@ -567,13 +612,14 @@ void print_header(const Options& o, const LlamaConfig& c) {
 /// One line of the table (after its column names, before the first line).
 void print_table_row(const Row& r, const Row& none, const Settings& s, bool first) {
   if (first)
-    std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %8s %8s %7s %6s %s\n", "mode", "reserve",
+    std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %5s %8s %8s %7s %6s %s\n", "mode", "reserve",
                 "req-peak", "x-none", "max", "mean", "peak-blocks", "peak-%", "tok/s", "done", "short", "over",
-                "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
-  std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %8.5f %8.5f %7.4f %5.1f%% %s\n",
+                "alone", "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
+  std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %5d %8.5f %8.5f %7.4f %5.1f%% %s\n",
               r.mode.name().c_str(), r.reservation, r.peak_seq_blocks, concurrency_vs_none(r, none), r.max_active,
               r.mean_active, r.peak_blocks, 100.0 * r.peak_blocks / r.pool_blocks, tokens_per_s(r), r.completed,
-              s.requests, r.exhausted, r.over_reservation, r.kl, r.kl_se, r.top1, 100.0 * r.schedule_s / r.wall_s,
+              s.requests, r.exhausted, r.over_reservation, r.alone_differ, r.kl, r.kl_se, r.top1,
+              100.0 * r.schedule_s / r.wall_s,
               budgets_string(r.final_budgets).c_str());
   std::fflush(stdout);
 }
@@ -590,7 +636,8 @@ void print_json(const std::vector<Row>& rows, const Settings& s) {
                 "\"peak_request_blocks\": %d, \"over_reservation\": %d, \"exhausted\": %d, "
                 "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"wall_s\": %.4f, \"schedule_s\": %.4f, "
                 "\"tokens_per_s\": %.1f, "
-                "\"steps\": %d, \"completed\": %d, \"requests\": %d, \"quality_requests\": %d, \"kl\": %.6g, "
+                "\"steps\": %d, \"completed\": %d, \"requests\": %d, \"quality_requests\": %d, \"alone_differ\": %d, "
+                "\"kl\": %.6g, "
                 "\"kl_se\": %.6g, \"top1\": %.6g, \"final_budgets\": [%s]}%s\n",
                 r.mode.name().c_str(), r.mode.evict ? to_string(r.mode.policy).c_str() : "none",
                 r.mode.evict ? s.scorer.c_str() : "none", r.mode.keep, s.interval, s.chunk, s.block_size,
@@ -598,24 +645,26 @@ void print_json(const std::vector<Row>& rows, const Settings& s) {
                 concurrency_vs_none(r, rows.front()), r.peak_blocks,
                 static_cast<double>(r.peak_blocks) / r.pool_blocks, r.peak_seq_blocks, r.over_reservation,
                 r.exhausted, r.prefill_tokens, r.decode_tokens, r.wall_s, r.schedule_s, tokens_per_s(r), r.steps,
-                r.completed, s.requests, r.quality_requests, r.kl, r.kl_se, r.top1,
+                r.completed, s.requests, r.quality_requests, r.alone_differ, r.kl, r.kl_se, r.top1,
                 budgets_string(r.final_budgets).c_str(), i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");
 }
 
 /// The claims the table rests on: no request held more than its reservation, no append found the
-/// pool short, every request completed. Any breach is a failure of the run, not a column: each is
+/// pool short, every request completed, and every quality request generated what it generates
+/// alone. Any breach is a failure of the run, not a column: each is
 /// named on stderr; returns their number.
 int report_failures(const std::vector<Row>& rows, const Settings& s) {
   int failures = 0;
   for (const Row& r : rows) {
-    if (r.over_reservation == 0 && r.exhausted == 0 && r.completed == s.requests) continue;
+    if (r.over_reservation == 0 && r.exhausted == 0 && r.completed == s.requests && r.alone_differ == 0) continue;
     ++failures;
     std::fprintf(stderr,
                  "serving_bench: FAIL %s: %d request(s) over their reservation, %d append(s) found the pool short, "
-                 "%d/%d requests completed\n",
-                 r.mode.name().c_str(), r.over_reservation, r.exhausted, r.completed, s.requests);
+                 "%d/%d requests completed, %d of %d quality request(s) differ from their run alone\n",
+                 r.mode.name().c_str(), r.over_reservation, r.exhausted, r.completed, s.requests, r.alone_differ,
+                 r.quality_requests);
   }
   return failures;
 }
