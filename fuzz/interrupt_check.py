@@ -245,12 +245,16 @@ def profile_state(s, data, prev, existed):
     return "checkpoint" if ok else None
 
 
-def profile_case(s, seed, index, timeout):
-    rng = random.Random("%d:profile:%d" % (seed, index))
-    case = Case("profile", index)
-    d = os.path.join(s.work, "profile-%d" % index)
+def new_case(s, seed, kind, index):
+    """(rng, case, folder) of case `index` of `kind`: its seeded generator and an empty folder."""
+    d = os.path.join(s.work, "%s-%d" % (kind, index))
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
+    return random.Random("%d:%s:%d" % (seed, kind, index)), Case(kind, index), d
+
+
+def profile_case(s, seed, index, timeout):
+    rng, case, d = new_case(s, seed, "profile", index)
     out = os.path.join(d, "p.json")
     prev = s.prev_profile if rng.random() < 0.5 else None
     if prev is not None:
@@ -289,11 +293,7 @@ def profile_case(s, seed, index, timeout):
 
 
 def eval_case(s, seed, index, timeout):
-    rng = random.Random("%d:eval:%d" % (seed, index))
-    case = Case("eval", index)
-    d = os.path.join(s.work, "eval-%d" % index)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    rng, case, d = new_case(s, seed, "eval", index)
     names = ["out.csv", "out-sensitivity.csv"]
     prev = s.prev_csv if rng.random() < 0.5 else (None, None)
     for name, data in zip(names, prev):
