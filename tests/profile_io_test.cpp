@@ -85,6 +85,17 @@ ProfileFile sample_file() {
 
 }  // namespace
 
+TEST_CASE("save_profile writes no profile that load_profile would refuse", "[profile_io]") {
+  ProfileFile f = sample_file();
+  f.scorers["h2o"].metrics.kl.loss(1, 0) = 1.2e17;  // a model whose logits blow up: not a loss
+  const std::string path = temp_path("refused.json");
+  std::remove(path.c_str());
+  REQUIRE_THROWS_WITH(depthkv::save_profile(f, path),
+                      Catch::Contains("cannot write profile file") && Catch::Contains("it would not load") &&
+                          Catch::Contains("is not a loss"));
+  REQUIRE_FALSE(std::ifstream(path).good());
+}
+
 TEST_CASE("profile JSON round trip is exact", "[profile_io]") {
   const ProfileFile f = sample_file();
   const std::string path = temp_path("roundtrip.json");

@@ -821,10 +821,18 @@ inline ProfileFile profile_from_json(const nlohmann::json& j) {
 /// either its previous contents or the whole new file, also when the program is interrupted.
 /// @param f the profile
 /// @param path output path
-/// @throws Error when `f` is inconsistent or the file cannot be written ("cannot write profile
-///   file '<path>': <reason>"; an existing file is then untouched)
+/// A profile that `load_profile` would refuse (e.g. a loss beyond its bound, from a model whose
+/// logits blow up) is not written.
+/// @throws Error when `f` is inconsistent, when the reader would refuse it ("cannot write profile
+///   file '<path>': it would not load: <reason>"), or when the file cannot be written ("cannot
+///   write profile file '<path>': <reason>"); an existing file is then untouched
 inline void save_profile(const ProfileFile& f, const std::string& path) {
   const nlohmann::json j = profile_to_json(f);
+  try {
+    (void)profile_from_json(j);
+  } catch (const Error& e) {
+    DEPTHKV_FAIL("cannot write profile file '" << path << "': it would not load: " << e.message());
+  }
   // a path need not be UTF-8: invalid bytes become U+FFFD
   const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   detail::write_file_atomically(path, text, "profile file '" + path + "'", __func__);
