@@ -47,6 +47,7 @@ __all__ = [
     "TokenScorer",
     "SCORERS",
     "KEY_SCORERS",
+    "KEY_READERS",
     "Engine",
     "Generation",
 ]
@@ -62,9 +63,12 @@ DEFAULT_OBS_WINDOW = 16
 #: The SnapKV pooling kernel of ``depthkv allocate`` when no --kernel is given.
 DEFAULT_KERNEL = 7
 #: The built-in token scorers (include/depthkv/token_scorer.hpp).
-SCORERS: List[str] = ["h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm", "keydiff"]
+SCORERS: List[str] = ["h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm", "keydiff", "snapkv-keydiff"]
 #: The scorers that read the keys only and observe no attention.
 KEY_SCORERS: Tuple[str, ...] = ("knorm", "keydiff")
+#: The scorers that read the keys (``TokenScorer.scores(n, keys=...)``): the key-only ones and
+#: "snapkv-keydiff", which observes attention too.
+KEY_READERS: Tuple[str, ...] = KEY_SCORERS + ("snapkv-keydiff",)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -152,6 +156,14 @@ def _protection(protection: Sequence[int]) -> Tuple[int, int]:
         raise Error(f"protection must be (n_sink, n_recent), got {protection!r}") from None
 
 
+def _profile_arg(profile, where: str) -> Profile:
+    """``profile`` when it is a :class:`Profile`; else an Error (a path: load it first)."""
+    if not isinstance(profile, Profile):
+        hint = " (a path: depthkv.load_profile(path))" if isinstance(profile, (str, bytes, os.PathLike)) else ""
+        raise Error(f"{where}: profile must be a depthkv.Profile{hint}, got {type(profile).__name__}")
+    return profile
+
+
 def _lengths(lengths, n_layers: int) -> Optional[List[int]]:
     if lengths is None:
         return None
@@ -193,6 +205,7 @@ def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Op
     """
     keep, total_tokens = _budget(keep, total_tokens)
     n_sink, n_recent = _protection(protection)
+    _profile_arg(profile, "allocate")
     d = _core.allocate(profile, str(policy), scorer or "", keep, total_tokens, _lengths(lengths, profile.n_layers),
                        n_sink, n_recent, int(obs_window), int(min_tokens), int(tiers))
     return Allocation(d, keep, total_tokens)
@@ -219,6 +232,7 @@ def preset(name: str, profile: Profile, keep: Optional[float] = None, *, total_t
     """
     keep, total_tokens = _budget(keep, total_tokens)
     n_sink, n_recent = _protection(protection)
+    _profile_arg(profile, "preset")
     spec, predicted = _core.preset(str(name), profile, keep, total_tokens, _lengths(lengths, profile.n_layers),
                                    n_sink, n_recent, int(obs_window), int(kernel), int(min_tokens),
                                    None if lookahead is None else int(lookahead))

@@ -315,7 +315,8 @@ class _FullRun:
                                 "(the prefill needs eager attention)")
                 for x, sc in scorers[layer].items():
                     if x not in depthkv.KEY_SCORERS:
-                        first = {"snapkv": max(0, self.n - s.window), "tova": self.n - 1}.get(x, 0)
+                        first = {"snapkv": max(0, self.n - s.window), "snapkv-keydiff": max(0, self.n - s.window),
+                                 "tova": self.n - 1}.get(x, 0)
                         sc.observe(probs[0, :, first:, :].detach().float().cpu(), q_pos0=first)
             return hook
 
@@ -361,7 +362,7 @@ class _FullRun:
 def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
     """float32 [n_kv_heads, held]: the scorer's scores of layer ``layer``'s held context slots (the
     last ``held(n, window)``: every slot for a full-attention layer)."""
-    keys = run.keys[layer][0].float().cpu() if scorer in depthkv.KEY_SCORERS else None
+    keys = run.keys[layer][0].float().cpu() if scorer in depthkv.KEY_READERS else None
     values = run.values[layer][0].float().cpu() if scorer in ("h2o-v1", "h2o-v2") or s.output_aware else None
     wo = _layers(model)[layer].self_attn.o_proj.weight.detach().float().cpu() if s.output_aware else None
     scores = run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)
@@ -435,6 +436,10 @@ def _ratios(keep_ratios) -> List[float]:
 
 def _settings(model, scorer, keep_ratios, protection, window, kernel, pooling, output_aware, head_curves,
               reuse, metric) -> _Settings:
+    if not hasattr(getattr(model, "config", None), "num_attention_heads") or not hasattr(model, "model"):
+        raise Error(f"depthkv.hf.profile: model must be a transformers causal LM, got {type(model).__name__}")
+    if isinstance(keep_ratios, (str, bytes)):
+        raise Error(f"depthkv.hf.profile: keep_ratios must be a sequence of numbers, got {keep_ratios!r}")
     scorers = [x.strip() for x in scorer.split(",")] if isinstance(scorer, str) else [str(x) for x in scorer]
     if not scorers or len(set(scorers)) != len(scorers):
         raise Error(f"depthkv.hf.profile: give one or more distinct scorers, got {scorer!r}")

@@ -89,6 +89,7 @@ the physical length and the masked (head, slot) count.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -99,7 +100,7 @@ from kvpress.presses.snapkv_press import SnapKVPress
 import depthkv
 from depthkv import Error
 from depthkv._attention import WRAPPED, install_attention, layer_mask  # noqa: F401
-from depthkv._layers import held, layer_window, layer_windows, prune_layer, usable
+from depthkv._layers import STATE, decoder_layers, held, layer_window, layer_windows, prune_layer, usable
 from depthkv._scoring import own_scores
 from depthkv.hf import check_profile_model, profile_windows, with_windows
 
@@ -187,9 +188,10 @@ class DepthKVPress(BasePress):
                         f"got {type(press).__name__}")
         self.profile, self.keep, self.policy, self.press = profile, float(keep), policy, press
         self.scorer = scorer if scorer is not None else _curves_for(press, profile)
-        self.protection, self.min_tokens = tuple(int(x) for x in protection), int(min_tokens)
-        self.select_protection = tuple(int(x) for x in (protection if select_protection is None
-                                                       else select_protection))
+        self.protection, self.min_tokens = depthkv._protection(protection), int(min_tokens)
+        self.select_protection = depthkv._protection(protection if select_protection is None else select_protection)
+        if min(self.select_protection) < 0:
+            raise Error(f"DepthKVPress: select_protection must be >= 0, got {self.select_protection}")
         self.check_model = bool(check_model)
         self.obs_window = int(self.own["window"] if self.own else getattr(press, "window_size",
                                                                             depthkv.DEFAULT_OBS_WINDOW))
@@ -251,6 +253,7 @@ class DepthKVPress(BasePress):
         return self._allocations[n]
 
     def post_init_from_model(self, model) -> None:
+        self._model = weakref.ref(model)  # for a refused prefill's undo (_undo_prefill)
         if id(model) not in self._checked:
             check_profile_model(self.profile, model, "DepthKVPress", hash_check=self.check_model)
             self._checked[id(model)] = True
@@ -281,6 +284,33 @@ class DepthKVPress(BasePress):
         return [min(k, h) for k in ks]
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        """kvpress's hook, at the prefill of each layer: the layer's held tokens scored and pruned
+        to its budgets. A refusal (a context below the protection, non-finite scores, ...) empties
+        the layers this prefill already filled, up to this one, before the error propagates: the
+        cache is left as before the prefill (kvpress prefills an empty cache), never part pruned."""
+        try:
+            return self._compress(module, hidden_states, keys, values, attentions, kwargs)
+        except Exception:
+            self._undo_prefill(module.layer_idx, kwargs.get("past_key_values"))
+            raise
+
+    def _undo_prefill(self, layer: int, cache) -> None:
+        """Empties layers 0..layer of ``cache`` (and their mask states) and forgets the report."""
+        self._report, self.kept, self.scores = {}, {}, {}
+        for lay in (cache.layers[: layer + 1] if cache is not None else []):
+            if getattr(lay, "is_initialized", True) and getattr(lay, "keys", None) is not None:
+                lay.keys, lay.values = lay.keys[..., :0, :], lay.values[..., :0, :]
+            if hasattr(lay, "cumulative_length"):
+                lay.cumulative_length = 0
+        for attn in self._modules_up_to(layer):
+            setattr(attn, STATE, None)
+
+    def _modules_up_to(self, layer: int) -> list:
+        ref = getattr(self, "_model", None)
+        model = ref() if ref is not None else None
+        return [] if model is None else [lay.self_attn for lay in decoder_layers(model)[: layer + 1]]
+
+    def _compress(self, module, hidden_states, keys, values, attentions, kwargs):
         layer = module.layer_idx
         n = hidden_states.shape[1]  # the context (kvpress compresses at the prefill)
         window = layer_window(module)
