@@ -127,6 +127,8 @@ struct NaiveScorer {
         }
         return s;
       }
+      case ScorerKind::kSnapKVKeyDiff:  // tested as the composition of the two (test "snapkv-keydiff")
+        FAIL("no naive reference for snapkv-keydiff");
     }
     return s;
   }
@@ -180,7 +182,8 @@ const ScorerConfig kConfigs[] = {
 
 TEST_CASE("scorer kinds: names round-trip, unknown names throw", "[scorer]") {
   for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
-                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm, ScorerKind::kKeyDiff})
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm, ScorerKind::kKeyDiff,
+                       ScorerKind::kSnapKVKeyDiff})
     CHECK(depthkv::parse_scorer_kind(depthkv::to_string(k)) == k);
   CHECK(depthkv::to_string(ScorerKind::kKeyDiff) == "keydiff");
   CHECK(depthkv::to_string(ScorerKind::kH2OValueL1) == "h2o-v1");
@@ -227,6 +230,47 @@ TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill
     const auto s = sc.scores(L);
     REQUIRE(s.size() == static_cast<std::size_t>(n_kv));  // per KV head, never per query head
   }
+}
+
+TEST_CASE("snapkv-keydiff: the larger of each slot's SnapKV and KeyDiff rank fractions", "[scorer]") {
+  std::mt19937 rng(91);
+  const int n_heads = 4, n_kv = 2, hd = 16;
+  ScorerConfig hy{ScorerKind::kSnapKVKeyDiff, 5, 7, Pooling::kMax}, sn = hy, kd = hy;
+  sn.kind = ScorerKind::kSnapKV;
+  kd.kind = ScorerKind::kKeyDiff;
+  depthkv::HostLayer<float> L(n_kv, hd);
+  TokenScorer h(hy, n_heads, n_kv), s(sn, n_heads, n_kv), k(kd, n_heads, n_kv);
+  std::int32_t pos = 0;
+  for (int chunk : {37, 11}) {
+    append_random(L, chunk, rng);
+    const int n = L.size(0);
+    for (int q = 0; q < n_heads; ++q) {
+      std::vector<float> p = random_probs(chunk, n, rng);
+      h.observe_block(q, pos, chunk, p.data(), n, n);
+      s.observe_block(q, pos, chunk, p.data(), n, n);
+    }
+    pos += chunk;
+    const depthkv::LayerScores got = h.scores(L), a = s.scores(L), b = k.scores(L);
+    for (int kv = 0; kv < n_kv; ++kv) {
+      // rank fraction: position in ascending (score, slot) order over n
+      const auto ranks = [n](const std::vector<float>& v) {
+        std::vector<float> r(v.size());
+        for (int j = 0; j < n; ++j) {
+          int below = 0;
+          for (int t = 0; t < n; ++t) below += v[static_cast<std::size_t>(t)] < v[static_cast<std::size_t>(j)] ||
+                                               (v[static_cast<std::size_t>(t)] == v[static_cast<std::size_t>(j)] && t < j);
+          r[static_cast<std::size_t>(j)] = static_cast<float>(below) / static_cast<float>(n);
+        }
+        return r;
+      };
+      const std::vector<float> ra = ranks(a[static_cast<std::size_t>(kv)]), rb = ranks(b[static_cast<std::size_t>(kv)]);
+      for (int j = 0; j < n; ++j)
+        REQUIRE(got[static_cast<std::size_t>(kv)][static_cast<std::size_t>(j)] ==
+                std::max(ra[static_cast<std::size_t>(j)], rb[static_cast<std::size_t>(j)]));
+    }
+  }
+  CHECK(depthkv::parse_scorer_kind("snapkv-keydiff") == ScorerKind::kSnapKVKeyDiff);
+  CHECK(h.positions_needed() == 5);  // SnapKV's window: the engine forms only those rows
 }
 
 TEST_CASE("compact keeps the state of the survivors, scores keep accumulating (chunked prefill)",

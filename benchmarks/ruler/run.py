@@ -13,8 +13,10 @@ Methods (4 sink and 16 recent tokens, observation window 16, kernel 7, max pooli
   snapkv    SnapKV, uniform budgets;
   tova      TOVA (the last context position's attention), uniform budgets;
   keydiff   KeyDiff (each key's cosine distance from the head's mean key direction), uniform budgets;
+  snapkv-keydiff  the larger of each slot's SnapKV and KeyDiff rank fractions, uniform budgets;
   optimal   SnapKV, depthkv's per-layer budgets (a --profile with SnapKV curves);
-  keydiff-optimal  KeyDiff, depthkv's per-layer budgets (a --profile with KeyDiff curves);
+  keydiff-optimal, snapkv-keydiff-optimal  those scorers with depthkv's per-layer budgets (a
+            --profile with their curves);
   preset    ``--preset best`` (--best-profile: head curves; the per-input rule inside);
   chunked   SnapKV uniform, evicting after every 512-token prefill chunk to the same budget;
   *-span    the same with span pooling (``span_pooling``: each word and digit run of the context
@@ -42,8 +44,8 @@ from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, TASKS, make_sample, string_ma
 #: Tokens generated per task (enough for the answers in the tokenizers of the reference models).
 MAX_NEW = {"niah_single_1": 24, "niah_single_2": 24, "niah_multikey_1": 24, "niah_multivalue": 64,
            "niah_multiquery": 64, "vt": 40, "cwe": 96}
-METHODS = ("full", "snapkv", "snapkv-span", "tova", "keydiff", "optimal", "keydiff-optimal", "preset", "preset-span",
-           "chunked")
+METHODS = ("full", "snapkv", "snapkv-span", "tova", "keydiff", "snapkv-keydiff", "optimal", "keydiff-optimal",
+           "snapkv-keydiff-optimal", "preset", "preset-span", "chunked")
 SELECTION = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max"}
 
 
@@ -58,7 +60,7 @@ def method_spec(method: str, keep: float, n_context: int, profiles, best_profile
     base = dict(SELECTION, scorer="snapkv", budget={"keep": keep})
     if method == "snapkv":
         return dict(base, policy="uniform"), None, None
-    if method in ("tova", "keydiff"):
+    if method in ("tova", "keydiff", "snapkv-keydiff"):
         return dict(base, scorer=method, policy="uniform"), None, None
     if method.endswith("optimal"):
         scorer = "snapkv" if method == "optimal" else method[: -len("-optimal")]

@@ -14,9 +14,10 @@
 namespace depthkv {
 
 /// Which built-in token-importance score a `TokenScorer` computes (formulas: token_scorer.hpp).
-enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm, kKeyDiff };
+enum class ScorerKind { kH2O, kH2OValueL1, kH2OValueL2, kSnapKV, kTOVA, kKeyNorm, kKeyDiff, kSnapKVKeyDiff };
 
-/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm", "keydiff".
+/// Short name of a scorer kind: "h2o", "h2o-v1", "h2o-v2", "snapkv", "tova", "knorm", "keydiff",
+/// "snapkv-keydiff".
 inline std::string to_string(ScorerKind kind) {
   switch (kind) {
     case ScorerKind::kH2O:
@@ -33,6 +34,8 @@ inline std::string to_string(ScorerKind kind) {
       return "knorm";
     case ScorerKind::kKeyDiff:
       return "keydiff";
+    case ScorerKind::kSnapKVKeyDiff:
+      return "snapkv-keydiff";
   }
   return "unknown";
 }
@@ -42,9 +45,11 @@ inline std::string to_string(ScorerKind kind) {
 /// @throws Error on an unknown name
 inline ScorerKind parse_scorer_kind(const std::string& name) {
   for (ScorerKind k : {ScorerKind::kH2O, ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
-                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm, ScorerKind::kKeyDiff})
+                       ScorerKind::kSnapKV, ScorerKind::kTOVA, ScorerKind::kKeyNorm, ScorerKind::kKeyDiff,
+                       ScorerKind::kSnapKVKeyDiff})
     if (to_string(k) == name) return k;
-  DEPTHKV_FAIL("unknown scorer kind '" << name << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova, knorm or keydiff)");
+  DEPTHKV_FAIL("unknown scorer kind '" << name
+                                       << "' (expected h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff or snapkv-keydiff)");
 }
 
 /// Pooling of SnapKV scores along the slots.

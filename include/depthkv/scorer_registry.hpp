@@ -37,6 +37,7 @@
 #include "depthkv/scorers/key_diff.hpp"
 #include "depthkv/scorers/key_norm.hpp"
 #include "depthkv/scorers/snapkv.hpp"
+#include "depthkv/scorers/snapkv_keydiff.hpp"
 #include "depthkv/scorers/tova.hpp"
 #include "depthkv/scoring_rule.hpp"
 
@@ -65,7 +66,7 @@ inline ScorerRegistry& scorer_registry() {
 inline const std::vector<ScorerKind>& builtin_scorer_kinds() {
   static const std::vector<ScorerKind> kinds = {ScorerKind::kH2O,    ScorerKind::kH2OValueL1, ScorerKind::kH2OValueL2,
                                                 ScorerKind::kSnapKV, ScorerKind::kTOVA,       ScorerKind::kKeyNorm,
-                                                ScorerKind::kKeyDiff};
+                                                ScorerKind::kKeyDiff, ScorerKind::kSnapKVKeyDiff};
   return kinds;
 }
 
@@ -96,6 +97,8 @@ inline std::unique_ptr<ScoringRule> make_builtin_rule(const ScorerConfig& cfg, i
       return std::make_unique<KeyNormRule>();
     case ScorerKind::kKeyDiff:
       return std::make_unique<KeyDiffRule>();
+    case ScorerKind::kSnapKVKeyDiff:
+      return std::make_unique<SnapKVKeyDiffRule>(cfg, n_kv_heads);
   }
   DEPTHKV_FAIL("unknown scorer kind " << static_cast<int>(cfg.kind));
 }
@@ -140,7 +143,7 @@ inline std::vector<std::string> registered_scorers() {
 }
 
 /// Every scorer name: the built-in ones in `ScorerKind` order ("h2o", "h2o-v1", "h2o-v2",
-/// "snapkv", "tova", "knorm", "keydiff"), then the registered ones, sorted.
+/// "snapkv", "tova", "knorm", "keydiff", "snapkv-keydiff"), then the registered ones, sorted.
 inline std::vector<std::string> known_scorers() {
   std::vector<std::string> names;
   for (ScorerKind k : detail::builtin_scorer_kinds()) names.push_back(to_string(k));

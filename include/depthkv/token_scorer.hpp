@@ -28,6 +28,11 @@
 ///   KeyDiffPress): s_j = -cos(K_j, a) with a = (1/n) sum_t K_t / ||K_t|| over the KV head's n
 ///   slots (a key pointing away from the head's mean key direction is kept); needs no
 ///   observations. The scores of one eviction depend on the slots it sees (the mean).
+/// - `kSnapKVKeyDiff` ("snapkv-keydiff"): s_j = max(r^S_j, r^K_j) / n with r^S_j and r^K_j the
+///   ranks (0 .. n-1, ascending by score, ties by slot) of slot j among the head's n slots under
+///   SnapKV (its window, kernel and pooling) and under KeyDiff: a top-k keeps the slots either
+///   rule ranks high (the context end's attention and the keys far from the head's mean). Reads
+///   the keys; observes as SnapKV.
 ///
 /// ## Lookahead (`ScorerConfig::lookahead` = G > 0)
 /// The scorer is fed the attention rows of the G lookahead queries only (`observe_lookahead`,

@@ -35,7 +35,8 @@ _CHUNK_ELEMENTS = 1 << 24
 
 def first_row(scorer: str, n: int, window: int) -> int:
     """The first query position the scorer observes of an n-token prefill (n: none)."""
-    return {"snapkv": max(0, n - window), "tova": n - 1, "knorm": n, "keydiff": n}.get(scorer, 0)
+    return {"snapkv": max(0, n - window), "snapkv-keydiff": max(0, n - window), "tova": n - 1, "knorm": n,
+            "keydiff": n}.get(scorer, 0)
 
 
 def attention_rows(module, hidden_states: torch.Tensor, keys: torch.Tensor, position_embeddings,
@@ -84,7 +85,7 @@ def own_scores(name: str, settings: dict, module, hidden_states: torch.Tensor, k
     wo = module.o_proj.weight.detach().float().cpu() if settings["output_aware"] else None
     out = []
     for b, sc in enumerate(scorers):
-        k = keys[b].detach().float().cpu() if name in depthkv.KEY_SCORERS else None
+        k = keys[b].detach().float().cpu() if name in depthkv.KEY_READERS else None
         v = values[b].detach().float().cpu() if need_values else None
         out.append(torch.from_numpy(sc.scores(n, keys=k, values=v, wo=wo)))
     return torch.stack(out)

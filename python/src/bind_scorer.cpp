@@ -222,7 +222,8 @@ class PyScorer {
     if (!c.name.empty()) return;
     const bool needs_v = c.kind == depthkv::ScorerKind::kH2OValueL1 || c.kind == depthkv::ScorerKind::kH2OValueL2 ||
                          c.output_aware;
-    const bool needs_k = c.kind == depthkv::ScorerKind::kKeyNorm || c.kind == depthkv::ScorerKind::kKeyDiff;
+    const bool needs_k = c.kind == depthkv::ScorerKind::kKeyNorm || c.kind == depthkv::ScorerKind::kKeyDiff ||
+                         c.kind == depthkv::ScorerKind::kSnapKVKeyDiff;
     DEPTHKV_CHECK_AS(kFunc, !needs_k || layer.keys != nullptr,
                      "scorer " << depthkv::scorer_name(c) << " reads the keys: pass keys=[n_kv_heads, n, head_dim]");
     DEPTHKV_CHECK_AS(kFunc, !needs_v || layer.values != nullptr,
