@@ -343,7 +343,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--profile", args->profile,
                   "profile file of this model (from depthkv profile) for the curve-based policies, measured "
                   "with the same scorer and selection (--sinks, --recent, --obs-window, --kernel, --pooling)");
-  cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff")
+  cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff, snapkv-keydiff")
       ->capture_default_str();
   args->sel.add_options(cmd, /*old_window=*/"--obs-window N", /*old_sink=*/true);
   cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str()->check(at_least(1));

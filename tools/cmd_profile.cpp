@@ -315,7 +315,7 @@ void register_profile(CLI::App& app) {
   c->add_option("--skip", a->skip, "windows skipped before the first calibration window")
       ->capture_default_str()
       ->check(at_least(0));
-  c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff")
+  c->add_option("--scorers", a->scorers, "token scorers to profile: any of h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff, snapkv-keydiff")
       ->capture_default_str();
   c->add_option("--ratios", a->ratios, "probed layer keep ratios (each layer alone pruned to each)")->capture_default_str();
   CLI::Option* metrics =

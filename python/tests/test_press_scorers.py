@@ -29,7 +29,7 @@ def eager_scores(model, ctx, name, window_size, n_kv):
     return res
 
 
-@pytest.mark.parametrize("name", ["snapkv", "h2o", "tova", "knorm", "keydiff"])
+@pytest.mark.parametrize("name", ["snapkv", "h2o", "tova", "knorm", "keydiff", "snapkv-keydiff"])
 def test_by_name_press_keeps_the_budgets_by_the_library_rule(models, window, stories, name):  # noqa: F811
     ctx, _ = window
     press = DepthKVPress(stories, keep=0.2, policy="optimal", press=name)

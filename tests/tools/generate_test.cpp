@@ -71,7 +71,7 @@ TEST_CASE("generate: errors are reported as 'depthkv: error: ...' with exit code
                 "unknown allocation policy 'nope' (expected uniform, pyramid, proportional, middle, optimal, mga, "
                 "mlma2, mlma4, mlma6, mlp or head-optimal)");
   require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --keep 0.5 --scorer nope", "2>&1"),
-                "unknown scorer kind 'nope' (expected h2o, h2o-v1, h2o-v2, snapkv, tova, knorm or keydiff)");
+                "unknown scorer kind 'nope' (expected h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff or snapkv-keydiff)");
   require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --chunk 0", "2>&1"), "--chunk: must be >= 1, got 0");
   require_error(run_cli("generate", "2>&1"), "--model is required");
   require_error(run_cli("generate --model " + depthkv_test::stories_model_arg() + " --no-such-flag", "2>&1"),
