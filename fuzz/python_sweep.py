@@ -1660,11 +1660,15 @@ def _(r, g, ctx):
 # ---- DepthKVPress --------------------------------------------------------------------------------
 
 def cache_state(cache):
-    """Per-layer key lengths of a DynamicCache (0 for a layer never filled)."""
+    """Per-layer key lengths of a DynamicCache (0 for a layer never filled), trailing empty layers
+    left out: a cache whose layers were created lazily and are empty holds what one without them
+    holds."""
     out = []
     for layer in getattr(cache, "layers", []):
         k = getattr(layer, "keys", None)
         out.append(0 if k is None or k.numel() == 0 else int(k.shape[-2]))
+    while out and out[-1] == 0:
+        out.pop()
     return tuple(out)
 
 
