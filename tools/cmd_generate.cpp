@@ -308,6 +308,36 @@ void run_generate(const GenerateArgs& a) {
   }
 }
 
+/// The options of how generate runs: the prefill chunk, bounded memory, threads, span pooling,
+/// the KV type, the memory lines and end-of-generation tokens.
+void add_run_options(CLI::App* cmd, GenerateArgs& a) {
+  cmd->add_option("--chunk", a.chunk, "prefill chunk size")->capture_default_str()->check(at_least(1));
+  cmd->add_option("--max-kv-tokens", a.max_kv_tokens,
+                  "bounded memory: at most this many KV tokens over all layers (plus one interval), evicting after "
+                  "every prefill chunk and every --interval decoded tokens")
+      ->check(at_least(1));
+  cmd->add_option("--interval", a.interval, "with --max-kv-tokens: evict every this many tokens")
+      ->capture_default_str()
+      ->check(at_least(1));
+  cmd->add_option("--threads", a.threads, "threads (0: OpenMP default)")
+      ->capture_default_str()
+      ->check(thread_count());
+  cmd->add_flag("--span-pooling", a.span_pooling,
+               "score each word and digit run of the prompt as its best token, so that a number or a name is "
+               "kept or dropped whole (ScorerConfig::span_pooling; with --keep or --max-kv-tokens)");
+  cmd->add_option("--kv-type", a.kv_type,
+                  "element type of the KV cache: f16 (half the bytes, as llama.cpp) or f32 (llama2.c's run.c)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "f32"}));
+  cmd->add_option("--stats-every", a.stats_every,
+                  "every this many decoded tokens, a line on stderr: resident memory (VmRSS), KV bytes, tokens held "
+                  "(with --max-kv-tokens: and the bound they stay within); 0: none")
+      ->capture_default_str()
+      ->check(at_least(0));
+  cmd->add_flag("--ignore-eos", a.ignore_eos,
+                "keep generating past end-of-generation tokens (BOS, EOS, EOT) until --steps, e.g. for long runs");
+}
+
 }  // namespace
 
 void register_generate(CLI::App& app) {
@@ -346,31 +376,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--scorer", args->scorer, "token scorer: h2o, h2o-v1, h2o-v2, snapkv, tova, knorm, keydiff, snapkv-keydiff")
       ->capture_default_str();
   args->sel.add_options(cmd, /*old_window=*/"--obs-window N", /*old_sink=*/true);
-  cmd->add_option("--chunk", args->chunk, "prefill chunk size")->capture_default_str()->check(at_least(1));
-  cmd->add_option("--max-kv-tokens", args->max_kv_tokens,
-                  "bounded memory: at most this many KV tokens over all layers (plus one interval), evicting after "
-                  "every prefill chunk and every --interval decoded tokens")
-      ->check(at_least(1));
-  cmd->add_option("--interval", args->interval, "with --max-kv-tokens: evict every this many tokens")
-      ->capture_default_str()
-      ->check(at_least(1));
-  cmd->add_option("--threads", args->threads, "threads (0: OpenMP default)")
-      ->capture_default_str()
-      ->check(thread_count());
-  cmd->add_flag("--span-pooling", args->span_pooling,
-               "score each word and digit run of the prompt as its best token, so that a number or a name is "
-               "kept or dropped whole (ScorerConfig::span_pooling; with --keep or --max-kv-tokens)");
-  cmd->add_option("--kv-type", args->kv_type,
-                  "element type of the KV cache: f16 (half the bytes, as llama.cpp) or f32 (llama2.c's run.c)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f16", "f32"}));
-  cmd->add_option("--stats-every", args->stats_every,
-                  "every this many decoded tokens, a line on stderr: resident memory (VmRSS), KV bytes, tokens held "
-                  "(with --max-kv-tokens: and the bound they stay within); 0: none")
-      ->capture_default_str()
-      ->check(at_least(0));
-  cmd->add_flag("--ignore-eos", args->ignore_eos,
-                "keep generating past end-of-generation tokens (BOS, EOS, EOT) until --steps, e.g. for long runs");
+  add_run_options(cmd, *args);
   args->preset.add_option(cmd, {"--policy", "--scorer", "--pooling", "--output-aware", "--head-alloc", "--head-alpha"});
   cmd->callback([args]() {
     args->preset.apply(args->sel, &args->scorer, &args->policy);

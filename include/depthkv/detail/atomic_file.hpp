@@ -124,6 +124,78 @@ inline std::string write_failure(int err) {
   return std::string("disk full or not writable (") + std::strerror(err) + ")";
 }
 
+/// Where `write_file_atomically` writes `path`: its destination (a link's existing target), the
+/// destination's status when it exists, and whether it is written in place (a device, a FIFO,
+/// a link under /dev/ or /proc/).
+struct AtomicDestination {
+  std::string dest;
+  struct stat st {};
+  bool exists = false, in_place = false;
+};
+
+/// @throws Error on an empty path or a directory
+inline AtomicDestination atomic_destination(const std::string& path, const std::string& what, const char* func) {
+  DEPTHKV_CHECK_AS(func, !path.empty(), "cannot write " << what << ": empty path");
+  AtomicDestination d;
+  d.dest = path;
+  const bool link = ::lstat(path.c_str(), &d.st) == 0 && S_ISLNK(d.st.st_mode);
+  if (link) {
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::canonical(path, ec);
+    if (!ec) d.dest = target.string();
+  }
+  d.exists = ::stat(d.dest.c_str(), &d.st) == 0;
+  DEPTHKV_CHECK_AS(func, !(d.exists && S_ISDIR(d.st.st_mode)), "cannot write " << what << ": it is a directory");
+  const bool system_link = link && (path.rfind("/dev/", 0) == 0 || path.rfind("/proc/", 0) == 0);
+  d.in_place = system_link || (d.exists && !S_ISREG(d.st.st_mode));
+  return d;
+}
+
+/// Writes `bytes` over `path` in place (O_TRUNC, as a plain open would).
+/// @throws Error when it cannot be opened or written
+inline void write_in_place(const std::string& path, const std::string& bytes, const std::string& what,
+                           const char* func) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  const int open_errno = fd >= 0 ? 0 : errno;
+  DEPTHKV_CHECK_AS(func, fd >= 0, "cannot write " << what << ": cannot open it (" << std::strerror(open_errno) << ")");
+  const int err = write_all(fd, bytes.data(), bytes.size());
+  const int close_err = ::close(fd) == 0 ? 0 : errno;
+  DEPTHKV_CHECK_AS(func, err == 0 && close_err == 0, "cannot write " << what << ": " << write_failure(err ? err : close_err));
+}
+
+/// Why a temporary file could not be created in `dir` (errno `err`), for messages.
+inline std::string temp_create_failure(int err, const std::string& dir) {
+  if (err == ENOENT || err == ENOTDIR) return "the folder '" + dir + "' does not exist";
+  if (err == EACCES || err == EPERM || err == EROFS)
+    return "the folder '" + dir + "' is not writable (" + std::strerror(err) + ")";
+  if (err == ENOSPC || err == EDQUOT) return write_failure(err);
+  return "cannot create a file in '" + dir + "' (" + std::strerror(err) + ")";
+}
+
+/// Creates a new temporary file beside `dest` (`.<name>.depthkv-tmp.<pid>.<n>`), its name
+/// registered for signal handlers in `registration` before the file exists, and stays registered
+/// until the file is renamed or removed (the registration outlives the file). A handler that runs
+/// while the file is created either sees the registration and removes the file, or set
+/// `temp_files_removed`, which the caller checks afterwards.
+/// @return the open descriptor (>= 0), or -1 with `err` set
+inline int create_temp_file(const std::filesystem::path& dest, std::optional<PendingTempRegistration>& registration,
+                            std::string& tmp, int& err) {
+  const std::string dir = dest.parent_path().string();
+  const std::string base = dest.filename().string().substr(0, 200);  // the temporary name fits NAME_MAX (255)
+  static std::atomic<unsigned> counter{0};
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    tmp = (dir.empty() ? std::string() : dir + "/") + "." + base + kTempFileMark + std::to_string(::getpid()) + "." +
+          std::to_string(counter.fetch_add(1));
+    registration.reset();
+    registration.emplace(tmp);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    err = fd < 0 ? errno : 0;
+    if (fd < 0 && err != EEXIST) break;
+  }
+  return fd;
+}
+
 /// Writes `bytes` to `path` atomically (file comment: a temporary file in the same folder,
 /// fsync, rename; a device or FIFO is written in place).
 /// @param path the destination (file comment: followed links, devices)
@@ -135,66 +207,15 @@ inline std::string write_failure(int err) {
 ///   the temporary file is removed and an existing destination is untouched
 inline void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what,
                                   const char* func) {
-  namespace fs = std::filesystem;
-  DEPTHKV_CHECK_AS(func, !path.empty(), "cannot write " << what << ": empty path");
-  std::string dest = path;
-  struct stat st {};
-  const bool link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
-  if (link) {
-    std::error_code ec;
-    const fs::path target = fs::canonical(path, ec);
-    if (!ec) dest = target.string();
-  }
-  const bool exists = ::stat(dest.c_str(), &st) == 0;
-  DEPTHKV_CHECK_AS(func, !(exists && S_ISDIR(st.st_mode)), "cannot write " << what << ": it is a directory");
-  const bool system_link = link && (path.rfind("/dev/", 0) == 0 || path.rfind("/proc/", 0) == 0);
-  if (system_link || (exists && !S_ISREG(st.st_mode))) {  // in place
-    const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-    const int open_errno = fd >= 0 ? 0 : errno;
-    DEPTHKV_CHECK_AS(func, fd >= 0,
-                     "cannot write " << what << ": cannot open it (" << std::strerror(open_errno) << ")");
-    const int err = write_all(fd, bytes.data(), bytes.size());
-    const int close_err = ::close(fd) == 0 ? 0 : errno;
-    DEPTHKV_CHECK_AS(func, err == 0 && close_err == 0,
-                     "cannot write " << what << ": " << write_failure(err ? err : close_err));
-    return;
-  }
-
-  const fs::path dest_path(dest);
-  const std::string dir = dest_path.parent_path().string();
-  const std::string base =
-      dest_path.filename().string().substr(0, 200);  // the temporary name fits NAME_MAX (255)
-  static std::atomic<unsigned> counter{0};
-  // Each name is registered for signal handlers before the file is created, and stays registered
-  // until the file is renamed or removed (the registration outlives `file`). A handler that runs
-  // while the file is created either sees the registration and removes the file, or set
-  // `temp_files_removed` before the check below, which then removes it.
+  const AtomicDestination d = atomic_destination(path, what, func);
+  if (d.in_place) return write_in_place(path, bytes, what, func);
+  const std::filesystem::path dest_path(d.dest);
+  const std::string shown_dir = dest_path.parent_path().empty() ? std::string(".") : dest_path.parent_path().string();
   std::optional<PendingTempRegistration> registration;
   std::string tmp;
-  int fd = -1;
   int open_err = 0;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = (dir.empty() ? std::string() : dir + "/") + "." + base + kTempFileMark +
-          std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-    registration.reset();
-    registration.emplace(tmp);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    open_err = fd < 0 ? errno : 0;
-    if (fd < 0 && open_err != EEXIST) break;
-  }
-  const std::string shown_dir = dir.empty() ? std::string(".") : dir;
-  if (fd < 0) {
-    std::string why;
-    if (open_err == ENOENT || open_err == ENOTDIR)
-      why = "the folder '" + shown_dir + "' does not exist";
-    else if (open_err == EACCES || open_err == EPERM || open_err == EROFS)
-      why = "the folder '" + shown_dir + "' is not writable (" + std::strerror(open_err) + ")";
-    else if (open_err == ENOSPC || open_err == EDQUOT)
-      why = write_failure(open_err);
-    else
-      why = "cannot create a file in '" + shown_dir + "' (" + std::strerror(open_err) + ")";
-    DEPTHKV_CHECK_AS(func, false, "cannot write " << what << ": " << why);
-  }
+  const int fd = create_temp_file(dest_path, registration, tmp, open_err);
+  DEPTHKV_CHECK_AS(func, fd >= 0, "cannot write " << what << ": " << temp_create_failure(open_err, shown_dir));
   struct TempFile {  // closed, and removed unless renamed, on every way out
     const std::string& path;
     int fd;
@@ -207,17 +228,17 @@ inline void write_file_atomically(const std::string& path, const std::string& by
   DEPTHKV_CHECK_AS(
       func, !temp_files_removed.load(),
       "cannot write " << what << ": the program is ending (a signal handler removed its temporary files)");
-  if (exists) ::fchmod(file.fd, st.st_mode & 07777);  // keeps the replaced file's permissions (best effort)
+  if (d.exists) ::fchmod(file.fd, d.st.st_mode & 07777);  // keeps the replaced file's permissions (best effort)
   int err = write_all(file.fd, bytes.data(), bytes.size());
   if (err == 0 && ::fsync(file.fd) != 0) err = errno;
   const int closing = file.fd;
   file.fd = -1;
   if (::close(closing) != 0 && err == 0) err = errno;
   DEPTHKV_CHECK_AS(func, err == 0, "cannot write " << what << ": " << write_failure(err));
-  const int rename_err = std::rename(tmp.c_str(), dest.c_str()) == 0 ? 0 : errno;
+  const int rename_err = std::rename(tmp.c_str(), d.dest.c_str()) == 0 ? 0 : errno;
   DEPTHKV_CHECK_AS(func, rename_err == 0,
-                   "cannot write " << what << ": cannot rename '" << tmp << "' over it ("
-                                   << std::strerror(rename_err) << ")");
+                   "cannot write " << what << ": cannot rename '" << tmp << "' over it (" << std::strerror(rename_err)
+                                   << ")");
   file.renamed = true;
   const int dir_fd = ::open(shown_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd >= 0) {  // the rename itself reaches the disk (best effort: some file systems refuse)
