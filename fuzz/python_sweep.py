@@ -2052,25 +2052,7 @@ def _(r, g, ctx):
 # python/tests/test_python_sweep.py fails only on findings outside this list, and a strict xfail
 # there fails once a bug is fixed, so that its entry is removed here.
 
-KNOWN = [
-    ("B1", "an int outside the C++ parameter's range (or a torch tensor on another device) gets nanobind's "
-           "generic 'incompatible function arguments' TypeError, which names neither the argument nor why",
-     lambda x: x["cls"] == "wrong" and x.get("why", "").startswith("nanobind's generic")),
-    ("B3", "zero-size arrays: select_keep refuses scores of 0 heads (shape (0, n)), and TokenScorer.observe / "
-           "scores refuse 0 queries, 0 keys, 0 heads or head_dim 0 with a message about strides/contiguity "
-           "(nanobind reports stride 0 for an empty dimension)",
-     lambda x: (x["cls"] == "refused-valid" and x.get("mutation") == "zero_heads") or
-     (x["cls"] == "wrong" and x.get("mutation") in ("observe_zero_size", "scores_keys_bad") and
-      "stride" in x.get("message", ""))),
-    ("B4", "TokenScorer.scores accepts NaN/inf keys, values or wo and returns NaN/inf scores (knorm, keydiff, "
-           "h2o-v1/v2, output-aware)",
-     lambda x: x["cls"] == "wrong" and x.get("mutation") in ("scores_keys_nonfinite", "scores_wo_bad") and
-     x.get("why", "").startswith("accepted")),
-    ("B8", "TokenScorer.scores given keys/values as a torch tensor on another device (meta) says 'keys must be "
-           "an array, got torch.Tensor': no word of the device (observe and select_keep: B1)",
-     lambda x: x["cls"] == "wrong" and x.get("mutation") == "scores_keys_bad" and "must be an array, got torch" in
-     x.get("message", "")),
-]
+KNOWN = []  # B1-B8 are fixed; their reproducers are tests (python/tests/test_python_sweep.py, FIXED_BUGS)
 
 
 #: a minimal reproducer of each bug (run from the repository root, in the venv with torch)

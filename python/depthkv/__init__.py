@@ -151,9 +151,10 @@ class Allocation:
 def _protection(protection: Sequence[int]) -> Tuple[int, int]:
     try:
         n_sink, n_recent = protection
-        return int(n_sink), int(n_recent)
+        int(n_sink), int(n_recent)
     except (TypeError, ValueError):
         raise Error(f"protection must be (n_sink, n_recent), got {protection!r}") from None
+    return _int32(n_sink, "protection n_sink"), _int32(n_recent, "protection n_recent")
 
 
 def _profile_arg(profile, where: str) -> Profile:
@@ -168,8 +169,8 @@ def _lengths(lengths, n_layers: int) -> Optional[List[int]]:
     if lengths is None:
         return None
     if np.ndim(lengths) == 0:
-        return [int(lengths)] * n_layers
-    return [int(x) for x in lengths]
+        return [_int32(lengths, "lengths")] * n_layers
+    return [_int32(x, "lengths") for x in lengths]
 
 
 def _budget(keep: Optional[float], total_tokens: Optional[int]) -> Tuple[Optional[float], Optional[int]]:
@@ -177,7 +178,10 @@ def _budget(keep: Optional[float], total_tokens: Optional[int]) -> Tuple[Optiona
         raise Error("give exactly one of keep and total_tokens")
     if keep is None and total_tokens is None:
         keep = 0.2
-    return (None if keep is None else float(keep)), (None if total_tokens is None else int(total_tokens))
+    if total_tokens is not None:
+        total_tokens = _int64(total_tokens, "total_tokens must be an integer, got {value!r}",
+                              "total_tokens {value} is out of range")
+    return (None if keep is None else float(keep)), total_tokens
 
 
 def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Optional[int] = None,
@@ -207,7 +211,8 @@ def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Op
     n_sink, n_recent = _protection(protection)
     _profile_arg(profile, "allocate")
     d = _core.allocate(profile, str(policy), scorer or "", keep, total_tokens, _lengths(lengths, profile.n_layers),
-                       n_sink, n_recent, int(obs_window), int(min_tokens), int(tiers))
+                       n_sink, n_recent, _int32(obs_window, "allocate: obs_window"),
+                       _int32(min_tokens, "allocate: min_tokens"), _int32(tiers, "allocate: tiers"))
     return Allocation(d, keep, total_tokens)
 
 
@@ -259,8 +264,11 @@ def select_keep(scores, k, protection: Sequence[int] = (0, 0), positions=None):
     if isinstance(positions, (list, tuple)):
         positions = np.asarray(positions, dtype=np.int32)
     per_head = np.ndim(k) > 0
-    ks = [int(x) for x in np.ravel(k)] if per_head else [int(k)]
+    ks = [_int32(x, "select_keep: k") for x in (np.ravel(k) if per_head else [k])]
     n_sink, n_recent = _protection(protection)
+    scores = _host_array(scores, "scores", "select_keep")
+    if positions is not None:
+        positions = _host_array(positions, "positions", "select_keep")
     rows, matrix = _core.select_keep(scores, ks, n_sink, n_recent, positions)
     if not matrix:
         return rows[0]
@@ -281,11 +289,23 @@ def keep_tokens(ratio: float, n: int, protection: Sequence[int] = DEFAULT_PROTEC
     return _core.keep_tokens(float(ratio), int(n), n_sink, n_recent)
 
 
-def _host_array(x, what: str):
-    """A torch tensor detached (DLPack refuses tensors that require grad); lists refused."""
+def _host_array(x, what: str, where: str = "TokenScorer"):
+    """A torch tensor detached (DLPack refuses tensors that require grad); lists and tensors off
+    the CPU refused."""
     if isinstance(x, (list, tuple)):
-        raise Error(f"TokenScorer: {what} must be an array (numpy.asarray({what}, dtype=numpy.float32)), not a list")
+        raise Error(f"{where}: {what} must be an array (numpy.asarray({what}, dtype=numpy.float32)), not a list")
+    device = getattr(getattr(x, "device", None), "type", "cpu")
+    if device != "cpu":
+        raise Error(f"{where}: {what} must be in host (CPU) memory, got a tensor on device {device!r} (.cpu() first)")
     return x.detach() if hasattr(x, "detach") else x
+
+
+def _int32(value, what: str) -> int:
+    """``value`` as a 32-bit int (the C++ parameter's range); else an Error naming ``what``."""
+    v = _int64(value, f"{what} must be an integer, got {{value!r}}", f"{what} {{value}} is out of range")
+    if not -2**31 <= v < 2**31:
+        raise Error(f"{what} {v} is out of range (at most {2**31 - 1})")
+    return v
 
 
 class TokenScorer:
@@ -324,8 +344,9 @@ class TokenScorer:
                  window: int = DEFAULT_OBS_WINDOW, kernel: int = DEFAULT_KERNEL, pooling: str = "max",
                  output_aware: bool = False, lookahead: int = 0, context_weight: float = 0.0):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        self._s = _core.TokenScorer(str(scorer), int(n_heads), int(n_kv_heads), int(window), int(kernel),
-                                    str(pooling), bool(output_aware), int(lookahead), float(context_weight))
+        self._s = _core.TokenScorer(str(scorer), _int32(n_heads, "n_heads"), _int32(n_kv_heads, "n_kv_heads"),
+                                    _int32(window, "window"), _int32(kernel, "kernel"), str(pooling),
+                                    bool(output_aware), _int32(lookahead, "lookahead"), float(context_weight))
 
     scorer = property(lambda self: self._s.scorer, doc="the scorer's name")
     n_heads = property(lambda self: self._s.n_heads)
@@ -356,7 +377,8 @@ class TokenScorer:
         :raises Error: on a bad shape, dtype, device or layout, a NaN, infinite or negative
             probability, or a position before one already observed; the scorer is unchanged then
         """
-        self._s.observe(_host_array(probs, "probs"), int(q_pos0), None if q_head is None else int(q_head))
+        self._s.observe(_host_array(probs, "probs"), _int32(q_pos0, "q_pos0"),
+                        None if q_head is None else _int32(q_head, "q_head"))
 
     def scores(self, n=None, *, keys=None, values=None, wo=None):
         """Scores of the slots a layer holds: a higher score is a more important token.
@@ -369,7 +391,8 @@ class TokenScorer:
         :param wo: float32 [dim, n_heads * head_dim], the layer's output projection (``o_proj.weight``),
             for output-aware scorers
         :return: float32 [n_kv_heads, n], or a list of float32 rows when the heads hold different counts
-        :raises Error: on bad shapes or dtypes, a missing array the scorer reads, fewer slots than observed
+        :raises Error: on bad shapes or dtypes, an array off the CPU, a NaN or infinite key, value or
+            ``wo`` element, a missing array the scorer reads, fewer slots than observed
         """
         if n is None and (keys is not None or values is not None):
             n = int((keys if keys is not None else values).shape[1])

@@ -61,6 +61,7 @@ void check_float_array(const AnyArray& a, const char* what, std::size_t ndim, co
   for (std::size_t d = 0; d < ndim; ++d)
     DEPTHKV_CHECK_AS(kFunc, a.shape(d) <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
                      what << " dimension " << d << " is too large (" << a.shape(d) << ")");
+  if (a.size() == 0) return;  // an empty array: nothing is read (its strides may be 0)
   const std::size_t last = ndim - 1;
   DEPTHKV_CHECK_AS(kFunc, a.shape(last) <= 1 || a.stride(last) == 1,
                    what << " must be contiguous in its last dimension (stride " << a.stride(last)
@@ -191,11 +192,27 @@ class PyScorer {
                      "keys/values have " << a.shape(0) << " KV heads, the scorer " << layer.kv_heads);
     for (int s : layer.sizes)
       DEPTHKV_CHECK_AS(kFunc, s <= dim_of(a, 1), "n " << s << " exceeds the " << a.shape(1) << " slots of keys/values");
+    DEPTHKV_CHECK_AS(kFunc, a.shape(2) >= 1, "keys/values have head_dim 0 (empty rows)");
     layer.dim = dim_of(a, 2);
     layer.head_stride = a.shape(0) <= 1 ? 0 : a.stride(0);
     layer.token_stride = a.shape(1) <= 1 ? 0 : a.stride(1);
     if (has_k) layer.keys = static_cast<const float*>(k.data());
     if (has_v) layer.values = static_cast<const float*>(v.data());
+    check_finite_rows(layer, layer.keys, "keys");
+    check_finite_rows(layer, layer.values, "values");
+  }
+
+  /// Refuses a NaN or infinite element in the rows of `base` (keys or values) the scores read.
+  static void check_finite_rows(const ArrayLayer& layer, const float* base, const char* what) {
+    if (base == nullptr) return;
+    for (int h = 0; h < layer.kv_heads; ++h)
+      for (int j = 0; j < layer.sizes[static_cast<std::size_t>(h)]; ++j) {
+        const float* row = base + h * layer.head_stride + j * layer.token_stride;
+        for (int d = 0; d < layer.dim; ++d)
+          DEPTHKV_CHECK_AS(kFunc, std::isfinite(row[d]),
+                           what << " hold " << row[d] << " at KV head " << h << ", slot " << j << ", element " << d
+                                << " (scores need finite keys and values)");
+      }
   }
 
   /// The output projection (o_proj.weight, [dim, n_heads * head_dim]) for output-aware scorers.
@@ -207,6 +224,12 @@ class PyScorer {
     const std::size_t cols = static_cast<std::size_t>(scorer_.n_heads()) * static_cast<std::size_t>(layer.dim);
     DEPTHKV_CHECK_AS(kFunc, w.shape(1) == cols,
                      "wo has " << w.shape(1) << " columns, n_heads * head_dim = " << cols);
+    for (std::size_t r = 0; r < w.shape(0); ++r)
+      for (std::size_t c = 0; c < cols; ++c) {
+        const float x = static_cast<const float*>(w.data())[static_cast<std::int64_t>(r) * (w.shape(0) <= 1 ? 0 : w.stride(0)) +
+                                                            static_cast<std::int64_t>(c)];
+        DEPTHKV_CHECK_AS(kFunc, std::isfinite(x), "wo holds " << x << " at row " << r << ", column " << c);
+      }
     depthkv::OutputProjection p;
     p.data = static_cast<const float*>(w.data());
     p.dim = dim_of(w, 0);

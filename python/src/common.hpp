@@ -53,7 +53,7 @@ inline void check_host_rows(const AnyArray& a, const char* func, const char* wha
   DEPTHKV_CHECK_AS(func, a.ndim() >= 1 && a.ndim() <= max_ndim,
                    what << " must have 1" << (max_ndim > 1 ? " or 2" : "") << " dimension(s), got " << a.ndim());
   const std::size_t last = a.ndim() - 1;
-  DEPTHKV_CHECK_AS(func, a.shape(last) <= 1 || a.stride(last) == 1,
+  DEPTHKV_CHECK_AS(func, a.size() == 0 || a.shape(last) <= 1 || a.stride(last) == 1,  // an empty array: nothing read
                    what << " must be contiguous in its last dimension (stride " << a.stride(last)
                         << " elements): pass numpy.ascontiguousarray(" << what << ")");
 }

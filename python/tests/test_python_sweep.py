@@ -89,15 +89,16 @@ def _raises_named(fn, *words):
     raise AssertionError("accepted")
 
 
-KNOWN_BUGS = {
-    "B1": lambda: _raises_named(lambda: depthkv.TokenScorer("h2o", n_heads=2**31, n_kv_heads=1), "n_heads"),
-    "B3": lambda: depthkv.select_keep(np.ones((0, 5), np.float32), 1),
-    "B4": lambda: _raises_named(lambda: depthkv.TokenScorer("knorm", 2, 1).scores(
-        keys=np.full((1, 3, 4), np.nan, np.float32)), "NaN", "finite"),
-}
+KNOWN_BUGS = {}
 
 #: bugs the sweep found and that are fixed: their reproducers must keep passing
 FIXED_BUGS = {
+    "B1": lambda: _raises_named(lambda: depthkv.TokenScorer("h2o", n_heads=2**31, n_kv_heads=1), "n_heads"),
+    "B3": lambda: depthkv.select_keep(np.ones((0, 5), np.float32), 1),
+    "B4": lambda: _raises_named(lambda: depthkv.TokenScorer("knorm", 2, 1).scores(
+        keys=np.full((1, 3, 4), np.nan, np.float32)), "NaN", "nan", "finite"),
+    "B8": lambda: _raises_named(lambda: depthkv.TokenScorer("knorm", 2, 1).scores(
+        keys=torch.ones(1, 3, 4, device="meta")), "device 'meta'"),
     "B2": lambda: _raises_named(lambda: depthkv.allocate(os.path.join(ROOT, "docs", "results",
                                                                       "stories260K.profile.json"), 0.3), "profile"),
     "B5": _press_partial,
