@@ -7,6 +7,7 @@ unless DEPTHKV_SKIP_MISSING_DATA=1 is set, which skips the test: the rule of the
 (tests/support/test_data.hpp, tests/support/model_data.hpp)."""
 
 import glob
+import importlib
 import os
 import shutil
 import subprocess
@@ -45,6 +46,14 @@ def model_path(name):
     """The model file ``name`` (e.g. "SmolLM2-135M-Instruct.Q4_1.gguf") of MODEL_DIR, which must exist."""
     return require_file(os.path.join(MODEL_DIR, name), "real model file", "run scripts/get-models.sh, which fetches it "
                         "into $DEPTHKV_MODEL_DIR or ~/.cache/depthkv/models")
+
+
+def need_module(name):
+    """The module ``name`` (torch, transformers, kvpress); the test module is skipped when it is not
+    installed, unless DEPTHKV_REQUIRE_HF=1, which makes its absence an import error."""
+    if os.environ.get("DEPTHKV_REQUIRE_HF") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name, reason=f"{name} is not installed (pip install -r python/requirements-hf.txt)")
 
 
 def find_cli():

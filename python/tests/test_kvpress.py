@@ -4,7 +4,6 @@ cache, bad input, and kvpress's pipeline. Needs torch, transformers and kvpress
 (python/requirements-hf.txt); skipped without them, unless DEPTHKV_REQUIRE_HF=1 (scripts/python-test.sh),
 which makes a missing one an error."""
 
-import importlib
 import importlib.util
 import os
 
@@ -12,15 +11,11 @@ import numpy as np
 import pytest
 
 
-def _need(name):
-    if os.environ.get("DEPTHKV_REQUIRE_HF") == "1":
-        return importlib.import_module(name)
-    return pytest.importorskip(name, reason=f"{name} is not installed (pip install -r python/requirements-hf.txt)")
+from conftest import need_module  # noqa: E402
 
-
-torch = _need("torch")
-_need("transformers")
-_need("kvpress")
+torch = need_module("torch")
+need_module("transformers")
+need_module("kvpress")
 
 import depthkv  # noqa: E402
 from conftest import AIDREAMS_BEST, DATA, ROOT, STORIES, data_path  # noqa: E402

@@ -6,7 +6,6 @@ reproduces (a strict xfail: once one is fixed, remove its KNOWN entry).
 Needs torch, transformers and kvpress (python/requirements-hf.txt) and the stories260K model of the
 data folder; skipped without them, unless DEPTHKV_REQUIRE_HF=1, which makes a missing one an error."""
 
-import importlib
 import importlib.util
 import os
 import sys
@@ -15,15 +14,11 @@ import numpy as np
 import pytest
 
 
-def _need(name):
-    if os.environ.get("DEPTHKV_REQUIRE_HF") == "1":
-        return importlib.import_module(name)
-    return pytest.importorskip(name, reason=f"{name} is not installed (pip install -r python/requirements-hf.txt)")
+from conftest import need_module  # noqa: E402
 
-
-torch = _need("torch")
-_need("transformers")
-_need("kvpress")
+torch = need_module("torch")
+need_module("transformers")
+need_module("kvpress")
 
 import depthkv  # noqa: E402
 from conftest import ROOT, data_path  # noqa: E402
