@@ -12,11 +12,12 @@ import json
 
 import pytest
 
-from test_kvpress import _need
 
-torch = _need("torch")
-_need("transformers")
-_need("kvpress")
+
+from conftest import need_module  # noqa: E402
+torch = need_module("torch")
+need_module("transformers")
+need_module("kvpress")
 
 import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402

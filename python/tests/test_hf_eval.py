@@ -13,10 +13,11 @@ import os
 import numpy as np
 import pytest
 
-from test_kvpress import _need, models, peer, stories  # noqa: F401 (fixtures)
+from test_kvpress import models, peer, stories  # noqa: F401 (fixtures)
 
-torch = _need("torch")
-kvpress = _need("kvpress")
+from conftest import need_module  # noqa: E402
+torch = need_module("torch")
+kvpress = need_module("kvpress")
 
 import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402

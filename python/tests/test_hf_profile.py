@@ -9,10 +9,11 @@ import os
 import numpy as np
 import pytest
 
-from test_kvpress import _load_peer, _model_path, _need
+from test_kvpress import _load_peer, _model_path
 
-torch = _need("torch")
-_need("transformers")
+from conftest import need_module  # noqa: E402
+torch = need_module("torch")
+need_module("transformers")
 
 import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402

@@ -7,9 +7,10 @@ import copy
 
 import pytest
 
-from test_kvpress import _model_path, _need, models, peer, prefill, stories  # noqa: F401 (fixtures)
+from test_kvpress import _model_path, models, peer, prefill, stories  # noqa: F401 (fixtures)
 
-torch = _need("torch")
+from conftest import need_module  # noqa: E402
+torch = need_module("torch")
 
 import depthkv  # noqa: E402
 import depthkv.hf  # noqa: E402

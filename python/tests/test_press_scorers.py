@@ -7,9 +7,10 @@ as test_kvpress.py."""
 import numpy as np
 import pytest
 
-from test_kvpress import _need, models, peer, prefill, stories, tokenizer, window  # noqa: F401 (fixtures)
+from test_kvpress import models, peer, prefill, stories, tokenizer, window  # noqa: F401 (fixtures)
 
-torch = _need("torch")
+from conftest import need_module  # noqa: E402
+torch = need_module("torch")
 
 import depthkv  # noqa: E402
 from depthkv.kvpress import DepthKVPress  # noqa: E402

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from test_kvpress import TEXT, _need, models, peer, tokenizer  # noqa: F401 (fixtures)
+from test_kvpress import TEXT, models, peer, tokenizer  # noqa: F401 (fixtures)
 
-torch = _need("torch")
+from conftest import need_module  # noqa: E402
+torch = need_module("torch")
 
 import depthkv  # noqa: E402
 from conftest import ROOT  # noqa: E402
