@@ -20,6 +20,7 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/llama/eval.hpp"
 #include "depthkv/llama/gguf.hpp"
+#include "depthkv/paged_cache.hpp"
 #include "depthkv/llama/llama2c_loader.hpp"
 #include "depthkv/llama/text_windows.hpp"
 #include "depthkv/llama/tokenizer.hpp"
@@ -882,4 +883,77 @@ TEST_CASE("engine: sliding-window layers free what no later query sees, in prefi
       for (int j = 0; j < spec.vocab; ++j)
         REQUIRE(std::abs(again(i, j) - want[static_cast<std::size_t>(8 + i)][static_cast<std::size_t>(j)]) < 1e-4);
   }
+}
+
+TEST_CASE("engine: decode_batch equals forward of each sequence alone at its own position, errors keep every cache",
+          "[engine][batch]") {
+  RandomSpec spec;
+  spec.biases = true;
+  const LlamaModel model = random_model(spec);
+  const LlamaEngine engine(model);
+  std::vector<HostCache> batch, alone;
+  const std::vector<int> lengths = {9, 31, 17};
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    batch.push_back(engine.make_cache());
+    engine.prefill(random_tokens(lengths[s], spec.vocab, 60 + static_cast<unsigned>(s)), 0, batch.back());
+  }
+  alone = batch;
+  std::vector<HostCache*> ptrs = {&batch[0], &batch[1], &batch[2]};
+  std::vector<int> tokens = {3, 5, 7};
+  std::vector<std::int32_t> pos = {9, 31, 17};
+  int observed_rows = 0;
+  std::vector<ForwardOptions> per_seq(3);
+  per_seq[1].observer = [&](int, int, std::int32_t p0, int nq, const float*, int, int) {
+    REQUIRE(p0 == pos[1]);
+    observed_rows += nq;
+  };
+  for (int step = 0; step < 4; ++step) {
+    const RowMatrix got = engine.decode_batch(tokens, pos, ptrs, ForwardOptions(), per_seq);
+    REQUIRE(got.rows() == 3);
+    for (std::size_t s = 0; s < 3; ++s) {
+      const RowMatrix want = engine.forward(&tokens[s], 1, pos[s], alone[s]);
+      REQUIRE((got.row(static_cast<Eigen::Index>(s)) - want.row(0)).cwiseAbs().maxCoeff() < 1e-4f);
+      REQUIRE(batch[s].lengths() == alone[s].lengths());
+      tokens[s] = depthkv::llama::last_argmax(want);
+      ++pos[s];
+    }
+  }
+  REQUIRE(observed_rows == 4 * spec.layers * spec.heads);
+  // errors: every cache keeps what it held
+  const auto lengths_of = [&] { return std::vector<std::vector<int>>{batch[0].lengths(), batch[1].lengths(), batch[2].lengths()}; };
+  const auto before = lengths_of();
+  REQUIRE_THROWS_WITH(engine.decode_batch({1, 2}, pos, ptrs), Catch::Contains("3 caches, 2 tokens"));
+  REQUIRE_THROWS_WITH(engine.decode_batch(tokens, pos, std::vector<HostCache*>{&batch[0], &batch[0], &batch[2]}),
+                      Catch::Contains("share a cache"));
+  REQUIRE_THROWS_WITH(engine.decode_batch({1, 2, spec.vocab}, pos, ptrs), Catch::Contains("outside [0, "));
+  REQUIRE_THROWS_WITH(engine.decode_batch(tokens, {pos[0], pos[1], pos[2] - 1}, ptrs), Catch::Contains("already holds position"));
+  LlamaModel bad = model;
+  bad.layers[1].w2.setConstant(3e38f);
+  const LlamaEngine bad_engine(bad);
+  REQUIRE_THROWS_WITH(bad_engine.decode_batch(tokens, pos, ptrs), Catch::Contains("layer 1: the residual stream of sequence 0"));
+  REQUIRE(lengths_of() == before);
+}
+
+TEST_CASE("engine: decode_batch on paged caches that share a pool needs their blocks together", "[engine][batch][paged]") {
+  RandomSpec spec;
+  const LlamaModel model = random_model(spec);
+  const LlamaEngine engine(model);
+  // two sequences of 8 tokens in blocks of 4 on a pool with room for one more block per layer only
+  const int head_dim = spec.dim / spec.heads;
+  depthkv::BlockPool<float> pool(2 * spec.layers * 2 + spec.layers, 4, spec.kv_heads, head_dim);
+  using Paged = KVCache<depthkv::PagedLayer<float>>;
+  std::vector<Paged> caches(2);
+  for (Paged& c : caches)
+    for (int l = 0; l < spec.layers; ++l) c.add_layer(depthkv::PagedLayer<float>(pool, spec.kv_heads, head_dim));
+  for (Paged& c : caches) engine.prefill(random_tokens(8, spec.vocab, 3), 0, c);
+  REQUIRE(pool.num_free() == spec.layers);
+  const int free_before = pool.num_free();
+  REQUIRE_THROWS_WITH(engine.decode_batch({1, 2}, {8, 8}, std::vector<Paged*>{&caches[0], &caches[1]}),
+                      Catch::Contains("pool exhausted"));
+  REQUIRE(pool.num_free() == free_before);
+  REQUIRE(caches[0].layer(0).size(0) == 8);
+  REQUIRE(caches[1].layer(0).size(0) == 8);
+  // one of them alone fits
+  engine.decode_batch({1}, {8}, std::vector<Paged*>{&caches[0]});
+  REQUIRE(caches[0].layer(0).size(0) == 9);
 }

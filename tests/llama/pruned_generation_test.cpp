@@ -502,3 +502,73 @@ TEST_CASE("PrunedGeneration::prefill_shared refuses what it cannot share, before
   a.adopt(full);
   REQUIRE(a.position() == 50);
 }
+
+TEST_CASE("PrunedGeneration::step_batch: one batched forward equals each generation stepped alone", "[driver][batch]") {
+  const bool gemma = GENERATE(false, true);
+  CAPTURE(gemma);
+  const LlamaModel model = random_model(shape(gemma));
+  const LlamaEngine engine(model);
+  PruneSpec spec;
+  spec.protection = {2, 4};
+  spec.budget = Budget::keep(0.4);
+  spec.schedule = {ScheduleMode::kChunked, 16, 4};
+  ForwardOptions run;
+  run.chunk_size = 16;
+  // three sequences at different positions: pruned, pruned, full cache
+  const std::vector<int> lengths = {40, 67, 23};
+  std::vector<std::unique_ptr<PrunedGeneration<HostCache>>> batch, alone;
+  std::vector<int> next;
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    const std::optional<PruneSpec> sp = s < 2 ? std::optional<PruneSpec>(spec) : std::nullopt;
+    const std::vector<int> prompt = random_tokens(lengths[s], model.config.vocab_size, 40 + static_cast<unsigned>(s));
+    batch.push_back(std::make_unique<PrunedGeneration<HostCache>>(engine, engine.make_cache(), sp, PolicyCurves{}, nullptr, run));
+    alone.push_back(std::make_unique<PrunedGeneration<HostCache>>(engine, engine.make_cache(), sp, PolicyCurves{}, nullptr, run));
+    REQUIRE(batch.back()->prefill(prompt) == alone.back()->prefill(prompt));
+    next.push_back(last_argmax(alone.back()->step(7)));
+    batch.back()->step(7);
+  }
+  std::vector<PrunedGeneration<HostCache>*> ptrs;
+  for (auto& g : batch) ptrs.push_back(g.get());
+  double worst = 0.0;
+  for (int i = 0; i < 20; ++i) {
+    const RowMatrix got = PrunedGeneration<HostCache>::step_batch(ptrs, next);
+    REQUIRE(got.rows() == 3);
+    for (std::size_t s = 0; s < batch.size(); ++s) {
+      CAPTURE(i, s);
+      const RowMatrix want = alone[s]->step(next[s]);
+      worst = std::max(worst, static_cast<double>((got.row(static_cast<Eigen::Index>(s)) - want.row(0)).cwiseAbs().maxCoeff()));
+      REQUIRE(batch[s]->position() == alone[s]->position());
+      REQUIRE(batch[s]->cache().lengths() == alone[s]->cache().lengths());
+      for (int l = 0; l < model.config.n_layers; ++l)
+        for (int h = 0; h < model.config.n_kv_heads; ++h) {
+          const auto& a = batch[s]->cache().layer(l);
+          const auto& b = alone[s]->cache().layer(l);
+          REQUIRE(std::equal(a.positions(h), a.positions(h) + a.size(h), b.positions(h)));
+        }
+      REQUIRE(batch[s]->report().evictions == alone[s]->report().evictions);
+      next[s] = last_argmax(want);
+    }
+  }
+  REQUIRE(worst < 1e-4);
+  REQUIRE(batch[0]->report().evictions > 3);
+  // errors: nothing changes in any generation
+  const auto lengths_of = [&] {
+    std::vector<std::vector<int>> out;
+    for (auto& g : batch) out.push_back(g->cache().lengths());
+    return out;
+  };
+  const auto before = lengths_of();
+  const std::int32_t pos_before = batch[1]->position();
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>::step_batch(ptrs, {1, 2}), Catch::Contains("3 generations and 2 tokens"));
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>::step_batch({ptrs[0], ptrs[0]}, {1, 2}), Catch::Contains("given twice"));
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>::step_batch(ptrs, {1, model.config.vocab_size, 2}),
+                      Catch::Contains("token " + std::to_string(model.config.vocab_size) + " outside"));
+  PrunedGeneration<HostCache> fresh(engine, engine.make_cache(), std::nullopt, {}, nullptr, run);
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>::step_batch({ptrs[0], &fresh}, {1, 2}), Catch::Contains("no prefilled prompt"));
+  const LlamaEngine other(model);
+  PrunedGeneration<HostCache> elsewhere(other, other.make_cache(), std::nullopt, {}, nullptr, run);
+  elsewhere.prefill({1, 2, 3});
+  REQUIRE_THROWS_WITH(PrunedGeneration<HostCache>::step_batch({ptrs[0], &elsewhere}, {1, 2}), Catch::Contains("another engine"));
+  REQUIRE(lengths_of() == before);
+  REQUIRE(batch[1]->position() == pos_before);
+}

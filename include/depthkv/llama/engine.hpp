@@ -48,6 +48,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -314,14 +315,7 @@ class LlamaEngine {
     for (int i = 0; i < n; ++i)
       DEPTHKV_CHECK(tokens[i] >= 0 && tokens[i] < config().vocab_size,
                     "token " << tokens[i] << " at index " << i << " outside [0, " << config().vocab_size << ")");
-    for (int l = 0; l < cache.n_layers(); ++l)
-      for (int h = 0; h < config().n_kv_heads; ++h) {
-        const Layer& L = cache.layer(l);
-        const int sz = L.size(h);
-        DEPTHKV_CHECK(sz == 0 || L.positions(h)[sz - 1] < pos0,
-                      "layer " << l << " head " << h << " already holds position " << L.positions(h)[sz - 1]
-                               << ", new tokens start at " << pos0);
-      }
+    check_step(tokens[0], pos0, cache);
     check_room(cache, tokens_held(n, opt.chunk_size));
     const int vocab = config().vocab_size;
     RowMatrix out(opt.all_logits ? n : 1, vocab);
@@ -431,6 +425,59 @@ class LlamaEngine {
     return forward(tokens, pos0, cache, opt);
   }
 
+  /// One decode step of S sequences at once: `tokens[s]` at position `positions[s]` appended to
+  /// `*caches[s]`, each sequence at its own position. The products run once over the S rows (the
+  /// step reads each weight matrix once for all), the attention per sequence on its own cache
+  /// (`forward_layer_batch`). `per_seq` (empty, or one per sequence) gives sequence s's
+  /// `observer` and `observe_from`; `opt` the threads, SIMD cap and stats (its observer, capture,
+  /// chunking and hook are not read). Row s equals `forward` of that token alone on its cache up
+  /// to the rounding of products over more rows. A sliding-window layer of a sequence without an
+  /// observer frees the slots that left its window, as `forward` does.
+  /// @return logits `[S x vocab]`, row s of sequence s
+  /// @throws Error on no sequence, sizes that differ, a cache given twice, or what `forward`
+  ///   refuses for any sequence (caches sharing a pool need their blocks together); on any error
+  ///   every cache holds what it held before
+  template <class Layer>
+  RowMatrix decode_batch(const std::vector<int>& tokens, const std::vector<std::int32_t>& positions,
+                         const std::vector<KVCache<Layer>*>& caches, const ForwardOptions& opt = ForwardOptions(),
+                         const std::vector<ForwardOptions>& per_seq = {}) const {
+    const int S = static_cast<int>(caches.size());
+    DEPTHKV_CHECK(S >= 1 && tokens.size() == caches.size() && positions.size() == caches.size() &&
+                      (per_seq.empty() || per_seq.size() == caches.size()),
+                  "decode_batch: " << caches.size() << " caches, " << tokens.size() << " tokens, " << positions.size()
+                                   << " positions and " << per_seq.size() << " observers");
+    opt.validate();
+    std::vector<const KVCache<Layer>*> held;
+    for (int s = 0; s < S; ++s) {
+      const KVCache<Layer>* cache = caches[static_cast<std::size_t>(s)];
+      DEPTHKV_CHECK(cache != nullptr, "decode_batch: sequence " << s << " has no cache");
+      for (int u = 0; u < s; ++u) DEPTHKV_CHECK(caches[static_cast<std::size_t>(u)] != cache, "decode_batch: sequences " << u << " and " << s << " share a cache");
+      check_cache(*cache);
+      check_step(tokens[static_cast<std::size_t>(s)], positions[static_cast<std::size_t>(s)], *cache);
+      held.push_back(cache);
+    }
+    check_room(held, tokens_held(1, 1));
+    RowMatrix x = embed(tokens.data(), S, opt.stats);
+    std::vector<Layer*> kvs(caches.size());
+    try {
+      for (int l = 0; l < config().n_layers; ++l) {
+        for (int s = 0; s < S; ++s) kvs[static_cast<std::size_t>(s)] = &caches[static_cast<std::size_t>(s)]->layer(l);
+        forward_layer_batch(l, x, positions, kvs, opt, per_seq);
+      }
+      x = logits(x, opt.stats, positions.front(), opt);
+      for (int s = 0; s < S; ++s) check_finite(x.row(s), positions[static_cast<std::size_t>(s)], "the logits of sequence " + std::to_string(s));
+    } catch (...) {
+      for (int s = 0; s < S; ++s) drop_from(*caches[static_cast<std::size_t>(s)], positions[static_cast<std::size_t>(s)]);
+      throw;
+    }
+    for (int s = 0; s < S; ++s)
+      if (per_seq.empty() || !per_seq[static_cast<std::size_t>(s)].observer)
+        drop_outside_window(*caches[static_cast<std::size_t>(s)], positions[static_cast<std::size_t>(s)] + 1,
+                            std::numeric_limits<std::int32_t>::min());
+    if (opt.stats) opt.stats->tokens += S;
+    return x;
+  }
+
   // ---- building blocks (used by the evaluation helpers; usable for custom pipelines) ----
 
   /// Embedding rows of `n` tokens `[n x dim]`.
@@ -490,9 +537,20 @@ class LlamaEngine {
   template <class Layer>
   void forward_layer_batch(int l, RowMatrix& x, std::int32_t pos0, const std::vector<Layer*>& kvs,
                            const ForwardOptions& opt = ForwardOptions()) const {
+    forward_layer_batch(l, x, std::vector<std::int32_t>(kvs.size(), pos0), kvs, opt);
+  }
+  /// `forward_layer_batch` with each sequence at its own positions: block s at `pos0[s]..pos0[s]+T-1`,
+  /// and (when `per_seq` is not empty, one entry per sequence) observed by `per_seq[s].observer`
+  /// from `per_seq[s].observe_from` on (only those two fields are read).
+  /// @throws Error as above, or on `pos0` or `per_seq` of another size than `kvs`
+  template <class Layer>
+  void forward_layer_batch(int l, RowMatrix& x, const std::vector<std::int32_t>& pos0, const std::vector<Layer*>& kvs,
+                           const ForwardOptions& opt, const std::vector<ForwardOptions>& per_seq = {}) const {
     static_assert(detail::IsKvScalar<typename Layer::Scalar>::value,
                   "LlamaEngine stores keys and values as float, Eigen::half or Eigen::bfloat16");
     check_batch(l, x, kvs, opt);
+    DEPTHKV_CHECK(pos0.size() == kvs.size() && (per_seq.empty() || per_seq.size() == kvs.size()),
+                  kvs.size() << " sequences with " << pos0.size() << " positions and " << per_seq.size() << " observers");
     const LlamaConfig& c = config();
     const int S = static_cast<int>(kvs.size());
     const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
@@ -501,12 +559,12 @@ class LlamaEngine {
     const int q_dim = c.n_heads * hd;
     const int kv_dim = c.n_kv_heads * hd;
     auto cap = [&](CapturePoint p, const RowMatrix& m) {
-      if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0, m);
+      if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0.front(), m);
     };
     detail::PhaseTimer timer(opt.stats, &EngineStats::other_s);
 
     cap(CapturePoint::kLayerInput, x);
-    RowMatrix xn = rmsnorm(x, w.attn_norm, pos0, l);
+    RowMatrix xn = rmsnorm(x, w.attn_norm, pos0.front(), l);
     cap(CapturePoint::kAttnInput, xn);
 
     timer.to(&EngineStats::matmul_s);
@@ -528,8 +586,9 @@ class LlamaEngine {
     try {
       for (int s = 0; s < S; ++s)
         for (int i = 0; i < T; ++i)
-          kvs[static_cast<std::size_t>(s)]->append(k.row(s * T + i).data(), v.row(s * T + i).data(), pos0 + i);
-      attend_and_mlp(l, x, q, pos0, kvs, size_before, opt, timer);
+          kvs[static_cast<std::size_t>(s)]->append(k.row(s * T + i).data(), v.row(s * T + i).data(),
+                                                   pos0[static_cast<std::size_t>(s)] + i);
+      attend_and_mlp(l, x, q, pos0, kvs, size_before, opt, per_seq, timer);
     } catch (...) {  // e.g. activations that overflow: the K/V appended above are removed again
       for (int s = 0; s < S; ++s)
         for (int h = 0; h < c.n_kv_heads; ++h)
@@ -540,6 +599,23 @@ class LlamaEngine {
   }
 
  private:
+  // A token appended at `pos0` (the first of a call) to `cache`: a valid id, and `pos0` after every
+  // position the cache holds.
+  template <class Layer>
+  void check_step(int token, std::int32_t pos0, const KVCache<Layer>& cache) const {
+    DEPTHKV_CHECK(pos0 >= 0, "pos0 must be >= 0, got " << pos0);
+    DEPTHKV_CHECK(token >= 0 && token < config().vocab_size,
+                  "token " << token << " outside [0, " << config().vocab_size << ")");
+    for (int l = 0; l < cache.n_layers(); ++l)
+      for (int h = 0; h < config().n_kv_heads; ++h) {
+        const Layer& L = cache.layer(l);
+        const int sz = L.size(h);
+        DEPTHKV_CHECK(sz == 0 || L.positions(h)[sz - 1] < pos0,
+                      "layer " << l << " head " << h << " already holds position " << L.positions(h)[sz - 1]
+                               << ", new tokens start at " << pos0);
+      }
+  }
+
   // `forward_layer_batch`'s checks of its arguments.
   template <class Layer>
   void check_batch(int l, const RowMatrix& x, const std::vector<Layer*>& kvs, const ForwardOptions& opt) const {
@@ -563,27 +639,37 @@ class LlamaEngine {
 
   // The rest of `forward_layer_batch` after its K/V were appended.
   template <class Layer>
-  void attend_and_mlp(int l, RowMatrix& x, const RowMatrix& q, std::int32_t pos0, const std::vector<Layer*>& kvs,
-                      const std::vector<std::vector<int>>& size_before, const ForwardOptions& opt,
+  void attend_and_mlp(int l, RowMatrix& x, const RowMatrix& q, const std::vector<std::int32_t>& pos0,
+                      const std::vector<Layer*>& kvs, const std::vector<std::vector<int>>& size_before,
+                      const ForwardOptions& opt, const std::vector<ForwardOptions>& per_seq,
                       detail::PhaseTimer& timer) const {
     const LlamaConfig& c = config();
     const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
     const int S = static_cast<int>(kvs.size()), N = static_cast<int>(x.rows()), T = N / S;
     const int q_dim = c.n_heads * c.head_dim;
     auto cap = [&](CapturePoint p, const RowMatrix& m) {
-      if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0, m);
+      if (opt.capture && (opt.capture_points & capture_bit(p))) opt.capture(l, p, pos0.front(), m);
     };
     timer.to(&EngineStats::attention_s);
     RowMatrix att(N, q_dim);
-    if (S == 1) {
-      attention(l, q, *kvs.front(), size_before.front(), pos0, att, opt);
-    } else {  // one sequence's rows at a time: each reads its own cache
-      RowMatrix qs(T, q_dim), as(T, q_dim);
-      for (int s = 0; s < S; ++s) {
-        qs = q.middleRows(static_cast<Eigen::Index>(s) * T, T);
-        attention(l, qs, *kvs[static_cast<std::size_t>(s)], size_before[static_cast<std::size_t>(s)], pos0, as, opt);
-        att.middleRows(static_cast<Eigen::Index>(s) * T, T) = as;
+    std::optional<ForwardOptions> seq_opt;  // sequence s's observer (`per_seq`)
+    if (!per_seq.empty()) seq_opt = opt;
+    RowMatrix qs, as;  // S > 1 only
+    for (int s = 0; s < S; ++s) {  // one sequence's rows at a time: each reads its own cache
+      const std::size_t u = static_cast<std::size_t>(s);
+      if (seq_opt) {
+        seq_opt->observer = per_seq[u].observer;
+        seq_opt->observe_from = per_seq[u].observe_from;
       }
+      const ForwardOptions& o = seq_opt ? *seq_opt : opt;
+      if (S == 1) {
+        attention(l, q, *kvs.front(), size_before.front(), pos0.front(), att, o);
+        break;
+      }
+      qs = q.middleRows(static_cast<Eigen::Index>(s) * T, T);
+      as.resize(T, q_dim);
+      attention(l, qs, *kvs[u], size_before[u], pos0[u], as, o);
+      att.middleRows(static_cast<Eigen::Index>(s) * T, T) = as;
     }
 
     timer.to(&EngineStats::matmul_s);
@@ -591,11 +677,11 @@ class LlamaEngine {
     linear(w.wo, w.wo_quant, att, o, opt);
 
     timer.to(&EngineStats::other_s);
-    if (w.attn_post_norm.size()) o = rmsnorm(o, w.attn_post_norm, pos0, l);
+    if (w.attn_post_norm.size()) o = rmsnorm(o, w.attn_post_norm, pos0.front(), l);
     cap(CapturePoint::kAttnOutput, o);
     x += o;
     cap(CapturePoint::kAttnResidual, x);
-    RowMatrix xn = rmsnorm(x, w.ffn_norm, pos0, l);
+    RowMatrix xn = rmsnorm(x, w.ffn_norm, pos0.front(), l);
 
     timer.to(&EngineStats::matmul_s);
     RowMatrix h1(N, c.hidden_dim), h3(N, c.hidden_dim);
@@ -604,11 +690,11 @@ class LlamaEngine {
     linear(w.w2, w.w2_quant, h1, o, opt);
 
     timer.to(&EngineStats::other_s);
-    if (w.ffn_post_norm.size()) o = rmsnorm(o, w.ffn_post_norm, pos0, l);
+    if (w.ffn_post_norm.size()) o = rmsnorm(o, w.ffn_post_norm, pos0.front(), l);
     cap(CapturePoint::kMlpOutput, o);
     x += o;
     for (int s = 0; s < S; ++s)
-      check_finite(x.middleRows(static_cast<Eigen::Index>(s) * T, T), pos0,
+      check_finite(x.middleRows(static_cast<Eigen::Index>(s) * T, T), pos0[static_cast<std::size_t>(s)],
                    "layer " + std::to_string(l) + ": the residual stream" +
                        (S > 1 ? " of sequence " + std::to_string(s) : std::string()));
     cap(CapturePoint::kLayerOutput, x);
@@ -670,6 +756,14 @@ class LlamaEngine {
   /// `rope_freq_factors[i]` when the model has them. Layer `layer`'s base and scale: a local
   /// layer (`LlamaConfig::is_local`) uses `rope_theta_local` and `rope_freq_scale_local`.
   void apply_rope(RowMatrix& m, int n_heads, std::int32_t pos0, int period = 0, int layer = -1) const {
+    const int p = period > 0 ? period : static_cast<int>(std::max<Eigen::Index>(1, m.rows()));
+    apply_rope(m, n_heads, std::vector<std::int32_t>(static_cast<std::size_t>((m.rows() + p - 1) / p), pos0),
+               p, layer);
+  }
+  /// `apply_rope` for blocks of `period` rows each at its own first position: row r at position
+  /// `pos0[r / period] + r % period` (several sequences, each at its own position).
+  void apply_rope(RowMatrix& m, int n_heads, const std::vector<std::int32_t>& pos0, int period,
+                  int layer) const {
     const LlamaConfig& c = config();
     const int hd = c.head_dim;
     const int half = hd / 2;
@@ -684,7 +778,8 @@ class LlamaEngine {
     }
     std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
     for (Eigen::Index r = 0; r < m.rows(); ++r) {
-      const float pos = static_cast<float>(pos0 + static_cast<std::int32_t>(period > 0 ? r % period : r));
+      const float pos = static_cast<float>(pos0[static_cast<std::size_t>(r / period)] +
+                                           static_cast<std::int32_t>(r % period));
       for (int i = 0; i < half; ++i) {
         const float val = pos * freq[static_cast<std::size_t>(i)];
         cs[static_cast<std::size_t>(i)] = std::cos(val);
@@ -734,13 +829,21 @@ class LlamaEngine {
   /// `check_room` with a count per layer (`tokens_held`).
   template <class Layer>
   static void check_room(const KVCache<Layer>& cache, const std::vector<int>& per_layer) {
-    DEPTHKV_CHECK(static_cast<int>(per_layer.size()) == cache.n_layers(),
-                  per_layer.size() << " token counts for " << cache.n_layers() << " layers");
+    check_room(std::vector<const KVCache<Layer>*>{&cache}, per_layer);
+  }
+  /// `check_room` for several caches appended at once (a batched step): caches that share a pool
+  /// need the sum of their blocks.
+  template <class Layer>
+  static void check_room(const std::vector<const KVCache<Layer>*>& caches, const std::vector<int>& per_layer) {
+    for (const KVCache<Layer>* cache : caches)
+      DEPTHKV_CHECK(static_cast<int>(per_layer.size()) == cache->n_layers(),
+                    per_layer.size() << " token counts for " << cache->n_layers() << " layers");
     if constexpr (detail::HasBlockPool<Layer>::value) {
       using Pool = std::remove_reference_t<decltype(std::declval<const Layer&>().pool())>;
       std::vector<std::pair<const Pool*, long long>> need;  // per distinct pool
-      for (int l = 0; l < cache.n_layers(); ++l) {
-        const Layer& L = cache.layer(l);
+      for (const KVCache<Layer>* cache : caches)
+      for (int l = 0; l < cache->n_layers(); ++l) {
+        const Layer& L = cache->layer(l);
         const int n = per_layer[static_cast<std::size_t>(l)];
         const int b = L.blocks_for_tokens(n);
         if (b == 0) continue;
@@ -758,16 +861,17 @@ class LlamaEngine {
                                                                   << " free; nothing was appended");
       }
     } else if constexpr (detail::HasFixedCapacity<Layer>::value) {
-      for (int l = 0; l < cache.n_layers(); ++l)
-        for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h) {
-          const Layer& L = cache.layer(l);
+      for (const KVCache<Layer>* cache : caches)
+      for (int l = 0; l < cache->n_layers(); ++l)
+        for (int h = 0; h < cache->layer(l).n_kv_heads(); ++h) {
+          const Layer& L = cache->layer(l);
           const int n = per_layer[static_cast<std::size_t>(l)];
           DEPTHKV_CHECK(static_cast<long long>(L.size(h)) + n <= L.capacity(),
                         "layer " << l << " head " << h << " holds " << L.size(h) << " of its " << L.capacity()
                                  << " slots: " << n << " more tokens do not fit; nothing was appended");
         }
     } else {
-      (void)cache;
+      (void)caches;
     }
   }
 

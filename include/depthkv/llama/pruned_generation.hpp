@@ -321,6 +321,44 @@ class PrunedGeneration {
     return logits;
   }
 
+  /// Decodes one token for each of several generations on one engine in one batched forward
+  /// (`LlamaEngine::decode_batch`: each weight matrix read once for all), each at its own
+  /// position on its own cache, then evicts each as its `step` would. Row s equals
+  /// `gens[s]->step(tokens[s])` up to the rounding of products over more rows. The generations'
+  /// `after_chunk` hooks run one after the other, after the forward.
+  /// @return logits `[S x vocab]`, row s of `gens[s]`
+  /// @throws Error on no generations, sizes that differ, a generation given twice, generations of
+  ///   different engines, one not prefilled or with a shared prefill pending, or as the engine
+  ///   (then no generation changed)
+  static RowMatrix step_batch(const std::vector<PrunedGeneration*>& gens, const std::vector<int>& tokens) {
+    DEPTHKV_CHECK(!gens.empty() && gens.size() == tokens.size(),
+                  "step_batch: " << gens.size() << " generations and " << tokens.size() << " tokens");
+    std::vector<Cache*> caches;
+    std::vector<std::int32_t> positions;
+    std::vector<ForwardOptions> per_seq(gens.size());
+    for (std::size_t s = 0; s < gens.size(); ++s) {
+      PrunedGeneration* g = gens[s];
+      DEPTHKV_CHECK(g != nullptr, "step_batch: generation " << s << " is null");
+      DEPTHKV_CHECK(&g->engine_ == &gens.front()->engine_, "step_batch: generation " << s << " runs on another engine");
+      for (std::size_t u = 0; u < s; ++u) DEPTHKV_CHECK(gens[u] != g, "step_batch: generation " << s << " is given twice");
+      DEPTHKV_CHECK(g->pos_ > 0, "step_batch: generation " << s << " has no prefilled prompt");
+      if (g->schedule_) {
+        per_seq[s].observer = g->schedule_->observer();
+        per_seq[s].observe_from = g->schedule_->observe_from();  // only the rows the next eviction scores
+      }
+      caches.push_back(&g->cache_);
+      positions.push_back(g->pos_);
+    }
+    const PrunedGeneration& first = *gens.front();
+    RowMatrix logits = first.engine_.decode_batch(tokens, positions, caches, first.run_, per_seq);
+    for (PrunedGeneration* g : gens) {
+      ++g->pos_;
+      g->report_.tokens_seen = g->pos_;
+      g->after_append(true, 1, g->pos_);
+    }
+    return logits;
+  }
+
   /// Teacher-forces `tokens` at the next positions, appending them, and returns the logits of
   /// every one `[n x vocab]` (row i predicts the token after `tokens[i]`; the engine's `forward`
   /// must honour `opt.all_logits`). A schedule evicts as `step` would, token by token: the tokens
