@@ -27,12 +27,14 @@
 // before each forward, and the engine's "pool exhausted" Error, thrown before any layer is
 // touched, counted if it is thrown anyway: the request then retries in the next step).
 //
-// Continuous batching: one step gives every active request one unit of work, round robin: a
-// prefill chunk of --chunk tokens (64; the schedule's after_chunk after each) for a request still
-// in its context, one decode token (after_decode_step after each) for a generating one. A request
-// that has generated --gen tokens releases its blocks (its layers are cleared) and the next
-// requests are admitted before the next step. Forward passes are single-threaded (the reference
-// engine runs one sequence per call: no batched matrix products).
+// Continuous batching: one step gives every active request one unit of work: a prefill chunk of
+// --chunk tokens (64; the schedule's after_chunk after each) for each request still in its context,
+// one forward per request; then one decode token for every generating request together, in one
+// batched forward (`PrunedGeneration::step_batch`: each weight matrix read once for all, each
+// request at its own position on its own cache, after_decode_step for each after it). With
+// --no-batch each generating request decodes in a forward of its own. A request that has
+// generated --gen tokens releases its blocks (its layers are cleared) and the next requests are
+// admitted before the next step. Forward passes are single-threaded.
 //
 // Modes: none (full cache); uniform and optimal (profile docs/results/stories260K.profile.json,
 // --scorer snapkv or h2o, sinks 4 + recent 16, observation window 16, kernel 7, max pooling: the
@@ -43,9 +45,12 @@
 // kept, and the same request is run again on a full host cache, teacher-forced on the generated
 // tokens: mean KL(full || pruned) over the --gen distributions, and the share of tokens whose
 // argmax the full cache would have chosen too (top-1 agreement). Not timed. Each of them is also
-// run alone, on a pool of its own with the same spec and chunks: its tokens and logits must equal
-// the served ones bit for bit (column `alone`: the requests that differ), so no request's pruning
-// or blocks leak into another's.
+// run alone, on a pool of its own with the same spec and chunks, one forward per token,
+// teacher-forced on the served tokens: every kept position must be the same and every logit
+// within 1e-4 of the row's largest |logit| of the served one (bit for bit with --no-batch, whose
+// forwards are the same; a batched product rounds differently), so no request's pruning or
+// blocks leak into another's (column `alone`: the requests that differ; `dlogit`: the largest
+// difference over all of them, relative to the row's largest |logit|).
 //
 // --mixed: request i's context is --context x (4 - i % 4) / 4 tokens (full, 3/4, 1/2, 1/4 in
 // turn; the reservation stays the longest request's).
@@ -53,7 +58,7 @@
 // Usage: serving_bench [--pool-seqs N] [--block-size N] [--requests N] [--context N] [--gen N]
 //                      [--chunk N] [--interval M] [--keep R,R,...] [--policies uniform,optimal]
 //                      [--scorer snapkv|h2o] [--quality N] [--skip N] [--reps N] [--profile FILE]
-//                      [--data DIR] [--json] [--reserve-blocks N] [--mixed] [--alone-chunk N]
+//                      [--data DIR] [--json] [--reserve-blocks N] [--mixed] [--alone-chunk N] [--no-batch]
 //                      [--model FILE [--text FILE]]
 // --model: another model (GGUF or llama2.c) instead of stories260K, with --text as one document
 // (default TinyStories); --profile is then needed by the policies other than uniform.
@@ -75,6 +80,7 @@
 #include <cstring>
 #include <deque>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -111,10 +117,15 @@ namespace {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+/// A served request equals its run alone when every logit is within this fraction of the row's
+/// largest |logit| (file comment).
+constexpr double kAloneTolerance = 1e-4;
+
 struct Settings {
   int pool_seqs = 8, block_size = 16, requests = 64, context = 384, gen = 128, chunk = 64, interval = 16;
   int quality = 16, skip = 24;
   bool mixed = false;        ///< --mixed: request i's context is --context x (4 - i % 4) / 4 tokens
+  bool batch = true;         ///< decode steps of all generating requests in one batched forward (--no-batch: one each)
   int alone_chunk = 0;       ///< the prefill chunk of the runs alone (0: --chunk; another one must make them differ)
   int reserve_override = 0;  ///< > 0: admit with this reservation instead of the computed one (--reserve-blocks)
   std::vector<double> keeps{0.3, 0.2};
@@ -152,6 +163,7 @@ struct Row {
   double kl = 0, kl_se = 0, top1 = 0;
   int quality_requests = 0;
   int alone_differ = 0;        ///< quality requests whose tokens or logits differ from the request run alone (must be 0)
+  double alone_dlogit = 0;     ///< largest |logit difference| to the runs alone, over the row's largest |logit|
   std::vector<int> final_budgets;  ///< per-layer budgets of the last eviction of request 0
 };
 
@@ -200,6 +212,22 @@ int blocks_held(const KVCache<PagedLayer<float>>& cache) {
 
 using PagedCache = KVCache<PagedLayer<float>>;
 
+/// An empty cache of the model's shape whose layers take their blocks from `pool`.
+PagedCache paged_cache(BlockPool<float>& pool, const LlamaConfig& c) {
+  PagedCache cache;
+  for (int l = 0; l < c.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool, c.n_kv_heads, c.head_dim));
+  return cache;
+}
+
+/// The positions `cache` holds, per layer and KV head (row l * heads + h).
+std::vector<std::vector<std::int32_t>> kept_positions(const PagedCache& cache) {
+  std::vector<std::vector<std::int32_t>> out;
+  for (int l = 0; l < cache.n_layers(); ++l)
+    for (int h = 0; h < cache.layer(l).n_kv_heads(); ++h)
+      out.emplace_back(cache.layer(l).positions(h), cache.layer(l).positions(h) + cache.layer(l).size(h));
+  return out;
+}
+
 /// One request in flight: the library's driver over its paged cache.
 struct Seq {
   int id = 0;
@@ -208,6 +236,7 @@ struct Seq {
   int next = 0; // the token to feed next (decoding)
   std::vector<int> generated;
   std::vector<Eigen::VectorXf> logits;  // that chose each generated token (quality requests)
+  std::vector<std::vector<std::int32_t>> kept;  // positions held at the end, per layer and KV head (quality requests)
   int peak_blocks = 0;
 };
 
@@ -264,10 +293,6 @@ class Simulation {
     curves_ = mode_curves(m, profile);
     run_.chunk_size = s.chunk;
     run_.n_threads = 1;
-    run_.after_chunk = [this](int, std::int32_t) {  // the request's peaks after each append, before its eviction
-      row_.peak_blocks = std::max(row_.peak_blocks, pool_.num_used());
-      current_->peak_blocks = std::max(current_->peak_blocks, blocks_held(current_->gen->cache()));
-    };
     for (int i = 0; i < static_cast<int>(contexts.size()); ++i) queue_.push_back(i);
   }
   Simulation(const Simulation&) = delete;
@@ -281,7 +306,9 @@ class Simulation {
  private:
   void admit();
   void step(Seq& q);
+  void decode(const std::vector<Seq*>& qs);
   bool forward(Seq& q, bool prefill, int n, RowMatrix& lg);
+  void took(Seq& q, const Eigen::Ref<const Eigen::RowVectorXf>& logits);
   void release_completed();
   long long progress() const { return row_.prefill_tokens + row_.decode_tokens; }
 
@@ -295,7 +322,6 @@ class Simulation {
   PruneSpec spec_;
   PolicyCurves curves_;
   ForwardOptions run_;
-  Seq* current_ = nullptr;  // the request being stepped
   std::deque<int> queue_;
   std::vector<std::unique_ptr<Seq>> active_;
   std::vector<std::unique_ptr<Seq>> quality_done_;
@@ -311,7 +337,12 @@ Row Simulation::run() {
     active_sum_ += static_cast<long long>(active_.size());
     ++row_.steps;
     const long long progress_before = progress();
-    for (auto& q : active_) step(*q);  // one step: a prefill chunk or a decode token for each
+    std::vector<Seq*> generating;  // one step: a prefill chunk or a decode token for each
+    for (auto& q : active_) {
+      if (q->pos < static_cast<int>(contexts_[static_cast<std::size_t>(q->id)].size()) || !s_.batch) step(*q);
+      else generating.push_back(q.get());
+    }
+    if (!generating.empty()) decode(generating);
     release_completed();
     if (progress() == progress_before) break;  // every active request short: stuck
   }
@@ -328,10 +359,13 @@ void Simulation::admit() {
     auto q = std::make_unique<Seq>();
     q->id = queue_.front();
     queue_.pop_front();
-    PagedCache cache;
-    for (int l = 0; l < c_.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool_, c_.n_kv_heads, c_.head_dim));
+    ForwardOptions run = run_;
+    run.after_chunk = [this, r = q.get()](int, std::int32_t) {  // the peaks after each append, before its eviction
+      row_.peak_blocks = std::max(row_.peak_blocks, pool_.num_used());
+      r->peak_blocks = std::max(r->peak_blocks, blocks_held(r->gen->cache()));
+    };
     q->gen = std::make_unique<PrunedGeneration<PagedCache>>(
-        engine_, std::move(cache), m_.evict ? std::optional<PruneSpec>(spec_) : std::nullopt, curves_, nullptr, run_);
+        engine_, paged_cache(pool_, c_), m_.evict ? std::optional<PruneSpec>(spec_) : std::nullopt, curves_, nullptr, run);
     reserved_ += row_.reservation;
     active_.push_back(std::move(q));
   }
@@ -352,16 +386,53 @@ void Simulation::step(Seq& q) {
   row_.schedule_s += (q.gen->report().schedule_ms - sched_before) / 1000.0;
   q.pos += n;
   (prefill ? row_.prefill_tokens : row_.decode_tokens) += n;
-  if (q.pos < context) return;  // still prefilling
-  q.next = argmax(lg.row(0));
+  if (q.pos >= context) took(q, lg.row(0));  // else still prefilling
+}
+
+/// The next token of request q from the logits of its last position.
+void Simulation::took(Seq& q, const Eigen::Ref<const Eigen::RowVectorXf>& logits) {
+  q.next = argmax(logits);
   q.generated.push_back(q.next);
-  if (q.id < s_.quality) q.logits.push_back(lg.row(0).transpose());
+  if (q.id < s_.quality) q.logits.push_back(logits.transpose());
+}
+
+/// One decode token for each of the generating requests `qs`, in one batched forward.
+void Simulation::decode(const std::vector<Seq*>& qs) {
+  int need = 0;
+  std::vector<PrunedGeneration<PagedCache>*> gens;
+  std::vector<int> tokens;
+  double sched_before = 0;
+  for (Seq* q : qs) {
+    need += blocks_for(q->gen->cache(), 1);
+    gens.push_back(q->gen.get());
+    tokens.push_back(q->next);
+    sched_before += q->gen->report().schedule_ms;
+  }
+  if (need > pool_.num_free()) {  // back-pressure: never with correct admission
+    ++row_.exhausted;
+    return;
+  }
+  RowMatrix lg;
+  try {
+    lg = PrunedGeneration<PagedCache>::step_batch(gens, tokens);
+  } catch (const Error& e) {
+    if (std::strstr(e.what(), "pool exhausted") == nullptr) throw;
+    ++row_.exhausted;
+    return;
+  }
+  double sched_after = 0;
+  for (std::size_t i = 0; i < qs.size(); ++i) {
+    sched_after += qs[i]->gen->report().schedule_ms;
+    qs[i]->pos += 1;
+    took(*qs[i], lg.row(static_cast<Eigen::Index>(i)));
+  }
+  row_.decode_tokens += static_cast<long long>(qs.size());
+  row_.schedule_s += (sched_after - sched_before) / 1000.0;
 }
 
 /// The forward pass of a step; false (counted as exhausted) when the pool ran short anyway.
 bool Simulation::forward(Seq& q, bool prefill, int n, RowMatrix& lg) {
   const std::vector<int>& ctx = contexts_[static_cast<std::size_t>(q.id)];
-  current_ = &q;
   try {
     lg = prefill ? q.gen->feed(ctx.data() + q.pos, n) : q.gen->step(q.next);
   } catch (const Error& e) {
@@ -383,6 +454,7 @@ void Simulation::release_completed() {
     row_.over_reservation += q.peak_blocks > row_.reservation ? 1 : 0;
     row_.peak_seq_blocks = std::max(row_.peak_seq_blocks, q.peak_blocks);
     if (q.id == 0 && m_.evict) row_.final_budgets = q.gen->report().prune.budgets;
+    if (q.id < s_.quality) q.kept = kept_positions(q.gen->cache());
     q.gen.reset();  // its cache's blocks go back to the pool
     reserved_ -= row_.reservation;
     ++row_.completed;
@@ -407,28 +479,31 @@ ContinuationMetrics quality_of(const LlamaEngine& engine, const std::vector<int>
   return compare_logits(ref, got, std::vector<int>(static_cast<std::size_t>(s.gen), -1));
 }
 
-/// Whether a quality request served beside the others generated what it generates alone: the same
-/// spec, curves and engine settings on a pool of its own (the same layer type), its context fed in
-/// the same chunks, then greedy steps; the tokens and every logit compared bit for bit.
-bool same_as_alone(const LlamaEngine& engine, const std::vector<int>& ctx, const Seq& q, const Settings& s,
-                   const std::optional<PruneSpec>& spec, const PolicyCurves& curves) {
+/// A quality request served beside the others against its run alone: the same spec, curves and
+/// engine settings on a pool of its own (the same layer type), its context fed in the same chunks,
+/// then one forward per step, teacher-forced on the served tokens. Returns the largest |logit
+/// difference| over the row's largest |logit| (0: bit for bit), or infinity when a kept position
+/// differs at the end.
+double alone_difference(const LlamaEngine& engine, const std::vector<int>& ctx, const Seq& q, const Settings& s,
+                        const std::optional<PruneSpec>& spec, const PolicyCurves& curves) {
   const LlamaConfig& c = engine.config();
   BlockPool<float> pool(blocks_per_seq(s, c.n_layers), s.block_size, c.n_kv_heads, c.head_dim);
-  PagedCache cache;
-  for (int l = 0; l < c.n_layers; ++l) cache.add_layer(PagedLayer<float>(pool, c.n_kv_heads, c.head_dim));
   const int chunk = s.alone_chunk > 0 ? s.alone_chunk : s.chunk;
   ForwardOptions run;
   run.chunk_size = chunk;
   run.n_threads = 1;
-  PrunedGeneration<PagedCache> g(engine, std::move(cache), spec, curves, nullptr, run);
+  PrunedGeneration<PagedCache> g(engine, paged_cache(pool, c), spec, curves, nullptr, run);
   RowMatrix lg;
   for (int p0 = 0; p0 < static_cast<int>(ctx.size()); p0 += chunk)
     lg = g.feed(ctx.data() + p0, std::min(chunk, static_cast<int>(ctx.size()) - p0));
+  double worst = 0;
   for (std::size_t i = 0; i < q.generated.size(); ++i) {
     if (i > 0) lg = g.step(q.generated[i - 1]);
-    if (argmax(lg.row(0)) != q.generated[i] || !(lg.row(0).transpose().array() == q.logits[i].array()).all()) return false;
+    const double scale = std::max(1.0, static_cast<double>(q.logits[i].cwiseAbs().maxCoeff()));
+    worst = std::max(worst, static_cast<double>((lg.row(0).transpose() - q.logits[i]).cwiseAbs().maxCoeff()) / scale);
   }
-  return true;
+  if (kept_positions(g.cache()) != q.kept) return std::numeric_limits<double>::infinity();
+  return worst;
 }
 
 /// Mean KL with its standard error, and mean top-1 agreement, into the row.
@@ -455,7 +530,9 @@ Row serve(const LlamaEngine& engine, const std::vector<std::vector<int>>& contex
   const std::optional<PruneSpec> spec = m.evict ? std::optional<PruneSpec>(prune_spec(s, m)) : std::nullopt;
   for (const auto& q : sim.quality_done()) {
     const std::vector<int>& ctx = contexts[static_cast<std::size_t>(q->id)];
-    row.alone_differ += same_as_alone(engine, ctx, *q, s, spec, mode_curves(m, profile)) ? 0 : 1;
+    const double d = alone_difference(engine, ctx, *q, s, spec, mode_curves(m, profile));
+    row.alone_differ += d <= kAloneTolerance ? 0 : 1;
+    row.alone_dlogit = std::max(row.alone_dlogit, d);
     const ContinuationMetrics cm = quality_of(engine, ctx, *q, s);
     kl.push_back(cm.loss.kl);
     top1.push_back(1.0 - cm.loss.top1_disagree);
@@ -526,6 +603,7 @@ bool parse_options(int argc, char** argv, Options& o) {
   args.option("--scorer", s.scorer).option("--quality", s.quality).option("--skip", s.skip).option("--reps", o.reps);
   args.option("--profile", o.profile_path).option("--data", o.data).flag("--json", o.json);
   args.option("--reserve-blocks", s.reserve_override).flag("--mixed", s.mixed).option("--alone-chunk", s.alone_chunk);
+  args.flag("--no-batch", s.batch, false);
   if (!args.parse(argc, argv)) return false;
   if (!settings_valid(s, o.reps)) {
     std::fprintf(stderr, "serving_bench: --pool-seqs, --block-size, --requests, --context, --gen, --chunk, --interval "
@@ -601,24 +679,26 @@ void print_header(const Options& o, const LlamaConfig& c) {
   const std::string& m = o.model_path;
   std::printf("serving_bench: %s (%d layers, %d KV heads of %d), one pool for all layers of %d x %d-token "
               "sequences, blocks of %d; %d requests of %d context + %d generated (%s windows %d..%d); "
-              "prefill chunks of %d, schedule interval %d, scorer %s, sinks %d + recent %d; quality over the "
-              "first %d requests\n",
+              "prefill chunks of %d, schedule interval %d, scorer %s, sinks %d + recent %d; decode %s; quality over "
+              "the first %d requests\n",
               m.substr(m.find_last_of('/') + 1).c_str(), c.n_layers, c.n_kv_heads, c.head_dim, s.pool_seqs,
               s.context + s.gen, s.block_size, s.requests, s.context, s.gen,
               o.text_path.empty() ? "TinyStories" : o.text_path.c_str(), s.skip, s.skip + s.requests - 1, s.chunk,
-              s.interval, s.scorer.c_str(), s.protection.n_sink, s.protection.n_recent, std::min(s.quality, s.requests));
+              s.interval, s.scorer.c_str(), s.protection.n_sink, s.protection.n_recent,
+              s.batch ? "batched (one forward for all generating requests)" : "one forward per request",
+              std::min(s.quality, s.requests));
 }
 
 /// One line of the table (after its column names, before the first line).
 void print_table_row(const Row& r, const Row& none, const Settings& s, bool first) {
   if (first)
-    std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %5s %8s %8s %7s %6s %s\n", "mode", "reserve",
+    std::printf("%-14s %7s %8s %7s %5s %6s %11s %7s %8s %7s %5s %4s %5s %8s %8s %8s %7s %6s %s\n", "mode", "reserve",
                 "req-peak", "x-none", "max", "mean", "peak-blocks", "peak-%", "tok/s", "done", "short", "over",
-                "alone", "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
-  std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %5d %8.5f %8.5f %7.4f %5.1f%% %s\n",
+                "alone", "dlogit", "KL", "+-se", "top1", "sched%", "budgets(req 0, last eviction)");
+  std::printf("%-14s %7d %8d %6.2fx %5d %6.2f %11d %6.1f%% %8.0f %3d/%-3d %5d %4d %5d %8.1e %8.5f %8.5f %7.4f %5.1f%% %s\n",
               r.mode.name().c_str(), r.reservation, r.peak_seq_blocks, concurrency_vs_none(r, none), r.max_active,
               r.mean_active, r.peak_blocks, 100.0 * r.peak_blocks / r.pool_blocks, tokens_per_s(r), r.completed,
-              s.requests, r.exhausted, r.over_reservation, r.alone_differ, r.kl, r.kl_se, r.top1,
+              s.requests, r.exhausted, r.over_reservation, r.alone_differ, r.alone_dlogit, r.kl, r.kl_se, r.top1,
               100.0 * r.schedule_s / r.wall_s,
               budgets_string(r.final_budgets).c_str());
   std::fflush(stdout);
@@ -637,7 +717,7 @@ void print_json(const std::vector<Row>& rows, const Settings& s) {
                 "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"wall_s\": %.4f, \"schedule_s\": %.4f, "
                 "\"tokens_per_s\": %.1f, "
                 "\"steps\": %d, \"completed\": %d, \"requests\": %d, \"quality_requests\": %d, \"alone_differ\": %d, "
-                "\"kl\": %.6g, "
+                "\"alone_dlogit\": %.3g, \"batched_decode\": %s, \"kl\": %.6g, "
                 "\"kl_se\": %.6g, \"top1\": %.6g, \"final_budgets\": [%s]}%s\n",
                 r.mode.name().c_str(), r.mode.evict ? to_string(r.mode.policy).c_str() : "none",
                 r.mode.evict ? s.scorer.c_str() : "none", r.mode.keep, s.interval, s.chunk, s.block_size,
@@ -645,7 +725,8 @@ void print_json(const std::vector<Row>& rows, const Settings& s) {
                 concurrency_vs_none(r, rows.front()), r.peak_blocks,
                 static_cast<double>(r.peak_blocks) / r.pool_blocks, r.peak_seq_blocks, r.over_reservation,
                 r.exhausted, r.prefill_tokens, r.decode_tokens, r.wall_s, r.schedule_s, tokens_per_s(r), r.steps,
-                r.completed, s.requests, r.quality_requests, r.alone_differ, r.kl, r.kl_se, r.top1,
+                r.completed, s.requests, r.quality_requests, r.alone_differ, r.alone_dlogit, s.batch ? "true" : "false",
+                r.kl, r.kl_se, r.top1,
                 budgets_string(r.final_budgets).c_str(), i + 1 < rows.size() ? "," : "");
   }
   std::printf("]\n");

@@ -14,6 +14,8 @@
 ///   or no spec);
 /// - `step(token)` decodes one token at the next position; a schedule evicts every
 ///   `schedule.interval` tokens;
+/// - `step_batch(gens, tokens)` decodes one token for each of several generations in one batched
+///   forward (a serving loop's decode step: the weights read once for all), each evicting as `step`;
 /// - `teacher_force(tokens)` feeds known tokens and returns every position's logits, evicting as
 ///   `step` would (what an evaluation of a continuation on the pruned cache needs);
 /// - `prefill_shared(gens, prompt, full)` then each `adopt(full)`: one forward pass of a prompt
