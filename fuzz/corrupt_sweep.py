@@ -80,7 +80,11 @@ rope.freq_base_swa), tensor infos, tensor data (an F32 NaN/inf, quant bytes), tr
 `tokenize -p` and `generate -i -n 8 -t 0 --threads 1`; the mutated file is written as its changed
 header plus the original tensor data by copy_file_range), realprofile (docs/results/smollm2 and
 gemma3 .profile.json and .best.profile.json: the profile mutations; run by allocate, and SmolLM2's
-by a pruned `generate`). 1,000 cases per kind by default (--cases N, --quick: 150).
+by a pruned `generate`), python (the Python package's API under bad input: fuzz/python_sweep.py's
+seeded cases, run by --python, the interpreter that has depthkv, torch and transformers; its
+valid controls are among its cases, its classes map to this table's: wrong and partial (an
+object or cache changed by a refused call) count as wrong answers, a case that could not be
+built as a crash). 1,000 cases per kind by default (--cases N, --quick: 150).
 Reproducers of every non-clean case (the corrupted files, cmd.sh, stdout, stderr, case.json)
 go to OUT/repro/<class>/<kind>-<index>/ (a model-sized file is not kept: cmd.sh names the
 --replay to write it again); `--replay KIND:INDEX` (KIND:cINDEX: control INDEX) regenerates one
@@ -100,7 +104,7 @@ std::bad_alloc, not as a sanitizer report).
 
 usage: corrupt_sweep.py [--bin PATH] [--data DIR] [--out DIR] [--seed N] [--kind K[,K]]
                         [--cases N | --quick] [--controls N] [--jobs J] [--timeout S]
-                        [--json FILE] [--md FILE] [--replay K:I] [--self-test]
+                        [--json FILE] [--md FILE] [--replay K:I] [--self-test] [--python PY]
 """
 import argparse
 import hashlib
@@ -120,10 +124,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 CONTROL = False  # (development) every case of every kind is a control (no corruption)
-KINDS = ["profile", "gguf", "llama2c", "tokens", "text", "cli", "realgguf", "realprofile"]
+KINDS = ["profile", "gguf", "llama2c", "tokens", "text", "cli", "realgguf", "realprofile", "python"]
 CLASSES = ["clean", "success", "crash", "hang", "wrong", "wrong-answer", "refused-valid"]
 EXPECTS = ["same", "refuse", "property", "any"]
-N_CONTROLS = {"realgguf": 8}  # control cases per kind (default 12), run in every sweep
+N_CONTROLS = {"realgguf": 8, "python": 0}  # control cases per kind (default 12), run in every sweep
 DEFAULT_CASES = {"realgguf": 1000}  # cases per kind (default 1000)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 I32_MIN, I32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -2571,6 +2575,42 @@ def self_test():
     print("self-test: every verdict as expected")
 
 
+# The python kind: fuzz/python_sweep.py's seeded cases (its valid controls are among them), run by
+# the interpreter that has the package installed; its classes and expectations in this table's terms.
+PY_CLASS = {"clean": "clean", "success": "success", "crash": "crash", "hang": "hang", "build-error": "crash",
+            "wrong": "wrong-answer", "partial": "wrong-answer", "refused-valid": "refused-valid"}
+PY_EXPECT = {"refuse": "refuse", "valid": "property", "either": "any"}
+
+
+def default_python():
+    venv = os.environ.get("DEPTHKV_VENV", "/tmp/depthkv-venv")
+    py = os.path.join(venv, "bin", "python")
+    return py if os.access(py, os.X_OK) else sys.executable
+
+
+def python_kind(python, seed, n, jobs, timeout, out):
+    """Runs n cases of python_sweep.py; returns (class counts, expectation counts, records, seconds)."""
+    res = os.path.join(out, "python_sweep.json")
+    t0 = time.time()
+    r = subprocess.run([python, os.path.join(REPO, "fuzz", "python_sweep.py"), "--seed", str(seed), "--cases", str(n),
+                        "--jobs", str(jobs), "--timeout", str(max(timeout, 60.0)), "--json", res, "--quiet"],
+                       capture_output=True, text=True)
+    if not os.path.isfile(res):
+        sys.exit("corrupt_sweep: python_sweep.py (%s) wrote no results (exit %d): %s" % (python, r.returncode,
+                                                                                        r.stderr[-2000:]))
+    with open(res) as f:
+        results = json.load(f)["results"]
+    counts, expects, records = dict.fromkeys(CLASSES, 0), dict.fromkeys(EXPECTS, 0), []
+    for x in results:
+        cls = PY_CLASS.get(x["cls"], "crash")
+        counts[cls] += 1
+        expects[PY_EXPECT.get(x.get("expect"), "any")] += 1
+        records.append(["python", str(x["index"]), "%s/%s" % (x.get("entry"), x.get("mutation")),
+                        PY_EXPECT.get(x.get("expect"), "any"), cls, None, round(x.get("ms", 0) / 1000.0, 2),
+                        str(x.get("why", ""))[:160]])
+    return counts, expects, records, time.time() - t0
+
+
 def git_info():
     def git(*a):
         try:
@@ -2631,6 +2671,9 @@ def main():
     ap.add_argument("--replay", default=None, help="KIND:INDEX (KIND:cINDEX: a control): run one case, keep its "
                                                    "folder, print the verdict")
     ap.add_argument("--self-test", action="store_true", help="check the classifier on runs of known verdicts")
+    ap.add_argument("--python", default=default_python(),
+                    help="the interpreter with the depthkv package installed, for the python kind "
+                         "(default $DEPTHKV_VENV/bin/python, /tmp/depthkv-venv, else this one)")
     a = ap.parse_args()
     if a.self_test:
         self_test()
@@ -2646,7 +2689,7 @@ def main():
         if k not in KINDS:
             sys.exit("corrupt_sweep: unknown kind %s (%s)" % (k, ", ".join(KINDS)))
     ncases = {k: 150 if a.quick else a.cases if a.cases is not None else DEFAULT_CASES.get(k, 1000) for k in kinds}
-    nctl = {k: a.controls if a.controls is not None else N_CONTROLS.get(k, 12) for k in kinds}
+    nctl = {k: 0 if k == "python" else a.controls if a.controls is not None else N_CONTROLS.get(k, 12) for k in kinds}
     os.makedirs(out, exist_ok=True)
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
@@ -2681,7 +2724,9 @@ def main():
     t_start = time.time()
     kind_secs = dict.fromkeys(kinds, 0.0)
     done = [0]
-    jobs = [(k, i, True) for k in kinds for i in range(nctl[k])] + [(k, i, False) for k in kinds for i in range(ncases[k])]
+    cli_kinds = [k for k in kinds if k != "python"]
+    jobs = [(k, i, True) for k in cli_kinds for i in range(nctl[k])] + [(k, i, False) for k in cli_kinds
+                                                                         for i in range(ncases[k])]
     total = len(jobs)
 
     def one(job):
@@ -2719,6 +2764,11 @@ def main():
 
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
         list(ex.map(one, jobs))
+    if "python" in kinds:
+        counts["python"], expects["python"], py_records, py_secs = python_kind(a.python, a.seed, ncases["python"],
+                                                                             a.jobs, a.timeout, out)
+        records += py_records
+        kind_secs["python"] = py_secs * max(1, a.jobs)
     shutil.rmtree(work, ignore_errors=True)
     secs = time.time() - t_start
     changed = file_id(exe) != exe_id
