@@ -442,20 +442,9 @@ class LlamaEngine {
                          const std::vector<KVCache<Layer>*>& caches, const ForwardOptions& opt = ForwardOptions(),
                          const std::vector<ForwardOptions>& per_seq = {}) const {
     const int S = static_cast<int>(caches.size());
-    DEPTHKV_CHECK(S >= 1 && tokens.size() == caches.size() && positions.size() == caches.size() &&
-                      (per_seq.empty() || per_seq.size() == caches.size()),
-                  "decode_batch: " << caches.size() << " caches, " << tokens.size() << " tokens, " << positions.size()
-                                   << " positions and " << per_seq.size() << " observers");
+    check_decode_batch(tokens, positions, caches, per_seq);
     opt.validate();
-    std::vector<const KVCache<Layer>*> held;
-    for (int s = 0; s < S; ++s) {
-      const KVCache<Layer>* cache = caches[static_cast<std::size_t>(s)];
-      DEPTHKV_CHECK(cache != nullptr, "decode_batch: sequence " << s << " has no cache");
-      for (int u = 0; u < s; ++u) DEPTHKV_CHECK(caches[static_cast<std::size_t>(u)] != cache, "decode_batch: sequences " << u << " and " << s << " share a cache");
-      check_cache(*cache);
-      check_step(tokens[static_cast<std::size_t>(s)], positions[static_cast<std::size_t>(s)], *cache);
-      held.push_back(cache);
-    }
+    const std::vector<const KVCache<Layer>*> held(caches.begin(), caches.end());
     check_room(held, tokens_held(1, 1));
     RowMatrix x = embed(tokens.data(), S, opt.stats);
     std::vector<Layer*> kvs(caches.size());
@@ -548,9 +537,7 @@ class LlamaEngine {
                            const ForwardOptions& opt, const std::vector<ForwardOptions>& per_seq = {}) const {
     static_assert(detail::IsKvScalar<typename Layer::Scalar>::value,
                   "LlamaEngine stores keys and values as float, Eigen::half or Eigen::bfloat16");
-    check_batch(l, x, kvs, opt);
-    DEPTHKV_CHECK(pos0.size() == kvs.size() && (per_seq.empty() || per_seq.size() == kvs.size()),
-                  kvs.size() << " sequences with " << pos0.size() << " positions and " << per_seq.size() << " observers");
+    check_batch(l, x, kvs, opt, pos0.size(), per_seq.size());
     const LlamaConfig& c = config();
     const int S = static_cast<int>(kvs.size());
     const LlamaLayerWeights& w = model_.layers[static_cast<std::size_t>(l)];
@@ -599,6 +586,23 @@ class LlamaEngine {
   }
 
  private:
+  // `decode_batch`'s checks of its arguments, before any cache is touched.
+  template <class Layer>
+  void check_decode_batch(const std::vector<int>& tokens, const std::vector<std::int32_t>& positions,
+                          const std::vector<KVCache<Layer>*>& caches, const std::vector<ForwardOptions>& per_seq) const {
+    const std::size_t S = caches.size();
+    DEPTHKV_CHECK(S >= 1 && tokens.size() == S && positions.size() == S && (per_seq.empty() || per_seq.size() == S),
+                  "decode_batch: " << S << " caches, " << tokens.size() << " tokens, " << positions.size()
+                                   << " positions and " << per_seq.size() << " observers");
+    for (std::size_t s = 0; s < S; ++s) {
+      DEPTHKV_CHECK(caches[s] != nullptr, "decode_batch: sequence " << s << " has no cache");
+      for (std::size_t u = 0; u < s; ++u)
+        DEPTHKV_CHECK(caches[u] != caches[s], "decode_batch: sequences " << u << " and " << s << " share a cache");
+      check_cache(*caches[s]);
+      check_step(tokens[s], positions[s], *caches[s]);
+    }
+  }
+
   // A token appended at `pos0` (the first of a call) to `cache`: a valid id, and `pos0` after every
   // position the cache holds.
   template <class Layer>
@@ -618,9 +622,12 @@ class LlamaEngine {
 
   // `forward_layer_batch`'s checks of its arguments.
   template <class Layer>
-  void check_batch(int l, const RowMatrix& x, const std::vector<Layer*>& kvs, const ForwardOptions& opt) const {
+  void check_batch(int l, const RowMatrix& x, const std::vector<Layer*>& kvs, const ForwardOptions& opt,
+                   std::size_t n_pos0, std::size_t n_per_seq) const {
     const LlamaConfig& c = config();
     const int S = static_cast<int>(kvs.size());
+    DEPTHKV_CHECK(n_pos0 == kvs.size() && (n_per_seq == 0 || n_per_seq == kvs.size()),
+                  kvs.size() << " sequences with " << n_pos0 << " positions and " << n_per_seq << " observers");
     DEPTHKV_CHECK(l >= 0 && l < c.n_layers, "layer " << l << " outside [0, " << c.n_layers << ")");
     DEPTHKV_CHECK(x.cols() == c.dim, "activations have " << x.cols() << " columns, model dim is " << c.dim);
     DEPTHKV_CHECK(S >= 1 && x.rows() % S == 0,
