@@ -27,7 +27,7 @@ from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 import depthkv
 
-__all__ = ["first_row", "attention_rows", "own_scores"]
+__all__ = ["first_row", "attention_rows", "own_scores", "held_scores"]
 
 #: elements of one chunk of attention rows (rows x heads x keys)
 _CHUNK_ELEMENTS = 1 << 24
@@ -89,3 +89,16 @@ def own_scores(name: str, settings: dict, module, hidden_states: torch.Tensor, k
         v = values[b].detach().float().cpu() if need_values else None
         out.append(torch.from_numpy(sc.scores(n, keys=k, values=v, wo=wo)))
     return torch.stack(out)
+
+
+def held_scores(name: str, settings: dict, module, hidden_states: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor, position_embeddings) -> torch.Tensor:
+    """:func:`own_scores` over a layer's held tokens after an n-token prefill: ``keys`` and ``values``
+    hold the last h of the n positions (h < n: a sliding-window layer, module docstring), whose
+    hidden states and position embeddings are taken; float32 [batch, n_kv, h] (CPU). The one
+    scoring path of :class:`depthkv.kvpress.DepthKVPress` and :func:`depthkv.hf.profile`."""
+    n, h = hidden_states.shape[1], keys.shape[2]
+    if h < n:
+        hidden_states = hidden_states[:, n - h:]
+        position_embeddings = tuple(x[:, n - h:] for x in position_embeddings)
+    return own_scores(name, settings, module, hidden_states, keys, values, position_embeddings)

@@ -8,11 +8,13 @@ library, the CLI and :class:`depthkv.kvpress.DepthKVPress` read.
 
 Protocol (``depthkv profile``, include/depthkv/llama/eval.hpp). A window is a context (``context``
 tokens, default 384) and a continuation (``continuation``, default 128). The full run prefills the
-context with eager attention; as each layer runs, its :class:`depthkv.TokenScorer` observes the
-layer's attention probabilities of the context (the weights ``output_attentions=True`` returns,
-taken by a hook on the attention module, so that only one layer's probabilities exist at a time;
-SnapKV: the last ``window`` query positions; TOVA: the last one) and scores the context's slots
-per KV head. The continuation is then teacher-forced on the full cache (positions n, n+1, ...). For each
+context; as each layer runs, a hook on its attention module scores the layer's held context slots
+per KV head by the path :class:`depthkv.kvpress.DepthKVPress` scores them (depthkv._scoring: the
+layer's attention rows recomputed from its input and keys, fed to a :class:`depthkv.TokenScorer`;
+SnapKV: the last ``window`` query positions; TOVA: the last one; a sliding-window layer: over its
+held tokens), so only one layer's rows exist at a time and the profile measures the selection the
+press makes (needs kvpress, whose query projection helper it uses). The continuation is then
+teacher-forced on the full cache (positions n, n+1, ...). For each
 layer l and keep ratio r, only layer l's context cache is pruned, physically: each KV head keeps
 ``k = depthkv.keep_tokens(r, n, protection)`` slots chosen by :func:`depthkv.select_keep` (the
 library's ranking: the first n_sink and last n_recent always, then the best scores, ties to the
@@ -68,7 +70,7 @@ from transformers.cache_utils import DynamicLayer
 import depthkv
 from depthkv import Error, _core
 from depthkv._attention import WRAPPED, install_attention
-from depthkv._layers import STATE, decoder_layers as _layers, held, layer_window, layer_windows, prune_layer, usable
+from depthkv._layers import STATE, decoder_layers as _layers, layer_window, layer_windows, prune_layer, usable
 
 __all__ = ["profile", "evaluate", "make_press", "PressMaker", "eval_table", "KVPRESS_NAMES", "Window",
            "windows_from_texts", "load_windows", "model_identity", "check_profile_model", "layer_windows",
@@ -298,32 +300,27 @@ class _FullRun:
         self.ref = _Reference(logits, self.targets)
         self.nll = self.ref.nll
 
-    def _prefill(self, model, ids: torch.Tensor, s: _Settings) -> List[Dict[str, depthkv.TokenScorer]]:
-        """Prefills the context with eager attention; a hook on every attention module feeds that
-        layer's probabilities to its scorers as the layer runs (no layer's probabilities are kept)."""
-        cfg = model.config
-        scorers = [{x: depthkv.TokenScorer(x, cfg.num_attention_heads, cfg.num_key_value_heads, window=s.window,
-                                           kernel=s.kernel, pooling=s.pooling, output_aware=s.output_aware)
-                    for x in s.scorers} for _ in _layers(model)]
-        need = any(x not in depthkv.KEY_SCORERS for x in s.scorers)
+    def _prefill(self, model, ids: torch.Tensor, s: _Settings) -> List[Dict[str, np.ndarray]]:
+        """Prefills the context; a hook on every attention module scores that layer's held slots as
+        the layer runs (depthkv._scoring.held_scores, DepthKVPress's scoring path): per layer, per
+        scorer, float32 [n_kv_heads, held]."""
+        from depthkv._scoring import held_scores  # needs kvpress (its query projection helper)
+
+        own = {"window": s.window, "kernel": s.kernel, "pooling": s.pooling, "output_aware": s.output_aware}
+        scores: List[Dict[str, np.ndarray]] = [{} for _ in _layers(model)]
 
         def feed(layer: int):
-            def hook(module, args, out):
-                probs = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-                if probs is None:
-                    raise Error(f"depthkv.hf.profile: layer {layer}'s attention returned no probabilities "
-                                "(the prefill needs eager attention)")
-                for x, sc in scorers[layer].items():
-                    if x not in depthkv.KEY_SCORERS:
-                        first = {"snapkv": max(0, self.n - s.window), "snapkv-keydiff": max(0, self.n - s.window),
-                                 "tova": self.n - 1}.get(x, 0)
-                        sc.observe(probs[0, :, first:, :].detach().float().cpu(), q_pos0=first)
+            def hook(module, args, kwargs, out):
+                hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+                lay = kwargs["past_key_values"].layers[layer]
+                w = layer_window(module)
+                keys, values = usable(lay.keys, self.n, w), usable(lay.values, self.n, w)
+                for x in s.scorers:
+                    scores[layer][x] = held_scores(x, own, module, hs, keys, values,
+                                                   kwargs["position_embeddings"])[0].numpy()
             return hook
 
-        impl = cfg._attn_implementation
-        hooks = [layer.self_attn.register_forward_hook(feed(i)) for i, layer in enumerate(_layers(model))] if need else []
-        if need and impl != "eager":
-            model.set_attn_implementation("eager")
+        hooks = [layer.self_attn.register_forward_hook(feed(i), with_kwargs=True) for i, layer in enumerate(_layers(model))]
         try:
             cache = DynamicCache()
             with torch.no_grad():
@@ -331,11 +328,9 @@ class _FullRun:
         finally:
             for h in hooks:
                 h.remove()
-            if model.config._attn_implementation != impl:
-                model.set_attn_implementation(impl)
         self.keys = [layer.keys for layer in cache.layers]
         self.values = [layer.values for layer in cache.layers]
-        return scorers
+        return scores
 
     def continuation(self, keys, values, first: int = 0) -> torch.Tensor:
         """The continuation's logits [Tc, vocab] (float32, CPU) on a cache of the given layers;
@@ -359,15 +354,10 @@ class _FullRun:
         return self.ref.metrics(logits)
 
 
-def _layer_scores(model, run: _FullRun, s: _Settings, scorer: str, layer: int) -> np.ndarray:
+def _layer_scores(run: _FullRun, scorer: str, layer: int) -> np.ndarray:
     """float32 [n_kv_heads, held]: the scorer's scores of layer ``layer``'s held context slots (the
-    last ``held(n, window)``: every slot for a full-attention layer)."""
-    keys = run.keys[layer][0].float().cpu() if scorer in depthkv.KEY_READERS else None
-    values = run.values[layer][0].float().cpu() if scorer in ("h2o-v1", "h2o-v2") or s.output_aware else None
-    wo = _layers(model)[layer].self_attn.o_proj.weight.detach().float().cpu() if s.output_aware else None
-    scores = run.scorers[layer][scorer].scores(run.n, keys=keys, values=values, wo=wo)
-    h = held(run.n, layer_window(_layers(model)[layer].self_attn))
-    return np.ascontiguousarray(scores[:, run.n - h:])
+    last ``held(n, window)``: every slot for a full-attention layer), taken at the prefill."""
+    return np.ascontiguousarray(run.scorers[layer][scorer])
 
 
 def _pruned_run(model, run: _FullRun, s: _Settings, scores: np.ndarray, layer: int, budgets: List[int],
@@ -487,7 +477,7 @@ def _measure(model, windows: List[Window], s: _Settings, progress) -> Tuple[dict
             run = _FullRun(model, win, s)
             for x in s.scorers:
                 for layer in range(L):
-                    sc = _layer_scores(model, run, s, x, layer)
+                    sc = _layer_scores(run, x, layer)
                     for k, m in enumerate(_layer_runs(model, run, s, sc, layer, s.reuse)):
                         layer_m[x][:, layer, k, w] = m
                     bar.step(R, x)

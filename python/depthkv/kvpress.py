@@ -101,7 +101,7 @@ import depthkv
 from depthkv import Error
 from depthkv._attention import WRAPPED, install_attention, layer_mask  # noqa: F401
 from depthkv._layers import STATE, decoder_layers, held, layer_window, layer_windows, prune_layer, usable
-from depthkv._scoring import own_scores
+from depthkv._scoring import held_scores
 from depthkv.hf import check_profile_model, profile_windows, with_windows
 
 __all__ = ["DepthKVPress", "install_attention"]
@@ -323,16 +323,16 @@ class DepthKVPress(BasePress):
         self._report[layer] = {"layer": layer, "length": h, "context": n, "window": window or 0, "budgets": ks,
                                "physical": physical, "masked": sum(physical - k for k in ks)}
         scores = None
-        if min(ks) < h:
+        if min(ks) < h and self.own is not None:
+            scores = held_scores(self.press, self.own, module, hidden_states, keys, values, kwargs["position_embeddings"])
+        elif min(ks) < h:  # a kvpress press; a sliding-window layer: its held tokens are the last h
             hs, kw, att = hidden_states, kwargs, attentions
-            if h < n:  # a sliding-window layer: its held tokens are the last h
+            if h < n:
                 hs = hidden_states[:, n - h:]
                 kw = dict(kwargs, position_embeddings=tuple(x[:, n - h:] for x in kwargs["position_embeddings"]))
                 att = None if attentions is None else attentions[..., n - h:, n - h:]
-            if self.own is not None:
-                scores = own_scores(self.press, self.own, module, hs, keys, values, kw["position_embeddings"])
-            else:
-                scores = self.press.score(module, hs, keys, values, att, kw)
+            scores = self.press.score(module, hs, keys, values, att, kw)
+        if scores is not None:
             self.scores[layer] = scores.detach().float().cpu()
         keys, values, idx = prune_layer(module, keys, values, n, ks, scores, self.select_protection)
         self.kept[layer] = idx + (n - h)

@@ -163,3 +163,21 @@ def test_the_profile_drives_depthkv_press(hf_run, model, cli_run):
         model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
     budgets = depthkv.allocate(prof, keep=0.2, scorer="snapkv", lengths=len(ctx)).budgets.tolist()
     assert [layer.keys.shape[2] for layer in cache.layers] == budgets
+
+
+def test_the_profile_scores_as_the_press_scores(hf_run, model, cli_run):
+    """hf.profile and DepthKVPress share one scoring path (depthkv._scoring.held_scores): the scores
+    hf.profile's full run ranks a layer's slots by are the press's at the same prefill."""
+    from depthkv.kvpress import DepthKVPress
+    from transformers import DynamicCache
+    win = depthkv.hf.load_windows(cli_run[0])[0][0]
+    press = DepthKVPress(hf_run[0], keep=0.2, policy="uniform", press="snapkv")  # depthkv's own SnapKV
+    with torch.no_grad(), press(model):
+        model.model(input_ids=torch.tensor([win.context]), past_key_values=DynamicCache())
+    s = depthkv.hf._settings(model, "snapkv", RATIOS, depthkv.DEFAULT_PROTECTION, depthkv.DEFAULT_OBS_WINDOW,
+                             depthkv.DEFAULT_KERNEL, "max", False, False, True, "kl")
+    run = depthkv.hf._FullRun(model, win, s)
+    n_layers = len(run.keys)
+    assert sorted(press.scores) == list(range(n_layers))
+    for layer in range(n_layers):
+        assert np.array_equal(depthkv.hf._layer_scores(run, "snapkv", layer), press.scores[layer][0].numpy())
