@@ -60,7 +60,7 @@ def write_dat(runs, modes, path):
             f.write("\n\n")
 
 
-def write_gp(modes, dat, out, terminal, title, window):
+def write_gp(modes, contexts, dat, out, terminal, title, window):
     ext = "png" if terminal.startswith("png") else "svg"
     size = "1800,560" if ext == "png" else "1500,480"
     lines = [
@@ -68,8 +68,8 @@ def write_gp(modes, dat, out, terminal, title, window):
         'set output "%s.%s"' % (out, ext),
         'set multiplot layout 1,3 title "%s"' % title,
         "set logscale x 2",
-        "set xrange [1700:40000]",
-        "set xtics (2048, 4096, 8192, 16384, 32768)",
+        "set xrange [%d:%d]" % (min(contexts) * 0.83, max(contexts) * 1.22),  # the runs' contexts
+        "set xtics (%s)" % ", ".join(str(c) for c in contexts),
         'set xlabel "context tokens"',
         "set key below horizontal",  # under each panel: never over the data
         "set grid",
@@ -125,7 +125,8 @@ def main():
     modes = sorted({m for (m, _) in runs}, key=order)
     dat = a.out + ".dat"
     write_dat(runs, modes, dat)
-    image = write_gp(modes, dat, a.out, a.terminal, a.title, a.window)
+    contexts = sorted({c for (_, c) in runs})
+    image = write_gp(modes, contexts, dat, a.out, a.terminal, a.title, a.window)
     print(table(runs))
     if shutil.which("gnuplot"):
         subprocess.run(["gnuplot", a.out + ".gp"], check=True)
