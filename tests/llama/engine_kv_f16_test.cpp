@@ -10,10 +10,13 @@
 #include "depthkv/evictor.hpp"
 #include "depthkv/llama/engine.hpp"
 #include "depthkv/metrics.hpp"
+#include "depthkv/simd_level.hpp"
 #include "support/random_model.hpp"
+#include "support/skip.hpp"
 
 namespace {
 
+using depthkv::llama::ForwardOptions;
 using depthkv::llama::HostCache;
 using depthkv::llama::HostCacheF16;
 using depthkv::llama::LlamaEngine;
@@ -101,3 +104,45 @@ TEST_CASE("engine F16 KV: kv type names parse both ways and reject others", "[en
 }
 
 }  // namespace
+
+TEST_CASE("engine F16 KV: a decode step's observed probabilities from the F16 keys in registers equal the float path's",
+          "[engine][kv-f16][observer]") {
+  if (depthkv::cpu_simd_level() < 2) depthkv_test::skip("no AVX2/F16C/FMA on this CPU (SIMD level 2)");
+  for (const bool gemma : {false, true}) {  // gemma: sliding-window layers (a window begin per row)
+    CAPTURE(gemma);
+    depthkv_test::RandomSpec spec;
+    spec.gemma3 = gemma;
+    const depthkv::llama::LlamaModel model = depthkv_test::random_model(spec);
+    const LlamaEngine engine(model);
+    HostCacheF16 cache = engine.make_cache<Eigen::half>();
+    ForwardOptions prefill;
+    prefill.observer = [](int, int, std::int32_t, int, const float*, int, int) {};  // keep every slot
+    engine.prefill(f16_tokens(40), 0, cache, prefill);
+    // the same step at SIMD level 2 (DecodeTile over the F16 rows) and level 1 (a float copy, Eigen)
+    std::vector<std::vector<float>> rows[2];
+    for (int level : {2, 1}) {
+      HostCacheF16 c = cache;
+      ForwardOptions o;
+      o.max_simd_level = level;
+      auto& out = rows[level - 1];
+      o.observer = [&out](int, int, std::int32_t p0, int nq, const float* p, int ld, int n) {
+        REQUIRE((p0 == 40 && nq == 1 && ld == n));
+        out.emplace_back(p, p + n);
+      };
+      const int t = 9;
+      engine.forward(&t, 1, 40, c, o);
+    }
+    REQUIRE(rows[0].size() == static_cast<std::size_t>(spec.layers * spec.heads));
+    REQUIRE(rows[0].size() == rows[1].size());
+    double worst = 0.0, mass = 0.0;
+    for (std::size_t i = 0; i < rows[0].size(); ++i) {
+      REQUIRE(rows[0][i].size() == rows[1][i].size());
+      for (std::size_t j = 0; j < rows[0][i].size(); ++j) {
+        worst = std::max(worst, static_cast<double>(std::fabs(rows[0][i][j] - rows[1][i][j])));
+        mass += rows[1][i][j];
+      }
+    }
+    CHECK(worst < 1e-6);
+    CHECK(mass == Approx(static_cast<double>(rows[0].size())).epsilon(1e-5));  // every row sums to 1
+  }
+}

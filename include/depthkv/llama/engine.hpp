@@ -1212,6 +1212,7 @@ class LlamaEngine {
     const int first = static_cast<int>(std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.observe_from) - pos0, 0, T));
     if (first == T) return;
     const int G = c.n_heads / c.n_kv_heads;
+    if (observe_decode_f16(l, q, heads, pos0, opt, T)) return;
     int max_n = 0;
     for (const auto& h : heads) max_n = std::max(max_n, h.n);
     const std::size_t per_head = static_cast<std::size_t>(T - first) * static_cast<std::size_t>(max_n) * sizeof(float);
@@ -1236,6 +1237,42 @@ class LlamaEngine {
         opt.observer(l, b0 + i, pos0 + first, T - first, p.data(), n, n);
       }
     }
+  }
+
+  /// `observe` for one decode row on F16 keys from SIMD level 2 (head size a multiple of 8): each KV
+  /// head's G query heads scored together over its F16 keys in registers (`detail::DecodeTile`: no
+  /// float copy of the keys), then scaled, windowed and normalized as `head_probabilities`; the same
+  /// probabilities up to float rounding. Returns false (nothing observed) elsewhere.
+  template <class Scalar>
+  bool observe_decode_f16(int l, const RowMatrix& q, const std::vector<detail::FlashHead<Scalar>>& heads,
+                          std::int32_t pos0, const ForwardOptions& opt, int T) const {
+#if defined(DEPTHKV_AVX2_DISPATCH)
+    if constexpr (std::is_same<Scalar, Eigen::half>::value) {
+      const LlamaConfig& c = config();
+      const int G = c.n_heads / c.n_kv_heads, hd = c.head_dim;
+      if (T != 1 || hd % 8 != 0 || G > detail::kFlashDecodeVectors ||
+          depthkv::detail::simd_level(opt.max_simd_level) < 2)
+        return false;
+      const float scale = detail::FlashShape{1, 1, 1, hd, c.attention_scale}.score_scale();
+      RowMatrix p;
+      for (int kv = 0; kv < c.n_kv_heads; ++kv) {
+        const auto& h = heads[static_cast<std::size_t>(kv)];
+        p.resize(G, h.n);
+        detail::DecodeTile::scores(q.data() + static_cast<std::ptrdiff_t>(kv) * G * hd, G, hd, h.k, h.ld, h.n, p.data());
+        const int b = h.vis_begin ? h.vis_begin[0] : 0;
+        for (int g = 0; g < G; ++g) {
+          float* row = p.row(g).data();
+          std::fill(row, row + b, 0.0f);
+          Eigen::Map<Eigen::ArrayXf>(row + b, h.n - b) *= scale;
+          softmax_prefix(row + b, h.n - b);
+          opt.observer(l, kv * G + g, pos0, 1, row, h.n, h.n);
+        }
+      }
+      return true;
+    }
+#endif
+    (void)l, (void)q, (void)heads, (void)pos0, (void)opt, (void)T;
+    return false;
   }
 
   /// A KV head's keys as float rows `[n x head_dim]` (`detail::flash_tile`).
