@@ -78,7 +78,7 @@ def load_profile(path: PathLike) -> Profile:
 
     :raises Error: naming the file and what is wrong (missing, invalid JSON, schema errors)
     """
-    return _core.load_profile(os.fspath(path))
+    return _core.load_profile(_path(path, "load_profile: path"))
 
 
 def save_profile(profile: Profile, path: PathLike) -> None:
@@ -86,7 +86,7 @@ def save_profile(profile: Profile, path: PathLike) -> None:
 
     :raises Error: when the file cannot be written
     """
-    _core.save_profile(profile, os.fspath(path))
+    _core.save_profile(_profile_arg(profile, "save_profile"), _path(path, "save_profile: path"))
 
 
 class Allocation:
@@ -181,7 +181,7 @@ def _budget(keep: Optional[float], total_tokens: Optional[int]) -> Tuple[Optiona
     if total_tokens is not None:
         total_tokens = _int64(total_tokens, "total_tokens must be an integer, got {value!r}",
                               "total_tokens {value} is out of range")
-    return (None if keep is None else float(keep)), total_tokens
+    return (None if keep is None else _number(keep, "keep")), total_tokens
 
 
 def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Optional[int] = None,
@@ -210,7 +210,7 @@ def allocate(profile: Profile, keep: Optional[float] = None, *, total_tokens: Op
     keep, total_tokens = _budget(keep, total_tokens)
     n_sink, n_recent = _protection(protection)
     _profile_arg(profile, "allocate")
-    d = _core.allocate(profile, str(policy), scorer or "", keep, total_tokens, _lengths(lengths, profile.n_layers),
+    d = _core.allocate(profile, _text(policy, "allocate: policy"), _text(scorer or "", "allocate: scorer"), keep, total_tokens, _lengths(lengths, profile.n_layers),
                        n_sink, n_recent, _int32(obs_window, "allocate: obs_window"),
                        _int32(min_tokens, "allocate: min_tokens"), _int32(tiers, "allocate: tiers"))
     return Allocation(d, keep, total_tokens)
@@ -238,9 +238,11 @@ def preset(name: str, profile: Profile, keep: Optional[float] = None, *, total_t
     keep, total_tokens = _budget(keep, total_tokens)
     n_sink, n_recent = _protection(protection)
     _profile_arg(profile, "preset")
-    spec, predicted = _core.preset(str(name), profile, keep, total_tokens, _lengths(lengths, profile.n_layers),
-                                   n_sink, n_recent, int(obs_window), int(kernel), int(min_tokens),
-                                   None if lookahead is None else int(lookahead))
+    spec, predicted = _core.preset(_text(name, "preset: name"), profile, keep, total_tokens,
+                                   _lengths(lengths, profile.n_layers), n_sink, n_recent,
+                                   _int32(obs_window, "preset: obs_window"), _int32(kernel, "preset: kernel"),
+                                   _int32(min_tokens, "preset: min_tokens"),
+                                   None if lookahead is None else _int32(lookahead, "preset: lookahead"))
     out = Spec(spec)
     out.predicted = dict(predicted)
     return out
@@ -286,7 +288,7 @@ def keep_tokens(ratio: float, n: int, protection: Sequence[int] = DEFAULT_PROTEC
     :raises Error: on a negative or NaN ratio, or n < 0
     """
     n_sink, n_recent = _protection(protection)
-    return _core.keep_tokens(float(ratio), int(n), n_sink, n_recent)
+    return _core.keep_tokens(_number(ratio, "keep_tokens: ratio"), _int32(n, "keep_tokens: n"), n_sink, n_recent)
 
 
 def _host_array(x, what: str, where: str = "TokenScorer"):
@@ -294,6 +296,10 @@ def _host_array(x, what: str, where: str = "TokenScorer"):
     the CPU refused."""
     if isinstance(x, (list, tuple)):
         raise Error(f"{where}: {what} must be an array (numpy.asarray({what}, dtype=numpy.float32)), not a list")
+    if not (isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "__dlpack__")):
+        raise Error(f"{where}: {what} must be an array (numpy, or a torch tensor), got {type(x).__name__}")
+    if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind not in "biuf":
+        raise Error(f"{where}: {what} must hold numbers (float32, float16, bfloat16 or int32), got dtype {x.dtype}")
     device = getattr(getattr(x, "device", None), "type", "cpu")
     if device != "cpu":
         raise Error(f"{where}: {what} must be in host (CPU) memory, got a tensor on device {device!r} (.cpu() first)")
@@ -306,6 +312,30 @@ def _int32(value, what: str) -> int:
     if not -2**31 <= v < 2**31:
         raise Error(f"{what} {v} is out of range (at most {2**31 - 1})")
     return v
+
+
+def _number(value, what: str) -> float:
+    """``value`` as a float (a real number or a numeric string, as ``float()`` takes it); else an
+    Error naming ``what``."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise Error(f"{what} must be a number, got {value!r}") from None
+
+
+def _text(value, what: str) -> str:
+    """``value`` if it is a str; else an Error naming ``what``."""
+    if not isinstance(value, str):
+        raise Error(f"{what} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _path(value, what: str) -> str:
+    """``value`` as a file path (a str or an os.PathLike); else an Error naming ``what``."""
+    try:
+        return os.fspath(value)
+    except TypeError:
+        raise Error(f"{what} must be a file path (str or os.PathLike), got {type(value).__name__}") from None
 
 
 class TokenScorer:
@@ -397,9 +427,9 @@ class TokenScorer:
         if n is None and (keys is not None or values is not None):
             n = int((keys if keys is not None else values).shape[1])
         if n is not None and np.ndim(n) > 0:
-            n = [int(x) for x in np.ravel(n)]
+            n = [_int32(x, "TokenScorer.scores: n") for x in np.ravel(n)]
         elif n is not None:
-            n = int(n)
+            n = _int32(n, "TokenScorer.scores: n")
         kv = [None if a is None else _host_array(a, name) for a, name in ((keys, "keys"), (values, "values"), (wo, "wo"))]
         return self._s.scores(n, *kv)
 
@@ -517,8 +547,9 @@ class Engine:
                  chunk: int = 1024, tokenizer: Optional[PathLike] = None):
         if not hasattr(_core, "Engine"):
             raise Error("Engine: this build of depthkv has no engine (it was built without PCRE2, libpcre2-dev)")
-        self._e = _core.Engine(os.fspath(path), int(n_threads or 0), str(kv_type), int(chunk),
-                               "" if tokenizer is None else os.fspath(tokenizer))
+        self._e = _core.Engine(_path(path, "Engine: path"), _int32(n_threads or 0, "Engine: n_threads"),
+                               _text(kv_type, "Engine: kv_type"), _int32(chunk, "Engine: chunk"),
+                               "" if tokenizer is None else _path(tokenizer, "Engine: tokenizer"))
 
     path = property(lambda self: self._e.path, doc="the model file")
     format = property(lambda self: self._e.format, doc='"gguf" or "llama2.c"')
