@@ -32,6 +32,8 @@
 
 namespace depthkv {
 
+class ThreadPool;  // thread_pool.hpp
+
 /// The most threads `CpuOptions::n_threads` accepts: far more than any machine's cores, and far
 /// below what makes libgomp overflow a stack or run out of memory (100,000 and 2^31-1 did).
 inline constexpr int kMaxCpuThreads = 1024;
@@ -40,6 +42,9 @@ inline constexpr int kMaxCpuThreads = 1024;
 struct CpuOptions {
   int n_threads = 0;       ///< 0 = all cores, 1 = the calling thread, n > 1 = up to n threads
   int max_simd_level = 3;  ///< 0 scalar, 1 SSE2, 2 AVX2, 3 AVX-512 VNNI (at most what the CPU has)
+  /// Workers kept between calls for the call's parallel loops (thread_pool.hpp; where a part
+  /// takes one, its documentation says so); nullptr: an OpenMP team per loop.
+  ThreadPool* pool = nullptr;
 
   /// @throws Error when n_threads is outside [0, kMaxCpuThreads] or max_simd_level outside [0, 3]
   void validate() const {

@@ -62,10 +62,11 @@ struct FlashCase {
     }
     return hs;
   }
-  RowMatrix run(int threads) const {
+  RowMatrix run(int threads, depthkv::ThreadPool* pool = nullptr) const {
     RowMatrix out(shape.T, q.cols());
     const auto hs = heads(kv);
-    depthkv::llama::detail::flash_attention(hs.data(), shape, q.data(), q.cols(), out.data(), out.cols(), threads);
+    depthkv::llama::detail::flash_attention(hs.data(), shape, q.data(), q.cols(), out.data(), out.cols(), threads,
+                                            depthkv::cpu_simd_level(), pool);
     return out;
   }
   // softmax(q k^T / sqrt(hd)) v in double, row by row
@@ -117,13 +118,15 @@ TEST_CASE("flash attention equals the naive softmax attention within 1e-5", "[fl
   }
 }
 
-TEST_CASE("flash attention gives the same bytes on every thread count", "[flash]") {
+TEST_CASE("flash attention gives the same bytes on every thread count, OpenMP or a ThreadPool", "[flash]") {
+  depthkv::ThreadPool pool;
   for (const auto& sh : {std::vector<int>{1, 14, 2, 64, 3000}, std::vector<int>{150, 8, 2, 32, 400}}) {
     const FlashCase c(sh[0], sh[1], sh[2], sh[3], sh[4], 9);
     const RowMatrix one = c.run(1);
     for (int threads : {2, 3, 8}) {
       CAPTURE(threads);
       CHECK((c.run(threads).array() == one.array()).all());
+      CHECK((c.run(threads, &pool).array() == one.array()).all());
     }
   }
 }

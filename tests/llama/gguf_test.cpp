@@ -1268,6 +1268,18 @@ TEST_CASE("gguf: the quantized engine's logits match its dequantized float32 twi
     CHECK(scale > 0.1f);
     CHECK(diff <= bound * scale);
     CHECK(diff > 0.0f);
+    // 2 threads (the FFN's gate and up products reach kParallelGemvWork: the engine's ThreadPool)
+    // give the bytes of 1
+    auto c1 = qe.make_cache(), c2 = qe.make_cache();
+    depthkv::llama::ForwardOptions one, two;
+    one.n_threads = 1;
+    two.n_threads = 2;
+    REQUIRE(max_abs_diff(qe.prefill(prompt, 0, c1, one), qe.prefill(prompt, 0, c2, two)) == 0.0f);
+    for (int i = 12; i < 20; ++i) {
+      const Eigen::VectorXf d1 = qe.decode(tokens[static_cast<std::size_t>(i)], i, c1, nullptr, depthkv::CpuOptions{1, 3});
+      const Eigen::VectorXf d2 = qe.decode(tokens[static_cast<std::size_t>(i)], i, c2, nullptr, depthkv::CpuOptions{2, 3});
+      REQUIRE(std::memcmp(d1.data(), d2.data(), sizeof(float) * static_cast<std::size_t>(d1.size())) == 0);
+    }
   }
 }
 

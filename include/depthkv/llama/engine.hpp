@@ -48,6 +48,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -67,6 +68,7 @@
 #include "depthkv/llama/model.hpp"
 #include "depthkv/llama/quant/dequantize.hpp"
 #include "depthkv/llama/quant/products.hpp"
+#include "depthkv/thread_pool.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -219,8 +221,10 @@ struct HasFixedCapacity<L, std::void_t<decltype(std::declval<const L&>().capacit
 }  // namespace detail
 
 /// Options of one forward call (prefill, teacher forcing, decode). A ForwardOptions is a
-/// `CpuOptions`: `n_threads` (OpenMP threads of this call's products and attention heads, by
-/// `num_threads` clauses: 0 = all cores, 1 = the calling thread, no thread team; products below
+/// `CpuOptions`: `n_threads` (threads of this call's products and attention heads: 0 = all cores,
+/// 1 = the calling thread; the quantized products and the attention run on `pool`, or the
+/// engine's own `ThreadPool` when it is null, the float products and the observer's probability
+/// rows on OpenMP teams by `num_threads` clauses; products below
 /// `LlamaEngine::kParallelGemmWork` multiply-adds (one-row products: `kParallelGemvWork`) and
 /// attention below `LlamaEngine::kParallelWork` always run single-threaded, a fork-join costs more
 /// than it saves there) and `max_simd_level`
@@ -251,8 +255,11 @@ struct ForwardOptions : CpuOptions {
 inline unsigned capture_bit(CapturePoint point) { return 1u << static_cast<unsigned>(point); }
 
 /// The reference Llama forward pass over a depthkv KV cache. Holds a reference to the model
-/// (which must outlive it) and no mutable state: one engine can serve several caches, and
-/// const calls on different caches may run concurrently.
+/// (which must outlive it) and a `ThreadPool` for its quantized products and attention (workers started by the
+/// first call that needs them, asleep between calls; copies share it), and no other state: one
+/// engine can serve several caches, and const calls on different caches may run concurrently
+/// (a call that finds the pool busy with another call's product runs that product on its own
+/// thread).
 ///
 /// @code
 /// LlamaEngine engine(model);
@@ -1024,13 +1031,13 @@ class LlamaEngine {
   /// converted in registers; quant/products.hpp). Products below kParallelGemmWork multiply-adds
   /// (kParallelGemvWork for one row) run on one thread, larger ones on `cpu.n_threads`; the bytes
   /// are the same for every count.
-  static void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y, const CpuOptions& cpu) {
+  void linear(const RowMatrix& W, const QuantWeight& Q, const RowMatrix& x, RowMatrix& y, const CpuOptions& cpu) const {
     const double out = Q.empty() ? static_cast<double>(W.rows()) : static_cast<double>(Q.rows);
     const double in = Q.empty() ? static_cast<double>(W.cols()) : static_cast<double>(Q.cols);
     const double limit = x.rows() == 1 ? kParallelGemvWork : kParallelGemmWork;
     const int threads = static_cast<double>(x.rows()) * out * in < limit ? 1 : thread_count(cpu.n_threads);
     if (!Q.empty()) {
-      const QuantProductOptions qopt(CpuOptions{threads, cpu.max_simd_level}, QuantKernel::kAuto);
+      const QuantProductOptions qopt(CpuOptions{threads, cpu.max_simd_level, pool_for(cpu)}, QuantKernel::kAuto);
       if (x.rows() == 1) {
         quant_matvec(Q.type, Q.data, Q.rows, Q.cols, x.data(), y.data(), qopt);
       } else {
@@ -1053,7 +1060,7 @@ class LlamaEngine {
   /// `linear` for several products of the same x: for one row and stored forms only, one
   /// `quant_matvec_many` (x quantized once, one fork-join; threads by the summed work), else one
   /// `linear` each. The bytes of `linear` on each.
-  static void linear_many(std::initializer_list<LinearTarget> targets, const RowMatrix& x, const CpuOptions& cpu) {
+  void linear_many(std::initializer_list<LinearTarget> targets, const RowMatrix& x, const CpuOptions& cpu) const {
     bool stored = x.rows() == 1;
     double work = 0;
     for (const LinearTarget& t : targets) {
@@ -1068,7 +1075,7 @@ class LlamaEngine {
     for (const LinearTarget& t : targets) m.push_back({t.Q->type, t.Q->data, t.Q->rows, t.y->data()});
     const int threads = work < kParallelGemvWork ? 1 : thread_count(cpu.n_threads);
     quant_matvec_many(m.data(), static_cast<int>(m.size()), targets.begin()->Q->cols, x.data(),
-                      QuantProductOptions(CpuOptions{threads, cpu.max_simd_level}, QuantKernel::kAuto));
+                      QuantProductOptions(CpuOptions{threads, cpu.max_simd_level, pool_for(cpu)}, QuantKernel::kAuto));
   }
 
   /// y = x W^T (x with several rows) on `threads` threads: the rows of W are split into slices of
@@ -1158,7 +1165,7 @@ class LlamaEngine {
     const int threads = work >= kParallelWork ? thread_count(opt.n_threads) : 1;
     detail::flash_attention(heads.data(), detail::FlashShape{T, c.n_heads, c.n_kv_heads, c.head_dim, c.attention_scale},
                             q.data(), q.cols(), att.data(), att.cols(), threads,
-                            depthkv::detail::simd_level(opt.max_simd_level));
+                            depthkv::detail::simd_level(opt.max_simd_level), pool_for(opt));
     if (opt.observer) observe(l, q, heads, pos0, opt, threads);
   }
 
@@ -1342,7 +1349,18 @@ class LlamaEngine {
     a /= a.sum();
   }
 
+  /// The workers of a call's quantized products and attention: the call's own `cpu.pool`, else
+  /// the engine's (outside an active OpenMP region; inside one, the calling thread alone).
+  ThreadPool* pool_for(const CpuOptions& cpu) const {
+    if (cpu.pool != nullptr) return cpu.pool;
+#ifdef _OPENMP
+    if (omp_get_active_level() > 0) return nullptr;
+#endif
+    return pool_.get();
+  }
+
   const LlamaModel& model_;
+  std::shared_ptr<ThreadPool> pool_ = std::make_shared<ThreadPool>();  // shared by copies
 };
 
 }  // namespace llama

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -384,8 +385,9 @@ TEST_CASE("quantized products: empty shapes and invalid input", "[llama][quant]"
                     Catch::Contains("Q2_K"));
 }
 
-TEST_CASE("quantized products: the same bytes for every thread count, levels through the options", "[llama][quant]") {
+TEST_CASE("quantized products: the same bytes for every thread count and on a ThreadPool, levels through the options", "[llama][quant]") {
   std::mt19937 rng(77);
+  depthkv::ThreadPool pool;
   const std::int64_t rows = 70, cols = 512, n = 13;  // 16-row tasks, 8- and 4-token tiles with tails
   std::vector<float> X(static_cast<std::size_t>(n * cols));
   for (float& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -395,8 +397,9 @@ TEST_CASE("quantized products: the same bytes for every thread count, levels thr
       for (const QuantKernel kernel : {QuantKernel::kAuto, QuantKernel::kDequantize}) {
         INFO("type " << depthkv::llama::ggml_type_name(type) << " level " << level << " kernel " << static_cast<int>(kernel));
         std::vector<float> y1(static_cast<std::size_t>(rows)), Y1(static_cast<std::size_t>(n * rows));
-        for (const int threads : {1, 2, 5}) {
-          const QuantProductOptions opt(depthkv::CpuOptions{threads, level}, kernel);
+        for (const int threads : {1, 2, 5, -2, -5}) {  // negative: that many on a ThreadPool
+          const QuantProductOptions opt(depthkv::CpuOptions{std::abs(threads), level, threads < 0 ? &pool : nullptr},
+                                        kernel);
           std::vector<float> y(static_cast<std::size_t>(rows)), Y(static_cast<std::size_t>(n * rows));
           depthkv::llama::quant_matvec(type, w.data(), rows, cols, X.data(), y.data(), opt);
           depthkv::llama::quant_matmul(type, w.data(), rows, cols, X.data(), n, Y.data(), opt);

@@ -70,6 +70,7 @@
 
 #include "depthkv/detail/parallel_for.hpp"
 #include "depthkv/detail/simd.hpp"
+#include "depthkv/thread_pool.hpp"
 
 namespace depthkv {
 namespace llama {
@@ -558,10 +559,20 @@ inline void flash_write(const FlashState* parts, int n, int kv_head, int G, int 
   }
 }
 
-/// Runs fn(t) for t in [0, n) on `threads` OpenMP threads (1, or inside an active region: the
-/// calling thread with Eigen serial); rethrows the lowest task's exception.
+/// Runs fn(t) for t in [0, n) on `threads` threads: on `pool` when set (thread_pool.hpp), else an
+/// OpenMP team (1, or inside an active region: the calling thread with Eigen serial); rethrows
+/// the lowest task's exception.
 template <class Fn>
-void flash_run(int n, int threads, Fn&& fn) {
+void flash_run(int n, int threads, Fn&& fn, ThreadPool* pool = nullptr) {
+#ifdef _OPENMP
+  const bool top_level = omp_get_active_level() == 0;
+#else
+  const bool top_level = true;
+#endif
+  if (pool != nullptr && threads > 1 && n > 1 && top_level) {
+    pool->run(n, threads, fn);
+    return;
+  }
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   const auto guarded = [&](int t) {
     try {
@@ -590,12 +601,14 @@ void flash_run(int n, int threads, Fn&& fn) {
 /// @param heads `s.n_kv_heads` KV heads' rows
 /// @param q, q_ld the queries and their leading dimension (floats)
 /// @param out, out_ld the output (same layout as q)
-/// @param threads OpenMP threads (>= 1)
+/// @param threads threads (>= 1)
 /// @param simd the instruction-set level of the F16 / BF16 conversion (`detail::simd_level`; the
 ///   same bytes at every level)
+/// @param pool workers for the tasks (nullptr: an OpenMP team)
 template <class Scalar>
 void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const float* q, std::ptrdiff_t q_ld,
-                     float* out, std::ptrdiff_t out_ld, int threads, int simd = cpu_simd_level()) {
+                     float* out, std::ptrdiff_t out_ld, int threads, int simd = cpu_simd_level(),
+                     ThreadPool* pool = nullptr) {
   int max_n = 0;
   for (int h = 0; h < s.n_kv_heads; ++h) max_n = std::max(max_n, heads[h].n);
   const FlashPlan p = flash_plan(s, max_n);
@@ -605,8 +618,9 @@ void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const 
   if constexpr (std::is_same<Scalar, Eigen::half>::value)
     if (simd >= 2 && s.T * p.group > kFlashDecodeVectors && s.head_dim % 16 == 0) {
       blocks.resize(static_cast<std::size_t>(s.n_kv_heads));
-      flash_run(s.n_kv_heads, threads,
-                [&](int h) { BlockTile::convert(heads[h], s.head_dim, blocks[static_cast<std::size_t>(h)]); });
+      flash_run(
+          s.n_kv_heads, threads,
+          [&](int h) { BlockTile::convert(heads[h], s.head_dim, blocks[static_cast<std::size_t>(h)]); }, pool);
     }
 #endif
   const auto block_of = [&](int h) { return blocks.empty() ? nullptr : &blocks[static_cast<std::size_t>(h)]; };
@@ -631,7 +645,7 @@ void flash_attention(const FlashHead<Scalar>* heads, const FlashShape& s, const 
     }
     flash_task(heads[h], h, s, p, q, q_ld, r0, r1, part * p.part_len, (part + 1) * p.part_len,
                states[static_cast<std::size_t>(t)], simd, block_of(h));
-  });
+  }, pool);
   if (p.n_parts == 1) return;
   for (int t = 0; t < tasks; t += p.n_parts) {
     int h = 0, r0 = 0, r1 = 0;

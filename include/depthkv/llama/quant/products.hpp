@@ -56,8 +56,9 @@
 ///
 /// Threads: `n_threads` as everywhere in depthkv (1 = the calling thread, the default here;
 /// 0 = all cores). The work is split into fixed tasks of rows, so every thread count gives the
-/// same bytes. With OpenMP, the tasks run in an OpenMP parallel region sized by a `num_threads`
-/// clause, so Eigen's GEMM inside each task stays on its thread.
+/// same bytes. The tasks run on the options' `pool` when it is set (thread_pool.hpp), else in an
+/// OpenMP parallel region sized by a `num_threads` clause; either way Eigen's GEMM inside each
+/// task stays on its thread.
 ///
 /// @code
 /// auto raw = file.raw_tensor(*file.find_tensor("blk.0.ffn_up.weight"));   // Q4_K, 5632 x 2048
@@ -78,6 +79,7 @@
 #include <Eigen/Core>
 
 #include "depthkv/cpu_options.hpp"
+#include "depthkv/thread_pool.hpp"
 #include "depthkv/detail/parallel_for.hpp"
 #include "depthkv/detail/simd.hpp"
 #include "depthkv/error.hpp"
@@ -563,13 +565,18 @@ inline void check_product(GgmlType type, std::int64_t rows, std::int64_t cols) {
   (void)ggml_row_bytes(type, cols);  // throws on an unknown type or a partial block
 }
 
-/// Runs fn(task) for task in [0, n_tasks) on up to n_threads threads (OpenMP when available,
-/// so Eigen products inside a task stay on their thread). With OpenMP each thread takes one
-/// contiguous block of tasks (a static schedule): it streams its own rows of the matrix, with no
-/// shared counter between the threads (benchmarks/RESULTS.md, "Decode at 2 threads").
+/// Runs fn(task) for task in [0, n_tasks) on up to `cpu.n_threads` threads: on `cpu.pool` when
+/// set (thread_pool.hpp: each participant claims its own contiguous block of tasks first, late
+/// ones' blocks are taken by the others), else on an OpenMP team with a static schedule (each
+/// thread one contiguous block: it streams its own rows of the matrix, benchmarks/RESULTS.md,
+/// "Decode at 2 threads"), so Eigen products inside a task stay on their thread either way.
 template <class Fn>
-inline void quant_parallel(int n_tasks, int n_threads, Fn&& fn) {
-  const int workers = depthkv::detail::resolve_threads(n_threads, n_tasks);
+inline void quant_parallel(int n_tasks, const CpuOptions& cpu, Fn&& fn) {
+  const int workers = depthkv::detail::resolve_threads(cpu.n_threads, n_tasks);
+  if (workers > 1 && cpu.pool) {
+    cpu.pool->run(n_tasks, workers, fn);
+    return;
+  }
 #ifdef _OPENMP
   if (workers > 1) {
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n_tasks));
@@ -674,7 +681,7 @@ inline void quant_matvec_many(const QuantMatvecTarget* targets, int count, std::
     parts[0].ops.quantize_q8k(x, cols, xk.data());
   }
   const detail::ActQ8K* const xk0 = xk.data();
-  detail::quant_parallel(n_tasks, opt.n_threads, [&](int task) {
+  detail::quant_parallel(n_tasks, opt, [&](int task) {
     int i = count - 1;
     while (parts[static_cast<std::size_t>(i)].first_task > task) --i;
     const Part& p = parts[static_cast<std::size_t>(i)];
@@ -714,11 +721,11 @@ struct QuantMatmulArgs {
 
 /// The n rows of X quantized (`quantize`: nb blocks per row), 16 rows per task on the threads.
 template <class Act>
-inline std::vector<Act> quantize_tokens(const QuantMatmulArgs& m, int n_threads,
+inline std::vector<Act> quantize_tokens(const QuantMatmulArgs& m, const CpuOptions& cpu,
                                         void (*quantize)(const float*, std::int64_t, Act*), std::int64_t nb) {
   std::vector<Act> xs(static_cast<std::size_t>(m.n * nb));
   constexpr std::int64_t kTokensPerTask = 16;
-  quant_parallel(static_cast<int>((m.n + kTokensPerTask - 1) / kTokensPerTask), n_threads, [&](int task) {
+  quant_parallel(static_cast<int>((m.n + kTokensPerTask - 1) / kTokensPerTask), cpu, [&](int task) {
     for (std::int64_t t = task * kTokensPerTask; t < std::min(m.n, (task + 1) * kTokensPerTask); ++t)
       quantize(m.x + t * m.cols, m.cols, xs.data() + t * nb);
   });
@@ -729,12 +736,12 @@ inline std::vector<Act> quantize_tokens(const QuantMatmulArgs& m, int n_threads,
 /// unpacked once (`unpack`) into its thread's panel and multiplied with all n tokens (`matmul`;
 /// x: the n x nb quantized activation blocks).
 template <class Act>
-inline void vnni_panels_matmul(const QuantMatmulArgs& m, int n_threads,
+inline void vnni_panels_matmul(const QuantMatmulArgs& m, const CpuOptions& cpu,
                                void (*unpack)(const std::uint8_t*, std::size_t, std::int64_t, int, std::int64_t, VnniPanel&),
                                void (*matmul)(const VnniPanel&, std::int64_t, const Act*, std::int64_t, float*, std::int64_t,
                                               std::int64_t, int),
                                const Act* x, std::int64_t nb) {
-  quant_parallel(static_cast<int>((m.rows + kVnniPanelRows - 1) / kVnniPanelRows), n_threads, [&](int task) {
+  quant_parallel(static_cast<int>((m.rows + kVnniPanelRows - 1) / kVnniPanelRows), cpu, [&](int task) {
     thread_local VnniPanel panel;
     const std::int64_t r0 = std::int64_t{task} * kVnniPanelRows;
     const int nr = static_cast<int>(std::min<std::int64_t>(kVnniPanelRows, m.rows - r0));
@@ -745,16 +752,16 @@ inline void vnni_panels_matmul(const QuantMatmulArgs& m, int n_threads,
 
 /// quant_matmul's kQ8KActivations kernel: X quantized per 256 values, then tasks of 16 rows of W,
 /// each decoded weight row serving kQ8KTokens tokens at a time.
-inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
+inline void quant_matmul_q8k(const QuantMatmulArgs& m, const CpuOptions& cpu) {
   const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 256;
-  const std::vector<ActQ8K> xk = quantize_tokens(m, n_threads, m.ops.quantize_q8k, nb);
+  const std::vector<ActQ8K> xk = quantize_tokens(m, cpu, m.ops.quantize_q8k, nb);
   if (m.ops.vnni_matmul != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
-    vnni_panels_matmul(m, n_threads, m.ops.vnni_unpack, m.ops.vnni_matmul, xk.data(), nb);
+    vnni_panels_matmul(m, cpu, m.ops.vnni_unpack, m.ops.vnni_matmul, xk.data(), nb);
     return;
   }
   constexpr int NT = kQ8KTokens;
   constexpr std::int64_t kTile = 16;
-  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
+  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), cpu, [&](int task) {
     const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
     const ActQ8K* xs[NT];
     float out[NT];
@@ -775,15 +782,15 @@ inline void quant_matmul_q8k(const QuantMatmulArgs& m, int n_threads) {
 
 /// quant_matmul's kQ8Activations kernel: X quantized per 32 values, then tasks of 16 rows of W,
 /// each decoded weight row serving 4 tokens at a time.
-inline void quant_matmul_q8(const QuantMatmulArgs& m, int n_threads) {
+inline void quant_matmul_q8(const QuantMatmulArgs& m, const CpuOptions& cpu) {
   const std::int64_t n = m.n, rows = m.rows, nb = m.cols / 32;
-  const std::vector<ActQ8> xq = quantize_tokens(m, n_threads, m.ops.quantize_q8, nb);
+  const std::vector<ActQ8> xq = quantize_tokens(m, cpu, m.ops.quantize_q8, nb);
   if (m.ops.vnni_matmul32 != nullptr && n >= kVnniMinTokens) {  // AVX-512 VNNI: unpacked panels, all tokens each
-    vnni_panels_matmul(m, n_threads, m.ops.vnni_unpack32, m.ops.vnni_matmul32, xq.data(), nb);
+    vnni_panels_matmul(m, cpu, m.ops.vnni_unpack32, m.ops.vnni_matmul32, xq.data(), nb);
     return;
   }
   constexpr std::int64_t kTile = 16;
-  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), n_threads, [&](int task) {
+  quant_parallel(static_cast<int>((rows + kTile - 1) / kTile), cpu, [&](int task) {
     const std::int64_t r0 = task * kTile, r1 = std::min(rows, r0 + kTile);
     std::int64_t t = 0;
     for (; t + 4 <= n; t += 4) {  // 4 tokens per decoded weight row
@@ -831,7 +838,7 @@ inline void quant_matmul_deq(const QuantMatmulArgs& m, const CpuOptions& cpu) {
   if (!avx2 && depthkv::detail::resolve_threads(cpu.n_threads, n_tasks) == 1) {  // Eigen's GEMM single-threaded on one thread too
     depthkv::detail::run_eigen_serial([&] { depthkv::detail::parallel_for(n_tasks, 1, [&](int, int t) { tile_product(t); }); });
   } else {
-    quant_parallel(n_tasks, cpu.n_threads, tile_product);
+    quant_parallel(n_tasks, cpu, tile_product);
   }
 }
 
@@ -858,9 +865,9 @@ inline void quant_matmul(GgmlType type, const void* w, std::int64_t rows, std::i
                                      detail::quant_row_ops(type, opt.max_simd_level)};
   const QuantKernel kernel = detail::resolve_kernel(opt.kernel, type, false);
   if (kernel == QuantKernel::kQ8KActivations) {
-    detail::quant_matmul_q8k(args, opt.n_threads);
+    detail::quant_matmul_q8k(args, opt);
   } else if (kernel == QuantKernel::kQ8Activations) {
-    detail::quant_matmul_q8(args, opt.n_threads);
+    detail::quant_matmul_q8(args, opt);
   } else {
     detail::quant_matmul_deq(args, opt);
   }
