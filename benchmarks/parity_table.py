@@ -5,10 +5,13 @@ tok/s at each thread count, and depthkv's ratio to each llama.cpp setting. Stand
 
     python3 benchmarks/parity_table.py benchmarks/results/long_context/quiet [PROMPT]
     python3 benchmarks/parity_table.py --real benchmarks/results/real_parity
+    python3 benchmarks/parity_table.py --busy benchmarks/results/busy_decode
 
 PROMPT (default 512) picks the files of that prompt length (PARITY_PROMPT of the run script).
 --real: the files of benchmarks/real_parity.sh (the real models), with the same statistic on both
 sides: the mean tok/s of the runs after the first (llama-bench's avg_ts after its warm-up run).
+--busy: the files of benchmarks/busy_decode.sh (decode alone and beside a busy process), the same
+statistic; the BASE build's column where its files are present.
 """
 import json
 import os
@@ -85,7 +88,34 @@ def real_table(d):
     print("\n".join(rows))
 
 
+def mean_after_warmup(path, key):
+    runs = json.load(open(path))[key][1:]
+    return sum(runs) / len(runs)
+
+
+def busy_table(d):
+    rows = ["| model | threads | busy process | decode tok/s depthkv | base build | llama.cpp (repack 0) | "
+            "depthkv / llama.cpp |", "|---|---|---|---|---|---|---|"]
+    for model in REAL_MODELS:
+        for busy in (0, 1):
+            for t in (1, 2):
+                stem = f"{model}-t{t}-busy{busy}"
+                dk_path, base_path, lc_path = (os.path.join(d, f"{e}-{stem}.json") for e in ("depthkv", "base", "llamacpp"))
+                if not os.path.exists(dk_path):
+                    continue
+                dk = mean_after_warmup(dk_path, "decode_runs")
+                base = f"{mean_after_warmup(base_path, 'decode_runs'):.1f}" if os.path.exists(base_path) else "-"
+                lc = json.load(open(lc_path))[0]["avg_ts"] if os.path.exists(lc_path) else None
+                ratio = "-" if lc is None else f"{dk / lc:.2f}x"
+                lcs = "-" if lc is None else f"{lc:.1f}"
+                rows.append(f"| {model} | {t} | {'yes' if busy else 'no'} | {dk:.1f} | {base} | {lcs} | {ratio} |")
+    print("\n".join(rows))
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--busy":
+        busy_table(sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/busy_decode")
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--real":
         real_table(sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/real_parity")
         sys.exit(0)

@@ -1,8 +1,7 @@
 // ThreadPool: every task of every loop runs exactly once (many loops in a row, any thread and task
 // count, loops after the workers fell asleep), workers take part, the lowest failing task's
-// exception is rethrown after all ran, nested and concurrent calls run on their own thread, and
-// Eigen's products inside a task stay on it; the engine's products on its pool give the bytes of
-// one thread.
+// exception is rethrown after all ran, nested and concurrent calls run on their own thread,
+// Eigen's products inside a task stay on it, and a fork's child can use and destroy its copy.
 
 #include "depthkv/thread_pool.hpp"
 
@@ -17,6 +16,12 @@
 #include <vector>
 
 #include <Eigen/Core>
+
+#if defined(__unix__)
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -120,5 +125,37 @@ TEST_CASE("ThreadPool: Eigen's products inside a task run on its thread", "[thre
   SUCCEED("no OpenMP: Eigen is single-threaded");
 #endif
 }
+
+#if defined(__unix__)
+TEST_CASE("ThreadPool in the child of a fork: the caller runs every task, the destructor returns", "[thread_pool]") {
+  auto* pool = new depthkv::ThreadPool;
+  check_exactly_once(*pool, 64, 2, 3);  // workers started
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // no Catch here: the result is the exit code
+    std::vector<int> runs(64, 0);
+    pool->run(64, 2, [&](int t) { ++runs[static_cast<std::size_t>(t)]; });
+    bool ok = true;
+    for (int r : runs) ok = ok && r == 1;
+    delete pool;
+    _exit(ok ? 0 : 1);
+  }
+  int status = -1;
+  pid_t done = 0;
+  for (int i = 0; i < 1000 && done == 0; ++i) {  // 10 s
+    done = waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  CHECK(done == child);  // did not hang
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  check_exactly_once(*pool, 64, 2, 3);  // the parent's pool is unchanged
+  delete pool;
+}
+#endif
 
 }  // namespace

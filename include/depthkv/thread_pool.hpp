@@ -27,7 +27,8 @@
 /// if another throws; afterwards the exception of the lowest-numbered failing task is rethrown.
 /// Workers start on the first `run` that needs them (up to `n_threads - 1`, never more than
 /// `kMaxCpuThreads`) and stop in the destructor. Inside a worker OpenMP's thread count is 1, so
-/// Eigen's products in a task run on that thread.
+/// Eigen's products in a task run on that thread. In the child of a `fork` the pool has no
+/// workers running: the caller claims every task itself, and the destructor does not wait for them.
 ///
 /// @code
 /// depthkv::ThreadPool pool;
@@ -52,6 +53,9 @@
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #include <immintrin.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 namespace depthkv {
 
@@ -69,7 +73,8 @@ class ThreadPool {
       stop_.store(true);
     }
     wake_.notify_all();
-    for (std::thread& t : threads_) t.join();
+    const bool forked = owner_ != this_process();  // a fork's child has the pool but not its threads
+    for (std::thread& t : threads_) forked ? t.detach() : t.join();
   }
 
   /// Worker threads started so far (the caller makes one more participant).
@@ -132,6 +137,13 @@ class ThreadPool {
   template <class G>
   static void call(const void* g, int t) {
     (*static_cast<const G*>(g))(t);
+  }
+  static long this_process() {
+#if defined(__unix__) || defined(__APPLE__)
+    return static_cast<long>(getpid());
+#else
+    return 0;
+#endif
   }
   static void pause() {
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
@@ -250,6 +262,7 @@ class ThreadPool {
   std::condition_variable wake_;
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
+  long owner_ = this_process();  // the process whose threads threads_ are
 };
 
 }  // namespace depthkv
