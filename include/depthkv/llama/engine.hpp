@@ -222,9 +222,9 @@ struct HasFixedCapacity<L, std::void_t<decltype(std::declval<const L&>().capacit
 
 /// Options of one forward call (prefill, teacher forcing, decode). A ForwardOptions is a
 /// `CpuOptions`: `n_threads` (threads of this call's products and attention heads: 0 = all cores,
-/// 1 = the calling thread; the quantized products and the attention run on `pool`, or the
-/// engine's own `ThreadPool` when it is null, the float products and the observer's probability
-/// rows on OpenMP teams by `num_threads` clauses; products below
+/// 1 = the calling thread; the quantized products, the attention and the observer's probability
+/// rows run on `pool`, or the engine's own `ThreadPool` when it is null, the float products on
+/// OpenMP teams by `num_threads` clauses; products below
 /// `LlamaEngine::kParallelGemmWork` multiply-adds (one-row products: `kParallelGemvWork`) and
 /// attention below `LlamaEngine::kParallelWork` always run single-threaded, a fork-join costs more
 /// than it saves there) and `max_simd_level`
@@ -255,11 +255,11 @@ struct ForwardOptions : CpuOptions {
 inline unsigned capture_bit(CapturePoint point) { return 1u << static_cast<unsigned>(point); }
 
 /// The reference Llama forward pass over a depthkv KV cache. Holds a reference to the model
-/// (which must outlive it) and a `ThreadPool` for its quantized products and attention (workers started by the
-/// first call that needs them, asleep between calls; copies share it), and no other state: one
-/// engine can serve several caches, and const calls on different caches may run concurrently
-/// (a call that finds the pool busy with another call's product runs that product on its own
-/// thread).
+/// (which must outlive it) and a `ThreadPool` for its quantized products and attention (workers
+/// started by the first call that needs them, asleep between calls; copies share it), and no
+/// other state: one engine can serve several caches, and const calls on different caches may run
+/// concurrently (a call that finds the pool busy with another call's loop runs that loop on its
+/// own thread).
 ///
 /// @code
 /// LlamaEngine engine(model);
@@ -1117,12 +1117,17 @@ class LlamaEngine {
     y.noalias() = x * W.transpose();
   }
 
-  /// Runs fn(i) for i in [0, n): with threads > 1 on an OpenMP team of that many threads (Eigen's
+  /// Runs fn(i) for i in [0, n): with threads > 1 on `pool` when set (Eigen's products in its
+  /// tasks are single-threaded), else on an OpenMP team of that many threads (Eigen's
   /// products inside a team are single-threaded), else on the calling thread with Eigen's
   /// products single-threaded too (run_eigen_serial). Inside an active OpenMP region the loop is
   /// a nested region (one thread), as Eigen's products there expect.
   template <class Fn>
-  static void heads_in_parallel(int n, int threads, Fn&& fn) {
+  static void heads_in_parallel(int n, int threads, Fn&& fn, ThreadPool* pool) {
+    if (pool != nullptr && threads > 1) {
+      pool->run(n, threads, fn);
+      return;
+    }
 #ifdef _OPENMP
     if (threads > 1 || omp_get_active_level() > 0) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
@@ -1233,11 +1238,14 @@ class LlamaEngine {
     std::vector<RowMatrix> probs(static_cast<std::size_t>(batch));
     for (int b0 = 0; b0 < c.n_heads; b0 += batch) {
       const int nb = std::min(batch, c.n_heads - b0);
-      heads_in_parallel(nb, nb > 1 ? threads : 1, [&](int i) {
-        const std::size_t kv = static_cast<std::size_t>((b0 + i) / G);
-        head_probabilities(b0 + i, q, keys[kv], heads[kv].n_old, first, probs[static_cast<std::size_t>(i)],
-                           heads[kv].vis_begin);
-      });
+      heads_in_parallel(
+          nb, nb > 1 ? threads : 1,
+          [&](int i) {
+            const std::size_t kv = static_cast<std::size_t>((b0 + i) / G);
+            head_probabilities(b0 + i, q, keys[kv], heads[kv].n_old, first, probs[static_cast<std::size_t>(i)],
+                               heads[kv].vis_begin);
+          },
+          pool_for(opt));
       for (int i = 0; i < nb; ++i) {
         const RowMatrix& p = probs[static_cast<std::size_t>(i)];
         const int n = static_cast<int>(p.cols());
