@@ -11,6 +11,7 @@
 #include "depthkv/paged_cache.hpp"
 #include "depthkv/selection.hpp"
 #include "depthkv/simd_level.hpp"
+#include "depthkv/thread_pool.hpp"
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/token_scorer.hpp"
 #include "depthkv/evictor.hpp"
