@@ -108,6 +108,12 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const dept
       out << '\n';
     }
   });
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {  // a device: no side file in /dev
+    std::fprintf(stderr, "eval: wrote %s (not a regular file: no sensitivity curves beside it)\n", path.c_str());
+    return;
+  }
   const std::string spath = sibling(path, "-sensitivity");
   write_output_file(spath, "CSV", [&](std::ostream& s) {
     s << "scorer,layer,keep_ratio," << f.metric << ",stderr\n";

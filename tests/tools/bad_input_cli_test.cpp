@@ -172,6 +172,15 @@ TEST_CASE("output files and standard output that cannot be written are errors", 
                             "--windows 1 --keeps 0.5 --policies uniform --csv /dev/full",
                         "2>&1 >/dev/null"),
                 "cannot write '/dev/full' (CSV): disk full or not writable");
+  // a device that takes the rows: no sensitivity file is made beside it
+  const bool had_sibling = std::filesystem::exists("/dev/null-sensitivity");
+  const depthkv_test::CliRun ok = run_cli("eval --model " + m + " --text " + stories_text() + " --profile " + stories_profile() +
+                                   " --context 64 --continuation 16 --sinks 2 --recent 4 --obs-window 4 --threads 1 "
+                                   "--windows 1 --keeps 0.5 --policies uniform --csv /dev/null",
+                               "2>&1");
+  CHECK(ok.status == 0);
+  CHECK(ok.out.find("no sensitivity curves beside it") != std::string::npos);
+  CHECK(std::filesystem::exists("/dev/null-sensitivity") == had_sibling);
 }
 
 TEST_CASE("directories are refused wherever a file is read", "[cli][bad_input]") {
