@@ -39,9 +39,10 @@ void print_head_level(const AllocateArgs& a, const depthkv::ProfileFile& f, cons
     for (int x : row) total += x;
   const double pred = predicted_head_loss(hp, k, in.req.lengths);
   if (a.json) {
-    const nlohmann::json j = {{"policy", kHeadOptimal}, {"scorer", scorer},   {"keep", a.keep},
-                              {"length", length},      {"n_kv_heads", H},     {"head_budgets", k},
-                              {"total", total},        {"predicted_loss", pred}};
+    nlohmann::json j = {{"policy", kHeadOptimal}, {"scorer", scorer},   {"keep", a.keep},
+                        {"length", length},      {"n_kv_heads", H},     {"head_budgets", k},
+                        {"total", total},        {"predicted_loss", pred}};
+    if (!f.layer_window.empty()) j["layer_window"] = f.layer_window;  // as the per-layer policies' JSON
     std::printf("%s\n", json_text(j).c_str());
     return;
   }

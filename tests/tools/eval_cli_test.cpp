@@ -625,6 +625,17 @@ TEST_CASE("profile --head-curves, then eval and allocate with head-optimal budge
   }
   REQUIRE(sum == 4LL * std::llround(0.3 * 64 * 5));
   REQUIRE(j["total"] == sum);
+  CHECK_FALSE(j.contains("layer_window"));  // the profile records none
+  {  // a profile with sliding-window layers: its windows in the JSON, as the per-layer policies give them
+    nlohmann::json pj = nlohmann::json::parse(std::ifstream(profile));
+    pj["layer_window"] = {32, 0, 32, 0, 32};
+    const std::string windowed = tmp_path("profile_heads_windows.json");
+    std::ofstream(windowed) << pj.dump();
+    const auto w = run_cli("allocate --profile " + shell_quoted(windowed) +
+                           " --sinks 2 --recent 4 --obs-window 4 --policy head-optimal --keep 0.3 --length 64 --json");
+    REQUIRE(w.status == 0);
+    CHECK(nlohmann::json::parse(w.out)["layer_window"] == pj["layer_window"]);
+  }
   // eval: head-optimal rows beside the layer policies, at the same KV bytes
   const std::string eval = "eval --model " + model + " --text " + text + " --profile " + shell_quoted(profile) + common +
                            " --keeps 0.3 --windows 2 --policies optimal,head-optimal --json";
