@@ -1,7 +1,8 @@
 // ThreadPool: every task of every loop runs exactly once (many loops in a row, any thread and task
 // count, loops after the workers fell asleep), workers take part, the lowest failing task's
-// exception is rethrown after all ran, nested and concurrent calls run on their own thread,
-// Eigen's products inside a task stay on it, and a fork's child can use and destroy its copy.
+// exception is rethrown after all ran, nested and concurrent calls run on their own thread, a
+// stalled worker makes the next loop run on the caller alone, Eigen's products inside a task stay
+// on it, and a fork's child can use and destroy its copy.
 
 #include "depthkv/thread_pool.hpp"
 
@@ -109,6 +110,32 @@ TEST_CASE("ThreadPool: a nested loop and a concurrent caller's loop run on their
   for (std::thread& t : callers) t.join();
   CHECK(sums[0] == 300LL * 97 * 96 / 2);
   CHECK(sums[1] == 300LL * 97 * 96 / 2);
+}
+
+TEST_CASE("ThreadPool steps down to the caller alone after a worker stalls in a claimed task", "[thread_pool]") {
+  depthkv::ThreadPool pool;
+  const std::thread::id caller = std::this_thread::get_id();
+  bool stalled = false;
+  for (int k = 0; k < 50 && !stalled; ++k) {
+    std::atomic<bool> worker_ran{false};
+    pool.run(2, 2, [&](int) {
+      if (std::this_thread::get_id() == caller) {  // the caller's task: time for the worker to claim the other
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return;
+      }
+      worker_ran.store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(6));  // a worker descheduled in its task
+    });
+    stalled = worker_ran.load();  // then the caller waited ~5 ms for it, longer than its own share
+  }
+  REQUIRE(stalled);
+  std::atomic<int> elsewhere{0};  // the next loop: the caller alone
+  pool.run(16, 2, [&](int) {
+    elsewhere.fetch_add(std::this_thread::get_id() != caller);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  });
+  CHECK(elsewhere.load() == 0);
+  check_exactly_once(pool, 100, 2, 50);  // still every task once, whichever thread runs them
 }
 
 TEST_CASE("ThreadPool: Eigen's products inside a task run on its thread", "[thread_pool]") {

@@ -14,6 +14,16 @@
 /// workers that did come claim its tasks, and the loop ends when every task has run. The caller
 /// waits only for tasks already claimed by a thread that is still running them.
 ///
+/// ## Stepping down
+/// A worker that the OS deschedules in the middle of a task it has claimed makes the caller wait
+/// for it (on a machine shared with a busy process: a whole time slice of the other process). When
+/// the caller, after its own share, waits longer than that share took (and at least
+/// `kStallMicros`), the next loops run on the caller alone: 1 after the first such stall, then 2,
+/// 4, ... up to `kMaxBackoff` at each further stall, until `kResetLoops` parallel loops in a row
+/// have run without one. On a machine where every core is ours, stalls are rare and the loops stay
+/// parallel; beside a busy process the pool runs mostly on the caller, at one thread's speed,
+/// instead of waiting a time slice at a time. The tasks and their results are the same either way.
+///
 /// ## Waiting
 /// After a loop a worker spins for up to `kSpinMicros` microseconds on the loop counter (a pause
 /// instruction per check), then sleeps on a condition variable until the next loop, so a pool
@@ -28,7 +38,7 @@
 /// Workers start on the first `run` that needs them (up to `n_threads - 1`, never more than
 /// `kMaxCpuThreads`) and stop in the destructor. Inside a worker OpenMP's thread count is 1, so
 /// Eigen's products in a task run on that thread. In the child of a `fork` the pool has no
-/// workers running: the caller claims every task itself, and the destructor does not wait for them.
+/// workers: every loop runs on the caller, and the destructor does not wait for the parent's threads.
 ///
 /// @code
 /// depthkv::ThreadPool pool;
@@ -63,18 +73,28 @@ class ThreadPool {
  public:
   /// How long an idle worker spins before it sleeps (microseconds).
   static constexpr int kSpinMicros = 200;
+  /// The shortest wait for a claimed task that counts as a stall (microseconds), and the most
+  /// loops a stall makes run on the caller alone.
+  static constexpr int kStallMicros = 100;
+  static constexpr int kMaxBackoff = 1024;
+  /// Parallel loops without a stall after which the next stall starts from 1 loop again.
+  static constexpr int kResetLoops = 4096;
 
   ThreadPool() = default;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
   ~ThreadPool() {
+    if (owner_ != this_process()) {  // a fork's child: the pool without its threads, its mutex and
+      for (std::thread& t : threads_) t.detach();  // condition variable maybe held or waited on by
+      (void)sleep_.release();  // them at the fork: left as they are (destroying them would block)
+      return;
+    }
     {
-      std::lock_guard<std::mutex> lk(sleep_mutex_);
+      std::lock_guard<std::mutex> lk(sleep_->mutex);
       stop_.store(true);
     }
-    wake_.notify_all();
-    const bool forked = owner_ != this_process();  // a fork's child has the pool but not its threads
-    for (std::thread& t : threads_) forked ? t.detach() : t.join();
+    sleep_->wake.notify_all();
+    for (std::thread& t : threads_) t.join();
   }
 
   /// Worker threads started so far (the caller makes one more participant).
@@ -103,7 +123,11 @@ class ThreadPool {
       }
     };
     const int want = std::min(thread_count(n_threads), n_tasks);
-    if (want <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
+    if (want <= 1 || owner_ != this_process() || busy_.exchange(true, std::memory_order_acquire)) {
+      for (int t = 0; t < n_tasks; ++t) guarded(t);
+    } else if (serial_left_ > 0) {  // stepped down after a stall (see the file comment)
+      --serial_left_;
+      busy_.store(false, std::memory_order_release);
       for (int t = 0; t < n_tasks; ++t) guarded(t);
     } else {
       start_workers(want - 1);
@@ -181,10 +205,16 @@ class ThreadPool {
     remaining_.store(n_tasks, std::memory_order_relaxed);
     loop_.store(loop, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-      { std::lock_guard<std::mutex> lk(sleep_mutex_); }
-      wake_.notify_all();
+      { std::lock_guard<std::mutex> lk(sleep_->mutex); }
+      sleep_->wake.notify_all();
     }
+    const auto start = std::chrono::steady_clock::now();
     take_part(loop, 0);
+    if (remaining_.load(std::memory_order_acquire) == 0) {
+      clean_loop();
+      return;
+    }
+    const auto own = std::chrono::steady_clock::now();  // the caller's share done
     for (int spins = 0; remaining_.load(std::memory_order_acquire) > 0; ++spins) {
       if (spins < 4096) {
         pause();
@@ -192,6 +222,17 @@ class ThreadPool {
         std::this_thread::yield();
       }
     }
+    const auto waited = std::chrono::steady_clock::now() - own;
+    if (waited > std::max<std::chrono::steady_clock::duration>(own - start, std::chrono::microseconds(kStallMicros))) {
+      backoff_ = std::min(kMaxBackoff, std::max(1, 2 * backoff_));  // a worker stalled in a claimed task
+      serial_left_ = backoff_;
+      clean_loops_ = 0;
+    } else {
+      clean_loop();
+    }
+  }
+  void clean_loop() {
+    if (++clean_loops_ >= kResetLoops) backoff_ = 0;
   }
 
   // Claims and runs tasks of loop `loop`: participant `id`'s own range, then the others'.
@@ -243,14 +284,17 @@ class ThreadPool {
       pause();
       if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) break;
     }
-    std::unique_lock<std::mutex> lk(sleep_mutex_);
+    std::unique_lock<std::mutex> lk(sleep_->mutex);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    wake_.wait(lk, [&] { return stop_.load() || loop_.load(std::memory_order_seq_cst) != seen; });
+    sleep_->wake.wait(lk, [&] { return stop_.load() || loop_.load(std::memory_order_seq_cst) != seen; });
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     return stop_.load() ? seen : loop_.load(std::memory_order_acquire);
   }
 
   std::atomic<bool> busy_{false};  // a loop is in progress
+  int backoff_ = 0;                 // loops run alone after the last stall (0: none since)
+  int serial_left_ = 0;             // loops still to run alone
+  int clean_loops_ = 0;             // parallel loops since the last stall
   std::vector<std::thread> threads_;
   std::unique_ptr<Range[]> ranges_;
   std::atomic<std::uint32_t> loop_{0};
@@ -258,8 +302,11 @@ class ThreadPool {
   void (*task_)(const void*, int) = nullptr;
   const void* ctx_ = nullptr;
   std::atomic<int> participants_{0};
-  std::mutex sleep_mutex_;
-  std::condition_variable wake_;
+  struct Sleep {  // where idle workers sleep
+    std::mutex mutex;
+    std::condition_variable wake;
+  };
+  std::unique_ptr<Sleep> sleep_ = std::make_unique<Sleep>();
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
   long owner_ = this_process();  // the process whose threads threads_ are
