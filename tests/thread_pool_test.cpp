@@ -146,6 +146,14 @@ TEST_CASE("ThreadPool: Eigen's products inside a task run on its thread", "[thre
   std::vector<int> eigen_threads(6, -1);
   pool.run(6, 2, [&](int t) { eigen_threads[static_cast<std::size_t>(t)] = Eigen::nbThreads(); });
   for (int e : eigen_threads) CHECK(e == 1);
+  std::vector<int> nested(36, -1);  // a nested loop runs on its caller's thread: serial there too
+  pool.run(6, 2, [&](int i) {
+    pool.run(6, 2, [&](int j) { nested[static_cast<std::size_t>(i * 6 + j)] = Eigen::nbThreads(); });
+  });
+  for (int e : nested) CHECK(e == 1);
+  std::vector<int> alone(4, -1);  // one thread: the caller alone, serial too
+  pool.run(4, 1, [&](int t) { alone[static_cast<std::size_t>(t)] = Eigen::nbThreads(); });
+  for (int e : alone) CHECK(e == 1);
   CHECK(omp_get_max_threads() == 3);  // the caller's setting restored
   omp_set_num_threads(before);
 #else

@@ -123,6 +123,10 @@ class ThreadPool {
       }
     };
     const int want = std::min(thread_count(n_threads), n_tasks);
+#ifdef _OPENMP
+    const int omp_threads = omp_get_max_threads();
+    omp_set_num_threads(1);  // on every path: Eigen's products in a task stay on the thread running it
+#endif
     if (want <= 1 || owner_ != this_process() || busy_.exchange(true, std::memory_order_acquire)) {
       for (int t = 0; t < n_tasks; ++t) guarded(t);
     } else if (serial_left_ > 0) {  // stepped down after a stall (see the file comment)
@@ -131,16 +135,12 @@ class ThreadPool {
       for (int t = 0; t < n_tasks; ++t) guarded(t);
     } else {
       start_workers(want - 1);
-#ifdef _OPENMP
-      const int omp_threads = omp_get_max_threads();
-      omp_set_num_threads(1);  // the caller's tasks too: Eigen's products stay on this thread
-#endif
       run_loop(n_tasks, std::min(want, n_workers() + 1), &call<decltype(guarded)>, &guarded);
-#ifdef _OPENMP
-      omp_set_num_threads(omp_threads);
-#endif
       busy_.store(false, std::memory_order_release);
     }
+#ifdef _OPENMP
+    omp_set_num_threads(omp_threads);
+#endif
     if (error) std::rethrow_exception(error);
   }
 
