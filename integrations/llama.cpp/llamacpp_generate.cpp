@@ -1,0 +1,225 @@
+// Greedy generation on llama.cpp with depthkv's budgets (depthkv_llamacpp.hpp), or on the full cache,
+// printing one JSON line: the KV bytes llama.cpp allocated, the peak RSS, prefill and decode speed, the tokens.
+// usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform|optimal]
+//                          [profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0]
+// keep 1: the full cache (no tiers: llama.cpp's own memory). Built with -DDEPTHKV_STOCK against the unpatched
+// llama.cpp, only keep 1 runs. swa_every N: every N-th layer is global, the others sliding-window (Gemma 3: 6).
+#include "llama.h"
+
+#ifndef DEPTHKV_STOCK
+#include "depthkv_llamacpp.hpp"
+
+#include <depthkv/preset.hpp>
+#include <depthkv/profile_io.hpp>
+#endif
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+static double kv_buffer_mib = 0.0;  // the sum of llama.cpp's "KV buffer size = X MiB" lines
+
+static void log_cb(ggml_log_level level, const char * text, void *) {
+    const char * p = strstr(text, "KV buffer size =");
+    if (p) {
+        kv_buffer_mib += atof(p + strlen("KV buffer size ="));
+    }
+    if (level == GGML_LOG_LEVEL_ERROR || getenv("LLAMACPP_GENERATE_VERBOSE")) {
+        fputs(text, stderr);
+    }
+}
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static int fail(const std::string & msg) {
+    fprintf(stderr, "llamacpp_generate: %s\n", msg.c_str());
+    return 1;
+}
+
+int main(int argc, char ** argv) try {
+    if (argc < 3) {
+        return fail("usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform] "
+                    "[profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0]");
+    }
+    auto arg = [&](int i, const char * def) { return argc > i && argv[i][0] ? std::string(argv[i]) : std::string(def); };
+    const std::string path_model = argv[1], path_text = argv[2];
+    const int n_prompt = std::stoi(arg(3, "2048")), n_gen = std::stoi(arg(4, "32"));
+    const double keep = std::stod(arg(5, "1"));
+    const std::string policy = arg(6, "uniform"), profile = arg(7, "");
+    const int tiers = std::stoi(arg(8, "3"));
+    const std::string scorer = arg(9, "snapkv");
+    const int ubatch = std::stoi(arg(10, "128")), interval = std::stoi(arg(11, "16")), threads = std::stoi(arg(12, "2"));
+    const int swa_every = std::stoi(arg(13, "0"));
+    if (n_prompt < 1 || n_gen < 1 || ubatch < 1 || interval < 1 || threads < 1 || !(keep > 0.0 && keep <= 1.0)) {
+        return fail("n_prompt, n_gen, ubatch, interval and threads must be >= 1 and keep in (0, 1]");
+    }
+
+    llama_log_set(log_cb, nullptr);
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(path_model.c_str(), mp);
+    if (!model) {
+        return fail("cannot load " + path_model);
+    }
+    std::ifstream f(path_text);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> prompt(text.size() + 16);
+    const int n_tok = llama_tokenize(vocab, text.data(), (int32_t) text.size(), prompt.data(), (int32_t) prompt.size(), true, false);
+    if (n_tok < n_prompt) {
+        return fail(path_text + " has " + std::to_string(std::max(0, n_tok)) + " tokens, fewer than " + std::to_string(n_prompt));
+    }
+    prompt.resize(n_prompt);
+    const int n_final = n_prompt + n_gen, n_layer = llama_model_n_layer(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+#ifdef DEPTHKV_STOCK
+    (void) tiers;
+    (void) swa_every;
+    (void) n_layer;
+#endif
+
+    // the full cache: llama.cpp's own memory, flash attention off as in the pruned runs
+    std::unique_ptr<llama_context, void (*)(llama_context *)> full(nullptr, llama_free);
+#ifndef DEPTHKV_STOCK
+    std::unique_ptr<depthkv::llamacpp::Session> session;
+#endif
+    std::string tiers_json = "[]";
+    kv_buffer_mib = 0.0;
+    if (keep >= 1.0) {
+        llama_context_params cp = llama_context_default_params();
+        cp.n_ctx = n_final;
+        cp.n_batch = cp.n_ubatch = ubatch;
+        cp.n_seq_max = 1;
+        cp.n_threads = cp.n_threads_batch = threads;
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        full.reset(llama_init_from_model(model, cp));
+        if (!full) {
+            return fail("llama_init_from_model failed");
+        }
+    } else {
+#ifdef DEPTHKV_STOCK
+        return fail("the stock build runs keep 1 only");
+#else
+        depthkv::PruneSpec spec;
+        spec.scorer.kind = depthkv::parse_scorer_kind(scorer);
+        spec.budget = depthkv::Budget::keep(keep);
+        spec.policy = depthkv::parse_allocation_policy(policy);
+        spec.tiers = spec.policy == depthkv::AllocationPolicy::kOptimal ? tiers : 0;
+        spec.schedule.chunk = ubatch;
+        spec.schedule.interval = interval;
+        depthkv::PolicyCurves curves;
+        if (!profile.empty()) {
+            curves = depthkv::policy_curves(depthkv::load_profile(profile), scorer, spec.policy);
+        }
+        std::vector<bool> swa;
+        if (swa_every > 0) {
+            for (int l = 0; l < n_layer; ++l) {
+                swa.push_back((l + 1) % swa_every != 0);
+            }
+        }
+        depthkv::PolicyData data = curves.data();
+        if (swa_every > 0) {  // the window layers are llama.cpp's, outside the budget
+            data.layer_window.assign(n_layer, 0);
+        }
+        depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(spec, data, n_layer, swa, n_final);
+        session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, threads);
+        std::ostringstream tj;
+        tj << "[";
+        for (int t = 0; t < plan.n_tiers(); ++t) {
+            int layers = 0;
+            for (int l = 0; l < n_layer; ++l) {
+                layers += !plan.swa[l] && (int) plan.tier_of_layer[l] == t;
+            }
+            tj << (t ? ", " : "") << "{\"layers\": " << layers << ", \"budget\": " << plan.budget[t] << "}";
+        }
+        tj << "]";
+        tiers_json = tj.str();
+#endif
+    }
+    llama_context * ctx = full ? full.get() : nullptr;
+#ifndef DEPTHKV_STOCK
+    if (session) {
+        ctx = session->context();
+    }
+#endif
+
+    double t0 = now_s();
+    const float * logits = nullptr;
+#ifndef DEPTHKV_STOCK
+    if (session) {
+        logits = session->prefill(prompt);
+    }
+#endif
+    if (full) {
+        for (int i = 0; i < n_prompt; i += ubatch) {
+            if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, std::min(ubatch, n_prompt - i))) != 0) {
+                return fail("prefill failed");
+            }
+        }
+        logits = llama_get_logits_ith(ctx, -1);
+    }
+    const double prefill_s = now_s() - t0;
+
+    std::vector<llama_token> out;
+    t0 = now_s();
+    for (int i = 0; i < n_gen; ++i) {
+        llama_token tok = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
+        out.push_back(tok);
+        if (i + 1 == n_gen) {
+            break;
+        }
+#ifndef DEPTHKV_STOCK
+        if (session) {
+            logits = session->step(tok);
+            continue;
+        }
+#endif
+        if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) {
+            return fail("decode failed");
+        }
+        logits = llama_get_logits_ith(ctx, -1);
+    }
+    const double decode_s = now_s() - t0;
+
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"keep\": %g, \"policy\": \"%s\", \"scorer\": \"%s\", "
+           "\"ubatch\": %d, \"interval\": %d, \"threads\": %d, \"kv_buffer_mib\": %.2f, \"tiers\": %s, "
+           "\"peak_rss_mib\": %.1f, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.2f",
+           path_model.substr(path_model.find_last_of('/') + 1).c_str(), n_prompt, n_gen, keep,
+           keep >= 1.0 ? "full" : policy.c_str(), keep >= 1.0 ? "" : scorer.c_str(), ubatch, interval, threads,
+           kv_buffer_mib, tiers_json.c_str(), ru.ru_maxrss / 1024.0, n_prompt / prefill_s, (n_gen - 1) / decode_s);
+#ifndef DEPTHKV_STOCK
+    if (session) {
+        const auto & r = session->report();
+        printf(", \"evictions\": %d, \"removed\": %lld", r.evictions, r.removed);
+    }
+#endif
+    printf(", \"tokens\": [");
+    for (size_t i = 0; i < out.size(); ++i) {
+        printf("%s%d", i ? ", " : "", out[i]);
+    }
+    printf("]}\n");
+    full.reset();
+#ifndef DEPTHKV_STOCK
+    session.reset();
+#endif
+    llama_model_free(model);
+    return 0;
+} catch (const std::exception & e) {
+    return fail(e.what());
+}
