@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds depthkv warnings-as-errors (CUDA code too, when nvcc is present) and runs the whole test
 # suite, then the Python package's tests (scripts/python-test.sh: pip install . into a virtual
-# environment outside the repository, pytest), then builds the test programs and the depthkv program under AddressSanitizer +
+# environment outside the repository, pytest), then the llama.cpp integration's checks
+# (integrations/llama.cpp/ci_check.sh: the patched llama.cpp built into ~/.cache/depthkv, its checks on the
+# real models), then builds the test programs and the depthkv program under AddressSanitizer +
 # UndefinedBehaviorSanitizer and runs every test but the packaging test (no header check,
 # examples, benchmarks or CUDA code in that build). ctest fails when it finds no tests.
 # Every test has a time limit (TEST_TIMEOUT seconds, default 300, 7x the slowest test under ASan: ctest --timeout), so a hang fails
@@ -27,6 +29,8 @@ ctest --test-dir build/release --output-on-failure --no-tests=error --timeout "$
 phase "release tests"
 DEPTHKV_CLI="$(pwd)/build/release/tools/depthkv" JOBS="$JOBS" scripts/python-test.sh
 phase "Python package tests"
+JOBS="$JOBS" sh integrations/llama.cpp/ci_check.sh
+phase "llama.cpp integration (integrations/llama.cpp/ci_check.sh)"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS="-O1 -g1" -DDEPTHKV_WERROR=ON -DDEPTHKV_SANITIZE=ON \
   -DDEPTHKV_ENABLE_CUDA=OFF -DDEPTHKV_BUILD_BENCHMARKS=OFF -DDEPTHKV_BUILD_EXAMPLES=OFF -DDEPTHKV_HEADER_CHECK=OFF
 cmake --build build/asan -j "$JOBS"

@@ -1,15 +1,17 @@
 #!/bin/sh
 # Builds the pinned llama.cpp (llama-cpp-python 0.3.36's vendored copy, see scripts/get-llama-cpp.sh) with the
-# tiered-KV-cache patches of this folder (patches/*.patch) applied, and the check programs check_tiers (llama.cpp's
-# API only) and check_observe (also depthkv's headers: needs Eigen, skipped with a note when it is missing).
+# tiered-KV-cache patches of this folder (patches/*.patch) applied, and the programs on it: check_tiers (llama.cpp's
+# API only); check_observe, llamacpp_generate and check_quality (also depthkv's headers and the adapter
+# depthkv_llamacpp.hpp: need Eigen, skipped with a note when it is missing); llamacpp_generate_stock (the same
+# program on the unpatched library, when scripts/get-llama-cpp.sh built it).
 # The stock source comes from $DEPTHKV_LLAMA_DIR (default ~/.cache/depthkv/llama.cpp-0.3.36; fetched and built
-# by scripts/get-llama-cpp.sh when missing). The patched copy and its build go to $DEPTHKV_LLAMA_TIERED_DIR
+# by scripts/get-llama-cpp.sh --source-only when missing). The patched copy and its build go to $DEPTHKV_LLAMA_TIERED_DIR
 # (default ~/.cache/depthkv/llama.cpp-0.3.36-tiered): src/ (stock src + patches), build/ (Release, the same cmake
-# options as get-llama-cpp.sh, target llama), build/bin/check_*. Prints the folder of libllama.so and the checks
-# (build/bin) on its last line. Idempotent: the library is rebuilt only when the patches changed (their sha256 is
-# kept in build/depthkv-patches.sha256), a check program only when the library or its source changed
-# (build/bin/<check>.sha256). Needs cmake, patch, sha256sum and a C++17 compiler; $EIGEN_DIR (default
-# /usr/include/eigen3) for check_observe.
+# options as get-llama-cpp.sh, target llama), build/bin/<program>. Prints the folder of libllama.so and the
+# programs (build/bin) on its last line. Idempotent: the library is rebuilt only when the patches changed (their
+# sha256 is kept in build/depthkv-patches.sha256), a program only when its library, its source or the adapter
+# changed (build/bin/<program>.sha256). Needs cmake, patch, sha256sum and a C++17 compiler; $EIGEN_DIR (default
+# /usr/include/eigen3) for the programs on depthkv's headers.
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -36,7 +38,7 @@ fi
 if [ "$LIB_OK" = 0 ]; then
   if [ ! -f "$STOCK/src/CMakeLists.txt" ]; then
     echo "build.sh: no stock source in $STOCK/src, fetching it with scripts/get-llama-cpp.sh" >&2
-    DEPTHKV_LLAMA_DIR="$STOCK" sh "$REPO/scripts/get-llama-cpp.sh" > /dev/null || fail "scripts/get-llama-cpp.sh failed"
+    DEPTHKV_LLAMA_DIR="$STOCK" sh "$REPO/scripts/get-llama-cpp.sh" --source-only > /dev/null || fail "scripts/get-llama-cpp.sh failed"
     [ -f "$STOCK/src/CMakeLists.txt" ] || fail "still no stock source in $STOCK/src"
   fi
 
@@ -61,24 +63,34 @@ if [ "$LIB_OK" = 0 ]; then
   echo "$HASH" > "$STAMP"
 fi
 
-# check programs: rebuilt when the library or their source changed
-build_check() { # name, extra compiler flags
-  chash=$(cat "$STAMP" "$HERE/$1.cpp" | sha256sum | cut -d' ' -f1)
-  if [ -x "$BIN/$1" ] && [ -f "$BIN/$1.sha256" ] && [ "$(cat "$BIN/$1.sha256")" = "$chash" ]; then
+# programs: rebuilt when the library, their source or the adapter header changed
+build_prog() { # name, output, library folder, include flags, extra compiler flags
+  chash=$(cat "$STAMP" "$HERE/$1.cpp" "$HERE/depthkv_llamacpp.hpp" "$3/libllama.so" | sha256sum | cut -d' ' -f1)
+  if [ -x "$BIN/$2" ] && [ -f "$BIN/$2.sha256" ] && [ "$(cat "$BIN/$2.sha256")" = "$chash" ]; then
     return 0
   fi
-  rm -f "$BIN/$1.sha256"
+  rm -f "$BIN/$2.sha256"
   # shellcheck disable=SC2086
-  nice -n 10 "$CXX" -std=c++17 -O2 -Wall $2 -I"$DIR/src/include" -I"$DIR/src/ggml/include" "$HERE/$1.cpp" \
-    -L"$BIN" -lllama -lggml -lggml-base -Wl,-rpath,"$BIN" -o "$BIN/$1" > "$DIR/$1.log" 2>&1 ||
-    fail "$1.cpp does not build (see $DIR/$1.log)"
-  echo "$chash" > "$BIN/$1.sha256"
+  nice -n 10 "$CXX" -std=c++17 -O2 -Wall $4 $5 "$HERE/$1.cpp" \
+    -L"$3" -lllama -lggml -lggml-base -Wl,-rpath,"$3" -o "$BIN/$2" > "$DIR/$2.log" 2>&1 ||
+    fail "$1.cpp does not build (see $DIR/$2.log)"
+  echo "$chash" > "$BIN/$2.sha256"
 }
-build_check check_tiers ""
+TIERED_INC="-I$DIR/src/include -I$DIR/src/ggml/include"
+build_prog check_tiers check_tiers "$BIN" "$TIERED_INC" ""
 if [ -f "$EIGEN_DIR/Eigen/Core" ]; then
-  build_check check_observe "-I$REPO/include -I$EIGEN_DIR -fopenmp"
+  build_prog check_observe check_observe "$BIN" "$TIERED_INC" "-I$REPO/include -I$EIGEN_DIR -fopenmp"
+  build_prog llamacpp_generate llamacpp_generate "$BIN" "$TIERED_INC" "-I$REPO/include -I$EIGEN_DIR -fopenmp"
+  build_prog check_quality check_quality "$BIN" "$TIERED_INC" "-I$REPO/include -I$EIGEN_DIR -fopenmp"
 else
-  echo "build.sh: no Eigen in $EIGEN_DIR (set EIGEN_DIR), check_observe not built" >&2
+  echo "build.sh: no Eigen in $EIGEN_DIR (set EIGEN_DIR), check_observe, llamacpp_generate and check_quality not built" >&2
+fi
+# the same program on the unpatched library (full cache only): the stock side of the memory table
+if [ -f "$STOCK/build/bin/libllama.so" ]; then
+  build_prog llamacpp_generate llamacpp_generate_stock "$STOCK/build/bin" \
+    "-I$STOCK/src/include -I$STOCK/src/ggml/include" "-DDEPTHKV_STOCK"
+else
+  echo "build.sh: no stock libllama.so in $STOCK/build/bin (scripts/get-llama-cpp.sh builds it): llamacpp_generate_stock not built" >&2
 fi
 
 if [ "$LIB_OK" = 1 ]; then

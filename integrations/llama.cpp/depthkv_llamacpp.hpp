@@ -6,7 +6,10 @@
 /// - `plan_tiers`: depthkv's allocator (`allocate`, prune_spec.hpp) gives every layer its budget
 ///   for the final length; layers of one allocator tier (`PruneSpec::tiers`, optimal policy) or,
 ///   without tiers, of one budget form one llama.cpp tier, sized to the largest budget among
-///   them. Sliding-window layers stay in llama.cpp's window cache (no tier).
+///   them (without tiers, budgets one token apart share a tier: the allocator's rounding); or
+///   (`TierGrouping::kLayer`) every layer is a tier of its own, at its own budget.
+///   Sliding-window layers stay in llama.cpp's window cache (no tier) and outside the budget: the
+///   keep ratio is of the other layers' tokens (the allocator sees the window layers at length 0).
 /// - `Session`: owns the `llama_context` built with those tiers. `prefill` feeds the prompt one
 ///   ubatch (`PruneSpec::schedule.chunk` tokens) per `llama_decode`; `step` decodes one token.
 ///   The attention probabilities `kq_soft_max-<layer>` are read through `cb_eval` for the rows
@@ -36,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -53,16 +57,27 @@ struct TierPlan {
   int n_tiers() const { return static_cast<int>(budget.size()); }
 };
 
+/// How `plan_tiers` groups layers: by budget (the fewest caches: one per allocator tier, or per
+/// budget) or one tier per layer (each layer keeps its own position set, at its own budget).
+enum class TierGrouping { kBudget, kLayer };
+
 /// The tiers of `spec` for a sequence of `n_final` tokens (see the file comment).
 /// @param swa per layer, whether llama.cpp keeps it in its sliding-window cache (empty: none)
 /// @throws Error as `allocate`, on a bad `n_final`, or when every layer is a window layer
 inline TierPlan plan_tiers(const PruneSpec& spec, const PolicyData& data, int n_layer, std::vector<bool> swa,
-                           int n_final) {
+                           int n_final, TierGrouping grouping = TierGrouping::kBudget) {
   DEPTHKV_CHECK(n_layer >= 1 && n_final >= 1, "plan_tiers: n_layer " << n_layer << ", n_final " << n_final);
   if (swa.empty()) swa.assign(static_cast<std::size_t>(n_layer), false);
   DEPTHKV_CHECK(static_cast<int>(swa.size()) == n_layer, "plan_tiers: " << swa.size() << " SWA flags for "
                                                                         << n_layer << " layers");
-  const Allocation a = allocate(spec, std::vector<int>(static_cast<std::size_t>(n_layer), n_final), data);
+  DEPTHKV_CHECK(!is_head_policy(spec.policy), "a llama.cpp tier keeps one position set: no per-head policy ("
+                                                  << to_string(spec.policy) << ")");
+  std::vector<int> lengths(static_cast<std::size_t>(n_layer), n_final);
+  for (int l = 0; l < n_layer; ++l)
+    if (swa[static_cast<std::size_t>(l)]) lengths[static_cast<std::size_t>(l)] = 0;  // llama.cpp's, outside the budget
+  PolicyData d = data;
+  d.layer_window.clear();
+  const Allocation a = allocate(spec, lengths, d);
   TierPlan p;
   p.n_final = n_final;
   p.swa = swa;
@@ -71,8 +86,10 @@ inline TierPlan plan_tiers(const PruneSpec& spec, const PolicyData& data, int n_
   for (int l = 0; l < n_layer; ++l) {
     if (swa[static_cast<std::size_t>(l)]) continue;
     const int b = a.layers[static_cast<std::size_t>(l)];
-    const int k = a.tier.empty() ? b : a.tier[static_cast<std::size_t>(l)];
-    auto it = std::find(key.begin(), key.end(), k);
+    const int k = grouping == TierGrouping::kLayer ? l : a.tier.empty() ? b : a.tier[static_cast<std::size_t>(l)];
+    auto it = std::find_if(key.begin(), key.end(), [&](int x) {  // budgets 1 token apart share a tier (rounding)
+      return grouping == TierGrouping::kBudget && a.tier.empty() ? std::abs(x - k) <= 1 : x == k;
+    });
     if (it == key.end()) {
       key.push_back(k);
       p.budget.push_back(b);
@@ -126,6 +143,7 @@ class Session {
     cp.n_seq_max = 1;
     cp.n_threads = cp.n_threads_batch = n_threads;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;  // the probabilities exist only without FA
+    cp.swa_full = false;  // window layers: their window plus one ubatch
     cp.n_kv_tiers = static_cast<std::uint32_t>(cells.size());
     cp.kv_tier_of_layer = plan_.tier_of_layer.data();
     cp.kv_tier_cells = cells.data();

@@ -2,6 +2,7 @@
 // printing one JSON line: the KV bytes llama.cpp allocated, the peak RSS, prefill and decode speed, the tokens.
 // usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform|optimal]
 //                          [profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0]
+// Flash attention off and swa_full false (window layers hold window + ubatch cells) in every run.
 // keep 1: the full cache (no tiers: llama.cpp's own memory). Built with -DDEPTHKV_STOCK against the unpatched
 // llama.cpp, only keep 1 runs. swa_every N: every N-th layer is global, the others sliding-window (Gemma 3: 6).
 #include "llama.h"
@@ -106,6 +107,7 @@ int main(int argc, char ** argv) try {
         cp.n_seq_max = 1;
         cp.n_threads = cp.n_threads_batch = threads;
         cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cp.swa_full = false;  // window layers hold their window plus one ubatch (llama.cpp's default: n_ctx)
         full.reset(llama_init_from_model(model, cp));
         if (!full) {
             return fail("llama_init_from_model failed");
@@ -131,10 +133,7 @@ int main(int argc, char ** argv) try {
                 swa.push_back((l + 1) % swa_every != 0);
             }
         }
-        depthkv::PolicyData data = curves.data();
-        if (swa_every > 0) {  // the window layers are llama.cpp's, outside the budget
-            data.layer_window.assign(n_layer, 0);
-        }
+        const depthkv::PolicyData data = curves.data();
         depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(spec, data, n_layer, swa, n_final);
         session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, threads);
         std::ostringstream tj;
