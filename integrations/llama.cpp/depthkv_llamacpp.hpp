@@ -117,10 +117,11 @@ class Session {
   /// @param spec what to keep: its scorer, protection, schedule.chunk (the ubatch) and
   ///   schedule.interval (decode evictions); the budget is `plan`'s
   /// @param n_ctx the context's positions (at least `plan.n_final`)
-  /// @throws Error on a scorer that reads K/V, a plan that does not match the model, or a
-  ///   context llama.cpp refuses to create
+  /// @throws Error on a scorer that reads K/V, a decode interval above the chunk, a plan that
+  ///   does not match the model, or a context llama.cpp refuses to create
   Session(llama_model* model, const PruneSpec& spec, TierPlan plan, int n_ctx, int n_threads)
       : spec_(spec), plan_(std::move(plan)) {
+    spec.validate();
     const ScorerKind k = spec.scorer.kind;
     DEPTHKV_CHECK(k == ScorerKind::kH2O || k == ScorerKind::kSnapKV || k == ScorerKind::kTOVA,
                   "a llama.cpp tier exposes no K/V rows: the scorer must be h2o, snapkv or tova, not "
@@ -134,6 +135,9 @@ class Session {
                   "the plan has " << plan_.tier_of_layer.size() << " layers, the model " << n_layer_);
     DEPTHKV_CHECK(n_ctx >= plan_.n_final, "n_ctx " << n_ctx << " < the plan's length " << plan_.n_final);
     ubatch_ = spec.schedule.chunk;
+    DEPTHKV_CHECK(spec.schedule.interval <= ubatch_, "schedule.interval " << spec.schedule.interval
+                                                         << " > schedule.chunk " << ubatch_
+                                                         << ": a tier holds its budget plus one ubatch of tokens");
     scorers_ = make_scorers(n_layer_, spec.scorer, n_head_, n_head_kv_);
     cap_.resize(static_cast<std::size_t>(n_layer_));
     std::vector<std::uint32_t> cells(plan_.budget.begin(), plan_.budget.end());

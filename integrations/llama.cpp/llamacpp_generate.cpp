@@ -2,6 +2,9 @@
 // printing one JSON line: the KV bytes llama.cpp allocated, the peak RSS, prefill and decode speed, the tokens.
 // usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform|optimal]
 //                          [profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0]
+//                          [grouping=budget|layer]
+// TEXT: a text file (its first n_prompt tokens, BOS first), or ids:FILE (token ids, whitespace-separated; n_prompt
+// 0: all of them). grouping: depthkv::llamacpp::TierGrouping.
 // Flash attention off and swa_full false (window layers hold window + ubatch cells) in every run.
 // keep 1: the full cache (no tiers: llama.cpp's own memory). Built with -DDEPTHKV_STOCK against the unpatched
 // llama.cpp, only keep 1 runs. swa_every N: every N-th layer is global, the others sliding-window (Gemma 3: 6).
@@ -51,7 +54,7 @@ static int fail(const std::string & msg) {
 int main(int argc, char ** argv) try {
     if (argc < 3) {
         return fail("usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform] "
-                    "[profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0]");
+                    "[profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0] [grouping=budget]");
     }
     auto arg = [&](int i, const char * def) { return argc > i && argv[i][0] ? std::string(argv[i]) : std::string(def); };
     const std::string path_model = argv[1], path_text = argv[2];
@@ -62,8 +65,12 @@ int main(int argc, char ** argv) try {
     const std::string scorer = arg(9, "snapkv");
     const int ubatch = std::stoi(arg(10, "128")), interval = std::stoi(arg(11, "16")), threads = std::stoi(arg(12, "2"));
     const int swa_every = std::stoi(arg(13, "0"));
-    if (n_prompt < 1 || n_gen < 1 || ubatch < 1 || interval < 1 || threads < 1 || !(keep > 0.0 && keep <= 1.0)) {
-        return fail("n_prompt, n_gen, ubatch, interval and threads must be >= 1 and keep in (0, 1]");
+    const std::string grouping = arg(14, "budget");
+    if (grouping != "budget" && grouping != "layer") {
+        return fail("grouping must be budget or layer, not " + grouping);
+    }
+    if (n_prompt < 0 || n_gen < 1 || ubatch < 1 || interval < 1 || threads < 1 || !(keep > 0.0 && keep <= 1.0)) {
+        return fail("n_gen, ubatch, interval and threads must be >= 1, n_prompt >= 0 and keep in (0, 1]");
     }
 
     llama_log_set(log_cb, nullptr);
@@ -74,21 +81,43 @@ int main(int argc, char ** argv) try {
     if (!model) {
         return fail("cannot load " + path_model);
     }
-    std::ifstream f(path_text);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string text = ss.str();
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-    std::vector<llama_token> prompt(text.size() + 16);
-    const int n_tok = llama_tokenize(vocab, text.data(), (int32_t) text.size(), prompt.data(), (int32_t) prompt.size(), true, false);
-    if (n_tok < n_prompt) {
-        return fail(path_text + " has " + std::to_string(std::max(0, n_tok)) + " tokens, fewer than " + std::to_string(n_prompt));
+    const bool ids = path_text.rfind("ids:", 0) == 0;
+    std::ifstream f(ids ? path_text.substr(4) : path_text);
+    if (!f) {
+        return fail("cannot read " + path_text);
     }
-    prompt.resize(n_prompt);
-    const int n_final = n_prompt + n_gen, n_layer = llama_model_n_layer(model);
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> prompt;
+    int n_tok = 0;
+    if (ids) {
+        for (long long t; f >> t;) {
+            if (t < 0 || t >= llama_vocab_n_tokens(vocab)) {
+                return fail(path_text + ": token id " + std::to_string(t) + " outside the vocabulary");
+            }
+            prompt.push_back((llama_token) t);
+        }
+        if (!f.eof()) {
+            return fail(path_text + ": not a list of token ids");
+        }
+        n_tok = (int) prompt.size();
+    } else {
+        std::stringstream ss;
+        ss << f.rdbuf();
+        const std::string text = ss.str();
+        prompt.resize(text.size() + 16);
+        n_tok = llama_tokenize(vocab, text.data(), (int32_t) text.size(), prompt.data(), (int32_t) prompt.size(), true, false);
+    }
+    if (n_tok < std::max(1, n_prompt)) {
+        return fail(path_text + " has " + std::to_string(std::max(0, n_tok)) + " tokens, fewer than " +
+                    std::to_string(std::max(1, n_prompt)));
+    }
+    prompt.resize(n_prompt > 0 ? n_prompt : n_tok);
+    const int n_prompt_run = (int) prompt.size();
+    const int n_final = n_prompt_run + n_gen, n_layer = llama_model_n_layer(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
 #ifdef DEPTHKV_STOCK
     (void) tiers;
+    (void) grouping;
     (void) swa_every;
     (void) n_layer;
 #endif
@@ -134,7 +163,9 @@ int main(int argc, char ** argv) try {
             }
         }
         const depthkv::PolicyData data = curves.data();
-        depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(spec, data, n_layer, swa, n_final);
+        depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(
+            spec, data, n_layer, swa, n_final,
+            grouping == "layer" ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget);
         session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, threads);
         std::ostringstream tj;
         tj << "[";
@@ -164,8 +195,8 @@ int main(int argc, char ** argv) try {
     }
 #endif
     if (full) {
-        for (int i = 0; i < n_prompt; i += ubatch) {
-            if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, std::min(ubatch, n_prompt - i))) != 0) {
+        for (int i = 0; i < n_prompt_run; i += ubatch) {
+            if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, std::min(ubatch, n_prompt_run - i))) != 0) {
                 return fail("prefill failed");
             }
         }
@@ -199,9 +230,9 @@ int main(int argc, char ** argv) try {
     printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"keep\": %g, \"policy\": \"%s\", \"scorer\": \"%s\", "
            "\"ubatch\": %d, \"interval\": %d, \"threads\": %d, \"kv_buffer_mib\": %.2f, \"tiers\": %s, "
            "\"peak_rss_mib\": %.1f, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.2f",
-           path_model.substr(path_model.find_last_of('/') + 1).c_str(), n_prompt, n_gen, keep,
+           path_model.substr(path_model.find_last_of('/') + 1).c_str(), n_prompt_run, n_gen, keep,
            keep >= 1.0 ? "full" : policy.c_str(), keep >= 1.0 ? "" : scorer.c_str(), ubatch, interval, threads,
-           kv_buffer_mib, tiers_json.c_str(), ru.ru_maxrss / 1024.0, n_prompt / prefill_s, (n_gen - 1) / decode_s);
+           kv_buffer_mib, tiers_json.c_str(), ru.ru_maxrss / 1024.0, n_prompt_run / prefill_s, (n_gen - 1) / decode_s);
 #ifndef DEPTHKV_STOCK
     if (session) {
         const auto & r = session->report();
