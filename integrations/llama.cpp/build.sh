@@ -65,7 +65,7 @@ fi
 
 # programs: rebuilt when the library, their source or the adapter header changed
 build_prog() { # name, output, library folder, include flags, extra compiler flags
-  chash=$(cat "$STAMP" "$HERE/$1.cpp" "$HERE/depthkv_llamacpp.hpp" "$3/libllama.so" | sha256sum | cut -d' ' -f1)
+  chash=$(cat "$STAMP" "$HERE/$1.cpp" "$HERE/depthkv_llamacpp.hpp" "$HERE/run_args.hpp" "$3/libllama.so" | sha256sum | cut -d' ' -f1)
   if [ -x "$BIN/$2" ] && [ -f "$BIN/$2.sha256" ] && [ "$(cat "$BIN/$2.sha256")" = "$chash" ]; then
     return 0
   fi

@@ -13,6 +13,7 @@
 // `windows` consecutive windows of the text's tokens (window w: tokens [w (N + T), (w + 1) (N + T))); each metric is
 // the mean over them, with its standard error. Prints one JSON line. Exit 1 on an error; the agreement is reported, not asserted.
 #include "depthkv_llamacpp.hpp"
+#include "run_args.hpp"
 
 #include <depthkv/llama/engine.hpp>
 #include <depthkv/llama/gguf.hpp>
@@ -24,7 +25,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -53,22 +53,16 @@ static RowMatrix collect(const float * first, const std::vector<llama_token> & c
     return rows;
 }
 
-// llama.cpp's own memory (flash attention off, swa_full false): the prompt in ubatches, then the continuation
-static RowMatrix llamacpp_full(llama_model * model, const std::vector<llama_token> & prompt,
-                               const std::vector<llama_token> & cont, int ubatch, int threads, int n_vocab) {
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) (prompt.size() + cont.size());
-    cp.n_batch = cp.n_ubatch = ubatch;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.swa_full = false;
-    std::unique_ptr<llama_context, void (*)(llama_context *)> ctx(llama_init_from_model(model, cp), llama_free);
+// llama.cpp's own memory (RunArgs::full_params): the prompt in ubatches, then the continuation
+static RowMatrix llamacpp_full(llama_model * model, const RunArgs & a, const std::vector<llama_token> & prompt,
+                               const std::vector<llama_token> & cont, int n_vocab) {
+    std::unique_ptr<llama_context, void (*)(llama_context *)> ctx(
+        llama_init_from_model(model, a.full_params((int) (prompt.size() + cont.size()))), llama_free);
     DEPTHKV_CHECK(ctx, "llama_init_from_model failed");
     std::vector<llama_token> p = prompt;
     const int n = (int) p.size();
-    for (int i = 0; i < n; i += ubatch) {
-        DEPTHKV_CHECK(llama_decode(ctx.get(), llama_batch_get_one(p.data() + i, std::min(ubatch, n - i))) == 0, "prefill failed");
+    for (int i = 0; i < n; i += a.ubatch) {
+        DEPTHKV_CHECK(llama_decode(ctx.get(), llama_batch_get_one(p.data() + i, std::min(a.ubatch, n - i))) == 0, "prefill failed");
     }
     return collect(llama_get_logits_ith(ctx.get(), -1), cont, n_vocab, [&](llama_token t) {
         DEPTHKV_CHECK(llama_decode(ctx.get(), llama_batch_get_one(&t, 1)) == 0, "decode failed");
@@ -98,63 +92,34 @@ int main(int argc, char ** argv) try {
                         "[profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0] [windows=1]\n");
         return 2;
     }
-    auto arg = [&](int i, const char * def) { return argc > i && argv[i][0] ? std::string(argv[i]) : std::string(def); };
-    const std::string path_model = argv[1], path_text = argv[2];
-    const int n_prompt = std::stoi(arg(3, "2048")), n_cont = std::stoi(arg(4, "64"));
-    const double keep = std::stod(arg(5, "0.2"));
-    const std::string policy = arg(6, "uniform"), profile = arg(7, "");
-    const int tiers = std::stoi(arg(8, "3"));
-    const std::string scorer = arg(9, "snapkv");
-    const int ubatch = std::stoi(arg(10, "128")), interval = std::stoi(arg(11, "16")), threads = std::stoi(arg(12, "2"));
-    const int swa_every = std::stoi(arg(13, "0")), windows = std::stoi(arg(14, "1"));
-    DEPTHKV_CHECK(windows >= 1, "windows must be >= 1");
-    DEPTHKV_CHECK(n_prompt >= 1 && n_cont >= 2 && ubatch >= 1 && interval >= 1 && threads >= 1 && keep > 0.0 && keep < 1.0,
-                  "n_prompt, ubatch, interval, threads >= 1, n_cont >= 2 and keep in (0, 1)");
+    const RunArgs a = RunArgs::parse(argc, argv, "2048", "64", "0.2", "1");
+    const int n_prompt = a.n_prompt, n_cont = a.n_new, windows = std::stoi(a.extra);
+    DEPTHKV_CHECK(windows >= 1 && n_prompt >= 1 && n_cont >= 2 && a.keep < 1.0,
+                  "windows and n_prompt >= 1, n_cont >= 2 and keep < 1");
 
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    std::unique_ptr<llama_model, void (*)(llama_model *)> model(llama_model_load_from_file(path_model.c_str(), mp),
+    std::unique_ptr<llama_model, void (*)(llama_model *)> model(llama_model_load_from_file(a.model.c_str(), mp),
                                                                   llama_model_free);
-    DEPTHKV_CHECK(model, "cannot load " << path_model);
-    std::ifstream f(path_text);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string text = ss.str();
+    DEPTHKV_CHECK(model, "cannot load " << a.model);
     const llama_vocab * vocab = llama_model_get_vocab(model.get());
-    std::vector<llama_token> ids(text.size() + 16);
-    const int n_tok = llama_tokenize(vocab, text.data(), (int32_t) text.size(), ids.data(), (int32_t) ids.size(), true, false);
-    DEPTHKV_CHECK(n_tok >= windows * (n_prompt + n_cont),
-                  path_text << " has " << n_tok << " tokens, fewer than " << windows * (n_prompt + n_cont));
-    const std::vector<llama_token> prompt(ids.begin(), ids.begin() + n_prompt);
-    const std::vector<llama_token> cont(ids.begin() + n_prompt, ids.begin() + n_prompt + n_cont);
+    const std::vector<llama_token> ids = RunArgs::read_tokens(vocab, a.text);
+    DEPTHKV_CHECK((int) ids.size() >= windows * (n_prompt + n_cont),
+                  a.text << " has " << ids.size() << " tokens, fewer than " << windows * (n_prompt + n_cont));
     const int n_final = n_prompt + n_cont, n_layer = llama_model_n_layer(model.get());
     const int n_vocab = llama_vocab_n_tokens(vocab);
-
-    depthkv::PruneSpec spec;
-    spec.scorer.kind = depthkv::parse_scorer_kind(scorer);
-    spec.budget = depthkv::Budget::keep(keep);
-    spec.policy = depthkv::parse_allocation_policy(policy);
-    spec.tiers = spec.policy == depthkv::AllocationPolicy::kOptimal ? tiers : 0;
-    spec.schedule.mode = depthkv::ScheduleMode::kDecode;
-    spec.schedule.chunk = ubatch;
-    spec.schedule.interval = interval;
-    depthkv::PolicyCurves curves;
-    if (!profile.empty()) {
-        curves = depthkv::policy_curves(depthkv::load_profile(profile), scorer, spec.policy);
-    }
-    std::vector<bool> swa;
+    const depthkv::PruneSpec spec = a.spec(depthkv::ScheduleMode::kDecode);
+    const depthkv::PolicyCurves curves = a.curves(spec);
     const depthkv::PolicyData data = curves.data();
-    for (int l = 0; l < n_layer && swa_every > 0; ++l) {
-        swa.push_back((l + 1) % swa_every != 0);
-    }
+    const std::vector<bool> swa = a.swa(n_layer);
 
-    const depthkv::llama::LlamaModel dk_model = depthkv::llama::load_gguf(path_model);
+    const depthkv::llama::LlamaModel dk_model = depthkv::llama::load_gguf(a.model);
     depthkv::llama::LlamaEngine engine(dk_model);
     depthkv::llama::ForwardOptions run;
-    run.chunk_size = ubatch;
-    run.n_threads = threads;
+    run.chunk_size = a.ubatch;
+    run.n_threads = a.threads;
     const char * names[4] = { "llamacpp_tiers", "llamacpp_layers", "depthkv_engine", "engines_full" };
     std::vector<depthkv::ContinuationMetrics> m[4];  // [run][window]
     int n_tiers[2] = { 0, 0 };
@@ -162,11 +127,11 @@ int main(int argc, char ** argv) try {
         const auto w0 = ids.begin() + (std::ptrdiff_t) w * (n_prompt + n_cont);
         const std::vector<llama_token> prompt(w0, w0 + n_prompt), cont(w0 + n_prompt, w0 + n_prompt + n_cont);
         const std::vector<int> targets(cont.begin(), cont.end());  // row i predicts cont[i]
-        const RowMatrix ll_full = llamacpp_full(model.get(), prompt, cont, ubatch, threads, n_vocab);
+        const RowMatrix ll_full = llamacpp_full(model.get(), a, prompt, cont, n_vocab);
         for (int gi = 0; gi < 2; ++gi) {
             const auto g = gi ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget;
             const auto plan = depthkv::llamacpp::plan_tiers(spec, data, n_layer, swa, n_final, g);
-            depthkv::llamacpp::Session s(model.get(), spec, plan, n_final, threads);
+            depthkv::llamacpp::Session s(model.get(), spec, plan, n_final, a.threads);
             const RowMatrix rows = collect(s.prefill(prompt), cont, n_vocab, [&](llama_token t) { return s.step(t); });
             m[gi].push_back(depthkv::compare_logits(ll_full, rows, targets));
             n_tiers[gi] = plan.n_tiers();
@@ -190,9 +155,9 @@ int main(int argc, char ** argv) try {
     }
     std::ostringstream out;
     out.precision(5);
-    out << "{\"model\": \"" << path_model.substr(path_model.find_last_of('/') + 1) << "\", \"n_prompt\": " << n_prompt
-        << ", \"n_cont\": " << n_cont << ", \"windows\": " << windows << ", \"keep\": " << keep << ", \"policy\": \""
-        << policy << "\", \"scorer\": \"" << scorer << "\", \"n_tiers\": " << n_tiers[0] << ", \"n_layer_tiers\": "
+    out << "{\"model\": \"" << a.model.substr(a.model.find_last_of('/') + 1) << "\", \"n_prompt\": " << n_prompt
+        << ", \"n_cont\": " << n_cont << ", \"windows\": " << windows << ", \"keep\": " << a.keep << ", \"policy\": \""
+        << a.policy << "\", \"scorer\": \"" << a.scorer << "\", \"n_tiers\": " << n_tiers[0] << ", \"n_layer_tiers\": "
         << n_tiers[1];
     for (int r = 0; r < 4; ++r) {
         out << ", \"" << names[r] << "\": {";

@@ -8,13 +8,10 @@
 // Flash attention off and swa_full false (window layers hold window + ubatch cells) in every run.
 // keep 1: the full cache (no tiers: llama.cpp's own memory). Built with -DDEPTHKV_STOCK against the unpatched
 // llama.cpp, only keep 1 runs. swa_every N: every N-th layer is global, the others sliding-window (Gemma 3: 6).
-#include "llama.h"
+#include "run_args.hpp"
 
 #ifndef DEPTHKV_STOCK
 #include "depthkv_llamacpp.hpp"
-
-#include <depthkv/preset.hpp>
-#include <depthkv/profile_io.hpp>
 #endif
 
 #include <sys/resource.h>
@@ -24,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -56,69 +52,34 @@ int main(int argc, char ** argv) try {
         return fail("usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform] "
                     "[profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0] [grouping=budget]");
     }
-    auto arg = [&](int i, const char * def) { return argc > i && argv[i][0] ? std::string(argv[i]) : std::string(def); };
-    const std::string path_model = argv[1], path_text = argv[2];
-    const int n_prompt = std::stoi(arg(3, "2048")), n_gen = std::stoi(arg(4, "32"));
-    const double keep = std::stod(arg(5, "1"));
-    const std::string policy = arg(6, "uniform"), profile = arg(7, "");
-    const int tiers = std::stoi(arg(8, "3"));
-    const std::string scorer = arg(9, "snapkv");
-    const int ubatch = std::stoi(arg(10, "128")), interval = std::stoi(arg(11, "16")), threads = std::stoi(arg(12, "2"));
-    const int swa_every = std::stoi(arg(13, "0"));
-    const std::string grouping = arg(14, "budget");
+    const RunArgs a = RunArgs::parse(argc, argv, "2048", "32", "1", "budget");
+    const std::string & grouping = a.extra;
     if (grouping != "budget" && grouping != "layer") {
         return fail("grouping must be budget or layer, not " + grouping);
     }
-    if (n_prompt < 0 || n_gen < 1 || ubatch < 1 || interval < 1 || threads < 1 || !(keep > 0.0 && keep <= 1.0)) {
-        return fail("n_gen, ubatch, interval and threads must be >= 1, n_prompt >= 0 and keep in (0, 1]");
-    }
+    const int n_gen = a.n_new, ubatch = a.ubatch;
 
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(path_model.c_str(), mp);
+    llama_model * model = llama_model_load_from_file(a.model.c_str(), mp);
     if (!model) {
-        return fail("cannot load " + path_model);
-    }
-    const bool ids = path_text.rfind("ids:", 0) == 0;
-    std::ifstream f(ids ? path_text.substr(4) : path_text);
-    if (!f) {
-        return fail("cannot read " + path_text);
+        return fail("cannot load " + a.model);
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
-    std::vector<llama_token> prompt;
-    int n_tok = 0;
-    if (ids) {
-        for (long long t; f >> t;) {
-            if (t < 0 || t >= llama_vocab_n_tokens(vocab)) {
-                return fail(path_text + ": token id " + std::to_string(t) + " outside the vocabulary");
-            }
-            prompt.push_back((llama_token) t);
-        }
-        if (!f.eof()) {
-            return fail(path_text + ": not a list of token ids");
-        }
-        n_tok = (int) prompt.size();
-    } else {
-        std::stringstream ss;
-        ss << f.rdbuf();
-        const std::string text = ss.str();
-        prompt.resize(text.size() + 16);
-        n_tok = llama_tokenize(vocab, text.data(), (int32_t) text.size(), prompt.data(), (int32_t) prompt.size(), true, false);
+    std::vector<llama_token> prompt = RunArgs::read_tokens(vocab, a.text);
+    if ((int) prompt.size() < std::max(1, a.n_prompt)) {
+        return fail(a.text + " has " + std::to_string(prompt.size()) + " tokens, fewer than " +
+                    std::to_string(std::max(1, a.n_prompt)));
     }
-    if (n_tok < std::max(1, n_prompt)) {
-        return fail(path_text + " has " + std::to_string(std::max(0, n_tok)) + " tokens, fewer than " +
-                    std::to_string(std::max(1, n_prompt)));
+    if (a.n_prompt > 0) {
+        prompt.resize(a.n_prompt);
     }
-    prompt.resize(n_prompt > 0 ? n_prompt : n_tok);
     const int n_prompt_run = (int) prompt.size();
     const int n_final = n_prompt_run + n_gen, n_layer = llama_model_n_layer(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
 #ifdef DEPTHKV_STOCK
-    (void) tiers;
-    (void) grouping;
-    (void) swa_every;
     (void) n_layer;
 #endif
 
@@ -129,15 +90,8 @@ int main(int argc, char ** argv) try {
 #endif
     std::string tiers_json = "[]";
     kv_buffer_mib = 0.0;
-    if (keep >= 1.0) {
-        llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = n_final;
-        cp.n_batch = cp.n_ubatch = ubatch;
-        cp.n_seq_max = 1;
-        cp.n_threads = cp.n_threads_batch = threads;
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-        cp.swa_full = false;  // window layers hold their window plus one ubatch (llama.cpp's default: n_ctx)
-        full.reset(llama_init_from_model(model, cp));
+    if (a.keep >= 1.0) {
+        full.reset(llama_init_from_model(model, a.full_params(n_final)));
         if (!full) {
             return fail("llama_init_from_model failed");
         }
@@ -145,28 +99,12 @@ int main(int argc, char ** argv) try {
 #ifdef DEPTHKV_STOCK
         return fail("the stock build runs keep 1 only");
 #else
-        depthkv::PruneSpec spec;
-        spec.scorer.kind = depthkv::parse_scorer_kind(scorer);
-        spec.budget = depthkv::Budget::keep(keep);
-        spec.policy = depthkv::parse_allocation_policy(policy);
-        spec.tiers = spec.policy == depthkv::AllocationPolicy::kOptimal ? tiers : 0;
-        spec.schedule.chunk = ubatch;
-        spec.schedule.interval = interval;
-        depthkv::PolicyCurves curves;
-        if (!profile.empty()) {
-            curves = depthkv::policy_curves(depthkv::load_profile(profile), scorer, spec.policy);
-        }
-        std::vector<bool> swa;
-        if (swa_every > 0) {
-            for (int l = 0; l < n_layer; ++l) {
-                swa.push_back((l + 1) % swa_every != 0);
-            }
-        }
-        const depthkv::PolicyData data = curves.data();
+        const depthkv::PruneSpec spec = a.spec();
+        const depthkv::PolicyCurves curves = a.curves(spec);
         depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(
-            spec, data, n_layer, swa, n_final,
+            spec, curves.data(), n_layer, a.swa(n_layer), n_final,
             grouping == "layer" ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget);
-        session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, threads);
+        session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, a.threads);
         std::ostringstream tj;
         tj << "[";
         for (int t = 0; t < plan.n_tiers(); ++t) {
@@ -230,8 +168,8 @@ int main(int argc, char ** argv) try {
     printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"keep\": %g, \"policy\": \"%s\", \"scorer\": \"%s\", "
            "\"ubatch\": %d, \"interval\": %d, \"threads\": %d, \"kv_buffer_mib\": %.2f, \"tiers\": %s, "
            "\"peak_rss_mib\": %.1f, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.2f",
-           path_model.substr(path_model.find_last_of('/') + 1).c_str(), n_prompt_run, n_gen, keep,
-           keep >= 1.0 ? "full" : policy.c_str(), keep >= 1.0 ? "" : scorer.c_str(), ubatch, interval, threads,
+           a.model.substr(a.model.find_last_of('/') + 1).c_str(), n_prompt_run, n_gen, a.keep,
+           a.keep >= 1.0 ? "full" : a.policy.c_str(), a.keep >= 1.0 ? "" : a.scorer.c_str(), ubatch, a.interval, a.threads,
            kv_buffer_mib, tiers_json.c_str(), ru.ru_maxrss / 1024.0, n_prompt_run / prefill_s, (n_gen - 1) / decode_s);
 #ifndef DEPTHKV_STOCK
     if (session) {
