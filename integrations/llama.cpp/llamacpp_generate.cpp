@@ -21,6 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <stdexcept>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -47,27 +49,87 @@ static int fail(const std::string & msg) {
     return 1;
 }
 
+// One generation's two calls: the prompt's last logits, and one decoded token's.
+struct Generator {
+    std::function<const float *(std::vector<llama_token> &)> prefill;
+    std::function<const float *(llama_token)>                step;
+};
+
+// llama.cpp's own memory: the prompt one ubatch per llama_decode, then token by token
+static Generator full_generator(llama_context * ctx, int ubatch) {
+    Generator g;
+    g.prefill = [ctx, ubatch](std::vector<llama_token> & prompt) {
+        const int n = (int) prompt.size();
+        for (int i = 0; i < n; i += ubatch) {
+            if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, std::min(ubatch, n - i))) != 0) {
+                throw std::runtime_error("prefill failed");
+            }
+        }
+        return (const float *) llama_get_logits_ith(ctx, -1);
+    };
+    g.step = [ctx](llama_token t) {
+        if (llama_decode(ctx, llama_batch_get_one(&t, 1)) != 0) {
+            throw std::runtime_error("decode failed");
+        }
+        return (const float *) llama_get_logits_ith(ctx, -1);
+    };
+    return g;
+}
+
+// n_gen greedy tokens (the first from the prompt's logits), timing the prefill and the n_gen - 1 decode steps
+static std::vector<llama_token> greedy(const Generator & g, std::vector<llama_token> & prompt, int n_gen, int n_vocab,
+                                       double & prefill_s, double & decode_s) {
+    double t0 = now_s();
+    const float * logits = g.prefill(prompt);
+    prefill_s = now_s() - t0;
+    std::vector<llama_token> out;
+    t0 = now_s();
+    for (int i = 0; i < n_gen; ++i) {
+        const llama_token tok = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
+        out.push_back(tok);
+        if (i + 1 < n_gen) {
+            logits = g.step(tok);
+        }
+    }
+    decode_s = now_s() - t0;
+    return out;
+}
+
+#ifndef DEPTHKV_STOCK
+// [{"layers": n, "budget": b}, ...] of the plan's tiers
+static std::string tiers_json(const depthkv::llamacpp::TierPlan & plan) {
+    std::ostringstream tj;
+    tj << "[";
+    for (int t = 0; t < plan.n_tiers(); ++t) {
+        int layers = 0;
+        for (size_t l = 0; l < plan.tier_of_layer.size(); ++l) {
+            layers += !plan.swa[l] && (int) plan.tier_of_layer[l] == t;
+        }
+        tj << (t ? ", " : "") << "{\"layers\": " << layers << ", \"budget\": " << plan.budget[t] << "}";
+    }
+    return tj.str() + "]";
+}
+#endif
+
 int main(int argc, char ** argv) try {
     if (argc < 3) {
         return fail("usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform] "
                     "[profile.json] [tiers=3] [scorer=snapkv] [ubatch=128] [interval=16] [threads=2] [swa_every=0] [grouping=budget]");
     }
     const RunArgs a = RunArgs::parse(argc, argv, "2048", "32", "1", "budget");
-    const std::string & grouping = a.extra;
-    if (grouping != "budget" && grouping != "layer") {
-        return fail("grouping must be budget or layer, not " + grouping);
+    if (a.extra != "budget" && a.extra != "layer") {
+        return fail("grouping must be budget or layer, not " + a.extra);
     }
-    const int n_gen = a.n_new, ubatch = a.ubatch;
-
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(a.model.c_str(), mp);
+    std::unique_ptr<llama_model, void (*)(llama_model *)> model(llama_model_load_from_file(a.model.c_str(), mp),
+                                                                  llama_model_free);
     if (!model) {
         return fail("cannot load " + a.model);
     }
-    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const llama_vocab * vocab = llama_model_get_vocab(model.get());
     std::vector<llama_token> prompt = RunArgs::read_tokens(vocab, a.text);
     if ((int) prompt.size() < std::max(1, a.n_prompt)) {
         return fail(a.text + " has " + std::to_string(prompt.size()) + " tokens, fewer than " +
@@ -76,117 +138,58 @@ int main(int argc, char ** argv) try {
     if (a.n_prompt > 0) {
         prompt.resize(a.n_prompt);
     }
-    const int n_prompt_run = (int) prompt.size();
-    const int n_final = n_prompt_run + n_gen, n_layer = llama_model_n_layer(model);
-    const int n_vocab = llama_vocab_n_tokens(vocab);
-#ifdef DEPTHKV_STOCK
-    (void) n_layer;
-#endif
+    const int n_final = (int) prompt.size() + a.n_new;
 
-    // the full cache: llama.cpp's own memory, flash attention off as in the pruned runs
     std::unique_ptr<llama_context, void (*)(llama_context *)> full(nullptr, llama_free);
+    Generator gen;
+    std::string tiers = "[]", evictions;
+    kv_buffer_mib = 0.0;
 #ifndef DEPTHKV_STOCK
     std::unique_ptr<depthkv::llamacpp::Session> session;
 #endif
-    std::string tiers_json = "[]";
-    kv_buffer_mib = 0.0;
-    if (a.keep >= 1.0) {
-        full.reset(llama_init_from_model(model, a.full_params(n_final)));
+    if (a.keep >= 1.0) {  // llama.cpp's own memory
+        full.reset(llama_init_from_model(model.get(), a.full_params(n_final)));
         if (!full) {
             return fail("llama_init_from_model failed");
         }
+        gen = full_generator(full.get(), a.ubatch);
     } else {
 #ifdef DEPTHKV_STOCK
         return fail("the stock build runs keep 1 only");
 #else
+        const int n_layer = llama_model_n_layer(model.get());
         const depthkv::PruneSpec spec = a.spec();
         const depthkv::PolicyCurves curves = a.curves(spec);
-        depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(
+        const depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(
             spec, curves.data(), n_layer, a.swa(n_layer), n_final,
-            grouping == "layer" ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget);
-        session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, a.threads);
-        std::ostringstream tj;
-        tj << "[";
-        for (int t = 0; t < plan.n_tiers(); ++t) {
-            int layers = 0;
-            for (int l = 0; l < n_layer; ++l) {
-                layers += !plan.swa[l] && (int) plan.tier_of_layer[l] == t;
-            }
-            tj << (t ? ", " : "") << "{\"layers\": " << layers << ", \"budget\": " << plan.budget[t] << "}";
-        }
-        tj << "]";
-        tiers_json = tj.str();
+            a.extra == "layer" ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget);
+        session = std::make_unique<depthkv::llamacpp::Session>(model.get(), spec, plan, n_final, a.threads);
+        tiers = tiers_json(plan);
+        gen.prefill = [&](std::vector<llama_token> & p) { return session->prefill(p); };
+        gen.step = [&](llama_token t) { return session->step(t); };
 #endif
     }
-    llama_context * ctx = full ? full.get() : nullptr;
+    double prefill_s = 0.0, decode_s = 0.0;
+    const std::vector<llama_token> out = greedy(gen, prompt, a.n_new, llama_vocab_n_tokens(vocab), prefill_s, decode_s);
 #ifndef DEPTHKV_STOCK
     if (session) {
-        ctx = session->context();
+        evictions = ", \"evictions\": " + std::to_string(session->report().evictions) + ", \"removed\": " +
+                    std::to_string(session->report().removed);
     }
 #endif
-
-    double t0 = now_s();
-    const float * logits = nullptr;
-#ifndef DEPTHKV_STOCK
-    if (session) {
-        logits = session->prefill(prompt);
-    }
-#endif
-    if (full) {
-        for (int i = 0; i < n_prompt_run; i += ubatch) {
-            if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, std::min(ubatch, n_prompt_run - i))) != 0) {
-                return fail("prefill failed");
-            }
-        }
-        logits = llama_get_logits_ith(ctx, -1);
-    }
-    const double prefill_s = now_s() - t0;
-
-    std::vector<llama_token> out;
-    t0 = now_s();
-    for (int i = 0; i < n_gen; ++i) {
-        llama_token tok = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
-        out.push_back(tok);
-        if (i + 1 == n_gen) {
-            break;
-        }
-#ifndef DEPTHKV_STOCK
-        if (session) {
-            logits = session->step(tok);
-            continue;
-        }
-#endif
-        if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) {
-            return fail("decode failed");
-        }
-        logits = llama_get_logits_ith(ctx, -1);
-    }
-    const double decode_s = now_s() - t0;
-
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"keep\": %g, \"policy\": \"%s\", \"scorer\": \"%s\", "
            "\"ubatch\": %d, \"interval\": %d, \"threads\": %d, \"kv_buffer_mib\": %.2f, \"tiers\": %s, "
-           "\"peak_rss_mib\": %.1f, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.2f",
-           a.model.substr(a.model.find_last_of('/') + 1).c_str(), n_prompt_run, n_gen, a.keep,
-           a.keep >= 1.0 ? "full" : a.policy.c_str(), a.keep >= 1.0 ? "" : a.scorer.c_str(), ubatch, a.interval, a.threads,
-           kv_buffer_mib, tiers_json.c_str(), ru.ru_maxrss / 1024.0, n_prompt_run / prefill_s, (n_gen - 1) / decode_s);
-#ifndef DEPTHKV_STOCK
-    if (session) {
-        const auto & r = session->report();
-        printf(", \"evictions\": %d, \"removed\": %lld", r.evictions, r.removed);
-    }
-#endif
-    printf(", \"tokens\": [");
+           "\"peak_rss_mib\": %.1f, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.2f%s, \"tokens\": [",
+           a.model.substr(a.model.find_last_of('/') + 1).c_str(), (int) prompt.size(), a.n_new, a.keep,
+           a.keep >= 1.0 ? "full" : a.policy.c_str(), a.keep >= 1.0 ? "" : a.scorer.c_str(), a.ubatch, a.interval,
+           a.threads, kv_buffer_mib, tiers.c_str(), ru.ru_maxrss / 1024.0, prompt.size() / prefill_s,
+           (a.n_new - 1) / decode_s, evictions.c_str());
     for (size_t i = 0; i < out.size(); ++i) {
         printf("%s%d", i ? ", " : "", out[i]);
     }
     printf("]}\n");
-    full.reset();
-#ifndef DEPTHKV_STOCK
-    session.reset();
-#endif
-    llama_model_free(model);
     return 0;
 } catch (const std::exception & e) {
     return fail(e.what());
