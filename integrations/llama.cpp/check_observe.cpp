@@ -240,6 +240,412 @@ static int n_prefix(const std::vector<llama_token> & a, const std::vector<llama_
     return i;
 }
 
+// what the steps of main share
+struct check_setup {
+    llama_model * model = nullptr;
+    const llama_vocab * vocab = nullptr;
+    std::vector<llama_token> prompt;
+    int n = 0; // prompt tokens
+    int n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0;
+    double keep = 0.0;
+    int k_keep = 0;
+    std::vector<uint32_t> tier_of_layer, tier_cells;
+    depthkv::ScorerConfig scfg;
+    const depthkv::llama::LlamaEngine * engine = nullptr;
+};
+
+// Observes the prefill in llama.cpp and in depthkv's engine and compares the scores. With `hole`, positions
+// [HOLE0, HOLE1) are removed from every cache after the first ubatch (llama_memory_seq_rm; depthkv:
+// drop_positions), so the next ubatch's tokens land in the freed cells and the cell order is no longer the
+// position order: the cell -> position mapping is then really exercised. `naive` scorers read the columns in
+// cell order instead (what one gets without the mapping).
+static constexpr int HOLE0 = 8, HOLE1 = 72;
+struct observed {
+    std::vector<depthkv::LayerScores> s_ll, s_dk, s_naive;
+    std::vector<std::vector<int32_t>> tier_positions; // [tier] held positions, ascending
+    bool cells_permuted = false;
+};
+
+// llama.cpp's side of one observation: the scorers fed from cb_eval's captures, and what is reported of it
+struct ll_observation {
+    std::vector<depthkv::TokenScorer> sc_ll, sc_naive;
+    observe_state st;
+    std::vector<llama_pos> cell_pos;
+    std::vector<float> rows, rows_naive;
+    int max_n_kv = 0, n_observed_blocks = 0;
+    std::vector<float> last_ll; // logits of the last prompt token
+    double t_ll = 0.0;
+};
+
+// feeds layer il's captured rows to its scorers, the columns gathered in position order (sc_ll) and in cell order
+// (sc_naive)
+static void observe_layer(const check_setup & cs, llama_memory_t mem, int il, ll_observation & lo, observed & o) {
+    const captured & c = lo.st.cap[il];
+    const int32_t n_cells = llama_memory_tier_cell_pos(mem, 0, cs.tier_of_layer[il], nullptr, 0);
+    if (n_cells < c.n_kv) {
+        fail("llama_memory_tier_cell_pos returned fewer cells than kq_soft_max has columns");
+    }
+    lo.cell_pos.assign(n_cells, -1);
+    llama_memory_tier_cell_pos(mem, 0, cs.tier_of_layer[il], lo.cell_pos.data(), n_cells);
+    // held (position, cell) in cell order, then in position order
+    std::vector<std::pair<llama_pos, int>> held, by_cell;
+    for (int i = 0; i < n_cells; ++i) {
+        if (lo.cell_pos[i] >= 0) {
+            by_cell.push_back({lo.cell_pos[i], i});
+        }
+    }
+    held = by_cell;
+    std::sort(held.begin(), held.end());
+    o.cells_permuted |= held != by_cell;
+    const int n_slots = held.size();
+    lo.max_n_kv = std::max(lo.max_n_kv, c.n_kv);
+    lo.rows.assign((size_t) c.n_rows * n_slots, 0.0f);
+    lo.rows_naive.assign((size_t) c.n_rows * n_slots, 0.0f);
+    for (int h = 0; h < c.n_head; ++h) {
+        for (int r = 0; r < c.n_rows; ++r) {
+            const float * src = c.data.data() + ((size_t) h * c.n_rows + r) * c.n_kv;
+            float * dst = lo.rows.data() + (size_t) r * n_slots;
+            float * dst_naive = lo.rows_naive.data() + (size_t) r * n_slots;
+            for (int j = 0; j < n_slots; ++j) {
+                dst[j] = held[j].second < c.n_kv ? src[held[j].second] : 0.0f; // past n_kv: masked
+                dst_naive[j] = by_cell[j].second < c.n_kv ? src[by_cell[j].second] : 0.0f;
+            }
+        }
+        // the AttentionObserver contract: (layer, q_head, p0, n_rows, probs, ld, n_slots)
+        lo.sc_ll[il].observe_block(h, lo.st.ub_p0 + c.t0, c.n_rows, lo.rows.data(), n_slots, n_slots);
+        lo.sc_naive[il].observe_block(h, lo.st.ub_p0 + c.t0, c.n_rows, lo.rows_naive.data(), n_slots, n_slots);
+        lo.n_observed_blocks++;
+    }
+}
+
+// after each ubatch of the prefill: the hole (after the first one), then the captured rows of every layer
+static void observe_ubatch(const check_setup & cs, llama_memory_t mem, bool hole, ll_observation & lo, observed & o) {
+    if (hole && lo.st.ub_p0 == 0 && !llama_memory_seq_rm(mem, 0, HOLE0, HOLE1)) {
+        fail("llama_memory_seq_rm failed");
+    }
+    for (int il = 0; il < cs.n_layer; ++il) {
+        if (!lo.st.cap[il].have) {
+            continue;
+        }
+        observe_layer(cs, mem, il, lo, o);
+    }
+}
+
+// the held positions of each tier, ascending
+static void read_tier_positions(llama_memory_t mem, std::vector<llama_pos> & cell_pos, observed & o) {
+    o.tier_positions.resize(N_TIERS);
+    for (int t = 0; t < N_TIERS; ++t) {
+        const int32_t nc = llama_memory_tier_cell_pos(mem, 0, t, nullptr, 0);
+        cell_pos.assign(nc, -1);
+        llama_memory_tier_cell_pos(mem, 0, t, cell_pos.data(), nc);
+        for (llama_pos p : cell_pos) {
+            if (p >= 0) {
+                o.tier_positions[t].push_back(p);
+            }
+        }
+        std::sort(o.tier_positions[t].begin(), o.tier_positions[t].end());
+    }
+}
+
+// the llama.cpp prefill with observation: fills lo's scorers, last_ll and t_ll, and o.tier_positions
+static void observe_llama(const check_setup & cs, bool hole, ll_observation & lo, observed & o) {
+    lo.sc_ll = depthkv::make_scorers(cs.n_layer, cs.scfg, cs.n_head, cs.n_head_kv);
+    lo.sc_naive = depthkv::make_scorers(cs.n_layer, cs.scfg, cs.n_head, cs.n_head_kv);
+    lo.st.n_layer = cs.n_layer;
+    lo.st.obs_from = cs.n - W;
+    lo.st.cap.resize(cs.n_layer);
+    lo.t_ll = now_s();
+    llama_context * ctx = make_ctx(cs.model, cs.tier_of_layer, cs.tier_cells, &lo.st);
+    llama_memory_t mem = llama_get_memory(ctx);
+    prefill(ctx, cs.prompt, &lo.st, [&]() { observe_ubatch(cs, mem, hole, lo, o); });
+    lo.t_ll = now_s() - lo.t_ll;
+    const float * lg_ll = llama_get_logits_ith(ctx, -1);
+    lo.last_ll.assign(lg_ll, lg_ll + cs.n_vocab);
+    read_tier_positions(mem, lo.cell_pos, o);
+    // the new call's argument checks
+    if (llama_memory_tier_cell_pos(mem, 0, 99, nullptr, 0) != -1 || llama_memory_tier_cell_pos(mem, 5, 0, nullptr, 0) != -1 ||
+        llama_memory_tier_cell_pos(mem, 0, 0, nullptr, 4) != -1) {
+        fail("llama_memory_tier_cell_pos accepted bad arguments");
+    }
+    llama_free(ctx);
+    printf("\n[%s] llama.cpp prefill with observation: %.1f s, %d kq_soft_max tensors seen, %d head blocks observed, "
+           "largest n_kv %d, %zu positions held, cell order %s position order\n",
+           hole ? "hole" : "plain", lo.t_ll, lo.st.n_names, lo.n_observed_blocks, lo.max_n_kv, o.tier_positions[0].size(),
+           o.cells_permuted ? "differs from" : "equals");
+}
+
+// depthkv's engine on the same prompt (with the same hole): compares its logits with llama.cpp's, checks the held
+// positions and computes the three sets of layer scores of o
+static void observe_depthkv(const check_setup & cs, bool hole, const ll_observation & lo, observed & o) {
+    double t_dk = now_s();
+    auto dk_cache = cs.engine->make_cache<Eigen::half>();
+    std::vector<depthkv::TokenScorer> sc_dk = depthkv::make_scorers(cs.n_layer, cs.scfg, cs.n_head, cs.n_head_kv);
+    depthkv::llama::ForwardOptions fo;
+    fo.n_threads = 2;
+    fo.all_logits = false;
+    fo.chunk_size = N_UBATCH;
+    fo.observer = depthkv::observe_into(sc_dk);
+    fo.observe_from = cs.n - W;
+    if (hole) {
+        fo.after_chunk = [&](int done, int32_t) {
+            if (done != N_UBATCH) return;
+            std::vector<int32_t> kept;
+            for (int l = 0; l < dk_cache.n_layers(); ++l)
+                for (int h = 0; h < cs.n_head_kv; ++h) depthkv::drop_positions(dk_cache.layer(l), h, HOLE0, HOLE1 - 1, kept);
+        };
+    }
+    std::vector<int> ids(cs.prompt.begin(), cs.prompt.end());
+    depthkv::llama::RowMatrix lg_dk = cs.engine->prefill(ids, 0, dk_cache, fo);
+    t_dk = now_s() - t_dk;
+    const std::vector<float> & last_ll = lo.last_ll;
+    double max_dlogit = 0.0;
+    for (int v = 0; v < cs.n_vocab && v < lg_dk.cols(); ++v) {
+        max_dlogit = std::max(max_dlogit, (double) std::fabs(lg_dk(0, v) - last_ll[v]));
+    }
+    int am_dk = 0;
+    lg_dk.row(0).maxCoeff(&am_dk);
+    const int am_ll = std::max_element(last_ll.begin(), last_ll.end()) - last_ll.begin();
+    printf("[%s] depthkv engine prefill (F16 cache, chunks of %d): %.1f s; last-token logits: max |dlogit| %.3f, "
+           "argmax %s (%d vs %d)\n", hole ? "hole" : "plain", N_UBATCH, t_dk, max_dlogit,
+           am_dk == am_ll ? "equal" : "differs", am_ll, am_dk);
+    for (int t = 0; t < N_TIERS; ++t) {
+        const int32_t * p = dk_cache.layer(0).positions(0);
+        if (std::vector<int32_t>(p, p + dk_cache.layer(0).size(0)) != o.tier_positions[t]) {
+            fail("llama.cpp and depthkv hold different positions");
+        }
+    }
+
+    o.s_dk = depthkv::layer_scores(sc_dk, dk_cache);
+    o.s_ll = depthkv::layer_scores(lo.sc_ll, dk_cache); // SnapKV reads the slot count only
+    o.s_naive = depthkv::layer_scores(lo.sc_naive, dk_cache);
+}
+
+// agreement of one layer's scores a (llama.cpp) with b (depthkv) over its KV heads: the largest max|a-b|/max|b|,
+// and the min and sum of the Jaccard indices of the kept sets (keep kk)
+struct layer_agreement {
+    double rel = 0.0, jmin = 1.0, jsum = 0.0;
+};
+
+static layer_agreement compare_layer(const check_setup & cs, const depthkv::LayerScores & sa,
+                                     const depthkv::LayerScores & sb, int kk) {
+    layer_agreement la;
+    for (int h = 0; h < cs.n_head_kv; ++h) {
+        const auto & a = sa[h];
+        const auto & b = sb[h];
+        if (a.size() != b.size()) {
+            fail("score rows of different lengths");
+        }
+        double md = 0.0, mb = 0.0;
+        for (size_t j = 0; j < a.size(); ++j) {
+            md = std::max(md, (double) std::fabs(a[j] - b[j]));
+            mb = std::max(mb, (double) std::fabs(b[j]));
+        }
+        la.rel = std::max(la.rel, mb > 0 ? md / mb : md);
+        const auto ka = depthkv::select_keep(a.data(), nullptr, a.size(), kk, PROT);
+        const auto kb = depthkv::select_keep(b.data(), nullptr, b.size(), kk, PROT);
+        const double jac = jaccard(ka, kb);
+        la.jmin = std::min(la.jmin, jac);
+        la.jsum += jac;
+    }
+    return la;
+}
+
+// variant 0: the mapped llama.cpp scores, 1: the naive ones (cell order), against depthkv's
+static void compare_variant(const check_setup & cs, const observed & o, bool hole, int variant, bool per_layer) {
+    const auto & sa = variant ? o.s_naive : o.s_ll;
+    double worst_rel = 0.0, sum_j = 0.0, min_j = 1.0;
+    const int n_held = o.tier_positions[0].size();
+    const int kk = depthkv::keep_tokens(cs.keep, n_held, PROT);
+    for (int il = 0; il < cs.n_layer; ++il) {
+        const layer_agreement la = compare_layer(cs, sa[il], o.s_dk[il], kk);
+        worst_rel = std::max(worst_rel, la.rel);
+        sum_j += la.jsum / cs.n_head_kv;
+        min_j = std::min(min_j, la.jmin);
+        if (per_layer && variant == 0) {
+            printf("  layer %2d (tier %u): rel %.2e  Jaccard min %.3f mean %.3f\n", il, cs.tier_of_layer[il], la.rel,
+                   la.jmin, la.jsum / cs.n_head_kv);
+        }
+    }
+    printf("[%s]%s all layers: worst rel %.2e, Jaccard (keep %d of %d) min %.3f, mean %.3f\n", hole ? "hole" : "plain",
+           variant ? " cell order, no mapping (wrong on purpose):" : "", worst_rel, kk, n_held, min_j,
+           sum_j / cs.n_layer);
+}
+
+static observed observe_and_compare(const check_setup & cs, bool hole, bool per_layer) {
+    observed o;
+    ll_observation lo;
+    observe_llama(cs, hole, lo, o);
+    observe_depthkv(cs, hole, lo, o);
+    if (per_layer) {
+        printf("per layer: max|a-b|/max|b| over each KV head's SnapKV scores (a = llama.cpp, b = depthkv), and the "
+               "Jaccard index of the kept sets at keep %.2f (%d of %d, sinks %d, recent %d), min/mean over KV heads\n",
+               cs.keep, cs.k_keep, cs.n, PROT.n_sink, PROT.n_recent);
+    }
+    for (int variant = 0; variant < (hole ? 2 : 1); ++variant) {
+        compare_variant(cs, o, hole, variant, per_layer);
+    }
+    return o;
+}
+
+// the positions kept in each tier by the observed scores, by depthkv's and by the strided baseline
+struct tier_selection {
+    std::vector<std::vector<int32_t>> keep = std::vector<std::vector<int32_t>>(N_TIERS);
+    std::vector<std::vector<int32_t>> keep_dk = std::vector<std::vector<int32_t>>(N_TIERS);
+    std::vector<std::vector<int32_t>> strided = std::vector<std::vector<int32_t>>(N_TIERS);
+};
+
+// aggregation: the mean over the tier's layers and KV heads of each position's rank fraction
+static std::vector<float> aggregate_tier(const check_setup & cs, const std::vector<depthkv::LayerScores> & s, int t) {
+    std::vector<double> agg(cs.n, 0.0);
+    int cnt = 0;
+    for (int il = 0; il < cs.n_layer; ++il) {
+        if ((int) cs.tier_of_layer[il] != t) {
+            continue;
+        }
+        for (int h = 0; h < cs.n_head_kv; ++h) {
+            const auto r = rank_fraction(s[il][h]);
+            for (int j = 0; j < cs.n; ++j) {
+                agg[j] += r[j];
+            }
+            cnt++;
+        }
+    }
+    std::vector<float> a(cs.n);
+    for (int j = 0; j < cs.n; ++j) {
+        a[j] = agg[j] / cnt;
+    }
+    return a;
+}
+
+// baseline: the protected positions and evenly spaced ones in between, as many
+static std::vector<int32_t> strided_positions(int n, int k_keep) {
+    std::vector<int32_t> res;
+    const int lo = PROT.n_sink, hi = n - PROT.n_recent, m = k_keep - lo - (n - hi);
+    for (int j = 0; j < lo; ++j) res.push_back(j);
+    for (int i = 0; i < m; ++i) res.push_back(lo + (int) ((double) (i + 0.5) * (hi - lo) / m));
+    for (int j = hi; j < n; ++j) res.push_back(j);
+    return res;
+}
+
+// ---- 3. per tier: aggregate, select (removal and decoding: report_removals)
+static tier_selection select_tiers(const check_setup & cs, const observed & plain) {
+    const auto & tier_positions = plain.tier_positions;
+    tier_selection sel;
+    for (int t = 0; t < N_TIERS; ++t) {
+        const std::vector<float> a = aggregate_tier(cs, plain.s_ll, t);
+        const std::vector<float> b = aggregate_tier(cs, plain.s_dk, t);
+        // slot j of the tier holds position tier_positions[t][j] (= j here)
+        const auto kept = depthkv::select_keep(a.data(), tier_positions[t].data(), cs.n, cs.k_keep, PROT);
+        const auto kept_dk = depthkv::select_keep(b.data(), tier_positions[t].data(), cs.n, cs.k_keep, PROT);
+        for (int32_t s : kept) {
+            sel.keep[t].push_back(tier_positions[t][s]);
+        }
+        for (int32_t s : kept_dk) {
+            sel.keep_dk[t].push_back(tier_positions[t][s]);
+        }
+        sel.strided[t] = strided_positions(cs.n, cs.k_keep);
+    }
+    printf("\ntier-level selection (mean rank fraction over the tier's layers and KV heads), keep %d of %d:\n", cs.k_keep, cs.n);
+    for (int t = 0; t < N_TIERS; ++t) {
+        printf("  tier %d: Jaccard(llama.cpp-observed, depthkv-engine) of the kept positions %.3f\n", t,
+               jaccard(sel.keep[t], sel.keep_dk[t]));
+    }
+    return sel;
+}
+
+static std::vector<llama_pos> removed_of(int n, const std::vector<int32_t> & kept_pos) {
+    std::vector<char> k(n, 0);
+    for (int32_t p : kept_pos) k[p] = 1;
+    std::vector<llama_pos> rm;
+    for (int p = 0; p < n; ++p) if (!k[p]) rm.push_back(p);
+    return rm;
+}
+
+using tier_removals = std::vector<std::pair<int, std::vector<llama_pos>>>;
+
+static gen_result run_removal(const check_setup & cs, const tier_removals & removals) {
+    llama_context * c = make_ctx(cs.model, cs.tier_of_layer, cs.tier_cells, nullptr);
+    prefill(c, cs.prompt, nullptr);
+    llama_memory_t m = llama_get_memory(c);
+    for (const auto & tr : removals) {
+        if (!llama_memory_seq_rm_positions(m, 0, tr.first, tr.second.data(), tr.second.size())) {
+            fail("llama_memory_seq_rm_positions failed");
+        }
+    }
+    gen_result g = generate(c, cs.vocab);
+    llama_free(c);
+    return g;
+}
+
+static std::string piece(const llama_vocab * vocab, const std::vector<llama_token> & toks) {
+    std::string s;
+    char b[256];
+    for (llama_token tk : toks) {
+        const int k = llama_token_to_piece(vocab, tk, b, sizeof(b), 0, true);
+        if (k > 0) s.append(b, k);
+    }
+    for (char & ch : s) if (ch == '\n') ch = ' ';
+    return s;
+}
+
+static void describe(const check_setup & cs, const char * what, const gen_result & g, const gen_result & full) {
+    printf("  %-34s cells used", what);
+    for (int t = 0; t < N_TIERS; ++t) printf(" %u/%u", g.used[t], g.total[t]);
+    printf(", tokens equal to the full cache %2d/%d (common prefix %2d)\n", n_equal(g.tokens, full.tokens), N_GEN,
+           n_prefix(g.tokens, full.tokens));
+    printf("      \"%s\"\n", piece(cs.vocab, g.tokens).c_str());
+}
+
+// removal from each tier only, then from all tiers, and N_GEN greedy tokens, against the full cache's
+static void report_removals(const check_setup & cs, const tier_selection & sel) {
+    const gen_result full = run_removal(cs, {});
+    printf("\ndecoding %d greedy tokens after the removal (tier bytes: ", N_GEN);
+    for (int t = 0; t < N_TIERS; ++t) printf("%s%.3f MiB", t ? ", " : "", full.bytes[t] / 1048576.0);
+    printf("; the removal frees cells, not bytes: each tier's buffer keeps its size)\n");
+    describe(cs, "full cache", full, full);
+    for (int t = 0; t < N_TIERS; ++t) {
+        char buf[64];
+        snprintf(buf, sizeof(buf), "tier %d, SnapKV (observed)", t);
+        describe(cs, buf, run_removal(cs, {{t, removed_of(cs.n, sel.keep[t])}}), full);
+        snprintf(buf, sizeof(buf), "tier %d, strided baseline", t);
+        describe(cs, buf, run_removal(cs, {{t, removed_of(cs.n, sel.strided[t])}}), full);
+    }
+    tier_removals all, all_s;
+    for (int t = 0; t < N_TIERS; ++t) {
+        all.push_back({t, removed_of(cs.n, sel.keep[t])});
+        all_s.push_back({t, removed_of(cs.n, sel.strided[t])});
+    }
+    describe(cs, "all tiers, SnapKV (observed)", run_removal(cs, all), full);
+    describe(cs, "all tiers, strided baseline", run_removal(cs, all_s), full);
+}
+
+// the first n_prompt tokens of the text into cs.prompt, cs.n
+static void load_prompt(check_setup & cs, const char * path_text, int n_prompt) {
+    std::ifstream f(path_text);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    cs.prompt.assign(text.size() + 16, 0);
+    const int n_tok = llama_tokenize(cs.vocab, text.data(), text.size(), cs.prompt.data(), cs.prompt.size(), true, false);
+    if (n_tok < n_prompt) {
+        fail("too few tokens in " + std::string(path_text));
+    }
+    cs.prompt.resize(n_prompt);
+    cs.n = n_prompt;
+}
+
+// 3 tiers = 3 contiguous blocks of layers, each tier sized for the whole prompt
+static void make_tiers(check_setup & cs) {
+    cs.n_layer = llama_model_n_layer(cs.model);
+    cs.n_head = llama_model_n_head(cs.model);
+    cs.n_head_kv = llama_model_n_head_kv(cs.model);
+    cs.tier_of_layer.resize(cs.n_layer);
+    for (int il = 0; il < cs.n_layer; ++il) {
+        cs.tier_of_layer[il] = (uint32_t) (il * N_TIERS / cs.n_layer);
+    }
+    cs.tier_cells.assign(N_TIERS, cs.n + N_GEN + 1);
+}
+
 int main(int argc, char ** argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [n_prompt=600] [keep=0.2] [text=/usr/share/common-licenses/GPL-3]\n", argv[0]);
@@ -253,347 +659,46 @@ int main(int argc, char ** argv) {
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
 
+    check_setup cs;
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(path_model, mp);
-    if (!model) {
+    cs.model = llama_model_load_from_file(path_model, mp);
+    if (!cs.model) {
         fail(std::string("cannot load ") + path_model);
     }
-    if (llama_model_n_swa(model) > 0) {
+    if (llama_model_n_swa(cs.model) > 0) {
         fail("this check handles models without sliding-window layers only (e.g. SmolLM2)");
     }
 
-    std::ifstream f(path_text);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string text = ss.str();
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-    std::vector<llama_token> prompt(text.size() + 16);
-    const int n_tok = llama_tokenize(vocab, text.data(), text.size(), prompt.data(), prompt.size(), true, false);
-    if (n_tok < n_prompt) {
-        fail("too few tokens in " + std::string(path_text));
-    }
-    prompt.resize(n_prompt);
-    const int n = n_prompt;
+    cs.vocab = llama_model_get_vocab(cs.model);
+    load_prompt(cs, path_text, n_prompt);
+    const int n = cs.n;
 
-    const int n_layer = llama_model_n_layer(model);
-    const int n_head = llama_model_n_head(model), n_head_kv = llama_model_n_head_kv(model);
-    std::vector<uint32_t> tier_of_layer(n_layer);
-    for (int il = 0; il < n_layer; ++il) {
-        tier_of_layer[il] = (uint32_t) (il * N_TIERS / n_layer);
-    }
-    const std::vector<uint32_t> tier_cells(N_TIERS, n + N_GEN + 1);
+    make_tiers(cs);
     printf("model %s: %d layers, %d heads, %d KV heads; prompt %d tokens, ubatch %d, FA off, window %d, keep %.2f\n",
-           path_model, n_layer, n_head, n_head_kv, n, N_UBATCH, W, keep);
+           path_model, cs.n_layer, cs.n_head, cs.n_head_kv, n, N_UBATCH, W, keep);
 
-    depthkv::ScorerConfig scfg;
-    scfg.kind = depthkv::ScorerKind::kSnapKV; // window 16, kernel 7, max pooling (the defaults)
-    scfg.window = W;
+    cs.scfg.kind = depthkv::ScorerKind::kSnapKV; // window 16, kernel 7, max pooling (the defaults)
+    cs.scfg.window = W;
 
-    const int k_keep = depthkv::keep_tokens(keep, n, PROT);
+    cs.keep = keep;
+    cs.k_keep = depthkv::keep_tokens(keep, n, PROT);
     depthkv::llama::LlamaModel dk_model = depthkv::llama::load_gguf(path_model);
     depthkv::llama::LlamaEngine engine(dk_model);
-    const int n_vocab = llama_vocab_n_tokens(vocab);
+    cs.engine = &engine;
+    cs.n_vocab = llama_vocab_n_tokens(cs.vocab);
 
-    // Observes the prefill in llama.cpp and in depthkv's engine and compares the scores. With `hole`, positions
-    // [HOLE0, HOLE1) are removed from every cache after the first ubatch (llama_memory_seq_rm; depthkv:
-    // drop_positions), so the next ubatch's tokens land in the freed cells and the cell order is no longer the
-    // position order: the cell -> position mapping is then really exercised. `naive` scorers read the columns in
-    // cell order instead (what one gets without the mapping).
-    static constexpr int HOLE0 = 8, HOLE1 = 72;
-    struct observed {
-        std::vector<depthkv::LayerScores> s_ll, s_dk, s_naive;
-        std::vector<std::vector<int32_t>> tier_positions; // [tier] held positions, ascending
-        bool cells_permuted = false;
-    };
-    auto observe_and_compare = [&](bool hole, bool per_layer) {
-        observed o;
-        std::vector<depthkv::TokenScorer> sc_ll = depthkv::make_scorers(n_layer, scfg, n_head, n_head_kv);
-        std::vector<depthkv::TokenScorer> sc_naive = depthkv::make_scorers(n_layer, scfg, n_head, n_head_kv);
-        observe_state st;
-        st.n_layer = n_layer;
-        st.obs_from = n - W;
-        st.cap.resize(n_layer);
-        double t_ll = now_s();
-        llama_context * ctx = make_ctx(model, tier_of_layer, tier_cells, &st);
-        llama_memory_t mem = llama_get_memory(ctx);
-        std::vector<llama_pos> cell_pos;
-        std::vector<float> rows, rows_naive;
-        int max_n_kv = 0, n_observed_blocks = 0;
-        prefill(ctx, prompt, &st, [&]() {
-            if (hole && st.ub_p0 == 0 && !llama_memory_seq_rm(mem, 0, HOLE0, HOLE1)) {
-                fail("llama_memory_seq_rm failed");
-            }
-            for (int il = 0; il < n_layer; ++il) {
-                const captured & c = st.cap[il];
-                if (!c.have) {
-                    continue;
-                }
-                const int32_t n_cells = llama_memory_tier_cell_pos(mem, 0, tier_of_layer[il], nullptr, 0);
-                if (n_cells < c.n_kv) {
-                    fail("llama_memory_tier_cell_pos returned fewer cells than kq_soft_max has columns");
-                }
-                cell_pos.assign(n_cells, -1);
-                llama_memory_tier_cell_pos(mem, 0, tier_of_layer[il], cell_pos.data(), n_cells);
-                // held (position, cell) in cell order, then in position order
-                std::vector<std::pair<llama_pos, int>> held, by_cell;
-                for (int i = 0; i < n_cells; ++i) {
-                    if (cell_pos[i] >= 0) {
-                        by_cell.push_back({cell_pos[i], i});
-                    }
-                }
-                held = by_cell;
-                std::sort(held.begin(), held.end());
-                o.cells_permuted |= held != by_cell;
-                const int n_slots = held.size();
-                max_n_kv = std::max(max_n_kv, c.n_kv);
-                rows.assign((size_t) c.n_rows * n_slots, 0.0f);
-                rows_naive.assign((size_t) c.n_rows * n_slots, 0.0f);
-                for (int h = 0; h < c.n_head; ++h) {
-                    for (int r = 0; r < c.n_rows; ++r) {
-                        const float * src = c.data.data() + ((size_t) h * c.n_rows + r) * c.n_kv;
-                        float * dst = rows.data() + (size_t) r * n_slots;
-                        float * dst_naive = rows_naive.data() + (size_t) r * n_slots;
-                        for (int j = 0; j < n_slots; ++j) {
-                            dst[j] = held[j].second < c.n_kv ? src[held[j].second] : 0.0f; // past n_kv: masked
-                            dst_naive[j] = by_cell[j].second < c.n_kv ? src[by_cell[j].second] : 0.0f;
-                        }
-                    }
-                    // the AttentionObserver contract: (layer, q_head, p0, n_rows, probs, ld, n_slots)
-                    sc_ll[il].observe_block(h, st.ub_p0 + c.t0, c.n_rows, rows.data(), n_slots, n_slots);
-                    sc_naive[il].observe_block(h, st.ub_p0 + c.t0, c.n_rows, rows_naive.data(), n_slots, n_slots);
-                    n_observed_blocks++;
-                }
-            }
-        });
-        t_ll = now_s() - t_ll;
-        const float * lg_ll = llama_get_logits_ith(ctx, -1);
-        std::vector<float> last_ll(lg_ll, lg_ll + n_vocab);
-        o.tier_positions.resize(N_TIERS);
-        for (int t = 0; t < N_TIERS; ++t) {
-            const int32_t nc = llama_memory_tier_cell_pos(mem, 0, t, nullptr, 0);
-            cell_pos.assign(nc, -1);
-            llama_memory_tier_cell_pos(mem, 0, t, cell_pos.data(), nc);
-            for (llama_pos p : cell_pos) {
-                if (p >= 0) {
-                    o.tier_positions[t].push_back(p);
-                }
-            }
-            std::sort(o.tier_positions[t].begin(), o.tier_positions[t].end());
-        }
-        // the new call's argument checks
-        if (llama_memory_tier_cell_pos(mem, 0, 99, nullptr, 0) != -1 || llama_memory_tier_cell_pos(mem, 5, 0, nullptr, 0) != -1 ||
-            llama_memory_tier_cell_pos(mem, 0, 0, nullptr, 4) != -1) {
-            fail("llama_memory_tier_cell_pos accepted bad arguments");
-        }
-        llama_free(ctx);
-        printf("\n[%s] llama.cpp prefill with observation: %.1f s, %d kq_soft_max tensors seen, %d head blocks observed, "
-               "largest n_kv %d, %zu positions held, cell order %s position order\n",
-               hole ? "hole" : "plain", t_ll, st.n_names, n_observed_blocks, max_n_kv, o.tier_positions[0].size(),
-               o.cells_permuted ? "differs from" : "equals");
-
-        double t_dk = now_s();
-        auto dk_cache = engine.make_cache<Eigen::half>();
-        std::vector<depthkv::TokenScorer> sc_dk = depthkv::make_scorers(n_layer, scfg, n_head, n_head_kv);
-        depthkv::llama::ForwardOptions fo;
-        fo.n_threads = 2;
-        fo.all_logits = false;
-        fo.chunk_size = N_UBATCH;
-        fo.observer = depthkv::observe_into(sc_dk);
-        fo.observe_from = n - W;
-        if (hole) {
-            fo.after_chunk = [&](int done, int32_t) {
-                if (done != N_UBATCH) return;
-                std::vector<int32_t> kept;
-                for (int l = 0; l < dk_cache.n_layers(); ++l)
-                    for (int h = 0; h < n_head_kv; ++h) depthkv::drop_positions(dk_cache.layer(l), h, HOLE0, HOLE1 - 1, kept);
-            };
-        }
-        std::vector<int> ids(prompt.begin(), prompt.end());
-        depthkv::llama::RowMatrix lg_dk = engine.prefill(ids, 0, dk_cache, fo);
-        t_dk = now_s() - t_dk;
-        double max_dlogit = 0.0;
-        for (int v = 0; v < n_vocab && v < lg_dk.cols(); ++v) {
-            max_dlogit = std::max(max_dlogit, (double) std::fabs(lg_dk(0, v) - last_ll[v]));
-        }
-        int am_dk = 0;
-        lg_dk.row(0).maxCoeff(&am_dk);
-        const int am_ll = std::max_element(last_ll.begin(), last_ll.end()) - last_ll.begin();
-        printf("[%s] depthkv engine prefill (F16 cache, chunks of %d): %.1f s; last-token logits: max |dlogit| %.3f, "
-               "argmax %s (%d vs %d)\n", hole ? "hole" : "plain", N_UBATCH, t_dk, max_dlogit,
-               am_dk == am_ll ? "equal" : "differs", am_ll, am_dk);
-        for (int t = 0; t < N_TIERS; ++t) {
-            const int32_t * p = dk_cache.layer(0).positions(0);
-            if (std::vector<int32_t>(p, p + dk_cache.layer(0).size(0)) != o.tier_positions[t]) {
-                fail("llama.cpp and depthkv hold different positions");
-            }
-        }
-
-        o.s_dk = depthkv::layer_scores(sc_dk, dk_cache);
-        o.s_ll = depthkv::layer_scores(sc_ll, dk_cache); // SnapKV reads the slot count only
-        o.s_naive = depthkv::layer_scores(sc_naive, dk_cache);
-        if (per_layer) {
-            printf("per layer: max|a-b|/max|b| over each KV head's SnapKV scores (a = llama.cpp, b = depthkv), and the "
-                   "Jaccard index of the kept sets at keep %.2f (%d of %d, sinks %d, recent %d), min/mean over KV heads\n",
-                   keep, k_keep, n, PROT.n_sink, PROT.n_recent);
-        }
-        for (int variant = 0; variant < (hole ? 2 : 1); ++variant) {
-            const auto & sa = variant ? o.s_naive : o.s_ll;
-            double worst_rel = 0.0, sum_j = 0.0, min_j = 1.0;
-            const int n_held = o.tier_positions[0].size();
-            const int kk = depthkv::keep_tokens(keep, n_held, PROT);
-            for (int il = 0; il < n_layer; ++il) {
-                double rel = 0.0, jmin = 1.0, jsum = 0.0;
-                for (int h = 0; h < n_head_kv; ++h) {
-                    const auto & a = sa[il][h];
-                    const auto & b = o.s_dk[il][h];
-                    if (a.size() != b.size()) {
-                        fail("score rows of different lengths");
-                    }
-                    double md = 0.0, mb = 0.0;
-                    for (size_t j = 0; j < a.size(); ++j) {
-                        md = std::max(md, (double) std::fabs(a[j] - b[j]));
-                        mb = std::max(mb, (double) std::fabs(b[j]));
-                    }
-                    rel = std::max(rel, mb > 0 ? md / mb : md);
-                    const auto ka = depthkv::select_keep(a.data(), nullptr, a.size(), kk, PROT);
-                    const auto kb = depthkv::select_keep(b.data(), nullptr, b.size(), kk, PROT);
-                    const double jac = jaccard(ka, kb);
-                    jmin = std::min(jmin, jac);
-                    jsum += jac;
-                }
-                worst_rel = std::max(worst_rel, rel);
-                sum_j += jsum / n_head_kv;
-                min_j = std::min(min_j, jmin);
-                if (per_layer && variant == 0) {
-                    printf("  layer %2d (tier %u): rel %.2e  Jaccard min %.3f mean %.3f\n", il, tier_of_layer[il], rel,
-                           jmin, jsum / n_head_kv);
-                }
-            }
-            printf("[%s]%s all layers: worst rel %.2e, Jaccard (keep %d of %d) min %.3f, mean %.3f\n", hole ? "hole" : "plain",
-                   variant ? " cell order, no mapping (wrong on purpose):" : "", worst_rel, kk, n_held, min_j,
-                   sum_j / n_layer);
-        }
-        return o;
-    };
-    const observed plain = observe_and_compare(false, true);
-    observe_and_compare(true, false);
-    const auto & s_ll = plain.s_ll;
-    const auto & s_dk = plain.s_dk;
-    const auto & tier_positions = plain.tier_positions;
+    const observed plain = observe_and_compare(cs, false, true);
+    observe_and_compare(cs, true, false);
     for (int t = 0; t < N_TIERS; ++t) {
-        if ((int) tier_positions[t].size() != n) {
+        if ((int) plain.tier_positions[t].size() != n) {
             fail("tier " + std::to_string(t) + " does not hold every prompt position");
         }
     }
 
-    // ---- 3. per tier: aggregate, select, remove from that tier only, decode
-    // aggregation: the mean over the tier's layers and KV heads of each position's rank fraction
-    std::vector<std::vector<int32_t>> tier_keep(N_TIERS), tier_keep_dk(N_TIERS), tier_strided(N_TIERS);
-    for (int t = 0; t < N_TIERS; ++t) {
-        std::vector<double> agg(n, 0.0), agg_dk(n, 0.0);
-        int cnt = 0;
-        for (int il = 0; il < n_layer; ++il) {
-            if ((int) tier_of_layer[il] != t) {
-                continue;
-            }
-            for (int h = 0; h < n_head_kv; ++h) {
-                const auto r = rank_fraction(s_ll[il][h]);
-                const auto r_dk = rank_fraction(s_dk[il][h]);
-                for (int j = 0; j < n; ++j) {
-                    agg[j] += r[j];
-                    agg_dk[j] += r_dk[j];
-                }
-                cnt++;
-            }
-        }
-        std::vector<float> a(n), b(n);
-        for (int j = 0; j < n; ++j) {
-            a[j] = agg[j] / cnt;
-            b[j] = agg_dk[j] / cnt;
-        }
-        // slot j of the tier holds position tier_positions[t][j] (= j here)
-        const auto kept = depthkv::select_keep(a.data(), tier_positions[t].data(), n, k_keep, PROT);
-        const auto kept_dk = depthkv::select_keep(b.data(), tier_positions[t].data(), n, k_keep, PROT);
-        for (int32_t s : kept) {
-            tier_keep[t].push_back(tier_positions[t][s]);
-        }
-        for (int32_t s : kept_dk) {
-            tier_keep_dk[t].push_back(tier_positions[t][s]);
-        }
-        // baseline: the protected positions and evenly spaced ones in between, as many
-        const int lo = PROT.n_sink, hi = n - PROT.n_recent, m = k_keep - lo - (n - hi);
-        for (int j = 0; j < lo; ++j) tier_strided[t].push_back(j);
-        for (int i = 0; i < m; ++i) tier_strided[t].push_back(lo + (int) ((double) (i + 0.5) * (hi - lo) / m));
-        for (int j = hi; j < n; ++j) tier_strided[t].push_back(j);
-    }
-    printf("\ntier-level selection (mean rank fraction over the tier's layers and KV heads), keep %d of %d:\n", k_keep, n);
-    for (int t = 0; t < N_TIERS; ++t) {
-        printf("  tier %d: Jaccard(llama.cpp-observed, depthkv-engine) of the kept positions %.3f\n", t,
-               jaccard(tier_keep[t], tier_keep_dk[t]));
-    }
+    const tier_selection sel = select_tiers(cs, plain);
+    report_removals(cs, sel);
 
-    auto removed_of = [&](const std::vector<int32_t> & kept_pos) {
-        std::vector<char> k(n, 0);
-        for (int32_t p : kept_pos) k[p] = 1;
-        std::vector<llama_pos> rm;
-        for (int p = 0; p < n; ++p) if (!k[p]) rm.push_back(p);
-        return rm;
-    };
-    auto run_removal = [&](const std::vector<std::pair<int, std::vector<llama_pos>>> & removals) {
-        llama_context * c = make_ctx(model, tier_of_layer, tier_cells, nullptr);
-        prefill(c, prompt, nullptr);
-        llama_memory_t m = llama_get_memory(c);
-        for (const auto & tr : removals) {
-            if (!llama_memory_seq_rm_positions(m, 0, tr.first, tr.second.data(), tr.second.size())) {
-                fail("llama_memory_seq_rm_positions failed");
-            }
-        }
-        gen_result g = generate(c, vocab);
-        llama_free(c);
-        return g;
-    };
-    auto piece = [&](const std::vector<llama_token> & toks) {
-        std::string s;
-        char b[256];
-        for (llama_token tk : toks) {
-            const int k = llama_token_to_piece(vocab, tk, b, sizeof(b), 0, true);
-            if (k > 0) s.append(b, k);
-        }
-        for (char & ch : s) if (ch == '\n') ch = ' ';
-        return s;
-    };
-    auto describe = [&](const char * what, const gen_result & g, const gen_result & full) {
-        printf("  %-34s cells used", what);
-        for (int t = 0; t < N_TIERS; ++t) printf(" %u/%u", g.used[t], g.total[t]);
-        printf(", tokens equal to the full cache %2d/%d (common prefix %2d)\n", n_equal(g.tokens, full.tokens), N_GEN,
-               n_prefix(g.tokens, full.tokens));
-        printf("      \"%s\"\n", piece(g.tokens).c_str());
-    };
-
-    const gen_result full = run_removal({});
-    printf("\ndecoding %d greedy tokens after the removal (tier bytes: ", N_GEN);
-    for (int t = 0; t < N_TIERS; ++t) printf("%s%.3f MiB", t ? ", " : "", full.bytes[t] / 1048576.0);
-    printf("; the removal frees cells, not bytes: each tier's buffer keeps its size)\n");
-    describe("full cache", full, full);
-    for (int t = 0; t < N_TIERS; ++t) {
-        char buf[64];
-        snprintf(buf, sizeof(buf), "tier %d, SnapKV (observed)", t);
-        describe(buf, run_removal({{t, removed_of(tier_keep[t])}}), full);
-        snprintf(buf, sizeof(buf), "tier %d, strided baseline", t);
-        describe(buf, run_removal({{t, removed_of(tier_strided[t])}}), full);
-    }
-    {
-        std::vector<std::pair<int, std::vector<llama_pos>>> all, all_s;
-        for (int t = 0; t < N_TIERS; ++t) {
-            all.push_back({t, removed_of(tier_keep[t])});
-            all_s.push_back({t, removed_of(tier_strided[t])});
-        }
-        describe("all tiers, SnapKV (observed)", run_removal(all), full);
-        describe("all tiers, strided baseline", run_removal(all_s), full);
-    }
-
-
-    llama_model_free(model);
+    llama_model_free(cs.model);
     return 0;
 }

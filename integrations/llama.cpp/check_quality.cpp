@@ -86,6 +86,49 @@ static std::string mean_se(const std::vector<double> & v) {
     return o.str();
 }
 
+// depthkv's engine on one window (PrunedGeneration, decode schedule when `spec` is set, else the full cache): the
+// logits predicting cont[0..n)
+static RowMatrix depthkv_rows(depthkv::llama::LlamaEngine & engine, const depthkv::llama::ForwardOptions & run,
+                              const std::optional<depthkv::PruneSpec> & spec, const depthkv::PolicyCurves & curves,
+                              const std::vector<llama_token> & prompt, const std::vector<llama_token> & cont) {
+    const std::vector<int> p_ids(prompt.begin(), prompt.end()), c_ids(cont.begin(), cont.end() - 1);
+    depthkv::llama::PrunedGeneration<depthkv::llama::HostCacheF16> g(engine, engine.make_cache<Eigen::half>(), spec,
+                                                                     curves, nullptr, run);
+    const RowMatrix first = g.prefill(p_ids);
+    const RowMatrix rest = g.teacher_force(c_ids);
+    RowMatrix rows((Eigen::Index) cont.size(), first.cols());
+    rows.row(0) = first.row(0);
+    rows.bottomRows((Eigen::Index) cont.size() - 1) = rest;
+    return rows;
+}
+
+static const char * const RUN_NAMES[4] = { "llamacpp_tiers", "llamacpp_layers", "depthkv_engine", "engines_full" };
+
+// The output line: the settings, then each run's [mean, standard error] of KL, top-1 disagreement and NLL increase
+static std::string report_json(const RunArgs & a, int windows, const int n_tiers[2],
+                               const std::vector<depthkv::ContinuationMetrics> m[4]) {
+    std::ostringstream out;
+    out.precision(5);
+    out << "{\"model\": \"" << a.model.substr(a.model.find_last_of('/') + 1) << "\", \"n_prompt\": " << a.n_prompt
+        << ", \"n_cont\": " << a.n_new << ", \"windows\": " << windows << ", \"keep\": " << a.keep << ", \"policy\": \""
+        << a.policy << "\", \"scorer\": \"" << a.scorer << "\", \"n_tiers\": " << n_tiers[0] << ", \"n_layer_tiers\": "
+        << n_tiers[1];
+    for (int r = 0; r < 4; ++r) {
+        out << ", \"" << RUN_NAMES[r] << "\": {";
+        const char * keys[3] = { "kl", "top1_disagree", "dnll" };
+        for (int k = 0; k < 3; ++k) {
+            std::vector<double> v;
+            for (const auto & x : m[r]) {
+                v.push_back(k == 0 ? x.loss.kl : k == 1 ? x.loss.top1_disagree : x.loss.dnll);
+            }
+            out << (k ? ", " : "") << "\"" << keys[k] << "\": " << mean_se(v);
+        }
+        out << "}";
+    }
+    out << "}";
+    return out.str();
+}
+
 int main(int argc, char ** argv) try {
     if (argc < 3) {
         fprintf(stderr, "usage: check_quality MODEL TEXT [n_prompt=2048] [n_cont=64] [keep=0.2] [policy=uniform] "
@@ -97,13 +140,7 @@ int main(int argc, char ** argv) try {
     DEPTHKV_CHECK(windows >= 1 && n_prompt >= 1 && n_cont >= 2 && a.keep < 1.0,
                   "windows and n_prompt >= 1, n_cont >= 2 and keep < 1");
 
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    std::unique_ptr<llama_model, void (*)(llama_model *)> model(llama_model_load_from_file(a.model.c_str(), mp),
-                                                                  llama_model_free);
-    DEPTHKV_CHECK(model, "cannot load " << a.model);
+    const RunArgs::ModelPtr model = a.load_model(log_cb);
     const llama_vocab * vocab = llama_model_get_vocab(model.get());
     const std::vector<llama_token> ids = RunArgs::read_tokens(vocab, a.text);
     DEPTHKV_CHECK((int) ids.size() >= windows * (n_prompt + n_cont),
@@ -120,7 +157,6 @@ int main(int argc, char ** argv) try {
     depthkv::llama::ForwardOptions run;
     run.chunk_size = a.ubatch;
     run.n_threads = a.threads;
-    const char * names[4] = { "llamacpp_tiers", "llamacpp_layers", "depthkv_engine", "engines_full" };
     std::vector<depthkv::ContinuationMetrics> m[4];  // [run][window]
     int n_tiers[2] = { 0, 0 };
     for (int w = 0; w < windows; ++w) {
@@ -137,42 +173,13 @@ int main(int argc, char ** argv) try {
             n_tiers[gi] = plan.n_tiers();
         }
         // depthkv's engine: full, then the spec
-        const std::vector<int> p_ids(prompt.begin(), prompt.end()), c_ids(cont.begin(), cont.end() - 1);
-        RowMatrix dk[2];
-        for (int pruned = 0; pruned < 2; ++pruned) {
-            depthkv::llama::PrunedGeneration<depthkv::llama::HostCacheF16> g(
-                engine, engine.make_cache<Eigen::half>(), pruned ? std::optional<depthkv::PruneSpec>(spec) : std::nullopt,
-                curves, nullptr, run);
-            const RowMatrix first = g.prefill(p_ids);
-            const RowMatrix rest = g.teacher_force(c_ids);
-            dk[pruned].resize(n_cont, first.cols());
-            dk[pruned].row(0) = first.row(0);
-            dk[pruned].bottomRows(n_cont - 1) = rest;
-        }
+        const RowMatrix dk[2] = { depthkv_rows(engine, run, std::nullopt, curves, prompt, cont),
+                                  depthkv_rows(engine, run, spec, curves, prompt, cont) };
         DEPTHKV_CHECK(dk[0].cols() == n_vocab, "depthkv's vocabulary " << dk[0].cols() << " differs from llama.cpp's " << n_vocab);
         m[2].push_back(depthkv::compare_logits(dk[0], dk[1], targets));
         m[3].push_back(depthkv::compare_logits(ll_full, dk[0], targets));
     }
-    std::ostringstream out;
-    out.precision(5);
-    out << "{\"model\": \"" << a.model.substr(a.model.find_last_of('/') + 1) << "\", \"n_prompt\": " << n_prompt
-        << ", \"n_cont\": " << n_cont << ", \"windows\": " << windows << ", \"keep\": " << a.keep << ", \"policy\": \""
-        << a.policy << "\", \"scorer\": \"" << a.scorer << "\", \"n_tiers\": " << n_tiers[0] << ", \"n_layer_tiers\": "
-        << n_tiers[1];
-    for (int r = 0; r < 4; ++r) {
-        out << ", \"" << names[r] << "\": {";
-        const char * keys[3] = { "kl", "top1_disagree", "dnll" };
-        for (int k = 0; k < 3; ++k) {
-            std::vector<double> v;
-            for (const auto & x : m[r]) {
-                v.push_back(k == 0 ? x.loss.kl : k == 1 ? x.loss.top1_disagree : x.loss.dnll);
-            }
-            out << (k ? ", " : "") << "\"" << keys[k] << "\": " << mean_se(v);
-        }
-        out << "}";
-    }
-    out << "}";
-    printf("%s\n", out.str().c_str());
+    printf("%s\n", report_json(a, windows, n_tiers, m).c_str());
     return 0;
 } catch (const std::exception & e) {
     fprintf(stderr, "check_quality: %s\n", e.what());

@@ -76,12 +76,7 @@ static std::vector<llama_pos> rm_positions(int n_prompt) {
     return pos;
 }
 
-// tier_cells == nullptr: stock memory
-// RM_TIER1: remove from tier 1 only; RM_ALL: remove from every cache (stock: llama_memory_seq_rm per position)
-static run_result run(llama_model * model, const std::vector<llama_token> & prompt, bool fa,
-                      const std::vector<uint32_t> * tier_of_layer, const std::vector<uint32_t> * tier_cells, rm_mode remove) {
-    run_result r;
-
+static llama_context_params base_cparams(bool fa) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = N_CTX;
     cp.n_batch         = N_BATCH;
@@ -91,10 +86,125 @@ static run_result run(llama_model * model, const std::vector<llama_token> & prom
     cp.n_threads_batch = 2;
     cp.swa_full        = false; // window-sized SWA cache, as llama_kv_cache_iswa without swa_full
     cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    return cp;
+}
+
+static void set_tiers(llama_context_params & cp, const std::vector<uint32_t> & tier_of_layer,
+                      const std::vector<uint32_t> & tier_cells) {
+    cp.n_kv_tiers       = tier_cells.size();
+    cp.kv_tier_of_layer = tier_of_layer.data();
+    cp.kv_tier_cells    = tier_cells.data();
+}
+
+static llama_token argmax_token(const float * lg, int n_vocab) {
+    return (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
+}
+
+// one greedy step: picks the argmax of the last logits (kept in `logits` when given) and decodes it
+static bool greedy_step(llama_context * ctx, int n_vocab, std::vector<llama_token> & tokens,
+                        std::vector<std::vector<float>> * logits) {
+    const float * lg = llama_get_logits_ith(ctx, -1);
+    if (logits) {
+        logits->emplace_back(lg, lg + n_vocab);
+    }
+    llama_token tok = argmax_token(lg, n_vocab);
+    tokens.push_back(tok);
+    return llama_decode(ctx, llama_batch_get_one(&tok, 1)) == 0;
+}
+
+static bool prefill(llama_context * ctx, const std::vector<llama_token> & prompt) {
+    std::vector<llama_token> tmp(prompt);
+    for (size_t i = 0; i < tmp.size(); i += N_BATCH) {
+        const int n = std::min<int>(N_BATCH, tmp.size() - i);
+        if (llama_decode(ctx, llama_batch_get_one(tmp.data() + i, n)) != 0) {
+            fprintf(stderr, "check_tiers: prefill failed\n");
+            return false;
+        }
+    }
+    return true;
+}
+
+// RM_ALL: the positions of (b) from every cache (stock memory, tiered == false: llama_memory_seq_rm per position)
+static bool remove_from_all(llama_memory_t mem, bool tiered, size_t n_caches, const std::vector<llama_pos> & pos) {
+    bool res = true;
+    if (!tiered) {
+        for (llama_pos p : pos) {
+            res = res && llama_memory_seq_rm(mem, 0, p, p + 1);
+        }
+    } else {
+        for (size_t t = 0; t < n_caches; ++t) {
+            res = res && llama_memory_seq_rm_positions(mem, 0, t, pos.data(), pos.size());
+        }
+    }
+    if (!res) {
+        fprintf(stderr, "check_tiers: removing from every cache failed\n");
+    }
+    return res;
+}
+
+// RM_TIER1: the positions of (b) from tier 1 only; bad arguments must be refused
+static bool remove_from_tier1(llama_memory_t mem, const std::vector<llama_pos> & pos) {
+    if (!llama_memory_seq_rm_positions(mem, 0, 1, pos.data(), pos.size())) {
+        fprintf(stderr, "check_tiers: llama_memory_seq_rm_positions failed\n");
+        return false;
+    }
+    // bad arguments must be refused
+    if (llama_memory_seq_rm_positions(mem, 0, 99, pos.data(), 1) ||
+        llama_memory_seq_rm_positions(mem, 7, 1, pos.data(), 1)) {
+        fprintf(stderr, "check_tiers: llama_memory_seq_rm_positions accepted bad arguments\n");
+        return false;
+    }
+    return true;
+}
+
+// what run does on its context: prefill, the removal, N_GEN greedy tokens
+static bool run_steps(llama_context * ctx, const llama_model * model, const std::vector<llama_token> & prompt,
+                      const std::vector<uint32_t> * tier_cells, rm_mode remove, run_result & r) {
+    llama_memory_t mem = llama_get_memory(ctx);
+    if ((llama_memory_n_tiers(mem) != (tier_cells ? tier_cells->size() : 0))) {
+        fprintf(stderr, "check_tiers: llama_memory_n_tiers = %u\n", llama_memory_n_tiers(mem));
+        return false;
+    }
+
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+
+    if (!prefill(ctx, prompt)) {
+        return false;
+    }
     if (tier_cells) {
-        cp.n_kv_tiers       = tier_cells->size();
-        cp.kv_tier_of_layer = tier_of_layer->data();
-        cp.kv_tier_cells    = tier_cells->data();
+        r.info_prefill = get_info(mem);
+    }
+
+    const std::vector<llama_pos> pos = rm_positions(prompt.size());
+    if (remove == RM_ALL && !remove_from_all(mem, tier_cells != nullptr, r.info_prefill.size(), pos)) {
+        return false;
+    }
+    if (remove == RM_TIER1) {
+        if (!remove_from_tier1(mem, pos)) {
+            return false;
+        }
+        r.info_removed = get_info(mem);
+    }
+
+    for (int i = 0; i < N_GEN; ++i) {
+        if (!greedy_step(ctx, n_vocab, r.tokens, &r.logits)) {
+            fprintf(stderr, "check_tiers: decode failed at step %d\n", i);
+            return false;
+        }
+    }
+    return true;
+}
+
+// tier_cells == nullptr: stock memory
+// RM_TIER1: remove from tier 1 only; RM_ALL: remove from every cache (stock: llama_memory_seq_rm per position)
+static run_result run(llama_model * model, const std::vector<llama_token> & prompt, bool fa,
+                      const std::vector<uint32_t> * tier_of_layer, const std::vector<uint32_t> * tier_cells, rm_mode remove) {
+    run_result r;
+
+    llama_context_params cp = base_cparams(fa);
+    if (tier_cells) {
+        set_tiers(cp, *tier_of_layer, *tier_cells);
     }
 
     g_kv_mib = 0.0;
@@ -105,78 +215,8 @@ static run_result run(llama_model * model, const std::vector<llama_token> & prom
     }
     r.stock_kv_mib = g_kv_mib;
 
-    llama_memory_t mem = llama_get_memory(ctx);
-    if ((llama_memory_n_tiers(mem) != (tier_cells ? tier_cells->size() : 0))) {
-        fprintf(stderr, "check_tiers: llama_memory_n_tiers = %u\n", llama_memory_n_tiers(mem));
-        llama_free(ctx);
-        return r;
-    }
-
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-    const int n_vocab = llama_vocab_n_tokens(vocab);
-
-    std::vector<llama_token> tmp(prompt);
-    for (size_t i = 0; i < tmp.size(); i += N_BATCH) {
-        const int n = std::min<int>(N_BATCH, tmp.size() - i);
-        if (llama_decode(ctx, llama_batch_get_one(tmp.data() + i, n)) != 0) {
-            fprintf(stderr, "check_tiers: prefill failed\n");
-            llama_free(ctx);
-            return r;
-        }
-    }
-
-    if (tier_cells) {
-        r.info_prefill = get_info(mem);
-    }
-
-    const std::vector<llama_pos> pos = rm_positions(prompt.size());
-    if (remove == RM_ALL) {
-        bool res = true;
-        if (!tier_cells) {
-            for (llama_pos p : pos) {
-                res = res && llama_memory_seq_rm(mem, 0, p, p + 1);
-            }
-        } else {
-            for (size_t t = 0; t < r.info_prefill.size(); ++t) {
-                res = res && llama_memory_seq_rm_positions(mem, 0, t, pos.data(), pos.size());
-            }
-        }
-        if (!res) {
-            fprintf(stderr, "check_tiers: removing from every cache failed\n");
-            llama_free(ctx);
-            return r;
-        }
-    }
-    if (remove == RM_TIER1) {
-        if (!llama_memory_seq_rm_positions(mem, 0, 1, pos.data(), pos.size())) {
-            fprintf(stderr, "check_tiers: llama_memory_seq_rm_positions failed\n");
-            llama_free(ctx);
-            return r;
-        }
-        // bad arguments must be refused
-        if (llama_memory_seq_rm_positions(mem, 0, 99, pos.data(), 1) ||
-            llama_memory_seq_rm_positions(mem, 7, 1, pos.data(), 1)) {
-            fprintf(stderr, "check_tiers: llama_memory_seq_rm_positions accepted bad arguments\n");
-            llama_free(ctx);
-            return r;
-        }
-        r.info_removed = get_info(mem);
-    }
-
-    for (int i = 0; i < N_GEN; ++i) {
-        const float * lg = llama_get_logits_ith(ctx, -1);
-        r.logits.emplace_back(lg, lg + n_vocab);
-        llama_token tok = (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
-        r.tokens.push_back(tok);
-        if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) {
-            fprintf(stderr, "check_tiers: decode failed at step %d\n", i);
-            llama_free(ctx);
-            return r;
-        }
-    }
-
+    r.ok = run_steps(ctx, model, prompt, tier_cells, remove, r);
     llama_free(ctx);
-    r.ok = true;
     return r;
 }
 
@@ -189,34 +229,13 @@ static bool budget_keep(uint32_t tier, llama_pos p) {
     return tier == 1 ? p % 2 == 0 : p % 16 == 0;
 }
 
-static run_result run_budget(llama_model * model, const std::vector<llama_token> & prompt, bool fa,
-                             const std::vector<uint32_t> & tier_of_layer) {
-    run_result r;
-
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = N_CTX;
-    cp.n_batch         = N_BATCH;
-    cp.n_ubatch        = N_UBATCH;
-    cp.n_seq_max       = 1;
-    cp.n_threads       = 2;
-    cp.n_threads_batch = 2;
-    cp.swa_full        = false;
-    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.n_kv_tiers       = BUDGET_CELLS.size();
-    cp.kv_tier_of_layer = tier_of_layer.data();
-    cp.kv_tier_cells    = BUDGET_CELLS.data();
-
-    llama_context * ctx = llama_init_from_model(model, cp);
-    if (!ctx) {
-        fprintf(stderr, "check_tiers: llama_init_from_model failed (budget)\n");
-        return r;
-    }
-    llama_memory_t mem = llama_get_memory(ctx);
-    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-
+// the eviction of (d): what the last llama_decode made older than the last N_RECENT
+struct budget_evictor {
+    llama_memory_t mem;
     llama_pos n_past = 0;
-    std::vector<llama_pos> done(BUDGET_CELLS.size(), 0); // positions below this were already handled
-    auto evict = [&]() {
+    std::vector<llama_pos> done = std::vector<llama_pos>(BUDGET_CELLS.size(), 0); // positions below this were already handled
+
+    bool evict() {
         for (uint32_t t = 1; t < BUDGET_CELLS.size(); ++t) {
             std::vector<llama_pos> pos;
             for (; done[t] < n_past - N_RECENT; ++done[t]) {
@@ -229,44 +248,116 @@ static run_result run_budget(llama_model * model, const std::vector<llama_token>
             }
         }
         return true;
-    };
+    }
+};
+
+// what run_budget does on its context: prefill in ubatches and N_GEN greedy tokens, evicting after each llama_decode
+static bool budget_steps(llama_context * ctx, const llama_model * model, const std::vector<llama_token> & prompt,
+                         run_result & r) {
+    llama_memory_t mem = llama_get_memory(ctx);
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    budget_evictor ev{mem};
 
     std::vector<llama_token> tmp(prompt);
     for (size_t i = 0; i < tmp.size(); i += N_UBATCH) {
         const int n = std::min<int>(N_UBATCH, tmp.size() - i);
         if (llama_decode(ctx, llama_batch_get_one(tmp.data() + i, n)) != 0) {
             fprintf(stderr, "check_tiers: budget prefill failed at token %zu\n", i);
-            llama_free(ctx);
-            return r;
+            return false;
         }
-        n_past += n;
-        if (!evict()) {
-            llama_free(ctx);
-            return r;
+        ev.n_past += n;
+        if (!ev.evict()) {
+            return false;
         }
     }
     r.info_prefill = get_info(mem);
 
     for (int i = 0; i < N_GEN; ++i) {
-        const float * lg = llama_get_logits_ith(ctx, -1);
-        llama_token tok = (llama_token) (std::max_element(lg, lg + n_vocab) - lg);
-        r.tokens.push_back(tok);
-        if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) {
+        if (!greedy_step(ctx, n_vocab, r.tokens, nullptr)) {
             fprintf(stderr, "check_tiers: budget decode failed at step %d\n", i);
-            llama_free(ctx);
-            return r;
+            return false;
         }
-        n_past += 1;
-        if (!evict()) {
-            llama_free(ctx);
-            return r;
+        ev.n_past += 1;
+        if (!ev.evict()) {
+            return false;
         }
     }
     r.info_removed = get_info(mem);
+    return true;
+}
 
+static run_result run_budget(llama_model * model, const std::vector<llama_token> & prompt, bool fa,
+                             const std::vector<uint32_t> & tier_of_layer) {
+    run_result r;
+
+    llama_context_params cp = base_cparams(fa);
+    set_tiers(cp, tier_of_layer, BUDGET_CELLS);
+
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        fprintf(stderr, "check_tiers: llama_init_from_model failed (budget)\n");
+        return r;
+    }
+    r.ok = budget_steps(ctx, model, prompt, r);
     llama_free(ctx);
-    r.ok = true;
     return r;
+}
+
+// (e) the batch of 100 tokens of each of the 2 sequences
+static void fill_two_seqs_prompt(llama_batch & b) {
+    for (int s = 0; s < 2; ++s) {
+        for (int i = 0; i < 100; ++i) {
+            const int k = b.n_tokens++;
+            b.token[k] = 1000 + (i*7 + s*13) % 500; b.pos[k] = i; b.n_seq_id[k] = 1; b.seq_id[k][0] = s; b.logits[k] = false;
+        }
+    }
+}
+
+// (e) the batch of one more token of each sequence, with logits
+static void fill_two_seqs_next(llama_batch & b) {
+    b.n_tokens = 0;
+    for (int s = 0; s < 2; ++s) {
+        const int k = b.n_tokens++;
+        b.token[k] = 42; b.pos[k] = 100; b.n_seq_id[k] = 1; b.seq_id[k][0] = s; b.logits[k] = true;
+    }
+}
+
+// (e) one run: stock (tol == nullptr) or 2 tiers, `rm`: positions of sequence 1 removed from tier 1 after the
+// prompt; appends the next token's logits of both sequences to `out`
+static bool run_two_seqs_once(llama_model * model, bool fa, const std::vector<uint32_t> * tol, bool rm,
+                              std::vector<float> & out) {
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    const std::vector<uint32_t> cells = { 200, 200 };
+    llama_context_params cp = base_cparams(fa);
+    cp.n_ctx = 1024; cp.n_batch = 256; cp.n_seq_max = 2; cp.kv_unified = false;
+    if (tol) {
+        set_tiers(cp, *tol, cells);
+    }
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        return false;
+    }
+    llama_batch b = llama_batch_init(256, 0, 1);
+    fill_two_seqs_prompt(b);
+    bool ok = llama_decode(ctx, b) == 0;
+    if (ok && rm) {
+        std::vector<llama_pos> pos;
+        for (llama_pos p = 1; p < 50; p += 2) {
+            pos.push_back(p);
+        }
+        ok = llama_memory_seq_rm_positions(llama_get_memory(ctx), 1, 1, pos.data(), pos.size());
+    }
+    fill_two_seqs_next(b);
+    ok = ok && llama_decode(ctx, b) == 0;
+    if (ok) {
+        for (int s = 0; s < 2; ++s) {
+            const float * lg = llama_get_logits_ith(ctx, s);
+            out.insert(out.end(), lg, lg + n_vocab);
+        }
+    }
+    llama_batch_free(b);
+    llama_free(ctx);
+    return ok;
 }
 
 // (e) two sequences in separate streams (kv_unified = false), 2 tiers: stock vs tiered logits, then positions of
@@ -278,52 +369,9 @@ static std::vector<double> run_two_seqs(llama_model * model, bool fa, const std:
     for (auto & t : tol) {
         t = std::min<uint32_t>(t, 1);
     }
-    const std::vector<uint32_t> cells = { 200, 200 };
-    auto run2 = [&](bool tiers, bool rm, std::vector<float> & out) {
-        llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = 1024; cp.n_batch = 256; cp.n_ubatch = N_UBATCH; cp.n_seq_max = 2; cp.kv_unified = false;
-        cp.n_threads = 2; cp.n_threads_batch = 2; cp.swa_full = false;
-        cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-        if (tiers) {
-            cp.n_kv_tiers = cells.size(); cp.kv_tier_of_layer = tol.data(); cp.kv_tier_cells = cells.data();
-        }
-        llama_context * ctx = llama_init_from_model(model, cp);
-        if (!ctx) {
-            return false;
-        }
-        llama_batch b = llama_batch_init(256, 0, 1);
-        for (int s = 0; s < 2; ++s) {
-            for (int i = 0; i < 100; ++i) {
-                const int k = b.n_tokens++;
-                b.token[k] = 1000 + (i*7 + s*13) % 500; b.pos[k] = i; b.n_seq_id[k] = 1; b.seq_id[k][0] = s; b.logits[k] = false;
-            }
-        }
-        bool ok = llama_decode(ctx, b) == 0;
-        if (ok && rm) {
-            std::vector<llama_pos> pos;
-            for (llama_pos p = 1; p < 50; p += 2) {
-                pos.push_back(p);
-            }
-            ok = llama_memory_seq_rm_positions(llama_get_memory(ctx), 1, 1, pos.data(), pos.size());
-        }
-        b.n_tokens = 0;
-        for (int s = 0; s < 2; ++s) {
-            const int k = b.n_tokens++;
-            b.token[k] = 42; b.pos[k] = 100; b.n_seq_id[k] = 1; b.seq_id[k][0] = s; b.logits[k] = true;
-        }
-        ok = ok && llama_decode(ctx, b) == 0;
-        if (ok) {
-            for (int s = 0; s < 2; ++s) {
-                const float * lg = llama_get_logits_ith(ctx, s);
-                out.insert(out.end(), lg, lg + n_vocab);
-            }
-        }
-        llama_batch_free(b);
-        llama_free(ctx);
-        return ok;
-    };
     std::vector<float> a, t, r;
-    if (!run2(false, false, a) || !run2(true, false, t) || !run2(true, true, r)) {
+    if (!run_two_seqs_once(model, fa, nullptr, false, a) || !run_two_seqs_once(model, fa, &tol, false, t) ||
+        !run_two_seqs_once(model, fa, &tol, true, r)) {
         return {};
     }
     std::vector<double> d(3, 0.0);
@@ -352,6 +400,195 @@ static void print_tokens(const char * name, const std::vector<llama_token> & t) 
     printf("\n");
 }
 
+static int n_equal(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
+    int n_same = 0;
+    for (int i = 0; i < N_GEN; ++i) {
+        n_same += a[i] == b[i];
+    }
+    return n_same;
+}
+
+static const char * cache_kind(size_t t) {
+    return t < N_TIERS ? "tier" : "SWA ";
+}
+
+// reads the first N tokens of a text file (exits via the return value: false after a message)
+static bool load_prompt(const llama_model * model, const char * path_text, int n_prompt, std::vector<llama_token> & prompt) {
+    std::ifstream f(path_text);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    if (text.empty()) {
+        fprintf(stderr, "check_tiers: cannot read %s\n", path_text);
+        return false;
+    }
+
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    prompt.assign(text.size() + 16, 0);
+    const int n_tok = llama_tokenize(vocab, text.data(), text.size(), prompt.data(), prompt.size(), true, false);
+    if (n_tok < n_prompt) {
+        fprintf(stderr, "check_tiers: only %d tokens in %s\n", n_tok, path_text);
+        return false;
+    }
+    prompt.resize(n_prompt);
+    return true;
+}
+
+// tiers: contiguous blocks of the non-SWA layers. llama.cpp exposes no per-layer SWA flag, so for a model with
+// a sliding window this assumes the Gemma 3 pattern (every 6th layer global), as llama.cpp's gemma3 loader does
+static std::vector<uint32_t> make_tier_of_layer(const llama_model * model) {
+    const int n_layer = llama_model_n_layer(model);
+    const bool has_swa = llama_model_n_swa(model) > 0;
+    std::vector<int> global;
+    for (int il = 0; il < n_layer; ++il) {
+        if (!has_swa || il % 6 == 5) {
+            global.push_back(il);
+        }
+    }
+    std::vector<uint32_t> tier_of_layer(n_layer, 0);
+    for (size_t j = 0; j < global.size(); ++j) {
+        tier_of_layer[global[j]] = (uint32_t) (j * N_TIERS / global.size());
+    }
+    return tier_of_layer;
+}
+
+static void print_layout(const char * path_model, const llama_model * model, int n_prompt,
+                         const std::vector<uint32_t> & tier_of_layer, uint32_t n_seq) {
+    const int n_layer = llama_model_n_layer(model);
+    const bool has_swa = llama_model_n_swa(model) > 0;
+    char desc[64];
+    printf("model %s: %d layers, n_swa %d, prompt %d tokens, %d greedy tokens, n_ubatch %d\n",
+           path_model, n_layer, llama_model_n_swa(model), n_prompt, N_GEN, N_UBATCH);
+    printf("tier of each layer (S = SWA, own cache):");
+    for (int il = 0; il < n_layer; ++il) {
+        const bool swa = has_swa && il % 6 != 5;
+        snprintf(desc, sizeof(desc), " %s", swa ? "S" : std::to_string(tier_of_layer[il]).c_str());
+        printf("%s", desc);
+    }
+    printf("\ntier cells requested: %u each\n", n_seq);
+}
+
+// what the checks of one flash attention setting share
+struct check_inputs {
+    llama_model * model;
+    const std::vector<llama_token> & prompt;
+    int n_prompt;
+    bool fa;
+    const std::vector<uint32_t> & tier_of_layer;
+    const std::vector<uint32_t> & tier_cells;
+};
+
+// (a)
+static bool check_a(const run_result & stock, const run_result & tiered) {
+    const double max_diff = max_abs_diff(stock, tiered);
+    const bool same = stock.tokens == tiered.tokens;
+    const bool pass_a = same && max_diff < 1e-2;
+    printf("(a) stock vs tiered (keep 1): tokens %s, max |logit diff| = %.3g over %d steps -> %s\n",
+           same ? "equal" : "DIFFER", max_diff, N_GEN, pass_a ? "PASS" : "FAIL");
+    print_tokens("stock tokens:", stock.tokens);
+    print_tokens("tiered tokens:", tiered.tokens);
+    return pass_a;
+}
+
+// (b): reported, not asserted
+static void check_b(int n_prompt, const run_result & stock, const run_result & rm) {
+    bool pass_b = rm.info_prefill.size() == rm.info_removed.size();
+    printf("(b) remove every 2nd position older than the last %d from tier 1 (%d positions):\n",
+           N_RECENT, (n_prompt - N_RECENT) / 2);
+    for (size_t t = 0; t < rm.info_prefill.size() && pass_b; ++t) {
+        const auto & a = rm.info_prefill[t];
+        const auto & b = rm.info_removed[t];
+        const bool expect_drop = t == 1;
+        const bool good = expect_drop ? b.used < a.used : b.used == a.used;
+        pass_b = pass_b && good;
+        printf("  %s %zu: used cells %u -> %u (of %u)%s\n", cache_kind(t), t, a.used, b.used, b.total, good ? "" : "  <- unexpected");
+    }
+    const int n_same = n_equal(rm.tokens, stock.tokens);
+    print_tokens("tokens after removal:", rm.tokens);
+    printf("  decoding ran; %d/%d tokens equal to stock -> %s\n", n_same, N_GEN, pass_b ? "PASS" : "FAIL");
+}
+
+// (b'): the same positions removed from every cache must match stock llama_memory_seq_rm of those positions
+static bool check_b_all(const run_result & stock_all, const run_result & rm_all) {
+    const double diff_all = max_abs_diff(stock_all, rm_all);
+    const bool pass_all = stock_all.tokens == rm_all.tokens && diff_all < 1e-2;
+    printf("(b) same positions removed from every cache vs stock llama_memory_seq_rm: tokens %s, max |logit diff| = %.3g -> %s\n",
+           stock_all.tokens == rm_all.tokens ? "equal" : "DIFFER", diff_all, pass_all ? "PASS" : "FAIL");
+    return pass_all;
+}
+
+// (c)
+static void check_c(const run_result & stock, const run_result & tiered) {
+    size_t sum = 0;
+    for (size_t t = 0; t < tiered.info_prefill.size(); ++t) {
+        sum += tiered.info_prefill[t].bytes;
+        printf("(c) %s %zu: %8.3f MiB (%u cells)\n", cache_kind(t), t,
+               tiered.info_prefill[t].bytes / 1048576.0, tiered.info_prefill[t].total);
+    }
+    printf("(c) tiered total %.3f MiB vs stock KV cache %.3f MiB (n_ctx %d; stock from llama.cpp's log, 0.01 MiB steps)\n",
+           sum / 1048576.0, stock.stock_kv_mib, N_CTX);
+}
+
+// (d)
+static bool check_d(const check_inputs & in, const run_result & stock) {
+    const run_result bud = run_budget(in.model, in.prompt, in.fa, in.tier_of_layer);
+    bool pass_d = bud.ok;
+    printf("(d) budgets: tier cells %u (= n_ctx), %u, %u; prefill in chunks of %d, evicting after every llama_decode\n",
+           BUDGET_CELLS[0], BUDGET_CELLS[1], BUDGET_CELLS[2], N_UBATCH);
+    if (bud.ok) {
+        size_t sum_bud = 0;
+        for (size_t t = 0; t < bud.info_removed.size(); ++t) {
+            const auto & ti = bud.info_removed[t];
+            sum_bud += ti.bytes;
+            const bool good = t == 0 || t >= N_TIERS || ti.used <= BUDGET_CELLS[t] + 1;
+            pass_d = pass_d && good;
+            printf("  %s %zu: used cells %u of %u, %8.3f MiB%s\n", cache_kind(t), t, ti.used, ti.total,
+                   ti.bytes / 1048576.0, good ? "" : "  <- over budget");
+        }
+        const int n_same = n_equal(bud.tokens, stock.tokens);
+        print_tokens("tokens:", bud.tokens);
+        printf("  total %.3f MiB vs stock %.3f MiB; %d/%d tokens equal to stock\n", sum_bud / 1048576.0, stock.stock_kv_mib, n_same, N_GEN);
+    }
+    printf("(d) %s\n", pass_d ? "PASS (decoding ran within the budgets)" : "FAIL");
+    return pass_d;
+}
+
+// (e)
+static bool check_e(const check_inputs & in) {
+    const std::vector<double> d2 = run_two_seqs(in.model, in.fa, in.tier_of_layer);
+    const bool pass_e = d2.size() == 3 && d2[0] < 1e-2 && d2[1] < 1e-2 && d2[2] > 0.0;
+    if (d2.size() == 3) {
+        printf("(e) 2 seqs, kv_unified off, 2 tiers: stock vs tiered max |logit diff| %.3g; after removing seq 1's positions from tier 1: seq 0 %.3g (want 0), seq 1 %.3g (want > 0) -> %s\n",
+               d2[0], d2[1], d2[2], pass_e ? "PASS" : "FAIL");
+    } else {
+        printf("(e) FAIL: a run did not complete\n");
+    }
+    return pass_e;
+}
+
+// (a) to (e) with one flash attention setting; false when one of (a), (b'), (d), (e) fails
+static bool check_fa(const check_inputs & in) {
+    printf("\n== flash attention %s ==\n", in.fa ? "on" : "off");
+
+    const run_result stock     = run(in.model, in.prompt, in.fa, nullptr, nullptr, RM_NONE);
+    const run_result tiered    = run(in.model, in.prompt, in.fa, &in.tier_of_layer, &in.tier_cells, RM_NONE);
+    const run_result rm        = run(in.model, in.prompt, in.fa, &in.tier_of_layer, &in.tier_cells, RM_TIER1);
+    const run_result stock_all = run(in.model, in.prompt, in.fa, nullptr, nullptr, RM_ALL);
+    const run_result rm_all    = run(in.model, in.prompt, in.fa, &in.tier_of_layer, &in.tier_cells, RM_ALL);
+    if (!stock.ok || !tiered.ok || !rm.ok || !stock_all.ok || !rm_all.ok) {
+        printf("(a) FAIL: a run did not complete\n");
+        return false;
+    }
+
+    bool ok = check_a(stock, tiered);
+    check_b(in.n_prompt, stock, rm);
+    ok = check_b_all(stock_all, rm_all) && ok;
+    check_c(stock, tiered);
+    ok = check_d(in, stock) && ok;
+    ok = check_e(in) && ok;
+    return ok;
+}
+
 int main(int argc, char ** argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [n_prompt=600] [fa=both|on|off] [text=/usr/share/common-licenses/GPL-3]\n", argv[0]);
@@ -373,52 +610,16 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
-    std::ifstream f(path_text);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string text = ss.str();
-    if (text.empty()) {
-        fprintf(stderr, "check_tiers: cannot read %s\n", path_text);
+    std::vector<llama_token> prompt;
+    if (!load_prompt(model, path_text, n_prompt, prompt)) {
         return 1;
     }
 
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-    std::vector<llama_token> prompt(text.size() + 16);
-    const int n_tok = llama_tokenize(vocab, text.data(), text.size(), prompt.data(), prompt.size(), true, false);
-    if (n_tok < n_prompt) {
-        fprintf(stderr, "check_tiers: only %d tokens in %s\n", n_tok, path_text);
-        return 1;
-    }
-    prompt.resize(n_prompt);
-
-    // tiers: contiguous blocks of the non-SWA layers. llama.cpp exposes no per-layer SWA flag, so for a model with
-    // a sliding window this assumes the Gemma 3 pattern (every 6th layer global), as llama.cpp's gemma3 loader does
-    const int n_layer = llama_model_n_layer(model);
-    const bool has_swa = llama_model_n_swa(model) > 0;
-    std::vector<int> global;
-    for (int il = 0; il < n_layer; ++il) {
-        if (!has_swa || il % 6 == 5) {
-            global.push_back(il);
-        }
-    }
-    std::vector<uint32_t> tier_of_layer(n_layer, 0);
-    for (size_t j = 0; j < global.size(); ++j) {
-        tier_of_layer[global[j]] = (uint32_t) (j * N_TIERS / global.size());
-    }
+    const std::vector<uint32_t> tier_of_layer = make_tier_of_layer(model);
     // every tier holds the whole sequence (= keep 1); llama.cpp adds one ubatch
     const uint32_t n_seq = n_prompt + N_GEN + 1;
     const std::vector<uint32_t> tier_cells(N_TIERS, n_seq);
-
-    char desc[64];
-    printf("model %s: %d layers, n_swa %d, prompt %d tokens, %d greedy tokens, n_ubatch %d\n",
-           path_model, n_layer, llama_model_n_swa(model), n_prompt, N_GEN, N_UBATCH);
-    printf("tier of each layer (S = SWA, own cache):");
-    for (int il = 0; il < n_layer; ++il) {
-        const bool swa = has_swa && il % 6 != 5;
-        snprintf(desc, sizeof(desc), " %s", swa ? "S" : std::to_string(tier_of_layer[il]).c_str());
-        printf("%s", desc);
-    }
-    printf("\ntier cells requested: %u each\n", n_seq);
+    print_layout(path_model, model, n_prompt, tier_of_layer, n_seq);
 
     bool ok = true;
     std::vector<bool> fas;
@@ -426,99 +627,7 @@ int main(int argc, char ** argv) {
     if (fa_arg == "both" || fa_arg == "on")  fas.push_back(true);
 
     for (bool fa : fas) {
-        printf("\n== flash attention %s ==\n", fa ? "on" : "off");
-
-        const run_result stock     = run(model, prompt, fa, nullptr, nullptr, RM_NONE);
-        const run_result tiered    = run(model, prompt, fa, &tier_of_layer, &tier_cells, RM_NONE);
-        const run_result rm        = run(model, prompt, fa, &tier_of_layer, &tier_cells, RM_TIER1);
-        const run_result stock_all = run(model, prompt, fa, nullptr, nullptr, RM_ALL);
-        const run_result rm_all    = run(model, prompt, fa, &tier_of_layer, &tier_cells, RM_ALL);
-        if (!stock.ok || !tiered.ok || !rm.ok || !stock_all.ok || !rm_all.ok) {
-            printf("(a) FAIL: a run did not complete\n");
-            ok = false;
-            continue;
-        }
-
-        // (a)
-        const double max_diff = max_abs_diff(stock, tiered);
-        const bool same = stock.tokens == tiered.tokens;
-        const bool pass_a = same && max_diff < 1e-2;
-        printf("(a) stock vs tiered (keep 1): tokens %s, max |logit diff| = %.3g over %d steps -> %s\n",
-               same ? "equal" : "DIFFER", max_diff, N_GEN, pass_a ? "PASS" : "FAIL");
-        print_tokens("stock tokens:", stock.tokens);
-        print_tokens("tiered tokens:", tiered.tokens);
-        ok = ok && pass_a;
-
-        // (b)
-        bool pass_b = rm.info_prefill.size() == rm.info_removed.size();
-        printf("(b) remove every 2nd position older than the last %d from tier 1 (%d positions):\n",
-               N_RECENT, (n_prompt - N_RECENT) / 2);
-        for (size_t t = 0; t < rm.info_prefill.size() && pass_b; ++t) {
-            const auto & a = rm.info_prefill[t];
-            const auto & b = rm.info_removed[t];
-            const bool expect_drop = t == 1;
-            const bool good = expect_drop ? b.used < a.used : b.used == a.used;
-            pass_b = pass_b && good;
-            printf("  %s %zu: used cells %u -> %u (of %u)%s\n", t < N_TIERS ? "tier" : "SWA ", t, a.used, b.used, b.total, good ? "" : "  <- unexpected");
-        }
-        int n_same = 0;
-        for (int i = 0; i < N_GEN; ++i) {
-            n_same += rm.tokens[i] == stock.tokens[i];
-        }
-        print_tokens("tokens after removal:", rm.tokens);
-        printf("  decoding ran; %d/%d tokens equal to stock -> %s\n", n_same, N_GEN, pass_b ? "PASS" : "FAIL");
-        // the same positions removed from every cache must match stock llama_memory_seq_rm of those positions
-        const double diff_all = max_abs_diff(stock_all, rm_all);
-        const bool pass_all = stock_all.tokens == rm_all.tokens && diff_all < 1e-2;
-        printf("(b) same positions removed from every cache vs stock llama_memory_seq_rm: tokens %s, max |logit diff| = %.3g -> %s\n",
-               stock_all.tokens == rm_all.tokens ? "equal" : "DIFFER", diff_all, pass_all ? "PASS" : "FAIL");
-        ok = ok && pass_all;
-
-        // (c)
-        size_t sum = 0;
-        for (size_t t = 0; t < tiered.info_prefill.size(); ++t) {
-            sum += tiered.info_prefill[t].bytes;
-            printf("(c) %s %zu: %8.3f MiB (%u cells)\n", t < N_TIERS ? "tier" : "SWA ", t,
-                   tiered.info_prefill[t].bytes / 1048576.0, tiered.info_prefill[t].total);
-        }
-        printf("(c) tiered total %.3f MiB vs stock KV cache %.3f MiB (n_ctx %d; stock from llama.cpp's log, 0.01 MiB steps)\n",
-               sum / 1048576.0, stock.stock_kv_mib, N_CTX);
-
-        // (d)
-        const run_result bud = run_budget(model, prompt, fa, tier_of_layer);
-        bool pass_d = bud.ok;
-        printf("(d) budgets: tier cells %u (= n_ctx), %u, %u; prefill in chunks of %d, evicting after every llama_decode\n",
-               BUDGET_CELLS[0], BUDGET_CELLS[1], BUDGET_CELLS[2], N_UBATCH);
-        if (bud.ok) {
-            size_t sum_bud = 0;
-            for (size_t t = 0; t < bud.info_removed.size(); ++t) {
-                const auto & ti = bud.info_removed[t];
-                sum_bud += ti.bytes;
-                const bool good = t == 0 || t >= N_TIERS || ti.used <= BUDGET_CELLS[t] + 1;
-                pass_d = pass_d && good;
-                printf("  %s %zu: used cells %u of %u, %8.3f MiB%s\n", t < N_TIERS ? "tier" : "SWA ", t, ti.used, ti.total,
-                       ti.bytes / 1048576.0, good ? "" : "  <- over budget");
-            }
-            int n_same = 0;
-            for (int i = 0; i < N_GEN; ++i) {
-                n_same += bud.tokens[i] == stock.tokens[i];
-            }
-            print_tokens("tokens:", bud.tokens);
-            printf("  total %.3f MiB vs stock %.3f MiB; %d/%d tokens equal to stock\n", sum_bud / 1048576.0, stock.stock_kv_mib, n_same, N_GEN);
-        }
-        printf("(d) %s\n", pass_d ? "PASS (decoding ran within the budgets)" : "FAIL");
-        ok = ok && pass_d;
-
-        // (e)
-        const std::vector<double> d2 = run_two_seqs(model, fa, tier_of_layer);
-        const bool pass_e = d2.size() == 3 && d2[0] < 1e-2 && d2[1] < 1e-2 && d2[2] > 0.0;
-        if (d2.size() == 3) {
-            printf("(e) 2 seqs, kv_unified off, 2 tiers: stock vs tiered max |logit diff| %.3g; after removing seq 1's positions from tier 1: seq 0 %.3g (want 0), seq 1 %.3g (want > 0) -> %s\n",
-                   d2[0], d2[1], d2[2], pass_e ? "PASS" : "FAIL");
-        } else {
-            printf("(e) FAIL: a run did not complete\n");
-        }
-        ok = ok && pass_e;
+        ok = check_fa({ model, prompt, n_prompt, fa, tier_of_layer, tier_cells }) && ok;
     }
 
     llama_model_free(model);

@@ -25,7 +25,7 @@
 ///   window protected), `llama_memory_seq_rm_positions` removes the rest from that tier only and
 ///   the tier's scorers are compacted to the kept slots.
 /// Only scorers that read attention alone (h2o, snapkv, tova) run: a tier exposes no K/V rows.
-/// A tier's cells are its budget plus one ubatch (llama.cpp rounds up to 256), so the KV bytes
+/// A tier's cells are its budget plus one ubatch (rounded up to 32), so the KV bytes
 /// follow the budgets, not the sequence.
 
 #include "llama.h"
@@ -41,7 +41,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -139,6 +138,11 @@ class Session {
                                                          << " > schedule.chunk " << ubatch_
                                                          << ": a tier holds its budget plus one ubatch of tokens");
     scorers_ = make_scorers(n_layer_, spec.scorer, n_head_, n_head_kv_);
+    for (const TokenScorer& s : scorers_) {  // rows the scorers can use at an eviction; 0 = all
+      const int n = s.positions_needed();
+      need_ = n == 0 || need_ == kAllRows ? kAllRows : std::max(need_, n);
+    }
+    held_.resize(plan_.budget.size());
     cap_.resize(static_cast<std::size_t>(n_layer_));
     std::vector<std::uint32_t> cells(plan_.budget.begin(), plan_.budget.end());
     llama_context_params cp = llama_context_default_params();
@@ -251,9 +255,7 @@ class Session {
 
   // One llama_decode of n tokens; the next eviction comes after position `evict_at` - 1.
   void decode(const llama_token* tokens, int n, int evict_at) {
-    int need = 0;  // rows the scorers can still use at that eviction
-    for (const TokenScorer& s : scorers_) need = std::max(need, s.positions_needed() == 0 ? 1 << 30 : s.positions_needed());
-    obs_from_ = need >= (1 << 30) ? 0 : std::max(0, evict_at - need);
+    obs_from_ = need_ == kAllRows ? 0 : std::max(0, evict_at - need_);
     ub_p0_ = pos_;
     for (Captured& c : cap_) c.have = false;
     DEPTHKV_CHECK(llama_decode(ctx_, llama_batch_get_one(const_cast<llama_token*>(tokens), n)) == 0,
@@ -263,10 +265,12 @@ class Session {
     observe();
   }
   // The captured rows, gathered over each tier's held positions in position order, to the scorers.
+  // Refreshes held_, which evict() then reads (it runs after a decode only).
   void observe() {
     for (int t = 0; t < plan_.n_tiers(); ++t) {
       held_cells(t);
-      const int n_slots = static_cast<int>(held_.size());
+      const std::vector<std::pair<std::int32_t, int>>& held = held_[static_cast<std::size_t>(t)];
+      const int n_slots = static_cast<int>(held.size());
       for (int il = 0; il < n_layer_; ++il) {
         const Captured& c = cap_[static_cast<std::size_t>(il)];
         if (!c.have || plan_.swa[static_cast<std::size_t>(il)] ||
@@ -277,7 +281,7 @@ class Session {
           for (int r = 0; r < c.n_rows; ++r) {
             const float* src = c.data.data() + (static_cast<std::size_t>(h) * c.n_rows + r) * c.n_kv;
             float* dst = rows_.data() + static_cast<std::size_t>(r) * n_slots;
-            for (int j = 0; j < n_slots; ++j) dst[j] = held_[j].second < c.n_kv ? src[held_[j].second] : 0.0f;
+            for (int j = 0; j < n_slots; ++j) dst[j] = held[j].second < c.n_kv ? src[held[j].second] : 0.0f;
           }
           scorers_[static_cast<std::size_t>(il)].observe_block(h, ub_p0_ + c.t0, c.n_rows, rows_.data(), n_slots,
                                                                n_slots);
@@ -286,29 +290,30 @@ class Session {
       }
     }
   }
-  // held_ = tier t's (position, cell) pairs of sequence 0, by position.
+  // held_[t] = tier t's (position, cell) pairs of sequence 0, by position.
   void held_cells(int t) {
+    std::vector<std::pair<std::int32_t, int>>& held = held_[static_cast<std::size_t>(t)];
     const std::int32_t n = llama_memory_tier_cell_pos(mem_, 0, t, nullptr, 0);
     DEPTHKV_CHECK(n >= 0, "llama_memory_tier_cell_pos refused tier " << t);
     cell_pos_.assign(static_cast<std::size_t>(n), -1);
     llama_memory_tier_cell_pos(mem_, 0, t, cell_pos_.data(), n);
-    held_.clear();
+    held.clear();
     for (int i = 0; i < n; ++i)
-      if (cell_pos_[static_cast<std::size_t>(i)] >= 0) held_.push_back({cell_pos_[static_cast<std::size_t>(i)], i});
-    std::sort(held_.begin(), held_.end());
+      if (cell_pos_[static_cast<std::size_t>(i)] >= 0) held.push_back({cell_pos_[static_cast<std::size_t>(i)], i});
+    std::sort(held.begin(), held.end());
   }
   // Every tier over its budget for the tokens seen: mean rank over its layers and KV heads,
   // select_keep, removal from that tier, scorers compacted.
   void evict() {
     bool any = false;
     for (int t = 0; t < plan_.n_tiers(); ++t) {
-      held_cells(t);
-      const int n = static_cast<int>(held_.size());
+      const std::vector<std::pair<std::int32_t, int>>& held = held_[static_cast<std::size_t>(t)];  // observe()'s
+      const int n = static_cast<int>(held.size());
       const double ratio = static_cast<double>(plan_.budget[static_cast<std::size_t>(t)]) / plan_.n_final;
       const int k = keep_tokens(ratio, pos_, spec_.protection);
       if (n <= k) continue;
       std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
-      for (int i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = held_[static_cast<std::size_t>(i)].first;
+      for (int i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = held[static_cast<std::size_t>(i)].first;
       const std::vector<float> agg = tier_scores(t, pos);
       const std::vector<std::int32_t> kept = select_keep(agg.data(), pos.data(), n, k, spec_.protection);
       std::vector<llama_pos> drop;
@@ -332,11 +337,10 @@ class Session {
     }
     report_.evictions += any;
   }
-  // Each held position's mean rank fraction over tier t's layers and KV heads.
+  // Each held position's mean rank fraction (`rank_fractions`) over tier t's layers and KV heads.
   std::vector<float> tier_scores(int t, const std::vector<std::int32_t>& pos) const {
-    const int n = static_cast<int>(pos.size());
-    std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
-    std::vector<int> idx(static_cast<std::size_t>(n));
+    const std::size_t n = pos.size();
+    std::vector<double> sum(n, 0.0);
     TierView view;
     view.heads = n_head_kv_;
     view.pos = &pos;
@@ -344,16 +348,14 @@ class Session {
     for (int il = 0; il < n_layer_; ++il) {
       if (plan_.swa[static_cast<std::size_t>(il)] || static_cast<int>(plan_.tier_of_layer[static_cast<std::size_t>(il)]) != t)
         continue;
-      const LayerScores s = scorers_[static_cast<std::size_t>(il)].scores(view);
-      for (const std::vector<float>& row : s) {
-        std::iota(idx.begin(), idx.end(), 0);
-        std::stable_sort(idx.begin(), idx.end(), [&row](int a, int b) { return row[a] < row[b]; });
-        for (int r = 0; r < n; ++r) sum[static_cast<std::size_t>(idx[r])] += n > 1 ? static_cast<double>(r) / (n - 1) : 1.0;
+      for (const std::vector<float>& row : scorers_[static_cast<std::size_t>(il)].scores(view)) {
+        const std::vector<float> r = rank_fractions(row);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += r[i];
         ++count;
       }
     }
-    std::vector<float> out(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(sum[static_cast<std::size_t>(i)] / std::max(1, count));
+    std::vector<float> out(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(sum[i] / std::max(1, count));
     return out;
   }
 
@@ -362,11 +364,12 @@ class Session {
   llama_context* ctx_ = nullptr;
   llama_memory_t mem_ = nullptr;
   int n_layer_ = 0, n_head_ = 0, n_head_kv_ = 0, n_vocab_ = 0, ubatch_ = 0;
-  int pos_ = 0, prompt_len_ = 0, ub_p0_ = 0, obs_from_ = 0;
+  static constexpr int kAllRows = 1 << 30;
+  int pos_ = 0, prompt_len_ = 0, ub_p0_ = 0, obs_from_ = 0, need_ = 0;
   std::vector<TokenScorer> scorers_;
   std::vector<Captured> cap_;
   std::vector<std::int32_t> cell_pos_;
-  std::vector<std::pair<std::int32_t, int>> held_;
+  std::vector<std::vector<std::pair<std::int32_t, int>>> held_;  // per tier
   std::vector<float> rows_;
   std::string error_;
   SessionReport report_;

@@ -111,6 +111,65 @@ static std::string tiers_json(const depthkv::llamacpp::TierPlan & plan) {
 }
 #endif
 
+// The prompt's first n_prompt tokens (all when 0); throws std::invalid_argument on a shorter text
+static std::vector<llama_token> read_prompt(const RunArgs & a, const llama_vocab * vocab) {
+    std::vector<llama_token> prompt = RunArgs::read_tokens(vocab, a.text);
+    if ((int) prompt.size() < std::max(1, a.n_prompt)) {
+        throw std::invalid_argument(a.text + " has " + std::to_string(prompt.size()) + " tokens, fewer than " +
+                                    std::to_string(std::max(1, a.n_prompt)));
+    }
+    if (a.n_prompt > 0) {
+        prompt.resize(a.n_prompt);
+    }
+    return prompt;
+}
+
+// What one generation runs on: llama.cpp's own memory (keep 1) or an adapter session on the tiered cache
+struct Run {
+    std::unique_ptr<llama_context, void (*)(llama_context *)> full{ nullptr, llama_free };
+#ifndef DEPTHKV_STOCK
+    std::unique_ptr<depthkv::llamacpp::Session> session;
+#endif
+    Generator   gen;
+    std::string tiers = "[]";
+
+    Run(const RunArgs & a, llama_model * model, int n_final) {
+        if (a.keep >= 1.0) {
+            full.reset(llama_init_from_model(model, a.full_params(n_final)));
+            if (!full) {
+                throw std::runtime_error("llama_init_from_model failed");
+            }
+            gen = full_generator(full.get(), a.ubatch);
+            return;
+        }
+#ifdef DEPTHKV_STOCK
+        throw std::invalid_argument("the stock build runs keep 1 only");
+#else
+        const int n_layer = llama_model_n_layer(model);
+        const depthkv::PruneSpec spec = a.spec();
+        const depthkv::PolicyCurves curves = a.curves(spec);
+        const depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(
+            spec, curves.data(), n_layer, a.swa(n_layer), n_final,
+            a.extra == "layer" ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget);
+        session = std::make_unique<depthkv::llamacpp::Session>(model, spec, plan, n_final, a.threads);
+        tiers = tiers_json(plan);
+        depthkv::llamacpp::Session * s = session.get();
+        gen.prefill = [s](std::vector<llama_token> & p) { return s->prefill(p); };
+        gen.step = [s](llama_token t) { return s->step(t); };
+#endif
+    }
+    // ", \"evictions\": n, \"removed\": m" of a session, else ""
+    std::string evictions() const {
+#ifndef DEPTHKV_STOCK
+        if (session) {
+            return ", \"evictions\": " + std::to_string(session->report().evictions) + ", \"removed\": " +
+                   std::to_string(session->report().removed);
+        }
+#endif
+        return "";
+    }
+};
+
 int main(int argc, char ** argv) try {
     if (argc < 3) {
         return fail("usage: llamacpp_generate MODEL.gguf TEXT [n_prompt=2048] [n_gen=32] [keep=1] [policy=uniform] "
@@ -120,63 +179,13 @@ int main(int argc, char ** argv) try {
     if (a.extra != "budget" && a.extra != "layer") {
         return fail("grouping must be budget or layer, not " + a.extra);
     }
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    std::unique_ptr<llama_model, void (*)(llama_model *)> model(llama_model_load_from_file(a.model.c_str(), mp),
-                                                                  llama_model_free);
-    if (!model) {
-        return fail("cannot load " + a.model);
-    }
+    const RunArgs::ModelPtr model = a.load_model(log_cb);
     const llama_vocab * vocab = llama_model_get_vocab(model.get());
-    std::vector<llama_token> prompt = RunArgs::read_tokens(vocab, a.text);
-    if ((int) prompt.size() < std::max(1, a.n_prompt)) {
-        return fail(a.text + " has " + std::to_string(prompt.size()) + " tokens, fewer than " +
-                    std::to_string(std::max(1, a.n_prompt)));
-    }
-    if (a.n_prompt > 0) {
-        prompt.resize(a.n_prompt);
-    }
-    const int n_final = (int) prompt.size() + a.n_new;
-
-    std::unique_ptr<llama_context, void (*)(llama_context *)> full(nullptr, llama_free);
-    Generator gen;
-    std::string tiers = "[]", evictions;
+    std::vector<llama_token> prompt = read_prompt(a, vocab);
     kv_buffer_mib = 0.0;
-#ifndef DEPTHKV_STOCK
-    std::unique_ptr<depthkv::llamacpp::Session> session;
-#endif
-    if (a.keep >= 1.0) {  // llama.cpp's own memory
-        full.reset(llama_init_from_model(model.get(), a.full_params(n_final)));
-        if (!full) {
-            return fail("llama_init_from_model failed");
-        }
-        gen = full_generator(full.get(), a.ubatch);
-    } else {
-#ifdef DEPTHKV_STOCK
-        return fail("the stock build runs keep 1 only");
-#else
-        const int n_layer = llama_model_n_layer(model.get());
-        const depthkv::PruneSpec spec = a.spec();
-        const depthkv::PolicyCurves curves = a.curves(spec);
-        const depthkv::llamacpp::TierPlan plan = depthkv::llamacpp::plan_tiers(
-            spec, curves.data(), n_layer, a.swa(n_layer), n_final,
-            a.extra == "layer" ? depthkv::llamacpp::TierGrouping::kLayer : depthkv::llamacpp::TierGrouping::kBudget);
-        session = std::make_unique<depthkv::llamacpp::Session>(model.get(), spec, plan, n_final, a.threads);
-        tiers = tiers_json(plan);
-        gen.prefill = [&](std::vector<llama_token> & p) { return session->prefill(p); };
-        gen.step = [&](llama_token t) { return session->step(t); };
-#endif
-    }
+    const Run run(a, model.get(), (int) prompt.size() + a.n_new);
     double prefill_s = 0.0, decode_s = 0.0;
-    const std::vector<llama_token> out = greedy(gen, prompt, a.n_new, llama_vocab_n_tokens(vocab), prefill_s, decode_s);
-#ifndef DEPTHKV_STOCK
-    if (session) {
-        evictions = ", \"evictions\": " + std::to_string(session->report().evictions) + ", \"removed\": " +
-                    std::to_string(session->report().removed);
-    }
-#endif
+    const std::vector<llama_token> out = greedy(run.gen, prompt, a.n_new, llama_vocab_n_tokens(vocab), prefill_s, decode_s);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"keep\": %g, \"policy\": \"%s\", \"scorer\": \"%s\", "
@@ -184,8 +193,8 @@ int main(int argc, char ** argv) try {
            "\"peak_rss_mib\": %.1f, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.2f%s, \"tokens\": [",
            a.model.substr(a.model.find_last_of('/') + 1).c_str(), (int) prompt.size(), a.n_new, a.keep,
            a.keep >= 1.0 ? "full" : a.policy.c_str(), a.keep >= 1.0 ? "" : a.scorer.c_str(), a.ubatch, a.interval,
-           a.threads, kv_buffer_mib, tiers.c_str(), ru.ru_maxrss / 1024.0, prompt.size() / prefill_s,
-           (a.n_new - 1) / decode_s, evictions.c_str());
+           a.threads, kv_buffer_mib, run.tiers.c_str(), ru.ru_maxrss / 1024.0, prompt.size() / prefill_s,
+           (a.n_new - 1) / decode_s, run.evictions().c_str());
     for (size_t i = 0; i < out.size(); ++i) {
         printf("%s%d", i ? ", " : "", out[i]);
     }

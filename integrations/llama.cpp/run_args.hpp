@@ -7,6 +7,7 @@
 #include "llama.h"
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,22 @@ struct RunArgs {
             throw std::invalid_argument("ubatch, interval, threads and n_new must be >= 1, n_prompt >= 0, keep in (0, 1]");
         }
         return a;
+    }
+
+    using ModelPtr = std::unique_ptr<llama_model, void (*)(llama_model *)>;
+
+    // llama.cpp's backend initialized with `log` as its log callback, and `model` loaded on the CPU
+    // throws std::runtime_error when llama.cpp cannot load it
+    ModelPtr load_model(ggml_log_callback log) const {
+        llama_log_set(log, nullptr);
+        llama_backend_init();
+        llama_model_params mp = llama_model_default_params();
+        mp.n_gpu_layers = 0;
+        ModelPtr m(llama_model_load_from_file(model.c_str(), mp), llama_model_free);
+        if (!m) {
+            throw std::runtime_error("cannot load " + model);
+        }
+        return m;
     }
 
     // llama.cpp's own memory for n_ctx positions: one ubatch per llama_decode, flash attention off (as the tiered

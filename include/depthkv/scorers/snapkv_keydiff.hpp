@@ -12,13 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <vector>
 
 #include "depthkv/scorer_config.hpp"
 #include "depthkv/scorers/key_diff.hpp"
 #include "depthkv/scorers/snapkv.hpp"
 #include "depthkv/scoring_rule.hpp"
+#include "depthkv/selection.hpp"
 
 namespace depthkv {
 
@@ -55,21 +55,6 @@ class SnapKVKeyDiffRule : public ScoringRule {
   }
 
  private:
-  /// rank(j) / n, ascending by (score, slot); NaN scores rank as the lowest (their slot is NaN anyway).
-  static std::vector<float> rank_fractions(const std::vector<float>& v) {
-    const std::size_t n = v.size();
-    std::vector<std::size_t> order(n);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&v](std::size_t x, std::size_t y) {
-      const bool nx = std::isnan(v[x]), ny = std::isnan(v[y]);
-      if (nx || ny) return nx && !ny;
-      return v[x] < v[y];
-    });
-    std::vector<float> r(n);
-    for (std::size_t i = 0; i < n; ++i) r[order[i]] = static_cast<float>(i) / static_cast<float>(n);
-    return r;
-  }
-
   SnapKVRule snap_;
   KeyDiffRule key_diff_;
 };
