@@ -232,6 +232,23 @@ TEMPLATE_TEST_CASE("every kind matches the naive reference (GQA, chunked prefill
   }
 }
 
+TEST_CASE("rank_fractions: rank / n in ascending (score, index) order, NaN lowest", "[scorer]") {
+  CHECK(depthkv::rank_fractions({}).empty());
+  CHECK(depthkv::rank_fractions({5.0f}) == std::vector<float>{0.0f});
+  // ties: the later index ranks higher; NaN below every number
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(depthkv::rank_fractions({2.0f, 1.0f, 2.0f, nan}) == std::vector<float>{0.5f, 0.25f, 0.75f, 0.0f});
+  // invariant under a monotone rescaling of the scores
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> v(64), w(64);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = std::round(u(rng) * 4.0f) / 4.0f;  // many ties
+    w[i] = 10.0f * v[i] + 7.0f;
+  }
+  CHECK(depthkv::rank_fractions(v) == depthkv::rank_fractions(w));
+}
+
 TEST_CASE("snapkv-keydiff: the larger of each slot's SnapKV and KeyDiff rank fractions", "[scorer]") {
   std::mt19937 rng(91);
   const int n_heads = 4, n_kv = 2, hd = 16;
