@@ -118,4 +118,16 @@ $DK profile --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --con
   $DK eval --model "$SMOL" --text "$REAL/python.txt" --doc-separator '' --profile "$OUT/smollm2.best.profile.json" \
     --windows 12 --skip 0 --keeps 0.1,0.2,0.3 --preset best
 } | tee "$OUT/smollm2.best.eval.txt"
+# --preset retrieval (snapkv-keydiff head curves of the same calibration windows 0..1; chosen on
+# RULER calibration tasks, docs/results/ruler.md): the same held-out windows, for its cost in KL
+$DK profile --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --context 384 --continuation 128 --windows 2 \
+  --preset retrieval --ratios 0.1,0.2,0.3 -o "$OUT/smollm2.retrieval.profile.json" > "$OUT/smollm2.retrieval.profile.txt"
+{
+  echo "-- --preset retrieval (snapkv-keydiff head curves of calibration windows 0..1), held-out licence windows 6..17"
+  $DK eval --model "$SMOL" --text "$REAL/licenses.txt" --doc-separator '' --profile "$OUT/smollm2.retrieval.profile.json" \
+    --windows 12 --skip 6 --keeps 0.1,0.2,0.3 --preset retrieval
+  echo "-- --preset retrieval, Python sources, windows 0..11"
+  $DK eval --model "$SMOL" --text "$REAL/python.txt" --doc-separator '' --profile "$OUT/smollm2.retrieval.profile.json" \
+    --windows 12 --skip 0 --keeps 0.1,0.2,0.3 --preset retrieval
+} | tee "$OUT/smollm2.retrieval.eval.txt"
 echo "main-job: results in $OUT/"

@@ -3,7 +3,7 @@
 # report seeds. Needs the depthkv Python package (scripts/python-test.sh builds it into
 # $DEPTHKV_VENV, default /tmp/depthkv-venv), the model (scripts/get-models.sh), and for the 4k set
 # benchmarks/ruler/requirements.txt (torch, transformers, kvpress, gguf) in that environment.
-# Usage: scripts/ruler.sh 2k|4k|gemma4k
+# Usage: scripts/ruler.sh 2k|4k|gemma4k|retrieval
 #   2k  2048 tokens, seeds 1000-1001, both protocols, depthkv's methods, then span pooling on the
 #       same samples (about 5 minutes on 2 cores)
 #   4k  4096 tokens, seeds 1000-1001, kvpress's protocol (outside): depthkv's methods on all 7 tasks
@@ -11,6 +11,9 @@
 #       minutes), then kvpress's presses in transformers on the same ids of the 5 needle tasks
 #       (50 minutes), then the merged table and plot of the needle tasks
 #       (docs/results/ruler/smollm2.4k.outside.{md,svg}); the depthkv file's own table has all 7
+#   gemma4k  Gemma 3 270M at 4096 tokens, depthkv's side (10 minutes)
+#   retrieval  --preset retrieval at 4096 tokens on the 5 needle tasks: the calibration seeds that
+#       chose its floor, then the report seeds (18 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${DEPTHKV_VENV:-/tmp/depthkv-venv}/bin/python"
@@ -60,5 +63,17 @@ gemma4k)
   "$PY" benchmarks/ruler/run.py --model "$G" --lengths 4096 --samples 2 --protocol outside \
     --profile docs/results/gemma3.profile.json --best-profile docs/results/gemma3.best.profile.json \
     --methods full,snapkv,tova,keydiff,optimal,preset --out "$OUT/gemma3.4k.outside.depthkv.json" > /dev/null ;;
-*) echo "usage: scripts/ruler.sh 2k|4k|gemma4k" >&2; exit 2 ;;
+retrieval)
+  # --preset retrieval on SmolLM2 at 4K, kvpress's protocol, the 5 needle tasks (its profile:
+  # scripts/main-job.sh step 8). First the calibration seeds 0-1, where its floor was chosen (0,
+  # 0.25, 0.5 = the preset, 0.75; 10 minutes), then the report seeds 1000-1001 (8 minutes).
+  niah=niah_single_1,niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery
+  r=(--model "$M" --lengths 4096 --samples 2 --protocol outside --tasks $niah --profile docs/results/smollm2.profile.json
+     --best-profile docs/results/smollm2.best.profile.json --retrieval-profile docs/results/smollm2.retrieval.profile.json)
+  "$PY" benchmarks/ruler/run.py "${r[@]}" --seeds calibration \
+    --methods full,snapkv-keydiff,preset,retrieval,retrieval-f0,retrieval-f0.25,retrieval-f0.75 \
+    --out "$OUT/smollm2.4k.outside.calibration.retrieval.json" > /dev/null
+  "$PY" benchmarks/ruler/run.py "${r[@]}" --methods full,snapkv-keydiff,preset,retrieval \
+    --out "$OUT/smollm2.4k.outside.retrieval.json" > /dev/null ;;
+*) echo "usage: scripts/ruler.sh 2k|4k|gemma4k|retrieval" >&2; exit 2 ;;
 esac

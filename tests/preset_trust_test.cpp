@@ -1,8 +1,10 @@
-// Tests of "best"'s per-input rule (preset.hpp): normalized_nll, preset_trusts_input and
-// preset_fallback_spec, on constructed signals.
+// Tests of the presets (preset.hpp): "best"'s per-input rule (normalized_nll, preset_trusts_input,
+// preset_fallback_spec) on constructed signals, and "retrieval"'s spec, floor and fallback.
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "depthkv/preset.hpp"
 
@@ -51,4 +53,36 @@ TEST_CASE("preset_fallback_spec: plain SnapKV, uniform budgets, no lookahead, th
   REQUIRE(fb.protection.n_recent == 16);
   REQUIRE(fb.budget.ratio() == 0.3);
   fb.validate();
+}
+
+TEST_CASE("preset \"retrieval\": snapkv-keydiff, not output-aware, a floor of half the uniform budget per head",
+          "[preset][retrieval]") {
+  REQUIRE(preset_candidates("retrieval") == std::vector<std::string>{"snapkv-keydiff"});
+  PruneSpec base;
+  base.protection = {4, 16};
+  base.budget = Budget::keep(0.25);
+  const PruneSpec r = preset_spec("retrieval", base);
+  REQUIRE(scorer_name(r.scorer) == "snapkv-keydiff");
+  REQUIRE(!r.scorer.output_aware);
+  REQUIRE(r.scorer.lookahead == kPresetLookahead);
+  REQUIRE(r.policy == AllocationPolicy::kHeadOptimal);
+  r.validate();
+  // the floor: half of keep * n per head when above the automatic one (4 + 16 + 8 = 28) ...
+  const std::vector<int> lengths(30, 4000);
+  REQUIRE(retrieval_floor(r, lengths).min_tokens() == 500);  // 0.5 * 0.25 * 4000
+  PruneSpec t = r;
+  t.budget = Budget::tokens(30 * 1000);
+  REQUIRE(retrieval_floor(t, lengths).min_tokens() == 500);  // 0.5 * 30000 / 30
+  // ... the automatic floor when that is larger, and the request's own safeguard untouched
+  REQUIRE(retrieval_floor(r, std::vector<int>(30, 200)).min_tokens() == -1);  // 0.5 * 50 = 25 < 28
+  PruneSpec own = r;
+  own.safeguard = Safeguard::from_min_tokens(0);
+  REQUIRE(retrieval_floor(own, lengths).min_tokens() == 0);
+  // its fallback keeps the retrieval-safe scorer; a profile without its head curves is refused
+  const PruneSpec fb = preset_fallback_spec("retrieval", r);
+  REQUIRE(scorer_name(fb.scorer) == "snapkv-keydiff");
+  REQUIRE(fb.policy == AllocationPolicy::kUniform);
+  REQUIRE(fb.scorer.lookahead == 0);
+  REQUIRE_THROWS_WITH(preset("retrieval", ProfileFile{}, base, lengths),
+                      Catch::Contains("no complete head curves of any of the scorers snapkv-keydiff"));
 }

@@ -354,7 +354,9 @@ struct PresetSettings {
                             "a named configuration: best (the README's: --output-aware snapkv (--pooling max) "
                             "and h2o, head-optimal budgets per KV head from head curves (profile: --head-curves), "
                             "--head-alloc uniform, --lookahead 32 unless given, per request the scorer of the lower "
-                            "predicted loss; chosen on calibration windows, docs/results/preset.md, lookahead.md)");
+                            "predicted loss; chosen on calibration windows, docs/results/preset.md, lookahead.md), or "
+                            "retrieval (best with the snapkv-keydiff scorer, not output-aware, and each KV head keeping "
+                            "at least half the uniform budget; chosen on RULER calibration tasks, docs/results/ruler.md)");
     o->type_name("NAME");
     for (const std::string& f : sets) o->excludes(f);
     const auto* lookahead = c->get_option_no_throw("--lookahead");

@@ -56,7 +56,7 @@ struct Row {
   std::string scorer, policy;
   double keep = 0;
   std::vector<int> budgets;
-  double kl = 0, kl_se = 0, dnll = 0, top1 = 0, nll_full = 0;
+  double kl = 0, kl_se = 0, dnll = 0, dnll_se = 0, top1 = 0, nll_full = 0;  ///< *_se: standard errors over the windows
   double bytes_kept = 0, bytes_full = 0;
   double peak_kv_bytes = 0, full_kv_bytes = 0;  ///< most KV bytes held at once: pruned run, full run
   /// The output-aware / cross-head settings (SelectionSettings); written to the CSV and JSON
@@ -410,7 +410,7 @@ Row evaluate_row(const depthkv::llama::PruningEvaluator& ev, const depthkv::Prof
     full_peak.push_back(static_cast<double>(wr.bytes_full_peak));
   }
   std::tie(r.kl, r.kl_se) = mean_and_stderr(kl);
-  r.dnll = mean_of(dnll);
+  std::tie(r.dnll, r.dnll_se) = mean_and_stderr(dnll);
   r.top1 = mean_of(top1);
   r.nll_full = nll_full;
   r.bytes_kept = mean_of(kept);
@@ -429,7 +429,9 @@ void print_json(const std::vector<Row>& rows, const EvalArgs& a) {
                    {"keep", r.keep},
                    {"budgets", r.budgets},
                    {"kl", r.kl},
+                   {"kl_se", r.kl_se},
                    {"dnll", r.dnll},
+                   {"dnll_se", r.dnll_se},
                    {"top1", r.top1},
                    {"nll_full", r.nll_full},
                    {"bytes_kept", r.bytes_kept},

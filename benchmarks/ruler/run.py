@@ -18,6 +18,9 @@ Methods (4 sink and 16 recent tokens, observation window 16, kernel 7, max pooli
   keydiff-optimal, snapkv-keydiff-optimal  those scorers with depthkv's per-layer budgets (a
             --profile with their curves);
   preset    ``--preset best`` (--best-profile: head curves; the per-input rule inside);
+  retrieval ``--preset retrieval`` (--retrieval-profile: snapkv-keydiff head curves; the rule inside);
+  retrieval-fF  "retrieval" with each KV head's floor at F times the uniform per-layer budget
+            instead of the preset's 0.5 (F = 0: the automatic floor alone), the study that chose it;
   chunked   SnapKV uniform, evicting after every 512-token prefill chunk to the same budget;
   *-span    the same with span pooling (``span_pooling``: each word and digit run of the context
             scored as its best token, kept or dropped whole).
@@ -45,7 +48,9 @@ from tasks import CALIBRATION_SEEDS, REPORT_SEEDS, TASKS, make_sample, string_ma
 MAX_NEW = {"niah_single_1": 24, "niah_single_2": 24, "niah_multikey_1": 24, "niah_multivalue": 64,
            "niah_multiquery": 64, "vt": 40, "cwe": 96}
 METHODS = ("full", "snapkv", "snapkv-span", "tova", "keydiff", "snapkv-keydiff", "optimal", "keydiff-optimal",
-           "snapkv-keydiff-optimal", "preset", "preset-span", "chunked")
+           "snapkv-keydiff-optimal", "preset", "preset-span", "retrieval", "chunked")
+#: The floors of the study behind "retrieval"'s (method retrieval-fF).
+RETRIEVAL_FLOORS = ("0", "0.25", "0.75")
 SELECTION = {"sinks": 4, "recent": 16, "obs_window": 16, "kernel": 7, "pooling": "max"}
 
 
@@ -68,10 +73,16 @@ def method_spec(method: str, keep: float, n_context: int, profiles, best_profile
     if method == "chunked":
         return (dict(base, policy="uniform", budget={"tokens": max(1, round(keep * n_context))},
                      schedule={"mode": "chunked", "chunk": 512, "interval": 512}), None, None)
-    if method == "preset":
-        spec = depthkv.preset("best", best_profile, keep=keep, lengths=n_context,
+    if method in ("preset", "retrieval"):
+        name, prof = ("best", best_profile) if method == "preset" else ("retrieval", profiles["retrieval"])
+        spec = depthkv.preset(name, prof, keep=keep, lengths=n_context,
                               protection=(SELECTION["sinks"], SELECTION["recent"]), obs_window=SELECTION["obs_window"])
-        return spec, best_profile, "best"
+        return spec, prof, name
+    if method.startswith("retrieval-f"):
+        spec, prof, name = method_spec("retrieval", keep, n_context, profiles, best_profile)
+        floor = int(float(method[len("retrieval-f"):]) * keep * n_context)
+        auto = SELECTION["sinks"] + SELECTION["recent"] + 8  # the automatic floor (margin 8)
+        return dict(spec, safeguard={"margin": 8, "min_tokens": floor if floor > auto else -1}), prof, name
     raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
 
 
@@ -84,12 +95,16 @@ def run(args) -> dict:
         for scorer in prof.scorers:
             profiles.setdefault(scorer, prof)
     best = depthkv.load_profile(args.best_profile) if args.best_profile else None
+    if args.retrieval_profile:
+        profiles["retrieval"] = depthkv.load_profile(args.retrieval_profile)
     for m in args.methods:
         need = "snapkv" if m == "optimal" else m[: -len("-optimal")] if m.endswith("-optimal") else None
         if need and need not in profiles:
             sys.exit(f"ruler: method {m} needs a --profile with {need} curves")
         if m.startswith("preset") and best is None:
             sys.exit(f"ruler: method {m} needs --best-profile")
+        if m.startswith("retrieval") and "retrieval" not in profiles:
+            sys.exit(f"ruler: method {m} needs --retrieval-profile")
     seeds = (CALIBRATION_SEEDS if args.seeds == "calibration" else REPORT_SEEDS)[: args.samples]
     rows = []
     for length in args.lengths:
@@ -165,12 +180,13 @@ def main(argv=None) -> int:
                    help="a profile of this model (methods optimal: SnapKV curves, keydiff-optimal: KeyDiff curves); "
                         "repeatable")
     p.add_argument("--best-profile", help="a profile made with --preset best (method preset)")
+    p.add_argument("--retrieval-profile", help="a profile made with --preset retrieval (methods retrieval*)")
     p.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS))
     add_sample_args(p, "it is part of the pruned prompt")
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
     check_sample_args(p, args)
-    check_names(p, args.methods, METHODS, "method")
+    check_names(p, args.methods, METHODS + tuple(f"retrieval-f{f}" for f in RETRIEVAL_FLOORS), "method")
     write_result(run(args), args.out)
     return 0
 

@@ -102,6 +102,21 @@ inline std::vector<TokenScorer> make_scorers(int n_layers, const ScorerConfig& s
   return s;
 }
 
+/// The first query position whose attention rows `scorers` use at an eviction that follows
+/// position `evict_at - 1`: max(0, evict_at - w), w the largest `positions_needed()` (a scorer
+/// that keeps only its last w positions' rows); 0 when a scorer uses every row (H2O);
+/// INT32_MAX when none observes (key-norm). Rows before it can go unformed.
+inline std::int32_t first_observed_position(const std::vector<TokenScorer>& scorers, long long evict_at) {
+  int w = -1;
+  for (const TokenScorer& s : scorers) {
+    const int need = s.positions_needed();
+    if (need == 0) return 0;
+    w = std::max(w, need);
+  }
+  if (w < 0) return std::numeric_limits<std::int32_t>::max();
+  return static_cast<std::int32_t>(std::clamp<long long>(evict_at - w, 0, std::numeric_limits<std::int32_t>::max()));
+}
+
 /// An observer that feeds `scorers[layer].observe_block` (the vector must outlive the observer
 /// and hold one scorer per layer).
 inline AttentionObserver observe_into(std::vector<TokenScorer>& scorers) {
@@ -587,15 +602,7 @@ class EvictionSchedule {
   /// @throws Error on n_tokens < 1
   std::int32_t observe_from(int n_tokens = 1) const {
     DEPTHKV_CHECK(n_tokens >= 1, "observe_from: n_tokens must be >= 1, got " << n_tokens);
-    int w = -1;
-    for (const TokenScorer& s : scorers_) {
-      const int need = s.positions_needed();
-      if (need == 0) return 0;
-      w = std::max(w, need);
-    }
-    if (w < 0) return std::numeric_limits<std::int32_t>::max();
-    const long long e = seen_ + std::max<long long>(n_tokens, cfg_.interval - pending_);
-    return static_cast<std::int32_t>(std::clamp<long long>(e - w, 0, std::numeric_limits<std::int32_t>::max()));
+    return first_observed_position(scorers_, seen_ + std::max<long long>(n_tokens, cfg_.interval - pending_));
   }
   /// Per-layer budgets of the last eviction (empty before the first).
   const std::vector<int>& budgets() const { return last_.budgets; }

@@ -31,6 +31,18 @@
 /// The choices were made on calibration windows only (docs/results/preset.md, lookahead.md,
 /// robust.md).
 ///
+/// ## "retrieval"
+/// "best" with the scorer kind "snapkv-keydiff" (the larger of a slot's SnapKV and KeyDiff rank
+/// fractions, scorers/snapkv_keydiff.hpp; not output-aware: the rescaling is SnapKV's), and a
+/// floor under every KV head's budget: each keeps at least `kRetrievalUniformFloor` of the
+/// uniform per-layer budget (`retrieval_floor`). KeyDiff keeps the distinctive keys that the
+/// context's end does not attend to (a needle, when the question comes after the pruning); the
+/// floor keeps the head-optimal budgets, set on next-token KL curves of text, from starving the
+/// heads that retrieval reads. Its fallback for distrusted input: "snapkv-keydiff" with uniform
+/// budgets. Chosen on the RULER calibration seeds and calibration licence windows
+/// (docs/results/ruler.md, "A preset for retrieval"). Its profile: head curves of
+/// "snapkv-keydiff" (`depthkv profile --preset retrieval`).
+///
 /// @code
 /// depthkv::ProfileFile f = depthkv::load_profile("stories260K.best.profile.json");
 /// depthkv::PruneSpec base;                     // protection {4, 16}, window 16, ...
@@ -41,8 +53,10 @@
 /// // of the lowest predicted loss, c.predicted: each candidate's)
 /// @endcode
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -80,6 +94,13 @@ inline constexpr int kPresetTrustTokens = 32;
 /// docs/results/preset-calibration.md), so that the rule never overrides the preset on text like
 /// what it was chosen on.
 inline constexpr double kPresetMaxNormalizedNll = 1.6;
+
+/// "retrieval"'s floor under each KV head's budget, as a fraction of the uniform per-layer budget
+/// (`retrieval_floor`): of 0, 0.25, 0.5 and 0.75, the largest mean RULER score over the 5
+/// needle tasks and compressions 0.25-0.875 (SmolLM2 at 4K, calibration seeds 0-1; 63 against 39
+/// for no floor), with the KL on calibration licence windows 18..29 below SnapKV uniform's at keep
+/// 0.1-0.3 (docs/results/ruler.md).
+inline constexpr double kRetrievalUniformFloor = 0.5;
 
 /// The InfoNCE stage the InfoNCE-guided policies (mga, mlma*) read from a profile.
 inline const char* const kInfoNCEKey = "infonce/post_attn";
@@ -135,7 +156,7 @@ inline PolicyCurves policy_curves(const ProfileFile& f, const std::string& score
 }
 
 /// The presets' names.
-inline std::vector<std::string> preset_names() { return {"best"}; }
+inline std::vector<std::string> preset_names() { return {"best", "retrieval"}; }
 
 /// @throws Error unless `name` is one of `preset_names()` (the message names `what`, e.g. a flag)
 inline void check_preset_name(const std::string& name, const std::string& what = "preset") {
@@ -151,6 +172,7 @@ inline void check_preset_name(const std::string& name, const std::string& what =
 /// @throws Error on an unknown preset
 inline std::vector<std::string> preset_candidates(const std::string& name) {
   check_preset_name(name);
+  if (name == "retrieval") return {"snapkv-keydiff"};
   return {"snapkv", "h2o"};
 }
 
@@ -165,7 +187,7 @@ inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optio
   const std::vector<std::string> c = preset_candidates(name);
   base.scorer = scorer_config(c.front(), base.scorer);
   base.scorer.pooling = Pooling::kMax;
-  base.scorer.output_aware = true;
+  base.scorer.output_aware = name == "best";
   base.scorer.lookahead = lookahead ? *lookahead : kPresetLookahead;
   base.scorer.context_weight =
       base.scorer.lookahead == 0 ? 0.0 : context_weight ? *context_weight : kPresetContextWeight;
@@ -192,13 +214,13 @@ inline bool preset_trusts_input(const std::string& name, double context_nll, int
   return normalized_nll(context_nll, vocab_size) <= kPresetMaxNormalizedNll;
 }
 
-/// What preset `name` serves a distrusted input with: plain SnapKV (`base`'s window and kernel,
-/// default pooling, not output-aware, no lookahead) with uniform budgets and an even head split;
-/// `base`'s protection, budget, safeguard and schedule.
+/// What preset `name` serves a distrusted input with: plain SnapKV ("retrieval": snapkv-keydiff;
+/// `base`'s window and kernel, default pooling, not output-aware, no lookahead) with uniform
+/// budgets and an even head split; `base`'s protection, budget, safeguard and schedule.
 /// @throws Error on an unknown preset
 inline PruneSpec preset_fallback_spec(const std::string& name, PruneSpec base) {
   check_preset_name(name);
-  base.scorer = scorer_config("snapkv", base.scorer);
+  base.scorer = scorer_config(name == "retrieval" ? "snapkv-keydiff" : "snapkv", base.scorer);
   base.scorer.pooling = ScorerConfig().pooling;
   base.scorer.output_aware = false;
   base.scorer.lookahead = 0;
@@ -248,8 +270,23 @@ inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vec
   return c;
 }
 
-/// Preset `name` resolved for one request: `preset_spec`, then the per-request scorer choice
-/// (`lowest_predicted_scorer` over `preset_candidates`).
+/// "retrieval"'s safeguard for `spec` on layers of `lengths` tokens: the floor per KV head
+/// max(n_sink + n_recent + margin, floor(`kRetrievalUniformFloor` * B / L)), B the budget in tokens
+/// (keep ratio * sum(lengths), or the token total), L the layer count; `spec.safeguard` when that
+/// is automatic and its floor is the larger, or when the safeguard is not automatic (the request's).
+inline Safeguard retrieval_floor(const PruneSpec& spec, const std::vector<int>& lengths) {
+  if (spec.safeguard.mode != Safeguard::Mode::kAuto || lengths.empty()) return spec.safeguard;
+  long long held = 0;
+  for (int n : lengths) held += n;
+  const double b = spec.budget.is_ratio() ? spec.budget.ratio() * static_cast<double>(held)
+                                          : static_cast<double>(spec.budget.total_tokens());
+  const long long f = static_cast<long long>(kRetrievalUniformFloor * b / static_cast<double>(lengths.size()));
+  if (f <= spec.safeguard.floor(spec.protection)) return spec.safeguard;
+  return Safeguard::from_min_tokens(static_cast<int>(std::min<long long>(f, std::numeric_limits<int>::max())));
+}
+
+/// Preset `name` resolved for one request: `preset_spec` (for "retrieval" with `retrieval_floor`),
+/// then the per-request scorer choice (`lowest_predicted_scorer` over `preset_candidates`).
 /// @param f the profile (its head curves choose the scorer)
 /// @param base protection, budget, safeguard, schedule and the scorer's window and kernel
 /// @param lengths the tokens each layer holds when the budget is applied (the context)
@@ -260,8 +297,9 @@ inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vec
 inline PresetChoice preset(const std::string& name, const ProfileFile& f, const PruneSpec& base,
                            const std::vector<int>& lengths, std::optional<int> lookahead = std::nullopt,
                            std::optional<double> context_weight = std::nullopt) {
-  return lowest_predicted_scorer(f, preset_candidates(name), preset_spec(name, base, lookahead, context_weight),
-                                 lengths);
+  PruneSpec spec = preset_spec(name, base, lookahead, context_weight);
+  if (name == "retrieval") spec.safeguard = retrieval_floor(spec, lengths);
+  return lowest_predicted_scorer(f, preset_candidates(name), spec, lengths);
 }
 
 }  // namespace depthkv

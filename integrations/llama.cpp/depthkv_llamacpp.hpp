@@ -138,10 +138,6 @@ class Session {
                                                          << " > schedule.chunk " << ubatch_
                                                          << ": a tier holds its budget plus one ubatch of tokens");
     scorers_ = make_scorers(n_layer_, spec.scorer, n_head_, n_head_kv_);
-    for (const TokenScorer& s : scorers_) {  // rows the scorers can use at an eviction; 0 = all
-      const int n = s.positions_needed();
-      need_ = n == 0 || need_ == kAllRows ? kAllRows : std::max(need_, n);
-    }
     held_.resize(plan_.budget.size());
     cap_.resize(static_cast<std::size_t>(n_layer_));
     std::vector<std::uint32_t> cells(plan_.budget.begin(), plan_.budget.end());
@@ -255,7 +251,7 @@ class Session {
 
   // One llama_decode of n tokens; the next eviction comes after position `evict_at` - 1.
   void decode(const llama_token* tokens, int n, int evict_at) {
-    obs_from_ = need_ == kAllRows ? 0 : std::max(0, evict_at - need_);
+    obs_from_ = first_observed_position(scorers_, evict_at);
     ub_p0_ = pos_;
     for (Captured& c : cap_) c.have = false;
     DEPTHKV_CHECK(llama_decode(ctx_, llama_batch_get_one(const_cast<llama_token*>(tokens), n)) == 0,
@@ -364,8 +360,7 @@ class Session {
   llama_context* ctx_ = nullptr;
   llama_memory_t mem_ = nullptr;
   int n_layer_ = 0, n_head_ = 0, n_head_kv_ = 0, n_vocab_ = 0, ubatch_ = 0;
-  static constexpr int kAllRows = 1 << 30;
-  int pos_ = 0, prompt_len_ = 0, ub_p0_ = 0, obs_from_ = 0, need_ = 0;
+  int pos_ = 0, prompt_len_ = 0, ub_p0_ = 0, obs_from_ = 0;
   std::vector<TokenScorer> scorers_;
   std::vector<Captured> cap_;
   std::vector<std::int32_t> cell_pos_;

@@ -1,12 +1,13 @@
 """depthkv.allocate and depthkv.preset against ``depthkv allocate --json`` (byte for byte)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 import depthkv
-from conftest import AIDREAMS_BEST, STORIES, run_cli
+from conftest import AIDREAMS_BEST, RESULTS, STORIES, run_cli
 
 KEEPS = [0.1, 0.2, 0.3, 0.5]
 # each profile with the selection its curves were measured under (its calibration.selection)
@@ -112,6 +113,21 @@ def test_preset_refuses_a_profile_without_head_curves():
         depthkv.preset("best", depthkv.load_profile(STORIES), 0.2)
     with pytest.raises(depthkv.Error, match="unknown preset 'fastest'"):
         depthkv.preset("fastest", depthkv.load_profile(AIDREAMS_BEST), 0.2)
+
+
+def test_preset_retrieval():
+    """"retrieval": snapkv-keydiff head-optimal budgets, not output-aware, each head at least half the
+    uniform budget; a profile without snapkv-keydiff head curves is refused."""
+    assert depthkv.PRESETS == ["best", "retrieval"]
+    prof = depthkv.load_profile(os.path.join(RESULTS, "smollm2.retrieval.profile.json"))
+    spec = depthkv.preset("retrieval", prof, 0.25, lengths=4000)
+    assert (spec["scorer"], spec["policy"], spec["lookahead"]) == ("snapkv-keydiff", "head-optimal", 32)
+    assert not spec.get("output_aware", False)
+    assert spec["safeguard"]["min_tokens"] == 500  # 0.5 * 0.25 * 4000
+    assert list(spec.predicted) == ["snapkv-keydiff"]
+    assert depthkv.preset("retrieval", prof, 0.1, lengths=400)["safeguard"]["min_tokens"] == -1  # 20 < 28: automatic
+    with pytest.raises(depthkv.Error, match="no complete head curves of any of the scorers snapkv-keydiff"):
+        depthkv.preset("retrieval", depthkv.load_profile(AIDREAMS_BEST), 0.2)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

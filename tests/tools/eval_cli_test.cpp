@@ -99,9 +99,11 @@ TEST_CASE("eval refuses windows overlapping the calibration windows, accepts dis
   const nlohmann::json rows = nlohmann::json::parse(ok.out);
   REQUIRE(rows.size() == 4);  // 2 scorers x 1 keep x 2 policies
   for (const auto& r : rows) {
-    for (const char* key : {"scorer", "policy", "keep", "budgets", "kl", "dnll", "top1", "nll_full",
-                            "bytes_kept", "bytes_full"})
+    for (const char* key : {"scorer", "policy", "keep", "budgets", "kl", "kl_se", "dnll", "dnll_se", "top1",
+                            "nll_full", "bytes_kept", "bytes_full"})
       REQUIRE(r.contains(key));
+    REQUIRE(r["kl_se"].get<double>() > 0.0);  // the standard error over 3 windows of different KL
+    REQUIRE(r["dnll_se"].get<double>() > 0.0);
     const auto b = r["budgets"].get<std::vector<int>>();
     REQUIRE(b.size() == 5);
     REQUIRE(std::accumulate(b.begin(), b.end(), 0) == static_cast<int>(std::lround(0.3 * 64 * 5)));
@@ -501,7 +503,8 @@ TEST_CASE("preset best sets scorers, pooling, output-aware, head curves and head
                             " --preset best --head-curves --windows 3 -o " + shell_quoted(tmp_path("never.json")),
                         "2>&1"),
                 "--head-curves excludes --preset");
-  require_error(run_cli(eval + " --preset fastest", "2>&1"), "--preset: unknown preset 'fastest' (expected best)");
+  require_error(run_cli(eval + " --preset fastest", "2>&1"),
+                "--preset: unknown preset 'fastest' (expected best, retrieval)");
   // allocate and generate take it too, and choose the scorer allocate predicts lowest
   const auto al = run_cli("allocate --profile " + shell_quoted(profile) +
                               " --preset best --sinks 2 --recent 4 --obs-window 4 --keep 0.3 --length 64 --json",
