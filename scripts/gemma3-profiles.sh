@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Gemma 3 270M's profiles (docs/results/gemma3.profile.json and gemma3.best.profile.json), made as
+# Gemma 3 270M's profiles (docs/results/gemma3.profile.json, gemma3.best.profile.json and
+# gemma3.retrieval.profile.json), made as
 # SmolLM2's in scripts/main-job.sh: on calibration text only, the licences of
 # /usr/share/common-licenses cut into 384 + 128-token windows (windows 0..5; the best profile on
 # windows 0..1). SnapKV layer curves at keeps 0.1-0.5; the best profile SnapKV head curves with
-# max pooling, output-aware norms and a 32-token lookahead (what --preset best reads). The RULER
-# suite (scripts/ruler.sh) reads both. About 15 minutes on 2 cores; an interrupted run resumes
+# max pooling, output-aware norms and a 32-token lookahead (what --preset best reads); the
+# retrieval profile snapkv-keydiff head curves (--preset retrieval). The RULER
+# suite (scripts/ruler.sh) reads them. About 20 minutes on 2 cores; an interrupted run resumes
 # (--resume: each profile continues from its checkpointed partial file).
 # Usage: scripts/gemma3-profiles.sh (DK: the depthkv program, default build/release/tools/depthkv)
 set -euo pipefail
@@ -21,3 +23,6 @@ $DK profile --model "$G" --text "$TEXT" --doc-separator '' --context 384 --conti
 $DK profile --model "$G" --text "$TEXT" --doc-separator '' --context 384 --continuation 128 --windows 2 \
   --scorers snapkv --pooling max --output-aware --lookahead 32 --head-curves --ratios 0.1,0.2,0.3 --resume \
   -o "$OUT/gemma3.best.profile.json" > "$OUT/gemma3.best.profile.txt"
+$DK profile --model "$G" --text "$TEXT" --doc-separator '' --context 384 --continuation 128 --windows 2 \
+  --preset retrieval --ratios 0.1,0.2,0.3 --resume \
+  -o "$OUT/gemma3.retrieval.profile.json" > "$OUT/gemma3.retrieval.profile.txt"
