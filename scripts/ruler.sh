@@ -3,7 +3,7 @@
 # report seeds. Needs the depthkv Python package (scripts/python-test.sh builds it into
 # $DEPTHKV_VENV, default /tmp/depthkv-venv), the model (scripts/get-models.sh), and for the 4k set
 # benchmarks/ruler/requirements.txt (torch, transformers, kvpress, gguf) in that environment.
-# Usage: scripts/ruler.sh 2k|4k|gemma4k|retrieval|gemma-retrieval
+# Usage: scripts/ruler.sh 2k|4k|gemma4k|retrieval|retrieval8k|gemma-retrieval
 #   2k  2048 tokens, seeds 1000-1001, both protocols, depthkv's methods, then span pooling on the
 #       same samples (about 5 minutes on 2 cores)
 #   4k  4096 tokens, seeds 1000-1001, kvpress's protocol (outside): depthkv's methods on all 7 tasks
@@ -14,6 +14,7 @@
 #   gemma4k  Gemma 3 270M at 4096 tokens, depthkv's side (10 minutes)
 #   retrieval  --preset retrieval: its KL on calibration licence windows, then at 4096 tokens on the
 #       5 needle tasks the calibration seeds that chose its floor and the report seeds (23 minutes)
+#   retrieval8k  the same on SmolLM2 at 8064 tokens, report seeds (17 minutes)
 #   gemma-retrieval  --preset retrieval on Gemma 3 at 4096 tokens, report seeds (10 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +88,14 @@ retrieval)
   for f in calibration.retrieval retrieval; do
     "$PY" benchmarks/ruler/report.py --no-plot --out "$OUT/smollm2.4k.outside.$f.table" "$OUT/smollm2.4k.outside.$f.json"
   done ;;
+retrieval8k)
+  # --preset retrieval on SmolLM2 at 8064 tokens (8K less room for the question and the answer in
+  # its 8192-token context), report seeds, the 5 needle tasks (17 minutes)
+  "$PY" benchmarks/ruler/run.py --model "$M" --lengths 8064 --samples 2 --protocol outside \
+    --tasks niah_single_1,niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery \
+    --best-profile docs/results/smollm2.best.profile.json --retrieval-profile docs/results/smollm2.retrieval.profile.json \
+    --methods full,snapkv-keydiff,preset,retrieval --out "$OUT/smollm2.8k.outside.retrieval.json" > /dev/null
+  "$PY" benchmarks/ruler/report.py --no-plot --out "$OUT/smollm2.8k.outside.retrieval.table" "$OUT/smollm2.8k.outside.retrieval.json" ;;
 gemma-retrieval)
   # --preset retrieval on Gemma 3 270M at 4096 tokens, report seeds, the 5 needle tasks (its floor
   # was chosen on SmolLM2's calibration seeds; profiles: scripts/gemma3-profiles.sh; 10 minutes)
@@ -96,5 +105,5 @@ gemma-retrieval)
     --best-profile docs/results/gemma3.best.profile.json --retrieval-profile docs/results/gemma3.retrieval.profile.json \
     --methods full,snapkv-keydiff,preset,retrieval --out "$OUT/gemma3.4k.outside.retrieval.json" > /dev/null
   "$PY" benchmarks/ruler/report.py --no-plot --out "$OUT/gemma3.4k.outside.retrieval.table" "$OUT/gemma3.4k.outside.retrieval.json" ;;
-*) echo "usage: scripts/ruler.sh 2k|4k|gemma4k|retrieval|gemma-retrieval" >&2; exit 2 ;;
+*) echo "usage: scripts/ruler.sh 2k|4k|gemma4k|retrieval|retrieval8k|gemma-retrieval" >&2; exit 2 ;;
 esac
