@@ -69,15 +69,16 @@ TEST_CASE("preset \"retrieval\": snapkv-keydiff, not output-aware, a floor of ha
   r.validate();
   // the floor: half of keep * n per head when above the automatic one (4 + 16 + 8 = 28) ...
   const std::vector<int> lengths(30, 4000);
-  REQUIRE(retrieval_floor(r, lengths).min_tokens() == 500);  // 0.5 * 0.25 * 4000
+  REQUIRE(uniform_fraction_floor(r, lengths, kRetrievalUniformFloor).min_tokens() == 500);  // 0.5 * 0.25 * 4000
   PruneSpec t = r;
   t.budget = Budget::tokens(30 * 1000);
-  REQUIRE(retrieval_floor(t, lengths).min_tokens() == 500);  // 0.5 * 30000 / 30
+  REQUIRE(uniform_fraction_floor(t, lengths, kRetrievalUniformFloor).min_tokens() == 500);  // 0.5 * 30000 / 30
   // ... the automatic floor when that is larger, and the request's own safeguard untouched
-  REQUIRE(retrieval_floor(r, std::vector<int>(30, 200)).min_tokens() == -1);  // 0.5 * 50 = 25 < 28
+  // 0.5 * 50 = 25 < 28
+  REQUIRE(uniform_fraction_floor(r, std::vector<int>(30, 200), kRetrievalUniformFloor).min_tokens() == -1);
   PruneSpec own = r;
   own.safeguard = Safeguard::from_min_tokens(0);
-  REQUIRE(retrieval_floor(own, lengths).min_tokens() == 0);
+  REQUIRE(uniform_fraction_floor(own, lengths, kRetrievalUniformFloor).min_tokens() == 0);
   // its fallback keeps the retrieval-safe scorer; a profile without its head curves is refused
   const PruneSpec fb = preset_fallback_spec("retrieval", r);
   REQUIRE(scorer_name(fb.scorer) == "snapkv-keydiff");

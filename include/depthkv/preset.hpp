@@ -35,7 +35,7 @@
 /// "best" with the scorer kind "snapkv-keydiff" (the larger of a slot's SnapKV and KeyDiff rank
 /// fractions, scorers/snapkv_keydiff.hpp; not output-aware: the rescaling is SnapKV's), and a
 /// floor under every KV head's budget: each keeps at least `kRetrievalUniformFloor` of the
-/// uniform per-layer budget (`retrieval_floor`). KeyDiff keeps the distinctive keys that the
+/// uniform per-layer budget (`uniform_fraction_floor`). KeyDiff keeps the distinctive keys that the
 /// context's end does not attend to (a needle, when the question comes after the pruning); the
 /// floor keeps the head-optimal budgets, set on next-token KL curves of text, from starving the
 /// heads that retrieval reads. Its fallback for distrusted input: "snapkv-keydiff" with uniform
@@ -96,7 +96,7 @@ inline constexpr int kPresetTrustTokens = 32;
 inline constexpr double kPresetMaxNormalizedNll = 1.6;
 
 /// "retrieval"'s floor under each KV head's budget, as a fraction of the uniform per-layer budget
-/// (`retrieval_floor`): of 0, 0.25, 0.5 and 0.75, the largest mean RULER score over the 5
+/// (`uniform_fraction_floor`): of 0, 0.25, 0.5 and 0.75, the largest mean RULER score over the 5
 /// needle tasks and compressions 0.25-0.875 (SmolLM2 at 4K, calibration seeds 0-1; 63 against 39
 /// for no floor), with the KL on calibration licence windows 18..29 below SnapKV uniform's at keep
 /// 0.1-0.3 (docs/results/ruler.md).
@@ -168,13 +168,27 @@ inline void check_preset_name(const std::string& name, const std::string& what =
   throw Error(what + ": unknown preset '" + name + "' (expected " + names + ")");
 }
 
+/// What distinguishes the named presets (the file comment): everything else they set is shared.
+struct PresetTraits {
+  std::vector<std::string> candidates;  ///< the scorers chosen from for each request, in tie order
+  bool output_aware = true;             ///< the candidates' scores rescaled by the output norms
+  std::string fallback;                 ///< the scorer a distrusted input is served with (uniform budgets)
+  /// Each KV head's floor as a fraction of the uniform per-layer budget (`uniform_fraction_floor`);
+  /// 0: the request's safeguard alone.
+  double uniform_floor = 0.0;
+};
+
+/// The traits of preset `name`.
+/// @throws Error on an unknown preset
+inline PresetTraits preset_traits(const std::string& name) {
+  check_preset_name(name);
+  if (name == "retrieval") return {{"snapkv-keydiff"}, false, "snapkv-keydiff", kRetrievalUniformFloor};
+  return {{"snapkv", "h2o"}, true, "snapkv", 0.0};
+}
+
 /// The scorers preset `name` chooses from for each request, in tie order.
 /// @throws Error on an unknown preset
-inline std::vector<std::string> preset_candidates(const std::string& name) {
-  check_preset_name(name);
-  if (name == "retrieval") return {"snapkv-keydiff"};
-  return {"snapkv", "h2o"};
-}
+inline std::vector<std::string> preset_candidates(const std::string& name) { return preset_traits(name).candidates; }
 
 /// `base` with the fields preset `name` sets (everything but the per-request scorer kind, which
 /// stays the first candidate's): see the file comment.
@@ -184,10 +198,10 @@ inline std::vector<std::string> preset_candidates(const std::string& name) {
 /// @throws Error on an unknown preset
 inline PruneSpec preset_spec(const std::string& name, PruneSpec base, std::optional<int> lookahead = std::nullopt,
                              std::optional<double> context_weight = std::nullopt) {
-  const std::vector<std::string> c = preset_candidates(name);
-  base.scorer = scorer_config(c.front(), base.scorer);
+  const PresetTraits t = preset_traits(name);
+  base.scorer = scorer_config(t.candidates.front(), base.scorer);
   base.scorer.pooling = Pooling::kMax;
-  base.scorer.output_aware = name == "best";
+  base.scorer.output_aware = t.output_aware;
   base.scorer.lookahead = lookahead ? *lookahead : kPresetLookahead;
   base.scorer.context_weight =
       base.scorer.lookahead == 0 ? 0.0 : context_weight ? *context_weight : kPresetContextWeight;
@@ -219,8 +233,7 @@ inline bool preset_trusts_input(const std::string& name, double context_nll, int
 /// budgets and an even head split; `base`'s protection, budget, safeguard and schedule.
 /// @throws Error on an unknown preset
 inline PruneSpec preset_fallback_spec(const std::string& name, PruneSpec base) {
-  check_preset_name(name);
-  base.scorer = scorer_config(name == "retrieval" ? "snapkv-keydiff" : "snapkv", base.scorer);
+  base.scorer = scorer_config(preset_traits(name).fallback, base.scorer);
   base.scorer.pooling = ScorerConfig().pooling;
   base.scorer.output_aware = false;
   base.scorer.lookahead = 0;
@@ -270,23 +283,25 @@ inline PresetChoice lowest_predicted_scorer(const ProfileFile& f, const std::vec
   return c;
 }
 
-/// "retrieval"'s safeguard for `spec` on layers of `lengths` tokens: the floor per KV head
-/// max(n_sink + n_recent + margin, floor(`kRetrievalUniformFloor` * B / L)), B the budget in tokens
-/// (keep ratio * sum(lengths), or the token total), L the layer count; `spec.safeguard` when that
-/// is automatic and its floor is the larger, or when the safeguard is not automatic (the request's).
-inline Safeguard retrieval_floor(const PruneSpec& spec, const std::vector<int>& lengths) {
+/// The safeguard for `spec` on layers of `lengths` tokens with each KV head's floor at `fraction`
+/// of the uniform per-layer budget: max(n_sink + n_recent + margin, floor(fraction * B / L)), B the
+/// budget in tokens (keep ratio * sum(lengths), or the token total), L the layer count;
+/// `spec.safeguard` when that is automatic and its floor is the larger, or when the safeguard is
+/// not automatic (the request's).
+inline Safeguard uniform_fraction_floor(const PruneSpec& spec, const std::vector<int>& lengths, double fraction) {
   if (spec.safeguard.mode != Safeguard::Mode::kAuto || lengths.empty()) return spec.safeguard;
   long long held = 0;
   for (int n : lengths) held += n;
   const double b = spec.budget.is_ratio() ? spec.budget.ratio() * static_cast<double>(held)
                                           : static_cast<double>(spec.budget.total_tokens());
-  const long long f = static_cast<long long>(kRetrievalUniformFloor * b / static_cast<double>(lengths.size()));
+  const long long f = static_cast<long long>(fraction * b / static_cast<double>(lengths.size()));
   if (f <= spec.safeguard.floor(spec.protection)) return spec.safeguard;
   return Safeguard::from_min_tokens(static_cast<int>(std::min<long long>(f, std::numeric_limits<int>::max())));
 }
 
-/// Preset `name` resolved for one request: `preset_spec` (for "retrieval" with `retrieval_floor`),
-/// then the per-request scorer choice (`lowest_predicted_scorer` over `preset_candidates`).
+/// Preset `name` resolved for one request: `preset_spec` (with `uniform_fraction_floor` when the
+/// preset has a floor, `PresetTraits::uniform_floor`), then the per-request scorer choice
+/// (`lowest_predicted_scorer` over `preset_candidates`).
 /// @param f the profile (its head curves choose the scorer)
 /// @param base protection, budget, safeguard, schedule and the scorer's window and kernel
 /// @param lengths the tokens each layer holds when the budget is applied (the context)
@@ -297,9 +312,10 @@ inline Safeguard retrieval_floor(const PruneSpec& spec, const std::vector<int>& 
 inline PresetChoice preset(const std::string& name, const ProfileFile& f, const PruneSpec& base,
                            const std::vector<int>& lengths, std::optional<int> lookahead = std::nullopt,
                            std::optional<double> context_weight = std::nullopt) {
+  const PresetTraits t = preset_traits(name);
   PruneSpec spec = preset_spec(name, base, lookahead, context_weight);
-  if (name == "retrieval") spec.safeguard = retrieval_floor(spec, lengths);
-  return lowest_predicted_scorer(f, preset_candidates(name), spec, lengths);
+  if (t.uniform_floor > 0.0) spec.safeguard = uniform_fraction_floor(spec, lengths, t.uniform_floor);
+  return lowest_predicted_scorer(f, t.candidates, spec, lengths);
 }
 
 }  // namespace depthkv
